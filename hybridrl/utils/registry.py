@@ -1,0 +1,67 @@
+"""One small registry type for everything hybridrl looks up by name.
+
+Advantage estimators, policy losses, reward managers, rollout engines and dispatch modes all use it,
+so they share the same behaviour: registering a name twice raises, and asking for an unknown name
+lists the names that exist.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """A name -> object table with a decorator for registration.
+
+    >>> losses = Registry("policy loss")
+    >>> @losses.register("vanilla")
+    ... def vanilla(x): return x
+    >>> losses.get("vanilla") is vanilla
+    True
+    """
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._entries: dict[str, T] = {}
+
+    def register(self, name: str, *, override: bool = False) -> Callable[[T], T]:
+        """Decorator that stores the decorated object under `name`.
+
+        `override=True` replaces an existing entry on purpose (e.g. a user's patched estimator);
+        without it a duplicate name raises, since two modules silently fighting over a name is a bug.
+        """
+
+        def decorator(obj: T) -> T:
+            self.add(name, obj, override=override)
+            return obj
+
+        return decorator
+
+    def add(self, name: str, obj: T, *, override: bool = False) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{self.kind} names must be non-empty strings, got {name!r}")
+        if name in self._entries and not override:
+            raise ValueError(
+                f"{self.kind} {name!r} is already registered ({self._entries[name]!r}); "
+                f"pick another name or pass override=True"
+            )
+        self._entries[name] = obj
+
+    def get(self, name: str) -> T:
+        try:
+            return self._entries[name]
+        except KeyError:
+            known = ", ".join(sorted(self._entries)) or "(none)"
+            raise KeyError(f"unknown {self.kind} {name!r}; registered: {known}") from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._entries))
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
