@@ -1,0 +1,166 @@
+"""The advantage-estimator registry and the one uniform way to call an estimator.
+
+An estimator is a pure function returning `(advantages, returns)`, both (batch, response_len). Its
+signature *is* its declaration of inputs: the parameters without defaults are inputs the caller must
+supply (`values` for GAE, `index` for group baselines, `reward_baselines` for ReMax, `gamma`...), the
+ones with defaults are optional settings. `compute_advantage(name, **everything_the_trainer_has)` reads
+that declaration and passes each estimator exactly what it takes, so the trainer never branches on an
+estimator's name (STYLE.md habit 2). A missing input is reported by name, with where it comes from.
+
+    @register_adv_est("my_est")
+    def my_est(token_level_rewards, response_mask, index, temperature=1.0): ...
+
+    spec = get_adv_estimator_spec("my_est")   # spec.required_inputs == ("index",)
+    adv, ret = compute_advantage("my_est", token_level_rewards=r, response_mask=m, index=uids, gamma=1.0)
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import torch
+
+from hybridrl.utils.registry import Registry
+
+AdvEstimatorFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+# Every estimator receives these two; they are not listed as "extra" inputs.
+BASE_INPUTS = ("token_level_rewards", "response_mask")
+
+# Where the trainer gets each well-known input; used to make "missing input" errors actionable.
+INPUT_SOURCES = {
+    "values": "the critic's value estimates (batch key 'values'; configure a critic under critic.*)",
+    "index": "the per-sample prompt uid array (non_tensor_batch['uid']), one entry per response",
+    "reward_baselines": "the greedy-decoding baseline reward per sample (batch key 'reward_baselines')",
+    "gamma": "algorithm.gamma",
+    "lam": "algorithm.lam",
+}
+
+
+class AdvantageEstimator(str, Enum):
+    """verl's enum of built-in estimator names; any registered string works as well."""
+
+    GAE = "gae"
+    GRPO = "grpo"
+    REINFORCE_PLUS_PLUS = "reinforce_plus_plus"
+    REINFORCE_PLUS_PLUS_BASELINE = "reinforce_plus_plus_baseline"
+    REMAX = "remax"
+    RLOO = "rloo"
+    OPO = "opo"
+    GRPO_PASSK = "grpo_passk"
+    GPG = "gpg"
+
+
+@dataclass(frozen=True)
+class AdvEstimatorSpec:
+    """What the registry stores for one estimator.
+
+    required_inputs: parameters without defaults, besides token_level_rewards / response_mask.
+    optional_inputs: parameters with defaults (settings such as epsilon, norm_adv_by_std_in_grpo).
+    needs_critic: whether the trainer must build a critic to provide `values`.
+    accepts_any_input: the function takes **kwargs, so it is handed every available input.
+    """
+
+    name: str
+    fn: AdvEstimatorFn
+    required_inputs: tuple[str, ...]
+    optional_inputs: tuple[str, ...]
+    needs_critic: bool
+    accepts_any_input: bool
+
+    @property
+    def parameters(self) -> tuple[str, ...]:
+        return (*BASE_INPUTS, *self.required_inputs, *self.optional_inputs)
+
+
+ADV_ESTIMATOR_REGISTRY: Registry[AdvEstimatorSpec] = Registry("advantage estimator")
+
+
+def _name_of(name_or_enum: str | Enum) -> str:
+    return name_or_enum.value if isinstance(name_or_enum, Enum) else name_or_enum
+
+
+def _spec_from_signature(name: str, fn: AdvEstimatorFn, needs_critic: bool | None) -> AdvEstimatorSpec:
+    required: list[str] = []
+    optional: list[str] = []
+    accepts_any = False
+    for param in inspect.signature(fn).parameters.values():
+        if param.kind is inspect.Parameter.VAR_KEYWORD:
+            accepts_any = True
+        elif param.kind is inspect.Parameter.VAR_POSITIONAL:
+            raise TypeError(f"advantage estimator {name!r}: *args is not supported; name every input")
+        elif param.name not in BASE_INPUTS:
+            (required if param.default is inspect.Parameter.empty else optional).append(param.name)
+    declared = set(inspect.signature(fn).parameters)
+    missing_base = [b for b in BASE_INPUTS if b not in declared]
+    if missing_base and not accepts_any:
+        raise TypeError(f"advantage estimator {name!r} must accept {', '.join(missing_base)}")
+    if needs_critic is None:
+        needs_critic = "values" in required
+    return AdvEstimatorSpec(name, fn, tuple(required), tuple(optional), needs_critic, accepts_any)
+
+
+def register_adv_est(
+    name_or_enum: str | AdvantageEstimator, *, needs_critic: bool | None = None, override: bool = False
+) -> Callable[[AdvEstimatorFn], AdvEstimatorFn]:
+    """Decorator registering an advantage estimator under a name (verl's `register_adv_est`).
+
+    The function's parameters declare its inputs (see the module docstring). `needs_critic` defaults
+    to "takes a required `values` argument". Registering a taken name raises unless `override=True`.
+    """
+    name = _name_of(name_or_enum)
+
+    def decorator(fn: AdvEstimatorFn) -> AdvEstimatorFn:
+        ADV_ESTIMATOR_REGISTRY.add(name, _spec_from_signature(name, fn, needs_critic), override=override)
+        return fn
+
+    return decorator
+
+
+def get_adv_estimator_spec(name_or_enum: str | AdvantageEstimator) -> AdvEstimatorSpec:
+    """The registered spec; an unknown name raises a KeyError listing the registered ones."""
+    return ADV_ESTIMATOR_REGISTRY.get(_name_of(name_or_enum))
+
+
+def get_adv_estimator_fn(name_or_enum: str | AdvantageEstimator) -> AdvEstimatorFn:
+    """The registered estimator function itself (verl's `get_adv_estimator_fn`)."""
+    return get_adv_estimator_spec(name_or_enum).fn
+
+
+def compute_advantage(
+    adv_estimator: str | AdvantageEstimator,
+    *,
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    **available_inputs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run any registered estimator, handing it the inputs its signature asks for.
+
+    `available_inputs` is everything the caller has (values, index, reward_baselines, gamma, lam,
+    norm_adv_by_std_in_grpo, ...); inputs an estimator does not take are ignored, and a None value
+    counts as absent (e.g. `values=None` when no critic was built).
+
+    Returns:
+        advantages, returns: (batch, response_len) each.
+    """
+    spec = get_adv_estimator_spec(adv_estimator)
+    given = {key: value for key, value in available_inputs.items() if value is not None}
+    missing = [key for key in spec.required_inputs if key not in given]
+    if missing:
+        details = "; ".join(f"{key}: {INPUT_SOURCES.get(key, 'no default source')}" for key in missing)
+        raise ValueError(f"advantage estimator {spec.name!r} needs input(s) {missing} that were not given ({details})")
+    given.update(token_level_rewards=token_level_rewards, response_mask=response_mask)
+    kwargs = given if spec.accepts_any_input else {k: given[k] for k in spec.parameters if k in given}
+    advantages, returns = spec.fn(**kwargs)
+    expected = tuple(token_level_rewards.shape)
+    for label, tensor in (("advantages", advantages), ("returns", returns)):
+        if tuple(tensor.shape) != expected:
+            raise ValueError(
+                f"advantage estimator {spec.name!r} returned {label} of shape {tuple(tensor.shape)}; "
+                f"expected (batch, response_len) = {expected}"
+            )
+    return advantages, returns

@@ -1,0 +1,293 @@
+"""Policy-gradient losses, registered by name (`actor_rollout_ref.actor.policy_loss.loss_mode`).
+
+Every loss has the signature
+
+    fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", **settings)
+        -> (loss, metrics)
+
+with tensors of shape (batch, response_len), `loss` a scalar to minimise, and `metrics` a dict of
+detached scalar tensors (`pg_clipfrac`, `ppo_kl`, `pg_clipfrac_lower`, ...). `settings` are plain
+keywords from the actor config (clip_ratio, clip_ratio_low, clip_ratio_high, clip_ratio_c,
+clip_cov_ratio, ...); each loss reads the ones it uses and ignores the rest, so the actor passes one
+settings dict whatever the loss mode.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from hybridrl.algos.aggregate import agg_loss
+from hybridrl.utils.registry import Registry
+from hybridrl.utils.torch_functional import masked_mean
+
+PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
+POLICY_LOSS_REGISTRY: Registry[PolicyLossFn] = Registry("policy loss")
+
+
+def register_policy_loss(name: str, *, override: bool = False) -> Callable[[PolicyLossFn], PolicyLossFn]:
+    """Decorator registering a policy loss under `name` (verl's `register_policy_loss`)."""
+    return POLICY_LOSS_REGISTRY.register(name, override=override)
+
+
+def get_policy_loss_fn(name: str) -> PolicyLossFn:
+    """The registered loss; an unknown name raises a KeyError listing the registered ones."""
+    return POLICY_LOSS_REGISTRY.get(name)
+
+
+def known_policy_loss_settings() -> set[str]:
+    """Keyword-only settings declared by any registered policy loss (clip_ratio, kl_cov_ratio, ...)."""
+    names: set[str] = set()
+    for loss_name in POLICY_LOSS_REGISTRY:
+        for param in inspect.signature(POLICY_LOSS_REGISTRY.get(loss_name)).parameters.values():
+            if param.kind is inspect.Parameter.KEYWORD_ONLY:
+                names.add(param.name)
+    return names
+
+
+def _clip_bounds(
+    clip_ratio: float, clip_ratio_low: float | None, clip_ratio_high: float | None
+) -> tuple[float, float]:
+    low = clip_ratio if clip_ratio_low is None else clip_ratio_low
+    high = clip_ratio if clip_ratio_high is None else clip_ratio_high
+    if low < 0 or high < 0 or low >= 1:
+        raise ValueError(
+            f"clip ratios must satisfy 0 <= clip_ratio_low < 1 and clip_ratio_high >= 0, got low={low}, high={high}"
+        )
+    return low, high
+
+
+def _zero(like: torch.Tensor) -> torch.Tensor:
+    return torch.zeros((), dtype=like.dtype, device=like.device)
+
+
+@register_policy_loss("vanilla")
+def compute_policy_loss_vanilla(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    *,
+    clip_ratio: float = 0.2,
+    clip_ratio_low: float | None = None,
+    clip_ratio_high: float | None = None,
+    clip_ratio_c: float = 3.0,
+    **settings: Any,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO clipped surrogate (Schulman et al. 2017, https://arxiv.org/abs/1707.06347) with
+    asymmetric clipping (DAPO clip-higher, https://arxiv.org/abs/2503.14476) and dual clip
+    (Ye et al. 2020, https://arxiv.org/abs/1912.09729).
+
+    rho = exp(logp - old_logp);  L = max(-A rho, -A clip(rho, 1 - eps_low, 1 + eps_high)), and for
+    A < 0 additionally L = min(L, -A c) so a huge ratio on a bad action cannot blow the loss up.
+    Metrics: pg_clipfrac (share of tokens where the clipped term is active), pg_clipfrac_lower
+    (share where the dual clip is active), ppo_kl = mean(old_logp - logp).
+    """
+    low, high = _clip_bounds(clip_ratio, clip_ratio_low, clip_ratio_high)
+    if clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c (dual-clip bound) must be > 1.0, got {clip_ratio_c}")
+    log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)  # exp() stays finite
+    ratio = torch.exp(log_ratio)  # (batch, response_len)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1 - low, 1 + high)
+    ppo_loss = torch.maximum(unclipped, clipped)
+    dual = -advantages * clip_ratio_c
+    pg_losses = torch.where(advantages < 0, torch.minimum(ppo_loss, dual), ppo_loss)
+    loss = agg_loss(pg_losses, response_mask, loss_agg_mode)
+    with torch.no_grad():
+        metrics = {
+            "pg_clipfrac": masked_mean((clipped > unclipped).float(), response_mask),
+            "pg_clipfrac_lower": masked_mean(((ppo_loss > dual) & (advantages < 0)).float(), response_mask),
+            "ppo_kl": masked_mean(-log_ratio, response_mask),
+        }
+    return loss, metrics
+
+
+@register_policy_loss("gspo")
+def compute_policy_loss_gspo(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "seq-mean-token-mean",
+    *,
+    clip_ratio: float = 0.2,
+    clip_ratio_low: float | None = None,
+    clip_ratio_high: float | None = None,
+    **settings: Any,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Group Sequence Policy Optimization (Zheng et al. 2025, https://arxiv.org/abs/2507.18071).
+
+    The ratio is per sequence: s_i = exp((1/|y_i|) sum_t (logp_it - old_logp_it)), clipped to
+    [1 - eps_low, 1 + eps_high]. Each token carries s_i through the stop-gradient form
+    s_it = sg[s_i] * pi(y_it) / sg[pi(y_it)], whose gradient is the paper's. The paper's objective is
+    a mean over sequences of per-sequence means, so aggregation is always "seq-mean-token-mean"
+    whatever `loss_agg_mode` says (as in verl). GSPO's clip ranges are typically ~3e-4 / 4e-4.
+    """
+    low, high = _clip_bounds(clip_ratio, clip_ratio_low, clip_ratio_high)
+    mask = response_mask.to(log_prob.dtype)
+    log_ratio = log_prob - old_log_prob  # (batch, response_len)
+    seq_log_ratio = (log_ratio * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)  # (batch,)
+    token_log_ratio = log_prob - log_prob.detach() + seq_log_ratio.detach().unsqueeze(-1)
+    ratio = torch.exp(torch.clamp(token_log_ratio, max=10.0))  # (batch, response_len)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1 - low, 1 + high)
+    pg_losses = torch.maximum(unclipped, clipped)
+    loss = agg_loss(pg_losses, response_mask, "seq-mean-token-mean")
+    with torch.no_grad():
+        metrics = {
+            "pg_clipfrac": masked_mean((clipped > unclipped).float(), response_mask),
+            "pg_clipfrac_lower": _zero(loss),
+            "ppo_kl": masked_mean(-log_ratio, response_mask),
+        }
+    return loss, metrics
+
+
+@register_policy_loss("gpg")
+def compute_policy_loss_gpg(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    **settings: Any,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Group Policy Gradient (Chu et al. 2025, https://arxiv.org/abs/2504.02546): plain REINFORCE
+    with no ratio and no clipping, L = -A * logp. Pair it with the `gpg` advantage estimator."""
+    loss = agg_loss(-log_prob * advantages, response_mask, loss_agg_mode)
+    with torch.no_grad():
+        metrics = {"pg_clipfrac": _zero(loss), "pg_clipfrac_lower": _zero(loss), "ppo_kl": _zero(loss)}
+    return loss, metrics
+
+
+@torch.no_grad()
+def _token_covariance(advantages: torch.Tensor, log_prob: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-token centred product (A - mean A)(logp - mean logp) over valid tokens, (batch, response_len).
+
+    Its batch mean is Cov(A, logp), the quantity Cui et al. show drives entropy collapse."""
+    return (advantages - masked_mean(advantages, mask)) * (log_prob - masked_mean(log_prob, mask))
+
+
+@register_policy_loss("clip_cov")
+def compute_policy_loss_clip_cov(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    *,
+    clip_ratio: float = 0.2,
+    clip_ratio_low: float | None = None,
+    clip_ratio_high: float | None = None,
+    clip_cov_ratio: float = 0.0002,
+    clip_cov_lb: float = 1.0,
+    clip_cov_ub: float = 5.0,
+    generator: torch.Generator | None = None,
+    **settings: Any,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clip-Cov (Cui et al. 2025, The Entropy Mechanism of RL for Reasoning LMs,
+    https://arxiv.org/abs/2505.22617).
+
+    PPO clipping as in `vanilla` (without dual clip), plus: among valid, not-already-clipped tokens
+    whose covariance term (A - mean A)(logp - mean logp) lies in (clip_cov_lb, clip_cov_ub),
+    max(1, int(clip_cov_ratio * n_tokens)) are picked at random and their loss (and gradient) set to 0,
+    which keeps high-covariance tokens from collapsing the policy's entropy.
+    pg_clipfrac reports the share of tokens removed that way.
+    """
+    if clip_cov_ratio <= 0:
+        raise ValueError(f"clip_cov_ratio must be > 0, got {clip_cov_ratio}")
+    low, high = _clip_bounds(clip_ratio, clip_ratio_low, clip_ratio_high)
+    valid = response_mask != 0
+    log_ratio = log_prob - old_log_prob
+    ratio = torch.exp(log_ratio)  # (batch, response_len)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1 - low, 1 + high)
+    with torch.no_grad():
+        cov = _token_covariance(advantages, log_prob, response_mask)
+        eligible = valid & ~(clipped > unclipped) & (cov > clip_cov_lb) & (cov < clip_cov_ub)
+        candidates = torch.nonzero(eligible.reshape(-1)).squeeze(-1)  # flat positions
+        n_pick = min(max(int(clip_cov_ratio * int(valid.sum())), 1), candidates.numel())
+        order = torch.randperm(candidates.numel(), generator=generator)[:n_pick].to(candidates.device)
+        keep = torch.ones(valid.numel(), dtype=log_prob.dtype, device=log_prob.device)
+        keep[candidates[order]] = 0
+        keep = keep.reshape(valid.shape)  # (batch, response_len) 0 on dropped tokens
+    pg_losses = torch.maximum(unclipped, clipped) * keep
+    loss = agg_loss(pg_losses, response_mask, loss_agg_mode)
+    with torch.no_grad():
+        metrics = {
+            "pg_clipfrac": masked_mean((keep == 0).float(), response_mask),
+            "pg_clipfrac_lower": _zero(loss),
+            "ppo_kl": masked_mean(-log_ratio, response_mask),
+        }
+    return loss, metrics
+
+
+@register_policy_loss("kl_cov")
+def compute_policy_loss_kl_cov(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    *,
+    kl_cov_ratio: float = 0.0002,
+    ppo_kl_coef: float = 1.0,
+    **settings: Any,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """KL-Cov (Cui et al. 2025, https://arxiv.org/abs/2505.22617).
+
+    Unclipped surrogate -A * rho on every token, except the top max(1, int(kl_cov_ratio * n_tokens))
+    valid tokens by covariance (A - mean A)(logp - mean logp), which get a KL penalty:
+    -A * rho + ppo_kl_coef * |logp - old_logp|. ppo_kl reports mean |logp - old_logp| (as verl).
+    """
+    if kl_cov_ratio <= 0:
+        raise ValueError(f"kl_cov_ratio must be > 0, got {kl_cov_ratio}")
+    valid = response_mask != 0
+    log_ratio = log_prob - old_log_prob
+    abs_kl = log_ratio.abs()
+    ratio = torch.exp(log_ratio)  # (batch, response_len)
+    plain = -advantages * ratio
+    with torch.no_grad():
+        cov = _token_covariance(advantages, log_prob, response_mask).masked_fill(~valid, -torch.inf)
+        n_valid = int(valid.sum())
+        n_pick = max(1, int(n_valid * kl_cov_ratio)) if n_valid > 0 else 0
+        picked = torch.zeros(valid.numel(), dtype=torch.bool, device=valid.device)
+        picked[torch.topk(cov.reshape(-1), n_pick).indices] = True
+        picked = picked.reshape(valid.shape)  # (batch, response_len)
+    pg_losses = torch.where(picked, plain + ppo_kl_coef * abs_kl, plain)
+    loss = agg_loss(pg_losses, response_mask, loss_agg_mode)
+    with torch.no_grad():
+        metrics = {
+            "pg_clipfrac": _zero(loss),
+            "pg_clipfrac_lower": _zero(loss),
+            "ppo_kl": masked_mean(abs_kl, response_mask),
+        }
+    return loss, metrics
+
+
+def compute_pg_loss(
+    loss_mode: str,
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    **settings: Any,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Look up `loss_mode` and call it: the single path the actor uses for every policy loss.
+
+    Each loss ignores settings meant for other losses, so a misspelt setting would be silently lost;
+    here any key that no registered loss declares is rejected instead.
+    """
+    fn = get_policy_loss_fn(loss_mode)
+    unknown = sorted(set(settings) - known_policy_loss_settings())
+    if unknown:
+        raise ValueError(
+            f"unknown policy loss setting(s) {unknown}; settings declared by the registered losses: "
+            f"{sorted(known_policy_loss_settings())}"
+        )
+    return fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, **settings)

@@ -1,0 +1,51 @@
+"""The critic's clipped value loss and the entropy bonus, both aggregated with `agg_loss`."""
+
+from __future__ import annotations
+
+import torch
+
+from hybridrl.algos.aggregate import agg_loss
+from hybridrl.utils.torch_functional import clip_by_value, entropy_from_logits, masked_mean
+
+
+def compute_value_loss(
+    vpreds: torch.Tensor,
+    returns: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    cliprange_value: float,
+    loss_agg_mode: str = "token-mean",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO clipped value loss (Schulman et al. 2017, https://arxiv.org/abs/1707.06347; as in
+    OpenAI baselines / TRL).
+
+    V_clip = values + clip(vpreds - values, -c, c);
+    L = 0.5 * agg(max((vpreds - R)^2, (V_clip - R)^2)), so the critic cannot move further than c
+    from the values it had at rollout time to reduce the loss.
+
+    Args:
+        vpreds: (batch, response_len) current value predictions (with grad).
+        returns: (batch, response_len) targets from the advantage estimator.
+        values: (batch, response_len) value predictions at rollout time.
+    Returns:
+        vf_loss (scalar) and vf_clipfrac, the share of valid tokens where the clipped term was larger.
+    """
+    if cliprange_value < 0:
+        raise ValueError(f"cliprange_value (critic.cliprange_value) must be >= 0, got {cliprange_value}")
+    vpred_clipped = clip_by_value(vpreds, values - cliprange_value, values + cliprange_value)
+    loss_unclipped = (vpreds - returns) ** 2
+    loss_clipped = (vpred_clipped - returns) ** 2
+    vf_loss = 0.5 * agg_loss(torch.max(loss_unclipped, loss_clipped), response_mask, loss_agg_mode)
+    with torch.no_grad():
+        vf_clipfrac = masked_mean((loss_clipped > loss_unclipped).float(), response_mask)
+    return vf_loss, vf_clipfrac
+
+
+def compute_entropy_loss(
+    logits: torch.Tensor, response_mask: torch.Tensor, loss_agg_mode: str = "token-mean"
+) -> torch.Tensor:
+    """Aggregated entropy of the policy's next-token distributions, logits (batch, response_len, vocab).
+
+    The actor subtracts entropy_coeff times this from its loss to encourage exploration.
+    """
+    return agg_loss(entropy_from_logits(logits), response_mask, loss_agg_mode)
