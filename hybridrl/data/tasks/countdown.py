@@ -1,0 +1,264 @@
+"""Countdown (as in TinyZero): combine all given numbers with + - * / to reach a target.
+
+    python -m hybridrl.data.tasks.countdown --out ~/data/countdown [--min-numbers 3] [--max-numbers 4]
+
+Every instance is solvable: the target is drawn from the integers that some expression using each
+number exactly once evaluates to, and the expression found by the solver is checked again by an
+independent evaluator before the row is written. `reward_model.ground_truth` is
+`{"target": int, "numbers": [int, ...]}`; the worked response is the solver's steps in
+`<think></think>` followed by the expression in `<answer></answer>`.
+
+The solver is dynamic programming over subsets of the numbers (bitmasks): the values reachable from
+a subset are all `x op y` with x reachable from one part of a split and y from the other. It keeps
+one expression per value, preferring ones whose intermediate results are non-negative integers
+(they read like a human's working). Arithmetic is exact (`fractions.Fraction`).
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+
+from hybridrl.data.tasks.writer import base_parser, check_sizes, make_row, write_splits
+
+DATA_SOURCE = "countdown"
+
+# An expression is a number (a leaf) or (op, left, right).
+Expr = int | tuple[str, "Expr", "Expr"]
+
+
+@dataclass(frozen=True)
+class Entry:
+    expr: Expr
+    tidy: bool  # every intermediate value is a non-negative integer
+
+
+def _combine(x: Fraction, y: Fraction) -> list[tuple[str, Fraction, bool]]:
+    """All (op, value, swapped) from x and y; `swapped` means the expression is y op x."""
+    out = [("+", x + y, False), ("*", x * y, False), ("-", x - y, False), ("-", y - x, True)]
+    if y != 0:
+        out.append(("/", x / y, False))
+    if x != 0:
+        out.append(("/", y / x, True))
+    return out
+
+
+def reachable(numbers: Sequence[int]) -> dict[Fraction, Entry]:
+    """Every value an expression using each of `numbers` exactly once can take, with one such expression."""
+    n = len(numbers)
+    if n == 0:
+        raise ValueError("countdown needs at least one number")
+    table: dict[int, dict[Fraction, Entry]] = {
+        1 << i: {Fraction(v): Entry(v, v >= 0)} for i, v in enumerate(numbers)
+    }
+    for mask in sorted(range(1, 1 << n), key=lambda m: bin(m).count("1")):
+        if mask in table:
+            continue
+        values: dict[Fraction, Entry] = {}
+        sub = (mask - 1) & mask
+        while sub:
+            rest = mask ^ sub
+            if sub < rest:  # each unordered split once; _combine covers both operand orders
+                for x, ex in table[sub].items():
+                    for y, ey in table[rest].items():
+                        for op, value, swapped in _combine(x, y):
+                            expr = (op, ey.expr, ex.expr) if swapped else (op, ex.expr, ey.expr)
+                            tidy = ex.tidy and ey.tidy and value >= 0 and value.denominator == 1
+                            old = values.get(value)
+                            if old is None or (tidy and not old.tidy):
+                                values[value] = Entry(expr, tidy)
+            sub = (sub - 1) & mask
+        table[mask] = values
+    return table[(1 << n) - 1]
+
+
+def solve(numbers: Sequence[int], target: int) -> Expr | None:
+    """An expression using each number exactly once that equals `target`, or None if there is none."""
+    entry = reachable(numbers).get(Fraction(target))
+    return None if entry is None else entry.expr
+
+
+def render(expr: Expr, top: bool = True) -> str:
+    """Infix text with every inner operation parenthesised, e.g. '(44 + 19) - 35'."""
+    if isinstance(expr, int):
+        return str(expr)
+    op, left, right = expr
+    text = f"{render(left, False)} {op} {render(right, False)}"
+    return text if top else f"({text})"
+
+
+def steps(expr: Expr) -> list[str]:
+    """One line per operation, innermost first: '44 + 19 = 63'."""
+    if isinstance(expr, int):
+        return []
+    op, left, right = expr
+    line = f"{_value_text(left)} {op} {_value_text(right)} = {_value_text(expr)}"
+    return steps(left) + steps(right) + [line]
+
+
+def _value_text(expr: Expr) -> str:
+    return str(evaluate(render(expr))[0])
+
+
+_BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
+
+
+def evaluate(expression: str) -> tuple[Fraction, list[int]]:
+    """Exact value of an expression of integers, + - * / and parentheses, and the integers it uses.
+
+    Independent of the solver (it parses text), so it can check the solver's output. Raises
+    ValueError for anything else (names, calls, unary minus, division by zero).
+    """
+
+    def walk(node: ast.AST) -> Fraction:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            used.append(node.value)
+            return Fraction(node.value)
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+            left, right = walk(node.left), walk(node.right)
+            if isinstance(node.op, ast.Add):
+                return left + right
+            if isinstance(node.op, ast.Sub):
+                return left - right
+            if isinstance(node.op, ast.Mult):
+                return left * right
+            if right == 0:
+                raise ValueError(f"division by zero in {expression!r}")
+            return left / right
+        raise ValueError(f"{expression!r} may only contain integers, + - * / and parentheses")
+
+    used: list[int] = []
+    try:
+        tree = ast.parse(expression, mode="eval")
+    except SyntaxError as err:
+        raise ValueError(f"{expression!r} is not an arithmetic expression: {err.msg}") from err
+    return walk(tree.body), used
+
+
+def is_solution(expression: str, numbers: Sequence[int], target: int) -> bool:
+    """True if `expression` uses exactly the given numbers (each once) and equals `target`."""
+    try:
+        value, used = evaluate(expression)
+    except ValueError:
+        return False
+    return sorted(used) == sorted(numbers) and value == target
+
+
+@dataclass(frozen=True)
+class Instance:
+    numbers: tuple[int, ...]
+    target: int
+    solution: str
+
+    @property
+    def question(self) -> str:
+        return (
+            f"Using the numbers {list(self.numbers)}, write an equation that equals {self.target}. "
+            "Use +, -, * and / and every number exactly once. Reason inside <think> </think>, then "
+            "give only the equation inside <answer> </answer>, e.g. <answer>(1 + 2) / 3</answer>."
+        )
+
+    @property
+    def worked_answer(self) -> str:
+        working = "\n".join(steps(_parse_expr(self.solution)))
+        return f"<think>\n{working}\n</think>\n<answer>{self.solution}</answer>"
+
+
+def _parse_expr(expression: str) -> Expr:
+    """Text back to an expression tree (for the worked steps)."""
+
+    def walk(node: ast.AST) -> Expr:
+        if isinstance(node, ast.Constant):
+            return int(node.value)
+        return (_BINOPS[type(node.op)], walk(node.left), walk(node.right))
+
+    return walk(ast.parse(expression, mode="eval").body)
+
+
+def sample_instance(
+    rng: random.Random, min_numbers: int, max_numbers: int, max_number: int, target_range: tuple[int, int]
+) -> Instance | None:
+    """Draw numbers, then a target among the integers they can reach; None if none is in range."""
+    numbers = tuple(rng.randint(1, max_number) for _ in range(rng.randint(min_numbers, max_numbers)))
+    values = reachable(numbers)
+    lo, hi = target_range
+    targets = sorted(int(v) for v in values if v.denominator == 1 and lo <= v <= hi)
+    if not targets:
+        return None
+    target = rng.choice(targets)
+    solution = render(values[Fraction(target)].expr)
+    if not is_solution(solution, numbers, target):  # the solver and the evaluator must agree
+        raise AssertionError(f"solver produced {solution!r}, which does not give {target} from {numbers}")
+    return Instance(numbers, target, solution)
+
+
+def generate(
+    train_size: int,
+    test_size: int,
+    seed: int = 0,
+    min_numbers: int = 3,
+    max_numbers: int = 4,
+    max_number: int = 99,
+    target_range: tuple[int, int] = (1, 100),
+) -> tuple[list[Instance], list[Instance]]:
+    """Distinct solvable instances; the first `test_size` go to test, so none of them is in train.
+
+    Two instances are the same if they have the same multiset of numbers and the same target.
+    """
+    check_sizes(train_size, test_size)
+    if not 2 <= min_numbers <= max_numbers <= 6:
+        raise ValueError(f"need 2 <= --min-numbers <= --max-numbers <= 6, got {min_numbers}, {max_numbers}")
+    rng = random.Random(seed)
+    seen: set[tuple[tuple[int, ...], int]] = set()
+    instances: list[Instance] = []
+    attempts = 0
+    while len(instances) < train_size + test_size:
+        attempts += 1
+        if attempts > 20 * (train_size + test_size) + 1000:
+            raise ValueError(
+                "could not find enough distinct instances; widen --max-number or the target range"
+            )
+        inst = sample_instance(rng, min_numbers, max_numbers, max_number, target_range)
+        if inst is None or (key := (tuple(sorted(inst.numbers)), inst.target)) in seen:
+            continue
+        seen.add(key)
+        instances.append(inst)
+    return instances[test_size:], instances[:test_size]
+
+
+def to_rows(instances: Sequence[Instance], split: str) -> list[dict]:
+    return [
+        make_row(
+            data_source=DATA_SOURCE,
+            question=inst.question,
+            ground_truth={"target": inst.target, "numbers": list(inst.numbers)},
+            answer=inst.worked_answer,
+            split=split,
+            index=i,
+        )
+        for i, inst in enumerate(instances)
+    ]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = base_parser(__doc__.splitlines()[0], train_size=5000, test_size=500)
+    parser.add_argument("--min-numbers", type=int, default=3, help="fewest numbers per instance")
+    parser.add_argument("--max-numbers", type=int, default=4, help="most numbers per instance")
+    parser.add_argument("--max-number", type=int, default=99, help="numbers are drawn from 1..max-number")
+    parser.add_argument("--min-target", type=int, default=1)
+    parser.add_argument("--max-target", type=int, default=100)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    train, test = generate(
+        args.train_size, args.test_size, args.seed, args.min_numbers, args.max_numbers,
+        args.max_number, (args.min_target, args.max_target),
+    )  # fmt: skip
+    write_splits(args.out, to_rows(train, "train"), to_rows(test, "test"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""GSM8K preprocessor: the publisher's files to verl's schema (data_source `openai/gsm8k`).
+
+    python -m hybridrl.data.tasks.gsm8k --input ~/raw/gsm8k --out ~/data/gsm8k
+
+Reads `train.jsonl`/`test.jsonl` from github.com/openai/grade-school-math or the hub's
+`main/{train,test}-*.parquet`; both have `question` and `answer` columns, where `answer` is the worked
+solution ending in `#### 72`. The ground truth is that final number with thousands commas removed,
+the prompt is the question plus verl's instruction to answer after "####", and `extra_info.answer`
+keeps the full worked solution.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+
+from hybridrl.data.tasks.sources import Record, find_split_files, read_split
+from hybridrl.data.tasks.writer import base_parser, make_row, write_splits
+
+DATA_SOURCE = "openai/gsm8k"
+INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+
+_FINAL = re.compile(r"####\s*(-?[0-9.,]+)")
+
+
+def extract_answer(solution: str) -> str | None:
+    """The number after the last '####', commas dropped ('#### 1,234' -> '1234'); None if absent."""
+    matches = _FINAL.findall(solution)
+    if not matches:
+        return None
+    # a sentence-ending period is not part of the number
+    return matches[-1].replace(",", "").rstrip(".") or None
+
+
+def to_rows(records: Sequence[Record], split: str) -> list[dict]:
+    rows = []
+    for i, rec in enumerate(records):
+        question, solution = rec.fields["question"], rec.fields["answer"]
+        truth = extract_answer(solution)
+        if truth is None:
+            raise ValueError(f"{rec.source}: answer has no final '#### <number>' line: {solution[-80:]!r}")
+        rows.append(
+            make_row(
+                data_source=DATA_SOURCE,
+                question=question,
+                prompt_text=f"{question} {INSTRUCTION}",
+                ground_truth=truth,
+                answer=solution,
+                split=split,
+                index=i,
+            )
+        )
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = base_parser(__doc__.splitlines()[0], train_size=None, test_size=None)
+    parser.add_argument("--input", required=True, help="directory with the data set's train/test files")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    files = find_split_files(args.input)
+    train = read_split(files["train"], ["question", "answer"])[: args.train_size]
+    test = read_split(files["test"], ["question", "answer"])[: args.test_size]
+    write_splits(args.out, to_rows(train, "train"), to_rows(test, "test"))
+
+
+if __name__ == "__main__":
+    main()

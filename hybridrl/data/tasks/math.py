@@ -1,0 +1,103 @@
+"""MATH preprocessor: the competition-math files to verl's schema (`DigitalLearningGmbH/MATH-lighteval`).
+
+    python -m hybridrl.data.tasks.math --input ~/raw/MATH --out ~/data/math
+
+Reads Hendrycks' release (`train/<subject>/<n>.json`), the hub's parquet
+(`data/train-*.parquet`) or jsonl, all with `problem`, `solution`, `level` and `type`. The ground
+truth is the content of the LAST `\\boxed{...}` (or `\\fbox{...}`) in the solution, with nested
+braces matched; the prompt is the problem plus verl's instruction to answer within `\\boxed{}`.
+Solutions without a box (a handful in the release) are skipped and counted in the log.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from hybridrl.data.tasks.sources import Record, find_split_files, read_split
+from hybridrl.data.tasks.writer import base_parser, make_row, write_splits
+
+logger = logging.getLogger(__name__)
+
+DATA_SOURCE = "DigitalLearningGmbH/MATH-lighteval"
+INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
+REQUIRED = ("problem", "solution", "level", "type")
+_COMMANDS = ("\\boxed", "\\fbox")
+
+
+def _braced(text: str, start: int) -> str | None:
+    """Content of the brace group opening at text[start] == '{'; escaped braces (\\{ \\}) don't count."""
+    depth, i = 0, start
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\":
+            i += 2  # skip the escaped character, e.g. \{ in a set
+            continue
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start + 1 : i]
+        i += 1
+    return None
+
+
+def last_boxed(solution: str) -> str | None:
+    """Content of the last \\boxed{...} / \\fbox{...} (or the '\\boxed 5' form); None if there is none.
+
+    '\\boxed{\\frac{1}{2}}' -> '\\frac{1}{2}'. "Last" is by start position, so a box inside a box
+    yields the inner one.
+    """
+    start = max(solution.rfind(cmd) for cmd in _COMMANDS)
+    if start < 0:
+        return None
+    cmd = next(c for c in _COMMANDS if solution.startswith(c, start))
+    rest = start + len(cmd)
+    if solution.startswith("{", rest):
+        return _braced(solution, rest)
+    if solution.startswith(" ", rest):  # '\boxed 5$': the argument runs to the closing '$'
+        return solution[rest:].split("$")[0].strip() or None
+    return None
+
+
+def to_rows(records: Sequence[Record], split: str) -> list[dict]:
+    rows, skipped = [], 0
+    for rec in records:
+        problem, solution = rec.fields["problem"], rec.fields["solution"]
+        truth = last_boxed(solution)
+        if truth is None:
+            skipped += 1
+            continue
+        rows.append(
+            make_row(
+                data_source=DATA_SOURCE,
+                question=problem,
+                prompt_text=f"{problem} {INSTRUCTION}",
+                ground_truth=truth,
+                answer=solution,
+                split=split,
+                index=len(rows),
+                extra={"level": rec.fields["level"], "type": rec.fields["type"]},
+            )
+        )
+    if skipped:
+        logger.warning(
+            "%s: skipped %d of %d solutions with no \\boxed{} answer", split, skipped, len(records)
+        )
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = base_parser(__doc__.splitlines()[0], train_size=None, test_size=None)
+    parser.add_argument("--input", required=True, help="directory with the data set's train/test files")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    files = find_split_files(args.input)
+    train = to_rows(read_split(files["train"], REQUIRED), "train")[: args.train_size]
+    test = to_rows(read_split(files["test"], REQUIRED), "test")[: args.test_size]
+    write_splits(args.out, train, test)
+
+
+if __name__ == "__main__":
+    main()
