@@ -1,0 +1,274 @@
+"""Load local Hugging Face checkpoints: causal LMs for actors, value models for critics and reward models.
+
+Everything here is offline: a model path must be a local directory (or a repo id already in the local
+Hugging Face cache), and every `from_pretrained` call gets `local_files_only=True`, so nothing reaches
+for the network whether or not `HF_HUB_OFFLINE` is set. A missing or malformed directory raises
+`ModelDirectoryError` naming the path and what is missing, before transformers gets a chance to raise
+something vaguer.
+
+Padding side: `padding_side` assigned to a tokenizer after it is built is not saved with it, and
+batched generation with a decoder-only model needs *left* padding (prompts end where generation starts)
+while SFT batches use right padding. Pass `padding_side=` to `load_tokenizer`, or wrap a call in
+`with padding_side(tokenizer, "left"): ...`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForTokenClassification,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from hybridrl.utils.registry import Registry
+
+logger = logging.getLogger(__name__)
+
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+
+DTYPES: Registry[torch.dtype] = Registry("dtype")
+for _names, _dtype in (
+    (("float32", "fp32"), torch.float32),
+    (("bfloat16", "bf16"), torch.bfloat16),
+    (("float16", "fp16"), torch.float16),
+):
+    for _name in _names:
+        DTYPES.add(_name, _dtype)
+
+
+class ModelDirectoryError(OSError):
+    """A model path that is not a usable local Hugging Face directory."""
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """`torch.float32` or one of its names ("float32", "fp32", "bf16", ...)."""
+    return dtype if isinstance(dtype, torch.dtype) else DTYPES.get(dtype)
+
+
+def resolve_model_dir(path: str | Path) -> Path:
+    """The local directory for `path`: the path itself, or a repo id's snapshot in the local HF cache."""
+    local = Path(path).expanduser()
+    if local.is_dir():
+        return local
+    if local.exists():
+        raise ModelDirectoryError(
+            f"model path {str(path)!r} is a file; expected a Hugging Face model directory"
+        )
+    text = str(path)
+    if text.count("/") == 1 and not text.startswith((".", "/", "~")):
+        from huggingface_hub import snapshot_download
+
+        try:  # cache lookup only: local_files_only never opens a connection
+            return Path(snapshot_download(text, local_files_only=True))
+        except Exception as err:  # noqa: BLE001 - any failure means "not cached", reported below
+            logger.debug("%s is not in the local Hugging Face cache: %s", text, err)
+    raise ModelDirectoryError(
+        f"model path {text!r} does not exist. hybridrl loads models only from local directories and never "
+        "downloads; build a tiny one with `python -m hybridrl.models.tiny --out DIR` or download a "
+        "checkpoint on a machine with network access (`huggingface-cli download REPO --local-dir DIR`)"
+    )
+
+
+def _read_config_json(model_dir: Path) -> dict[str, Any]:
+    config_path = model_dir / "config.json"
+    if not config_path.is_file():
+        raise ModelDirectoryError(
+            f"{model_dir} has no config.json, so it is not a Hugging Face model directory"
+        )
+    try:
+        config = json.loads(config_path.read_text())
+    except json.JSONDecodeError as err:
+        raise ModelDirectoryError(f"{config_path} is not valid JSON ({err})") from err
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise ModelDirectoryError(
+            f"{config_path} has no 'model_type' field, so transformers cannot pick a model class"
+        )
+    return config
+
+
+def check_model_dir(model_dir: Path, *, need_weights: bool = True, need_tokenizer: bool = False) -> None:
+    """Raise `ModelDirectoryError` naming what `model_dir` lacks: config, weights, shards or tokenizer."""
+    _read_config_json(model_dir)
+    if need_weights:
+        present = [name for name in WEIGHT_FILES if (model_dir / name).is_file()]
+        if not present:
+            raise ModelDirectoryError(
+                f"{model_dir} has no model weights: expected one of {', '.join(WEIGHT_FILES)}"
+            )
+        if present[0].endswith(".index.json"):
+            index = json.loads((model_dir / present[0]).read_text())
+            missing = sorted(
+                {s for s in index.get("weight_map", {}).values() if not (model_dir / s).is_file()}
+            )
+            if missing:
+                raise ModelDirectoryError(
+                    f"{model_dir} lists weight shards that are missing: {', '.join(missing)}"
+                )
+    if need_tokenizer and not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelDirectoryError(
+            f"{model_dir} has no tokenizer: expected one of {', '.join(TOKENIZER_FILES)}"
+        )
+
+
+def apply_override_config(config: PretrainedConfig, override: Mapping[str, Any] | None) -> PretrainedConfig:
+    """Set `override`'s entries on `config` in place (verl's `override_config`); nested dicts merge.
+
+    A key the config did not have is still set (model code may read it) but logged, since it is
+    usually a typo.
+    """
+    for key, value in (override or {}).items():
+        current = getattr(config, key, None)
+        if isinstance(current, PretrainedConfig) and isinstance(value, Mapping):
+            apply_override_config(current, value)
+            continue
+        if isinstance(current, dict) and isinstance(value, Mapping):
+            value = {**current, **value}
+        elif not hasattr(config, key):
+            logger.warning("override_config sets %r, which %s did not have", key, type(config).__name__)
+        setattr(config, key, value)
+    return config
+
+
+def load_model_config(
+    path: str | Path, *, override_config: Mapping[str, Any] | None = None, trust_remote_code: bool = False
+) -> PretrainedConfig:
+    """The checkpoint's config with `override_config` applied."""
+    model_dir = resolve_model_dir(path)
+    _read_config_json(model_dir)
+    config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code, local_files_only=True)
+    return apply_override_config(config, override_config)
+
+
+def load_tokenizer(
+    path: str | Path, *, padding_side: str | None = None, trust_remote_code: bool = False
+) -> PreTrainedTokenizerBase:
+    """The checkpoint's tokenizer. A tokenizer without a pad token pads with its EOS token (as verl does)."""
+    model_dir = resolve_model_dir(path)
+    check_model_dir(model_dir, need_weights=False, need_tokenizer=True)
+    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code, "local_files_only": True}
+    if padding_side is not None:
+        kwargs["padding_side"] = _check_side(padding_side)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, **kwargs)
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token is None:
+            raise ModelDirectoryError(
+                f"the tokenizer in {model_dir} has neither a pad token nor an EOS token"
+            )
+        logger.warning(
+            "tokenizer in %s has no pad token; padding with its EOS token %r", model_dir, tokenizer.eos_token
+        )
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def _check_side(side: str) -> str:
+    if side not in ("left", "right"):
+        raise ValueError(f"padding_side must be 'left' or 'right', got {side!r}")
+    return side
+
+
+@contextmanager
+def padding_side(tokenizer: PreTrainedTokenizerBase, side: str) -> Iterator[PreTrainedTokenizerBase]:
+    """Temporarily pad on `side` ("left" for generation prompts); restores the previous side on exit."""
+    previous = tokenizer.padding_side
+    tokenizer.padding_side = _check_side(side)
+    try:
+        yield tokenizer
+    finally:
+        tokenizer.padding_side = previous
+
+
+def _pretrained_kwargs(
+    dtype: str | torch.dtype, attn_implementation: str | None, trust_remote_code: bool
+) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {
+        "dtype": resolve_dtype(dtype),
+        "trust_remote_code": trust_remote_code,
+        "local_files_only": True,
+    }
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    return kwargs
+
+
+def _finish(model: PreTrainedModel, gradient_checkpointing: bool) -> PreTrainedModel:
+    if gradient_checkpointing:
+        # transformers 5.x renamed gradient checkpointing to activation checkpointing (the old name warns
+        # and goes in v6); fall back to the old name for 4.x.
+        # Non-reentrant checkpointing works with inputs that do not require grad and with FSDP2.
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # The KV cache is useless in training and incompatible with recomputing activations.
+        model.config.use_cache = False
+    return model
+
+
+def load_causal_lm(
+    path: str | Path,
+    *,
+    dtype: str | torch.dtype = "float32",
+    attn_implementation: str | None = "sdpa",
+    trust_remote_code: bool = False,
+    gradient_checkpointing: bool = False,
+    override_config: Mapping[str, Any] | None = None,
+) -> PreTrainedModel:
+    """An `AutoModelForCausalLM` from a local checkpoint (the actor, reference and rollout model).
+
+    `attn_implementation`: "eager", "sdpa" or "flash_attention_2" (GPU only); None lets transformers pick.
+    """
+    model_dir = resolve_model_dir(path)
+    check_model_dir(model_dir)
+    config = load_model_config(
+        model_dir, override_config=override_config, trust_remote_code=trust_remote_code
+    )
+    kwargs = _pretrained_kwargs(dtype, attn_implementation, trust_remote_code)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, config=config, **kwargs)
+    return _finish(model, gradient_checkpointing)
+
+
+def load_value_model(
+    path: str | Path,
+    *,
+    dtype: str | torch.dtype = "float32",
+    attn_implementation: str | None = "sdpa",
+    trust_remote_code: bool = False,
+    gradient_checkpointing: bool = False,
+    override_config: Mapping[str, Any] | None = None,
+) -> PreTrainedModel:
+    """A token-classification model with one output per token, for critics and reward models.
+
+    Built like verl's critic: `AutoModelForTokenClassification` with `num_labels=1` and no classifier
+    dropout, from the same checkpoint as the actor. The transformer body loads from the checkpoint; the
+    scalar head (`score`, hidden -> 1) is freshly initialised unless the checkpoint already has one (a
+    trained critic or reward model). Output `logits` have shape (batch, seq_len, 1).
+    """
+    model_dir = resolve_model_dir(path)
+    check_model_dir(model_dir)
+    config = load_model_config(
+        model_dir, override_config=override_config, trust_remote_code=trust_remote_code
+    )
+    config.num_labels = 1
+    config.classifier_dropout = 0.0
+    kwargs = _pretrained_kwargs(dtype, attn_implementation, trust_remote_code)
+    model = AutoModelForTokenClassification.from_pretrained(model_dir, config=config, **kwargs)
+    return _finish(model, gradient_checkpointing)

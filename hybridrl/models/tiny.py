@@ -1,0 +1,242 @@
+"""Build a tiny Qwen2 or Llama model and its tokenizer offline, as a normal Hugging Face directory.
+
+    python -m hybridrl.models.tiny --out models/tiny-qwen2-1m --arch qwen2 --size 1m --seed 0
+
+The directory holds `config.json`, `model.safetensors`, `generation_config.json`, `tokenizer.json`,
+`tokenizer_config.json` (with the chat template) and reloads with `from_pretrained` or
+`hybridrl.models.load_causal_lm`. The weights are random (seeded): the model is meant to be trained from
+scratch by SFT and RL on hybridrl's tasks. Same arguments and seed give byte-identical files.
+
+Size presets (parameter counts with the default ~512-token vocabulary and tied embeddings):
+
+    name   hidden  layers  heads  kv_heads  intermediate   parameters
+    1m     128     4       4      2         448            ~0.95M
+    3m     192     6       6      2         640            ~2.9M
+    10m    256     10      8      4         1024           ~10M
+    50m    512     12      8      4         2048           ~47M
+
+Any of hidden size, layers, heads, kv heads and intermediate size can be overridden.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+from transformers import (
+    GenerationConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PretrainedConfig,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from hybridrl.models.tiny_tokenizer import build_tiny_tokenizer
+from hybridrl.utils.registry import Registry
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    """Shape of a tiny decoder-only transformer."""
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+
+    def validate(self) -> None:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}; "
+                "pass --num-heads so that hidden_size / num_heads is an integer head dimension"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads={self.num_heads} is not divisible by num_kv_heads={self.num_kv_heads}; "
+                "grouped-query attention shares each kv head among a whole number of query heads"
+            )
+        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+SIZES: Registry[TinySpec] = Registry("tiny model size")
+SIZES.add("1m", TinySpec(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=448))
+SIZES.add("3m", TinySpec(hidden_size=192, num_layers=6, num_heads=6, num_kv_heads=2, intermediate_size=640))
+SIZES.add(
+    "10m", TinySpec(hidden_size=256, num_layers=10, num_heads=8, num_kv_heads=4, intermediate_size=1024)
+)
+SIZES.add(
+    "50m", TinySpec(hidden_size=512, num_layers=12, num_heads=8, num_kv_heads=4, intermediate_size=2048)
+)
+
+
+@dataclass(frozen=True)
+class TinyArch:
+    """How to build one architecture: its config and model classes and the tokenizer class to declare."""
+
+    config_cls: type[PretrainedConfig]
+    model_cls: type[PreTrainedModel]
+    # Written to tokenizer_config.json. For qwen2 transformers uses Qwen2Tokenizer whatever we write;
+    # declaring it keeps the directory honest. "PreTrainedTokenizerFast" loads tokenizer.json verbatim in
+    # transformers 4.x and 5.x alike.
+    tokenizer_class: str
+
+
+ARCHS: Registry[TinyArch] = Registry("tiny model architecture")
+ARCHS.add("qwen2", TinyArch(Qwen2Config, Qwen2ForCausalLM, "Qwen2Tokenizer"))
+ARCHS.add("llama", TinyArch(LlamaConfig, LlamaForCausalLM, "PreTrainedTokenizerFast"))
+
+
+def resolve_spec(
+    size: str = "1m",
+    *,
+    hidden_size: int | None = None,
+    num_layers: int | None = None,
+    num_heads: int | None = None,
+    num_kv_heads: int | None = None,
+    intermediate_size: int | None = None,
+) -> TinySpec:
+    """The preset `size` with explicit overrides applied.
+
+    A new hidden size without new head counts keeps the preset's head dimension; a new hidden size
+    without a new intermediate size uses ~8/3 x hidden (Llama's ratio) rounded up to a multiple of 32.
+    """
+    base = SIZES.get(size)
+    hidden = hidden_size if hidden_size is not None else base.hidden_size
+    if num_heads is None:
+        head_dim = base.hidden_size // base.num_heads
+        num_heads = base.num_heads if hidden == base.hidden_size else max(1, hidden // head_dim)
+    if num_kv_heads is None:
+        num_kv_heads = base.num_kv_heads if num_heads % base.num_kv_heads == 0 else num_heads
+    if intermediate_size is None:
+        intermediate_size = (
+            base.intermediate_size if hidden == base.hidden_size else -(-hidden * 8 // 3 // 32) * 32
+        )
+    spec = replace(
+        base,
+        hidden_size=hidden,
+        num_layers=num_layers if num_layers is not None else base.num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        intermediate_size=intermediate_size,
+    )
+    spec.validate()
+    return spec
+
+
+def tiny_config(
+    arch: str, spec: TinySpec, *, vocab_size: int, max_position_embeddings: int = 2048, **token_ids: int
+) -> PretrainedConfig:
+    """The transformers config of a tiny `arch` model; `token_ids` are bos/eos/pad_token_id."""
+    return ARCHS.get(arch).config_cls(
+        vocab_size=vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        # Tied input/output embeddings: at this scale the embedding is a large share of the parameters.
+        tie_word_embeddings=True,
+        **token_ids,
+    )
+
+
+def _finish_tokenizer_config(out: Path, tokenizer_class: str, model_max_length: int) -> None:
+    """Write the fields save_pretrained leaves out or sets for the generic wrapper class."""
+    path = out / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config["tokenizer_class"] = tokenizer_class
+    config["model_max_length"] = model_max_length
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def build_tiny_model(
+    out: str | Path,
+    *,
+    arch: str = "qwen2",
+    size: str = "1m",
+    seed: int = 0,
+    vocab_size: int = 512,
+    max_position_embeddings: int = 2048,
+    **overrides: int | None,
+) -> Path:
+    """Write a tiny `arch` model with random weights (seeded) and the tiny tokenizer to `out`.
+
+    `overrides` are `resolve_spec`'s keywords (hidden_size, num_layers, num_heads, num_kv_heads,
+    intermediate_size). The global torch RNG is left as it was. Returns `out` as a Path.
+    """
+    arch_entry = ARCHS.get(arch)
+    spec = resolve_spec(size, **overrides)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    tokenizer = build_tiny_tokenizer(vocab_size)
+    ids = {
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+    config = tiny_config(
+        arch, spec, vocab_size=len(tokenizer), max_position_embeddings=max_position_embeddings, **ids
+    )
+    # fork_rng: seeding must not change the caller's random stream (tests, training loops).
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = arch_entry.model_cls(config).to(torch.float32)
+    model.generation_config = GenerationConfig(**ids)
+
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    _finish_tokenizer_config(out, arch_entry.tokenizer_class, max_position_embeddings)
+    return out
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    """Distinct parameters (tied embeddings counted once)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="directory to write the model and tokenizer to")
+    parser.add_argument("--arch", default="qwen2", choices=ARCHS.names())
+    parser.add_argument("--size", default="1m", choices=SIZES.names(), help="size preset")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    parser.add_argument("--vocab-size", type=int, default=512, help="upper bound of the BPE vocabulary")
+    parser.add_argument("--max-position-embeddings", type=int, default=2048)
+    for flag in ("hidden-size", "num-layers", "num-heads", "num-kv-heads", "intermediate-size"):
+        parser.add_argument(f"--{flag}", type=int, default=None, help="override the preset")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parse_args(argv)
+    out = build_tiny_model(
+        args.out,
+        arch=args.arch,
+        size=args.size,
+        seed=args.seed,
+        vocab_size=args.vocab_size,
+        max_position_embeddings=args.max_position_embeddings,
+        hidden_size=args.hidden_size,
+        num_layers=args.num_layers,
+        num_heads=args.num_heads,
+        num_kv_heads=args.num_kv_heads,
+        intermediate_size=args.intermediate_size,
+    )
+    model = ARCHS.get(args.arch).model_cls.from_pretrained(out)
+    print(
+        f"wrote {args.arch} model ({count_parameters(model):,} parameters, vocab {model.config.vocab_size}) to {out}"
+    )
+
+
+if __name__ == "__main__":
+    main()

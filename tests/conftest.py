@@ -1,0 +1,49 @@
+"""Shared pytest fixtures.
+
+Offline by construction: the environment variables below are set before any test module imports
+transformers or huggingface_hub (both read them at import time), so no test can reach the Hub.
+
+Fixtures for model-backed tests (session-scoped: built once per test session, ~1-2 s each):
+
+- `tiny_model_dir`: a ~1M-parameter Qwen2 model + tokenizer made by `hybridrl.models.tiny`
+  (seed 0, hidden 128, 4 layers, ~512-token byte-level BPE, ChatML chat template). A `pathlib.Path`.
+- `tiny_llama_dir`: the same size as a Llama model.
+- `tiny_tokenizer`: the tokenizer of `tiny_model_dir`, loaded with `hybridrl.models.load_tokenizer`
+  (right padding; pad id 0, bos id 1, eos `<|im_end|>` id 3). Shared across tests: do not mutate it;
+  use `hybridrl.models.padding_side(tok, "left")` for a temporary left-padded call.
+
+Treat the directories as read-only; copy one to `tmp_path` if a test must write into it.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from hybridrl.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_qwen2_1m"), arch="qwen2", size="1m", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from hybridrl.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_llama_1m"), arch="llama", size="1m", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_model_dir: Path):
+    from hybridrl.models.loading import load_tokenizer
+
+    return load_tokenizer(tiny_model_dir)
