@@ -1,0 +1,205 @@
+"""`@register`: how a worker method is split across ranks, run, and its results merged.
+
+A worker class marks its remote-callable methods with `@register(dispatch_mode=..., execute_mode=...)`.
+The decorator stores a typed `MethodSpec` on the function; a WorkerGroup reads those specs from an
+explicit list (`registered_methods`) and binds one group-level method per entry.
+
+The call path for `wg.compute_log_prob(batch)` is:
+  driver:  dispatch_fn splits the arguments into one list entry per rank
+           -> execute on every rank (or rank 0) -> collect_fn merges the per-rank outputs
+  worker:  the registered wrapper materialises shards/futures, calls the method, trims padding rows.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from hybridrl.controller.futures import DataProtoFuture, ProtoShard, materialize_arg, trim_padding
+from hybridrl.protocol import DataProto, pad_dataproto_to_divisor
+from hybridrl.utils.registry import Registry
+
+
+class Dispatch(str, Enum):
+    """Built-in ways to split a call's arguments across the ranks of a group."""
+
+    ONE_TO_ALL = "ONE_TO_ALL"  # every rank gets the same arguments; result: list per rank
+    ALL_TO_ALL = "ALL_TO_ALL"  # each argument is already a per-rank list; result: list per rank
+    RANK_ZERO = "RANK_ZERO"  # only rank 0 runs; result: rank 0's output
+    DP_COMPUTE = "DP_COMPUTE"  # like ALL_TO_ALL, for data-parallel pre-split inputs
+    DP_COMPUTE_PROTO = "DP_COMPUTE_PROTO"  # DataProto chunked by rank (padded); outputs concatenated
+    DP_COMPUTE_PROTO_WITH_FUNC = "DP_COMPUTE_PROTO_WITH_FUNC"  # first arg (a function) to all, rest as above
+    DP_COMPUTE_METRIC = "DP_COMPUTE_METRIC"  # DataProto chunked by rank; result: list of per-rank outputs
+
+
+class Execute(str, Enum):
+    ALL = "ALL"
+    RANK_ZERO = "RANK_ZERO"
+
+
+@dataclass(frozen=True)
+class DispatchMode:
+    """A named pair of functions, both taking the worker group first (verl's signatures).
+
+    dispatch_fn(wg, *args, **kwargs) -> (args, kwargs) where every value is a list with one entry per rank.
+    collect_fn(wg, outputs) -> the value returned to the caller, from the list of per-rank outputs.
+    concatenates_protos marks modes whose non-blocking result can be a chainable DataProtoFuture.
+    """
+
+    name: str
+    dispatch_fn: Callable[..., tuple[tuple, dict]]
+    collect_fn: Callable[[Any, list], Any]
+    concatenates_protos: bool = False
+
+
+DISPATCH_MODES: Registry[DispatchMode] = Registry("dispatch mode")
+
+
+def register_dispatch_mode(name: str, dispatch_fn: Callable, collect_fn: Callable) -> DispatchMode:
+    """Add a custom dispatch mode; use it as `@register(dispatch_mode="name")`."""
+    mode = DispatchMode(name, dispatch_fn, collect_fn)
+    DISPATCH_MODES.add(name, mode)
+    return mode
+
+
+def get_dispatch_mode(mode: Dispatch | str | dict | DispatchMode) -> DispatchMode:
+    if isinstance(mode, DispatchMode):
+        return mode
+    if isinstance(mode, dict):  # verl's inline form: {"dispatch_fn": ..., "collect_fn": ...}
+        return DispatchMode("custom", mode["dispatch_fn"], mode["collect_fn"])
+    return DISPATCH_MODES.get(mode.value if isinstance(mode, Dispatch) else mode)
+
+
+# ----- built-in dispatch and collect functions ---------------------------------------------------------
+def _broadcast(wg, *args, **kwargs) -> tuple[tuple, dict]:
+    n = wg.world_size
+    return tuple([a] * n for a in args), {k: [v] * n for k, v in kwargs.items()}
+
+
+def _pass_through(wg, *args, **kwargs) -> tuple[tuple, dict]:
+    for name, value in [*((f"argument {i}", a) for i, a in enumerate(args)), *kwargs.items()]:
+        if not isinstance(value, (list, tuple)) or len(value) != wg.world_size:
+            raise ValueError(
+                f"{name} must be a list with one entry per rank ({wg.world_size}) for this dispatch mode, "
+                f"got {type(value).__name__}"
+                + (f" of length {len(value)}" if isinstance(value, (list, tuple)) else "")
+            )
+    return args, kwargs
+
+
+def _collect_list(wg, outputs: list) -> list:
+    return list(outputs)
+
+
+def _shard_proto(value: Any, world_size: int) -> list:
+    """Per-rank shards of a DataProto (padded to divide) or a DataProtoFuture; other values broadcast."""
+    if isinstance(value, DataProto):
+        padded, pad = pad_dataproto_to_divisor(value, world_size)
+        chunks = padded.chunk(world_size)
+        rows = len(chunks[0])
+        real = [max(0, min(rows, len(value) - r * rows)) for r in range(world_size)]
+        return [ProtoShard(data=c, real_rows=n) for c, n in zip(chunks, real, strict=True)]
+    if isinstance(value, DataProtoFuture):
+        return [ProtoShard(futures=value.futures, rank=r, world_size=world_size) for r in range(world_size)]
+    return [value] * world_size
+
+
+def _dispatch_proto(wg, *args, **kwargs) -> tuple[tuple, dict]:
+    protos = [v for v in (*args, *kwargs.values()) if isinstance(v, DataProto)]
+    if len({len(p) for p in protos}) > 1:
+        raise ValueError(f"DataProto arguments of one call must have equal lengths, got {[len(p) for p in protos]}")
+    n = wg.world_size
+    return tuple(_shard_proto(a, n) for a in args), {k: _shard_proto(v, n) for k, v in kwargs.items()}
+
+
+def _dispatch_proto_with_func(wg, func, *args, **kwargs) -> tuple[tuple, dict]:
+    if not callable(func):
+        raise TypeError("DP_COMPUTE_PROTO_WITH_FUNC expects a function as the first argument")
+    args, kwargs = _dispatch_proto(wg, *args, **kwargs)
+    return ([func] * wg.world_size, *args), kwargs
+
+
+def _collect_proto(wg, outputs: list) -> Any:
+    if all(isinstance(o, DataProto) for o in outputs):
+        return DataProto.concat(outputs)
+    return list(outputs)
+
+
+for _mode, _dispatch, _collect in [
+    (Dispatch.ONE_TO_ALL, _broadcast, _collect_list),
+    (Dispatch.ALL_TO_ALL, _pass_through, _collect_list),
+    (Dispatch.RANK_ZERO, _broadcast, _collect_list),
+    (Dispatch.DP_COMPUTE, _pass_through, _collect_list),
+    (Dispatch.DP_COMPUTE_PROTO, _dispatch_proto, _collect_proto),
+    (Dispatch.DP_COMPUTE_PROTO_WITH_FUNC, _dispatch_proto_with_func, _collect_proto),
+    (Dispatch.DP_COMPUTE_METRIC, _dispatch_proto, _collect_list),
+]:
+    DISPATCH_MODES.add(_mode.value, DispatchMode(_mode.value, _dispatch, _collect,
+                                                 concatenates_protos=_collect is _collect_proto))
+
+
+# ----- the decorator -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MethodSpec:
+    """What `@register` records on a worker method."""
+
+    dispatch_mode: Dispatch | str | dict | DispatchMode
+    execute_mode: Execute
+    blocking: bool
+    materialize_futures: bool
+
+
+_SPEC_ATTR = "hybridrl_method_spec"
+
+
+def register(
+    dispatch_mode: Dispatch | str | dict | DispatchMode = Dispatch.ALL_TO_ALL,
+    execute_mode: Execute = Execute.ALL,
+    blocking: bool = True,
+    materialize_futures: bool = True,
+) -> Callable[[Callable], Callable]:
+    """Mark a worker method as callable from a WorkerGroup.
+
+    materialize_futures: resolve DataProtoFutures and shards on the worker before calling the method
+    (turn it off only for methods that forward futures unopened).
+    """
+    get_dispatch_mode(dispatch_mode)  # fail at class definition for an unknown mode
+    if dispatch_mode == Dispatch.RANK_ZERO:
+        execute_mode = Execute.RANK_ZERO
+    spec = MethodSpec(dispatch_mode, Execute(execute_mode), blocking, materialize_futures)
+
+    def decorator(func: Callable) -> Callable:
+        @functools.wraps(func)
+        def wrapper(self, *args, **kwargs):
+            if not spec.materialize_futures:
+                return func(self, *args, **kwargs)
+            shards = [a for a in (*args, *kwargs.values()) if isinstance(a, ProtoShard)]
+            args = tuple(materialize_arg(a) for a in args)
+            kwargs = {k: materialize_arg(v) for k, v in kwargs.items()}
+            output = func(self, *args, **kwargs)
+            return trim_padding(output, shards[0]) if shards else output
+
+        setattr(wrapper, _SPEC_ATTR, spec)
+        return wrapper
+
+    return decorator
+
+
+def get_method_spec(func: Any) -> MethodSpec | None:
+    return getattr(func, _SPEC_ATTR, None)
+
+
+def registered_methods(cls: type) -> dict[str, MethodSpec]:
+    """Every `@register`-ed method of `cls` and its bases, by name (subclass definitions win)."""
+    methods: dict[str, MethodSpec] = {}
+    for klass in reversed(cls.__mro__):
+        for name, value in vars(klass).items():
+            spec = get_method_spec(value)
+            if spec is not None:
+                methods[name] = spec
+            elif name in methods:  # overridden without @register: no longer remote-callable
+                del methods[name]
+    return methods

@@ -1,0 +1,119 @@
+"""Worker: the base class of every SPMD rank (actor, critic, reference, reward model).
+
+A worker group starts one process per rank and gives it the standard torch.distributed environment
+(MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK). The base class reads it, sets the rank's share
+of CPU threads, and joins the group's process group: gloo on CPU, gloo + nccl where CUDA is present.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from hybridrl.controller.decorator import Dispatch, register
+
+# Set by the worker group: how many intra-op threads this rank should use.
+NUM_THREADS_ENV = "HYBRIDRL_NUM_THREADS"
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """The torch.distributed coordinates of one rank."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+
+    @classmethod
+    def from_environ(cls) -> DistEnv:
+        missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+        if missing:
+            raise RuntimeError(
+                f"worker started without {missing} in its environment; create workers through a "
+                f"WorkerGroup (RayWorkerGroup or LocalWorkerGroup), which sets them"
+            )
+        world_size = int(os.environ["WORLD_SIZE"])
+        return cls(
+            rank=int(os.environ["RANK"]),
+            world_size=world_size,
+            local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+            local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size))),
+            master_addr=os.environ["MASTER_ADDR"],
+            master_port=int(os.environ["MASTER_PORT"]),
+        )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def distributed_backend() -> str:
+    # gloo serves CPU tensors (always present: offloaded state, CPU collectives); nccl serves CUDA ones.
+    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+
+
+def init_distributed(env: DistEnv) -> None:
+    """Join the group's process group once per process (colocated roles share it)."""
+    if dist.is_initialized():
+        if dist.get_world_size() != env.world_size or dist.get_rank() != env.rank:
+            raise RuntimeError(
+                f"this process already belongs to a process group as rank {dist.get_rank()} of "
+                f"{dist.get_world_size()}, but a worker asked for rank {env.rank} of {env.world_size}"
+            )
+        return
+    if torch.cuda.is_available():
+        torch.cuda.set_device(env.local_rank)
+    dist.init_process_group(
+        backend=distributed_backend(),
+        init_method=f"tcp://{env.master_addr}:{env.master_port}",
+        rank=env.rank,
+        world_size=env.world_size,
+    )
+
+
+class Worker:
+    """Base class of SPMD workers. Subclasses call `super().__init__()` first."""
+
+    def __init__(self) -> None:
+        self.dist_env = DistEnv.from_environ()
+        threads = os.environ.get(NUM_THREADS_ENV)
+        if threads:
+            torch.set_num_threads(int(threads))
+        init_distributed(self.dist_env)
+
+    @property
+    def rank(self) -> int:
+        return self.dist_env.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.dist_env.world_size
+
+    @property
+    def local_rank(self) -> int:
+        return self.dist_env.local_rank
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cuda", self.local_rank) if torch.cuda.is_available() else torch.device("cpu")
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def process_info(self) -> dict:
+        """Where this rank runs: for placement checks and debugging."""
+        return {
+            "pid": os.getpid(),
+            "hostname": socket.gethostname(),
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "num_threads": torch.get_num_threads(),
+        }

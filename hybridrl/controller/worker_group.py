@@ -1,0 +1,145 @@
+"""WorkerGroup: the driver-side handle on N ranks of one worker class.
+
+It binds each `@register`-ed method of the worker class onto itself, so `wg.update_actor(batch)`
+dispatches the arguments, runs the method on the ranks and collects the results. Backends (Ray, local)
+only say how to start ranks and how to run one method on one rank.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hybridrl.controller.decorator import (
+    Execute,
+    MethodSpec,
+    get_dispatch_mode,
+    register,
+    registered_methods,
+)
+from hybridrl.controller.futures import DataProtoFuture, resolve
+from hybridrl.controller.worker import Worker
+
+
+@dataclass
+class ClassWithInitArgs:
+    """A worker class and the arguments to construct it with, on whichever process runs the rank."""
+
+    cls: type
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+
+    def __init__(self, cls: type, *args: Any, **kwargs: Any) -> None:
+        self.cls, self.args, self.kwargs = cls, args, kwargs
+
+    def build(self) -> Any:
+        return self.cls(*self.args, **self.kwargs)
+
+
+class WorkerGroup:
+    """Base class: method binding, dispatch and collection. Subclasses start and address the ranks."""
+
+    def __init__(self, worker_cls: type, world_size: int) -> None:
+        self.worker_cls = worker_cls
+        self.world_size = world_size
+        self.method_names: list[str] = []
+        self._bind_methods(registered_methods(worker_cls))
+
+    # ----- backend hooks -------------------------------------------------------------------------------
+    def _submit(self, rank: int, method_name: str, args: tuple, kwargs: dict) -> Any:
+        """Start `method_name` on `rank`; return a future (Ray) or the value (local)."""
+        raise NotImplementedError
+
+    # ----- binding -------------------------------------------------------------------------------------
+    def _bind_methods(self, methods: Mapping[str, MethodSpec], prefix: str = "") -> None:
+        for remote_name, spec in methods.items():
+            if not remote_name.startswith(prefix):
+                continue
+            name = remote_name[len(prefix):]
+            if hasattr(type(self), name):
+                raise AttributeError(
+                    f"worker method {remote_name!r} of {self.worker_cls.__name__} would shadow "
+                    f"{type(self).__name__}.{name}; rename the method"
+                )
+            setattr(self, name, self._make_group_method(remote_name, spec))
+            self.method_names.append(name)
+
+    def _make_group_method(self, remote_name: str, spec: MethodSpec) -> Callable:
+        def group_method(*args: Any, **kwargs: Any) -> Any:
+            return self.call(remote_name, spec, *args, **kwargs)
+
+        group_method.__name__ = remote_name
+        group_method.__doc__ = getattr(getattr(self.worker_cls, remote_name, None), "__doc__", None)
+        return group_method
+
+    def call(self, remote_name: str, spec: MethodSpec, *args: Any, **kwargs: Any) -> Any:
+        """Dispatch, execute and collect one registered method."""
+        mode = get_dispatch_mode(spec.dispatch_mode)
+        per_rank_args, per_rank_kwargs = mode.dispatch_fn(self, *args, **kwargs)
+        ranks = [0] if spec.execute_mode is Execute.RANK_ZERO else range(self.world_size)
+        futures = [
+            self._submit(
+                rank,
+                remote_name,
+                tuple(a[rank] for a in per_rank_args),
+                {k: v[rank] for k, v in per_rank_kwargs.items()},
+            )
+            for rank in ranks
+        ]
+        if not spec.blocking:
+            if spec.execute_mode is Execute.RANK_ZERO:
+                return futures[0]
+            return DataProtoFuture(futures) if mode.concatenates_protos else futures
+        outputs = resolve(futures)
+        if spec.execute_mode is Execute.RANK_ZERO:
+            return outputs[0]
+        return mode.collect_fn(self, outputs)
+
+    # ----- colocation ----------------------------------------------------------------------------------
+    def spawn(self, prefix_set) -> dict[str, WorkerGroup]:
+        """One group per role of a colocated worker class: same processes, methods without the prefix."""
+        views = {}
+        for role in prefix_set:
+            view = copy.copy(self)
+            for name in self.method_names:
+                view.__dict__.pop(name, None)
+            view.method_names = []
+            view._bind_methods(registered_methods(self.worker_cls), prefix=f"{role}_")
+            if not view.method_names:
+                raise ValueError(f"role {role!r} has no registered methods in {self.worker_cls.__name__}")
+            views[role] = view
+        return views
+
+
+def create_colocated_worker_cls(class_dict: Mapping[str, ClassWithInitArgs]) -> ClassWithInitArgs:
+    """Fuse several roles into one worker class so they share a process per rank.
+
+    The fused worker builds each role's worker inside its own process and exposes every registered
+    method `m` of role `r` as `r_m`; `WorkerGroup.spawn(prefix_set=roles)` gives back one group per role.
+    """
+    roles = dict(class_dict)
+    namespace: dict[str, Any] = {}
+    for role, cls_with_init in roles.items():
+        for name, spec in registered_methods(cls_with_init.cls).items():
+            namespace[f"{role}_{name}"] = _role_forwarder(role, name, spec)
+
+    def __init__(self) -> None:  # noqa: N807 - a method body for the generated class
+        Worker.__init__(self)
+        self.roles = {role: cwi.build() for role, cwi in roles.items()}
+
+    namespace["__init__"] = __init__
+    fused = type("Colocated_" + "_".join(roles), (Worker,), namespace)
+    return ClassWithInitArgs(fused)
+
+
+def _role_forwarder(role: str, name: str, spec: MethodSpec) -> Callable:
+    # The role's own registered method materialises shards and trims padding, so the forwarder only
+    # carries the spec for binding and passes the arguments through unopened.
+    @register(spec.dispatch_mode, spec.execute_mode, spec.blocking, materialize_futures=False)
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.roles[role], name)(*args, **kwargs)
+
+    forward.__name__ = f"{role}_{name}"
+    return forward

@@ -1,0 +1,61 @@
+"""The local backend runs the same worker class in the driver process, with the same results."""
+
+import os
+
+import pytest
+import torch.distributed as dist
+from group_checks import (
+    check_dp_compute_proto_keeps_order,
+    check_futures_chain,
+    check_k_outputs_per_row_with_padding,
+    check_other_dispatch_modes,
+)
+from workers_for_tests import ScaleWorker
+
+from hybridrl.controller import (
+    ClassWithInitArgs,
+    LocalWorkerGroup,
+    create_colocated_worker_cls,
+    create_worker_group,
+)
+
+DIST_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture
+def local_env():
+    saved = {k: os.environ.get(k) for k in DIST_KEYS}
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def test_local_group_matches_the_ray_behaviour(local_env, monkeypatch):
+    wg = create_worker_group("local", ClassWithInitArgs(ScaleWorker, scale=2.0))
+    assert isinstance(wg, LocalWorkerGroup) and wg.world_size == 1
+    assert wg.all_reduce_ranks() == [1.0]
+    check_dp_compute_proto_keeps_order(wg, scale=2.0)
+    check_k_outputs_per_row_with_padding(wg)
+    check_other_dispatch_modes(wg)
+    check_futures_chain(wg, scale=2.0, monkeypatch=monkeypatch)
+    assert wg.process_info()[0]["pid"] == os.getpid()
+
+
+def test_local_colocated_roles(local_env):
+    fused = create_colocated_worker_cls({
+        "actor": ClassWithInitArgs(ScaleWorker, scale=2.0),
+        "critic": ClassWithInitArgs(ScaleWorker, scale=3.0),
+    })
+    groups = LocalWorkerGroup(fused).spawn(prefix_set=["actor", "critic"])
+    check_dp_compute_proto_keeps_order(groups["actor"], scale=2.0)
+    check_dp_compute_proto_keeps_order(groups["critic"], scale=3.0)
+
+
+def test_unknown_backend_names_the_setting():
+    with pytest.raises(ValueError, match="trainer.backend"):
+        create_worker_group("mpi", ClassWithInitArgs(ScaleWorker, scale=1.0))

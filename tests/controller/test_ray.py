@@ -1,0 +1,112 @@
+"""The Ray backend: real actors, a real gloo process group, placement groups and colocation."""
+
+import time
+
+import pytest
+import ray
+import workers_for_tests
+from group_checks import (
+    check_dp_compute_proto_keeps_order,
+    check_futures_chain,
+    check_k_outputs_per_row_with_padding,
+    check_other_dispatch_modes,
+)
+from workers_for_tests import ScaleWorker
+
+from hybridrl.controller import create_colocated_worker_cls
+from hybridrl.controller.ray import RayClassWithInitArgs, RayWorkerGroup
+from hybridrl.controller.ray_resources import RayResourcePool, ResourcePoolManager, init_ray
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    # Test helper modules are not importable in Ray's worker processes; ship them by value.
+    ray.cloudpickle.register_pickle_by_value(workers_for_tests)
+    init_ray(num_cpus=2)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def pool(ray_cluster):
+    pool = RayResourcePool(process_on_nodes=[2])
+    yield pool
+    pool.remove()
+
+
+@pytest.fixture(scope="module")
+def group(pool):
+    wg = RayWorkerGroup(pool, RayClassWithInitArgs(ScaleWorker, scale=2.0))
+    yield wg
+    wg.shutdown()
+
+
+def test_two_ranks_form_a_gloo_process_group(group):
+    assert group.world_size == 2
+    assert group.all_reduce_ranks() == [3.0, 3.0]  # (0 + 1) + (1 + 1) on both ranks
+    infos = group.process_info()
+    assert [i["rank"] for i in infos] == [0, 1]
+    assert len({i["pid"] for i in infos}) == 2
+    assert all(i["num_threads"] == 1 for i in infos)  # one CPU per rank -> one intra-op thread
+
+
+def test_dp_compute_proto_on_seven_rows_returns_seven_in_order(group):
+    check_dp_compute_proto_keeps_order(group, scale=2.0)
+    check_k_outputs_per_row_with_padding(group)
+
+
+def test_other_dispatch_modes(group):
+    check_other_dispatch_modes(group)
+
+
+def test_futures_chain_without_the_driver(group, monkeypatch):
+    check_futures_chain(group, scale=2.0, monkeypatch=monkeypatch)
+
+
+def test_colocated_roles_share_processes(pool, group):
+    group.shutdown()  # free the pool's bundles for the fused group
+    fused = create_colocated_worker_cls({
+        "actor": RayClassWithInitArgs(ScaleWorker, scale=2.0),
+        "critic": RayClassWithInitArgs(ScaleWorker, scale=3.0),
+    })
+    wg = RayWorkerGroup(pool, fused)
+    roles = wg.spawn(prefix_set=["actor", "critic"])
+    actor_pids = [i["pid"] for i in roles["actor"].process_info()]
+    critic_pids = [i["pid"] for i in roles["critic"].process_info()]
+    assert actor_pids == critic_pids and len(set(actor_pids)) == 2
+    check_dp_compute_proto_keeps_order(roles["actor"], scale=2.0)
+    check_dp_compute_proto_keeps_order(roles["critic"], scale=3.0)
+    wg.shutdown()
+
+
+def test_unsatisfiable_pool_fails_fast_naming_the_setting(ray_cluster):
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"n_gpus_per_node.*|has 2") as err:
+        RayResourcePool(process_on_nodes=[3]).get_placement_groups()
+    assert "has 2" in str(err.value) and "trainer.n_gpus_per_node" in str(err.value)
+    assert time.monotonic() - start < 30  # a generous bound: the point is "no silent hang"
+    with pytest.raises(RuntimeError, match="GPUs"):
+        RayResourcePool(process_on_nodes=[1], use_gpu=True).get_placement_groups()
+
+
+def test_resource_pool_manager_maps_roles(ray_cluster):
+    with pytest.raises(ValueError, match="undefined pools"):
+        ResourcePoolManager({"global_pool": [2]}, {"actor": "other_pool"})
+    manager = ResourcePoolManager({"global_pool": [1]}, {"actor": "global_pool", "critic": "global_pool"})
+    assert manager.get_n_processes() == 1
+    with pytest.raises(KeyError, match="'reward'"):
+        manager.get_resource_pool("reward")
+
+
+def test_torch_config_modules_pickle_by_name_after_the_fix():
+    import pickle
+
+    import torch.distributed.config as dist_config
+
+    from hybridrl.controller.ray_resources import register_torch_module_reducers
+
+    register_torch_module_reducers()
+    # Without the reducer cloudpickle raises "cannot pickle 'ConfigModuleInstance' object".
+    assert pickle.loads(ray.cloudpickle.dumps(dist_config)) is dist_config
