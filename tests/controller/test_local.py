@@ -3,7 +3,6 @@
 import os
 
 import pytest
-import torch.distributed as dist
 from group_checks import (
     check_dp_compute_proto_keeps_order,
     check_futures_chain,
@@ -18,21 +17,6 @@ from hybridrl.controller import (
     create_colocated_worker_cls,
     create_worker_group,
 )
-
-DIST_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-@pytest.fixture
-def local_env():
-    saved = {k: os.environ.get(k) for k in DIST_KEYS}
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
 
 
 def test_local_group_matches_the_ray_behaviour(local_env, monkeypatch):
