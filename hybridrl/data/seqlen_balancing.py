@@ -1,0 +1,262 @@
+"""Balancing sequences by token count: across data-parallel ranks and into micro-batches.
+
+Names and arguments follow verl's `verl.utils.seqlen_balancing`:
+
+- `get_seqlen_balanced_partitions(seqlen_list, k_partitions, equal_size)`: k index lists whose token
+  totals are near-equal (Karmarkar-Karp, or greedy when it happens to do better), each index once; `equal_size=True` also makes the
+  counts equal (the trainer's `balance_batch` needs equal rows per DP rank).
+- `karmarkar_karp`, `greedy_partition`: the two partitioners.
+- `rearrange_micro_batches(batch, max_token_len, ...)`: dynamic batch size; split a batch into the
+  fewest micro-batches whose token totals stay within `max_token_len`, returning the micro-batches and
+  their row indices; `get_reverse_idx` turns the concatenated indices into the permutation that
+  restores the original order of per-micro-batch outputs.
+
+Multi-way number partitioning is NP-hard; Karmarkar-Karp's largest differencing method (Karmarkar &
+Karp, 1982; k-way form by Korf, "Multi-way number partitioning", IJCAI 2009) is the standard
+heuristic: keep partial k-way partitions in a max-heap by spread (max sum - min sum) and repeatedly
+merge the two with the largest spread, pairing the heavier parts of one with the lighter parts of
+the other so their differences cancel.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def ceildiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _check_args(seqlen_list: Sequence[int], k_partitions: int, equal_size: bool) -> None:
+    if k_partitions < 1:
+        raise ValueError(f"k_partitions must be >= 1, got {k_partitions}")
+    if len(seqlen_list) < k_partitions:
+        raise ValueError(
+            f"cannot split {len(seqlen_list)} sequences into {k_partitions} non-empty partitions"
+        )
+    if equal_size and len(seqlen_list) % k_partitions:
+        raise ValueError(
+            f"equal_size needs the number of sequences ({len(seqlen_list)}) to be divisible by "
+            f"k_partitions ({k_partitions}); make the batch size a multiple of the data-parallel size"
+        )
+
+
+class _Partial:
+    """A partial k-way partition: parts kept sorted by total, heaviest first."""
+
+    def __init__(self, parts: list[tuple[int, list[int]]]) -> None:
+        self.parts = sorted(parts, key=lambda p: (-p[0], p[1]))
+
+    @property
+    def spread(self) -> int:
+        return self.parts[0][0] - self.parts[-1][0]
+
+    def merge(self, other: _Partial) -> _Partial:
+        """Heaviest of self with lightest of other, and so on, so the two spreads offset each other.
+
+        Reuses self's index lists (both inputs are discarded after a merge), keeping merges linear.
+        """
+        paired = zip(self.parts, reversed(other.parts), strict=True)
+        merged = []
+        for (sum_a, idx_a), (sum_b, idx_b) in paired:
+            idx_a.extend(idx_b)
+            merged.append((sum_a + sum_b, idx_a))
+        return _Partial(merged)
+
+
+def karmarkar_karp(seqlen_list: Sequence[int], k_partitions: int, equal_size: bool) -> list[list[int]]:
+    """k index lists with near-equal sums by the largest differencing method.
+
+    Without `equal_size` each sequence starts as its own partial partition (one non-empty part).
+    With it, the sorted lengths are cut into groups of k consecutive sequences, each group a partial
+    partition with one sequence per part; every merge then adds one group's sequence to each part, so
+    all parts end with n/k sequences.
+    """
+    _check_args(seqlen_list, k_partitions, equal_size)
+    order = sorted(range(len(seqlen_list)), key=lambda i: (seqlen_list[i], i))
+    if equal_size:
+        groups = [order[s : s + k_partitions] for s in range(0, len(order), k_partitions)]
+        partials = [_Partial([(seqlen_list[i], [i]) for i in g]) for g in groups]
+    else:
+        # a fresh empty list per part: merges extend these lists in place
+        partials = [
+            _Partial([(seqlen_list[i], [i])] + [(0, []) for _ in range(k_partitions - 1)]) for i in order
+        ]
+    tiebreak = itertools.count()  # equal spreads pop in insertion order, so results are deterministic
+    heap = [(-p.spread, next(tiebreak), p) for p in partials]
+    heapq.heapify(heap)
+    while len(heap) > 1:
+        a = heapq.heappop(heap)[2]
+        b = heapq.heappop(heap)[2]
+        merged = a.merge(b)
+        heapq.heappush(heap, (-merged.spread, next(tiebreak), merged))
+    return [sorted(indices) for _, indices in heap[0][2].parts]
+
+
+def greedy_partition(seqlen_list: Sequence[int], k_partitions: int, equal_size: bool) -> list[list[int]]:
+    """Longest-first greedy: each sequence joins the lightest part that still has room.
+
+    Room is unlimited without `equal_size`, n/k sequences with it.
+    """
+    _check_args(seqlen_list, k_partitions, equal_size)
+    capacity = len(seqlen_list) // k_partitions if equal_size else len(seqlen_list)
+    sums = [0] * k_partitions
+    parts: list[list[int]] = [[] for _ in range(k_partitions)]
+    for i in sorted(range(len(seqlen_list)), key=lambda i: (-seqlen_list[i], i)):
+        j = min((j for j in range(k_partitions) if len(parts[j]) < capacity), key=lambda j: (sums[j], j))
+        parts[j].append(i)
+        sums[j] += seqlen_list[i]
+    return [sorted(p) for p in parts]
+
+
+def _spread(seqlen_list: Sequence[int], partitions: Sequence[Sequence[int]]) -> int:
+    sums = [sum(seqlen_list[i] for i in p) for p in partitions]
+    return max(sums) - min(sums)
+
+
+def get_seqlen_balanced_partitions(
+    seqlen_list: Sequence[int], k_partitions: int, equal_size: bool
+) -> list[list[int]]:
+    """Balanced partitions, each non-empty with sorted indices, ordered by their first index.
+
+    Karmarkar-Karp is almost always the tighter of the two heuristics, but on small inputs greedy
+    occasionally wins by a few tokens; both are cheap next to a forward pass, so take the better.
+    """
+    candidates = [
+        karmarkar_karp(seqlen_list, k_partitions, equal_size),
+        greedy_partition(seqlen_list, k_partitions, equal_size),
+    ]
+    partitions = min(candidates, key=lambda p: _spread(seqlen_list, p))  # KK on ties
+    seen = sorted(i for p in partitions for i in p)
+    if seen != list(range(len(seqlen_list))) or any(not p for p in partitions):
+        raise AssertionError(f"partitioning lost or repeated an index: {partitions}")
+    return sorted(partitions, key=lambda p: p[0])
+
+
+def log_seqlen_unbalance(
+    seqlen_list: Sequence[int], partitions: Sequence[Sequence[int]], prefix: str
+) -> dict:
+    """Token totals of a naive contiguous equal-count split (min/max/minmax_diff, as verl reports them)
+    next to the balanced partitions' (balanced_min/balanced_max), and the mean per partition."""
+    k = len(partitions)
+    chunk = ceildiv(len(seqlen_list), k)
+    naive = [sum(seqlen_list[s : s + chunk]) for s in range(0, len(seqlen_list), chunk)]
+    balanced = [sum(seqlen_list[i] for i in p) for p in partitions]
+    return {
+        f"{prefix}/min": min(naive),
+        f"{prefix}/max": max(naive),
+        f"{prefix}/minmax_diff": max(naive) - min(naive),
+        f"{prefix}/balanced_min": min(balanced),
+        f"{prefix}/balanced_max": max(balanced),
+        f"{prefix}/mean": sum(seqlen_list) / k,
+    }
+
+
+def _attention_mask(batch: Any) -> torch.Tensor:
+    tensors = batch.batch if hasattr(batch, "select_rows") else batch  # DataProto or a tensor mapping
+    if "attention_mask" not in tensors:
+        raise KeyError("rearrange_micro_batches needs an 'attention_mask' tensor in the batch")
+    return tensors["attention_mask"]
+
+
+def _select_rows(batch: Any, indices: list[int]) -> Any:
+    """Rows of a DataProto, a TensorBatch, or a plain dict of tensors (same type back)."""
+    if hasattr(batch, "select_rows"):
+        return batch.select_rows(indices)
+    if hasattr(batch, "rows"):
+        return batch.rows(indices)
+    index = torch.tensor(indices, dtype=torch.long)
+    return {key: value[index] for key, value in batch.items()}
+
+
+def _within_budget(seqlens: Sequence[int], k: int, max_token_len: int) -> list[list[int]] | None:
+    """The k-way partition (KK or greedy, whichever has the lighter heaviest part) if it fits, else None."""
+    if k > len(seqlens):
+        return None
+    candidates = [karmarkar_karp(seqlens, k, False), greedy_partition(seqlens, k, False)]
+    heaviest = [max(sum(seqlens[i] for i in p) for p in parts) for parts in candidates]
+    best = min(range(2), key=lambda c: heaviest[c])
+    return sorted(candidates[best], key=lambda p: p[0]) if heaviest[best] <= max_token_len else None
+
+
+def _fewest_micro_batches(
+    seqlens: Sequence[int], start: int, step: int, max_token_len: int
+) -> tuple[int, list[list[int]]]:
+    """Smallest k >= start (a multiple of `step`) with a partition whose every part is within budget.
+
+    k = n always fits (every sequence alone), so the search ends unless `step` skips past n.
+    """
+    k = start
+    while (parts := _within_budget(seqlens, k, max_token_len)) is None:
+        k += step
+        if k > len(seqlens):
+            raise ValueError(
+                f"cannot split {len(seqlens)} sequences into a multiple of {step} micro-batches within "
+                f"{max_token_len} tokens each; raise the token budget or the batch size"
+            )
+    return k, parts
+
+
+def rearrange_micro_batches(
+    batch: Any,
+    max_token_len: int,
+    dp_group: dist.ProcessGroup | None = None,
+    num_batches_divided_by: int | None = None,
+    same_micro_num_in_dp: bool = True,
+    min_num_micro_batch: int | None = None,
+) -> tuple[list[Any], list[list[int]]]:
+    """Split `batch` into micro-batches of at most `max_token_len` real tokens each (dynamic batch size).
+
+    Tokens are counted from `attention_mask` (padding is free, as with remove-padding forwards).
+    The number of micro-batches starts at ceil(total / max_token_len) (at least `min_num_micro_batch`,
+    rounded up to a multiple of `num_batches_divided_by`) and grows until a balanced partition (KK,
+    or greedy if its heaviest part is lighter) fits. Micro-batches are ordered by their first row. With a
+    `dp_group` and `same_micro_num_in_dp`, every rank uses the same count (the largest any rank needs),
+    because FSDP's collectives require all ranks to run the same number of forward passes.
+
+    Returns (micro_batches, micro_bsz_idx): the row subsets and the original row indices of each.
+    """
+    seqlens = _attention_mask(batch).sum(dim=-1).tolist()  # (batch,) real tokens per row
+    if max(seqlens) > max_token_len:
+        raise ValueError(
+            f"a sequence has {max(seqlens)} tokens, more than max_token_len={max_token_len}; raise "
+            f"ppo_max_token_len_per_gpu (or log_prob_max_token_len_per_gpu) to at least prompt + response length"
+        )
+    step = num_batches_divided_by or 1
+    start = max(ceildiv(sum(seqlens), max_token_len), min_num_micro_batch or 1)
+    k, micro_bsz_idx = _fewest_micro_batches(seqlens, ceildiv(start, step) * step, step, max_token_len)
+    if dp_group is not None and same_micro_num_in_dp:
+        micro_bsz_idx = _agree_across_ranks(seqlens, k, step, max_token_len, dp_group)
+    return [_select_rows(batch, idx) for idx in micro_bsz_idx], micro_bsz_idx
+
+
+def _agree_across_ranks(
+    seqlens: Sequence[int], k: int, step: int, max_token_len: int, group: dist.ProcessGroup
+) -> list[list[int]]:
+    """Raise k to the largest any rank needs, repeating until that count fits on every rank.
+
+    A larger k usually fits wherever a smaller one did, but KK gives no such guarantee, so each round
+    re-checks and the loop ends when no rank asks for more.
+    """
+    while True:
+        agreed = torch.tensor([k], dtype=torch.long)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
+        k, parts = _fewest_micro_batches(seqlens, int(agreed.item()), step, max_token_len)
+        needed = torch.tensor([k], dtype=torch.long)
+        dist.all_reduce(needed, op=dist.ReduceOp.MAX, group=group)
+        if int(needed.item()) == int(agreed.item()):
+            return parts
+
+
+def get_reverse_idx(idx_map: Sequence[int]) -> list[int]:
+    """Inverse permutation: if outputs were produced in `idx_map` order, `outputs[reverse]` is original order."""
+    reverse = [0] * len(idx_map)
+    for position, original in enumerate(idx_map):
+        reverse[original] = position
+    return reverse
