@@ -1,0 +1,221 @@
+"""Supervised fine-tuning data: chats from parquet -> token ids with a loss mask on assistant tokens.
+
+Two row layouts, both from verl:
+
+* prompt / response (verl's `SFTDataset`): `prompt_key` and `response_key` name columns; when a column
+  holds dicts (e.g. `extra_info`), `prompt_dict_keys` / `response_dict_keys` walk into it
+  (`extra_info["question"]`). A string prompt becomes one user message; a list of chat messages (the
+  `prompt` column of hybridrl's RL parquet files) is used as is. The response is one assistant message.
+* messages (verl's `MultiTurnSFTDataset`): `messages_key` names a column of role/content dicts, with any
+  number of user / assistant / system / tool turns; every assistant turn is trained on.
+
+Each item is a dict of 1-D tensors of length `max_length` (right-padded):
+
+    input_ids       token ids of the chat rendered with the tokenizer's chat template
+    attention_mask  1 on tokens, 0 on padding
+    position_ids    0, 1, 2, ... over the tokens (padding repeats the last position, as in verl)
+    loss_mask       1 exactly on the tokens an assistant turn writes: its content and its end-of-turn
+                    token (EOS for ChatML), not the role header before it nor the newline after it
+
+`loss_mask[t]` refers to token t itself (as in verl's multi-turn dataset; verl's single-turn dataset
+shifts it by one). A trainer that predicts token t+1 at position t uses `loss_mask[:, 1:]` with
+`labels = input_ids[:, 1:]`.
+
+How the mask is found: the chat is rendered once; for assistant turn i, the text rendered for
+`messages[:i]` with the generation prompt ends where the turn's content starts, and the text for
+`messages[:i+1]` ends where the turn ends. Tokens whose first character lies inside such a span are
+assistant tokens (character offsets from the fast tokenizer). This works with any chat template whose
+renderings of shorter chats are prefixes of longer ones, and the dataset checks that they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import torch
+from torch.utils.data import Dataset
+from transformers import PreTrainedTokenizerBase
+
+TRUNCATION_MODES = ("error", "left", "right")
+Message = dict[str, Any]
+
+
+def read_parquet_rows(files: str | Path | Sequence[str | Path]) -> list[dict[str, Any]]:
+    """All rows of one or many parquet files, as Python dicts (nested lists / dicts kept)."""
+    paths = [files] if isinstance(files, str | Path) else list(files)
+    if not paths:
+        raise ValueError("no parquet files given")
+    rows: list[dict[str, Any]] = []
+    for path in paths:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"parquet file {str(path)!r} does not exist")
+        rows.extend(pq.read_table(path).to_pylist())
+    return rows
+
+
+def _lookup(row: Mapping[str, Any], index: int, key: str, dict_keys: Sequence[str]) -> Any:
+    """`row[key][dict_keys[0]][dict_keys[1]]...`, with errors naming the row and the missing key."""
+    if key not in row:
+        raise KeyError(f"column {key!r} not found; columns are {sorted(row)}")
+    value, path = row[key], key
+    for dict_key in dict_keys:
+        if not isinstance(value, Mapping) or value.get(dict_key) is None:
+            found = sorted(value) if isinstance(value, Mapping) else type(value).__name__
+            raise KeyError(f"row {index}: {path}[{dict_key!r}] is missing or null (found {found})")
+        value, path = value[dict_key], f"{path}[{dict_key!r}]"
+    return value
+
+
+def _check_messages(messages: Any, index: int, field: str) -> list[Message]:
+    if not isinstance(messages, list) or not messages:
+        raise ValueError(
+            f"row {index}: {field} must be a non-empty list of chat messages, got {type(messages).__name__}"
+        )
+    for turn, message in enumerate(messages):
+        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+            raise ValueError(
+                f"row {index}: {field}[{turn}] must be a dict with a string 'role', got {message!r}"
+            )
+        if not isinstance(message.get("content"), str):
+            raise ValueError(
+                f"row {index}: {field}[{turn}]['content'] must be a string, got {message.get('content')!r}"
+            )
+    return [dict(message) for message in messages]
+
+
+def assistant_spans(
+    tokenizer: PreTrainedTokenizerBase, messages: list[Message], **template_kwargs: Any
+) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered chat and the [start, end) character spans written by its assistant turns."""
+
+    def render(chat: list[Message], generation_prompt: bool) -> str:
+        return tokenizer.apply_chat_template(
+            chat, tokenize=False, add_generation_prompt=generation_prompt, **template_kwargs
+        )
+
+    if messages[0]["role"] == "assistant":
+        # There is no earlier text to render, so the turn's start cannot be located.
+        raise ValueError("a chat must not start with an assistant turn; put a user or system message first")
+    text = render(messages, False)
+    spans = []
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        before, through = render(messages[:i], True), render(messages[: i + 1], False)
+        if not (through.startswith(before) and text.startswith(through)):
+            raise ValueError(
+                "the chat template does not render a chat's beginning as a prefix of the whole chat, so "
+                "assistant tokens cannot be located; use a template that renders turns independently"
+            )
+        # rstrip: the newline a template puts after the end-of-turn token is never generated.
+        spans.append((len(before), len(through.rstrip())))
+    return text, spans
+
+
+def encode_chat(
+    tokenizer: PreTrainedTokenizerBase, messages: list[Message], **template_kwargs: Any
+) -> tuple[list[int], list[int]]:
+    """Token ids of the rendered chat and the 0/1 mask of tokens written by assistant turns."""
+    text, spans = assistant_spans(tokenizer, messages, **template_kwargs)
+    # add_special_tokens=False: the chat template already wrote BOS; a post-processor must not add another.
+    encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    mask = [int(any(lo <= start < hi for lo, hi in spans)) for start, _ in encoding["offset_mapping"]]
+    return list(encoding["input_ids"]), mask
+
+
+class SFTDataset(Dataset):
+    """Chats from parquet files for SFT, with verl's keys; see the module docstring for layouts and outputs.
+
+    `truncation` applies when a chat is longer than `max_length`: "error" raises naming the row,
+    "left" keeps the last `max_length` tokens, "right" keeps the first.
+    """
+
+    def __init__(
+        self,
+        parquet_files: str | Path | Sequence[str | Path],
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        prompt_key: str = "prompt",
+        prompt_dict_keys: Sequence[str] | None = None,
+        response_key: str = "response",
+        response_dict_keys: Sequence[str] | None = None,
+        messages_key: str | None = None,
+        max_length: int = 1024,
+        truncation: str = "error",
+        apply_chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        if truncation not in TRUNCATION_MODES:
+            raise ValueError(f"truncation must be one of {TRUNCATION_MODES}, got {truncation!r}")
+        if max_length < 1:
+            raise ValueError(f"max_length must be >= 1, got {max_length}")
+        if tokenizer.pad_token_id is None:
+            raise ValueError("the tokenizer has no pad token; load it with hybridrl.models.load_tokenizer")
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.truncation = truncation
+        self.template_kwargs = dict(apply_chat_template_kwargs or {})
+        rows = read_parquet_rows(parquet_files)
+        if messages_key is not None:
+            self.chats = [
+                _check_messages(_lookup(r, i, messages_key, ()), i, messages_key) for i, r in enumerate(rows)
+            ]
+        else:
+            keys = (prompt_key, list(prompt_dict_keys or ()), response_key, list(response_dict_keys or ()))
+            self.chats = [self._prompt_response_chat(row, i, *keys) for i, row in enumerate(rows)]
+        for i, chat in enumerate(self.chats):
+            if not any(message["role"] == "assistant" for message in chat):
+                raise ValueError(f"row {i} has no assistant message, so it has nothing to train on")
+
+    @staticmethod
+    def _prompt_response_chat(
+        row: Mapping[str, Any], index: int, prompt_key: str, prompt_dict_keys: list[str],
+        response_key: str, response_dict_keys: list[str],
+    ) -> list[Message]:  # fmt: skip
+        prompt = _lookup(row, index, prompt_key, prompt_dict_keys)
+        response = _lookup(row, index, response_key, response_dict_keys)
+        field = prompt_key + "".join(f"[{k!r}]" for k in prompt_dict_keys)
+        chat = (
+            [{"role": "user", "content": prompt}]
+            if isinstance(prompt, str)
+            else _check_messages(prompt, index, field)
+        )
+        if not isinstance(response, str):
+            raise ValueError(
+                f"row {index}: the response ({response_key}) must be a string, got {type(response).__name__}"
+            )
+        return [*chat, {"role": "assistant", "content": response}]
+
+    def __len__(self) -> int:
+        return len(self.chats)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        ids, loss_mask = encode_chat(self.tokenizer, self.chats[index], **self.template_kwargs)
+        ids, loss_mask = self._fit(ids, loss_mask, index)
+        n_pad = self.max_length - len(ids)
+        input_ids = torch.tensor(
+            ids + [self.tokenizer.pad_token_id] * n_pad, dtype=torch.long
+        )  # (max_length,)
+        attention_mask = torch.tensor([1] * len(ids) + [0] * n_pad, dtype=torch.long)  # (max_length,)
+        # Positions count real tokens; padding repeats the last position (verl's convention).
+        position_ids = torch.clamp(torch.cumsum(attention_mask, dim=0) - 1, min=0)  # (max_length,)
+        return {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+            "loss_mask": torch.tensor(loss_mask + [0] * n_pad, dtype=torch.long),  # (max_length,)
+        }
+
+    def _fit(self, ids: list[int], loss_mask: list[int], index: int) -> tuple[list[int], list[int]]:
+        """Cut a chat longer than max_length as `truncation` says."""
+        if len(ids) <= self.max_length:
+            return ids, loss_mask
+        if self.truncation == "error":
+            raise ValueError(
+                f"row {index} has {len(ids)} tokens, more than max_length={self.max_length}; raise max_length "
+                "or set truncation='left' (keep the end) or 'right' (keep the start)"
+            )
+        keep = slice(-self.max_length, None) if self.truncation == "left" else slice(0, self.max_length)
+        return ids[keep], loss_mask[keep]
