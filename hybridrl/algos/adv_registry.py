@@ -152,7 +152,9 @@ def compute_advantage(
     missing = [key for key in spec.required_inputs if key not in given]
     if missing:
         details = "; ".join(f"{key}: {INPUT_SOURCES.get(key, 'no default source')}" for key in missing)
-        raise ValueError(f"advantage estimator {spec.name!r} needs input(s) {missing} that were not given ({details})")
+        raise ValueError(
+            f"advantage estimator {spec.name!r} needs input(s) {missing} that were not given ({details})"
+        )
     given.update(token_level_rewards=token_level_rewards, response_mask=response_mask)
     kwargs = given if spec.accepts_any_input else {k: given[k] for k in spec.parameters if k in given}
     advantages, returns = spec.fn(**kwargs)

@@ -76,13 +76,17 @@ def _token_sum(loss_mat: torch.Tensor, loss_mask: torch.Tensor, norm: AggNormali
 
 
 @register_loss_agg_mode("seq-mean-token-sum")
-def _seq_mean_token_sum(loss_mat: torch.Tensor, loss_mask: torch.Tensor, norm: AggNormalizers) -> torch.Tensor:
+def _seq_mean_token_sum(
+    loss_mat: torch.Tensor, loss_mask: torch.Tensor, norm: AggNormalizers
+) -> torch.Tensor:
     seq_losses = masked_sum(loss_mat, loss_mask, axis=-1)  # (batch,)
     return seq_losses.sum() / _seq_denominator(loss_mat, norm)
 
 
 @register_loss_agg_mode("seq-mean-token-mean")
-def _seq_mean_token_mean(loss_mat: torch.Tensor, loss_mask: torch.Tensor, norm: AggNormalizers) -> torch.Tensor:
+def _seq_mean_token_mean(
+    loss_mat: torch.Tensor, loss_mask: torch.Tensor, norm: AggNormalizers
+) -> torch.Tensor:
     counts = loss_mask.sum(dim=-1).to(loss_mat.dtype).clamp(min=1e-8)  # (batch,); empty row -> 0/eps = 0
     seq_losses = masked_sum(loss_mat, loss_mask, axis=-1) / counts  # (batch,)
     return seq_losses.sum() / _seq_denominator(loss_mat, norm)

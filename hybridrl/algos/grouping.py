@@ -20,7 +20,11 @@ def group_ids(index: np.ndarray | Sequence[Any] | torch.Tensor, batch_size: int)
     Returns:
         gid: (batch,) int64 group id per sample; n_groups: number of distinct uids.
     """
-    keys = index.tolist() if isinstance(index, torch.Tensor) else list(np.asarray(index, dtype=object).reshape(-1))
+    keys = (
+        index.tolist()
+        if isinstance(index, torch.Tensor)
+        else list(np.asarray(index, dtype=object).reshape(-1))
+    )
     if len(keys) != batch_size:
         raise ValueError(
             f"index has {len(keys)} entries but the batch has {batch_size} responses; pass one prompt uid "
@@ -33,7 +37,9 @@ def group_ids(index: np.ndarray | Sequence[Any] | torch.Tensor, batch_size: int)
 
 def group_sum(values: torch.Tensor, gid: torch.Tensor, n_groups: int) -> torch.Tensor:
     """sum of `values` (batch,) within each group -> (n_groups,)."""
-    return torch.zeros(n_groups, dtype=values.dtype, device=values.device).index_add_(0, gid.to(values.device), values)
+    return torch.zeros(n_groups, dtype=values.dtype, device=values.device).index_add_(
+        0, gid.to(values.device), values
+    )
 
 
 def group_mean_std(

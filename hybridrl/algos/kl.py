@@ -112,9 +112,13 @@ class AdaptiveKLController:
 
     def __init__(self, init_kl_coef: float, target_kl: float, horizon: int) -> None:
         if target_kl <= 0:
-            raise ValueError(f"algorithm.kl_ctrl.target_kl must be > 0 for the adaptive controller, got {target_kl}")
+            raise ValueError(
+                f"algorithm.kl_ctrl.target_kl must be > 0 for the adaptive controller, got {target_kl}"
+            )
         if horizon <= 0:
-            raise ValueError(f"algorithm.kl_ctrl.horizon must be > 0 for the adaptive controller, got {horizon}")
+            raise ValueError(
+                f"algorithm.kl_ctrl.horizon must be > 0 for the adaptive controller, got {horizon}"
+            )
         self.value = init_kl_coef
         self.target = target_kl
         self.horizon = horizon

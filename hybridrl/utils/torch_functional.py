@@ -24,7 +24,9 @@ def masked_sum(values: torch.Tensor, mask: torch.Tensor, axis: int | None = None
     Masked-out slots contribute exactly 0 even if they hold NaN or inf (padding after EOS often holds
     garbage), which plain `values * mask` would turn into NaN.
     """
-    weighted = torch.where(mask != 0, values * mask, torch.zeros((), dtype=values.dtype, device=values.device))
+    weighted = torch.where(
+        mask != 0, values * mask, torch.zeros((), dtype=values.dtype, device=values.device)
+    )
     return weighted.sum() if axis is None else weighted.sum(dim=axis)
 
 

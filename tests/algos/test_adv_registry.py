@@ -67,7 +67,9 @@ def test_uniform_path_equals_direct_call(name):
 
 def test_missing_input_names_the_input_and_its_source():
     with pytest.raises(ValueError, match=r"'gae' needs input\(s\) \['values'\].*critic"):
-        compute_advantage("gae", token_level_rewards=REWARDS, response_mask=MASK, values=None, gamma=1.0, lam=1.0)
+        compute_advantage(
+            "gae", token_level_rewards=REWARDS, response_mask=MASK, values=None, gamma=1.0, lam=1.0
+        )
     with pytest.raises(ValueError, match="uid"):
         compute_advantage("rloo", token_level_rewards=REWARDS, response_mask=MASK)
 
@@ -84,13 +86,17 @@ def test_user_estimator_registered_by_name_runs_through_the_uniform_path(scratch
     def max_baseline(token_level_rewards, response_mask, index, scale=1.0):
         """A_i = scale * (s_i - max_g s): a deliberately simple custom estimator."""
         scores = token_level_rewards.sum(-1)
-        best = {uid: max(s for s, u in zip(scores.tolist(), index) if u == uid) for uid in set(index)}
+        best = {
+            uid: max(s for s, u in zip(scores.tolist(), index, strict=True) if u == uid) for uid in set(index)
+        }
         adv = scale * (scores - torch.tensor([best[u] for u in index])).unsqueeze(-1) * response_mask
         return adv, adv
 
     spec = get_adv_estimator_spec("test_max_baseline")
     assert spec.required_inputs == ("index",) and spec.optional_inputs == ("scale",) and not spec.needs_critic
-    adv, _ = compute_advantage("test_max_baseline", token_level_rewards=REWARDS, response_mask=MASK, **EVERYTHING)
+    adv, _ = compute_advantage(
+        "test_max_baseline", token_level_rewards=REWARDS, response_mask=MASK, **EVERYTHING
+    )
     # scores [1, 0, 2, 3]; p0 best 1 -> [0, -1]; p1 best 3 -> [-1, 0]
     torch.testing.assert_close(adv[:, 0], torch.tensor([0.0, -1.0, -1.0, 0.0]))
     with pytest.raises(ValueError, match="already registered"):

@@ -24,7 +24,7 @@ def outcome_batch(scores, lengths, width=4):
     """Rewards with each score on the last valid token, and right-padded masks."""
     rewards = torch.zeros(len(scores), width)
     mask = torch.zeros(len(scores), width, dtype=torch.long)
-    for i, (score, length) in enumerate(zip(scores, lengths)):
+    for i, (score, length) in enumerate(zip(scores, lengths, strict=True)):
         mask[i, :length] = 1
         if length:
             rewards[i, length - 1] = score
@@ -34,9 +34,11 @@ def outcome_batch(scores, lengths, width=4):
 def per_sequence(adv, mask):
     """The single value an outcome estimator broadcasts over a sequence's valid tokens."""
     values = []
-    for row, m in zip(adv, mask):
+    for row, m in zip(adv, mask, strict=True):
         valid = row[m.bool()]
-        assert torch.allclose(valid, valid[:1].expand_as(valid)), "outcome advantage must be constant per sequence"
+        assert torch.allclose(valid, valid[:1].expand_as(valid)), (
+            "outcome advantage must be constant per sequence"
+        )
         assert torch.all(row[~m.bool()] == 0), "advantage must be 0 on masked tokens"
         values.append(valid[0].item() if valid.numel() else 0.0)
     return values

@@ -52,7 +52,10 @@ def test_micro_batches_with_global_normalisers_sum_to_the_full_batch_loss():
 def test_dp_ranks_averaging_their_losses_recover_the_full_batch_loss():
     # rank r holds row r; gradients are averaged over 2 ranks, so each loss is scaled by dp_size:
     # rank0: 3 / (3 / 2) = 2, rank1: 4 / 1.5 = 2.667, average 2.333 = 7 / 3
-    ranks = [agg_loss(LOSS[i : i + 1], MASK[i : i + 1], "token-mean", batch_num_tokens=3, dp_size=2) for i in range(2)]
+    ranks = [
+        agg_loss(LOSS[i : i + 1], MASK[i : i + 1], "token-mean", batch_num_tokens=3, dp_size=2)
+        for i in range(2)
+    ]
     assert ((ranks[0] + ranks[1]) / 2).item() == pytest.approx(7 / 3)
 
 

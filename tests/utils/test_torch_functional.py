@@ -64,7 +64,9 @@ def test_masked_whiten_gives_zero_mean_unit_variance_on_valid_slots():
 def test_entropy_hand_values():
     # uniform over 4 tokens: H = ln 4 = 1.3863; a near one-hot distribution: H ~ 0
     logits = torch.tensor([[0.0, 0.0, 0.0, 0.0], [50.0, 0.0, 0.0, 0.0]])
-    torch.testing.assert_close(entropy_from_logits(logits), torch.tensor([math.log(4), 0.0]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        entropy_from_logits(logits), torch.tensor([math.log(4), 0.0]), atol=1e-6, rtol=0
+    )
 
 
 @pytest.mark.parametrize("chunk_rows", [1, 3, 1024])

@@ -1,0 +1,216 @@
+"""Policy losses: hand-worked PPO clipping, exact clip boundaries, gradient signs, registry path."""
+
+import math
+
+import pytest
+import torch
+
+from hybridrl.algos import (
+    POLICY_LOSS_REGISTRY,
+    compute_pg_loss,
+    compute_policy_loss_clip_cov,
+    compute_policy_loss_gpg,
+    compute_policy_loss_gspo,
+    compute_policy_loss_kl_cov,
+    compute_policy_loss_vanilla,
+    get_policy_loss_fn,
+    register_policy_loss,
+)
+
+BUILT_IN = ["vanilla", "gspo", "gpg", "clip_cov", "kl_cov"]
+# one settings dict for every loss, as the actor passes it
+ACTOR_SETTINGS = {
+    "clip_ratio": 0.2,
+    "clip_ratio_low": 0.2,
+    "clip_ratio_high": 0.28,
+    "clip_ratio_c": 3.0,
+    "clip_cov_ratio": 0.0002,
+    "clip_cov_lb": 1.0,
+    "clip_cov_ub": 5.0,
+    "kl_cov_ratio": 0.0002,
+    "ppo_kl_coef": 1.0,
+}
+
+
+def one_token(log_ratio, advantage, requires_grad=False):
+    """(old_log_prob, log_prob, advantages, mask) for a single token with the given log-ratio."""
+    old = torch.tensor([[-1.0]])
+    new = (old + log_ratio).clone().requires_grad_(requires_grad)
+    return old, new, torch.tensor([[float(advantage)]]), torch.ones(1, 1)
+
+
+@pytest.mark.parametrize(
+    ("log_ratio", "adv", "expected", "clipfrac", "clipfrac_lower"),
+    [
+        (0.1, 1.0, -math.exp(0.1), 0.0, 0.0),  # rho = 1.105 inside [0.8, 1.2]: -A rho = -1.105
+        (0.3, 1.0, -1.2, 1.0, 0.0),  # rho = 1.350 > 1.2, A > 0: clipped to -1.2
+        (math.log(0.7), -1.0, 0.8, 1.0, 0.0),  # rho = 0.7 < 0.8, A < 0: max(0.7, 0.8) = 0.8
+        (math.log(5.0), -1.0, 3.0, 0.0, 1.0),  # rho = 5, A < 0: max(5, 1.2) = 5, dual clip min(5, 3) = 3
+        (math.log(0.5), 1.0, -0.5, 0.0, 0.0),  # rho = 0.5, A > 0: max(-0.5, -0.8) = -0.5, no clip
+    ],
+)
+def test_vanilla_ppo_hand_values(log_ratio, adv, expected, clipfrac, clipfrac_lower):
+    loss, metrics = compute_policy_loss_vanilla(*one_token(log_ratio, adv), clip_ratio=0.2, clip_ratio_c=3.0)
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+    assert metrics["pg_clipfrac"].item() == clipfrac
+    assert metrics["pg_clipfrac_lower"].item() == clipfrac_lower
+    assert metrics["ppo_kl"].item() == pytest.approx(-log_ratio, abs=1e-6)  # mean(old - new)
+
+
+def test_asymmetric_clip_higher():
+    settings = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28}
+    # rho = 1.25 is inside [0.8, 1.28]: unclipped; rho = 1.3 is clipped to 1.28
+    loss, _ = compute_policy_loss_vanilla(*one_token(math.log(1.25), 1.0), **settings)
+    assert loss.item() == pytest.approx(-1.25, rel=1e-5)
+    loss, _ = compute_policy_loss_vanilla(*one_token(math.log(1.3), 1.0), **settings)
+    assert loss.item() == pytest.approx(-1.28, rel=1e-5)
+
+
+def grad_at_ratio(ratio, adv, **settings):
+    old, new, advantages, mask = one_token(math.log(ratio), adv, requires_grad=True)
+    loss, _ = compute_policy_loss_vanilla(old, new, advantages, mask, **settings)
+    loss.backward()
+    return new.grad.item()
+
+
+@pytest.mark.parametrize(
+    ("bound", "adv", "settings"),
+    [
+        (1.2, 1.0, {"clip_ratio": 0.2}),  # upper clip for A > 0
+        (1.28, 1.0, {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28}),
+        (0.8, -1.0, {"clip_ratio": 0.2}),  # lower clip for A < 0
+        (0.9, -1.0, {"clip_ratio_low": 0.1, "clip_ratio_high": 0.28}),
+        (3.0, -1.0, {"clip_ratio": 0.2, "clip_ratio_c": 3.0}),  # dual clip for A < 0
+    ],
+)
+def test_clipping_switches_on_exactly_at_the_configured_ratio(bound, adv, settings):
+    inside = bound * (1 - 1e-3) if bound > 1 else bound * (1 + 1e-3)
+    outside = bound * (1 + 1e-3) if bound > 1 else bound * (1 - 1e-3)
+    if bound == 3.0:  # between the PPO clip and the dual clip the gradient is still live
+        inside, outside = 2.99, 3.01
+    # inside the trust region the gradient of -A rho w.r.t. logp is -A rho; beyond it the loss is flat
+    assert grad_at_ratio(inside, adv, **settings) == pytest.approx(-adv * inside, rel=1e-5)
+    assert grad_at_ratio(outside, adv, **settings) == 0.0
+
+
+def test_bad_clip_settings_raise():
+    with pytest.raises(ValueError, match="clip_ratio_c"):
+        compute_policy_loss_vanilla(*one_token(0.0, 1.0), clip_ratio_c=1.0)
+    with pytest.raises(ValueError, match="clip_ratio_low"):
+        compute_policy_loss_vanilla(*one_token(0.0, 1.0), clip_ratio_low=1.5)
+
+
+def test_gspo_sequence_ratio_hand_values():
+    old = torch.zeros(1, 3)
+    # valid log-ratios 0.1 and 0.3 -> s = exp(0.2) = 1.2214; the padded token's 5.0 is ignored
+    new = torch.tensor([[0.1, 0.3, 5.0]], requires_grad=True)
+    adv = torch.ones(1, 3)
+    mask = torch.tensor([[1, 1, 0]])
+    loss, metrics = compute_policy_loss_gspo(old, new, adv, mask, clip_ratio=0.2)
+    assert loss.item() == pytest.approx(-1.2, rel=1e-5)  # s > 1.2: clipped
+    assert metrics["pg_clipfrac"].item() == 1.0
+    loss, _ = compute_policy_loss_gspo(old, new, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.3)
+    assert loss.item() == pytest.approx(-math.exp(0.2), rel=1e-5)
+    loss.backward()
+    # d/dlogp_t of -A s with s = exp(mean_t log-ratio): -A s / |y| = -1.2214 / 2 per valid token
+    torch.testing.assert_close(new.grad, torch.tensor([[-math.exp(0.2) / 2, -math.exp(0.2) / 2, 0.0]]))
+
+
+def test_gpg_is_plain_reinforce():
+    logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    loss, _ = compute_policy_loss_gpg(logp.detach(), logp, torch.ones(1, 2), torch.ones(1, 2))
+    assert loss.item() == pytest.approx(1.5)  # mean(-1 * -1, -1 * -2) = (1 + 2) / 2
+    loss.backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[-0.5, -0.5]]))
+
+
+def test_clip_cov_drops_the_configured_share_of_high_covariance_tokens():
+    # A = [2, -2, 0, 0] (mean 0), logp = [-1, -3, -2, -2] (mean -2): covariance terms [2, 2, 0, 0];
+    # the first two lie in (lb, ub) = (1, 5). Ratio 1 everywhere, so PPO clipping is inactive.
+    logp = torch.tensor([[-1.0, -3.0, -2.0, -2.0]], requires_grad=True)
+    adv = torch.tensor([[2.0, -2.0, 0.0, 0.0]])
+    mask = torch.ones(1, 4)
+    gen = torch.Generator().manual_seed(0)
+    loss, metrics = compute_policy_loss_clip_cov(
+        logp.detach(), logp, adv, mask, clip_cov_ratio=0.25, generator=gen
+    )
+    # max(1, int(0.25 * 4)) = 1 token dropped: per-token losses -A = [-2, 2, 0, 0] minus one of the first two
+    assert abs(loss.item()) == pytest.approx(0.5)  # (+-2) / 4
+    assert metrics["pg_clipfrac"].item() == 0.25
+    loss.backward()
+    assert (logp.grad[0, :2] == 0).sum().item() == 1  # exactly one candidate lost its gradient
+    loss, metrics = compute_policy_loss_clip_cov(logp.detach(), logp, adv, mask, clip_cov_ratio=0.5)
+    assert loss.item() == 0.0 and metrics["pg_clipfrac"].item() == 0.5  # both candidates dropped
+
+
+def test_kl_cov_penalises_the_top_covariance_token():
+    # A = [3, -1, -1, -1] (mean 0), logp = [-1, -3, -2, -2] (mean -2): covariance [3, 1, 0, 0] -> token 0
+    logp = torch.tensor([[-1.0, -3.0, -2.0, -2.0]])
+    old = logp - 0.1  # rho = e^0.1 = 1.10517 and |log-ratio| = 0.1 on every token
+    adv = torch.tensor([[3.0, -1.0, -1.0, -1.0]])
+    loss, metrics = compute_policy_loss_kl_cov(
+        old, logp, adv, torch.ones(1, 4), kl_cov_ratio=0.25, ppo_kl_coef=1.0
+    )
+    # -A rho sums to 0 over the tokens; token 0 adds 1.0 * 0.1 -> 0.1 / 4 = 0.025
+    assert loss.item() == pytest.approx(0.025, abs=1e-6)
+    assert metrics["ppo_kl"].item() == pytest.approx(0.1, abs=1e-6)
+
+
+@pytest.mark.parametrize("name", BUILT_IN)
+def test_gradient_sign_pushes_logp_toward_positive_advantage(name):
+    old = torch.tensor([[-1.0, -1.5, -0.7], [-2.0, -0.4, -1.1]])
+    logp = old.clone().requires_grad_(True)
+    adv = torch.tensor([[0.5, 0.5, 0.5], [-0.5, -0.5, -0.5]])
+    loss, _ = compute_pg_loss(name, old, logp, adv, torch.ones(2, 3), **ACTOR_SETTINGS)
+    loss.backward()
+    # gradient descent raises logp where A > 0 and lowers it where A < 0
+    assert torch.all(logp.grad[0] < 0) and torch.all(logp.grad[1] > 0), logp.grad
+
+
+@pytest.mark.parametrize("name", BUILT_IN)
+def test_all_masked_rows_and_padding_give_finite_loss_and_grad(name):
+    old = torch.tensor([[-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0]])
+    logp = torch.tensor([[-0.9, -1.2, 40.0], [30.0, -50.0, 10.0]], requires_grad=True)
+    adv = torch.tensor([[1.0, -1.0, 0.0], [0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [0, 0, 0]])
+    for agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
+        loss, metrics = compute_pg_loss(name, old, logp, adv, mask, agg, **ACTOR_SETTINGS)
+        loss.backward()
+        assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
+        assert all(torch.isfinite(v) for v in metrics.values())
+        assert torch.all(logp.grad[1] == 0)
+        logp.grad = None
+
+
+@pytest.fixture
+def scratch_losses():
+    names: list[str] = []
+    yield names
+    for name in names:
+        POLICY_LOSS_REGISTRY._entries.pop(name, None)  # no public removal by design
+
+
+def test_user_registered_loss_runs_through_the_actor_path(scratch_losses):
+    scratch_losses.append("test_signed_ratio")
+
+    @register_policy_loss("test_signed_ratio")
+    def signed_ratio(
+        old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", **settings
+    ):
+        loss = -(advantages * torch.exp(log_prob - old_log_prob) * response_mask).sum() / response_mask.sum()
+        return loss, {"pg_clipfrac": torch.tensor(0.0)}
+
+    assert get_policy_loss_fn("test_signed_ratio") is signed_ratio
+    old, new, adv, mask = one_token(0.0, 2.0)
+    loss, _ = compute_pg_loss("test_signed_ratio", old, new, adv, mask, **ACTOR_SETTINGS)
+    assert loss.item() == pytest.approx(-2.0)  # -A * rho = -2 * 1
+    with pytest.raises(ValueError, match="already registered"):
+        register_policy_loss("test_signed_ratio")(signed_ratio)
+
+
+def test_misspelt_setting_and_unknown_mode_are_rejected():
+    with pytest.raises(ValueError, match="clip_ratio_hgih"):
+        compute_pg_loss("vanilla", *one_token(0.0, 1.0), clip_ratio_hgih=0.28)
+    with pytest.raises(KeyError, match="vanilla"):
+        get_policy_loss_fn("ppo")
+    assert set(BUILT_IN) <= set(POLICY_LOSS_REGISTRY.names())
