@@ -36,7 +36,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from hybridrl.models.tiny_tokenizer import build_tiny_tokenizer
+from hybridrl.models.tiny_tokenizer import DEFAULT_VOCAB_SIZE, build_tiny_tokenizer
 from hybridrl.utils.registry import Registry
 
 
@@ -65,6 +65,9 @@ class TinySpec:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
+
+# Context length written to config.json and tokenizer_config.json (RoPE works beyond it, but HF warns).
+DEFAULT_MAX_POSITIONS = 2048
 
 SIZES: Registry[TinySpec] = Registry("tiny model size")
 SIZES.add("1m", TinySpec(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=448))
@@ -132,7 +135,12 @@ def resolve_spec(
 
 
 def tiny_config(
-    arch: str, spec: TinySpec, *, vocab_size: int, max_position_embeddings: int = 2048, **token_ids: int
+    arch: str,
+    spec: TinySpec,
+    *,
+    vocab_size: int,
+    max_position_embeddings: int = DEFAULT_MAX_POSITIONS,
+    **token_ids: int,
 ) -> PretrainedConfig:
     """The transformers config of a tiny `arch` model; `token_ids` are bos/eos/pad_token_id."""
     return ARCHS.get(arch).config_cls(
@@ -164,8 +172,8 @@ def build_tiny_model(
     arch: str = "qwen2",
     size: str = "1m",
     seed: int = 0,
-    vocab_size: int = 512,
-    max_position_embeddings: int = 2048,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    max_position_embeddings: int = DEFAULT_MAX_POSITIONS,
     **overrides: int | None,
 ) -> Path:
     """Write a tiny `arch` model with random weights (seeded) and the tiny tokenizer to `out`.
@@ -210,8 +218,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--arch", default="qwen2", choices=ARCHS.names())
     parser.add_argument("--size", default="1m", choices=SIZES.names(), help="size preset")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
-    parser.add_argument("--vocab-size", type=int, default=512, help="upper bound of the BPE vocabulary")
-    parser.add_argument("--max-position-embeddings", type=int, default=2048)
+    parser.add_argument(
+        "--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE, help="upper bound of the BPE vocabulary"
+    )
+    parser.add_argument("--max-position-embeddings", type=int, default=DEFAULT_MAX_POSITIONS)
     for flag in ("hidden-size", "num-layers", "num-heads", "num-kv-heads", "intermediate-size"):
         parser.add_argument(f"--{flag}", type=int, default=None, help="override the preset")
     return parser.parse_args(argv)

@@ -30,6 +30,9 @@ from transformers import PreTrainedTokenizerFast
 # class character for character, or reloading a `qwen2` directory changes the ids (see module doc).
 QWEN2_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
+# Upper bound of the learned vocabulary: 256 bytes + 4 special tokens + ~250 merges of common words.
+DEFAULT_VOCAB_SIZE = 512
+
 PAD_TOKEN = "<|endoftext|>"
 BOS_TOKEN = "<|begin_of_text|>"
 IM_START = "<|im_start|>"
@@ -105,7 +108,7 @@ def _qwen2_pipeline_tokenizer() -> Tokenizer:
     return tokenizer
 
 
-def build_raw_tokenizer(vocab_size: int = 512, corpus: list[str] | None = None) -> Tokenizer:
+def build_raw_tokenizer(vocab_size: int = DEFAULT_VOCAB_SIZE, corpus: list[str] | None = None) -> Tokenizer:
     """Train the byte-level BPE on `corpus` (default: the built-in task corpus).
 
     `vocab_size` is an upper bound: training stops early when no pair reaches frequency 2, so the real
@@ -128,7 +131,9 @@ def build_raw_tokenizer(vocab_size: int = 512, corpus: list[str] | None = None) 
     return tokenizer
 
 
-def build_tiny_tokenizer(vocab_size: int = 512, corpus: list[str] | None = None) -> PreTrainedTokenizerFast:
+def build_tiny_tokenizer(
+    vocab_size: int = DEFAULT_VOCAB_SIZE, corpus: list[str] | None = None
+) -> PreTrainedTokenizerFast:
     """The trained tokenizer wrapped for transformers, with special tokens and the chat template set.
 
     Encoding adds no special tokens by itself (like Qwen); the chat template writes the BOS token.

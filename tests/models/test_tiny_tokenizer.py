@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import unicodedata
 from pathlib import Path
 
@@ -128,3 +130,11 @@ def test_padding_side_on_load_and_temporarily(tiny_model_dir: Path, tiny_tokeniz
     assert tiny_tokenizer.padding_side == "right"  # restored
     with pytest.raises(ValueError, match="padding_side must be 'left' or 'right'"):
         load_tokenizer(tiny_model_dir, padding_side="middle")
+
+
+def test_training_is_deterministic_across_processes() -> None:
+    # The BPE trainer is Rust code with hash maps seeded per process; a fresh interpreter must still
+    # learn the same merges, or "same seed -> same files" would hold only within one process.
+    code = "from hybridrl.models.tiny_tokenizer import build_raw_tokenizer; print(build_raw_tokenizer().to_str())"
+    fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert fresh.strip() == build_raw_tokenizer().to_str()
