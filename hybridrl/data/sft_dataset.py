@@ -30,6 +30,7 @@ renderings of shorter chats are prefixes of longer ones, and the dataset checks 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,8 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
 
 TRUNCATION_MODES = ("error", "left", "right")
 Message = dict[str, Any]
@@ -168,6 +171,19 @@ class SFTDataset(Dataset):
         for i, chat in enumerate(self.chats):
             if not any(message["role"] == "assistant" for message in chat):
                 raise ValueError(f"row {i} has no assistant message, so it has nothing to train on")
+        self._warn_if_turns_lack_eos()
+
+    def _warn_if_turns_lack_eos(self) -> None:
+        """A template that closes assistant turns without EOS trains a model that never stops generating."""
+        if not self.chats or self.tokenizer.eos_token is None:
+            return
+        text, spans = assistant_spans(self.tokenizer, self.chats[0], **self.template_kwargs)
+        if not all(self.tokenizer.eos_token in text[lo:hi] for lo, hi in spans):
+            logger.warning(
+                "the chat template ends assistant turns without the EOS token %r, so a model trained on this "
+                "data does not learn to stop; use a template whose assistant turns end with it",
+                self.tokenizer.eos_token,
+            )
 
     @staticmethod
     def _prompt_response_chat(

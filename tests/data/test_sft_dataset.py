@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pyarrow as pa
@@ -186,3 +187,29 @@ def test_bad_input_errors_name_the_field(tiny_tokenizer, tmp_path: Path) -> None
         SFTDataset(chats, tiny_tokenizer, messages_key="messages")
     with pytest.raises(ValueError, match="must not start with an assistant turn"):
         encode_chat(tiny_tokenizer, [{"role": "assistant", "content": "a"}, {"role": "user", "content": "q"}])
+
+
+def test_other_chat_templates_and_the_missing_eos_warning(
+    tiny_tokenizer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A plain "role: content" template whose assistant turns do not end with EOS.
+    template = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}"
+    )
+    path = _write([{"prompt": "1+1", "response": "2 3"}], tmp_path / "plain.parquet")
+    with caplog.at_level(logging.WARNING, logger="hybridrl.data.sft_dataset"):
+        dataset = SFTDataset(
+            path, tiny_tokenizer, max_length=32, apply_chat_template_kwargs={"chat_template": template}
+        )
+        assert "without the EOS token '<|im_end|>'" in caplog.text
+        caplog.clear()
+        SFTDataset(path, tiny_tokenizer, max_length=32)  # the ChatML template closes turns with EOS
+        assert "EOS" not in caplog.text
+    item = dataset[0]
+    # Rendered "user: 1+1\nassistant: 2 3\n"; the assistant span is "2 3" (the trailing newline is not).
+    assert tiny_tokenizer.decode(item["input_ids"][item["loss_mask"].bool()]) == "2 3"
+    assert (
+        tiny_tokenizer.decode(item["input_ids"][item["attention_mask"].bool()])
+        == "user: 1+1\nassistant: 2 3\n"
+    )
