@@ -1,0 +1,52 @@
+"""Load a user's reward function from a .py file, as verl's `custom_reward_function` config does.
+
+The function keeps verl's signature, `compute_score(data_source, solution_str, ground_truth,
+extra_info=None, **kwargs)`, and returns a float or a dict with a `score` key (other keys become
+per-sample metrics). `reward_kwargs` from the config are bound as keyword arguments.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import inspect
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+
+def load_custom_reward_function(
+    path: str | Path, name: str = "compute_score", reward_kwargs: Mapping[str, Any] | None = None
+) -> Callable[..., Any]:
+    """Import `path` as a fresh module and return its function `name` with `reward_kwargs` bound."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise FileNotFoundError(f"custom_reward_function.path={str(path)!r} is not a file; give the path of a .py file")
+    # A unique module name per file so two custom files never replace each other in sys.modules.
+    module_name = f"hybridrl_custom_reward_{abs(hash(str(file.resolve())))}"
+    spec = importlib.util.spec_from_file_location(module_name, file)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"custom_reward_function.path={str(path)!r} cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        found = sorted(n for n, obj in vars(module).items() if inspect.isfunction(obj) and not n.startswith("_"))
+        raise AttributeError(
+            f"custom_reward_function.name={name!r} is not a function in {file}; functions there: {found}"
+        )
+    kwargs = dict(reward_kwargs or {})
+    if not kwargs:
+        return fn
+    return functools.wraps(fn)(functools.partial(fn, **kwargs))
+
+
+def get_custom_reward_fn(config: Mapping[str, Any]) -> Callable[..., Any] | None:
+    """The function named by `config["custom_reward_function"]`, or None when no path is set."""
+    section = config.get("custom_reward_function") or {}
+    path = section.get("path")
+    if not path:
+        return None
+    return load_custom_reward_function(
+        path, section.get("name") or "compute_score", section.get("reward_kwargs") or {}
+    )

@@ -1,0 +1,68 @@
+"""`dapo`: rule score plus DAPO's overlong reward shaping (Yu et al. 2025, "DAPO", Soft Overlong Punishment).
+
+With L = max_resp_len, B = overlong_buffer.len, f = overlong_buffer.penalty_factor and a response of
+n valid tokens, the added term is
+
+    penalty = min(-(n - (L - B)) / B * f, 0)
+
+i.e. zero up to L - B tokens, then falling linearly to -f at n = L.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from hybridrl.rewards.managers.base import DecodedRow, RewardManager, split_result
+from hybridrl.rewards.managers.registry import REWARD_MANAGERS
+
+
+@REWARD_MANAGERS.register("dapo")
+class DAPORewardManager(RewardManager):
+    def __init__(
+        self,
+        tokenizer: Any,
+        num_examine: int = 0,
+        compute_score: Callable[..., Any] | None = None,
+        reward_fn_key: str = "data_source",
+        max_resp_len: int | None = None,
+        overlong_buffer_cfg: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(tokenizer, num_examine, compute_score, reward_fn_key)
+        self.overlong = dict(overlong_buffer_cfg or {})
+        if self.overlong.get("enable"):
+            if max_resp_len is None:
+                raise ValueError("reward_model.overlong_buffer.enable=True needs max_resp_len "
+                                 "(data.max_response_length)")
+            if not 0 < self.overlong["len"] <= max_resp_len:
+                raise ValueError(f"reward_model.overlong_buffer.len={self.overlong['len']} must be in "
+                                 f"(0, max_resp_len={max_resp_len}]")
+        self.max_resp_len = max_resp_len
+
+    @classmethod
+    def config_kwargs(cls, config: Mapping[str, Any]) -> dict:
+        return {
+            "max_resp_len": config["data"]["max_response_length"],
+            "overlong_buffer_cfg": config["reward_model"].get("overlong_buffer"),
+        }
+
+    def overlong_penalty(self, valid_len: int) -> float:
+        buffer_len = self.overlong["len"]
+        exceed = valid_len - (self.max_resp_len - buffer_len)
+        return min(-exceed / buffer_len * self.overlong["penalty_factor"], 0.0)
+
+    def score_rows(self, rows: list[DecodedRow]) -> list[tuple[float, dict]]:
+        results = []
+        for row in rows:
+            score, extras = split_result(self.compute_score(
+                data_source=row.data_source, solution_str=row.response_str,
+                ground_truth=row.ground_truth, extra_info=row.extra_info,
+            ))
+            extras.setdefault("score", score)  # the unshaped score, for metrics
+            if self.overlong.get("enable"):
+                penalty = self.overlong_penalty(row.valid_response_length)
+                score += penalty
+                if self.overlong.get("log", True):
+                    extras.update(overlong_reward=penalty, overlong=penalty < 0)
+            results.append((score, extras))
+        return results
