@@ -20,7 +20,7 @@ def _make_batch(tokenizer, prompts, responses, sources, truths, prompt_len=12, r
     prompt_ids = torch.full((n, prompt_len), pad)  # (batch, prompt_len)
     response_ids = torch.full((n, response_len), pad)  # (batch, response_len)
     attention = torch.zeros((n, prompt_len + response_len), dtype=torch.long)
-    for i, (p, r) in enumerate(zip(prompts, responses)):
+    for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
         p_ids = tokenizer.encode(p, add_special_tokens=False)[-prompt_len:]
         r_ids = tokenizer.encode(r, add_special_tokens=False)[:response_len]
         prompt_ids[i, prompt_len - len(p_ids):] = torch.tensor(p_ids)
