@@ -13,9 +13,10 @@ from collections.abc import Callable
 import torch
 from torch.utils.checkpoint import checkpoint
 
-# Rows of (flattened) logits processed at once. 1024 rows of a 150k vocabulary in fp32 is ~600 MB of
-# temporaries, far below a full (batch * seq, vocab) copy, and big enough to keep kernels efficient.
-DEFAULT_CHUNK_ROWS = 1024
+# Rows of (flattened) logits processed at once. 256 rows of a 150k vocabulary in fp32 is ~150 MB per
+# temporary instead of a full (batch * seq, vocab) copy. Measured on 2048 x 16000 fp32 logits: entropy
+# without grad peaks at +31 MB chunked vs +250 MB in one piece (a full softmax copy and p * z).
+DEFAULT_CHUNK_ROWS = 256
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor, axis: int | None = None) -> torch.Tensor:
