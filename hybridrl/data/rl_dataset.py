@@ -1,0 +1,258 @@
+"""RLHFDataset: prompts from verl-schema parquet files, tokenised and left-padded for generation.
+
+Behaves like verl's `verl.utils.dataset.rl_dataset.RLHFDataset` and reads the same `data.*` keys
+(`prompt_key`, `max_prompt_length`, `truncation`, `filter_overlong_prompts`, `return_raw_chat`,
+`return_full_prompt`, `apply_chat_template_kwargs`). Each item is
+
+    input_ids, attention_mask, position_ids   (max_prompt_length,) tensors, prompt LEFT-padded
+    raw_prompt_ids                            list[int], the unpadded (truncated) prompt
+    index                                     extra_info["index"] (0 when absent), as verl
+    raw_prompt / full_prompts                 the chat messages / templated text, when asked for
+    <every other column>                      passed through: data_source, reward_model, extra_info, ...
+
+Left padding makes every prompt end at the same column, so generation appends right after it;
+`position_ids = clip(cumsum(attention_mask) - 1, min=0)` numbers the real tokens 0, 1, 2, ... as an
+unpadded prompt would be numbered, and keeps the pad positions at 0.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+from torch.utils.data import Dataset
+from transformers import PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
+
+TRUNCATION_MODES = ("error", "left", "right", "middle")
+
+
+@dataclass
+class RLDatasetConfig:
+    """The `data.*` keys RLHFDataset reads (verl's names and defaults)."""
+
+    # column holding the prompt: a list of chat messages, or a plain string used as-is
+    prompt_key: str = "prompt"
+    # prompts are left-padded (or truncated) to exactly this many tokens
+    max_prompt_length: int = 512
+    # what to do with a longer prompt: error | left (keep the end) | right (keep the start) | middle
+    truncation: str = "error"
+    # drop longer prompts when the dataset is built (logged and counted) instead of truncating them
+    filter_overlong_prompts: bool = False
+    # add `raw_prompt` (the chat messages) to every item, for multi-turn rollouts and reward models
+    return_raw_chat: bool = False
+    # add `full_prompts` (the prompt text after the chat template) to every item
+    return_full_prompt: bool = False
+    # extra keyword arguments for `tokenizer.apply_chat_template` (e.g. enable_thinking)
+    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.truncation not in TRUNCATION_MODES:
+            raise ValueError(f"data.truncation must be one of {TRUNCATION_MODES}, got {self.truncation!r}")
+        if self.max_prompt_length < 1:
+            raise ValueError(f"data.max_prompt_length must be >= 1, got {self.max_prompt_length}")
+
+    @classmethod
+    def from_mapping(cls, config: Mapping[str, Any] | RLDatasetConfig | None) -> RLDatasetConfig:
+        """Pick this class's keys from a `data` config section (which has many others); None gives defaults."""
+        if config is None:
+            return cls()
+        if isinstance(config, cls):
+            return config
+        known = {f.name for f in fields(cls)}
+        picked = {key: config[key] for key in config if key in known}
+        if "apply_chat_template_kwargs" in picked:
+            picked["apply_chat_template_kwargs"] = dict(picked["apply_chat_template_kwargs"] or {})
+        return cls(**picked)
+
+
+def truncate(ids: list[int], max_length: int, mode: str, where: str) -> list[int]:
+    """Cut a prompt to `max_length` tokens: `left` keeps the end, `right` the start, `middle` both ends.
+
+    `middle` keeps the first max_length // 2 tokens and the last max_length - max_length // 2.
+    `where` names the row in the `error` message.
+    """
+    if len(ids) <= max_length:
+        return ids
+    if mode == "left":
+        return ids[-max_length:]
+    if mode == "right":
+        return ids[:max_length]
+    if mode == "middle":
+        head = max_length // 2
+        return ids[:head] + ids[len(ids) - (max_length - head) :]
+    raise ValueError(
+        f"{where}: the prompt has {len(ids)} tokens, more than data.max_prompt_length={max_length}. "
+        f"Set data.truncation=left|right|middle, set data.filter_overlong_prompts=True to drop such "
+        f"prompts, or raise data.max_prompt_length"
+    )
+
+
+def left_pad(
+    ids: list[int], length: int, pad_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """input_ids, attention_mask and position_ids, each (length,), with the prompt at the right end."""
+    pad = length - len(ids)
+    input_ids = torch.tensor([pad_token_id] * pad + ids, dtype=torch.long)  # (length,)
+    attention_mask = torch.tensor([0] * pad + [1] * len(ids), dtype=torch.long)  # (length,)
+    position_ids = torch.clip(torch.cumsum(attention_mask, dim=0) - 1, min=0)  # (length,)
+    return input_ids, attention_mask, position_ids
+
+
+def _clean_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    # parquet stores messages as structs: a key some other message has comes back as None here
+    return [{k: v for k, v in m.items() if v is not None} for m in messages]
+
+
+class RLHFDataset(Dataset):
+    """Prompts from one or many parquet files (rows concatenated in file order)."""
+
+    def __init__(
+        self,
+        data_files: str | Path | Sequence[str | Path],
+        tokenizer: PreTrainedTokenizerBase,
+        config: Mapping[str, Any] | RLDatasetConfig | None = None,
+        processor: Any = None,
+    ) -> None:
+        if processor is not None:
+            raise NotImplementedError("multi-modal prompts (processor=...) are not supported yet")
+        self.config = RLDatasetConfig.from_mapping(config)
+        self.tokenizer = tokenizer
+        self.pad_token_id = self._pad_token_id(tokenizer)
+        files = [data_files] if isinstance(data_files, (str, Path)) else list(data_files)
+        if not files:
+            raise ValueError("data_files is empty: pass at least one parquet file (data.train_files)")
+        self.data_files = [Path(f).expanduser() for f in files]
+        self.rows: list[dict[str, Any]] = []
+        self.origins: list[str] = []  # "file row N" per row, for error messages
+        for path in self.data_files:
+            self._read(path)
+        self.num_filtered = 0
+        if self.config.filter_overlong_prompts:
+            self._filter_overlong()
+
+    @staticmethod
+    def _pad_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        if pad is None:
+            raise ValueError(
+                "the tokenizer has neither a pad token nor an EOS token to left-pad prompts with"
+            )
+        return pad
+
+    def _read(self, path: Path) -> None:
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"data file {path} does not exist (check data.train_files / data.val_files)"
+            )
+        table = pq.read_table(path)
+        if self.config.prompt_key not in table.column_names:
+            raise KeyError(
+                f"{path} has no column {self.config.prompt_key!r} (data.prompt_key); its columns are "
+                f"{table.column_names}"
+            )
+        if table.num_rows == 0:
+            raise ValueError(f"{path} has no rows; regenerate it or drop it from data.train_files")
+        self.rows += table.to_pylist()
+        self.origins += [f"{path} row {i}" for i in range(table.num_rows)]
+
+    def _prompt_text(self, prompt: Any, where: str) -> tuple[str, bool]:
+        """The text to tokenise and whether special tokens still need adding (raw strings only)."""
+        if isinstance(prompt, str):
+            return prompt, True
+        if not isinstance(prompt, (list, tuple)) or not all(isinstance(m, Mapping) for m in prompt):
+            raise TypeError(
+                f"{where}: column {self.config.prompt_key!r} must hold a list of chat messages "
+                f'([{{"role": ..., "content": ...}}]) or a string, got {type(prompt).__name__}'
+            )
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError(
+                f"{where}: the prompt is a list of chat messages but the tokenizer has no chat_template; "
+                f"use a tokenizer with one, or store the prompt as a plain string"
+            )
+        text = self.tokenizer.apply_chat_template(
+            _clean_messages(prompt),
+            add_generation_prompt=True,
+            tokenize=False,
+            **self.config.apply_chat_template_kwargs,
+        )
+        return text, False  # the chat template already placed its own special tokens
+
+    def _encode(self, index: int) -> tuple[list[int], str]:
+        row = self.rows[index]
+        text, add_special = self._prompt_text(row[self.config.prompt_key], self.origins[index])
+        ids = self.tokenizer(text, add_special_tokens=add_special)["input_ids"]
+        return list(ids), text
+
+    def _filter_overlong(self) -> None:
+        keep = [i for i in range(len(self.rows)) if len(self._encode(i)[0]) <= self.config.max_prompt_length]
+        self.num_filtered = len(self.rows) - len(keep)
+        logger.info(
+            "filtered %d of %d prompts longer than max_prompt_length=%d",
+            self.num_filtered,
+            len(self.rows),
+            self.config.max_prompt_length,
+        )
+        if not keep:
+            raise ValueError(
+                f"every prompt in {[str(p) for p in self.data_files]} is longer than "
+                f"data.max_prompt_length={self.config.max_prompt_length}; raise it"
+            )
+        self.rows = [self.rows[i] for i in keep]
+        self.origins = [self.origins[i] for i in keep]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        ids, text = self._encode(index)
+        ids = truncate(ids, self.config.max_prompt_length, self.config.truncation, self.origins[index])
+        input_ids, attention_mask, position_ids = left_pad(
+            ids, self.config.max_prompt_length, self.pad_token_id
+        )
+        item = {key: value for key, value in self.rows[index].items() if key != self.config.prompt_key}
+        item.update(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+        item["raw_prompt_ids"] = ids
+        if self.config.return_raw_chat:
+            item["raw_prompt"] = self.rows[index][self.config.prompt_key]
+        if self.config.return_full_prompt:
+            item["full_prompts"] = text
+        extra_info = self.rows[index].get("extra_info")
+        item["index"] = extra_info.get("index", 0) if isinstance(extra_info, Mapping) else 0
+        return item
+
+
+def collate_fn(data_list: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Stack tensors into (batch, ...) and put everything else into 1-D numpy object arrays.
+
+    The result is what `DataProto.from_single_dict` takes: tensors go to `batch`, arrays to
+    `non_tensor_batch`. Filling an object array element by element keeps equal-length lists (e.g.
+    `raw_prompt_ids`) as one list per row instead of letting numpy build a 2-D array.
+    """
+    if not data_list:
+        raise ValueError("collate_fn got an empty batch")
+    keys = list(data_list[0])
+    for i, item in enumerate(data_list):
+        if set(item) != set(keys):
+            raise KeyError(
+                f"batch item {i} has keys {sorted(item)}, item 0 has {sorted(keys)}; every data file "
+                f"in one dataset needs the same columns"
+            )
+    out: dict[str, Any] = {}
+    for key in keys:
+        values = [item[key] for item in data_list]
+        if isinstance(values[0], torch.Tensor):
+            out[key] = torch.stack(values)  # (batch, ...)
+        else:
+            column = np.empty(len(values), dtype=object)
+            for i, value in enumerate(values):
+                column[i] = value
+            out[key] = column
+    return out
