@@ -221,7 +221,8 @@ class RLHFDataset(Dataset):
         item.update(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
         item["raw_prompt_ids"] = ids
         if self.config.return_raw_chat:
-            item["raw_prompt"] = self.rows[index][self.config.prompt_key]
+            prompt = self.rows[index][self.config.prompt_key]
+            item["raw_prompt"] = prompt if isinstance(prompt, str) else _clean_messages(prompt)
         if self.config.return_full_prompt:
             item["full_prompts"] = text
         extra_info = self.rows[index].get("extra_info")

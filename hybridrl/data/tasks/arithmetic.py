@@ -222,7 +222,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     ops = [op.strip() for op in args.ops.split(",") if op.strip()]
-    train, test = generate(args.train_size, args.test_size, args.seed, ops, args.digits, args.mul_digits)
+    try:
+        train, test = generate(args.train_size, args.test_size, args.seed, ops, args.digits, args.mul_digits)
+    except ValueError as err:
+        parser.error(str(err))  # usage + message, no traceback
     write_splits(args.out, to_rows(train, "train"), to_rows(test, "test"))
 
 

@@ -253,10 +253,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--max-target", type=int, default=100)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    train, test = generate(
-        args.train_size, args.test_size, args.seed, args.min_numbers, args.max_numbers,
-        args.max_number, (args.min_target, args.max_target),
-    )  # fmt: skip
+    try:
+        train, test = generate(
+            args.train_size, args.test_size, args.seed, args.min_numbers, args.max_numbers,
+            args.max_number, (args.min_target, args.max_target),
+        )  # fmt: skip
+    except ValueError as err:
+        parser.error(str(err))  # usage + message, no traceback
     write_splits(args.out, to_rows(train, "train"), to_rows(test, "test"))
 
 
