@@ -1,0 +1,196 @@
+"""FSDP2 training engine: the only place where models are sharded, stepped, offloaded and saved.
+
+A Hugging Face model is wrapped with `fully_shard` per decoder layer and at the root, over a 1-D device
+mesh of the worker group's ranks (CPU + gloo here, CUDA + nccl on GPUs). Each rank then holds 1/N of
+every parameter, gradient and optimizer state. The actor, critic and reference policy all use this engine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from hybridrl.models.loading import resolve_dtype
+from hybridrl.workers.config import FSDPConfig, OptimConfig
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The repeated transformer blocks of a HF model (the units that FSDP shards one by one)."""
+    no_split = set(getattr(model, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in no_split]
+    if not layers:  # models that do not declare their block class: fall back to the usual attribute
+        base = getattr(model, getattr(model, "base_model_prefix", "model"), model)
+        layers = list(getattr(base, "layers", []))
+    return layers
+
+
+def build_device_mesh(world_size: int, fsdp_size: int = -1) -> DeviceMesh:
+    size = world_size if fsdp_size in (-1, world_size) else fsdp_size
+    if size != world_size:
+        raise ValueError(
+            f"fsdp_config.fsdp_size={fsdp_size} must be -1 or the world size ({world_size}); "
+            f"hybrid sharding is not supported yet"
+        )
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    return init_device_mesh(device_type, (size,), mesh_dim_names=("fsdp",))
+
+
+def shard_model(model: nn.Module, mesh: DeviceMesh, config: FSDPConfig) -> nn.Module:
+    """Apply FSDP2 to every decoder layer and then to the root module."""
+    mp = MixedPrecisionPolicy(
+        param_dtype=resolve_dtype(config.mixed_precision.param_dtype),
+        reduce_dtype=resolve_dtype(config.mixed_precision.reduce_dtype),
+    )
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=config.reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=config.reshard_after_forward)
+    return model
+
+
+def lr_lambda(step: int, warmup_steps: int, total_steps: int, style: str, min_lr_ratio: float,
+              num_cycles: float) -> float:
+    """Learning-rate multiplier at `step`: linear warmup, then constant or cosine decay to min_lr_ratio."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps  # step 0 trains with a small but non-zero rate
+    if style == "constant":
+        return 1.0
+    if style == "cosine":
+        decay_steps = max(1, total_steps - warmup_steps)
+        progress = min(1.0, (step - warmup_steps) / decay_steps)
+        cosine = 0.5 * (1.0 + math.cos(math.pi * 2.0 * num_cycles * progress))
+        return min_lr_ratio + (1.0 - min_lr_ratio) * cosine
+    raise ValueError(f"optim.warmup_style must be 'constant' or 'cosine', got {style!r}")
+
+
+def build_optimizer(model: nn.Module, config: OptimConfig) -> tuple[torch.optim.Optimizer, Any]:
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=config.lr, betas=tuple(config.betas), eps=config.eps,
+        weight_decay=config.weight_decay,
+    )
+    total = config.total_training_steps
+    if config.warmup_style == "cosine" and total <= 0:
+        raise ValueError("optim.warmup_style=cosine needs optim.total_training_steps > 0 (the trainer sets it)")
+    warmup = config.lr_warmup_steps
+    if warmup < 0:
+        warmup = int(config.lr_warmup_steps_ratio * max(total, 0))
+    schedule = lambda step: lr_lambda(step, warmup, total, config.warmup_style,  # noqa: E731
+                                      config.min_lr_ratio, config.num_cycles)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+
+
+class FSDPEngine:
+    """A sharded model plus (optionally) its optimizer, scheduler and offload state."""
+
+    def __init__(self, model: nn.Module, fsdp_config: FSDPConfig, optim_config: OptimConfig | None = None,
+                 grad_clip: float | None = 1.0) -> None:
+        self.config = fsdp_config
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else \
+            torch.device("cpu")
+        self.mesh = build_device_mesh(dist.get_world_size(), fsdp_config.fsdp_size)
+        self.module = shard_model(model.to(self.device), self.mesh, fsdp_config)
+        self.grad_clip = grad_clip
+        self.optimizer, self.lr_scheduler = (None, None)
+        if optim_config is not None:
+            self.optimizer, self.lr_scheduler = build_optimizer(self.module, optim_config)
+        self._params_offloaded = self._optimizer_offloaded = False
+
+    # ----- training ------------------------------------------------------------------------------------
+    @contextmanager
+    def gradient_sync(self, enabled: bool) -> Iterator[None]:
+        """Skip the gradient reduce-scatter on all but the last micro-batch of an accumulation."""
+        if isinstance(self.module, FSDPModule):
+            self.module.set_requires_gradient_sync(enabled)
+        try:
+            yield
+        finally:
+            if isinstance(self.module, FSDPModule):
+                self.module.set_requires_gradient_sync(True)
+
+    def clip_and_step(self) -> dict[str, float]:
+        """Clip by the global gradient norm (over all shards), step if it is finite, then zero grads.
+
+        A NaN/inf norm skips the update rather than writing NaN into every parameter.
+        """
+        if self.optimizer is None:
+            raise RuntimeError("this engine was built without an optimizer (a reference or rollout model)")
+        max_norm = self.grad_clip if self.grad_clip and self.grad_clip > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), max_norm)
+        if isinstance(grad_norm, DTensor):
+            grad_norm = grad_norm.full_tensor()
+        grad_norm = float(grad_norm)
+        lr = self.optimizer.param_groups[0]["lr"]
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"grad_norm": grad_norm, "lr": lr, "skipped_step": float(not math.isfinite(grad_norm))}
+
+    def lr_scheduler_step(self) -> float:
+        self.lr_scheduler.step()
+        return self.lr_scheduler.get_last_lr()[0]
+
+    # ----- offload -------------------------------------------------------------------------------------
+    def offload_params(self) -> None:
+        if self.config.param_offload and self.device.type != "cpu" and not self._params_offloaded:
+            self.module.to("cpu")
+            self._params_offloaded = True
+
+    def load_params(self) -> None:
+        if self._params_offloaded:
+            self.module.to(self.device)
+            self._params_offloaded = False
+
+    def offload_optimizer(self) -> None:
+        if self.config.optimizer_offload and self.optimizer is not None and not self._optimizer_offloaded:
+            self._move_optimizer_state("cpu")
+            self._optimizer_offloaded = self.device.type != "cpu"
+
+    def load_optimizer(self) -> None:
+        if self._optimizer_offloaded:
+            self._move_optimizer_state(self.device)
+            self._optimizer_offloaded = False
+
+    def _move_optimizer_state(self, device: str | torch.device) -> None:
+        for state in self.optimizer.state.values():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor):
+                    state[key] = value.to(device, non_blocking=True)
+
+    # ----- state dicts ---------------------------------------------------------------------------------
+    def full_model_state_dict(self) -> dict[str, torch.Tensor]:
+        """Unsharded parameters on CPU, on rank 0 only (others get {}); a collective: call on all ranks."""
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(self.module, options=options)
+
+    def sharded_state(self) -> dict[str, Any]:
+        """This rank's shards of model and optimizer state, plus the scheduler (for checkpoints)."""
+        state = {"model": get_model_state_dict(self.module)}
+        if self.optimizer is not None:
+            state["optimizer"] = get_optimizer_state_dict(self.module, self.optimizer)
+            state["lr_scheduler"] = self.lr_scheduler.state_dict()
+        return state
+
+    def load_sharded_state(self, state: dict[str, Any]) -> None:
+        set_model_state_dict(self.module, state["model"])
+        if self.optimizer is not None and "optimizer" in state:
+            set_optimizer_state_dict(self.module, self.optimizer, state["optimizer"])
+            self.lr_scheduler.load_state_dict(state["lr_scheduler"])
+
+    def load_full_model_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=False)
+        set_model_state_dict(self.module, state_dict, options=options)

@@ -1,0 +1,44 @@
+"""Run a function on N real gloo ranks (spawned processes) and collect each rank's return value.
+
+For engine-level tests that need torch.distributed but not the Ray machinery around it.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from hybridrl.controller.worker import free_port
+
+
+def _entry(rank: int, world_size: int, port: int, out_dir: str, fn: Callable, args: tuple) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        result = ("ok", fn(rank, world_size, *args))
+    except BaseException:  # report any failure to the parent instead of hanging it
+        result = ("error", traceback.format_exc())
+    Path(out_dir, f"{rank}.pkl").write_bytes(pickle.dumps(result))
+    dist.destroy_process_group()
+
+
+def run_on_ranks(fn: Callable, world_size: int, *args) -> list:
+    """fn(rank, world_size, *args) on every rank; fn and args must be picklable (module-level)."""
+    with tempfile.TemporaryDirectory() as out_dir:
+        mp.start_processes(_entry, args=(world_size, free_port(), out_dir, fn, args), nprocs=world_size,
+                           join=True, start_method="spawn")
+        results = [pickle.loads(Path(out_dir, f"{r}.pkl").read_bytes()) for r in range(world_size)]
+    errors = [r[1] for r in results if r[0] == "error"]
+    if errors:
+        raise RuntimeError("a rank failed:\n" + errors[0])
+    return [r[1] for r in results]

@@ -1,0 +1,72 @@
+"""FSDP2 engine on real gloo ranks: sharding, the 1-rank vs 2-rank equivalence, clipping, schedules."""
+
+import math
+
+import pytest
+import torch
+from spmd import run_on_ranks
+
+from hybridrl.models.loading import load_causal_lm
+from hybridrl.workers.config import FSDPConfig, OptimConfig
+from hybridrl.workers.engine.fsdp import FSDPEngine, lr_lambda
+
+
+def _one_step(rank, world_size, model_dir, grad_clip, offload):
+    torch.manual_seed(0)
+    engine = FSDPEngine(load_causal_lm(model_dir), FSDPConfig(param_offload=offload, optimizer_offload=offload),
+                        OptimConfig(lr=1e-3), grad_clip=grad_clip)
+    local = sum(p.to_local().numel() for p in engine.module.parameters())
+    total = sum(p.numel() for p in engine.module.parameters())
+    ids = torch.randint(0, 300, (4, 12), generator=torch.Generator().manual_seed(1))
+    mine = ids.chunk(world_size)[rank]  # the same global batch, split by rank
+    logits = engine.module(input_ids=mine).logits.float()
+    # mean over the global batch; FSDP averages gradients over ranks, so scale back by world size
+    loss = logits.logsumexp(-1).sum() / ids.numel() * world_size
+    loss.backward()
+    engine.offload_params()
+    engine.offload_optimizer()
+    engine.load_params()
+    engine.load_optimizer()
+    metrics = engine.clip_and_step()
+    state = {k: v.clone() for k, v in engine.full_model_state_dict().items()}
+    return {"metrics": metrics, "local": local, "total": total, "state": state}
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_two_ranks_match_one_rank_after_a_step(tiny_model_dir, offload):
+    one = run_on_ranks(_one_step, 1, str(tiny_model_dir), 1.0, offload)[0]
+    two = run_on_ranks(_one_step, 2, str(tiny_model_dir), 1.0, offload)
+    # each rank holds about half of every parameter
+    assert abs(two[0]["local"] - two[0]["total"] / 2) / two[0]["total"] < 0.05
+    assert two[0]["local"] + two[1]["local"] == two[0]["total"]
+    assert math.isclose(one["metrics"]["grad_norm"], two[0]["metrics"]["grad_norm"], rel_tol=1e-5)
+    assert two[0]["metrics"]["grad_norm"] == two[1]["metrics"]["grad_norm"]  # the global norm, on both
+    assert two[1]["state"] == {}  # the full state dict is gathered on rank 0 only
+    for key, value in one["state"].items():
+        torch.testing.assert_close(two[0]["state"][key], value, rtol=0, atol=1e-5)
+
+
+def _clip_step(rank, world_size, model_dir):
+    engine = FSDPEngine(load_causal_lm(model_dir), FSDPConfig(), OptimConfig(lr=1e-3), grad_clip=1e-3)
+    logits = engine.module(input_ids=torch.arange(10).view(1, 10)).logits
+    logits.float().pow(2).mean().backward()
+    before = torch.sqrt(sum(p.grad.full_tensor().pow(2).sum() for p in engine.module.parameters()))
+    metrics = engine.clip_and_step()
+    return before.item(), metrics
+
+
+def test_grad_norm_is_reported_before_clipping(tiny_model_dir):
+    before, metrics = run_on_ranks(_clip_step, 1, str(tiny_model_dir))[0]
+    assert math.isclose(metrics["grad_norm"], before, rel_tol=1e-5)
+    assert metrics["skipped_step"] == 0.0
+
+
+def test_lr_schedules():
+    # warmup of 4 steps: 1/4, 2/4, 3/4, 4/4 of the peak, then constant
+    assert [lr_lambda(s, 4, 10, "constant", 0.0, 0.5) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    # cosine after warmup 2 over 10 total: halfway through the 8 decay steps (step 6) is the midpoint
+    # between 1 and the floor 0.1: 0.1 + 0.9 * 0.5 = 0.55; at the end it reaches the floor
+    assert math.isclose(lr_lambda(6, 2, 10, "cosine", 0.1, 0.5), 0.55)
+    assert math.isclose(lr_lambda(10, 2, 10, "cosine", 0.1, 0.5), 0.1)
+    with pytest.raises(ValueError, match="warmup_style"):
+        lr_lambda(5, 0, 10, "linear-ish", 0.0, 0.5)
