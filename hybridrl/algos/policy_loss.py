@@ -9,13 +9,14 @@ with tensors of shape (batch, response_len), `loss` a scalar to minimise, and `m
 detached scalar tensors (`pg_clipfrac`, `ppo_kl`, `pg_clipfrac_lower`, ...). `settings` are plain
 keywords from the actor config (clip_ratio, clip_ratio_low, clip_ratio_high, clip_ratio_c,
 clip_cov_ratio, ...); each loss reads the ones it uses and ignores the rest, so the actor passes one
-settings dict whatever the loss mode.
+settings dict whatever the loss mode. `global_batch_info` carries the mini-batch totals (`agg_loss`'s
+batch_num_tokens, global_batch_size, dp_size) so that micro-batch losses add up to the mini-batch loss.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -76,6 +77,7 @@ def compute_policy_loss_vanilla(
     clip_ratio_low: float | None = None,
     clip_ratio_high: float | None = None,
     clip_ratio_c: float = 3.0,
+    global_batch_info: Mapping[str, Any] | None = None,
     **settings: Any,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate (Schulman et al. 2017, https://arxiv.org/abs/1707.06347) with
@@ -97,7 +99,7 @@ def compute_policy_loss_vanilla(
     ppo_loss = torch.maximum(unclipped, clipped)
     dual = -advantages * clip_ratio_c
     pg_losses = torch.where(advantages < 0, torch.minimum(ppo_loss, dual), ppo_loss)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode)
+    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **(global_batch_info or {}))
     with torch.no_grad():
         metrics = {
             "pg_clipfrac": masked_mean((clipped > unclipped).float(), response_mask),
@@ -118,6 +120,7 @@ def compute_policy_loss_gspo(
     clip_ratio: float = 0.2,
     clip_ratio_low: float | None = None,
     clip_ratio_high: float | None = None,
+    global_batch_info: Mapping[str, Any] | None = None,
     **settings: Any,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Group Sequence Policy Optimization (Zheng et al. 2025, https://arxiv.org/abs/2507.18071).
@@ -137,7 +140,7 @@ def compute_policy_loss_gspo(
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1 - low, 1 + high)
     pg_losses = torch.maximum(unclipped, clipped)
-    loss = agg_loss(pg_losses, response_mask, "seq-mean-token-mean")
+    loss = agg_loss(pg_losses, response_mask, "seq-mean-token-mean", **(global_batch_info or {}))
     with torch.no_grad():
         metrics = {
             "pg_clipfrac": masked_mean((clipped > unclipped).float(), response_mask),
@@ -154,11 +157,13 @@ def compute_policy_loss_gpg(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
+    *,
+    global_batch_info: Mapping[str, Any] | None = None,
     **settings: Any,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Group Policy Gradient (Chu et al. 2025, https://arxiv.org/abs/2504.02546): plain REINFORCE
     with no ratio and no clipping, L = -A * logp. Pair it with the `gpg` advantage estimator."""
-    loss = agg_loss(-log_prob * advantages, response_mask, loss_agg_mode)
+    loss = agg_loss(-log_prob * advantages, response_mask, loss_agg_mode, **(global_batch_info or {}))
     with torch.no_grad():
         metrics = {"pg_clipfrac": _zero(loss), "pg_clipfrac_lower": _zero(loss), "ppo_kl": _zero(loss)}
     return loss, metrics
@@ -187,6 +192,7 @@ def compute_policy_loss_clip_cov(
     clip_cov_lb: float = 1.0,
     clip_cov_ub: float = 5.0,
     generator: torch.Generator | None = None,
+    global_batch_info: Mapping[str, Any] | None = None,
     **settings: Any,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clip-Cov (Cui et al. 2025, The Entropy Mechanism of RL for Reasoning LMs,
@@ -216,7 +222,7 @@ def compute_policy_loss_clip_cov(
         keep[candidates[order]] = 0
         keep = keep.reshape(valid.shape)  # (batch, response_len) 0 on dropped tokens
     pg_losses = torch.maximum(unclipped, clipped) * keep
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode)
+    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **(global_batch_info or {}))
     with torch.no_grad():
         metrics = {
             "pg_clipfrac": masked_mean((keep == 0).float(), response_mask),
@@ -236,6 +242,7 @@ def compute_policy_loss_kl_cov(
     *,
     kl_cov_ratio: float = 0.0002,
     ppo_kl_coef: float = 1.0,
+    global_batch_info: Mapping[str, Any] | None = None,
     **settings: Any,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """KL-Cov (Cui et al. 2025, https://arxiv.org/abs/2505.22617).
@@ -259,7 +266,7 @@ def compute_policy_loss_kl_cov(
         picked[torch.topk(cov.reshape(-1), n_pick).indices] = True
         picked = picked.reshape(valid.shape)  # (batch, response_len)
     pg_losses = torch.where(picked, plain + ppo_kl_coef * abs_kl, plain)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode)
+    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **(global_batch_info or {}))
     with torch.no_grad():
         metrics = {
             "pg_clipfrac": _zero(loss),

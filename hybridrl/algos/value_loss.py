@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 
 from hybridrl.algos.aggregate import agg_loss
@@ -15,6 +18,8 @@ def compute_value_loss(
     response_mask: torch.Tensor,
     cliprange_value: float,
     loss_agg_mode: str = "token-mean",
+    *,
+    global_batch_info: Mapping[str, Any] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO clipped value loss (Schulman et al. 2017, https://arxiv.org/abs/1707.06347; as in
     OpenAI baselines / TRL).
@@ -27,6 +32,7 @@ def compute_value_loss(
         vpreds: (batch, response_len) current value predictions (with grad).
         returns: (batch, response_len) targets from the advantage estimator.
         values: (batch, response_len) value predictions at rollout time.
+        global_batch_info: mini-batch totals for micro-batching (see `agg_loss`).
     Returns:
         vf_loss (scalar) and vf_clipfrac, the share of valid tokens where the clipped term was larger.
     """
@@ -35,7 +41,9 @@ def compute_value_loss(
     vpred_clipped = clip_by_value(vpreds, values - cliprange_value, values + cliprange_value)
     loss_unclipped = (vpreds - returns) ** 2
     loss_clipped = (vpred_clipped - returns) ** 2
-    vf_loss = 0.5 * agg_loss(torch.max(loss_unclipped, loss_clipped), response_mask, loss_agg_mode)
+    vf_loss = 0.5 * agg_loss(
+        torch.max(loss_unclipped, loss_clipped), response_mask, loss_agg_mode, **(global_batch_info or {})
+    )
     with torch.no_grad():
         vf_clipfrac = masked_mean((loss_clipped > loss_unclipped).float(), response_mask)
     return vf_loss, vf_clipfrac

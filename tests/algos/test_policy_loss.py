@@ -214,3 +214,19 @@ def test_misspelt_setting_and_unknown_mode_are_rejected():
     with pytest.raises(KeyError, match="vanilla"):
         get_policy_loss_fn("ppo")
     assert set(BUILT_IN) <= set(POLICY_LOSS_REGISTRY.names())
+
+
+def test_micro_batch_losses_add_up_with_global_batch_info():
+    # Two micro-batches of a 3-row mini-batch: with the mini-batch totals passed in, the sum of the
+    # micro-batch losses equals the loss of the whole mini-batch, for every aggregation mode.
+    from hybridrl.algos import compute_pg_loss
+
+    torch.manual_seed(0)
+    old, new, adv = torch.randn(3, 4), torch.randn(3, 4), torch.randn(3, 4)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]], dtype=torch.float32)
+    for mode in ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]:
+        whole, _ = compute_pg_loss("vanilla", old, new, adv, mask, mode)
+        info = {"batch_num_tokens": mask.sum(), "global_batch_size": 3}
+        parts = [compute_pg_loss("vanilla", old[s], new[s], adv[s], mask[s], mode, global_batch_info=info)[0]
+                 for s in (slice(0, 2), slice(2, 3))]
+        torch.testing.assert_close(parts[0] + parts[1], whole)
