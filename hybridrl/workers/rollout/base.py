@@ -1,0 +1,145 @@
+"""The rollout interface, the registry of engines by `rollout.name`, and the output layout they share.
+
+Every engine turns a batch of LEFT-padded prompts into a DataProto with these tensors (B prompts,
+n samples each, P prompt columns, R = rollout.response_length):
+
+    prompts            (B*n, P)    the prompt ids, left-padded
+    responses          (B*n, R)    generated ids, right-padded with the pad id
+    input_ids          (B*n, P+R)  cat(prompts, responses)
+    attention_mask     (B*n, P+R)  prompt mask, then response_mask
+    position_ids       (B*n, P+R)  prompt positions, then last prompt position + 1, + 2, ...
+    response_mask      (B*n, R)    1 up to and including the stop (EOS) token, 0 after it
+    rollout_log_probs  (B*n, R)    the sampler's log-prob of each chosen token, 0 where masked
+
+Rows are interleaved (prompt 0's n samples, then prompt 1's, ...), as `DataProto.repeat(n,
+interleave=True)` orders them, and every non-tensor column of the input is repeated the same way so
+the caller can `union` the two.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from hybridrl.protocol import DataProto
+from hybridrl.utils.registry import Registry
+from hybridrl.workers.config import to_dataclass
+from hybridrl.workers.rollout.config import RolloutConfig
+
+PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
+
+
+class BaseRollout(ABC):
+    """A generation engine. Built through `build_rollout`, called by the actor_rollout worker."""
+
+    config: RolloutConfig
+
+    @classmethod
+    @abstractmethod
+    def build(
+        cls,
+        config: RolloutConfig,
+        *,
+        module: nn.Module | None,
+        tokenizer: Any,
+        model_path: str | Path | None,
+    ) -> BaseRollout:
+        """Make the engine from what the worker holds; each engine takes the parts it needs."""
+
+    @abstractmethod
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Sample responses for left-padded prompts; the output layout is in this module's docstring."""
+
+    @abstractmethod
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Load the actor's current full (unsharded) weights into the engine."""
+
+    def sleep(self) -> None:
+        """Release generation memory between rollout phases (engines without such memory: nothing)."""
+        return None
+
+    def wake_up(self) -> None:
+        """Take memory back before the next rollout phase."""
+        return None
+
+
+ROLLOUT_ENGINES: Registry[type[BaseRollout]] = Registry("rollout engine (actor_rollout_ref.rollout.name)")
+
+
+def build_rollout(
+    config: RolloutConfig | Mapping[str, Any],
+    *,
+    module: nn.Module | None = None,
+    tokenizer: Any = None,
+    model_path: str | Path | None = None,
+) -> BaseRollout:
+    """The engine named by `config.name`, e.g. `HFRollout` for "hf"."""
+    config = to_dataclass(RolloutConfig, config)
+    return ROLLOUT_ENGINES.get(config.name).build(
+        config, module=module, tokenizer=tokenizer, model_path=model_path
+    )
+
+
+def eos_token_ids(*values: int | list[int] | None) -> list[int]:
+    """Merge EOS ids given as ints, lists or None (e.g. the tokenizer's and the generation config's,
+    Qwen lists two) into one deduplicated list, first occurrence first."""
+    ids: list[int] = []
+    for value in values:
+        if value is None:
+            continue
+        ids += [value] if isinstance(value, int) else list(value)
+    return list(dict.fromkeys(int(i) for i in ids))
+
+
+def check_prompts(prompts: DataProto) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """input_ids, attention_mask, position_ids of a prompt batch, each (B, P), or a clear error."""
+    if prompts.batch is None or any(key not in prompts.batch for key in PROMPT_KEYS):
+        have = [] if prompts.batch is None else sorted(prompts.batch.keys())
+        raise KeyError(f"generate_sequences needs batch keys {list(PROMPT_KEYS)}; got {have}")
+    tensors = tuple(prompts.batch[key] for key in PROMPT_KEYS)
+    shapes = {key: tuple(t.shape) for key, t in zip(PROMPT_KEYS, tensors, strict=True)}
+    if len(set(shapes.values())) != 1 or tensors[0].dim() != 2:
+        raise ValueError(f"prompt tensors must all be (batch, prompt_len); got shapes {shapes}")
+    if bool((tensors[1][:, -1] == 0).any()):
+        raise ValueError(
+            "prompts must be LEFT-padded (every row's last attention_mask column is 1); "
+            "use RLHFDataset's collate or tokenizer padding_side='left'"
+        )
+    return tensors  # type: ignore[return-value]
+
+
+def assemble_output(
+    prompts: DataProto,
+    responses: torch.Tensor,
+    response_lengths: torch.Tensor,
+    log_probs: torch.Tensor,
+    n: int,
+) -> DataProto:
+    """Build the rollout output from responses (B*n, R) with their lengths (B*n,) and log-probs (B*n, R).
+
+    Positions at or after a row's length must already hold the pad id; log-probs there are zeroed.
+    """
+    input_ids, attention_mask, position_ids = (
+        prompts.batch[key].repeat_interleave(n, dim=0) for key in PROMPT_KEYS
+    )  # each (B*n, P)
+    width = responses.shape[1]
+    steps = torch.arange(width, device=responses.device)  # (R,)
+    response_mask = (steps[None, :] < response_lengths[:, None]).to(attention_mask.dtype)  # (B*n, R)
+    response_positions = position_ids[:, -1:] + 1 + steps[None, :]  # (B*n, R)
+    batch = {
+        "prompts": input_ids,
+        "responses": responses,
+        "input_ids": torch.cat([input_ids, responses], dim=1),  # (B*n, P+R)
+        "attention_mask": torch.cat([attention_mask, response_mask], dim=1),
+        "position_ids": torch.cat([position_ids, response_positions], dim=1),
+        "response_mask": response_mask,
+        "rollout_log_probs": torch.where(response_mask.bool(), log_probs.float(), 0.0),
+    }
+    non_tensors = {key: np.repeat(value, n) for key, value in prompts.non_tensor_batch.items()}
+    return DataProto.from_dict(batch, non_tensors, meta_info=dict(prompts.meta_info))

@@ -1,0 +1,91 @@
+"""Typed settings of the rollout (`actor_rollout_ref.rollout.*`), under verl's key names.
+
+This dataclass is the one home of the rollout's defaults; Hydra YAML composes on top of it and
+`hybridrl.workers.config.to_dataclass(RolloutConfig, node)` builds it from a dict or OmegaConf node
+with type checks. Keys that only the vLLM engine reads are kept so verl launch scripts run unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def _check_sampling(where: str, temperature: float, top_k: int, top_p: float, n: int) -> None:
+    """Raise on values no sampler can use, naming the config key and the valid range."""
+    if temperature < 0:
+        raise ValueError(f"{where}.temperature must be >= 0 (0 means greedy), got {temperature}")
+    if top_k < -1:
+        raise ValueError(f"{where}.top_k must be -1 or 0 (off) or a positive count, got {top_k}")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"{where}.top_p must be in (0, 1] (1 means off), got {top_p}")
+    if n < 1:
+        raise ValueError(f"{where}.n must be >= 1 samples per prompt, got {n}")
+
+
+@dataclass
+class ValKwargs:
+    """Sampling used when a call's meta_info has `validate=True` (verl's `rollout.val_kwargs`)."""
+
+    # -1 (or 0) turns top-k filtering off
+    top_k: int = -1
+    # 1.0 turns nucleus filtering off
+    top_p: float = 1.0
+    # 0 means greedy decoding
+    temperature: float = 0.0
+    # samples per validation prompt
+    n: int = 1
+    # False decodes greedily whatever the temperature
+    do_sample: bool = False
+
+    def __post_init__(self) -> None:
+        _check_sampling("rollout.val_kwargs", self.temperature, self.top_k, self.top_p, self.n)
+
+
+@dataclass
+class RolloutConfig:
+    """`actor_rollout_ref.rollout.*`: which engine generates, and how it samples."""
+
+    # engine registered in hybridrl.workers.rollout.ROLLOUT_ENGINES: "hf" (CPU/GPU) or "vllm" (optional)
+    name: str = "hf"
+    # softmax temperature; 0 means greedy
+    temperature: float = 1.0
+    # keep only the k most likely tokens; -1 (or 0) is off
+    top_k: int = -1
+    # keep the smallest set of tokens whose probability reaches top_p; 1.0 is off
+    top_p: float = 1.0
+    # prompts are left-padded to this length by the dataset (data.max_prompt_length)
+    prompt_length: int = 512
+    # responses are generated up to, and right-padded to, exactly this many tokens
+    response_length: int = 512
+    # samples per prompt (GRPO/RLOO group size)
+    n: int = 1
+    # False decodes greedily
+    do_sample: bool = True
+    # compute dtype of generation; float32 keeps rollout and trainer log-probs within ~1e-5 on CPU
+    dtype: str = "float32"
+    # seed of the sampler's torch.Generator (the worker adds its rank); same seed, same samples
+    seed: int = 0
+    # keep generating past EOS (stop_token_ids still stop)
+    ignore_eos: bool = False
+    # extra token ids that end a response, on top of the tokenizer's/generation config's EOS ids
+    stop_token_ids: list[int] | None = None
+    # sampling for validation calls (meta_info validate=True)
+    val_kwargs: ValKwargs = field(default_factory=ValKwargs)
+    # micro-batch rows / dynamic batching for the actor's log-prob recomputation (read by the worker)
+    log_prob_micro_batch_size_per_gpu: int | None = None
+    log_prob_use_dynamic_bsz: bool = False
+    log_prob_max_token_len_per_gpu: int = 16384
+    # the trainer reports rollout/log_prob_diff_* from the engine's rollout_log_probs when True
+    calculate_log_probs: bool = False
+    # vLLM only: memory share of the KV cache, tensor parallel size, eager mode, sleep between phases
+    gpu_memory_utilization: float = 0.5
+    tensor_model_parallel_size: int = 1
+    enforce_eager: bool = True
+    free_cache_engine: bool = True
+
+    def __post_init__(self) -> None:
+        _check_sampling("rollout", self.temperature, self.top_k, self.top_p, self.n)
+        if self.response_length < 1:
+            raise ValueError(f"rollout.response_length must be >= 1, got {self.response_length}")
+        if self.prompt_length < 1:
+            raise ValueError(f"rollout.prompt_length must be >= 1, got {self.prompt_length}")

@@ -1,0 +1,123 @@
+"""Per-call sampling settings and the token sampler shared by the rollout engines.
+
+The distribution a token is drawn from is the model's next-token distribution after, in this order
+(the order of Hugging Face's logits warpers and vLLM's sampler):
+
+    1. temperature:  logits / T
+    2. top-k:        keep tokens whose logit is >= the k-th largest (ties at the boundary are kept)
+    3. top-p:        keep the smallest prefix of tokens, by descending probability, whose mass
+                     reaches p (nucleus sampling, Holtzman et al. 2020, "The Curious Case of Neural
+                     Text Degeneration"); the most likely token is always kept
+    4. renormalise:  log_softmax over the kept tokens
+
+`rollout_log_probs` are the log-probs of the chosen tokens under exactly this distribution. Greedy
+decoding takes the argmax; its log-probs are the model's plain log_softmax(logits) (temperature 1, no
+filtering), the distribution greedy decoding approximates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hybridrl.workers.rollout.config import RolloutConfig
+
+# meta_info keys a caller may set to change one call's sampling (verl's names).
+CALL_OVERRIDES = ("do_sample", "temperature", "top_k", "top_p", "n", "eos_token_id", "seed", "validate")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """The resolved settings of one `generate_sequences` call."""
+
+    greedy: bool
+    temperature: float
+    top_k: int  # <= 0: off
+    top_p: float  # 1.0: off
+    n: int
+    response_length: int
+    stop_token_ids: tuple[int, ...]
+    seed: int | None  # None: continue the engine's generator
+
+
+def _as_ids(value: int | Iterable[int] | None) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, int):
+        return [value]
+    return [int(v) for v in value]
+
+
+def resolve_sampling_params(
+    config: RolloutConfig, meta_info: Mapping[str, Any], eos_token_ids: Sequence[int]
+) -> SamplingParams:
+    """Merge the config with a call's meta_info overrides.
+
+    `validate=True` switches to `config.val_kwargs`; `do_sample=False` decodes greedily with one
+    sample per prompt (as verl's rollouts do); `temperature`, `top_k`, `top_p`, `n` override single
+    fields; `eos_token_id` (int or list) replaces the engine's EOS ids; `seed` restarts the sampler.
+    """
+    if meta_info.get("validate", False):
+        vk = config.val_kwargs
+        do_sample, temperature, top_k, top_p, n = vk.do_sample, vk.temperature, vk.top_k, vk.top_p, vk.n
+    else:
+        do_sample, temperature = config.do_sample, config.temperature
+        top_k, top_p, n = config.top_k, config.top_p, config.n
+    do_sample = bool(meta_info.get("do_sample", do_sample))
+    temperature = float(meta_info.get("temperature", temperature))
+    top_k = int(meta_info.get("top_k", top_k))
+    top_p = float(meta_info.get("top_p", top_p))
+    n = int(meta_info.get("n", n if do_sample else 1))
+    if temperature < 0 or not 0.0 < top_p <= 1.0 or n < 1:
+        raise ValueError(
+            f"meta_info sampling overrides out of range: temperature={temperature} (>= 0), "
+            f"top_p={top_p} (in (0, 1]), n={n} (>= 1)"
+        )
+    eos = _as_ids(meta_info["eos_token_id"]) if "eos_token_id" in meta_info else list(eos_token_ids)
+    stops = ([] if config.ignore_eos else eos) + _as_ids(config.stop_token_ids)
+    seed = meta_info.get("seed")
+    return SamplingParams(
+        greedy=(not do_sample) or temperature == 0.0,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        n=n,
+        response_length=config.response_length,
+        stop_token_ids=tuple(dict.fromkeys(stops)),
+        seed=None if seed is None else int(seed),
+    )
+
+
+def processed_log_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """Log-probs of the sampling distribution: (rows, vocab) logits -> (rows, vocab), -inf where filtered."""
+    scores = logits.float() / temperature if temperature != 1.0 else logits.float()
+    vocab = scores.shape[-1]
+    if 0 < top_k < vocab:
+        kth = torch.topk(scores, top_k, dim=-1).values[:, -1:]  # (rows, 1)
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, dim=-1, descending=True)  # (rows, vocab)
+        probs = torch.softmax(sorted_scores, dim=-1)
+        # mass strictly before each token; a token is kept while that mass is still below top_p
+        mass_before = torch.cumsum(probs, dim=-1) - probs
+        drop_sorted = mass_before >= top_p
+        drop_sorted[:, 0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        scores = scores.masked_fill(drop, float("-inf"))
+    return torch.log_softmax(scores, dim=-1)
+
+
+def sample_tokens(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Choose one token per row: (rows, vocab) logits -> tokens (rows,), their log-probs (rows,)."""
+    if params.greedy:
+        log_probs = torch.log_softmax(logits.float(), dim=-1)  # (rows, vocab)
+        tokens = torch.argmax(logits, dim=-1)  # (rows,), on the raw logits as model.generate does
+    else:
+        log_probs = processed_log_probs(logits, params.temperature, params.top_k, params.top_p)
+        tokens = torch.multinomial(log_probs.exp(), 1, generator=generator).squeeze(-1)  # (rows,)
+    return tokens, log_probs.gather(-1, tokens[:, None]).squeeze(-1)

@@ -1,0 +1,159 @@
+"""HFRollout on the tiny Qwen2 model: layout, EOS, n-sample order, greedy parity, log-probs, seeding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hybridrl.workers.rollout import HFRollout, RolloutConfig, build_rollout
+from hybridrl.workers.rollout.sampling import processed_log_probs
+
+from .helpers import full_forward_log_probs, make_prompts
+
+PAD, EOS = 0, 3
+
+
+def engine(model, tokenizer, **config) -> HFRollout:
+    return HFRollout(model, config, tokenizer)
+
+
+def test_layout_shapes_padding_and_interleaved_samples(tiny_model, tiny_tokenizer):
+    prompts = make_prompts(tiny_tokenizer, length=16)
+    prompts.non_tensor_batch["uid"] = np.array(["a", "b", "c", "d"], dtype=object)
+    # tokens 4..59 stop a response too, so rows end at different steps (and leave the batch early)
+    rollout = engine(tiny_model, tiny_tokenizer, response_length=12, n=3, stop_token_ids=list(range(4, 60)))
+    out = rollout.generate_sequences(prompts)
+    b = out.batch
+    assert b["responses"].shape == (12, 12) and b["input_ids"].shape == (12, 28)
+    expected_prompts = prompts.batch["input_ids"].repeat_interleave(3, dim=0)  # rows a,a,a,b,b,b,...
+    assert torch.equal(b["prompts"], expected_prompts)
+    assert list(out.non_tensor_batch["uid"]) == ["a"] * 3 + ["b"] * 3 + ["c"] * 3 + ["d"] * 3
+    assert torch.equal(b["input_ids"], torch.cat([b["prompts"], b["responses"]], dim=1))
+    prompt_mask = prompts.batch["attention_mask"].repeat_interleave(3, dim=0)
+    assert torch.equal(b["attention_mask"], torch.cat([prompt_mask, b["response_mask"]], dim=1))
+    # response positions continue from each row's last prompt position: last + 1, ..., last + 12
+    last = prompts.batch["position_ids"][:, -1].repeat_interleave(3)
+    assert torch.equal(b["position_ids"][:, 16:], last[:, None] + torch.arange(1, 13)[None, :])
+    lengths = b["response_mask"].sum(1)
+    assert 0 < int((lengths < 12).sum()) < 12, "the seed should make some rows stop early, not all"
+    for row, length in enumerate(lengths.tolist()):
+        mask = b["response_mask"][row]
+        assert mask[:length].all() and not mask[length:].any(), "mask is 1 then 0, never 1 again"
+        assert (b["responses"][row, length:] == PAD).all()
+        assert (b["rollout_log_probs"][row, length:] == 0).all()
+        if length < 12:  # an early stop ends with a stop token, and nothing before it is one
+            assert 4 <= int(b["responses"][row, length - 1]) < 60
+        assert not ((b["responses"][row, : length - 1] >= 4) & (b["responses"][row, : length - 1] < 60)).any()
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_greedy_equals_model_generate(arch, tiny_model, tiny_llama_dir, tiny_tokenizer):
+    from hybridrl.models.loading import load_causal_lm
+
+    model = tiny_model if arch == "qwen2" else load_causal_lm(tiny_llama_dir).eval()
+    prompts = make_prompts(tiny_tokenizer, length=16)
+    out = engine(model, tiny_tokenizer, response_length=32, do_sample=False).generate_sequences(prompts)
+    reference = model.generate(
+        input_ids=prompts.batch["input_ids"], attention_mask=prompts.batch["attention_mask"],
+        do_sample=False, max_new_tokens=32, pad_token_id=PAD, eos_token_id=EOS,
+    )[:, 16:]  # (4, <=32)
+    assert torch.equal(out.batch["responses"][:, : reference.shape[1]], reference)
+    # greedy log-probs are the model's plain log-softmax (temperature 1, no filtering)
+    expected = full_forward_log_probs(model, out) * out.batch["response_mask"]
+    torch.testing.assert_close(out.batch["rollout_log_probs"], expected, atol=1e-5, rtol=0)
+
+
+def test_eos_ends_response_and_later_tokens_are_pad(tiny_model, tiny_tokenizer):
+    prompts = make_prompts(tiny_tokenizer, length=16)
+    free = engine(tiny_model, tiny_tokenizer, response_length=20, do_sample=False)
+    free_run = free.generate_sequences(prompts).batch["responses"]  # (4, 20), no EOS seen
+    # Declare as EOS the token row 0 produces at step 5: row 0 must stop right after it (length 6),
+    # and every row's length is its first occurrence of that token + 1 (or 20 if it never appears).
+    eos = int(free_run[0, 5])
+    hits = free_run == eos
+    expected_len = torch.where(hits.any(1), hits.int().argmax(1) + 1, torch.tensor(20))
+    out = free.generate_sequences(make_prompts(tiny_tokenizer, length=16, eos_token_id=eos)).batch
+    assert int(expected_len[0]) <= 6
+    assert torch.equal(out["response_mask"].sum(1), expected_len)
+    for row, length in enumerate(expected_len.tolist()):
+        assert torch.equal(out["responses"][row, :length], free_run[row, :length])
+        assert (out["responses"][row, length:] == PAD).all() and not out["response_mask"][row, length:].any()
+    # ignore_eos keeps going past it
+    ignoring = engine(tiny_model, tiny_tokenizer, response_length=20, do_sample=False, ignore_eos=True)
+    kept = ignoring.generate_sequences(make_prompts(tiny_tokenizer, length=16, eos_token_id=eos)).batch
+    assert torch.equal(kept["responses"], free_run) and bool(kept["response_mask"].all())
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_rollout_log_probs_equal_full_forward(temperature, tiny_model, tiny_tokenizer):
+    rollout = engine(
+        tiny_model, tiny_tokenizer, response_length=24, n=4, temperature=temperature,
+        stop_token_ids=list(range(4, 40)),
+    )
+    out = rollout.generate_sequences(make_prompts(tiny_tokenizer, length=16))
+    expected = full_forward_log_probs(tiny_model, out, temperature) * out.batch["response_mask"]
+    diff = (out.batch["rollout_log_probs"] - expected).abs().max().item()
+    assert diff <= 1e-5, diff
+
+
+def test_log_probs_follow_top_k_top_p_filtering(tiny_model, tiny_tokenizer):
+    rollout = engine(tiny_model, tiny_tokenizer, response_length=16, n=2, temperature=0.8, top_k=30, top_p=0.9)
+    out = rollout.generate_sequences(make_prompts(tiny_tokenizer, length=16))
+    prompt_len = 16
+    with torch.no_grad():
+        logits = tiny_model(input_ids=out.batch["input_ids"], attention_mask=out.batch["attention_mask"],
+                            position_ids=out.batch["position_ids"]).logits[:, prompt_len - 1 : -1]
+    rows, width, vocab = logits.shape
+    filtered = processed_log_probs(logits.reshape(-1, vocab), 0.8, 30, 0.9).reshape(rows, width, vocab)
+    expected = filtered.gather(-1, out.batch["responses"][..., None]).squeeze(-1)
+    assert torch.isfinite(expected).all(), "every sampled token lies inside the top-k/top-p set"
+    torch.testing.assert_close(out.batch["rollout_log_probs"], expected, atol=1e-5, rtol=0)
+    # filtering renormalises: each chosen token is at least as likely as under the plain tempered softmax
+    plain = full_forward_log_probs(tiny_model, out, 0.8)
+    assert bool((out.batch["rollout_log_probs"] >= plain - 1e-6).all())
+
+
+def test_seeded_sampling_is_reproducible(tiny_model, tiny_tokenizer):
+    def run(seed: int) -> torch.Tensor:
+        rollout = engine(tiny_model, tiny_tokenizer, response_length=10, n=2, seed=seed)
+        return rollout.generate_sequences(make_prompts(tiny_tokenizer)).batch["responses"]
+
+    assert torch.equal(run(7), run(7))
+    assert not torch.equal(run(7), run(8))
+    # a per-call seed restarts the sampler: the same call twice on one engine gives the same samples
+    rollout = engine(tiny_model, tiny_tokenizer, response_length=10, n=2, seed=0)
+    first = rollout.generate_sequences(make_prompts(tiny_tokenizer, seed=3)).batch["responses"]
+    again = rollout.generate_sequences(make_prompts(tiny_tokenizer, seed=3)).batch["responses"]
+    assert torch.equal(first, again)
+
+
+def test_validate_uses_val_kwargs_and_greedy_forces_one_sample(tiny_model, tiny_tokenizer):
+    rollout = engine(tiny_model, tiny_tokenizer, response_length=8, n=4, val_kwargs={"n": 2, "do_sample": True,
+                                                                                  "temperature": 1.0})
+    assert len(rollout.generate_sequences(make_prompts(tiny_tokenizer, validate=True))) == 8  # 4 prompts x 2
+    assert len(rollout.generate_sequences(make_prompts(tiny_tokenizer, do_sample=False))) == 4
+    assert len(rollout.generate_sequences(make_prompts(tiny_tokenizer))) == 16
+
+
+def test_restores_train_mode_and_registry_builds_hf(tiny_model, tiny_tokenizer):
+    rollout = build_rollout(RolloutConfig(response_length=4), module=tiny_model, tokenizer=tiny_tokenizer)
+    assert isinstance(rollout, HFRollout)
+    tiny_model.train()
+    try:
+        rollout.generate_sequences(make_prompts(tiny_tokenizer))
+        assert tiny_model.training
+    finally:
+        tiny_model.eval()
+
+
+def test_bad_prompts_raise_clear_errors(tiny_model, tiny_tokenizer):
+    rollout = engine(tiny_model, tiny_tokenizer, response_length=4)
+    prompts = make_prompts(tiny_tokenizer)
+    right_padded = prompts.batch["attention_mask"].flip(1)
+    prompts.batch["attention_mask"] = right_padded
+    with pytest.raises(ValueError, match="LEFT-padded"):
+        rollout.generate_sequences(prompts)
+    prompts.pop(batch_keys=["position_ids"])
+    with pytest.raises(KeyError, match="position_ids"):
+        rollout.generate_sequences(prompts)
