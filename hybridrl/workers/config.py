@@ -7,11 +7,10 @@ worker receives either a dataclass or an OmegaConf node of the same shape (`to_d
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
-from omegaconf import OmegaConf
-
-T = TypeVar("T")
+from hybridrl.utils.config import to_dataclass  # noqa: F401 - re-exported for the workers
+from hybridrl.workers.rollout.config import RolloutConfig
 
 
 @dataclass
@@ -53,12 +52,132 @@ class FSDPConfig:
     mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
 
 
-def to_dataclass(cls: type[T], value: Any) -> T:
-    """A `cls` instance from an instance, a dict or an OmegaConf node, type-checked by OmegaConf.
+@dataclass
+class ModelConfig:
+    # Local Hugging Face checkpoint directory (or a repo id already in the local cache).
+    path: str = "???"
+    # Tokenizer directory when it differs from `path`.
+    tokenizer_path: str | None = None
+    # Values that replace entries of the checkpoint's config.json (e.g. {attn_implementation: eager}).
+    override_config: dict[str, Any] = field(default_factory=dict)
+    enable_gradient_checkpointing: bool = False
+    trust_remote_code: bool = False
+    # A module to import before loading (registers custom architectures), as in verl.
+    external_lib: str | None = None
+    # Accepted for verl compatibility: padding-free kernels need flash-attention (GPU); on CPU the
+    # actor trims padding columns per micro-batch instead.
+    use_remove_padding: bool = False
 
-    Unknown keys and values of the wrong type raise with the key's full path in the message.
-    """
-    if isinstance(value, cls):
-        return value
-    merged = OmegaConf.merge(OmegaConf.structured(cls), value if value is not None else {})
-    return OmegaConf.to_object(merged)
+
+@dataclass
+class PolicyLossConfig:
+    # Registered policy loss: vanilla | gspo | gpg | clip_cov | kl_cov (or one you register).
+    loss_mode: str = "vanilla"
+    clip_cov_ratio: float = 0.0002
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 0.0002
+    ppo_kl_coef: float = 0.1
+
+
+@dataclass
+class CheckpointConfig:
+    # What a checkpoint holds and what a resume restores: model, optimizer, extra (RNG, scheduler), hf_model.
+    save_contents: list[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])
+    load_contents: list[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])
+
+
+@dataclass
+class ActorConfig:
+    strategy: str = "fsdp"
+    # Prompts per optimizer step (each with rollout.n responses), summed over data-parallel ranks.
+    ppo_mini_batch_size: int = 256
+    # Rows per forward/backward on one rank; gradients accumulate over the micro-batches.
+    ppo_micro_batch_size_per_gpu: int | None = None
+    # verl's older global micro-batch size; divided by the world size when the per-GPU value is unset.
+    ppo_micro_batch_size: int | None = None
+    # Cut micro-batches by a token budget (rows x padded width) instead of a row count.
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = 16384
+    grad_clip: float = 1.0
+    # PPO clip range; clip_ratio_low / clip_ratio_high override it per side (DAPO clip-higher).
+    clip_ratio: float = 0.2
+    clip_ratio_low: float | None = None
+    clip_ratio_high: float | None = None
+    # Dual-clip bound for negative advantages (Ye et al. 2020).
+    clip_ratio_c: float = 3.0
+    # token-mean | token-sum | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm
+    loss_agg_mode: str = "token-mean"
+    entropy_coeff: float = 0.0
+    # KL to the reference policy as a loss term (GRPO) rather than in the reward.
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    ppo_epochs: int = 1
+    # Shuffle rows before cutting mini-batches (each epoch), seeded by data_loader_seed.
+    shuffle: bool = False
+    data_loader_seed: int | None = None
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    # Accepted for verl compatibility; sequence parallelism and torch.compile are not used here.
+    ulysses_sequence_parallel_size: int = 1
+    use_torch_compile: bool = False
+
+
+@dataclass
+class RefConfig:
+    strategy: str = "fsdp"
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    log_prob_micro_batch_size_per_gpu: int | None = None
+    log_prob_micro_batch_size: int | None = None
+    log_prob_use_dynamic_bsz: bool = False
+    log_prob_max_token_len_per_gpu: int = 16384
+    ulysses_sequence_parallel_size: int = 1
+    use_torch_compile: bool = False
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    """`actor_rollout_ref.*`: one model path shared by the actor, the rollout and the reference policy."""
+
+    # Actor and rollout share one process and one set of weights (always true here).
+    hybrid_engine: bool = True
+    model: ModelConfig = field(default_factory=ModelConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+
+
+@dataclass
+class CriticModelConfig(ModelConfig):
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+
+
+@dataclass
+class CriticConfig:
+    """`critic.*`: the value model for GAE (PPO)."""
+
+    strategy: str = "fsdp"
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+    model: CriticModelConfig = field(default_factory=CriticModelConfig)
+    # Samples per prompt, so mini-batch sizes in prompts convert to rows (the trainer fills it in).
+    rollout_n: int = 1
+    ppo_mini_batch_size: int = 256
+    ppo_micro_batch_size_per_gpu: int | None = None
+    ppo_micro_batch_size: int | None = None
+    forward_micro_batch_size_per_gpu: int | None = None
+    forward_micro_batch_size: int | None = None
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = 32768
+    forward_max_token_len_per_gpu: int = 32768
+    ppo_epochs: int = 1
+    shuffle: bool = False
+    data_loader_seed: int | None = None
+    grad_clip: float = 1.0
+    # Value-loss clip range around the rollout-time values.
+    cliprange_value: float = 0.5
+    loss_agg_mode: str = "token-mean"
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    ulysses_sequence_parallel_size: int = 1

@@ -144,6 +144,27 @@ class FSDPEngine:
         self.lr_scheduler.step()
         return self.lr_scheduler.get_last_lr()[0]
 
+    # ----- generation --------------------------------------------------------------------------------
+    @contextmanager
+    def summon_full_params(self) -> Iterator[nn.Module]:
+        """Gather every layer's full parameters once and keep them until the block ends.
+
+        Token-by-token generation runs hundreds of forward passes; without this each one would
+        all-gather every layer again. With the parameters held unsharded, forwards need no collectives,
+        so ranks may run different numbers of them (sequences finish at different steps).
+        """
+        fsdp_modules = [m for m in self.module.modules() if isinstance(m, FSDPModule)]
+        for m in fsdp_modules:
+            m.set_reshard_after_forward(False, recurse=False)
+            m.unshard()
+        try:
+            with torch.no_grad():
+                yield self.module
+        finally:
+            for m in fsdp_modules:
+                m.reshard()
+                m.set_reshard_after_forward(self.config.reshard_after_forward, recurse=False)
+
     # ----- offload -------------------------------------------------------------------------------------
     def offload_params(self) -> None:
         if self.config.param_offload and self.device.type != "cpu" and not self._params_offloaded:

@@ -1,0 +1,115 @@
+"""The PPO actor on one rank: log-probs of responses, and policy updates.
+
+Works on the rank's share of the batch. Sharding, optimizer steps and offload belong to the engine;
+losses come from `hybridrl.algos` by name; the batching loop from `update_loop`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from hybridrl.algos import agg_loss, compute_pg_loss, kl_penalty
+from hybridrl.protocol import DataProto
+from hybridrl.utils.torch_functional import entropy_from_logits, logprobs_from_logits, masked_sum
+from hybridrl.workers.config import ActorConfig
+from hybridrl.workers.engine.fsdp import FSDPEngine
+from hybridrl.workers.micro_batch import make_micro_batches, restore_order, trim_columns
+from hybridrl.workers.update_loop import BatchingPlan, MetricSums, run_updates
+
+
+def response_logits(module: torch.nn.Module, micro: DataProto) -> torch.Tensor:
+    """Logits that predict each response token, (rows, kept_response_len, vocab).
+
+    Padding columns shared by all rows are trimmed first; only the response positions go through the
+    LM head (`logits_to_keep`).
+    """
+    response_length = micro.batch["responses"].shape[-1]
+    trimmed = trim_columns(micro, response_length)
+    output = module(
+        input_ids=trimmed.input_ids,
+        attention_mask=trimmed.attention_mask,
+        position_ids=trimmed.position_ids,
+        use_cache=False,
+        logits_to_keep=trimmed.response_kept + 1,
+    )
+    # logits at column c predict token c + 1: the last kept+1 columns start one before the response
+    return output.logits[:, : trimmed.response_kept]
+
+
+def temperature_of(data: DataProto) -> float:
+    if "temperature" not in data.meta_info:
+        raise KeyError(
+            "meta_info['temperature'] is missing: log-probs must use the temperature the rollout sampled "
+            "with (the worker sets it from actor_rollout_ref.rollout.temperature)"
+        )
+    return float(data.meta_info["temperature"])
+
+
+class PPOActor:
+    """compute_log_prob and update_policy for an actor or a reference policy (engine without optimizer)."""
+
+    def __init__(self, config: ActorConfig, engine: FSDPEngine) -> None:
+        self.config = config
+        self.engine = engine
+
+    def _log_probs(self, micro: DataProto, temperature: float, with_entropy: bool):
+        """Per-token log-probs (and entropies) of the responses, zero-padded to response_length."""
+        response_length = micro.batch["responses"].shape[-1]
+        logits = response_logits(self.engine.module, micro) / temperature  # (rows, kept, vocab)
+        kept = logits.shape[1]
+        log_probs = logprobs_from_logits(logits, micro.batch["responses"][:, :kept])  # (rows, kept)
+        log_probs = F.pad(log_probs, (0, response_length - kept))  # (rows, response_len)
+        entropy = None
+        if with_entropy:
+            entropy = F.pad(entropy_from_logits(logits), (0, response_length - kept))
+        return log_probs, entropy
+
+    @torch.no_grad()
+    def compute_log_prob(self, data: DataProto, micro_batch_rows: int | None, max_token_len: int | None,
+                         calculate_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (rows, response_len) of `data`'s responses, in row order; entropies if asked."""
+        self.engine.module.eval()
+        temperature = temperature_of(data)
+        micro_batches = make_micro_batches(data, micro_batch_rows, max_token_len)
+        outputs = [self._log_probs(mb.data, temperature, calculate_entropy) for mb in micro_batches]
+        log_probs = restore_order([o[0] for o in outputs], micro_batches, len(data))
+        entropy = restore_order([o[1] for o in outputs], micro_batches, len(data)) if calculate_entropy else None
+        return log_probs, entropy
+
+    def update_policy(self, data: DataProto, plan: BatchingPlan) -> dict[str, list[float]]:
+        """PPO epochs over the rank's rows; returns per-mini-batch metrics under `actor/`."""
+        self.engine.module.train()
+        temperature = temperature_of(data)
+        cfg = self.config
+        settings = {
+            "clip_ratio": cfg.clip_ratio, "clip_ratio_low": cfg.clip_ratio_low, "clip_ratio_high": cfg.clip_ratio_high,
+            "clip_ratio_c": cfg.clip_ratio_c, "clip_cov_ratio": cfg.policy_loss.clip_cov_ratio,
+            "clip_cov_lb": cfg.policy_loss.clip_cov_lb, "clip_cov_ub": cfg.policy_loss.clip_cov_ub,
+            "kl_cov_ratio": cfg.policy_loss.kl_cov_ratio, "ppo_kl_coef": cfg.policy_loss.ppo_kl_coef,
+        }
+
+        def micro_step(micro: DataProto, info: dict, sums: MetricSums) -> torch.Tensor:
+            batch = micro.batch
+            mask = batch["response_mask"]
+            tokens = float(mask.sum())
+            log_prob, entropy = self._log_probs(micro, temperature, with_entropy=True)
+            pg_loss, pg_metrics = compute_pg_loss(
+                cfg.policy_loss.loss_mode, batch["old_log_probs"], log_prob, batch["advantages"], mask,
+                cfg.loss_agg_mode, global_batch_info=info, **settings,
+            )
+            loss = pg_loss
+            if cfg.entropy_coeff != 0:
+                loss = loss - cfg.entropy_coeff * agg_loss(entropy, mask, cfg.loss_agg_mode, **info)
+            if cfg.use_kl_loss:
+                kl = kl_penalty(log_prob, batch["ref_log_prob"], cfg.kl_loss_type)  # (rows, response_len)
+                loss = loss + cfg.kl_loss_coef * agg_loss(kl, mask, cfg.loss_agg_mode, **info)
+                sums.add("kl_loss", float(masked_sum(kl.detach(), mask)) / max(tokens, 1.0), tokens)
+                sums.add("kl_coef", cfg.kl_loss_coef, 1.0)
+            sums.plain("pg_loss", float(pg_loss.detach()))
+            sums.add("entropy", float(masked_sum(entropy.detach(), mask)) / max(tokens, 1.0), tokens)
+            for name, value in pg_metrics.items():
+                sums.add(name, float(value), tokens)
+            return loss
+
+        return run_updates(self.engine, data, plan, micro_step, prefix="actor")

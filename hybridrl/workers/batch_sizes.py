@@ -1,0 +1,98 @@
+"""Batch-size settings, normalised once per worker from verl's global units to per-rank rows.
+
+verl's config counts `ppo_mini_batch_size` in prompts over all ranks; a rank trains on
+ppo_mini_batch_size x rollout.n / world_size rows per optimizer step. Doing the arithmetic once, with an
+error that names the settings when it does not divide, keeps it out of the training loops.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from hybridrl.workers.config import ActorConfig, ActorRolloutRefConfig, CriticConfig
+from hybridrl.workers.update_loop import BatchingPlan
+
+
+def per_rank(total: int, world_size: int, what: str) -> int:
+    if total % world_size:
+        raise ValueError(f"{what} ({total}) must be divisible by the data-parallel size ({world_size})")
+    return total // world_size
+
+
+def _micro(per_gpu: int | None, global_size: int | None, world_size: int, prefix: str) -> int | None:
+    """The per-rank micro-batch size from the per-GPU key, or from verl's older global key."""
+    if per_gpu is not None:
+        if per_gpu <= 0:
+            raise ValueError(f"{prefix}_per_gpu must be positive, got {per_gpu}")
+        return per_gpu
+    if global_size is not None:
+        return per_rank(global_size, world_size, prefix)
+    return None
+
+
+def normalize_actor_rollout_ref(config: ActorRolloutRefConfig, world_size: int) -> ActorRolloutRefConfig:
+    """A copy whose actor mini-batch is in rows per rank and whose micro-batch keys are per rank."""
+    n = config.rollout.n
+    actor = config.actor
+    rows = actor.ppo_mini_batch_size * n
+    mini = per_rank(rows, world_size, f"ppo_mini_batch_size ({actor.ppo_mini_batch_size}) x rollout.n ({n})")
+    actor = dataclasses.replace(
+        actor,
+        ppo_mini_batch_size=mini,
+        ppo_micro_batch_size_per_gpu=_micro(actor.ppo_micro_batch_size_per_gpu, actor.ppo_micro_batch_size,
+                                            world_size, "actor.ppo_micro_batch_size"),
+    )
+    rollout = dataclasses.replace(
+        config.rollout,
+        log_prob_micro_batch_size_per_gpu=_micro(config.rollout.log_prob_micro_batch_size_per_gpu,
+                                                 getattr(config.rollout, "log_prob_micro_batch_size", None),
+                                                 world_size, "rollout.log_prob_micro_batch_size"),
+    )
+    ref = dataclasses.replace(
+        config.ref,
+        log_prob_micro_batch_size_per_gpu=_micro(config.ref.log_prob_micro_batch_size_per_gpu,
+                                                 config.ref.log_prob_micro_batch_size, world_size,
+                                                 "ref.log_prob_micro_batch_size"),
+    )
+    return dataclasses.replace(config, actor=actor, rollout=rollout, ref=ref)
+
+
+def normalize_critic(config: CriticConfig, world_size: int) -> CriticConfig:
+    rows = config.ppo_mini_batch_size * config.rollout_n
+    mini = per_rank(rows, world_size,
+                    f"critic.ppo_mini_batch_size ({config.ppo_mini_batch_size}) x rollout.n ({config.rollout_n})")
+    return dataclasses.replace(
+        config,
+        ppo_mini_batch_size=mini,
+        ppo_micro_batch_size_per_gpu=_micro(config.ppo_micro_batch_size_per_gpu, config.ppo_micro_batch_size,
+                                            world_size, "critic.ppo_micro_batch_size"),
+        forward_micro_batch_size_per_gpu=_micro(config.forward_micro_batch_size_per_gpu,
+                                                config.forward_micro_batch_size, world_size,
+                                                "critic.forward_micro_batch_size"),
+    )
+
+
+def actor_plan(actor: ActorConfig) -> BatchingPlan:
+    """How a normalised actor config cuts its rows (fixed micro-batches or a token budget)."""
+    return BatchingPlan(
+        mini_batch_rows=actor.ppo_mini_batch_size,
+        micro_batch_rows=None if actor.use_dynamic_bsz else (actor.ppo_micro_batch_size_per_gpu
+                                                             or actor.ppo_mini_batch_size),
+        max_token_len=actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None,
+        epochs=actor.ppo_epochs,
+        shuffle=actor.shuffle,
+        seed=actor.data_loader_seed or 0,
+    )
+
+
+def log_prob_batching(config: Any) -> tuple[int | None, int | None]:
+    """(micro_batch_rows, max_token_len) for log-prob passes of a rollout or ref config.
+
+    Without a micro-batch size, a rank's whole share goes through in one pass (a budget of 2^31 tokens).
+    """
+    if config.log_prob_use_dynamic_bsz:
+        return None, config.log_prob_max_token_len_per_gpu
+    if config.log_prob_micro_batch_size_per_gpu is None:
+        return None, 2**31
+    return config.log_prob_micro_batch_size_per_gpu, None

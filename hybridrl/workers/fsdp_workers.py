@@ -1,0 +1,124 @@
+"""The SPMD workers the trainer drives: actor + rollout + reference in one process, and the critic.
+
+Each registered method is what one rank does with its share of a batch; the `@register` dispatch mode
+says how the controller splits the batch across ranks and merges the results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import time
+from typing import Any
+
+import torch
+
+from hybridrl.controller import Dispatch, Worker, register
+from hybridrl.models.loading import load_causal_lm, load_tokenizer
+from hybridrl.protocol import DataProto
+from hybridrl.workers.actor import PPOActor
+from hybridrl.workers.batch_sizes import actor_plan, log_prob_batching, normalize_actor_rollout_ref
+from hybridrl.workers.config import ActorRolloutRefConfig, ModelConfig, to_dataclass
+from hybridrl.workers.engine.fsdp import FSDPEngine
+from hybridrl.workers.rollout import build_rollout
+
+ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
+
+
+def load_model_for(model: ModelConfig, gradient_checkpointing: bool) -> torch.nn.Module:
+    if model.external_lib:
+        importlib.import_module(model.external_lib)
+    return load_causal_lm(
+        model.path, trust_remote_code=model.trust_remote_code, override_config=model.override_config,
+        gradient_checkpointing=gradient_checkpointing,
+    )
+
+
+class ActorRolloutRefWorker(Worker):
+    """Actor, rollout and/or reference policy on one rank, by `role`.
+
+    With role `actor_rollout[_ref]` the rollout samples from the actor's own (FSDP-sharded) module,
+    gathered for the duration of generation: the policy that generates is always the one being trained.
+    """
+
+    def __init__(self, config: Any, role: str) -> None:
+        super().__init__()
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+        self.config = normalize_actor_rollout_ref(to_dataclass(ActorRolloutRefConfig, config), self.world_size)
+        self.role = role
+        self.is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
+        self.is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
+        self.is_ref = role in ("ref", "actor_rollout_ref")
+        self.actor = self.ref = self.rollout = None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        cfg = self.config
+        self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path,
+                                        trust_remote_code=cfg.model.trust_remote_code)
+        if self.is_actor:
+            model = load_model_for(cfg.model, cfg.model.enable_gradient_checkpointing)
+            engine = FSDPEngine(model, cfg.actor.fsdp_config, cfg.actor.optim, cfg.actor.grad_clip)
+            self.actor = PPOActor(cfg.actor, engine)
+        if self.is_rollout:
+            rollout_cfg = dataclasses.replace(cfg.rollout, seed=cfg.rollout.seed + self.rank)
+            module = self.actor.engine.module if self.actor else \
+                FSDPEngine(load_model_for(cfg.model, False), cfg.actor.fsdp_config).module
+            self.rollout = build_rollout(rollout_cfg, module=module, tokenizer=self.tokenizer,
+                                         model_path=cfg.model.path)
+            self._rollout_module_engine = self.actor.engine if self.actor else None
+        if self.is_ref:
+            ref_engine = FSDPEngine(load_model_for(cfg.model, False), cfg.ref.fsdp_config)
+            self.ref = PPOActor(cfg.actor, ref_engine)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        self._require(self.rollout, "generate_sequences", "rollout")
+        start = time.perf_counter()
+        engine = self.actor.engine if self.actor else None
+        if engine is not None:
+            engine.offload_optimizer()  # generation needs no optimizer state
+            with engine.summon_full_params():
+                output = self.rollout.generate_sequences(prompts)
+            engine.load_optimizer()
+        else:
+            output = self.rollout.generate_sequences(prompts)
+        output.meta_info.setdefault("temperature", self.config.rollout.temperature)
+        output.meta_info["timing"] = {"generate_sequences": time.perf_counter() - start}
+        return output
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        """`old_log_probs` and `entropys` of the responses under the current actor."""
+        self._require(self.actor, "compute_log_prob", "actor")
+        data.meta_info.setdefault("temperature", self.config.rollout.temperature)
+        rows, tokens = log_prob_batching(self.config.rollout)
+        log_probs, entropy = self.actor.compute_log_prob(data, rows, tokens, calculate_entropy=True)
+        return DataProto.from_dict({"old_log_probs": log_probs, "entropys": entropy},
+                                   meta_info={"temperature": data.meta_info["temperature"]})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        self._require(self.ref, "compute_ref_log_prob", "ref")
+        data.meta_info.setdefault("temperature", self.config.rollout.temperature)
+        rows, tokens = log_prob_batching(self.config.ref)
+        log_probs, _ = self.ref.compute_log_prob(data, rows, tokens)
+        return DataProto.from_dict({"ref_log_prob": log_probs})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_actor(self, data: DataProto) -> DataProto:
+        """PPO update on this rank's rows; metrics (already averaged over ranks) in meta_info."""
+        self._require(self.actor, "update_actor", "actor")
+        start = time.perf_counter()
+        data.meta_info.setdefault("temperature", self.config.rollout.temperature)
+        metrics = self.actor.update_policy(data, actor_plan(self.config.actor))
+        metrics["timing_s/update_actor"] = [time.perf_counter() - start]
+        return DataProto(meta_info={"metrics": metrics})
+
+    def _require(self, part: Any, method: str, needs: str) -> None:
+        if part is None:
+            raise RuntimeError(
+                f"{method} needs the {needs} part, but this worker has role {self.role!r}; "
+                f"call init_model first or use a role that includes {needs!r}"
+            )

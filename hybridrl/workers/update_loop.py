@@ -1,0 +1,114 @@
+"""The mini-batch / micro-batch update loop shared by the actor and the critic.
+
+One call runs `epochs` passes over the rank's rows; each pass cuts them into mini-batches (one optimizer
+step each) and each mini-batch into micro-batches (one forward/backward each, gradients accumulating).
+The loss of a micro-batch is normalised by its mini-batch's totals over all ranks (`global_batch_info`),
+so the accumulated gradient equals the gradient of the whole mini-batch's loss, whatever the
+aggregation mode, the micro-batch size or the number of ranks.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from hybridrl.protocol import DataProto
+from hybridrl.workers.engine.fsdp import FSDPEngine
+from hybridrl.workers.micro_batch import make_micro_batches
+
+
+@dataclass
+class BatchingPlan:
+    """Rows per optimizer step and per forward pass on this rank (already divided by the world size)."""
+
+    mini_batch_rows: int
+    micro_batch_rows: int | None = None  # fixed micro-batches ...
+    max_token_len: int | None = None  # ... or a token budget (dynamic batch size)
+    epochs: int = 1
+    shuffle: bool = False
+    seed: int = 0
+
+
+@dataclass
+class MetricSums:
+    """Per-mini-batch sums that become exact global means after one all-reduce.
+
+    `add(name, value, weight)` accumulates value x weight and weight; `plain(name, value)` sums a
+    value that is already a share of the mini-batch (a micro-batch's loss under global normalisation).
+    """
+
+    weighted: dict[str, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0]))
+    shares: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    def add(self, name: str, value: float, weight: float) -> None:
+        self.weighted[name][0] += value * weight
+        self.weighted[name][1] += weight
+
+    def plain(self, name: str, value: float) -> None:
+        self.shares[name] += value
+
+    def reduce(self) -> dict[str, float]:
+        names = sorted(self.weighted)
+        shares = sorted(self.shares)
+        flat = [v for n in names for v in self.weighted[n]] + [self.shares[n] for n in shares]
+        totals = torch.tensor(flat, dtype=torch.float64)
+        world = 1
+        if dist.is_initialized() and dist.get_world_size() > 1 and totals.numel():
+            dist.all_reduce(totals)
+            world = dist.get_world_size()
+        out = {}
+        for i, name in enumerate(names):
+            weight = totals[2 * i + 1].item()
+            out[name] = totals[2 * i].item() / weight if weight else 0.0
+        # every rank's share was scaled by the world size (FSDP averages gradients): divide it back out
+        for j, name in enumerate(shares):
+            out[name] = totals[2 * len(names) + j].item() / world
+        return out
+
+
+MicroStep = Callable[[DataProto, dict, MetricSums], torch.Tensor]
+
+
+def global_batch_info(mini_batch: DataProto) -> dict:
+    """Token and sequence totals of a mini-batch over all ranks (the normalisers of `agg_loss`)."""
+    mask = mini_batch.batch["response_mask"]
+    totals = torch.tensor([float(mask.sum()), float(len(mini_batch))], dtype=torch.float64)
+    world = 1
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(totals)
+        world = dist.get_world_size()
+    return {"batch_num_tokens": totals[0].item(), "global_batch_size": totals[1].item(), "dp_size": world}
+
+
+def run_updates(engine: FSDPEngine, data: DataProto, plan: BatchingPlan, micro_step: MicroStep,
+                prefix: str) -> dict[str, list[float]]:
+    """Run the epochs x mini-batches x micro-batches loop; return per-mini-batch metrics by name.
+
+    micro_step(micro_batch, global_batch_info, sums) returns the micro-batch's loss (a share of the
+    mini-batch loss); the loop back-propagates it with gradient sync only on the last micro-batch.
+    """
+    if len(data) % plan.mini_batch_rows:
+        raise ValueError(
+            f"{len(data)} rows on this rank do not divide into mini-batches of {plan.mini_batch_rows}; "
+            f"train_batch_size x rollout.n must be a multiple of ppo_mini_batch_size x rollout.n"
+        )
+    metrics: dict[str, list[float]] = defaultdict(list)
+    generator = torch.Generator().manual_seed(plan.seed)
+    for _ in range(plan.epochs):
+        rows = data.select_rows(torch.randperm(len(data), generator=generator)) if plan.shuffle else data
+        for mini in rows.split(plan.mini_batch_rows):
+            info = global_batch_info(mini)
+            sums = MetricSums()
+            micro_batches = make_micro_batches(mini, plan.micro_batch_rows, plan.max_token_len)
+            for i, micro in enumerate(micro_batches):
+                with engine.gradient_sync(i == len(micro_batches) - 1):
+                    micro_step(micro.data, info, sums).backward()
+            step = engine.clip_and_step()
+            for name, value in {**sums.reduce(), **step}.items():
+                metrics[f"{prefix}/{name}"].append(value)
+    engine.lr_scheduler_step()
+    return dict(metrics)
