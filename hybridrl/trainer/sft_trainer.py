@@ -1,0 +1,236 @@
+"""The SFT loop on the driver: data order, steps, validation, metrics, and the final model directory.
+
+The driver owns the dataloader; each step it sends the global batch to the SFT worker group, whose
+ranks split it, accumulate gradients over micro-batches and step together (see
+`hybridrl.workers.sft_worker` for the loss). Config keys follow verl's SFT trainer; the YAML
+(`trainer/config/sft_trainer.yaml`) is the one home of their defaults and the schema below checks them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from hybridrl.data.sampler import ResumableSampler, StatefulDataLoader
+from hybridrl.data.sft_dataset import SFTDataset
+from hybridrl.models.loading import load_tokenizer
+from hybridrl.protocol import DataProto
+from hybridrl.workers.config import FSDPConfig
+
+
+# ----- schema: keys and types only; the defaults live in the YAML -------------------------------------
+@dataclass
+class MultiturnSchema:
+    enable: bool = MISSING
+    messages_key: str = MISSING
+
+
+@dataclass
+class DataSchema:
+    train_files: Any = MISSING
+    val_files: Any = MISSING
+    prompt_key: str = MISSING
+    response_key: str = MISSING
+    prompt_dict_keys: Any = MISSING
+    response_dict_keys: Any = MISSING
+    multiturn: MultiturnSchema = MISSING
+    max_length: int = MISSING
+    truncation: str = MISSING
+    train_batch_size: int = MISSING
+    micro_batch_size_per_gpu: int = MISSING
+
+
+@dataclass
+class ModelSchema:
+    partial_pretrain: str = MISSING
+    enable_gradient_checkpointing: bool = MISSING
+    trust_remote_code: bool = MISSING
+    fsdp_config: FSDPConfig = MISSING
+
+
+@dataclass
+class OptimSchema:
+    lr: float = MISSING
+    betas: list[float] = MISSING
+    weight_decay: float = MISSING
+    warmup_steps_ratio: float = MISSING
+    clip_grad: float = MISSING
+    lr_scheduler: str = MISSING
+    min_lr_ratio: float = MISSING
+
+
+@dataclass
+class TrainerSchema:
+    default_local_dir: str = MISSING
+    project_name: str = MISSING
+    experiment_name: str = MISSING
+    total_epochs: int = MISSING
+    total_training_steps: Any = MISSING
+    logger: list[str] = MISSING
+    seed: int = MISSING
+    n_gpus_per_node: int = MISSING
+    nnodes: int = MISSING
+    device: str = MISSING
+    backend: str = MISSING
+    test_freq: int = MISSING
+
+
+@dataclass
+class RayInitSchema:
+    num_cpus: Any = MISSING
+
+
+@dataclass
+class SFTSchema:
+    data: DataSchema = MISSING
+    model: ModelSchema = MISSING
+    optim: OptimSchema = MISSING
+    trainer: TrainerSchema = MISSING
+    ray_init: RayInitSchema = MISSING
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def validate_config(config: DictConfig) -> DictConfig:
+    """The config checked against the schema (unknown keys, wrong types) and for impossible settings."""
+    checked = OmegaConf.merge(OmegaConf.structured(SFTSchema), config)
+    OmegaConf.resolve(checked)
+    data, trainer, optim = checked.data, checked.trainer, checked.optim
+    world = trainer.n_gpus_per_node * trainer.nnodes
+    _require(trainer.backend in ("ray", "local"), f"trainer.backend must be ray or local, got {trainer.backend!r}")
+    _require(trainer.device in ("cpu", "cuda"), f"trainer.device must be cpu or cuda, got {trainer.device!r}")
+    _require(trainer.backend == "ray" or world == 1,
+             f"trainer.backend=local runs one rank, but trainer.n_gpus_per_node x nnodes = {world}; "
+             "set trainer.n_gpus_per_node=1 or use trainer.backend=ray")
+    _require(data.train_batch_size > 0 and data.train_batch_size % world == 0,
+             f"data.train_batch_size ({data.train_batch_size}) must be a positive multiple of the number of "
+             f"ranks ({world} = trainer.n_gpus_per_node x trainer.nnodes)")
+    _require(data.micro_batch_size_per_gpu > 0,
+             f"data.micro_batch_size_per_gpu must be positive, got {data.micro_batch_size_per_gpu}")
+    _require(optim.lr_scheduler in ("constant", "cosine"),
+             f"optim.lr_scheduler must be constant or cosine, got {optim.lr_scheduler!r}")
+    _require(set(trainer.logger) <= {"console", "file"},
+             f"trainer.logger supports console and file, got {list(trainer.logger)}")
+    steps = trainer.total_training_steps
+    _require(steps is None or (isinstance(steps, int) and steps > 0),
+             f"trainer.total_training_steps must be a positive integer or null, got {steps!r}")
+    return checked
+
+
+def build_dataset(config: DictConfig, files: Any, tokenizer: Any) -> SFTDataset:
+    data = config.data
+    keys: dict[str, Any] = {"messages_key": data.multiturn.messages_key} if data.multiturn.enable else {
+        "prompt_key": data.prompt_key, "prompt_dict_keys": data.prompt_dict_keys,
+        "response_key": data.response_key, "response_dict_keys": data.response_dict_keys,
+    }
+    files = list(files) if OmegaConf.is_list(files) else files
+    return SFTDataset(files, tokenizer, max_length=data.max_length, truncation=data.truncation, **keys)
+
+
+def to_proto(batch: dict[str, torch.Tensor]) -> DataProto:
+    return DataProto.from_dict(dict(batch))  # input_ids, attention_mask, position_ids, loss_mask: (rows, len)
+
+
+class MetricsLog:
+    """One line per step on stdout and/or one JSON object per step in metrics.jsonl."""
+
+    def __init__(self, backends: list[str], out_dir: Path) -> None:
+        self.console = "console" in backends
+        self.path = out_dir / "metrics.jsonl" if "file" in backends else None
+        if self.path is not None:
+            out_dir.mkdir(parents=True, exist_ok=True)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        if self.console:
+            print(f"step {step}: " + "  ".join(f"{k}={v:.4g}" for k, v in metrics.items()), flush=True)
+        if self.path is not None:
+            with self.path.open("a") as f:
+                f.write(json.dumps({"step": step, **metrics}) + "\n")
+
+
+class SFTTrainer:
+    """Drives an SFT worker group (any backend) over the configured data; `fit()` runs the whole job."""
+
+    def __init__(self, config: DictConfig, worker_group: Any) -> None:
+        self.config = config
+        self.wg = worker_group
+        self.out_dir = Path(config.trainer.default_local_dir).expanduser()
+        tokenizer = load_tokenizer(config.model.partial_pretrain, trust_remote_code=config.model.trust_remote_code)
+        self.train_set = build_dataset(config, config.data.train_files, tokenizer)
+        self.val_set = None if config.data.val_files is None else build_dataset(config, config.data.val_files, tokenizer)
+        self.steps_per_epoch = len(self.train_set) // config.data.train_batch_size
+        _require(self.steps_per_epoch > 0, f"the training data has {len(self.train_set)} rows, fewer than "
+                                           f"data.train_batch_size={config.data.train_batch_size}")
+        self.total_steps = config.trainer.total_training_steps or self.steps_per_epoch * config.trainer.total_epochs
+        sampler = ResumableSampler(len(self.train_set), shuffle=True, seed=config.trainer.seed)
+        self.loader = StatefulDataLoader(self.train_set, sampler=sampler,
+                                         batch_size=config.data.train_batch_size, drop_last=True)
+        self.metrics = MetricsLog(list(config.trainer.logger), self.out_dir)
+        self.global_step = 0
+
+    def fit(self) -> dict[str, float]:
+        """Train for `total_steps` steps, validating as configured; returns the last step's metrics."""
+        info = self.wg.init_model(self.total_steps)[0]
+        print(f"SFT: {info['params']:,} parameters ({info['local_params']:,} on rank 0), {len(self.train_set)} "
+              f"train rows, {self.steps_per_epoch} steps/epoch, {self.total_steps} steps", flush=True)
+        last: dict[str, float] = {}
+        while self.global_step < self.total_steps:
+            for batch in self.loader:
+                last = self._train_step(to_proto(batch))
+                if self._should_validate():
+                    last.update(self._validate())
+                self.metrics.log(self.global_step, last)
+                if self.global_step >= self.total_steps:
+                    break
+            else:  # the epoch ran out before the step budget
+                if self.config.trainer.test_freq <= 0 and self.val_set is not None:
+                    self.metrics.log(self.global_step, self._validate())
+        self.save_model()
+        return last
+
+    def _train_step(self, batch: DataProto) -> dict[str, float]:
+        start = time.perf_counter()
+        metrics = self.wg.train_batch(batch)[0]  # every rank returns the same all-reduced numbers
+        self.global_step += 1
+        elapsed = time.perf_counter() - start
+        return {"train/loss": metrics["loss"], "train/lr": metrics["lr"], "train/grad_norm": metrics["grad_norm"],
+                "train/num_tokens": metrics["num_tokens"], "timing_s/step": elapsed,
+                "epoch": (self.global_step - 1) // self.steps_per_epoch}
+
+    def _should_validate(self) -> bool:
+        """After the last step, and every test_freq steps when it is positive (else at epoch ends)."""
+        freq = self.config.trainer.test_freq
+        if self.val_set is None:
+            return False
+        if self.global_step >= self.total_steps:
+            return True
+        return freq > 0 and self.global_step % freq == 0
+
+    def _validate(self) -> dict[str, float]:
+        """Token-mean NLL of assistant tokens over the whole validation set."""
+        loss_sum = num_tokens = 0.0
+        size = self.config.data.train_batch_size * 4  # no gradients: bigger batches are fine
+        for start in range(0, len(self.val_set), size):
+            rows = [self.val_set[i] for i in range(start, min(start + size, len(self.val_set)))]
+            batch = to_proto({k: torch.stack([r[k] for r in rows]) for k in rows[0]})
+            out = self.wg.eval_batch(batch)
+            loss_sum += float(out.batch["loss_sum"].sum())
+            num_tokens += float(out.batch["num_tokens"].sum())
+        return {"val/loss": loss_sum / num_tokens if num_tokens else math.nan}
+
+    def save_model(self) -> Path:
+        """The trained model as a plain HF directory: default_local_dir/huggingface."""
+        path = self.out_dir / "huggingface"
+        self.wg.save_model(str(path))
+        print(f"saved the fine-tuned model to {path}", flush=True)
+        return path

@@ -1,0 +1,167 @@
+"""The SFT worker: one SPMD rank of a supervised fine-tuning group, holding an FSDP2-sharded model.
+
+The driver (`hybridrl.trainer.sft_trainer`) sends each rank its slice of a global batch; the ranks
+compute the loss on assistant tokens only, accumulate gradients over micro-batches and take one
+optimizer step together.
+
+Loss: token mean over the whole global batch (verl's SFT loss), i.e.
+
+    L = sum_{rows, t} mask[t+1] * -log p(x[t+1] | x[<=t]) / sum_{rows, t} mask[t+1]
+
+where the sums run over every rank's rows. FSDP2 averages gradients over the W ranks, so each rank
+backpropagates (its token-loss sum / global token count) x W; the average of those is exactly dL.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from hybridrl.controller import Dispatch, Worker, register
+from hybridrl.models.loading import load_causal_lm, load_tokenizer
+from hybridrl.protocol import DataProto
+from hybridrl.workers.config import FSDPConfig, OptimConfig, to_dataclass
+from hybridrl.workers.engine.fsdp import FSDPEngine
+
+logger = logging.getLogger(__name__)
+
+SFT_KEYS = ("input_ids", "attention_mask", "position_ids", "loss_mask")
+
+
+def token_losses(module: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token negative log-likelihood of the next token and its 0/1 loss mask.
+
+    The dataset's loss_mask marks the tokens an assistant writes (not shifted), so the prediction made at
+    position t for token t+1 counts when loss_mask[t+1] is 1.
+    Returns two (rows, width - 1) tensors.
+    """
+    logits = module(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+        position_ids=batch["position_ids"], use_cache=False,
+    ).logits[:, :-1]  # (rows, width - 1, vocab)
+    labels = batch["input_ids"][:, 1:]  # (rows, width - 1)
+    nll = F.cross_entropy(logits.float().transpose(1, 2), labels, reduction="none")  # (rows, width - 1)
+    return nll, batch["loss_mask"][:, 1:].to(nll.dtype)
+
+
+def micro_batches(data: DataProto, size: int) -> list[dict[str, torch.Tensor]]:
+    """Rows grouped by similar length into micro-batches of `size`, each trimmed to its longest row.
+
+    Sequences are right-padded, so columns past the longest real row of a micro-batch are padding in
+    every row; dropping them saves their compute without changing any loss term (causal attention never
+    looks right).
+    """
+    lengths = data.batch["attention_mask"].sum(dim=-1)  # (rows,)
+    order = torch.argsort(lengths, stable=True)
+    out = []
+    for start in range(0, len(data), size):
+        rows = order[start:start + size]
+        width = int(lengths[rows].max())
+        out.append({k: data.batch[k][rows, :width] for k in SFT_KEYS})  # each (rows, width)
+    return out
+
+
+def _all_reduce_sum(value: float) -> float:
+    total = torch.tensor([value], dtype=torch.float64)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(total)
+    return float(total.item())
+
+
+class SFTWorker(Worker):
+    """Holds the model being fine-tuned; `config` is the SFT trainer's config (dict or OmegaConf node)."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.config = config
+        self.engine: FSDPEngine | None = None
+        self.tokenizer = None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self, total_training_steps: int) -> dict[str, int]:
+        """Load the model, shard it and build AdamW + schedule for `total_training_steps` steps."""
+        model_cfg, optim = self.config.model, self.config.optim
+        torch.manual_seed(self.config.trainer.seed)
+        self.tokenizer = load_tokenizer(model_cfg.partial_pretrain, trust_remote_code=model_cfg.trust_remote_code)
+        model = load_causal_lm(
+            model_cfg.partial_pretrain, trust_remote_code=model_cfg.trust_remote_code,
+            gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
+        )
+        n_params = sum(p.numel() for p in model.parameters())
+        optim_config = OptimConfig(
+            lr=optim.lr, betas=list(optim.betas), weight_decay=optim.weight_decay,
+            lr_warmup_steps_ratio=optim.warmup_steps_ratio, warmup_style=optim.lr_scheduler,
+            min_lr_ratio=optim.min_lr_ratio, total_training_steps=total_training_steps,
+        )
+        self.engine = FSDPEngine(model, to_dataclass(FSDPConfig, model_cfg.fsdp_config), optim_config,
+                                 grad_clip=optim.clip_grad)
+        local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+                    for p in self.engine.module.parameters())
+        return {"params": n_params, "local_params": local}
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_METRIC)
+    def train_batch(self, data: DataProto) -> dict[str, float]:
+        """One optimizer step on this rank's rows of the global batch; returns global metrics."""
+        module = self.engine.module
+        module.train()
+        local_tokens = float(data.batch["loss_mask"][:, 1:].sum())
+        global_tokens = _all_reduce_sum(local_tokens)
+        if global_tokens == 0:
+            raise ValueError("the batch has no assistant tokens to train on; check the loss masks / data keys")
+        parts = micro_batches(data, self.config.data.micro_batch_size_per_gpu)
+        loss_sum = 0.0
+        for i, part in enumerate(parts):
+            with self.engine.gradient_sync(enabled=i == len(parts) - 1):
+                nll, mask = token_losses(module, part)
+                summed = (nll * mask).sum()
+                # x world size: FSDP2 averages gradients over ranks (see the module docstring).
+                (summed / global_tokens * self.world_size).backward()
+            loss_sum += float(summed.detach())
+        step = self.engine.clip_and_step()
+        self.engine.lr_scheduler_step()
+        return {"loss": _all_reduce_sum(loss_sum) / global_tokens, "num_tokens": global_tokens, **step}
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def eval_batch(self, data: DataProto) -> DataProto:
+        """Per-row summed NLL on assistant tokens and the token count (the driver forms the mean).
+
+        Per-row outputs rather than a mean: the dispatcher pads a batch that does not divide by the
+        world size and drops the padding rows' outputs, so the driver's sums stay exact.
+        """
+        module = self.engine.module
+        module.eval()
+        size = self.config.data.micro_batch_size_per_gpu
+        sums, counts = torch.zeros(len(data), dtype=torch.float64), torch.zeros(len(data), dtype=torch.float64)
+        with torch.no_grad():
+            for start in range(0, len(data), size):
+                rows = slice(start, start + size)
+                width = int(data.batch["attention_mask"][rows].sum(-1).max())
+                part = {k: data.batch[k][rows, :width] for k in SFT_KEYS}  # each (rows, width)
+                nll, mask = token_losses(module, part)
+                sums[rows], counts[rows] = (nll * mask).sum(-1).double(), mask.sum(-1).double()
+        module.train()
+        return DataProto.from_dict({"loss_sum": sums, "num_tokens": counts})  # each (rows,)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_model(self, path: str) -> str:
+        """Write the unsharded model + tokenizer as a plain HF directory at `path` (from rank 0)."""
+        state = self.engine.full_model_state_dict()  # a collective: every rank takes part
+        if self.rank == 0:
+            out = Path(path)
+            out.mkdir(parents=True, exist_ok=True)
+            model = load_causal_lm(self.config.model.partial_pretrain,
+                                   trust_remote_code=self.config.model.trust_remote_code)
+            model.load_state_dict(state)
+            model.config.use_cache = True  # training turned the cache off; generation wants it back
+            model.save_pretrained(out)
+            self.tokenizer.save_pretrained(out)
+            logger.info("saved the HF model directory %s", out)
+        if dist.is_initialized():
+            dist.barrier()
+        return os.fspath(path)
