@@ -84,6 +84,8 @@ class RolloutConfig:
     free_cache_engine: bool = True
 
     def __post_init__(self) -> None:
+        if isinstance(self.val_kwargs, dict):  # direct construction with a plain dict
+            self.val_kwargs = ValKwargs(**self.val_kwargs)
         _check_sampling("rollout", self.temperature, self.top_k, self.top_p, self.n)
         if self.response_length < 1:
             raise ValueError(f"rollout.response_length must be >= 1, got {self.response_length}")

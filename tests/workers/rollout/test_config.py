@@ -1,0 +1,38 @@
+"""RolloutConfig: verl's keys and defaults, and errors naming the key."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from hybridrl.workers.config import to_dataclass
+from hybridrl.workers.rollout import RolloutConfig, ValKwargs
+
+
+def test_builds_from_omegaconf_with_nested_val_kwargs():
+    node = OmegaConf.create({"name": "hf", "n": 8, "top_k": 20, "val_kwargs": {"n": 4, "do_sample": True}})
+    config = to_dataclass(RolloutConfig, node)
+    assert (config.n, config.top_k, config.top_p, config.temperature) == (8, 20, 1.0, 1.0)
+    assert isinstance(config.val_kwargs, ValKwargs) and config.val_kwargs.n == 4
+    assert config.val_kwargs.temperature == 0.0  # verl's validation default is greedy
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"top_p": 0.0}, "rollout.top_p"),
+        ({"temperature": -1.0}, "rollout.temperature"),
+        ({"n": 0}, "rollout.n"),
+        ({"top_k": -2}, "rollout.top_k"),
+        ({"response_length": 0}, "rollout.response_length"),
+        ({"val_kwargs": {"n": 0}}, "rollout.val_kwargs.n"),
+    ],
+)
+def test_bad_values_name_the_key(values, message):
+    with pytest.raises(ValueError, match=message):
+        to_dataclass(RolloutConfig, values)
+
+
+def test_unknown_key_is_rejected():
+    with pytest.raises(Exception, match="temprature"):
+        to_dataclass(RolloutConfig, {"temprature": 1.0})
