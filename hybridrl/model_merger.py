@@ -1,0 +1,159 @@
+"""Turn a sharded training checkpoint into a plain Hugging Face model directory.
+
+    python -m hybridrl.model_merger --local_dir checkpoints/run/global_step_100/actor --target_dir merged/
+    python -m hybridrl.model_merger merge --backend fsdp --local_dir ... --target_dir ...   # verl's spelling
+
+`--local_dir` is one role's checkpoint as `hybridrl.workers.checkpoint.CheckpointManager` writes it, saved
+with any number of ranks: torch.distributed.checkpoint reassembles the full tensors from the shards in
+this single process, without a process group. The output holds `model.safetensors`, `config.json`,
+`generation_config.json` and the tokenizer files, and loads with `AutoModelForCausalLM.from_pretrained`
+(or the auto class of the checkpoint's architecture, e.g. a critic's token-classification head).
+
+Config and tokenizer come from the checkpoint's `huggingface/` folder; `--hf_model_path` supplies them
+when that folder is missing (checkpoints written without it, or copied without it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
+
+from hybridrl.models.loading import TOKENIZER_FILES
+from hybridrl.workers.checkpoint import HF_SUBDIR, CheckpointError, check_role_dir, read_full_model_state
+
+logger = logging.getLogger(__name__)
+
+# Files that carry weights; everything else in a HF directory (tokenizer, chat template, generation
+# config) is copied verbatim so the merged directory tokenizes exactly as the training run did.
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
+
+
+def build_hf_model(state_dict: Mapping[str, torch.Tensor], config: PretrainedConfig) -> PreTrainedModel:
+    """The model class named by `config.architectures`, holding exactly `state_dict`'s tensors.
+
+    The module is built on the meta device and the tensors are assigned, not copied, so a 7B model costs
+    one copy of its weights in memory. Tied input/output embeddings (Qwen2's small models) arrive as two
+    equal entries (`lm_head.weight` and `model.embed_tokens.weight`): they are checked equal and re-tied.
+    """
+    architecture = (getattr(config, "architectures", None) or ["AutoModelForCausalLM"])[0]
+    model_cls = getattr(transformers, architecture, None)
+    if model_cls is None:
+        raise CheckpointError(
+            f"config.architectures names {architecture!r}, which transformers {transformers.__version__} "
+            "does not provide; pass --hf_model_path with a config whose architecture it knows"
+        )
+    with torch.device("meta"):
+        model = model_cls._from_config(config) if hasattr(model_cls, "_from_config") else \
+            model_cls.from_config(config)
+    result = model.load_state_dict(dict(state_dict), strict=False, assign=True)
+    tied = _tied_pairs(model) if getattr(config, "tie_word_embeddings", False) else {}
+    missing = [k for k in result.missing_keys if k not in tied]
+    if missing or result.unexpected_keys:
+        raise CheckpointError(
+            f"the checkpoint does not match {architecture}: missing {missing[:5]}, unexpected "
+            f"{result.unexpected_keys[:5]} (was it saved from a different model, or is the config wrong?)"
+        )
+    for out_key, in_key in tied.items():
+        if out_key in state_dict and not torch.equal(state_dict[out_key], state_dict[in_key]):
+            raise CheckpointError(
+                f"config.tie_word_embeddings is true but {out_key} differs from {in_key} in the checkpoint"
+            )
+    model.tie_weights()
+    return model
+
+
+def _tied_pairs(model: PreTrainedModel) -> dict[str, str]:
+    """{output embedding key: input embedding key} for a model whose config ties them."""
+    out_emb, in_emb = model.get_output_embeddings(), model.get_input_embeddings()
+    if out_emb is None or in_emb is None:
+        return {}
+    names = {id(module): name for name, module in model.named_modules()}
+    return {f"{names[id(out_emb)]}.weight": f"{names[id(in_emb)]}.weight"}
+
+
+def save_hf_model(state_dict: Mapping[str, torch.Tensor], config: PretrainedConfig, out_dir: str | Path) -> None:
+    """Write `state_dict` as `model.safetensors` + `config.json` into `out_dir`."""
+    build_hf_model(state_dict, config).save_pretrained(out_dir, safe_serialization=True)
+
+
+def _copy_aux_files(source: Path, target: Path, overwrite: bool = True) -> list[str]:
+    """Copy tokenizer files, chat template and generation config (not weights, not config.json)."""
+    copied = []
+    for path in sorted(source.iterdir()):
+        if not path.is_file() or path.name == "config.json" or path.name.endswith(_WEIGHT_SUFFIXES):
+            continue
+        if overwrite or not (target / path.name).exists():
+            shutil.copy2(path, target / path.name)
+            copied.append(path.name)
+    return copied
+
+
+def _config_source(local_dir: Path, hf_model_path: str | Path | None) -> Path:
+    saved = local_dir / HF_SUBDIR
+    if (saved / "config.json").is_file():
+        return saved
+    if hf_model_path is None:
+        raise CheckpointError(
+            f"{saved} has no config.json, so the model architecture is unknown; pass --hf_model_path "
+            "with the base model's directory (the one training started from) to take config and tokenizer "
+            "from there"
+        )
+    source = Path(hf_model_path)
+    if not (source / "config.json").is_file():
+        raise CheckpointError(f"--hf_model_path {source} has no config.json")
+    return source
+
+
+def merge_checkpoint(local_dir: str | Path, target_dir: str | Path,
+                     hf_model_path: str | Path | None = None) -> Path:
+    """Write the full model of checkpoint `local_dir` as a Hugging Face directory at `target_dir`."""
+    local = Path(local_dir)
+    meta = check_role_dir(local)
+    if "model" not in meta["contents"]:
+        raise CheckpointError(
+            f"{local} was saved without model weights (contents={meta['contents']}); "
+            "save with 'model' in checkpoint.save_contents"
+        )
+    source = _config_source(local, hf_model_path)
+    config = AutoConfig.from_pretrained(source, local_files_only=True)
+    state_dict = read_full_model_state(local)
+    target = Path(target_dir)
+    target.mkdir(parents=True, exist_ok=True)
+    save_hf_model(state_dict, config, target)
+    copied = _copy_aux_files(source, target)  # after save_pretrained: the saved generation config wins
+    has_tokenizer = any((target / name).is_file() for name in TOKENIZER_FILES)
+    if not has_tokenizer and hf_model_path is not None:  # fill in only what the checkpoint lacked
+        copied += _copy_aux_files(Path(hf_model_path), target, overwrite=False)
+    elif not has_tokenizer:
+        logger.warning("%s has no tokenizer files; pass --hf_model_path to copy them from the base model", source)
+    logger.info("merged %s (%d tensors, saved by %d ranks) into %s; copied %s", local, len(state_dict),
+                meta["world_size"], target, ", ".join(copied) or "no tokenizer files")
+    return target
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m hybridrl.model_merger", description=__doc__.split("\n")[0])
+    parser.add_argument("operation", nargs="?", default="merge", choices=["merge"],
+                        help="kept for verl's `model_merger merge ...` spelling; merge is the only operation")
+    parser.add_argument("--backend", default="fsdp", choices=["fsdp"], help="checkpoint format (FSDP2 + DCP)")
+    parser.add_argument("--local_dir", required=True, help="a role's checkpoint, e.g. .../global_step_N/actor")
+    parser.add_argument("--target_dir", required=True, help="where to write the Hugging Face model")
+    parser.add_argument("--hf_model_path", default=None,
+                        help="model directory to take config/tokenizer from when the checkpoint lacks them")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        merge_checkpoint(args.local_dir, args.target_dir, args.hf_model_path)
+    except CheckpointError as err:
+        parser.exit(2, f"error: {err}\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,440 @@
+"""Checkpoints of a worker role: sharded model/optimizer state, RNG states, and the files to rebuild a HF model.
+
+Layout (verl's), under `trainer.default_local_dir`:
+
+    latest_checkpointed_iteration.txt       the newest committed step N, written last
+    global_step_N/
+        checkpoint_complete.json            step marker: every role finished (written by commit_checkpoint)
+        actor/                              one CheckpointManager per role, one per rank
+            .metadata, __<rank>_0.distcp    model + optimizer + lr scheduler (torch.distributed.checkpoint)
+            extra_state_world_size_W_rank_R.pt   RNG states of rank R (python, numpy, torch CPU, CUDA)
+            huggingface/                    config.json, generation_config.json, tokenizer files
+                                            (+ model.safetensors when "hf_model" is in save_contents)
+            hybridrl_checkpoint.json        role marker: written last, just before the rename
+        critic/ ...
+
+Why torch.distributed.checkpoint (DCP) rather than one torch.save file per rank: DCP writes one file per
+rank as well, but records where every shard sits in the global tensor, so a checkpoint saved by N ranks
+loads on M ranks (it reshards) and the merger can reassemble full tensors in one plain process. A
+per-rank pickle would bind the checkpoint to its world size. RNG states are the exception: they belong
+to a rank, so they are restored only when the world size is unchanged (otherwise a warning says so).
+
+Crash safety: a role is written into `<role>.tmp-<id>` and renamed to `<role>` only after every rank has
+finished writing (barrier); the driver then calls `commit_checkpoint`, which writes the step marker and
+atomically replaces the tracker file. `find_latest_ckpt_path` trusts only committed steps whose roles
+all carry their marker, so a save that dies at any point leaves the previous checkpoint as the latest.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import uuid
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+
+from hybridrl.workers.config import to_dataclass
+
+logger = logging.getLogger(__name__)
+
+TRACKER_FILE = "latest_checkpointed_iteration.txt"
+STEP_MARKER = "checkpoint_complete.json"
+ROLE_MARKER = "hybridrl_checkpoint.json"
+HF_SUBDIR = "huggingface"
+TMP_TAG = ".tmp-"
+STEP_DIR = re.compile(r"^global_step_(\d+)$")
+CONTENTS = ("model", "optimizer", "extra", "hf_model")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint directory that is missing, incomplete or does not hold what was asked for."""
+
+
+@dataclass
+class CheckpointConfig:
+    # What a save writes: "model" and "optimizer" (sharded, with the lr scheduler), "extra" (RNG states),
+    # "hf_model" (a full safetensors model in huggingface/, written by rank 0; costs a full gather).
+    save_contents: list[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])
+    # What a load restores; None means the same as save_contents (verl's `${.save_contents}`).
+    load_contents: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("save_contents", "load_contents"):
+            unknown = sorted(set(getattr(self, key) or []) - set(CONTENTS))
+            if unknown:
+                raise ValueError(f"checkpoint.{key} has unknown entries {unknown}; valid: {list(CONTENTS)}")
+        if self.load_contents is None:
+            self.load_contents = list(self.save_contents)
+
+
+# ----- process-group helpers (a world of one when torch.distributed is not initialised) ---------------
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _broadcast_str(value: str) -> str:
+    if not dist.is_initialized():
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _write_json_durably(path: Path, payload: dict[str, Any]) -> None:
+    """Write via a temporary file, fsync, and rename, so readers see the whole file or none of it."""
+    tmp = path.with_name(path.name + TMP_TAG + uuid.uuid4().hex[:8])
+    with open(tmp, "w") as f:
+        json.dump(payload, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # makes the rename itself durable
+    finally:
+        os.close(fd)
+
+
+# ----- RNG states ------------------------------------------------------------------------------------
+def get_rng_state() -> dict[str, Any]:
+    """This process's RNG states, as tensors and plain tuples so `torch.load(weights_only=True)` reads them."""
+    _, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": (torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss)),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state(("MT19937", keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _extra_file(path: Path, world_size: int, rank: int) -> Path:
+    return path / f"extra_state_world_size_{world_size}_rank_{rank}.pt"
+
+
+# ----- validation ------------------------------------------------------------------------------------
+def check_role_dir(path: str | Path) -> dict[str, Any]:
+    """The role marker of a finished checkpoint at `path`; raises CheckpointError saying what is wrong."""
+    path = Path(path)
+    if TMP_TAG in path.name:
+        raise CheckpointError(f"{path} is a temporary directory of a save that did not finish")
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint directory {path} does not exist")
+    marker = path / ROLE_MARKER
+    if not marker.is_file():
+        raise CheckpointError(
+            f"{path} is incomplete: it has no {ROLE_MARKER}, which a save writes last (the save was "
+            "interrupted, or this is not a hybridrl checkpoint)"
+        )
+    return json.loads(marker.read_text())
+
+
+def _step_of(path: Path) -> int | None:
+    match = STEP_DIR.match(path.name)
+    return int(match.group(1)) if match else None
+
+
+def step_dir_problem(step_dir: str | Path) -> str | None:
+    """None if `global_step_N` was committed and all its roles are complete, else what is wrong."""
+    step_dir = Path(step_dir)
+    if not step_dir.is_dir():
+        return f"{step_dir} does not exist"
+    marker = step_dir / STEP_MARKER
+    if not marker.is_file():
+        return f"{step_dir} was never committed (no {STEP_MARKER}): the run stopped while saving it"
+    for role in json.loads(marker.read_text())["roles"]:
+        try:
+            check_role_dir(step_dir / role)
+        except CheckpointError as err:
+            return str(err)
+    return None
+
+
+def read_tracker(default_local_dir: str | Path) -> int | None:
+    tracker = Path(default_local_dir) / TRACKER_FILE
+    if not tracker.is_file():
+        return None
+    text = tracker.read_text().strip()
+    if not text.isdigit():
+        logger.warning("%s holds %r, not a step number; ignoring it", tracker, text)
+        return None
+    return int(text)
+
+
+def _step_dirs(default_local_dir: Path) -> list[tuple[int, Path]]:
+    """(step, path) of every global_step_N directory, newest first."""
+    if not default_local_dir.is_dir():
+        return []
+    found = [(_step_of(p), p) for p in default_local_dir.iterdir() if p.is_dir()]
+    return sorted(((s, p) for s, p in found if s is not None), reverse=True)
+
+
+def find_latest_ckpt_path(default_local_dir: str | Path) -> str | None:
+    """The newest complete `global_step_N` directory, or None (what `resume_mode=auto` resumes from).
+
+    The tracker's step is tried first; if it is missing or incomplete, older complete steps are used.
+    Steps newer than the tracker were never committed and are skipped.
+    """
+    root = Path(default_local_dir)
+    tracked = read_tracker(root)
+    for step, path in _step_dirs(root):
+        if tracked is not None and step > tracked:
+            continue
+        problem = step_dir_problem(path)
+        if problem is None:
+            return str(path)
+        logger.warning("skipping checkpoint %s: %s", path, problem)
+    return None
+
+
+def resolve_resume_path(resume_mode: str, default_local_dir: str | Path,
+                        resume_from_path: str | Path | None = None) -> str | None:
+    """The checkpoint to resume from under verl's `trainer.resume_mode` (disable / auto / resume_path)."""
+    if resume_mode == "disable":
+        return None
+    if resume_mode == "auto":
+        return find_latest_ckpt_path(default_local_dir)
+    if resume_mode == "resume_path":
+        if not resume_from_path or _step_of(Path(resume_from_path)) is None:
+            raise CheckpointError(
+                f"trainer.resume_mode=resume_path needs trainer.resume_from_path pointing at a "
+                f"global_step_N directory, got {resume_from_path!r}"
+            )
+        problem = step_dir_problem(resume_from_path)
+        if problem is not None:
+            latest = find_latest_ckpt_path(Path(resume_from_path).parent)
+            hint = f"; the newest complete checkpoint there is {latest}" if latest else ""
+            raise CheckpointError(f"trainer.resume_from_path: {problem}{hint}")
+        return str(resume_from_path)
+    raise ValueError(f"trainer.resume_mode must be 'disable', 'auto' or 'resume_path', got {resume_mode!r}")
+
+
+def commit_checkpoint(default_local_dir: str | Path, global_step: int) -> Path:
+    """Mark `global_step_N` complete and point the tracker at it; the driver calls this after all roles saved.
+
+    Raises CheckpointError (and leaves the tracker alone) if a role of that step is incomplete.
+    """
+    root = Path(default_local_dir)
+    step_dir = root / f"global_step_{global_step}"
+    roles = sorted(p.name for p in step_dir.iterdir() if p.is_dir() and TMP_TAG not in p.name) \
+        if step_dir.is_dir() else []
+    if not roles:
+        raise CheckpointError(f"{step_dir} holds no saved role; save the workers' checkpoints first")
+    for role in roles:
+        check_role_dir(step_dir / role)
+    _write_json_durably(step_dir / STEP_MARKER, {"global_step": global_step, "roles": roles})
+    tracker_tmp = root / (TRACKER_FILE + TMP_TAG + uuid.uuid4().hex[:8])
+    tracker_tmp.write_text(str(global_step))
+    os.replace(tracker_tmp, root / TRACKER_FILE)
+    _fsync_dir(root)
+    return step_dir
+
+
+def prune_checkpoints(default_local_dir: str | Path, role: str, keep: int, current_step: int) -> list[Path]:
+    """Delete this role's oldest complete checkpoints so that `keep` remain (the current one included).
+
+    The tracker's step is never deleted: the new step is not committed yet when a role prunes, and
+    deleting the last committed one would leave nothing to resume from if the run died now. With keep=1
+    the previous checkpoint therefore survives until the next save. Steps newer than `current_step`
+    (an abandoned future of a resumed run) are left alone. A step directory left with no role is removed.
+    """
+    root = Path(default_local_dir)
+    protected = read_tracker(root)
+    saved = [(s, p) for s, p in _step_dirs(root) if s <= current_step and (p / role / ROLE_MARKER).is_file()]
+    removed = []
+    for step, step_dir in saved[keep:]:
+        if step == protected:
+            continue
+        shutil.rmtree(step_dir / role)
+        removed.append(step_dir / role)
+        if not any(p.is_dir() and TMP_TAG not in p.name for p in step_dir.iterdir()):
+            shutil.rmtree(step_dir)
+    return removed
+
+
+def read_full_model_state(path: str | Path) -> dict[str, torch.Tensor]:
+    """Full (unsharded) model tensors of a role checkpoint, assembled in this process from any world size."""
+    metadata = FileSystemReader(str(path)).read_metadata()
+    prefix = "model."
+    state = {
+        key[len(prefix):]: torch.empty(meta.size, dtype=meta.properties.dtype)  # the global shape
+        for key, meta in metadata.state_dict_metadata.items()
+        if key.startswith(prefix) and hasattr(meta, "size")
+    }
+    if not state:
+        raise CheckpointError(f"{path} holds no model tensors")
+    with warnings.catch_warnings():  # DCP warns that it runs without a process group, which is the point
+        warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+        dcp.load(state, storage_reader=FileSystemReader(str(path)), no_dist=True)
+    return state
+
+
+# ----- the per-role, per-rank manager ----------------------------------------------------------------
+class CheckpointManager:
+    """Saves and restores one role's engine (model, optimizer, scheduler), RNG states and HF files.
+
+    One instance per role on every rank; `save_checkpoint` and `load_checkpoint` are collectives.
+    `processing_class` is the tokenizer or processor saved next to the config (None skips it).
+    """
+
+    def __init__(self, engine: Any, processing_class: Any = None,
+                 checkpoint_config: CheckpointConfig | Any = None) -> None:
+        self.engine = engine
+        self.processing_class = processing_class
+        self.config = to_dataclass(CheckpointConfig, checkpoint_config)
+        if "optimizer" in self.config.save_contents and engine.optimizer is None:
+            raise ValueError("checkpoint.save_contents has 'optimizer' but this engine has no optimizer "
+                             "(a reference model?); save ['model'] only")
+
+    # -- save --
+    def save_checkpoint(self, local_path: str | Path, global_step: int,
+                        max_ckpt_to_keep: int | None = None) -> None:
+        """Write this role's checkpoint to `local_path` (e.g. `.../global_step_N/actor`) from all ranks."""
+        final = Path(local_path)
+        tmp = final.with_name(_broadcast_str(final.name + TMP_TAG + uuid.uuid4().hex[:8]))
+        if _rank() == 0:
+            self._prepare(final, tmp)
+        _barrier()
+        contents = self.config.save_contents
+        if "extra" in contents:
+            torch.save(get_rng_state(), _extra_file(tmp, _world_size(), _rank()))
+        if "model" in contents or "optimizer" in contents:
+            dcp.save(self._engine_state(contents), checkpoint_id=str(tmp))
+        self._save_hf_files(tmp / HF_SUBDIR, with_weights="hf_model" in contents)
+        _barrier()  # every rank's files are on disk before the directory may look complete
+        if _rank() == 0:
+            _write_json_durably(tmp / ROLE_MARKER, {
+                "global_step": global_step, "world_size": _world_size(), "contents": list(contents),
+                "format": "torch.distributed.checkpoint", "torch_version": torch.__version__,
+            })
+            self._publish(tmp, final)
+            root, step = final.parent.parent, _step_of(final.parent)
+            if max_ckpt_to_keep and max_ckpt_to_keep > 0 and step is not None:
+                removed = prune_checkpoints(root, final.name, max_ckpt_to_keep, step)
+                logger.info("removed old checkpoints: %s", [str(p) for p in removed])
+        _barrier()
+
+    @staticmethod
+    def _prepare(final: Path, tmp: Path) -> None:
+        """Rank 0: un-commit the step being (re)written, clear leftovers of crashed saves, make the temp dir."""
+        step_dir = final.parent
+        step_dir.mkdir(parents=True, exist_ok=True)
+        (step_dir / STEP_MARKER).unlink(missing_ok=True)  # a half-rewritten step must not look complete
+        for stale in step_dir.glob(final.name + TMP_TAG + "*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp.mkdir()
+
+    @staticmethod
+    def _publish(tmp: Path, final: Path) -> None:
+        """Rank 0: swap the finished temp dir in; an older copy of the same step goes only once it is replaced."""
+        old = None
+        if final.exists():
+            old = final.with_name(final.name + TMP_TAG + "old-" + uuid.uuid4().hex[:8])
+            os.rename(final, old)
+        os.rename(tmp, final)
+        _fsync_dir(final.parent)
+        if old is not None:
+            shutil.rmtree(old)
+
+    def _engine_state(self, contents: Iterable[str]) -> dict[str, Any]:
+        state = self.engine.sharded_state()
+        if "model" not in contents:
+            state.pop("model")
+        if "optimizer" not in contents:
+            state.pop("optimizer", None)
+            state.pop("lr_scheduler", None)
+        return state
+
+    def _save_hf_files(self, out_dir: Path, with_weights: bool) -> None:
+        module = self.engine.module
+        full = self.engine.full_model_state_dict() if with_weights else None  # a collective
+        if _rank() != 0:
+            return
+        out_dir.mkdir(parents=True, exist_ok=True)
+        config = module.config.__class__.from_dict(module.config.to_dict())
+        config.architectures = [_hf_class_name(module)]
+        if full is not None:
+            # imported here: the merger imports this module for the checkpoint layout
+            from hybridrl.model_merger import save_hf_model
+
+            save_hf_model(full, config, out_dir)
+        config.save_pretrained(out_dir)
+        generation_config = getattr(module, "generation_config", None)
+        if generation_config is not None:
+            generation_config.save_pretrained(out_dir)
+        if self.processing_class is not None:
+            self.processing_class.save_pretrained(out_dir)
+
+    # -- load --
+    def load_checkpoint(self, local_path: str | Path) -> dict[str, Any]:
+        """Restore `checkpoint.load_contents` from the role checkpoint at `local_path`; returns its marker."""
+        meta = check_role_dir(local_path)
+        wanted = [c for c in self.config.load_contents if c != "hf_model"]
+        absent = [c for c in wanted if c not in meta["contents"]]
+        if absent:
+            raise CheckpointError(
+                f"checkpoint.load_contents asks for {absent}, but {local_path} was saved with "
+                f"{meta['contents']}; drop them from load_contents"
+            )
+        if "model" in wanted or "optimizer" in wanted:
+            self._load_engine_state(Path(local_path), wanted)
+        if "extra" in wanted:
+            if meta["world_size"] == _world_size():
+                set_rng_state(torch.load(_extra_file(Path(local_path), _world_size(), _rank()), weights_only=True))
+            else:
+                logger.warning("checkpoint %s was saved by %d ranks, this run has %d: model and optimizer are "
+                               "resharded, but per-rank RNG states are not restored", local_path,
+                               meta["world_size"], _world_size())
+        _barrier()
+        return meta
+
+    def _load_engine_state(self, path: Path, wanted: list[str]) -> None:
+        state = self.engine.sharded_state()  # the target layout of this run's shards
+        to_read = {k: v for k, v in state.items()
+                   if (k == "model" and "model" in wanted) or (k != "model" and "optimizer" in wanted)}
+        dcp.load(to_read, checkpoint_id=str(path))
+        state.update(to_read)
+        self.engine.load_sharded_state(state if "optimizer" in wanted else {"model": state["model"]})
+
+
+def _hf_class_name(module: torch.nn.Module) -> str:
+    """The HF model class under FSDP2's wrapper (fully_shard swaps in a subclass named FSDP<Class>)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return next(cls.__name__ for cls in type(module).__mro__ if not issubclass(cls, FSDPModule))
