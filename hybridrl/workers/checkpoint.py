@@ -293,7 +293,7 @@ def read_full_model_state(path: str | Path) -> dict[str, torch.Tensor]:
     metadata = FileSystemReader(str(path)).read_metadata()
     prefix = "model."
     state = {
-        key[len(prefix):]: torch.empty(meta.size, dtype=meta.properties.dtype)  # the global shape
+        key: torch.empty(meta.size, dtype=meta.properties.dtype)  # the global (unsharded) shape
         for key, meta in metadata.state_dict_metadata.items()
         if key.startswith(prefix) and hasattr(meta, "size")
     }
@@ -302,7 +302,7 @@ def read_full_model_state(path: str | Path) -> dict[str, torch.Tensor]:
     with warnings.catch_warnings():  # DCP warns that it runs without a process group, which is the point
         warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
         dcp.load(state, storage_reader=FileSystemReader(str(path)), no_dist=True)
-    return state
+    return {key[len(prefix):]: value for key, value in state.items()}
 
 
 # ----- the per-role, per-rank manager ----------------------------------------------------------------
