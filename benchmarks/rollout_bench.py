@@ -1,0 +1,146 @@
+"""Generation throughput: hybridrl's HF rollout engine vs plain `model.generate` on identical work.
+
+    python benchmarks/rollout_bench.py            # 64 prompts x 8 samples x 128 new tokens, 10m and 50m
+    python benchmarks/rollout_bench.py --quick    # a reduced run (16 x 4 x 32) to check it works
+
+Both engines get the same left-padded prompts, the same model object, the same sampling (temperature,
+no top-k, no top-p), the same EOS id and the same max new tokens. Throughput counts each engine's own
+response tokens (up to and including EOS), so an engine is never credited for padding. The models are
+untrained tiny models built with `hybridrl.models.tiny` in a temporary directory. Writes the table to
+benchmarks/results/rollout_bench.md; the last printed line is `speedup vs model.generate: <ratio>x`,
+the smaller of the per-size ratios of median tokens/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from hybridrl.data.rl_dataset import left_pad  # noqa: E402
+from hybridrl.models.loading import load_causal_lm, load_tokenizer  # noqa: E402
+from hybridrl.models.tiny import build_tiny_model  # noqa: E402
+from hybridrl.protocol import DataProto  # noqa: E402
+from hybridrl.workers.rollout import HFRollout, RolloutConfig  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results" / "rollout_bench.md"
+
+
+def make_prompts(tokenizer, count: int, length: int) -> DataProto:
+    """`count` arithmetic questions of varied length, left-padded to `length` as RLHFDataset does."""
+    texts = [f"What is {i * 37 % 100} + {i * 53 % 1000}? Answer digit by digit." for i in range(count)]
+    rows = [left_pad(tokenizer(t)["input_ids"][:length], length, tokenizer.pad_token_id) for t in texts]
+    ids, mask, pos = (torch.stack(col) for col in zip(*rows, strict=True))
+    return DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": pos})
+
+
+def response_tokens(new_tokens: torch.Tensor, eos: int) -> int:
+    """Tokens up to and including the first EOS in each row of (rows, steps)."""
+    hit = new_tokens == eos
+    lengths = torch.where(hit.any(1), hit.int().argmax(1) + 1, torch.tensor(new_tokens.shape[1]))
+    return int(lengths.sum())
+
+
+def run_ours(model, tokenizer, prompts: DataProto, args, seed: int) -> int:
+    config = RolloutConfig(
+        response_length=args.new_tokens, n=args.n, temperature=args.temperature, seed=seed, dtype=args.dtype
+    )
+    out = HFRollout(model, config, tokenizer).generate_sequences(prompts)
+    return int(out.batch["response_mask"].sum())
+
+
+def run_generate(model, tokenizer, prompts: DataProto, args, seed: int) -> int:
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=prompts.batch["input_ids"],
+            attention_mask=prompts.batch["attention_mask"],
+            do_sample=True,
+            temperature=args.temperature,
+            top_k=0,  # off, as in our engine (the generation config's default would be 50)
+            top_p=1.0,
+            num_return_sequences=args.n,
+            max_new_tokens=args.new_tokens,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    return response_tokens(out[:, prompts.batch["input_ids"].shape[1] :], tokenizer.eos_token_id)
+
+
+def measure(fn: Callable[[int], int], runs: int) -> tuple[float, int]:
+    """Median tokens/s over `runs` timed runs after one warm-up; also the tokens of the last run."""
+    fn(-1)
+    rates, tokens = [], 0
+    for seed in range(runs):
+        start = time.perf_counter()
+        tokens = fn(seed)
+        rates.append(tokens / (time.perf_counter() - start))
+    return statistics.median(rates), tokens
+
+
+def bench_size(size: str, workdir: Path, args) -> list[tuple[str, str, int, float]]:
+    model_dir = build_tiny_model(workdir / size, arch="qwen2", size=size, seed=0)
+    model = load_causal_lm(model_dir, dtype=args.dtype).eval()
+    tokenizer = load_tokenizer(model_dir)
+    prompts = make_prompts(tokenizer, args.prompts, args.prompt_length)
+    rows = []
+    for name, runner in (("model.generate", run_generate), ("hybridrl hf", run_ours)):
+        rate, tokens = measure(lambda seed, r=runner: r(model, tokenizer, prompts, args, seed), args.runs)
+        rows.append((size, name, tokens, rate))
+        print(f"{size:>4}  {name:<15} {tokens:>7} tokens/run  {rate:9.1f} tokens/s", flush=True)
+    return rows
+
+
+def render(rows: list[tuple[str, str, int, float]], args) -> tuple[str, float]:
+    lines = [
+        f"Rollout throughput, {args.prompts} prompts x {args.n} samples x {args.new_tokens} new tokens, "
+        f"prompt length {args.prompt_length}, temperature {args.temperature}, {args.dtype}, "
+        f"median of {args.runs} runs, {torch.get_num_threads()} torch threads.",
+        "",
+        "| model | engine | tokens/run | tokens/s | speedup |",
+        "|---|---|---:|---:|---:|",
+    ]
+    ratios = []
+    for size in dict.fromkeys(r[0] for r in rows):
+        base = next(r[3] for r in rows if r[0] == size and r[1] == "model.generate")
+        for _, name, tokens, rate in (r for r in rows if r[0] == size):
+            lines.append(f"| {size} | {name} | {tokens} | {rate:.0f} | {rate / base:.2f}x |")
+            if name != "model.generate":
+                ratios.append(rate / base)
+    return "\n".join(lines) + "\n", min(ratios)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="16 prompts x 4 samples x 32 tokens, 1 run")
+    parser.add_argument("--sizes", default="10m,50m", help="tiny-model presets to compare")
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--n", type=int, default=8, help="samples per prompt")
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--prompt-length", type=int, default=32)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--dtype", default="float32", help="model and generation dtype for both engines")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    if args.quick:
+        args.prompts, args.n, args.new_tokens, args.runs = 16, 4, 32, 1
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = [row for size in args.sizes.split(",") for row in bench_size(size, Path(tmp), args)]
+    table, ratio = render(rows, args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(table)
+    print(table)
+    print(f"speedup vs model.generate: {ratio:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
