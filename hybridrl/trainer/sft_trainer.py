@@ -22,7 +22,11 @@ from hybridrl.data.sampler import ResumableSampler, StatefulDataLoader
 from hybridrl.data.sft_dataset import SFTDataset
 from hybridrl.models.loading import load_tokenizer
 from hybridrl.protocol import DataProto
+from hybridrl.workers.checkpoint import CheckpointConfig, commit_checkpoint, resolve_resume_path
 from hybridrl.workers.config import FSDPConfig
+
+ROLE = "actor"  # the role directory of a checkpoint, so the model merger and resume find it as for PPO
+DATA_STATE = "data.pt"  # the dataloader position, next to the role directories of a step
 
 
 # ----- schema: keys and types only; the defaults live in the YAML -------------------------------------
@@ -80,6 +84,11 @@ class TrainerSchema:
     device: str = MISSING
     backend: str = MISSING
     test_freq: int = MISSING
+    save_freq: int = MISSING
+    max_ckpt_to_keep: Any = MISSING
+    resume_mode: str = MISSING
+    resume_from_path: Any = MISSING
+    checkpoint: CheckpointConfig = MISSING
 
 
 @dataclass
@@ -121,6 +130,8 @@ def validate_config(config: DictConfig) -> DictConfig:
              f"optim.lr_scheduler must be constant or cosine, got {optim.lr_scheduler!r}")
     _require(set(trainer.logger) <= {"console", "file"},
              f"trainer.logger supports console and file, got {list(trainer.logger)}")
+    _require(trainer.resume_mode in ("auto", "disable", "resume_path"),
+             f"trainer.resume_mode must be auto, disable or resume_path, got {trainer.resume_mode!r}")
     steps = trainer.total_training_steps
     _require(steps is None or (isinstance(steps, int) and steps > 0),
              f"trainer.total_training_steps must be a positive integer or null, got {steps!r}")
@@ -177,12 +188,15 @@ class SFTTrainer:
                                          batch_size=config.data.train_batch_size, drop_last=True)
         self.metrics = MetricsLog(list(config.trainer.logger), self.out_dir)
         self.global_step = 0
+        # The HF directory of the fine-tuned model, set by the final checkpoint.
+        self.hf_model_dir: Path | None = None
 
     def fit(self) -> dict[str, float]:
         """Train for `total_steps` steps, validating as configured; returns the last step's metrics."""
         info = self.wg.init_model(self.total_steps)[0]
         print(f"SFT: {info['params']:,} parameters ({info['local_params']:,} on rank 0), {len(self.train_set)} "
               f"train rows, {self.steps_per_epoch} steps/epoch, {self.total_steps} steps", flush=True)
+        self._resume()
         last: dict[str, float] = {}
         while self.global_step < self.total_steps:
             for batch in self.loader:
@@ -190,12 +204,15 @@ class SFTTrainer:
                 if self._should_validate():
                     last.update(self._validate())
                 self.metrics.log(self.global_step, last)
-                if self.global_step >= self.total_steps:
+                done = self.global_step >= self.total_steps
+                freq = self.config.trainer.save_freq
+                if done or (freq > 0 and self.global_step % freq == 0):
+                    self._save_checkpoint(final=done)
+                if done:
                     break
             else:  # the epoch ran out before the step budget
                 if self.config.trainer.test_freq <= 0 and self.val_set is not None:
                     self.metrics.log(self.global_step, self._validate())
-        self.save_model()
         return last
 
     def _train_step(self, batch: DataProto) -> dict[str, float]:
@@ -228,9 +245,27 @@ class SFTTrainer:
             num_tokens += float(out.batch["num_tokens"].sum())
         return {"val/loss": loss_sum / num_tokens if num_tokens else math.nan}
 
-    def save_model(self) -> Path:
-        """The trained model as a plain HF directory: default_local_dir/huggingface."""
-        path = self.out_dir / "huggingface"
-        self.wg.save_model(str(path))
-        print(f"saved the fine-tuned model to {path}", flush=True)
-        return path
+    def _save_checkpoint(self, final: bool) -> Path:
+        """global_step_N/actor (+ huggingface/ when final) and the data position, then commit the step."""
+        step_dir = self.out_dir / f"global_step_{self.global_step}"
+        trainer = self.config.trainer
+        self.wg.save_checkpoint(str(step_dir / ROLE), self.global_step, trainer.max_ckpt_to_keep, final)
+        torch.save(self.loader.state_dict(), step_dir / DATA_STATE)
+        commit_checkpoint(self.out_dir, self.global_step)
+        if final:
+            self.hf_model_dir = step_dir / ROLE / "huggingface"
+            print(f"saved the fine-tuned model to {self.hf_model_dir}", flush=True)
+        return step_dir
+
+    def _resume(self) -> None:
+        """Continue from a checkpoint as trainer.resume_mode says: model, optimizer, RNG, data position."""
+        trainer = self.config.trainer
+        path = resolve_resume_path(trainer.resume_mode, self.out_dir, trainer.resume_from_path)
+        if path is None:
+            return
+        meta = self.wg.load_checkpoint(str(Path(path) / ROLE))[0]
+        self.loader.load_state_dict(torch.load(Path(path) / DATA_STATE, weights_only=True))
+        self.global_step = int(meta["global_step"])
+        if self.global_step >= self.total_steps:
+            self.hf_model_dir = Path(path) / ROLE / "huggingface"
+        print(f"resumed from {path} at step {self.global_step}", flush=True)

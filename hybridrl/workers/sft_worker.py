@@ -14,9 +14,7 @@ backpropagates (its token-loss sum / global token count) x W; the average of tho
 
 from __future__ import annotations
 
-import logging
 import os
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,10 +24,9 @@ import torch.nn.functional as F
 from hybridrl.controller import Dispatch, Worker, register
 from hybridrl.models.loading import load_causal_lm, load_tokenizer
 from hybridrl.protocol import DataProto
+from hybridrl.workers.checkpoint import CheckpointManager
 from hybridrl.workers.config import FSDPConfig, OptimConfig, to_dataclass
 from hybridrl.workers.engine.fsdp import FSDPEngine
-
-logger = logging.getLogger(__name__)
 
 SFT_KEYS = ("input_ids", "attention_mask", "position_ids", "loss_mask")
 
@@ -149,19 +146,19 @@ class SFTWorker(Worker):
         return DataProto.from_dict({"loss_sum": sums, "num_tokens": counts})  # each (rows,)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_model(self, path: str) -> str:
-        """Write the unsharded model + tokenizer as a plain HF directory at `path` (from rank 0)."""
-        state = self.engine.full_model_state_dict()  # a collective: every rank takes part
-        if self.rank == 0:
-            out = Path(path)
-            out.mkdir(parents=True, exist_ok=True)
-            model = load_causal_lm(self.config.model.partial_pretrain,
-                                   trust_remote_code=self.config.model.trust_remote_code)
-            model.load_state_dict(state)
-            model.config.use_cache = True  # training turned the cache off; generation wants it back
-            model.save_pretrained(out)
-            self.tokenizer.save_pretrained(out)
-            logger.info("saved the HF model directory %s", out)
-        if dist.is_initialized():
-            dist.barrier()
-        return os.fspath(path)
+    def save_checkpoint(self, local_path: str, global_step: int, max_ckpt_to_keep: int | None = None,
+                        hf_model: bool = False) -> str:
+        """Save model, optimizer, scheduler and RNG states (+ a full HF model dir in `huggingface/`)."""
+        contents = list(self.config.trainer.checkpoint.save_contents)
+        if hf_model and "hf_model" not in contents:
+            contents.append("hf_model")
+        manager = CheckpointManager(self.engine, self.tokenizer, {"save_contents": contents})
+        manager.save_checkpoint(local_path, global_step, max_ckpt_to_keep)
+        return os.fspath(local_path)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, local_path: str) -> dict[str, Any]:
+        """Restore the state a `save_checkpoint` wrote (model, optimizer, scheduler, RNG)."""
+        contents = [c for c in self.config.trainer.checkpoint.save_contents if c != "hf_model"]
+        manager = CheckpointManager(self.engine, self.tokenizer, {"save_contents": contents})
+        return manager.load_checkpoint(local_path)
