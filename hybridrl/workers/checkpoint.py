@@ -35,8 +35,7 @@ import re
 import shutil
 import uuid
 import warnings
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +45,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 
-from hybridrl.workers.config import to_dataclass
+from hybridrl.workers.config import CheckpointConfig, to_dataclass
 
 logger = logging.getLogger(__name__)
 
@@ -63,21 +62,20 @@ class CheckpointError(RuntimeError):
     """A checkpoint directory that is missing, incomplete or does not hold what was asked for."""
 
 
-@dataclass
-class CheckpointConfig:
-    # What a save writes: "model" and "optimizer" (sharded, with the lr scheduler), "extra" (RNG states),
-    # "hf_model" (a full safetensors model in huggingface/, written by rank 0; costs a full gather).
-    save_contents: list[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])
-    # What a load restores; None means the same as save_contents (verl's `${.save_contents}`).
-    load_contents: list[str] | None = None
+def resolve_contents(config: CheckpointConfig | Mapping[str, Any] | None) -> tuple[list[str], list[str]]:
+    """(save_contents, load_contents) of a `checkpoint` config node, checked against CONTENTS.
 
-    def __post_init__(self) -> None:
-        for key in ("save_contents", "load_contents"):
-            unknown = sorted(set(getattr(self, key) or []) - set(CONTENTS))
-            if unknown:
-                raise ValueError(f"checkpoint.{key} has unknown entries {unknown}; valid: {list(CONTENTS)}")
-        if self.load_contents is None:
-            self.load_contents = list(self.save_contents)
+    As in verl, load_contents follows save_contents unless set: a mapping without the key, or None.
+    """
+    follows = config is None or (isinstance(config, Mapping) and "load_contents" not in config)
+    config = to_dataclass(CheckpointConfig, config)
+    save = list(config.save_contents)
+    load = save if follows or config.load_contents is None else list(config.load_contents)
+    for key, values in (("save_contents", save), ("load_contents", load)):
+        unknown = sorted(set(values) - set(CONTENTS))
+        if unknown:
+            raise ValueError(f"checkpoint.{key} has unknown entries {unknown}; valid: {list(CONTENTS)}")
+    return save, load
 
 
 # ----- process-group helpers (a world of one when torch.distributed is not initialised) ---------------
@@ -314,11 +312,11 @@ class CheckpointManager:
     """
 
     def __init__(self, engine: Any, processing_class: Any = None,
-                 checkpoint_config: CheckpointConfig | Any = None) -> None:
+                 checkpoint_config: CheckpointConfig | Mapping[str, Any] | None = None) -> None:
         self.engine = engine
         self.processing_class = processing_class
-        self.config = to_dataclass(CheckpointConfig, checkpoint_config)
-        if "optimizer" in self.config.save_contents and engine.optimizer is None:
+        self.save_contents, self.load_contents = resolve_contents(checkpoint_config)
+        if "optimizer" in self.save_contents and engine.optimizer is None:
             raise ValueError("checkpoint.save_contents has 'optimizer' but this engine has no optimizer "
                              "(a reference model?); save ['model'] only")
 
@@ -331,7 +329,7 @@ class CheckpointManager:
         if _rank() == 0:
             self._prepare(final, tmp)
         _barrier()
-        contents = self.config.save_contents
+        contents = self.save_contents
         if "extra" in contents:
             torch.save(get_rng_state(), _extra_file(tmp, _world_size(), _rank()))
         if "model" in contents or "optimizer" in contents:
@@ -405,7 +403,7 @@ class CheckpointManager:
     def load_checkpoint(self, local_path: str | Path) -> dict[str, Any]:
         """Restore `checkpoint.load_contents` from the role checkpoint at `local_path`; returns its marker."""
         meta = check_role_dir(local_path)
-        wanted = [c for c in self.config.load_contents if c != "hf_model"]
+        wanted = [c for c in self.load_contents if c != "hf_model"]
         absent = [c for c in wanted if c not in meta["contents"]]
         if absent:
             raise CheckpointError(

@@ -26,11 +26,11 @@ from hybridrl.workers.checkpoint import (
     STEP_MARKER,
     TMP_TAG,
     TRACKER_FILE,
-    CheckpointConfig,
     CheckpointError,
     CheckpointManager,
     commit_checkpoint,
     find_latest_ckpt_path,
+    resolve_contents,
     resolve_resume_path,
 )
 from hybridrl.workers.config import FSDPConfig, OptimConfig
@@ -234,8 +234,12 @@ def test_hf_files_and_full_model_in_the_checkpoint(runs, tiny_model_dir):
 
 def test_bad_settings_name_the_field():
     with pytest.raises(ValueError, match=r"checkpoint.save_contents has unknown entries \['weights'\]"):
-        CheckpointConfig(save_contents=["model", "weights"])
-    assert CheckpointConfig(save_contents=["model"]).load_contents == ["model"]
+        resolve_contents({"save_contents": ["model", "weights"]})
+    with pytest.raises(ValueError, match=r"checkpoint.load_contents has unknown entries \['rng'\]"):
+        resolve_contents({"save_contents": ["model"], "load_contents": ["rng"]})
+    # verl's load_contents: ${.save_contents} -- an unset load list follows the save list
+    assert resolve_contents({"save_contents": ["model"]}) == (["model"], ["model"])
+    assert resolve_contents(None) == (["model", "optimizer", "extra"], ["model", "optimizer", "extra"])
     with pytest.raises(ValueError, match="trainer.resume_mode must be"):
         resolve_resume_path("latest", "/tmp")
     with pytest.raises(CheckpointError, match="global_step_N directory"):
