@@ -59,10 +59,11 @@ class PPOActor:
         logits = response_logits(self.engine.module, micro) / temperature  # (rows, kept, vocab)
         kept = logits.shape[1]
         log_probs = logprobs_from_logits(logits, micro.batch["responses"][:, :kept])  # (rows, kept)
-        log_probs = F.pad(log_probs, (0, response_length - kept))  # (rows, response_len)
+        mask = micro.batch["response_mask"].to(log_probs.dtype)  # (rows, response_len)
+        log_probs = F.pad(log_probs, (0, response_length - kept)) * mask  # 0 after each response's end
         entropy = None
         if with_entropy:
-            entropy = F.pad(entropy_from_logits(logits), (0, response_length - kept))
+            entropy = F.pad(entropy_from_logits(logits), (0, response_length - kept)) * mask
         return log_probs, entropy
 
     @torch.no_grad()

@@ -1,0 +1,79 @@
+"""The actor on real gloo ranks: log-probs by definition, micro-batching and accumulation invariance."""
+
+import pytest
+import torch
+from batches import reference_log_probs, rollout_batch
+from spmd import run_on_ranks
+
+from hybridrl.models.loading import load_causal_lm
+from hybridrl.workers.actor import PPOActor
+from hybridrl.workers.config import ActorConfig, FSDPConfig, OptimConfig
+from hybridrl.workers.engine.fsdp import FSDPEngine
+from hybridrl.workers.update_loop import BatchingPlan
+
+AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+
+
+class GradRecordingEngine(FSDPEngine):
+    """The real engine; it also keeps a copy of the accumulated full gradient before each step."""
+
+    def clip_and_step(self):
+        self.recorded = {n: p.grad.full_tensor().clone() for n, p in self.module.named_parameters()
+                         if p.grad is not None}
+        return super().clip_and_step()
+
+
+def _log_probs(rank, world_size, model_dir, settings):
+    torch.manual_seed(0)
+    model = load_causal_lm(model_dir)
+    data = rollout_batch(rows=8)
+    expected = reference_log_probs(model, data, temperature=0.7)
+    actor = PPOActor(ActorConfig(), FSDPEngine(model, FSDPConfig()))
+    mine = data.chunk(world_size)[rank]
+    results = {}
+    for name, (rows, tokens) in settings.items():
+        log_probs, entropy = actor.compute_log_prob(mine, rows, tokens, calculate_entropy=True)
+        results[name] = (log_probs, entropy)
+    return expected.chunk(world_size)[rank], results
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_log_probs_match_the_definition_for_any_micro_batching(tiny_model_dir, world_size):
+    settings = {"one pass": (None, 2**31), "micro 1": (1, None), "micro 3": (3, None), "budget 60": (None, 60)}
+    for expected, results in run_on_ranks(_log_probs, world_size, str(tiny_model_dir), settings):
+        for name, (log_probs, entropy) in results.items():
+            torch.testing.assert_close(log_probs, expected, rtol=0, atol=1e-5, msg=name)
+            assert entropy.shape == expected.shape and (entropy >= 0).all()
+
+
+def _grads(rank, world_size, model_dir, micro_rows, modes):
+    """Accumulated gradients and metrics of one update, per aggregation mode (one process, many engines)."""
+    out = {}
+    for mode in modes:
+        torch.manual_seed(0)
+        engine = GradRecordingEngine(load_causal_lm(model_dir), FSDPConfig(), OptimConfig(lr=1e-4))
+        config = ActorConfig(loss_agg_mode=mode, use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.01)
+        data = rollout_batch(rows=8).chunk(world_size)[rank]
+        metrics = PPOActor(config, engine).update_policy(
+            data, BatchingPlan(mini_batch_rows=len(data), micro_batch_rows=micro_rows))
+        out[mode] = (engine.recorded, metrics)
+    return out
+
+
+def test_micro_batches_and_ranks_give_the_big_batch_gradient_in_every_agg_mode(tiny_model_dir):
+    whole = run_on_ranks(_grads, 1, str(tiny_model_dir), 8, AGG_MODES)[0]
+    micro = run_on_ranks(_grads, 1, str(tiny_model_dir), 3, AGG_MODES)[0]
+    for mode in AGG_MODES:
+        (whole_grads, whole_metrics), (micro_grads, micro_metrics) = whole[mode], micro[mode]
+        for name, grad in whole_grads.items():
+            torch.testing.assert_close(micro_grads[name], grad, rtol=1e-4, atol=1e-6, msg=f"{mode} {name}")
+        assert micro_metrics["actor/pg_loss"][0] == pytest.approx(whole_metrics["actor/pg_loss"][0], rel=1e-5)
+    # the same global batch split over 2 ranks, micro-batched on each
+    two_modes = ["token-mean", "seq-mean-token-mean"]
+    ranks = run_on_ranks(_grads, 2, str(tiny_model_dir), 2, two_modes)
+    for mode in two_modes:
+        whole_grads, whole_metrics = whole[mode]
+        for name, grad in whole_grads.items():
+            torch.testing.assert_close(ranks[0][mode][0][name], grad, rtol=1e-4, atol=1e-6, msg=f"{mode} {name}")
+        assert ranks[0][mode][1]["actor/pg_loss"][0] == pytest.approx(whole_metrics["actor/pg_loss"][0], rel=1e-5)
+        assert ranks[0][mode][1]["actor/grad_norm"] == ranks[1][mode][1]["actor/grad_norm"]
