@@ -43,6 +43,10 @@ def test_cli_writes_n_responses_per_row(arithmetic_parquet, tiny_model_dir, tmp_
     assert result.drop_columns(["responses"]).equals(source)
     responses = result.column("responses").to_pylist()
     assert len(responses) == 5 and all(len(r) == 3 and all(isinstance(t, str) for t in r) for r in responses)
+    # and main_eval scores it: an untrained model writes no answer tag, so every score is 0
+    printed = subprocess.run([sys.executable, "-m", "hybridrl.trainer.main_eval", f"data.path={output}"],
+                             check=True, capture_output=True, text=True).stdout
+    assert "arithmetic/mean@3: 0.0000" in printed and "arithmetic/pass@3: 0.0000" in printed
 
 
 def test_greedy_responses_equal_model_generate(arithmetic_parquet, tiny_model_dir, tmp_path):
