@@ -27,6 +27,7 @@ all carry their marker, so a save that dies at any point leaves the previous che
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -44,6 +45,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.fsdp import FSDPModule
 
 from hybridrl.workers.config import CheckpointConfig, to_dataclass
 
@@ -281,8 +283,10 @@ def prune_checkpoints(default_local_dir: str | Path, role: str, keep: int, curre
             continue
         shutil.rmtree(step_dir / role)
         removed.append(step_dir / role)
-        if not any(p.is_dir() and TMP_TAG not in p.name for p in step_dir.iterdir()):
-            shutil.rmtree(step_dir)
+        # another role's manager may be pruning the same step right now: tolerate its deletions
+        with contextlib.suppress(FileNotFoundError):
+            if not any(p.is_dir() and TMP_TAG not in p.name for p in step_dir.iterdir()):
+                shutil.rmtree(step_dir, ignore_errors=True)
     return removed
 
 
@@ -433,6 +437,4 @@ class CheckpointManager:
 
 def _hf_class_name(module: torch.nn.Module) -> str:
     """The HF model class under FSDP2's wrapper (fully_shard swaps in a subclass named FSDP<Class>)."""
-    from torch.distributed.fsdp import FSDPModule
-
     return next(cls.__name__ for cls in type(module).__mro__ if not issubclass(cls, FSDPModule))
