@@ -254,6 +254,7 @@ def load_value_model(
     trust_remote_code: bool = False,
     gradient_checkpointing: bool = False,
     override_config: Mapping[str, Any] | None = None,
+    head_init_seed: int = 0,
 ) -> PreTrainedModel:
     """A token-classification model with one output per token, for critics and reward models.
 
@@ -261,6 +262,9 @@ def load_value_model(
     dropout, from the same checkpoint as the actor. The transformer body loads from the checkpoint; the
     scalar head (`score`, hidden -> 1) is freshly initialised unless the checkpoint already has one (a
     trained critic or reward model). Output `logits` have shape (batch, seq_len, 1).
+
+    A fresh head is drawn from `head_init_seed` (the caller's RNG is left alone), so every rank of a
+    sharded critic, and every run, starts from the same head.
     """
     model_dir = resolve_model_dir(path)
     check_model_dir(model_dir)
@@ -270,5 +274,7 @@ def load_value_model(
     config.num_labels = 1
     config.classifier_dropout = 0.0
     kwargs = _pretrained_kwargs(dtype, attn_implementation, trust_remote_code)
-    model = AutoModelForTokenClassification.from_pretrained(model_dir, config=config, **kwargs)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(head_init_seed)
+        model = AutoModelForTokenClassification.from_pretrained(model_dir, config=config, **kwargs)
     return _finish(model, gradient_checkpointing)

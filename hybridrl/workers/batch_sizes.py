@@ -86,13 +86,32 @@ def actor_plan(actor: ActorConfig) -> BatchingPlan:
     )
 
 
-def log_prob_batching(config: Any) -> tuple[int | None, int | None]:
-    """(micro_batch_rows, max_token_len) for log-prob passes of a rollout or ref config.
+def critic_plan(critic: CriticConfig) -> BatchingPlan:
+    return BatchingPlan(
+        mini_batch_rows=critic.ppo_mini_batch_size,
+        micro_batch_rows=None if critic.use_dynamic_bsz else (critic.ppo_micro_batch_size_per_gpu
+                                                              or critic.ppo_mini_batch_size),
+        max_token_len=critic.ppo_max_token_len_per_gpu if critic.use_dynamic_bsz else None,
+        epochs=critic.ppo_epochs,
+        shuffle=critic.shuffle,
+        seed=critic.data_loader_seed or 0,
+    )
+
+
+def forward_batching(use_dynamic_bsz: bool, micro_batch_rows: int | None,
+                     max_token_len: int) -> tuple[int | None, int | None]:
+    """(micro_batch_rows, max_token_len) for a no-grad forward pass (log-probs, values).
 
     Without a micro-batch size, a rank's whole share goes through in one pass (a budget of 2^31 tokens).
     """
-    if config.log_prob_use_dynamic_bsz:
-        return None, config.log_prob_max_token_len_per_gpu
-    if config.log_prob_micro_batch_size_per_gpu is None:
+    if use_dynamic_bsz:
+        return None, max_token_len
+    if micro_batch_rows is None:
         return None, 2**31
-    return config.log_prob_micro_batch_size_per_gpu, None
+    return micro_batch_rows, None
+
+
+def log_prob_batching(config: Any) -> tuple[int | None, int | None]:
+    """Forward batching of a rollout or ref config's log-prob keys."""
+    return forward_batching(config.log_prob_use_dynamic_bsz, config.log_prob_micro_batch_size_per_gpu,
+                            config.log_prob_max_token_len_per_gpu)

@@ -14,11 +14,19 @@ from typing import Any
 import torch
 
 from hybridrl.controller import Dispatch, Worker, register
-from hybridrl.models.loading import load_causal_lm, load_tokenizer
+from hybridrl.models.loading import load_causal_lm, load_tokenizer, load_value_model
 from hybridrl.protocol import DataProto
 from hybridrl.workers.actor import PPOActor
-from hybridrl.workers.batch_sizes import actor_plan, log_prob_batching, normalize_actor_rollout_ref
-from hybridrl.workers.config import ActorRolloutRefConfig, ModelConfig, to_dataclass
+from hybridrl.workers.batch_sizes import (
+    actor_plan,
+    critic_plan,
+    forward_batching,
+    log_prob_batching,
+    normalize_actor_rollout_ref,
+    normalize_critic,
+)
+from hybridrl.workers.config import ActorRolloutRefConfig, CriticConfig, ModelConfig, to_dataclass
+from hybridrl.workers.critic import PPOCritic
 from hybridrl.workers.engine.fsdp import FSDPEngine
 from hybridrl.workers.rollout import build_rollout
 
@@ -122,3 +130,39 @@ class ActorRolloutRefWorker(Worker):
                 f"{method} needs the {needs} part, but this worker has role {self.role!r}; "
                 f"call init_model first or use a role that includes {needs!r}"
             )
+
+
+class CriticWorker(Worker):
+    """The value model (GAE): `compute_values` and `update_critic` on this rank's rows."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.config = normalize_critic(to_dataclass(CriticConfig, config), self.world_size)
+        self.critic = None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        model_cfg = self.config.model
+        if model_cfg.external_lib:
+            importlib.import_module(model_cfg.external_lib)
+        self.tokenizer = load_tokenizer(model_cfg.tokenizer_path or model_cfg.path,
+                                        trust_remote_code=model_cfg.trust_remote_code)
+        model = load_value_model(model_cfg.path, trust_remote_code=model_cfg.trust_remote_code,
+                                 override_config=model_cfg.override_config,
+                                 gradient_checkpointing=model_cfg.enable_gradient_checkpointing)
+        engine = FSDPEngine(model, model_cfg.fsdp_config, self.config.optim, self.config.grad_clip)
+        self.critic = PPOCritic(self.config, engine)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_values(self, data: DataProto) -> DataProto:
+        cfg = self.config
+        rows, tokens = forward_batching(cfg.use_dynamic_bsz, cfg.forward_micro_batch_size_per_gpu,
+                                        cfg.forward_max_token_len_per_gpu)
+        return DataProto.from_dict({"values": self.critic.compute_values(data, rows, tokens)})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_critic(self, data: DataProto) -> DataProto:
+        start = time.perf_counter()
+        metrics = self.critic.update_critic(data, critic_plan(self.config))
+        metrics["timing_s/update_critic"] = [time.perf_counter() - start]
+        return DataProto(meta_info={"metrics": metrics})

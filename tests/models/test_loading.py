@@ -184,3 +184,16 @@ def test_value_model_reloads_a_trained_head(tiny_model_dir: Path, tmp_path: Path
     critic.save_pretrained(tmp_path / "critic")
     reloaded = load_value_model(tmp_path / "critic")
     assert torch.equal(reloaded.score.weight, torch.full_like(reloaded.score.weight, 0.5))
+
+
+def test_fresh_value_head_is_the_same_in_every_process_and_leaves_the_rng_alone(tiny_model_dir):
+    from hybridrl.models.loading import load_value_model
+
+    torch.manual_seed(123)
+    expected_next = torch.rand(1)
+    torch.manual_seed(123)
+    first = load_value_model(tiny_model_dir).score.weight.detach().clone()
+    assert torch.equal(torch.rand(1), expected_next)  # the caller's random stream is untouched
+    torch.manual_seed(999)
+    assert torch.equal(load_value_model(tiny_model_dir).score.weight, first)
+    assert not torch.equal(load_value_model(tiny_model_dir, head_init_seed=1).score.weight, first)
