@@ -84,7 +84,8 @@ class PolicyLossConfig:
 class CheckpointConfig:
     # What a checkpoint holds and what a resume restores: model, optimizer, extra (RNG, scheduler), hf_model.
     save_contents: list[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])
-    load_contents: list[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])
+    # None restores what save_contents lists.
+    load_contents: list[str] | None = None
 
 
 @dataclass

@@ -25,6 +25,7 @@ from hybridrl.workers.batch_sizes import (
     normalize_actor_rollout_ref,
     normalize_critic,
 )
+from hybridrl.workers.checkpoint import CheckpointManager
 from hybridrl.workers.config import ActorRolloutRefConfig, CriticConfig, ModelConfig, to_dataclass
 from hybridrl.workers.critic import PPOCritic
 from hybridrl.workers.engine.fsdp import FSDPEngine
@@ -69,6 +70,7 @@ class ActorRolloutRefWorker(Worker):
             model = load_model_for(cfg.model, cfg.model.enable_gradient_checkpointing)
             engine = FSDPEngine(model, cfg.actor.fsdp_config, cfg.actor.optim, cfg.actor.grad_clip)
             self.actor = PPOActor(cfg.actor, engine)
+            self.checkpoint_manager = CheckpointManager(engine, self.tokenizer, cfg.actor.checkpoint)
         if self.is_rollout:
             rollout_cfg = dataclasses.replace(cfg.rollout, seed=cfg.rollout.seed + self.rank)
             module = self.actor.engine.module if self.actor else \
@@ -124,6 +126,21 @@ class ActorRolloutRefWorker(Worker):
         metrics["timing_s/update_actor"] = [time.perf_counter() - start]
         return DataProto(meta_info={"metrics": metrics})
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, local_path: str, hdfs_path: str | None = None, global_step: int = 0,
+                        max_ckpt_to_keep: int | None = None) -> None:
+        """Save the actor (model, optimizer, scheduler, RNG) to `local_path` (a `.../actor` directory)."""
+        self._require(self.actor, "save_checkpoint", "actor")
+        _no_remote_storage(hdfs_path)
+        self.checkpoint_manager.save_checkpoint(local_path, global_step, max_ckpt_to_keep)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, local_path: str, hdfs_path: str | None = None,
+                        del_local_after_load: bool = False) -> None:
+        self._require(self.actor, "load_checkpoint", "actor")
+        _no_remote_storage(hdfs_path)
+        self.checkpoint_manager.load_checkpoint(local_path)
+
     def _require(self, part: Any, method: str, needs: str) -> None:
         if part is None:
             raise RuntimeError(
@@ -152,6 +169,7 @@ class CriticWorker(Worker):
                                  gradient_checkpointing=model_cfg.enable_gradient_checkpointing)
         engine = FSDPEngine(model, model_cfg.fsdp_config, self.config.optim, self.config.grad_clip)
         self.critic = PPOCritic(self.config, engine)
+        self.checkpoint_manager = CheckpointManager(engine, self.tokenizer, self.config.checkpoint)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_values(self, data: DataProto) -> DataProto:
@@ -166,3 +184,23 @@ class CriticWorker(Worker):
         metrics = self.critic.update_critic(data, critic_plan(self.config))
         metrics["timing_s/update_critic"] = [time.perf_counter() - start]
         return DataProto(meta_info={"metrics": metrics})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, local_path: str, hdfs_path: str | None = None, global_step: int = 0,
+                        max_ckpt_to_keep: int | None = None) -> None:
+        _no_remote_storage(hdfs_path)
+        self.checkpoint_manager.save_checkpoint(local_path, global_step, max_ckpt_to_keep)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, local_path: str, hdfs_path: str | None = None,
+                        del_local_after_load: bool = False) -> None:
+        _no_remote_storage(hdfs_path)
+        self.checkpoint_manager.load_checkpoint(local_path)
+
+
+def _no_remote_storage(hdfs_path: str | None) -> None:
+    if hdfs_path:
+        raise NotImplementedError(
+            f"copying checkpoints to HDFS ({hdfs_path}) is not supported; keep trainer.default_hdfs_dir unset "
+            f"and sync trainer.default_local_dir yourself"
+        )
