@@ -1,0 +1,379 @@
+"""The numbers the trainer logs each step, under verl's metric names and with verl's definitions.
+
+Pure functions of a DataProto (or of plain lists) returning `{name: float}`, so the fit loop only
+merges dicts: `compute_data_metrics` (scores, rewards, advantages, returns, values, lengths),
+`compute_timing_metrics`, `compute_throughput_metrics`, `compute_memory_metrics`,
+`compute_rollout_agreement_metrics`, `reduce_metrics` (per-micro-batch lists from the workers), and
+the validation summaries `process_validation_metrics` / `validation_metrics_to_flat`.
+
+Batch layout (DESIGN.md section 4): `prompts` (B, P) left-padded, `responses` (B, R) right-padded,
+`attention_mask` (B, P + R) covering both, `response_mask` (B, R), and per-token float tensors
+`token_level_scores`, `token_level_rewards`, `advantages`, `returns`, `values` (B, R).
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import sys
+from collections import Counter, defaultdict
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from hybridrl.protocol import DataProto
+
+__all__ = [
+    "compute_data_metrics",
+    "compute_memory_metrics",
+    "compute_rollout_agreement_metrics",
+    "compute_throughput_metrics",
+    "compute_timing_metrics",
+    "process_validation_metrics",
+    "reduce_metrics",
+    "validation_metrics_to_flat",
+]
+
+# Stages whose per-token time divides by response tokens only (generation produces just those); the
+# other timed passes read whole sequences. Stages outside both sets get `timing_s/` only, as in verl.
+_RESPONSE_TOKEN_STAGES = ("gen",)
+_ALL_TOKEN_STAGES = ("ref", "values", "adv", "update_critic", "update_actor")
+
+
+def _require(batch: DataProto, keys: Sequence[str], caller: str) -> None:
+    missing = [k for k in keys if batch.batch is None or k not in batch.batch]
+    if missing:
+        have = sorted(batch.batch.keys()) if batch.batch is not None else []
+        raise KeyError(f"{caller}: batch is missing tensor key(s) {missing}; it has {have}")
+
+
+def _lengths(batch: DataProto) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """Per-row prompt and response lengths (float, (B,)) and the padded widths P and R.
+
+    Lengths come from `attention_mask`, as in verl, so they count the tokens the model actually saw.
+    """
+    _require(batch, ("responses", "attention_mask"), "metrics")
+    max_response_len = batch.batch["responses"].shape[-1]
+    attention_mask = batch.batch["attention_mask"]  # (B, P + R)
+    max_prompt_len = attention_mask.shape[-1] - max_response_len
+    prompt_length = attention_mask[:, :max_prompt_len].sum(-1).float()  # (B,)
+    response_length = attention_mask[:, max_prompt_len:].sum(-1).float()  # (B,)
+    return prompt_length, response_length, max_prompt_len, max_response_len
+
+
+def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
+    """`{prefix}/mean`, `/max`, `/min` of a 1-D tensor."""
+    values = values.detach().float()
+    return {
+        f"{prefix}/mean": values.mean().item(),
+        f"{prefix}/max": values.max().item(),
+        f"{prefix}/min": values.min().item(),
+    }
+
+
+def _length_stats(prefix: str, lengths: torch.Tensor, max_len: int) -> dict[str, float]:
+    """Length stats plus `clip_ratio`: the share of rows that filled the whole padded width."""
+    return {**_stats(prefix, lengths), f"{prefix}/clip_ratio": (lengths == max_len).float().mean().item()}
+
+
+def compute_data_metrics(batch: DataProto, use_critic: bool = True) -> dict[str, float]:
+    """Per-step statistics of the training batch (verl's `compute_data_metrics`).
+
+    - `critic/score/*`: sequence score = sum_t token_level_scores[t] (the reward function's output,
+      placed on the last response token), over non-aborted rows;
+    - `critic/rewards/*`: the same sum of `token_level_rewards` (scores minus the KL penalty if any);
+    - `critic/advantages/*`, `critic/returns/*` (and `critic/values/*` with a critic): over the valid
+      response tokens (`response_mask == 1`) of the whole batch;
+    - `critic/vf_explained_var` = 1 - Var[returns - values] / (Var[returns] + 1e-5), unbiased
+      variances over valid tokens: 1 means the critic predicts returns perfectly, 0 no better than
+      a constant;
+    - `response_length/*`, `prompt_length/*`: lengths in tokens; `clip_ratio` = share of rows whose
+      length equals the padded maximum (the response hit `max_response_length`, or the prompt filled
+      `max_prompt_length`);
+    - `response/aborted_ratio`: share of rows with an empty response, and `response_length_non_aborted/*`
+      without them (an aborted row's zero length would drag the mean down).
+    """
+    keys = ["token_level_scores", "token_level_rewards", "advantages", "returns", "response_mask"]
+    _require(batch, keys + (["values"] if use_critic else []), "compute_data_metrics")
+    prompt_length, response_length, max_prompt_len, max_response_len = _lengths(batch)
+    response_mask = batch.batch["response_mask"].bool()  # (B, R)
+
+    non_aborted = response_length > 0  # (B,)
+    if not bool(non_aborted.any()):
+        raise ValueError(
+            "compute_data_metrics: every response in the batch is empty (attention_mask has no response "
+            "tokens); the rollout produced nothing to train on"
+        )
+    sequence_score = batch.batch["token_level_scores"].sum(-1)  # (B,)
+    sequence_reward = batch.batch["token_level_rewards"].sum(-1)  # (B,)
+    valid_returns = torch.masked_select(batch.batch["returns"], response_mask)  # (tokens,)
+
+    metrics = {
+        **_stats("critic/score", sequence_score[non_aborted]),
+        **_stats("critic/rewards", sequence_reward[non_aborted]),
+        **_stats("critic/advantages", torch.masked_select(batch.batch["advantages"], response_mask)),
+        **_stats("critic/returns", valid_returns),
+    }
+    if use_critic:
+        valid_values = torch.masked_select(batch.batch["values"], response_mask)  # (tokens,)
+        metrics.update(_stats("critic/values", valid_values))
+        explained = 1.0 - torch.var(valid_returns - valid_values) / (torch.var(valid_returns) + 1e-5)
+        metrics["critic/vf_explained_var"] = explained.item()
+    metrics.update(_length_stats("response_length", response_length, max_response_len))
+    metrics.update(
+        _length_stats("response_length_non_aborted", response_length[non_aborted], max_response_len)
+    )
+    metrics["response/aborted_ratio"] = (~non_aborted).float().mean().item()
+    metrics.update(_length_stats("prompt_length", prompt_length, max_prompt_len))
+    return metrics
+
+
+def compute_timing_metrics(batch: DataProto, timing_raw: Mapping[str, float]) -> dict[str, float]:
+    """`timing_s/<stage>` for every timed stage and `timing_per_token_ms/<stage>` for the model passes.
+
+    timing_per_token_ms = 1000 * seconds / tokens, where tokens is the batch's response tokens for
+    `gen` and all (prompt + response) tokens for `ref`, `values`, `adv`, `update_critic`,
+    `update_actor` (verl's choice of denominators).
+    """
+    prompt_length, response_length, _, _ = _lengths(batch)
+    response_tokens = response_length.sum().item()
+    all_tokens = prompt_length.sum().item() + response_tokens
+    denominators = {
+        **{stage: response_tokens for stage in _RESPONSE_TOKEN_STAGES},
+        **{stage: all_tokens for stage in _ALL_TOKEN_STAGES},
+    }
+    metrics = {f"timing_s/{stage}": float(seconds) for stage, seconds in timing_raw.items()}
+    for stage, seconds in timing_raw.items():
+        tokens = denominators.get(stage)
+        if tokens:  # skips stages without a token count and an (impossible in training) empty batch
+            metrics[f"timing_per_token_ms/{stage}"] = float(seconds) * 1000.0 / tokens
+    return metrics
+
+
+def compute_throughput_metrics(
+    batch: DataProto, timing_raw: Mapping[str, float], n_workers: int
+) -> dict[str, float]:
+    """`perf/total_num_tokens`, `perf/time_per_step` and `perf/throughput` in tokens/s per worker.
+
+    throughput = total_num_tokens / (timing_raw["step"] * n_workers), where total_num_tokens counts
+    every attended prompt and response token in the batch (verl's `global_token_num`). `n_workers` is
+    verl's `n_gpus` (`trainer.nnodes * trainer.n_gpus_per_node`; worker processes on CPU).
+    """
+    if "step" not in timing_raw:
+        raise KeyError(
+            "compute_throughput_metrics: timing_raw has no 'step' entry; wrap the whole iteration in "
+            f"`with timer('step', timing_raw)` (have {sorted(timing_raw)})"
+        )
+    if n_workers < 1:
+        raise ValueError(f"compute_throughput_metrics: n_workers must be >= 1, got {n_workers}")
+    _require(batch, ("attention_mask",), "compute_throughput_metrics")
+    total_tokens = int(batch.batch["attention_mask"].sum().item())
+    seconds = float(timing_raw["step"])
+    return {
+        "perf/total_num_tokens": total_tokens,
+        "perf/time_per_step": seconds,
+        "perf/throughput": total_tokens / (seconds * n_workers),
+    }
+
+
+def compute_memory_metrics() -> dict[str, float]:
+    """Peak memory of this process in GiB.
+
+    `perf/max_memory_allocated_gb` / `perf/max_memory_reserved_gb`: torch's CUDA allocator peaks, when
+    CUDA is in use. `perf/max_memory_rss_gb`: the process's peak resident set size from
+    `getrusage` (ru_maxrss is KiB on Linux, bytes on macOS).
+    """
+    gib = 1024**3
+    metrics: dict[str, float] = {}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        metrics["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / gib
+        metrics["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved() / gib
+    max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    metrics["perf/max_memory_rss_gb"] = max_rss / (gib if sys.platform == "darwin" else gib / 1024)
+    return metrics
+
+
+def compute_rollout_agreement_metrics(batch: DataProto) -> dict[str, float]:
+    """`rollout/log_prob_diff_{max,mean}` when the batch holds both the rollout's and the actor's log-probs.
+
+    Returns {} when `rollout_log_probs` or `old_log_probs` is absent (e.g. an engine that does not
+    return log-probs), so the fit loop can call it unconditionally.
+    """
+    if batch.batch is None or not {"rollout_log_probs", "old_log_probs"} <= set(batch.batch.keys()):
+        return {}
+    _require(batch, ("response_mask",), "compute_rollout_agreement_metrics")
+    # imported here: the rollout package pulls in the generation engines (~3 s), which a process that
+    # only summarises metrics (tests, offline analysis) should not pay for
+    from hybridrl.workers.rollout.metrics import rollout_logprob_diff_metrics
+
+    return rollout_logprob_diff_metrics(
+        batch.batch["rollout_log_probs"], batch.batch["old_log_probs"], batch.batch["response_mask"]
+    )
+
+
+def _reduction(key: str) -> str:
+    tokens = key.rsplit("/", 1)[-1].split("_")
+    return "max" if "max" in tokens else "min" if "min" in tokens else "mean"
+
+
+def reduce_metrics(metrics: Mapping[str, Sequence[float]]) -> dict[str, float]:
+    """One number per key from the per-micro-batch (or per-rank) lists the workers return.
+
+    The mean, except for keys whose last path segment has a `max` or `min` word (`response_length/max`,
+    `perf/max_memory_rss_gb`), which take the max or min, as newer verl does: the mean of per-rank
+    maxima is not a maximum. An empty list gives NaN (nothing was measured).
+    """
+    reduced = {}
+    for key, values in metrics.items():
+        array = np.asarray(values if isinstance(values, (list, tuple, np.ndarray)) else [values], float)
+        if array.size == 0:
+            reduced[key] = math.nan
+            continue
+        reduced[key] = float(getattr(np, _reduction(key))(array))
+    return reduced
+
+
+# ----- validation ----------------------------------------------------------------------------------
+
+
+def _bootstrap_max_min(values: np.ndarray, subset_size: int, rng: np.random.RandomState, n: int = 1000):
+    """Mean and std over `n` resamples (with replacement) of the best and worst of `subset_size` draws.
+
+    Estimates best@k / worst@k: the expected max / min score when sampling k responses for a prompt.
+    """
+    idx = rng.choice(len(values), size=(n, subset_size), replace=True)  # (n_bootstrap, subset_size)
+    draws = values[idx]
+    best, worst = draws.max(axis=1), draws.min(axis=1)  # (n_bootstrap,)
+    return (best.mean(), best.std()), (worst.mean(), worst.std())
+
+
+def _bootstrap_majority(
+    values: np.ndarray, preds: Sequence[Hashable], subset_size: int, rng: np.random.RandomState,
+    n: int = 1000,
+) -> tuple[float, float]:
+    """maj@k: the value of the majority-voted prediction among k resampled responses (mean, std).
+
+    Ties go to the prediction seen first in the resample, and the value is that of the first response
+    giving it (verl's `calc_maj_val`).
+    """
+    idx = rng.choice(len(values), size=(n, subset_size), replace=True)  # (n_bootstrap, subset_size)
+    results = np.empty(n)
+    for row, sample in enumerate(idx):
+        counts = Counter(preds[i] for i in sample)  # insertion order = first appearance
+        winner = max(counts, key=counts.__getitem__)
+        results[row] = values[next(i for i in sample if preds[i] == winner)]
+    return results.mean(), results.std()
+
+
+def _subset_sizes(n_resps: int) -> list[int]:
+    """2, 4, 8, ... below n_resps, then n_resps itself (verl's bootstrap sizes)."""
+    sizes, k = [], 2
+    while k < n_resps:
+        sizes.append(k)
+        k *= 2
+    return sizes + [n_resps]
+
+
+def _pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of Chen et al. 2021 ("Evaluating LLMs trained on code", eq. 1).
+
+    pass@k = 1 - C(n - c, k) / C(n, k): the chance that k of the n samples, drawn without replacement,
+    include at least one of the c correct ones. For k = n it is 1 if c > 0 else 0.
+    """
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def _prompt_metrics(
+    values: np.ndarray, preds: Sequence[Hashable] | None, with_pass: bool, seed: int
+) -> dict[str, float]:
+    """mean@n, std@n, best@k, worst@k, maj@k (and pass@k) for one prompt's n responses."""
+    n_resps = len(values)
+    metric = {f"mean@{n_resps}": float(values.mean())}
+    if with_pass:
+        correct = int((values > 0).sum())
+        for k in [1, *_subset_sizes(n_resps)] if n_resps > 1 else [1]:
+            metric[f"pass@{k}"] = _pass_at_k(n_resps, correct, k)
+    if n_resps == 1:
+        return metric
+    metric[f"std@{n_resps}"] = float(values.std())
+    for k in _subset_sizes(n_resps):
+        # a fresh generator per call, seeded like verl's np.random.seed(seed), so the numbers match
+        # verl's for the same data and seed without touching numpy's global random state
+        (bmean, bstd), (wmean, wstd) = _bootstrap_max_min(values, k, np.random.RandomState(seed))
+        metric[f"best@{k}/mean"], metric[f"best@{k}/std"] = float(bmean), float(bstd)
+        metric[f"worst@{k}/mean"], metric[f"worst@{k}/std"] = float(wmean), float(wstd)
+        if preds is not None:
+            mmean, mstd = _bootstrap_majority(values, preds, k, np.random.RandomState(seed))
+            metric[f"maj@{k}/mean"], metric[f"maj@{k}/std"] = float(mmean), float(mstd)
+    return metric
+
+
+def process_validation_metrics(
+    data_sources: Sequence[str],
+    sample_uids: Sequence[Hashable],
+    infos_dict: Mapping[str, Sequence[Any]],
+    seed: int = 42,
+) -> dict[str, dict[str, dict[str, float]]]:
+    """`{data_source: {variable: {metric: value}}}` from per-response validation results.
+
+    Responses are grouped by data source, then by prompt (`sample_uids`: a uid or the prompt text).
+    For every numeric variable in `infos_dict` (string-valued ones such as `pred` are skipped), each
+    prompt with n responses gets mean@n, and for n > 1 std@n (population std) and, for k in
+    2, 4, 8, ... < n and k = n, bootstrap estimates (1000 resamples) of best@k and worst@k, plus maj@k
+    when a `pred` variable holds each response's final answer. The data source's value is the mean of
+    its prompts' values. The core variable (`acc` if present, else `reward`) also gets pass@k for
+    k = 1, 2, 4, ... < n and k = n, counting a response correct when its value is > 0 (True for acc).
+    """
+    n_rows = len(data_sources)
+    for name, column in {"sample_uids": sample_uids, **infos_dict}.items():
+        if len(column) != n_rows:
+            raise ValueError(
+                f"process_validation_metrics: {name} has {len(column)} entries but data_sources has {n_rows}; "
+                f"every list needs one entry per validation response"
+            )
+    groups: dict[str, dict[Hashable, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for row, (source, uid) in enumerate(zip(data_sources, sample_uids, strict=True)):
+        groups[source][uid].append(row)
+
+    preds = infos_dict.get("pred")
+    core_var = "acc" if "acc" in infos_dict else "reward"
+    result: dict[str, dict[str, dict[str, float]]] = {}
+    for source, prompts in groups.items():
+        per_var: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+        for rows in prompts.values():
+            for var_name, column in infos_dict.items():
+                if isinstance(column[rows[0]], str):
+                    continue
+                values = np.asarray([column[r] for r in rows], dtype=float)  # (n_resps,)
+                prompt_preds = [preds[r] for r in rows] if preds is not None else None
+                for name, value in _prompt_metrics(values, prompt_preds, var_name == core_var, seed).items():
+                    per_var[var_name][name].append(value)
+        result[source] = {
+            var: {name: float(np.mean(vals)) for name, vals in metric_lists.items()}
+            for var, metric_lists in per_var.items()
+        }
+    return result
+
+
+def validation_metrics_to_flat(nested: Mapping[str, Mapping[str, Mapping[str, float]]]) -> dict[str, float]:
+    """Flatten to `val-core/<source>/<var>/<metric>` and `val-aux/...` (verl's `_validate` naming).
+
+    A metric is core when its variable is the source's core variable (`acc` if present, else
+    `reward`), it is a mean@/maj@/best@/pass@ metric, and it is at the largest n seen for that
+    variable; everything else (std@, worst@, smaller k, other variables) is aux.
+    """
+    flat = {}
+    for source, var2metrics in nested.items():
+        core_var = "acc" if "acc" in var2metrics else "reward"
+        for var_name, metrics in var2metrics.items():
+            n_max = max(int(name.split("@")[-1].split("/")[0]) for name in metrics)
+            for name, value in metrics.items():
+                is_core = (
+                    var_name == core_var
+                    and name.startswith(("mean", "maj", "best", "pass"))
+                    and f"@{n_max}" in name
+                )
+                flat[f"{'val-core' if is_core else 'val-aux'}/{source}/{var_name}/{name}"] = value
+    return flat

@@ -1,0 +1,365 @@
+"""Experiment tracking: one `Tracking` object fans each step's metrics out to the configured backends.
+
+`trainer.logger` takes verl's forms, a single name (`trainer.logger=console`) or a list
+(`trainer.logger=['console','wandb']`). Backends, each registered in `LOGGER_BACKENDS`:
+
+- `console`: an aligned table per step, metrics grouped by their first path segment;
+- `file`: one JSON object per step (with a `step` key) appended to `<log_dir>/metrics.jsonl`;
+- `tensorboard`: scalars through `torch.utils.tensorboard.SummaryWriter`;
+- `wandb`: a Weights & Biases run (`WANDB_MODE=offline` logs locally without network);
+- `mlflow`: an MLflow run, in a local file store under `<log_dir>/mlruns` unless
+  `MLFLOW_TRACKING_URI` says otherwise.
+
+wandb and mlflow are optional extras, imported only when selected. `StepProgress` is the tqdm bar over
+training steps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, TextIO
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from hybridrl.utils.registry import Registry
+
+__all__ = ["LOGGER_BACKENDS", "StepProgress", "Tracking", "format_metrics_table", "parse_logger_backends"]
+
+
+class LoggerBackend(Protocol):
+    def log(self, data: Mapping[str, float], step: int) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+# Each entry: a class built as cls(project_name, experiment_name, config, log_dir).
+LOGGER_BACKENDS: Registry[type] = Registry("logger backend")
+
+
+def _missing_extra(package: str, backend: str) -> ImportError:
+    return ImportError(
+        f"trainer.logger includes {backend!r}, which needs the {package!r} package; install it with "
+        f'pip install "hybridrl[{backend}]", or remove {backend!r} from trainer.logger'
+    )
+
+
+def _as_scalar(key: str, value: Any) -> float | int:
+    """A Python number from a float/int/bool, a numpy scalar or a one-element tensor."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise TypeError(f"metric {key!r} is a tensor of shape {tuple(value.shape)}; log scalars only")
+        value = value.item()
+    if isinstance(value, np.ndarray) and value.size == 1:
+        value = value.item()
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (int, float)):
+        return value
+    raise TypeError(f"metric {key!r} has type {type(value).__name__}; log numbers only (float, int, bool)")
+
+
+def _plain_config(config: Any) -> dict[str, Any] | None:
+    """A plain dict from a dict or an OmegaConf config (resolved), for backends that store the config."""
+    if config is None:
+        return None
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(config, DictConfig):
+            return OmegaConf.to_container(config, resolve=True)  # type: ignore[return-value]
+    except ImportError:  # omegaconf is a dependency; tolerate its absence for plain-dict callers
+        pass
+    return dict(config)
+
+
+def _format_value(value: float | int) -> str:
+    """Compact: ints as is, floats with 4 significant digits (scientific when very small or large)."""
+    if isinstance(value, int):
+        return str(value)
+    if math.isnan(value) or math.isinf(value):
+        return str(value)
+    return f"{value:.4g}"
+
+
+def format_metrics_table(data: Mapping[str, float], step: int, width: int = 110) -> str:
+    """The console view of one step: a header, then one block per metric group in aligned columns.
+
+    Keys are grouped by their first path segment (`critic/score/mean` -> group `critic`, shown as
+    `score/mean`); keys without a slash form the group `misc`.
+    """
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for key in sorted(data):
+        group, _, name = key.partition("/")
+        if not name:
+            group, name = "misc", key
+        groups.setdefault(group, []).append((name, _format_value(data[key])))
+    group_width = max((len(g) for g in groups), default=0)
+    lines = [f"---- step {step} " + "-" * max(0, width - len(f"---- step {step} "))]
+    for group, entries in groups.items():
+        name_width = max(len(name) for name, _ in entries)
+        value_width = max(len(value) for _, value in entries)
+        cell_width = name_width + 1 + value_width + 3  # "name value" plus a 3-space gutter
+        per_line = max(1, (width - group_width - 3) // cell_width)
+        for start in range(0, len(entries), per_line):
+            cells = [
+                f"{name:<{name_width}} {value:>{value_width}}"
+                for name, value in entries[start : start + per_line]
+            ]
+            label = group if start == 0 else ""
+            lines.append(f"{label:<{group_width}} | " + "   ".join(cells))
+    return "\n".join(lines)
+
+
+@LOGGER_BACKENDS.register("console")
+class ConsoleLogger:
+    """Prints `format_metrics_table` to stdout each step."""
+
+    def __init__(self, project_name: str, experiment_name: str, config: Any, log_dir: str | None,
+                 stream: TextIO | None = None) -> None:
+        self._stream = stream
+
+    def log(self, data: Mapping[str, float], step: int) -> None:
+        # tqdm.write keeps an active progress bar intact below the table
+        tqdm.write(format_metrics_table(data, step), file=self._stream or sys.stdout)
+
+    def finish(self) -> None:
+        pass
+
+
+@LOGGER_BACKENDS.register("file")
+class FileLogger:
+    """Appends `{"step": step, **metrics}` as one JSON line to `<log_dir>/metrics.jsonl`.
+
+    Each line is flushed and fsynced before `log` returns, so a killed run keeps every logged step.
+    NaN and infinities are written as null, keeping every line strict JSON for jq or other languages.
+    Appending (not truncating) lets a resumed run continue the same file.
+    """
+
+    def __init__(self, project_name: str, experiment_name: str, config: Any, log_dir: str | None) -> None:
+        if log_dir is None:
+            raise ValueError(
+                "the 'file' logger needs a directory: set trainer.default_local_dir (Tracking(log_dir=...))"
+            )
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+        self.path = Path(log_dir) / "metrics.jsonl"
+        self._file = self.path.open("a", encoding="utf-8")
+
+    def log(self, data: Mapping[str, float], step: int) -> None:
+        if "step" in data:
+            raise ValueError("the 'file' logger writes its own 'step' key; rename the metric called 'step'")
+        record = {"step": step}
+        for key, value in data.items():
+            finite = not (isinstance(value, float) and (math.isnan(value) or math.isinf(value)))
+            record[key] = value if finite else None
+        self._file.write(json.dumps(record, allow_nan=False) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def finish(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+
+
+@LOGGER_BACKENDS.register("tensorboard")
+class TensorboardLogger:
+    """Scalars to a SummaryWriter in `$TENSORBOARD_DIR` (verl's variable), else `<log_dir>/tensorboard`.
+
+    Without either, verl's default `tensorboard_log/<project>/<experiment>` in the working directory.
+    """
+
+    def __init__(self, project_name: str, experiment_name: str, config: Any, log_dir: str | None) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as err:  # torch's writer needs the tensorboard package
+            raise _missing_extra("tensorboard", "tensorboard") from err
+        if os.environ.get("TENSORBOARD_DIR"):
+            directory = Path(os.environ["TENSORBOARD_DIR"])
+        elif log_dir is not None:
+            directory = Path(log_dir) / "tensorboard"
+        else:
+            directory = Path("tensorboard_log") / project_name / experiment_name
+        directory.mkdir(parents=True, exist_ok=True)
+        self.directory = directory
+        self._writer = SummaryWriter(log_dir=str(directory))
+
+    def log(self, data: Mapping[str, float], step: int) -> None:
+        for key, value in data.items():
+            self._writer.add_scalar(key, value, global_step=step)
+        self._writer.flush()
+
+    def finish(self) -> None:
+        self._writer.close()
+
+
+@LOGGER_BACKENDS.register("wandb")
+class WandbLogger:
+    """A wandb run named after the experiment, its files under `log_dir`; `WANDB_MODE=offline` works."""
+
+    def __init__(self, project_name: str, experiment_name: str, config: Any, log_dir: str | None) -> None:
+        try:
+            import wandb
+        except ImportError as err:
+            raise _missing_extra("wandb", "wandb") from err
+        if log_dir is not None:
+            Path(log_dir).mkdir(parents=True, exist_ok=True)
+        self._run = wandb.init(project=project_name, name=experiment_name, config=_plain_config(config),
+                               dir=log_dir)
+
+    def log(self, data: Mapping[str, float], step: int) -> None:
+        self._run.log(dict(data), step=step)
+
+    def finish(self) -> None:
+        self._run.finish()
+
+
+def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """`{"a": {"b": 1}}` -> `{"a.b": "1"}`: MLflow params are flat strings."""
+    flat = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, f"{name}."))
+        else:
+            flat[name] = str(value)[:500]  # MLflow's documented limit on a param value is 500 chars
+    return flat
+
+
+@LOGGER_BACKENDS.register("mlflow")
+class MlflowLogger:
+    """An MLflow run (experiment = project, run name = experiment) through an explicit `MlflowClient`.
+
+    The tracking URI is `$MLFLOW_TRACKING_URI`, else a file store in `<log_dir>/mlruns` (no server
+    needed). MLflow rejects `@` in metric names, so `mean@4` is logged as `mean_at_4` (as verl does).
+    """
+
+    def __init__(self, project_name: str, experiment_name: str, config: Any, log_dir: str | None) -> None:
+        try:
+            from mlflow.entities import Metric, Param
+            from mlflow.tracking import MlflowClient
+        except ImportError as err:
+            raise _missing_extra("mlflow", "mlflow") from err
+        self._metric_cls = Metric
+        uri = os.environ.get("MLFLOW_TRACKING_URI")
+        if not uri:
+            store = Path(log_dir if log_dir is not None else ".") / "mlruns"
+            store.mkdir(parents=True, exist_ok=True)
+            uri = store.resolve().as_uri()
+        self._client = MlflowClient(tracking_uri=uri)
+        experiment = self._client.get_experiment_by_name(project_name)
+        experiment_id = (
+            experiment.experiment_id if experiment else self._client.create_experiment(project_name)
+        )
+        self.run_id = self._client.create_run(experiment_id, run_name=experiment_name).info.run_id
+        params = [Param(k, v) for k, v in _flatten(_plain_config(config) or {}).items()]
+        for start in range(0, len(params), 100):  # log_batch takes at most 100 params per call
+            self._client.log_batch(self.run_id, params=params[start : start + 100])
+
+    def log(self, data: Mapping[str, float], step: int) -> None:
+        now = int(time.time() * 1000)
+        metrics = [self._metric_cls(k.replace("@", "_at_"), float(v), now, step) for k, v in data.items()]
+        for start in range(0, len(metrics), 1000):  # log_batch takes at most 1000 metrics per call
+            self._client.log_batch(self.run_id, metrics=metrics[start : start + 1000])
+
+    def finish(self) -> None:
+        self._client.set_terminated(self.run_id)
+
+
+def parse_logger_backends(backends: str | Sequence[str] | None) -> list[str]:
+    """`trainer.logger` as a list of known backend names, in order and without duplicates.
+
+    Accepts a single name (`console`), a list/tuple/ListConfig of names, or None/empty (no logging).
+    """
+    if backends is None:
+        return []
+    names = [backends] if isinstance(backends, str) else [str(name) for name in backends]
+    unknown = [name for name in names if name not in LOGGER_BACKENDS]
+    if unknown:
+        raise ValueError(
+            f"trainer.logger: unknown backend(s) {unknown}; valid: {', '.join(LOGGER_BACKENDS.names())}"
+        )
+    return list(dict.fromkeys(names))
+
+
+class Tracking:
+    """Sends each step's metrics to every backend in `default_backend` (verl's class and arguments).
+
+    `log_dir` is where file-based backends write (`metrics.jsonl`, tensorboard events, mlruns); the
+    trainer passes `trainer.default_local_dir`. Call `finish()` (or use `with Tracking(...)`) at the
+    end so files are closed and remote runs marked finished.
+    """
+
+    def __init__(
+        self,
+        project_name: str,
+        experiment_name: str,
+        default_backend: str | Sequence[str] | None = "console",
+        config: Mapping[str, Any] | None = None,
+        log_dir: str | os.PathLike | None = None,
+    ) -> None:
+        self.backend_names = parse_logger_backends(default_backend)
+        self._finished = False
+        log_dir_str = os.fspath(log_dir) if log_dir is not None else None
+        self.loggers: dict[str, LoggerBackend] = {}
+        try:
+            for name in self.backend_names:
+                cls = LOGGER_BACKENDS.get(name)
+                self.loggers[name] = cls(project_name, experiment_name, config, log_dir_str)
+        except BaseException:
+            self.finish()  # close what was opened before the failing backend
+            raise
+
+    def log(self, data: Mapping[str, Any], step: int, backend: Sequence[str] | None = None) -> None:
+        """Log `data` at `step` to every backend, or only to those named in `backend`."""
+        scalars = {key: _as_scalar(key, value) for key, value in data.items()}
+        for name, logger in self.loggers.items():
+            if backend is None or name in backend:
+                logger.log(scalars, step)
+
+    def finish(self) -> None:
+        """Close every backend once; later calls do nothing."""
+        if self._finished:
+            return
+        self._finished = True
+        for logger in self.loggers.values():
+            logger.finish()
+
+    def __enter__(self) -> Tracking:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.finish()
+
+
+class StepProgress:
+    """A tqdm bar over training steps whose postfix shows the last step's score and time.
+
+    `update(step, metrics)` moves the bar to `step` and shows `critic/score/mean` and
+    `timing_s/step` when present.
+    """
+
+    def __init__(self, total_steps: int, initial_step: int = 0, file: TextIO | None = None) -> None:
+        self._bar = tqdm(total=total_steps, initial=initial_step, desc="Training", unit="step",
+                         file=file, dynamic_ncols=file is None)
+
+    def update(self, step: int, metrics: Mapping[str, Any] | None = None) -> None:
+        metrics = metrics or {}
+        postfix = {}
+        if "critic/score/mean" in metrics:
+            postfix["score"] = f"{float(metrics['critic/score/mean']):.3f}"
+        if "timing_s/step" in metrics:
+            postfix["step_s"] = f"{float(metrics['timing_s/step']):.2f}"
+        self._bar.set_postfix(postfix, refresh=False)
+        self._bar.update(step - self._bar.n)
+
+    def close(self) -> None:
+        self._bar.close()
