@@ -1,0 +1,285 @@
+"""The reward model worker: a learned scorer of whole (prompt, response) sequences, `reward_model.*`.
+
+The model is a token-classification network with one output per token (verl's convention; a
+checkpoint saved as `*ForSequenceClassification` has the same `score` head and loads the same way).
+A sequence's score is that head read at its last valid token, where the model has seen the whole
+conversation. `compute_rm_score` returns it as `rm_scores` (batch, response_len): zero everywhere except
+each row's last valid response token, the same place the rule-based reward managers put their scores;
+the managers pass an existing `rm_scores` through as the reward.
+
+When the reward model's tokenizer or chat template differs from the actor's (`model.input_tokenizer`),
+token ids cannot be shared: each row is decoded to text with the actor's tokenizer and rebuilt as a
+conversation in the reward model's own chat template before scoring.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from hybridrl.controller import Dispatch, Worker, register
+from hybridrl.models.loading import load_tokenizer, load_value_model, resolve_model_dir
+from hybridrl.protocol import DataProto
+from hybridrl.workers.batch_sizes import forward_batching, per_rank
+from hybridrl.workers.config import FSDPConfig, to_dataclass
+from hybridrl.workers.engine.fsdp import FSDPEngine
+from hybridrl.workers.micro_batch import make_micro_batches, restore_order
+
+logger = logging.getLogger(__name__)
+
+STRATEGIES = ("fsdp", "fsdp2")  # both mean FSDP2 (`fully_shard`) here, as in the actor and critic
+
+
+@dataclass
+class RewardModelModelConfig:
+    # The actor's tokenizer directory. When its vocabulary or chat template differs from the reward
+    # model's, rows are decoded with it and re-templated for the reward model; None scores the actor's
+    # token ids as they are (only right when both tokenizers are the same).
+    input_tokenizer: str | None = None
+    # Local Hugging Face directory of the reward model (a token- or sequence-classification checkpoint).
+    path: str | None = None
+    # A module to import before loading (registers custom architectures), as in verl.
+    external_lib: str | None = None
+    trust_remote_code: bool = False
+    # Values that replace entries of the checkpoint's config.json.
+    override_config: dict[str, Any] = field(default_factory=dict)
+    # Accepted for verl compatibility: on CPU each micro-batch is trimmed of padding columns instead.
+    use_remove_padding: bool = False
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+
+
+@dataclass
+class OverlongBufferConfig:
+    """DAPO's soft overlong punishment, read by the `dapo` reward manager."""
+
+    enable: bool = False
+    # The last `len` tokens before data.max_response_length, over which the penalty grows to -penalty_factor.
+    len: int = 0
+    penalty_factor: float = 0.0
+    # Report the penalty per sample in the reward extras.
+    log: bool = False
+
+
+@dataclass
+class RewardModelConfig:
+    """`reward_model.*`: the optional reward model worker plus the rule-based reward manager's settings."""
+
+    # Score responses with the reward model; False uses only rule-based / custom reward functions.
+    enable: bool = False
+    # fsdp | fsdp2 (both run FSDP2 here).
+    strategy: str = "fsdp"
+    model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
+    # verl's older global micro-batch size; divided by the world size when the per-GPU value is unset.
+    micro_batch_size: int | None = None
+    # Rows per forward pass on one rank; None (and no dynamic batching) runs a rank's share at once.
+    micro_batch_size_per_gpu: int | None = None
+    # Longest re-tokenised sequence the reward model reads; longer ones lose their end (see
+    # `retokenize_for_reward_model`). None: no limit. Unused when the ids are scored as they are.
+    max_length: int | None = None
+    # Cut micro-batches by a token budget (rows x padded width) instead of a row count.
+    use_dynamic_bsz: bool = False
+    forward_max_token_len_per_gpu: int = 32768
+    ulysses_sequence_parallel_size: int = 1
+    # Rule-based reward manager: naive | batch | prime | dapo (or one you register).
+    reward_manager: str = "naive"
+    # Extra keyword arguments for the reward manager's constructor.
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    # Run the rule-based reward function in the background while log-probs are computed (trainer option).
+    launch_reward_fn_async: bool = False
+
+
+def normalize_reward_model(config: RewardModelConfig, world_size: int) -> RewardModelConfig:
+    """Check the settings and express the micro-batch size in rows per rank."""
+    if config.strategy not in STRATEGIES:
+        raise ValueError(f"reward_model.strategy must be one of {STRATEGIES}, got {config.strategy!r} "
+                         f"(megatron is not supported)")
+    if config.max_length is not None and config.max_length <= 0:
+        raise ValueError(f"reward_model.max_length must be positive or null, got {config.max_length}")
+    micro = config.micro_batch_size_per_gpu
+    if micro is not None and micro <= 0:
+        raise ValueError(f"reward_model.micro_batch_size_per_gpu must be positive, got {micro}")
+    if micro is None and config.micro_batch_size is not None:
+        micro = per_rank(config.micro_batch_size, world_size, "reward_model.micro_batch_size")
+    return dataclasses.replace(config, micro_batch_size_per_gpu=micro)
+
+
+# ----- re-tokenisation --------------------------------------------------------------------------------------
+def same_tokenization(a: Any, b: Any) -> bool:
+    """True when token ids from `a` mean the same to `b`: same vocabulary and the same chat template."""
+    return a.get_vocab() == b.get_vocab() and a.chat_template == b.chat_template
+
+
+def _prompt_messages(raw_prompt: Any) -> list[dict[str, Any]]:
+    if isinstance(raw_prompt, str):
+        return [{"role": "user", "content": raw_prompt}]
+    return [dict(message) for message in raw_prompt]
+
+
+def conversations(data: DataProto, src_tokenizer: Any) -> list[list[dict[str, Any]]]:
+    """Each row as chat messages: its prompt (`raw_prompt`, else the decoded prompt) + the response.
+
+    Without `raw_prompt` (set data.return_raw_chat=True to get it) the prompt text is decoded from the
+    ids without special tokens, so whatever plain text the actor's chat template added stays in it.
+    """
+    prompts, responses = data.batch["prompts"], data.batch["responses"]  # (B, P), (B, R)
+    prompt_len, response_len = prompts.shape[-1], responses.shape[-1]
+    mask = data.batch["attention_mask"]
+    prompt_valid, response_valid = mask[:, :prompt_len].sum(-1), mask[:, -response_len:].sum(-1)  # (B,)
+    raw = data.non_tensor_batch.get("raw_prompt")
+    if raw is None:
+        logger.warning("no raw_prompt in the batch: the reward model gets prompts decoded from token ids; "
+                       "set data.return_raw_chat=True to give it the original chat messages")
+    chats = []
+    for i in range(len(data)):
+        if raw is not None:
+            messages = _prompt_messages(raw[i])
+        else:
+            ids = prompts[i, prompt_len - int(prompt_valid[i]):].tolist()
+            messages = [{"role": "user", "content": src_tokenizer.decode(ids, skip_special_tokens=True)}]
+        response = src_tokenizer.decode(responses[i, :int(response_valid[i])].tolist(), skip_special_tokens=True)
+        chats.append([*messages, {"role": "assistant", "content": response}])
+    return chats
+
+
+def retokenize_for_reward_model(chats: Sequence[list[dict[str, Any]]], rm_tokenizer: Any,
+                                max_length: int | None) -> DataProto:
+    """Right-padded reward-model inputs for the conversations, in the reward model's chat template.
+
+    The templated text is tokenised without adding special tokens: the template already writes every
+    marker the reward model expects (BOS included), and adding them again would double the BOS.
+
+    A sequence longer than `max_length` is truncated at the right, as verl does, and a warning counts
+    them. We truncate rather than raise because one overlong sample should not end a long run;
+    truncating the left instead would cut the chat template's opening markers. The price: such a
+    response is scored on its beginning only, so set max_length to cover prompt + response.
+    """
+    texts = [rm_tokenizer.apply_chat_template(chat, tokenize=False) for chat in chats]
+    ids = [rm_tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+    longest = max(len(row) for row in ids)
+    if max_length is not None and longest > max_length:
+        over = sum(len(row) > max_length for row in ids)
+        logger.warning("reward_model.max_length=%d truncates %d of %d re-tokenised sequences (longest %d "
+                       "tokens); their scores see only the start of the response", max_length, over,
+                       len(ids), longest)
+        ids = [row[:max_length] for row in ids]
+        longest = max_length
+    input_ids = torch.full((len(ids), longest), rm_tokenizer.pad_token_id, dtype=torch.long)  # (B, L)
+    attention_mask = torch.zeros((len(ids), longest), dtype=torch.long)  # (B, L)
+    for i, row in enumerate(ids):
+        input_ids[i, :len(row)] = torch.tensor(row, dtype=torch.long)
+        attention_mask[i, :len(row)] = 1
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (B, L)
+    return DataProto.from_dict({"input_ids": input_ids, "attention_mask": attention_mask,
+                                "position_ids": position_ids})
+
+
+# ----- scoring ---------------------------------------------------------------------------------------------
+def last_valid_index(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Column of each row's last real token, for left, right or both-sides padding. (B, L) -> (B,)."""
+    columns = torch.arange(attention_mask.shape[-1], device=attention_mask.device)
+    return (attention_mask.long() * columns).argmax(dim=-1)
+
+
+def _forward_scores(module: torch.nn.Module, micro: DataProto) -> torch.Tensor:
+    """Head output at each row's last valid token, on the columns where some row has a token. (rows,)"""
+    mask = micro.batch["attention_mask"]
+    used = mask.any(dim=0).nonzero().squeeze(-1)
+    cols = slice(int(used[0]), int(used[-1]) + 1)
+    output = module(input_ids=micro.batch["input_ids"][:, cols], attention_mask=mask[:, cols],
+                    position_ids=micro.batch["position_ids"][:, cols], use_cache=False)
+    logits = output.logits[..., 0]  # (rows, kept_width)
+    last = last_valid_index(mask[:, cols])
+    return logits.gather(-1, last[:, None])[:, 0].float()
+
+
+@torch.no_grad()
+def sequence_scores(module: torch.nn.Module, inputs: DataProto, micro_batch_rows: int | None,
+                    max_token_len: int | None) -> torch.Tensor:
+    """One score per row of `inputs` (input_ids, attention_mask, position_ids), micro-batched. (B,)"""
+    module.eval()
+    micro_batches = make_micro_batches(inputs, micro_batch_rows, max_token_len)
+    parts = [_forward_scores(module, mb.data) for mb in micro_batches]
+    return restore_order(parts, micro_batches, len(inputs))
+
+
+def place_on_last_response_token(scores: torch.Tensor, attention_mask: torch.Tensor,
+                                 response_length: int) -> torch.Tensor:
+    """(B,) scores -> (B, response_length), each on its row's last valid response token.
+
+    A row with an empty response has no token to carry its score and stays zero (as in the managers).
+    """
+    valid = attention_mask[:, -response_length:].sum(dim=-1).long()  # (B,)
+    out = torch.zeros((len(scores), response_length), dtype=torch.float32)  # (B, R)
+    rows = (valid > 0).nonzero().squeeze(-1)
+    out[rows, valid[rows] - 1] = scores[rows].float()
+    return out
+
+
+def _has_trained_head(model_dir: Any) -> bool:
+    """Whether the checkpoint holds the scalar `score` head (else it is initialised at random)."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        names = json.loads(index.read_text())["weight_map"]
+    elif (model_dir / "model.safetensors").is_file():
+        with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
+            names = list(f.keys())
+    else:
+        return True  # .bin checkpoints: not inspected, transformers reports missing weights itself
+    return any(name == "score.weight" or name.endswith(".score.weight") for name in names)
+
+
+class RewardModelWorker(Worker):
+    """The reward model on one rank: `compute_rm_score` on this rank's rows."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.config = normalize_reward_model(to_dataclass(RewardModelConfig, config), self.world_size)
+        self.module = None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        model_cfg = self.config.model
+        if model_cfg.external_lib:
+            importlib.import_module(model_cfg.external_lib)
+        self.tokenizer = load_tokenizer(model_cfg.path, trust_remote_code=model_cfg.trust_remote_code)
+        self.input_tokenizer = None
+        if model_cfg.input_tokenizer:
+            source = load_tokenizer(model_cfg.input_tokenizer, trust_remote_code=model_cfg.trust_remote_code)
+            if not same_tokenization(source, self.tokenizer):
+                self.input_tokenizer = source
+        model_dir = resolve_model_dir(model_cfg.path)
+        if not _has_trained_head(model_dir):
+            logger.warning("reward_model.model.path=%s has no trained 'score' head; its scores come from a "
+                           "randomly initialised one", model_dir)
+        model = load_value_model(model_dir, trust_remote_code=model_cfg.trust_remote_code,
+                                 override_config=model_cfg.override_config)
+        self.module = FSDPEngine(model, model_cfg.fsdp_config).module
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_rm_score(self, data: DataProto) -> DataProto:
+        """`rm_scores` (B, response_len): each sequence's score on its last valid response token."""
+        if self.module is None:
+            raise RuntimeError("compute_rm_score called before init_model")
+        cfg = self.config
+        if self.input_tokenizer is not None:
+            inputs = retokenize_for_reward_model(conversations(data, self.input_tokenizer), self.tokenizer,
+                                                 cfg.max_length)
+        else:
+            inputs = data.select(batch_keys=["input_ids", "attention_mask", "position_ids"],
+                                 non_tensor_batch_keys=[], meta_info_keys=[])
+        rows, tokens = forward_batching(cfg.use_dynamic_bsz, cfg.micro_batch_size_per_gpu,
+                                        cfg.forward_max_token_len_per_gpu)
+        scores = sequence_scores(self.module, inputs, rows, tokens)  # (B,)
+        rm_scores = place_on_last_response_token(scores, data.batch["attention_mask"],
+                                                 data.batch["responses"].shape[-1])
+        return DataProto.from_dict({"rm_scores": rm_scores})
+
