@@ -358,8 +358,9 @@ class StepProgress:
             postfix["score"] = f"{float(metrics['critic/score/mean']):.3f}"
         if "timing_s/step" in metrics:
             postfix["step_s"] = f"{float(metrics['timing_s/step']):.2f}"
-        self._bar.set_postfix(postfix, refresh=False)
         self._bar.update(step - self._bar.n)
+        # refresh now, past tqdm's redraw throttle: a step takes seconds, so every step is worth a redraw
+        self._bar.set_postfix(postfix, refresh=True)
 
     def close(self) -> None:
         self._bar.close()
