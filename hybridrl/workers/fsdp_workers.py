@@ -86,6 +86,8 @@ class ActorRolloutRefWorker(Worker):
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         self._require(self.rollout, "generate_sequences", "rollout")
         start = time.perf_counter()
+        if "seed" in prompts.meta_info:  # a per-step seed from the trainer: distinct streams per rank
+            prompts.meta_info["seed"] = int(prompts.meta_info["seed"]) * 1009 + self.rank
         engine = self.actor.engine if self.actor else None
         if engine is not None:
             engine.offload_optimizer()  # generation needs no optimizer state

@@ -1,0 +1,127 @@
+"""Checks between settings that types alone cannot express, run before any worker starts.
+
+Each failure names the keys involved and the fix, so an impossible batch setting fails in the first
+second instead of ten minutes into a run. `batch_plan` is the arithmetic a dry run prints.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from hybridrl.algos import get_adv_estimator_spec, get_kl_controller, get_policy_loss_fn, kl_penalty
+from hybridrl.rewards.managers import REWARD_MANAGERS
+from hybridrl.trainer.ppo_config import PPOTrainerConfig
+from hybridrl.workers.rollout import ROLLOUT_ENGINES
+
+
+class ConfigError(ValueError):
+    """A setting, or a combination of settings, that cannot work."""
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def world_size(config: PPOTrainerConfig) -> int:
+    return config.trainer.nnodes * config.trainer.n_gpus_per_node
+
+
+def validate_config(config: PPOTrainerConfig) -> None:
+    _check_placement(config)
+    _check_names(config)
+    _check_batches(config)
+    _check_lengths(config)
+
+
+def _check_placement(config: PPOTrainerConfig) -> None:
+    t = config.trainer
+    _require(t.backend in ("ray", "local"), f"trainer.backend must be 'ray' or 'local', got {t.backend!r}")
+    _require(t.device in ("cpu", "cuda"), f"trainer.device must be 'cpu' or 'cuda', got {t.device!r}")
+    _require(t.device == "cpu" or torch.cuda.is_available(),
+             "trainer.device=cuda but torch sees no GPU; set trainer.device=cpu")
+    _require(t.nnodes >= 1 and t.n_gpus_per_node >= 1,
+             f"trainer.nnodes ({t.nnodes}) and trainer.n_gpus_per_node ({t.n_gpus_per_node}) must be >= 1")
+    _require(t.backend == "ray" or world_size(config) == 1,
+             f"trainer.backend=local runs one rank in this process, but trainer.nnodes x trainer.n_gpus_per_node "
+             f"= {world_size(config)}; set trainer.n_gpus_per_node=1 trainer.nnodes=1 or use trainer.backend=ray")
+    _require(not config.reward_model.enable or bool(config.reward_model.model.path),
+             "reward_model.enable=true needs reward_model.model.path=<local reward model directory>")
+    _require(t.resume_mode in ("auto", "disable", "resume_path"),
+             f"trainer.resume_mode must be auto, disable or resume_path, got {t.resume_mode!r}")
+    _require(t.resume_mode != "resume_path" or bool(t.resume_from_path),
+             "trainer.resume_mode=resume_path needs trainer.resume_from_path=<.../global_step_N>")
+
+
+def _check_names(config: PPOTrainerConfig) -> None:
+    """Names looked up in registries: an unknown one raises listing the registered names."""
+    algo, arr = config.algorithm, config.actor_rollout_ref
+    get_adv_estimator_spec(algo.adv_estimator)
+    get_policy_loss_fn(arr.actor.policy_loss.loss_mode)
+    get_kl_controller(**vars(algo.kl_ctrl))
+    probe = torch.zeros(1, 1)
+    kl_penalty(probe, probe, algo.kl_penalty)
+    kl_penalty(probe, probe, arr.actor.kl_loss_type)
+    ROLLOUT_ENGINES.get(arr.rollout.name)
+    REWARD_MANAGERS.get(config.reward_model.reward_manager or "naive")
+
+
+def _check_batches(config: PPOTrainerConfig) -> None:
+    data, arr, ws = config.data, config.actor_rollout_ref, world_size(config)
+    n = arr.rollout.n
+    mini = arr.actor.ppo_mini_batch_size
+    _require(data.train_batch_size >= 1 and mini >= 1,
+             f"data.train_batch_size ({data.train_batch_size}) and ppo_mini_batch_size ({mini}) must be >= 1")
+    _require(data.train_batch_size % mini == 0,
+             f"data.train_batch_size ({data.train_batch_size}) must be a multiple of "
+             f"actor_rollout_ref.actor.ppo_mini_batch_size ({mini}): each step makes whole mini-batches")
+    _require(mini * n % ws == 0,
+             f"ppo_mini_batch_size ({mini}) x rollout.n ({n}) must be divisible by the data-parallel size ({ws})")
+    if get_adv_estimator_spec(config.algorithm.adv_estimator).needs_critic:
+        cmini = config.critic.ppo_mini_batch_size
+        _require(data.train_batch_size % cmini == 0 and cmini * n % ws == 0,
+                 f"critic.ppo_mini_batch_size ({cmini}) must divide data.train_batch_size ({data.train_batch_size}) "
+                 f"and critic.ppo_mini_batch_size x rollout.n ({cmini * n}) must divide by the data-parallel size ({ws})")
+    _require(not config.algorithm.filter_groups.enable or n > 1,
+             "algorithm.filter_groups.enable needs rollout.n > 1: a single sample per prompt never varies")
+    vk = arr.rollout.val_kwargs
+    _require(vk.n == 1 or (vk.do_sample and vk.temperature > 0),
+             f"rollout.val_kwargs.n={vk.n} needs val_kwargs.do_sample=true and val_kwargs.temperature > 0")
+
+
+def _check_lengths(config: PPOTrainerConfig) -> None:
+    data, rollout = config.data, config.actor_rollout_ref.rollout
+    _require(rollout.prompt_length == data.max_prompt_length,
+             f"rollout.prompt_length ({rollout.prompt_length}) must equal data.max_prompt_length "
+             f"({data.max_prompt_length}); leave it at its default ${{data.max_prompt_length}}")
+    _require(rollout.response_length == data.max_response_length,
+             f"rollout.response_length ({rollout.response_length}) must equal data.max_response_length "
+             f"({data.max_response_length}); leave it at its default ${{data.max_response_length}}")
+    actor = config.actor_rollout_ref.actor
+    total = data.max_prompt_length + data.max_response_length
+    _require(not actor.use_dynamic_bsz or actor.ppo_max_token_len_per_gpu >= total,
+             f"actor.ppo_max_token_len_per_gpu ({actor.ppo_max_token_len_per_gpu}) must hold one sequence "
+             f"(max_prompt_length + max_response_length = {total})")
+
+
+def batch_plan(config: PPOTrainerConfig) -> dict[str, int]:
+    """The effective batch arithmetic of one training step."""
+    arr, ws = config.actor_rollout_ref, world_size(config)
+    n = arr.rollout.n
+    rows = config.data.train_batch_size * n
+    mini_rows_per_rank = arr.actor.ppo_mini_batch_size * n // ws
+    micro = arr.actor.ppo_micro_batch_size_per_gpu or mini_rows_per_rank
+    return {
+        "prompts per step": config.data.train_batch_size,
+        "samples per prompt (rollout.n)": n,
+        "rows per step (global batch)": rows,
+        "worker processes (data-parallel ranks)": ws,
+        "rows per rank per step": rows // ws,
+        "optimizer steps per rollout": config.data.train_batch_size // arr.actor.ppo_mini_batch_size
+        * arr.actor.ppo_epochs,
+        "rows per rank per mini-batch": mini_rows_per_rank,
+        "micro-batches per rank per mini-batch": math.ceil(mini_rows_per_rank / micro)
+        if not arr.actor.use_dynamic_bsz else -1,
+    }

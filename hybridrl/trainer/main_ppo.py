@@ -1,0 +1,88 @@
+"""Entry point: `python -m hybridrl.trainer.main_ppo key=value ...` (or `hybridrl-train key=value ...`).
+
+Parses the Hydra config (`config/ppo_trainer.yaml` on top of the typed schema), checks it, starts or
+joins Ray (unless trainer.backend=local), builds the worker groups, and trains.
+"""
+
+from __future__ import annotations
+
+import os
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from hybridrl.trainer.config_checks import batch_plan, validate_config
+from hybridrl.trainer.ppo_config import PPOTrainerConfig
+
+
+def print_dry_run(cfg: DictConfig, config: PPOTrainerConfig) -> None:
+    from hybridrl.trainer.worker_groups import role_classes
+
+    print(OmegaConf.to_yaml(cfg, resolve=True))
+    print("batch arithmetic:")
+    for name, value in batch_plan(config).items():
+        print(f"  {name:<42} {value}")
+    roles = ", ".join(role_classes(config))
+    print(f"placement: {config.trainer.nnodes} node(s) x {config.trainer.n_gpus_per_node} process(es) on "
+          f"backend={config.trainer.backend}, device={config.trainer.device}; colocated roles: {roles}")
+
+
+def run_ppo(cfg: DictConfig) -> list[dict[str, float]]:
+    """Train with a composed config; returns every step's metrics."""
+    from hybridrl.data.rl_dataset import RLHFDataset, collate_fn
+    from hybridrl.models.loading import load_tokenizer
+    from hybridrl.rewards.managers import load_reward_manager
+    from hybridrl.trainer.ppo_trainer import PPOTrainer
+    from hybridrl.trainer.worker_groups import WorkerGroups
+
+    config: PPOTrainerConfig = OmegaConf.to_object(cfg)
+    validate_config(config)
+    if config.trainer.dry_run:
+        print_dry_run(cfg, config)
+        return []
+    model = config.actor_rollout_ref.model
+    tokenizer = load_tokenizer(config.data.tokenizer or model.tokenizer_path or model.path,
+                               trust_remote_code=model.trust_remote_code)
+    train_dataset = RLHFDataset(config.data.train_files, tokenizer, config.data)
+    val_dataset = RLHFDataset(config.data.val_files, tokenizer, config.data) if config.data.val_files else None
+    steps = config.trainer.total_training_steps or \
+        len(train_dataset) // config.data.train_batch_size * config.trainer.total_epochs
+    config.actor_rollout_ref.actor.optim.total_training_steps = steps
+    config.critic.optim.total_training_steps = steps
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    reward_fn = load_reward_manager(plain, tokenizer, num_examine=0)
+    val_reward_fn = load_reward_manager(plain, tokenizer, num_examine=1)
+    started_ray = _start_ray(config)
+    try:
+        groups = WorkerGroups.create(config)
+        trainer = PPOTrainer(config, tokenizer, groups, reward_fn, val_reward_fn, train_dataset, val_dataset,
+                             collate_fn)
+        return trainer.fit()
+    finally:
+        if started_ray:
+            import ray
+
+            ray.shutdown()
+
+
+def _start_ray(config: PPOTrainerConfig) -> bool:
+    if config.trainer.backend != "ray":
+        return False
+    import ray
+
+    from hybridrl.controller.ray_resources import init_ray
+
+    already = ray.is_initialized()
+    ri = config.ray_init
+    init_ray(num_cpus=ri.num_cpus or max(os.cpu_count() or 1, config.trainer.n_gpus_per_node),
+             object_store_memory=ri.object_store_memory, include_dashboard=ri.include_dashboard)
+    return not already
+
+
+@hydra.main(config_path="config", config_name="ppo_trainer", version_base=None)
+def main(cfg: DictConfig) -> None:
+    run_ppo(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""The PPO/GRPO trainer's typed config: verl's key names, one home for every default.
+
+`ppo_trainer.yaml` composes `PPOTrainerConfig` (registered with Hydra's ConfigStore) and overrides only
+what differs for the built-in CPU quickstart. Hydra then rejects unknown keys and ill-typed values when
+the command line is parsed, and `validate_config` checks the relations between settings (batch
+arithmetic, estimator needs) before any worker starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+
+from hybridrl.data.rl_dataset import RLDatasetConfig
+from hybridrl.workers.config import ActorRolloutRefConfig, CriticConfig
+from hybridrl.workers.reward_model import RewardModelConfig
+
+
+@dataclass
+class CustomClassConfig:
+    path: str | None = None
+    name: str | None = None
+
+
+@dataclass
+class DataConfig(RLDatasetConfig):
+    # Parquet file(s) in verl's schema; a path or a list of paths.
+    train_files: Any = "???"
+    val_files: Any = None
+    # Tokenizer directory when it differs from the actor's model path.
+    tokenizer: str | None = None
+    # non_tensor column that selects the reward function (verl's default: data_source).
+    reward_fn_key: str = "data_source"
+    max_response_length: int = 512
+    # Prompts per training step (each sampled rollout.n times).
+    train_batch_size: int = 1024
+    # Prompts per validation batch; None validates the whole set in one batch.
+    val_batch_size: int | None = None
+    shuffle: bool = True
+    seed: int = 1
+    validation_shuffle: bool = False
+    dataloader_num_workers: int = 0
+    return_raw_input_ids: bool = False
+    filter_overlong_prompts_workers: int = 1
+    trust_remote_code: bool = False
+    custom_cls: CustomClassConfig = field(default_factory=CustomClassConfig)
+
+
+@dataclass
+class KLControlConfig:
+    # fixed | adaptive (Ziegler et al. 2019)
+    type: str = "fixed"
+    kl_coef: float = 0.001
+    horizon: int = 10000
+    target_kl: float = 0.1
+
+
+@dataclass
+class FilterGroupsConfig:
+    # DAPO dynamic sampling: drop prompts whose samples all score the same on `metric`.
+    enable: bool = False
+    # acc | score | seq_reward | seq_final_reward (None: seq_final_reward)
+    metric: str | None = None
+    # Generation rounds allowed to fill one batch; 0 means no limit.
+    max_num_gen_batches: int = 0
+
+
+@dataclass
+class AlgorithmConfig:
+    gamma: float = 1.0
+    lam: float = 1.0
+    # A registered advantage estimator: gae, grpo, rloo, reinforce_plus_plus, remax, opo, gpg, ...
+    adv_estimator: str = "gae"
+    # GRPO: divide by the group's std (False gives Dr. GRPO).
+    norm_adv_by_std_in_grpo: bool = True
+    # Subtract beta * KL(actor || ref) from the token rewards (PPO-style); GRPO uses the actor's kl loss.
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "kl"
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    use_pf_ppo: bool = False
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+
+
+@dataclass
+class CustomRewardFunctionConfig:
+    # A .py file defining compute_score(data_source, solution_str, ground_truth, extra_info=None).
+    path: str | None = None
+    name: str = "compute_score"
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TrainerConfig:
+    # Reorder rows so each data-parallel rank gets a similar number of tokens.
+    balance_batch: bool = True
+    total_epochs: int = 30
+    # Overrides total_epochs when set.
+    total_training_steps: int | None = None
+    project_name: str = "hybridrl"
+    experiment_name: str = "run"
+    # Any of console, file, tensorboard, wandb, mlflow (a name or a list).
+    logger: Any = field(default_factory=lambda: ["console"])
+    # Generations printed at each validation.
+    log_val_generations: int = 0
+    rollout_data_dir: str | None = None
+    validation_data_dir: str | None = None
+    nnodes: int = 1
+    # Worker processes per node (GPUs per node on GPU machines).
+    n_gpus_per_node: int = 8
+    save_freq: int = -1
+    # auto | disable | resume_path
+    resume_mode: str = "auto"
+    resume_from_path: str | None = None
+    val_before_train: bool = True
+    val_only: bool = False
+    test_freq: int = -1
+    # Steps that update only the critic before the actor starts (PPO).
+    critic_warmup: int = 0
+    default_hdfs_dir: str | None = None
+    del_local_ckpt_after_load: bool = False
+    default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
+    max_actor_ckpt_to_keep: int | None = None
+    max_critic_ckpt_to_keep: int | None = None
+    # cpu | cuda
+    device: str = "cuda"
+    # ray (worker processes placed by Ray) | local (one rank inside this process, for debugging)
+    backend: str = "ray"
+    # Print the resolved config, batch arithmetic and placement, then exit.
+    dry_run: bool = False
+    # Write a PNG plot of the score and validation curves into default_local_dir at the end.
+    plot: bool = False
+    ray_wait_register_center_timeout: int = 300
+
+
+@dataclass
+class RayInitConfig:
+    # CPUs of a local Ray cluster (None: all cores); ignored when joining a running cluster.
+    num_cpus: int | None = None
+    object_store_memory: int | None = 512 * 1024**2
+    include_dashboard: bool = False
+    timeline_json_file: str | None = None
+
+
+@dataclass
+class PPOTrainerConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    ray_init: RayInitConfig = field(default_factory=RayInitConfig)
+
+
+ConfigStore.instance().store(name="ppo_trainer_schema", node=PPOTrainerConfig)

@@ -1,0 +1,301 @@
+"""The single controller of PPO/GRPO training: the dataflow of DESIGN.md section 4, one method per stage.
+
+The trainer holds the dataloader, the advantage computation, metrics and checkpoints; all model work
+is a call on a worker group. It never branches on an algorithm's name: estimators declare the inputs
+they need (values, baselines) and the trainer provides what is declared.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hybridrl.algos import apply_kl_penalty, compute_advantage, get_adv_estimator_spec, get_kl_controller
+from hybridrl.data.sampler import ResumableSampler, StatefulDataLoader
+from hybridrl.protocol import DataProto
+from hybridrl.trainer import dataflow
+from hybridrl.trainer.metrics import (
+    compute_data_metrics,
+    compute_memory_metrics,
+    compute_rollout_agreement_metrics,
+    compute_throughput_metrics,
+    compute_timing_metrics,
+    reduce_metrics,
+)
+from hybridrl.trainer.ppo_config import PPOTrainerConfig
+from hybridrl.trainer.validation import Validator
+from hybridrl.trainer.worker_groups import WorkerGroups
+from hybridrl.utils.timing import timer
+from hybridrl.utils.tracking import StepProgress, Tracking
+from hybridrl.workers.checkpoint import commit_checkpoint, resolve_resume_path
+
+
+class PPOTrainer:
+    """Runs `fit()` over worker groups built by `WorkerGroups` (Ray or local backend)."""
+
+    def __init__(self, config: PPOTrainerConfig, tokenizer: Any, groups: WorkerGroups, reward_fn: Any,
+                 val_reward_fn: Any, train_dataset: Any, val_dataset: Any | None, collate_fn: Any) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.groups = groups
+        self.reward_fn = reward_fn
+        self.estimator = get_adv_estimator_spec(config.algorithm.adv_estimator)
+        self.kl_ctrl = get_kl_controller(**vars(config.algorithm.kl_ctrl))
+        self.sampler = ResumableSampler(len(train_dataset), shuffle=config.data.shuffle, seed=config.data.seed)
+        self.dataloader = StatefulDataLoader(
+            train_dataset, sampler=self.sampler, batch_size=config.data.train_batch_size, drop_last=True,
+            collate_fn=collate_fn, num_workers=config.data.dataloader_num_workers,
+        )
+        if len(self.dataloader) == 0:
+            raise ValueError(
+                f"the training set has {len(train_dataset)} prompts, fewer than data.train_batch_size="
+                f"{config.data.train_batch_size}; lower the batch size or add data"
+            )
+        self.validator = Validator(config, tokenizer, groups, val_reward_fn, val_dataset, collate_fn) \
+            if val_dataset is not None and val_reward_fn is not None else None
+        self.total_steps = config.trainer.total_training_steps or len(self.dataloader) * config.trainer.total_epochs
+        self.global_steps = 0
+        self.history: list[dict[str, float]] = []
+        self._batches: Iterator[dict] | None = None
+
+    # ----- the loop ------------------------------------------------------------------------------------
+    def fit(self) -> list[dict[str, float]]:
+        """Train for `total_steps` steps; returns every step's metrics (also sent to the loggers)."""
+        cfg = self.config.trainer
+        tracker = Tracking(cfg.project_name, cfg.experiment_name, cfg.logger, config=None,
+                           log_dir=cfg.default_local_dir)
+        try:
+            self._load_checkpoint()
+            if self.validator and cfg.val_before_train:
+                self._log(tracker, self.validator.run(self.global_steps))
+            if cfg.val_only:
+                return self.history
+            bar = StepProgress(self.total_steps, initial_step=self.global_steps)
+            while self.global_steps < self.total_steps:
+                self.global_steps += 1
+                metrics = self.train_step()
+                metrics.update(self._periodic())
+                self._log(tracker, metrics)
+                bar.update(self.global_steps, metrics)
+            bar.close()
+        finally:
+            tracker.finish()
+        return self.history
+
+    def train_step(self) -> dict[str, float]:
+        """One PPO/GRPO step: DESIGN.md section 4, stages 1-8."""
+        metrics: dict[str, float] = {}
+        timing: dict[str, float] = {}
+        with timer("step", timing):
+            batch = self._collect_batch(metrics, timing)  # 1, 2, 4: prompts, responses, scores
+            self._balance(batch, metrics)  # 3
+            self._recompute(batch, metrics, timing)  # 5: old/ref log-probs, values
+            self._apply_kl(batch, metrics)  # 6
+            with timer("adv", timing):
+                self._compute_advantage(batch)  # 7
+            self._update_critic(batch, metrics, timing)  # 8
+            self._update_actor(batch, metrics, timing)
+        self._dump_rollouts(batch)
+        metrics.update(compute_data_metrics(batch, use_critic=self.groups.critic is not None))
+        metrics.update(compute_timing_metrics(batch, timing))
+        metrics.update(compute_throughput_metrics(batch, timing, n_workers=self.groups.world_size))
+        metrics.update(compute_memory_metrics())
+        return metrics
+
+    # ----- stages --------------------------------------------------------------------------------------
+    def _next_prompts(self) -> DataProto:
+        if self._batches is None:
+            self._batches = iter(self.dataloader)
+        try:
+            return dataflow.new_prompt_batch(next(self._batches))
+        except StopIteration:  # epoch boundary: the sampler has moved on to the next epoch's order
+            self._batches = iter(self.dataloader)
+            return dataflow.new_prompt_batch(next(self._batches))
+
+    def _collect_batch(self, metrics: dict, timing: dict) -> DataProto:
+        """Generate and score until the batch is full (more than one round only with filter_groups)."""
+        groups_cfg = self.config.algorithm.filter_groups
+        want = self.config.data.train_batch_size
+        kept, prompts, rounds = [], 0, 0
+        while True:
+            rounds += 1
+            batch = self._generate(self._next_prompts(), timing)
+            with timer("reward", timing):
+                self._score(batch, metrics)
+            if not groups_cfg.enable:
+                return batch
+            batch, n_prompts = dataflow.keep_varied_groups(batch, groups_cfg.metric)
+            kept.append(batch)
+            prompts += n_prompts
+            if prompts >= want:
+                metrics["train/num_gen_batches"] = rounds
+                n = self.config.actor_rollout_ref.rollout.n  # rows stay grouped by prompt, n at a time
+                return DataProto.concat(kept).select_rows(slice(0, want * n))
+            if 0 < groups_cfg.max_num_gen_batches <= rounds:
+                raise RuntimeError(
+                    f"after {rounds} generation rounds only {prompts} of {want} prompts had samples with "
+                    f"different scores; the data may be too hard or too easy. Raise "
+                    f"algorithm.filter_groups.max_num_gen_batches (0 = no limit) or disable filter_groups"
+                )
+
+    def _generate(self, batch: DataProto, timing: dict) -> DataProto:
+        gen_input = dataflow.split_generation_input(batch)
+        gen_input.meta_info["seed"] = self.config.actor_rollout_ref.rollout.seed + self.global_steps
+        with timer("gen", timing):
+            generated = self.groups.actor_rollout.generate_sequences(gen_input)
+        if "reward_baselines" in self.estimator.required_inputs:
+            with timer("gen_baseline", timing):
+                batch.batch["reward_baselines"] = self._greedy_baseline(batch, gen_input)
+        return dataflow.attach_responses(batch, generated)
+
+    def _greedy_baseline(self, batch: DataProto, gen_input: DataProto) -> torch.Tensor:
+        """ReMax's baseline: the score of each prompt's greedy response, (prompts,)."""
+        greedy_input = gen_input.select(deepcopy=False)
+        greedy_input.meta_info = {"do_sample": False}
+        greedy = dataflow.attach_responses(batch.select(deepcopy=True), self.groups.actor_rollout.
+                                           generate_sequences(greedy_input))
+        self._score(greedy, {})
+        return dataflow.sequence_scores(greedy)
+
+    def _score(self, batch: DataProto, metrics: dict) -> None:
+        """4. Model and rule scores -> `token_level_scores` (the score on each row's last valid token)."""
+        if self.groups.reward_model is not None:
+            batch.union(self.groups.reward_model.compute_rm_score(batch))
+        try:
+            result = self.reward_fn(batch, return_dict=True)
+        except Exception as err:
+            raise RuntimeError(
+                f"the reward function raised {type(err).__name__}: {err}. Fix the function, or use "
+                f"reward_model.reward_manager=prime, which scores a failing sample 0 and counts it"
+            ) from err
+        batch.batch["token_level_scores"] = result["reward_tensor"]
+        for key, values in result.get("reward_extra_info", {}).items():
+            batch.non_tensor_batch[key] = np.array(values, dtype=object)
+
+    def _balance(self, batch: DataProto, metrics: dict) -> None:
+        if self.config.trainer.balance_batch:
+            metrics.update(dataflow.balance_batch(batch, self.groups.world_size))
+
+    def _recompute(self, batch: DataProto, metrics: dict, timing: dict) -> None:
+        """5. The actor's log-probs of its own samples, the reference's, and the critic's values."""
+        with timer("old_log_prob", timing):
+            old = self.groups.actor_rollout.compute_log_prob(batch)
+        mask = batch.batch["response_mask"]
+        entropy = old.batch.pop("entropys")
+        metrics["actor/entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
+        batch.union(old)
+        metrics.update(compute_rollout_agreement_metrics(batch))
+        if self.groups.uses_reference:
+            with timer("ref", timing):
+                batch.union(self.groups.actor_rollout.compute_ref_log_prob(batch))
+        if self.groups.critic is not None:
+            with timer("values", timing):
+                batch.union(self.groups.critic.compute_values(batch))
+
+    def _apply_kl(self, batch: DataProto, metrics: dict) -> None:
+        """6. KL in the reward (PPO) or plain scores (GRPO puts KL in the actor's loss instead)."""
+        algo = self.config.algorithm
+        if not algo.use_kl_in_reward:
+            batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+            return
+        rewards, kl_metrics = apply_kl_penalty(
+            batch.batch["token_level_scores"], batch.batch["old_log_probs"], batch.batch["ref_log_prob"],
+            batch.batch["response_mask"], self.kl_ctrl, algo.kl_penalty,
+        )
+        batch.batch["token_level_rewards"] = rewards
+        metrics.update(kl_metrics)
+
+    def _compute_advantage(self, batch: DataProto) -> None:
+        """7. Advantages and returns from the configured estimator, given every input the batch has."""
+        algo = self.config.algorithm
+        advantages, returns = compute_advantage(
+            algo.adv_estimator,
+            token_level_rewards=batch.batch["token_level_rewards"],
+            response_mask=batch.batch["response_mask"],
+            values=batch.batch.get("values"),
+            reward_baselines=batch.batch.get("reward_baselines"),
+            index=batch.non_tensor_batch["uid"],
+            gamma=algo.gamma,
+            lam=algo.lam,
+            norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
+        )
+        batch.batch["advantages"], batch.batch["returns"] = advantages, returns
+
+    def _update_critic(self, batch: DataProto, metrics: dict, timing: dict) -> None:
+        if self.groups.critic is not None:
+            with timer("update_critic", timing):
+                output = self.groups.critic.update_critic(batch)
+            metrics.update(reduce_metrics(output.meta_info["metrics"]))
+
+    def _update_actor(self, batch: DataProto, metrics: dict, timing: dict) -> None:
+        """8. The policy update, once the critic has warmed up (`trainer.critic_warmup` steps)."""
+        if self.config.trainer.critic_warmup <= self.global_steps:
+            with timer("update_actor", timing):
+                output = self.groups.actor_rollout.update_actor(batch)
+            metrics.update(reduce_metrics(output.meta_info["metrics"]))
+
+    # ----- validation, checkpoints, logging ------------------------------------------------------------
+    def _periodic(self) -> dict[str, float]:
+        """9. Validate every test_freq steps and at the end; checkpoint every save_freq steps and at the end."""
+        cfg = self.config.trainer
+        last = self.global_steps == self.total_steps
+        metrics = {}
+        if self.validator and cfg.test_freq > 0 and (self.global_steps % cfg.test_freq == 0 or last):
+            metrics.update(self.validator.run(self.global_steps))
+        if cfg.save_freq > 0 and (self.global_steps % cfg.save_freq == 0 or last):
+            timing: dict[str, float] = {}
+            with timer("save_checkpoint", timing):
+                self.save_checkpoint()
+            metrics["timing_s/save_checkpoint"] = timing["save_checkpoint"]
+        return metrics
+
+    def save_checkpoint(self) -> Path:
+        cfg = self.config.trainer
+        step_dir = Path(cfg.default_local_dir) / f"global_step_{self.global_steps}"
+        self.groups.actor_rollout.save_checkpoint(str(step_dir / "actor"), None, self.global_steps,
+                                                  cfg.max_actor_ckpt_to_keep)
+        if self.groups.critic is not None:
+            self.groups.critic.save_checkpoint(str(step_dir / "critic"), None, self.global_steps,
+                                               cfg.max_critic_ckpt_to_keep)
+        torch.save({"dataloader": self.dataloader.state_dict(), "kl_coef": self.kl_ctrl.value,
+                    "global_steps": self.global_steps}, step_dir / "data.pt")
+        commit_checkpoint(cfg.default_local_dir, self.global_steps)
+        return step_dir
+
+    def _load_checkpoint(self) -> None:
+        cfg = self.config.trainer
+        step_dir = resolve_resume_path(cfg.resume_mode, cfg.default_local_dir, cfg.resume_from_path)
+        if step_dir is None:
+            return
+        step_dir = Path(step_dir)
+        self.groups.actor_rollout.load_checkpoint(str(step_dir / "actor"))
+        if self.groups.critic is not None:
+            self.groups.critic.load_checkpoint(str(step_dir / "critic"))
+        state = torch.load(step_dir / "data.pt", weights_only=False)
+        self.dataloader.load_state_dict(state["dataloader"])
+        self.kl_ctrl.value = state["kl_coef"]
+        self.global_steps = state["global_steps"]
+        print(f"resumed from {step_dir} at step {self.global_steps}")
+
+    def _dump_rollouts(self, batch: DataProto) -> None:
+        out_dir = self.config.trainer.rollout_data_dir
+        if not out_dir:
+            return
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        texts = self.tokenizer.batch_decode(batch.batch["responses"], skip_special_tokens=True)
+        prompts = self.tokenizer.batch_decode(batch.batch["prompts"], skip_special_tokens=True)
+        scores = dataflow.sequence_scores(batch).tolist()
+        with open(Path(out_dir) / f"{self.global_steps}.jsonl", "w") as f:
+            for prompt, text, score in zip(prompts, texts, scores, strict=True):
+                f.write(json.dumps({"input": prompt, "output": text, "score": score, "step": self.global_steps}) + "\n")
+
+    def _log(self, tracker: Tracking, metrics: dict[str, float]) -> None:
+        metrics = {"training/global_step": self.global_steps, "training/time": time.time(), **metrics}
+        tracker.log(metrics, step=self.global_steps)
+        self.history.append(metrics)
