@@ -75,9 +75,10 @@ def run_generate(model, tokenizer, prompts: DataProto, args, seed: int) -> int:
     return response_tokens(out[:, prompts.batch["input_ids"].shape[1] :], tokenizer.eos_token_id)
 
 
-def measure(fn: Callable[[int], int], runs: int) -> tuple[float, int]:
-    """Median tokens/s over `runs` timed runs after one warm-up; also the tokens of the last run."""
-    fn(-1)
+def measure(fn: Callable[[int], int], runs: int, warmup: int) -> tuple[float, int]:
+    """Median tokens/s over `runs` timed runs after `warmup` untimed ones; also the last run's tokens."""
+    for i in range(warmup):
+        fn(-1 - i)
     rates, tokens = [], 0
     for seed in range(runs):
         start = time.perf_counter()
@@ -93,7 +94,7 @@ def bench_size(size: str, workdir: Path, args) -> list[tuple[str, str, int, floa
     prompts = make_prompts(tokenizer, args.prompts, args.prompt_length)
     rows = []
     for name, runner in (("model.generate", run_generate), ("hybridrl hf", run_ours)):
-        rate, tokens = measure(lambda seed, r=runner: r(model, tokenizer, prompts, args, seed), args.runs)
+        rate, tokens = measure(lambda seed, r=runner: r(model, tokenizer, prompts, args, seed), args.runs, args.warmup)
         rows.append((size, name, tokens, rate))
         print(f"{size:>4}  {name:<15} {tokens:>7} tokens/run  {rate:9.1f} tokens/s", flush=True)
     return rows
@@ -103,7 +104,7 @@ def render(rows: list[tuple[str, str, int, float]], args) -> tuple[str, float]:
     lines = [
         f"Rollout throughput, {args.prompts} prompts x {args.n} samples x {args.new_tokens} new tokens, "
         f"prompt length {args.prompt_length}, temperature {args.temperature}, {args.dtype}, "
-        f"median of {args.runs} runs, {torch.get_num_threads()} torch threads.",
+        f"median of {args.runs} runs after {args.warmup} warm-up, {torch.get_num_threads()} torch threads.",
         "",
         "| model | engine | tokens/run | tokens/s | speedup |",
         "|---|---|---:|---:|---:|",
@@ -127,6 +128,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--prompt-length", type=int, default=32)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs before the timed ones")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--dtype", default="float32", help="model and generation dtype for both engines")
     parser.add_argument("--out", type=Path, default=RESULTS)
