@@ -7,7 +7,7 @@
 - `file`: one JSON object per step (with a `step` key) appended to `<log_dir>/metrics.jsonl`;
 - `tensorboard`: scalars through `torch.utils.tensorboard.SummaryWriter`;
 - `wandb`: a Weights & Biases run (`WANDB_MODE=offline` logs locally without network);
-- `mlflow`: an MLflow run, in a local file store under `<log_dir>/mlruns` unless
+- `mlflow`: an MLflow run, in a local SQLite store under `<log_dir>/mlflow` unless
   `MLFLOW_TRACKING_URI` says otherwise.
 
 wandb and mlflow are optional extras, imported only when selected. `StepProgress` is the tqdm bar over
@@ -238,8 +238,9 @@ def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
 class MlflowLogger:
     """An MLflow run (experiment = project, run name = experiment) through an explicit `MlflowClient`.
 
-    The tracking URI is `$MLFLOW_TRACKING_URI`, else a file store in `<log_dir>/mlruns` (no server
-    needed). MLflow rejects `@` in metric names, so `mean@4` is logged as `mean_at_4` (as verl does).
+    The tracking URI is `$MLFLOW_TRACKING_URI`, else a local SQLite store `<log_dir>/mlflow/mlflow.db`
+    (no server needed; browse it with `mlflow ui --backend-store-uri sqlite:///<that path>`). The
+    full `mlflow` package (the `hybridrl[mlflow]` extra) brings the SQLAlchemy it needs. MLflow rejects `@` in metric names, so `mean@4` is logged as `mean_at_4` (as verl does).
     """
 
     def __init__(self, project_name: str, experiment_name: str, config: Any, log_dir: str | None) -> None:
@@ -249,15 +250,20 @@ class MlflowLogger:
         except ImportError as err:
             raise _missing_extra("mlflow", "mlflow") from err
         self._metric_cls = Metric
+        store = (Path(log_dir if log_dir is not None else ".") / "mlflow").resolve()
         uri = os.environ.get("MLFLOW_TRACKING_URI")
         if not uri:
-            store = Path(log_dir if log_dir is not None else ".") / "mlruns"
+            # a SQLite file, not a ./mlruns directory: MLflow 3 refuses the file-system store unless
+            # MLFLOW_ALLOW_FILE_STORE=true, and SQLite is MLflow's own recommended local store
             store.mkdir(parents=True, exist_ok=True)
-            uri = store.resolve().as_uri()
+            uri = f"sqlite:///{store / 'mlflow.db'}"
+        self.tracking_uri = uri
         self._client = MlflowClient(tracking_uri=uri)
         experiment = self._client.get_experiment_by_name(project_name)
         experiment_id = (
-            experiment.experiment_id if experiment else self._client.create_experiment(project_name)
+            experiment.experiment_id
+            if experiment
+            else self._client.create_experiment(project_name, artifact_location=(store / "artifacts").as_uri())
         )
         self.run_id = self._client.create_run(experiment_id, run_name=experiment_name).info.run_id
         params = [Param(k, v) for k, v in _flatten(_plain_config(config) or {}).items()]
@@ -293,7 +299,7 @@ def parse_logger_backends(backends: str | Sequence[str] | None) -> list[str]:
 class Tracking:
     """Sends each step's metrics to every backend in `default_backend` (verl's class and arguments).
 
-    `log_dir` is where file-based backends write (`metrics.jsonl`, tensorboard events, mlruns); the
+    `log_dir` is where file-based backends write (`metrics.jsonl`, tensorboard events, the MLflow store); the
     trainer passes `trainer.default_local_dir`. Call `finish()` (or use `with Tracking(...)`) at the
     end so files are closed and remote runs marked finished.
     """

@@ -127,7 +127,7 @@ def test_mlflow_local_store_round_trip(tmp_path, monkeypatch):
     tracker = Tracking("proj", "exp", "mlflow", config=config, log_dir=tmp_path)
     tracker.log({"val-core/arith/acc/mean@4": 0.25}, step=3)
     tracker.finish()
-    client = MlflowClient(tracking_uri=(tmp_path / "mlruns").resolve().as_uri())
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path.resolve() / 'mlflow' / 'mlflow.db'}")
     run = client.get_run(tracker.loggers["mlflow"].run_id)
     assert run.data.params == {"algorithm.adv_estimator": "grpo", "trainer.total_epochs": "2"}
     history = client.get_metric_history(run.info.run_id, "val-core/arith/acc/mean_at_4")
