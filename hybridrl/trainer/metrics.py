@@ -29,6 +29,7 @@ __all__ = [
     "compute_data_metrics",
     "compute_memory_metrics",
     "compute_rollout_agreement_metrics",
+    "compute_throughout_metrics",
     "compute_throughput_metrics",
     "compute_timing_metrics",
     "process_validation_metrics",
@@ -176,6 +177,10 @@ def compute_throughput_metrics(
         "perf/time_per_step": seconds,
         "perf/throughput": total_tokens / (seconds * n_workers),
     }
+
+
+# verl's spelling, so code ported from verl's ray_trainer imports unchanged
+compute_throughout_metrics = compute_throughput_metrics
 
 
 def compute_memory_metrics() -> dict[str, float]:
@@ -350,7 +355,7 @@ def process_validation_metrics(
                 prompt_preds = [preds[r] for r in rows] if preds is not None else None
                 for name, value in _prompt_metrics(values, prompt_preds, var_name == core_var, seed).items():
                     per_var[var_name][name].append(value)
-        result[source] = {
+        result[str(source)] = {  # str: numpy string keys from non_tensor_batch would leak into names
             var: {name: float(np.mean(vals)) for name, vals in metric_lists.items()}
             for var, metric_lists in per_var.items()
         }

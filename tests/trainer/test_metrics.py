@@ -294,6 +294,15 @@ def test_flat_names_follow_verls_core_rule():
     assert flat["val-core/gsm8k/acc/mean@4"] == pytest.approx(0.75)
 
 
+def test_numpy_columns_from_non_tensor_batch_work():
+    # the trainer passes non_tensor_batch columns: numpy object/str arrays and numpy bools
+    out = process_validation_metrics(
+        np.array(["a", "a"]), np.array(["u", "u"], dtype=object), {"acc": np.array([True, False])}
+    )
+    assert list(out) == ["a"] and type(next(iter(out))) is str
+    assert out["a"]["acc"]["mean@2"] == 0.5 and out["a"]["acc"]["pass@2"] == 1.0
+
+
 def test_validation_input_lengths_must_agree():
     with pytest.raises(ValueError, match="acc has 2 entries but data_sources has 3"):
         process_validation_metrics(["a"] * 3, ["u"] * 3, {"acc": [1, 0]})
