@@ -106,6 +106,8 @@ def test_wandb_missing_names_the_extra(tmp_path):
 def test_wandb_offline_writes_a_local_run(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
+    for var in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):  # keep the home directory clean
+        monkeypatch.setenv(var, str(tmp_path / var.lower()))
     with Tracking("proj", "exp", "wandb", config={"trainer": {"total_epochs": 1}}, log_dir=tmp_path) as tracker:
         tracker.log({"critic/score/mean": 0.5}, step=1)
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
