@@ -104,6 +104,8 @@ def normalize_reward_model(config: RewardModelConfig, world_size: int) -> Reward
                          f"(megatron is not supported)")
     if config.max_length is not None and config.max_length <= 0:
         raise ValueError(f"reward_model.max_length must be positive or null, got {config.max_length}")
+    if not config.model.path:
+        raise ValueError("the reward model worker needs reward_model.model.path=<local reward model directory>")
     micro = config.micro_batch_size_per_gpu
     if micro is not None and micro <= 0:
         raise ValueError(f"reward_model.micro_batch_size_per_gpu must be positive, got {micro}")
@@ -135,9 +137,6 @@ def conversations(data: DataProto, src_tokenizer: Any) -> list[list[dict[str, An
     mask = data.batch["attention_mask"]
     prompt_valid, response_valid = mask[:, :prompt_len].sum(-1), mask[:, -response_len:].sum(-1)  # (B,)
     raw = data.non_tensor_batch.get("raw_prompt")
-    if raw is None:
-        logger.warning("no raw_prompt in the batch: the reward model gets prompts decoded from token ids; "
-                       "set data.return_raw_chat=True to give it the original chat messages")
     chats = []
     for i in range(len(data)):
         if raw is not None:
@@ -244,6 +243,7 @@ class RewardModelWorker(Worker):
         super().__init__()
         self.config = normalize_reward_model(to_dataclass(RewardModelConfig, config), self.world_size)
         self.module = None
+        self._warned_no_raw_prompt = False
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -271,6 +271,10 @@ class RewardModelWorker(Worker):
             raise RuntimeError("compute_rm_score called before init_model")
         cfg = self.config
         if self.input_tokenizer is not None:
+            if "raw_prompt" not in data.non_tensor_batch and not self._warned_no_raw_prompt:
+                logger.warning("no raw_prompt in the batch: the reward model gets prompts decoded from token "
+                               "ids; set data.return_raw_chat=True to give it the original chat messages")
+                self._warned_no_raw_prompt = True
             inputs = retokenize_for_reward_model(conversations(data, self.input_tokenizer), self.tokenizer,
                                                  cfg.max_length)
         else:

@@ -24,6 +24,7 @@ from hybridrl.workers.reward_model import (
     normalize_reward_model,
     place_on_last_response_token,
     retokenize_for_reward_model,
+    same_tokenization,
 )
 
 # The reward model's own template, unlike the actor's ChatML: "### role: content" lines, no BOS.
@@ -148,7 +149,8 @@ def ids_reference(rm_dir, ids_batch) -> torch.Tensor:
 BATCHINGS = {
     "one_pass": {},
     "fixed_3_rows": {"micro_batch_size_per_gpu": 3},
-    "dynamic_60_tokens": {"use_dynamic_bsz": True, "forward_max_token_len_per_gpu": 60},
+    # On 2 ranks this budget cuts 2 micro-batches on rank 0 and 3 on rank 1, so they must agree on 3.
+    "dynamic_40_tokens": {"use_dynamic_bsz": True, "forward_max_token_len_per_gpu": 40},
 }
 
 
@@ -156,8 +158,12 @@ BATCHINGS = {
 def test_scores_equal_a_plain_forward_at_the_last_valid_token(world_size, rm_dir, tiny_model_dir, ids_batch,
                                                               ids_reference):
     jobs = {name: (rm_config(rm_dir, **extra), ids_batch) for name, extra in BATCHINGS.items()}
-    # The actor's tokenizer equals the reward model's, so its ids are scored as they are.
-    jobs["same_input_tokenizer"] = (rm_config(rm_dir, model={"input_tokenizer": str(tiny_model_dir)}), ids_batch)
+    if world_size == 1:  # (2 ranks run only the micro-batched cases: each worker start costs seconds)
+        # The actor's tokenizer equals the reward model's, so its ids are scored as they are.
+        jobs["same_input_tokenizer"] = (rm_config(rm_dir, model={"input_tokenizer": str(tiny_model_dir)}),
+                                        ids_batch)
+    else:
+        del jobs["one_pass"]
     got = score(jobs, world_size)
     assert ids_reference.abs().sum() > 0.1  # the head gives non-trivial scores
     for name, rm_scores in got.items():
@@ -171,6 +177,15 @@ def test_placement_on_the_last_valid_response_token():
     assert got.tolist() == [[0, 0, 0.5, 0], [-2.0, 0, 0, 0], [0, 0, 0, 0]]
     # Last real column of a left-padded, a right-padded and a both-sides-padded row.
     assert last_valid_index(torch.tensor([[0, 0, 1, 1], [1, 1, 0, 0], [0, 1, 1, 0]])).tolist() == [3, 1, 2]
+
+
+def test_same_tokenization_needs_the_same_vocabulary_and_chat_template(tiny_model_dir, tiny_llama_dir,
+                                                                      other_rm_dir):
+    actor, llama = load_tokenizer(tiny_model_dir), load_tokenizer(tiny_llama_dir)
+    assert same_tokenization(actor, llama)
+    llama.chat_template = RM_TEMPLATE  # same ids, but the actor's prompts are not in the RM's format
+    assert not same_tokenization(actor, llama)
+    assert not same_tokenization(actor, load_tokenizer(other_rm_dir))  # another vocabulary
 
 
 def test_retokenised_conversation_is_in_the_reward_models_template(tiny_tokenizer, other_rm_dir):
@@ -230,9 +245,10 @@ def test_config_keys_and_errors():
     assert normalize_reward_model(config, world_size=2).micro_batch_size_per_gpu == 4  # 8 rows over 2 ranks
     with pytest.raises(ValueError, match=r"reward_model.micro_batch_size \(8\).*divisible"):
         normalize_reward_model(config, world_size=3)
-    with pytest.raises(ValueError, match="reward_model.strategy"):
-        normalize_reward_model(RewardModelConfig(strategy="megatron"), world_size=1)
-    with pytest.raises(ValueError, match="reward_model.max_length"):
-        normalize_reward_model(RewardModelConfig(max_length=0), world_size=1)
+    for bad, key in [({"strategy": "megatron"}, "strategy"), ({"max_length": 0}, "max_length"),
+                     ({"micro_batch_size_per_gpu": 0}, "micro_batch_size_per_gpu"),
+                     ({"model": {"path": None}}, "model.path")]:
+        with pytest.raises(ValueError, match=f"reward_model.{key}"):
+            normalize_reward_model(to_dataclass(RewardModelConfig, {"model": {"path": "/rm"}, **bad}), world_size=1)
     with pytest.raises(Exception, match="sandbox_fusion"):
         to_dataclass(RewardModelConfig, {"sandbox_fusion": {"url": "http://x"}})
