@@ -20,6 +20,7 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -223,7 +224,7 @@ def place_on_last_response_token(scores: torch.Tensor, attention_mask: torch.Ten
     return out
 
 
-def _has_trained_head(model_dir: Any) -> bool:
+def _has_trained_head(model_dir: Path) -> bool:
     """Whether the checkpoint holds the scalar `score` head (else it is initialised at random)."""
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
