@@ -75,16 +75,21 @@ def run_generate(model, tokenizer, prompts: DataProto, args, seed: int) -> int:
     return response_tokens(out[:, prompts.batch["input_ids"].shape[1] :], tokenizer.eos_token_id)
 
 
-def measure(fn: Callable[[int], int], runs: int, warmup: int) -> tuple[float, int]:
-    """Median tokens/s over `runs` timed runs after `warmup` untimed ones; also the last run's tokens."""
+def measure(fns: dict[str, Callable[[int], int]], runs: int, warmup: int) -> dict[str, tuple[float, int]]:
+    """Median tokens/s of each engine over `runs` timed runs (after `warmup` untimed ones), and the
+    last run's tokens. The engines alternate run by run, so load from other processes on the machine
+    hits both alike instead of whichever happens to run during it."""
+    rates: dict[str, list[float]] = {name: [] for name in fns}
+    tokens: dict[str, int] = {}
     for i in range(warmup):
-        fn(-1 - i)
-    rates, tokens = [], 0
+        for fn in fns.values():
+            fn(-1 - i)
     for seed in range(runs):
-        start = time.perf_counter()
-        tokens = fn(seed)
-        rates.append(tokens / (time.perf_counter() - start))
-    return statistics.median(rates), tokens
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            tokens[name] = fn(seed)
+            rates[name].append(tokens[name] / (time.perf_counter() - start))
+    return {name: (statistics.median(rates[name]), tokens[name]) for name in fns}
 
 
 def bench_size(size: str, workdir: Path, args) -> list[tuple[str, str, int, float]]:
@@ -92,9 +97,10 @@ def bench_size(size: str, workdir: Path, args) -> list[tuple[str, str, int, floa
     model = load_causal_lm(model_dir, dtype=args.dtype).eval()
     tokenizer = load_tokenizer(model_dir)
     prompts = make_prompts(tokenizer, args.prompts, args.prompt_length)
+    runners = {"model.generate": run_generate, "hybridrl hf": run_ours}
+    fns = {name: (lambda seed, r=r: r(model, tokenizer, prompts, args, seed)) for name, r in runners.items()}
     rows = []
-    for name, runner in (("model.generate", run_generate), ("hybridrl hf", run_ours)):
-        rate, tokens = measure(lambda seed, r=runner: r(model, tokenizer, prompts, args, seed), args.runs, args.warmup)
+    for name, (rate, tokens) in measure(fns, args.runs, args.warmup).items():
         rows.append((size, name, tokens, rate))
         print(f"{size:>4}  {name:<15} {tokens:>7} tokens/run  {rate:9.1f} tokens/s", flush=True)
     return rows
