@@ -30,6 +30,9 @@ def world_size(config: PPOTrainerConfig) -> int:
 
 
 def validate_config(config: PPOTrainerConfig) -> None:
+    """Raise ConfigError on the first impossible setting; resolves trainer.device=auto in place."""
+    if config.trainer.device == "auto":
+        config.trainer.device = "cuda" if torch.cuda.is_available() else "cpu"
     _check_placement(config)
     _check_names(config)
     _check_batches(config)

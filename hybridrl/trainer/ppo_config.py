@@ -123,8 +123,8 @@ class TrainerConfig:
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
     max_actor_ckpt_to_keep: int | None = None
     max_critic_ckpt_to_keep: int | None = None
-    # cpu | cuda
-    device: str = "cuda"
+    # cpu | cuda | auto (cuda when torch sees a GPU, else cpu)
+    device: str = "auto"
     # ray (worker processes placed by Ray) | local (one rank inside this process, for debugging)
     backend: str = "ray"
     # Print the resolved config, batch arithmetic and placement, then exit.

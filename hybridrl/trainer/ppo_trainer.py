@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import asdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -68,8 +69,9 @@ class PPOTrainer:
     def fit(self) -> list[dict[str, float]]:
         """Train for `total_steps` steps; returns every step's metrics (also sent to the loggers)."""
         cfg = self.config.trainer
-        tracker = Tracking(cfg.project_name, cfg.experiment_name, cfg.logger, config=None,
+        tracker = Tracking(cfg.project_name, cfg.experiment_name, cfg.logger, config=asdict(self.config),
                            log_dir=cfg.default_local_dir)
+        bar = None
         try:
             self._load_checkpoint()
             if self.validator and cfg.val_before_train:
@@ -83,8 +85,9 @@ class PPOTrainer:
                 metrics.update(self._periodic())
                 self._log(tracker, metrics)
                 bar.update(self.global_steps, metrics)
-            bar.close()
         finally:
+            if bar is not None:
+                bar.close()
             tracker.finish()
         return self.history
 
