@@ -1,4 +1,8 @@
-"""Model loading from local Hugging Face checkpoints, and the offline tiny model + tokenizer factory."""
+"""Model loading from local Hugging Face checkpoints (`loading`), and the offline tiny model factory (`tiny`).
+
+`hybridrl.models.tiny` is not imported here: it is also a command (`python -m hybridrl.models.tiny`),
+and importing it from the package first would make runpy warn that the module was already loaded.
+"""
 
 from hybridrl.models.loading import (
     ModelDirectoryError,
@@ -12,14 +16,11 @@ from hybridrl.models.loading import (
     resolve_dtype,
     resolve_model_dir,
 )
-from hybridrl.models.tiny import build_tiny_model, count_parameters
 
 __all__ = [
     "ModelDirectoryError",
     "apply_override_config",
-    "build_tiny_model",
     "check_model_dir",
-    "count_parameters",
     "load_causal_lm",
     "load_model_config",
     "load_tokenizer",
