@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 

@@ -73,28 +73,20 @@ def normalize_critic(config: CriticConfig, world_size: int) -> CriticConfig:
     )
 
 
-def actor_plan(actor: ActorConfig) -> BatchingPlan:
-    """How a normalised actor config cuts its rows (fixed micro-batches or a token budget)."""
-    return BatchingPlan(
-        mini_batch_rows=actor.ppo_mini_batch_size,
-        micro_batch_rows=None if actor.use_dynamic_bsz else (actor.ppo_micro_batch_size_per_gpu
-                                                             or actor.ppo_mini_batch_size),
-        max_token_len=actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None,
-        epochs=actor.ppo_epochs,
-        shuffle=actor.shuffle,
-        seed=actor.data_loader_seed or 0,
-    )
+def update_plan(config: ActorConfig | CriticConfig) -> BatchingPlan:
+    """How a normalised actor or critic config cuts its rows (fixed micro-batches or a token budget).
 
-
-def critic_plan(critic: CriticConfig) -> BatchingPlan:
+    Both configs carry verl's same update keys (ppo_mini_batch_size, ppo_micro_batch_size_per_gpu,
+    use_dynamic_bsz, ppo_max_token_len_per_gpu, ppo_epochs, shuffle, data_loader_seed).
+    """
     return BatchingPlan(
-        mini_batch_rows=critic.ppo_mini_batch_size,
-        micro_batch_rows=None if critic.use_dynamic_bsz else (critic.ppo_micro_batch_size_per_gpu
-                                                              or critic.ppo_mini_batch_size),
-        max_token_len=critic.ppo_max_token_len_per_gpu if critic.use_dynamic_bsz else None,
-        epochs=critic.ppo_epochs,
-        shuffle=critic.shuffle,
-        seed=critic.data_loader_seed or 0,
+        mini_batch_rows=config.ppo_mini_batch_size,
+        micro_batch_rows=None if config.use_dynamic_bsz else (config.ppo_micro_batch_size_per_gpu
+                                                              or config.ppo_mini_batch_size),
+        max_token_len=config.ppo_max_token_len_per_gpu if config.use_dynamic_bsz else None,
+        epochs=config.ppo_epochs,
+        shuffle=config.shuffle,
+        seed=config.data_loader_seed or 0,
     )
 
 

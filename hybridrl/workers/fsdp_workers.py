@@ -18,12 +18,11 @@ from hybridrl.models.loading import load_causal_lm, load_tokenizer, load_value_m
 from hybridrl.protocol import DataProto
 from hybridrl.workers.actor import PPOActor
 from hybridrl.workers.batch_sizes import (
-    actor_plan,
-    critic_plan,
     forward_batching,
     log_prob_batching,
     normalize_actor_rollout_ref,
     normalize_critic,
+    update_plan,
 )
 from hybridrl.workers.checkpoint import CheckpointManager
 from hybridrl.workers.config import ActorRolloutRefConfig, CriticConfig, ModelConfig, to_dataclass
@@ -124,7 +123,7 @@ class ActorRolloutRefWorker(Worker):
         self._require(self.actor, "update_actor", "actor")
         start = time.perf_counter()
         data.meta_info.setdefault("temperature", self.config.rollout.temperature)
-        metrics = self.actor.update_policy(data, actor_plan(self.config.actor))
+        metrics = self.actor.update_policy(data, update_plan(self.config.actor))
         metrics["timing_s/update_actor"] = [time.perf_counter() - start]
         return DataProto(meta_info={"metrics": metrics})
 
@@ -183,7 +182,7 @@ class CriticWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_critic(self, data: DataProto) -> DataProto:
         start = time.perf_counter()
-        metrics = self.critic.update_critic(data, critic_plan(self.config))
+        metrics = self.critic.update_critic(data, update_plan(self.config))
         metrics["timing_s/update_critic"] = [time.perf_counter() - start]
         return DataProto(meta_info={"metrics": metrics})
 
