@@ -2,8 +2,9 @@
 
 The command below is verl's documented PPO quickstart (docs/start/quickstart), key for key. The test
 writes a GSM8K-format dataset (the publisher's jsonl: question + answer ending in "#### n"), runs our
-GSM8K preprocessor on it, substitutes the local tiny model and the data paths, and adds only
-`trainer.total_training_steps=1` so that the 15 epochs stop after one step.
+GSM8K preprocessor on it, substitutes a local tiny model (one that ends its answers within a few
+tokens, see `early_stopping_model`) and the data paths, and adds only `trainer.total_training_steps=1`
+so that the 15 epochs stop after one step.
 """
 
 import json
@@ -12,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from ppo_helpers import ppo_config
+from ppo_helpers import early_stopping_model, ppo_config
 
 from hybridrl.trainer.main_ppo import run_ppo
 
@@ -32,7 +33,9 @@ def write_gsm8k_jsonl(path, rows: int, seed: int) -> None:
             }) + "\n")
 
 
-def test_verl_quickstart_command_runs_a_step(tmp_path, tiny_model_dir):
+def test_verl_quickstart_command_runs_a_step(tmp_path):
+    # Untrained tiny models rarely emit EOS, and 256 x 512-token responses take many minutes on CPU.
+    model_dir = early_stopping_model(tmp_path / "model")
     raw = tmp_path / "raw"
     raw.mkdir()
     write_gsm8k_jsonl(raw / "train.jsonl", 256, seed=0)
@@ -42,7 +45,7 @@ def test_verl_quickstart_command_runs_a_step(tmp_path, tiny_model_dir):
                    check=True, capture_output=True)
     replaced = {
         "data.train_files": data / "train.parquet", "data.val_files": data / "test.parquet",
-        "actor_rollout_ref.model.path": tiny_model_dir, "critic.model.path": tiny_model_dir,
+        "actor_rollout_ref.model.path": model_dir, "critic.model.path": model_dir,
     }
     overrides = [f"{k}={replaced[k]}" if (k := arg.split("=")[0]) in replaced else arg for arg in VERL_QUICKSTART]
     history = run_ppo(ppo_config(*overrides, "trainer.total_training_steps=1",
