@@ -7,6 +7,7 @@ reason, since running them unisolated would endanger the machine.
 import contextlib
 import os
 import socket
+import sys
 import threading
 from pathlib import Path
 
@@ -93,7 +94,9 @@ def test_memory_bomb_raises_memory_error():
 
 def test_writes_outside_the_work_dir_do_not_reach_the_host(tmp_path):
     host_tmp = Path("/tmp") / f"hybridrl-sandbox-probe-{os.getpid()}"
-    repo_file = Path(__file__).resolve().parent / "escape_probe.txt"
+    # The Python install is bound into the sandbox (it runs the solution) and is not writable by the
+    # sandbox's uid; a checkout under /tmp would itself be hidden behind the private tmpfs.
+    repo_file = Path(sys.prefix).resolve() / "escape_probe.txt"
     code = (
         f"open({str(host_tmp)!r}, 'w').write('x')\n"  # lands in the sandbox's private tmpfs
         f"try:\n    open({str(repo_file)!r}, 'w').write('x')\nexcept PermissionError:\n    print('denied')\n"
