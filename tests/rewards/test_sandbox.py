@@ -94,12 +94,13 @@ def test_memory_bomb_raises_memory_error():
 
 def test_writes_outside_the_work_dir_do_not_reach_the_host(tmp_path):
     host_tmp = Path("/tmp") / f"hybridrl-sandbox-probe-{os.getpid()}"
-    # The Python install is bound into the sandbox (it runs the solution) and is not writable by the
-    # sandbox's uid; a checkout under /tmp would itself be hidden behind the private tmpfs.
-    repo_file = Path(sys.prefix).resolve() / "escape_probe.txt"
+    # The base interpreter's install is bound into the sandbox (it runs the solution) and is not
+    # writable by the sandbox's uid; a checkout or venv under /tmp would be hidden behind the private
+    # tmpfs instead. Any OSError (read-only bind, permission, missing directory) means it was refused.
+    repo_file = Path(sys.base_prefix).resolve() / "escape_probe.txt"
     code = (
         f"open({str(host_tmp)!r}, 'w').write('x')\n"  # lands in the sandbox's private tmpfs
-        f"try:\n    open({str(repo_file)!r}, 'w').write('x')\nexcept PermissionError:\n    print('denied')\n"
+        f"try:\n    open({str(repo_file)!r}, 'w').write('x')\nexcept OSError:\n    print('denied')\n"
         "open('inside.txt', 'w').write('x')"
     )
     result = run_code(code)
