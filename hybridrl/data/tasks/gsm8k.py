@@ -11,12 +11,11 @@ keeps the full worked solution.
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Sequence
 
-from hybridrl.data.tasks.sources import Record, find_split_files, read_split
-from hybridrl.data.tasks.writer import base_parser, make_row, write_splits
+from hybridrl.data.tasks.sources import Record, preprocess_main
+from hybridrl.data.tasks.writer import make_row
 
 DATA_SOURCE = "openai/gsm8k"
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
@@ -55,14 +54,7 @@ def to_rows(records: Sequence[Record], split: str) -> list[dict]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = base_parser(__doc__.splitlines()[0], train_size=None, test_size=None)
-    parser.add_argument("--input", required=True, help="directory with the data set's train/test files")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    files = find_split_files(args.input)
-    train = read_split(files["train"], ["question", "answer"])[: args.train_size]
-    test = read_split(files["test"], ["question", "answer"])[: args.test_size]
-    write_splits(args.out, to_rows(train, "train"), to_rows(test, "test"))
+    preprocess_main(__doc__.splitlines()[0], ["question", "answer"], to_rows, argv)
 
 
 if __name__ == "__main__":

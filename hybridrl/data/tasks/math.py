@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from hybridrl.data.tasks.sources import Record, find_split_files, read_split
-from hybridrl.data.tasks.writer import base_parser, make_row, write_splits
+from hybridrl.data.tasks.sources import Record, preprocess_main
+from hybridrl.data.tasks.writer import make_row
 
 logger = logging.getLogger(__name__)
 
@@ -89,14 +89,7 @@ def to_rows(records: Sequence[Record], split: str) -> list[dict]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = base_parser(__doc__.splitlines()[0], train_size=None, test_size=None)
-    parser.add_argument("--input", required=True, help="directory with the data set's train/test files")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    files = find_split_files(args.input)
-    train = to_rows(read_split(files["train"], REQUIRED), "train")[: args.train_size]
-    test = to_rows(read_split(files["test"], REQUIRED), "test")[: args.test_size]
-    write_splits(args.out, train, test)
+    preprocess_main(__doc__.splitlines()[0], REQUIRED, to_rows, argv)
 
 
 if __name__ == "__main__":

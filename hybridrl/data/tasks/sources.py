@@ -8,14 +8,15 @@ and Hendrycks' MATH release (`MATH/train/algebra/1.json`, one JSON object per fi
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+import logging
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 
-from hybridrl.data.tasks.writer import SPLITS
+from hybridrl.data.tasks.writer import SPLITS, base_parser, write_splits
 
 SUFFIXES = (".jsonl", ".json", ".parquet")
 
@@ -89,3 +90,24 @@ def read_split(paths: Sequence[Path], required: Sequence[str]) -> list[Record]:
                 f"(found {sorted(rec.fields)})"
             )
     return records
+
+
+def preprocess_main(
+    description: str,
+    required: Sequence[str],
+    to_rows: Callable[[list[Record], str], list[dict[str, Any]]],
+    argv: Sequence[str] | None = None,
+) -> None:
+    """The command of a preprocessor: read `--input`'s train/test files, convert, write `--out`.
+
+    `to_rows(records, split)` turns one split's records into verl-schema rows (it may skip records);
+    `--train-size` / `--test-size` then keep the first rows of each split.
+    """
+    parser = base_parser(description, train_size=None, test_size=None)
+    parser.add_argument("--input", required=True, help="directory with the data set's train/test files")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    files = find_split_files(args.input)
+    train = to_rows(read_split(files["train"], required), "train")[: args.train_size]
+    test = to_rows(read_split(files["test"], required), "test")[: args.test_size]
+    write_splits(args.out, train, test)
