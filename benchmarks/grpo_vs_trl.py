@@ -1,0 +1,461 @@
+"""GRPO side by side: hybridrl (1 process, and 2 Ray workers) against TRL's GRPOTrainer, on identical work.
+
+    python3 -m venv benchmarks/.venv-trl && benchmarks/.venv-trl/bin/pip install -r benchmarks/requirements-trl.txt
+    benchmarks/.venv-trl/bin/python benchmarks/grpo_vs_trl.py [--quick] [--sizes 1m,10m,50m]
+
+Identical work per size: the same model directory (a tiny Qwen2 from hybridrl's factory; the 1m one
+warm-started by SFT so held-out accuracy means something), the same tokenizer object type, the same
+prompts (the arithmetic train parquet's chat prompts), the same reward (hybridrl's arithmetic scorer,
+wrapped as a TRL reward function), prompts per step, samples per prompt, response length, temperature
+1.0, learning rate, AdamW (weight decay 0.01, grad clip 1.0, constant schedule), no KL and no
+reference model, one PPO epoch with one optimizer step per step, and token-mean loss aggregation
+(TRL's default `loss_type="dapo"` normalises by the active tokens of the whole accumulated batch,
+which is hybridrl's `loss_agg_mode=token-mean` over one mini-batch holding the whole step).
+
+Each framework runs in its own subprocess; a sampler in this process reads the peak memory of that
+process tree. Times are medians over the steps after the warm-up steps. The last line printed is
+`speedup vs TRL: <ratio>x`: the smallest per-size ratio of samples per second, hybridrl's faster
+backend over TRL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+ACCURACY_KEY = "val-core/arithmetic/reward/mean@1"
+RUNNERS = ("trl", "hybridrl-local", "hybridrl-ray")
+HISTORY_KEYS = ("timing_s/", "perf/", "response_length/", "prompt_length/")
+
+
+@dataclass
+class Workload:
+    """One model size's GRPO job, run identically by every framework."""
+
+    size: str
+    model: str  # Hugging Face model directory
+    start: str  # how the model was initialised, for the table
+    data: str  # directory with train.parquet / test.parquet
+    prompts: int  # prompts per step
+    n: int  # samples per prompt
+    response_length: int
+    steps: int
+    warmup: int  # leading steps left out of the medians
+    evaluate: bool  # held-out greedy accuracy before and after training
+    lr: float = 5e-5
+    micro_batch: int = 32  # samples per forward/backward pass (hybridrl's micro batch, TRL's device batch)
+    prompt_length: int = 40
+    seed: int = 1
+
+    @property
+    def samples(self) -> int:
+        return self.prompts * self.n
+
+
+# ----- running one framework (inside a subprocess) ------------------------------------------------------
+def run_hybridrl(w: Workload, backend: str, workdir: Path) -> dict:
+    """hybridrl's own entry point on the composed config; per-step times from its `timing_s/step`."""
+    from hydra import compose, initialize_config_dir
+
+    from hybridrl.trainer.main_ppo import run_ppo
+
+    ranks = 2 if backend == "ray" else 1
+    actor = "actor_rollout_ref.actor"
+    overrides = [
+        f"data.train_files={w.data}/train.parquet",
+        f"data.val_files={w.data}/test.parquet" if w.evaluate else "data.val_files=null",
+        f"data.train_batch_size={w.prompts}", f"data.max_prompt_length={w.prompt_length}",
+        f"data.max_response_length={w.response_length}", f"data.seed={w.seed}",
+        f"actor_rollout_ref.model.path={w.model}", "algorithm.adv_estimator=grpo",
+        f"actor_rollout_ref.rollout.n={w.n}", "actor_rollout_ref.rollout.temperature=1.0",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={w.micro_batch}",
+        f"{actor}.ppo_mini_batch_size={w.prompts}", f"{actor}.ppo_micro_batch_size_per_gpu={w.micro_batch}",
+        f"{actor}.ppo_epochs=1", f"{actor}.optim.lr={w.lr}", f"{actor}.use_kl_loss=false",
+        f"{actor}.loss_agg_mode=token-mean", f"{actor}.entropy_coeff=0.0", "algorithm.use_kl_in_reward=false",
+        f"trainer.backend={backend}", f"trainer.n_gpus_per_node={ranks}",
+        f"trainer.total_training_steps={w.steps}", f"trainer.test_freq={w.steps if w.evaluate else -1}",
+        f"trainer.val_before_train={str(w.evaluate).lower()}", "trainer.save_freq=-1",
+        f"trainer.default_local_dir={workdir}", "trainer.resume_mode=disable", "trainer.logger=[console]",
+    ]
+    config_dir = str(REPO / "hybridrl" / "trainer" / "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=overrides)
+    history = run_ppo(cfg)
+    steps = [m for m in history if "timing_s/step" in m]
+    validations = [m[ACCURACY_KEY] for m in history if ACCURACY_KEY in m]
+    return {
+        "step_s": [m["timing_s/step"] for m in steps],
+        "gen_tokens": [m["response_length/mean"] * w.samples for m in steps],
+        "score": [m["critic/score/mean"] for m in steps],
+        "acc_before": validations[0] if w.evaluate else None,
+        "acc_after": validations[-1] if w.evaluate else None,
+        # per-step timings and sizes, for step_breakdown.py
+        "history": [{k: float(v) for k, v in m.items() if k.startswith(HISTORY_KEYS)} for m in steps],
+    }
+
+
+def _trl_reward(completions, data_source, reward_model, **_) -> list[float]:
+    """hybridrl's scorer for each completion, in TRL's reward-function signature."""
+    from hybridrl.rewards.score import default_compute_score
+
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]  # chat or plain
+    return [float(default_compute_score(src, text, rm["ground_truth"]))
+            for src, text, rm in zip(data_source, texts, reward_model, strict=True)]
+
+
+def run_trl(w: Workload, workdir: Path) -> dict:
+    """TRL's GRPOTrainer on CPU as the docs set it up, with every knob that changes the work matched."""
+    import datasets
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from hybridrl.models.loading import load_tokenizer
+
+    class StepClock(TrainerCallback):
+        """Wall time between optimizer steps (generation happens inside the step that uses it)."""
+
+        def __init__(self) -> None:
+            self.marks: list[float] = []
+            self.logs: list[dict] = []
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.marks.append(time.perf_counter())
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.marks.append(time.perf_counter())
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "completions/mean_length" in logs:
+                self.logs.append(dict(logs))
+
+    columns = ["prompt", "data_source", "reward_model"]
+    train = datasets.Dataset.from_parquet(f"{w.data}/train.parquet", columns=columns)
+    tokenizer = load_tokenizer(w.model, padding_side="left")
+    # One generation batch of prompts x n samples, trained in micro-batches that accumulate into one
+    # optimizer step, as hybridrl's one mini-batch of `micro_batch`-sample passes does.
+    args = GRPOConfig(
+        output_dir=str(workdir), use_cpu=True, bf16=False, report_to="none", save_strategy="no",
+        logging_steps=1, disable_tqdm=True, seed=w.seed, max_steps=w.steps,
+        per_device_train_batch_size=w.micro_batch, gradient_accumulation_steps=w.samples // w.micro_batch,
+        num_generations=w.n, max_completion_length=w.response_length, temperature=1.0, top_p=1.0, top_k=0,
+        learning_rate=w.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.01, max_grad_norm=1.0,
+        beta=0.0, num_iterations=1, epsilon=0.2, loss_type="dapo", scale_rewards="group",
+        # TRL turns gradient checkpointing on by default; hybridrl leaves it off, and recomputing
+        # activations would be extra work, not the same work.
+        gradient_checkpointing=False,
+    )
+    clock = StepClock()
+    trainer = GRPOTrainer(model=w.model, reward_funcs=_trl_reward, args=args, train_dataset=train,
+                          processing_class=tokenizer, callbacks=[clock])
+    before = greedy_accuracy(trainer.model, tokenizer, w) if w.evaluate else None
+    trainer.train()
+    after = greedy_accuracy(trainer.model, tokenizer, w) if w.evaluate else None
+    lengths = [log["completions/mean_length"] for log in clock.logs]
+    return {
+        "step_s": [b - a for a, b in zip(clock.marks, clock.marks[1:], strict=False)],
+        "gen_tokens": [length * w.samples for length in lengths],
+        "score": [log["reward"] for log in clock.logs],
+        "acc_before": before,
+        "acc_after": after,
+        "dtype": str(trainer.model.dtype),
+    }
+
+
+def greedy_accuracy(model, tokenizer, w: Workload, batch: int = 100) -> float:
+    """Mean arithmetic score of greedy responses to the test prompts (what hybridrl's validation does)."""
+    import pyarrow.parquet as pq
+    import torch
+
+    from hybridrl.rewards.score import default_compute_score
+
+    rows = pq.read_table(f"{w.data}/test.parquet").to_pylist()
+    model.eval()
+    scores = []
+    for start in range(0, len(rows), batch):
+        chunk = rows[start:start + batch]
+        texts = [tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False)
+                 for r in chunk]
+        enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.no_grad():
+            out = model.generate(**enc, do_sample=False, max_new_tokens=w.response_length,
+                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+        answers = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        scores += [float(default_compute_score(r["data_source"], a, r["reward_model"]["ground_truth"]))
+                   for r, a in zip(chunk, answers, strict=True)]
+    model.train()
+    return sum(scores) / len(scores)
+
+
+def run_one(runner: str, w: Workload, out: Path) -> None:
+    with tempfile.TemporaryDirectory(prefix=f"bench-{runner}-") as tmp:
+        if runner == "trl":
+            result = run_trl(w, Path(tmp))
+        else:
+            result = run_hybridrl(w, runner.removeprefix("hybridrl-"), Path(tmp))
+    out.write_text(json.dumps(result))
+
+
+# ----- the driver: prepare, run each framework in a subprocess, measure, report ---------------------------
+class TreeMemory(threading.Thread):
+    """Peak memory of a process tree: the root's RSS and the summed PSS of the root and its descendants.
+
+    PSS (proportional set size) splits shared pages among the processes that map them, so the sum over
+    Ray's several processes is not inflated by every process counting the same torch libraries.
+    """
+
+    def __init__(self, pid: int, every_s: float = 0.25) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.every_s = pid, every_s
+        self.peak_root_rss_kb = 0
+        self.peak_tree_pss_kb = 0
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            pids = _descendants(self.pid)
+            self.peak_root_rss_kb = max(self.peak_root_rss_kb, _smaps_kb(self.pid, "Rss"))
+            self.peak_tree_pss_kb = max(self.peak_tree_pss_kb, sum(_smaps_kb(p, "Pss") for p in pids))
+            self._stop_event.wait(self.every_s)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join()
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # the process ended while we looked
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo += children.get(pid, [])
+    return found
+
+
+def _smaps_kb(pid: int, field: str) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def measure(runner: str, w: Workload, logdir: Path) -> dict:
+    """Run one framework on one workload in a fresh process; summarise its steps after warm-up."""
+    out = logdir / f"{runner}-{w.size}.json"
+    log = logdir / f"{runner}-{w.size}.log"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--run-one", runner, "--workload",
+           json.dumps(asdict(w)), "--result", str(out)]
+    start = time.perf_counter()
+    with open(log, "w") as log_file:
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        memory = TreeMemory(proc.pid)
+        memory.start()
+        code = proc.wait()
+        memory.stop()
+    if code != 0:
+        raise RuntimeError(f"{runner} on {w.size} failed (exit {code}); see {log}")
+    raw = json.loads(out.read_text())
+    kept = slice(w.warmup, None)
+    step_s = statistics.median(raw["step_s"][kept])
+    return {
+        "runner": runner, "size": w.size, "start": w.start, "steps": len(raw["step_s"]),
+        "step_s": step_s,
+        "tokens_per_s": statistics.median(t / s for t, s in zip(raw["gen_tokens"][kept], raw["step_s"][kept],
+                                                                strict=True)),
+        "samples_per_s": w.samples / step_s,
+        "root_rss_gb": memory.peak_root_rss_kb / 2**20,
+        "tree_pss_gb": memory.peak_tree_pss_kb / 2**20,
+        "acc_before": raw["acc_before"], "acc_after": raw["acc_after"],
+        "score_last": raw["score"][-1] if raw["score"] else None,
+        "wall_s": time.perf_counter() - start,
+        "raw": raw,
+    }
+
+
+
+# size -> (prompts per step, steps, warm-up steps) for the full run and for --quick. The 50m step is
+# ~20x the 10m one on 2 cores, so it gets half the prompts and fewer steps to fit 20 minutes in all.
+PLAN = {
+    False: {"1m": (16, 30, 2), "10m": (16, 8, 2), "50m": (8, 4, 1)},
+    True: {"1m": (16, 4, 1), "10m": (8, 3, 1), "50m": (4, 2, 1)},
+}
+
+
+def prepare(workdir: Path, sizes: list[str], quick: bool) -> list[Workload]:
+    """Data, models and per-size workloads. The 1m model is warm-started by SFT (skipped with --quick)."""
+    from hybridrl.models.tiny import build_tiny_model
+    from hybridrl.quickstart import prepare_data, warm_start
+
+    data = prepare_data(workdir)
+    workloads = []
+    for size in sizes:
+        base = workdir / f"base_{size}"
+        if not (base / "config.json").exists():
+            build_tiny_model(base, arch="qwen2", size=size, seed=0)
+        model, start = base, "untrained"
+        if size == "1m" and not quick:
+            model, start = warm_start(workdir, data, base), "SFT warm start"
+        prompts, steps, warmup = PLAN[quick][size]
+        workloads.append(Workload(size=size, model=str(model), start=start, data=str(data), prompts=prompts,
+                                  n=8, response_length=32 if quick else 64, steps=steps, warmup=warmup,
+                                  evaluate=size == "1m"))
+    return workloads
+
+
+def count_params(model_dir: str) -> int:
+    """Parameters stored in the checkpoint (tied embeddings are stored, and counted, once)."""
+    from safetensors import safe_open
+
+    with safe_open(f"{model_dir}/model.safetensors", framework="pt") as f:
+        return sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())  # noqa: SIM118
+
+
+def ratio_vs_trl(rows: list[dict]) -> dict[str, float]:
+    """size -> samples/s of hybridrl's faster backend over TRL's."""
+    out = {}
+    for size in dict.fromkeys(r["size"] for r in rows):
+        trl = [r for r in rows if r["size"] == size and r["runner"] == "trl"]
+        ours = [r for r in rows if r["size"] == size and r["runner"] != "trl"]
+        if trl and ours:
+            out[size] = max(r["samples_per_s"] for r in ours) / trl[0]["samples_per_s"]
+    return out
+
+
+def table(rows: list[dict], workloads: list[Workload], header: str) -> str:
+    lines = [header, "",
+             "| size (params, start) | framework | steps (warm-up) | s/step | gen tokens/s | samples/s "
+             "| vs TRL | peak RSS main (GB) | peak PSS all procs (GB) | held-out greedy acc before -> after |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    by_size = {w.size: w for w in workloads}
+    for r in rows:
+        w = by_size[r["size"]]
+        trl = next((t for t in rows if t["size"] == r["size"] and t["runner"] == "trl"), None)
+        vs = f"{r['samples_per_s'] / trl['samples_per_s']:.2f}x" if trl else "-"
+        acc = f"{r['acc_before']:.3f} -> {r['acc_after']:.3f}" if r["acc_before"] is not None else "-"
+        lines.append(
+            f"| {w.size} ({r['params'] / 1e6:.1f}M, {w.start}) | {r['runner']} | {r['steps']} ({w.warmup}) "
+            f"| {r['step_s']:.2f} | {r['tokens_per_s']:.0f} | {r['samples_per_s']:.1f} | {vs} "
+            f"| {r['root_rss_gb']:.2f} | {r['tree_pss_gb']:.2f} | {acc} |")
+    return "\n".join(lines)
+
+
+def chart(rows: list[dict], out_png: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = list(dict.fromkeys(r["size"] for r in rows))
+    runners = [x for x in ("trl", "hybridrl-local", "hybridrl-ray") if any(r["runner"] == x for r in rows)]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / len(runners)
+    for i, runner in enumerate(runners):
+        got = {r["size"]: r for r in rows if r["runner"] == runner}
+        xs = [j + i * width for j, s in enumerate(sizes) if s in got]
+        axes[0].bar(xs, [got[s]["samples_per_s"] for s in sizes if s in got], width, label=runner)
+        axes[1].bar(xs, [got[s]["tree_pss_gb"] for s in sizes if s in got], width, label=runner)
+    for ax, label in zip(axes, ("samples per second (higher is better)", "peak memory, PSS of all processes (GB)"),
+                         strict=True):
+        ax.set_xticks([j + width * (len(runners) - 1) / 2 for j in range(len(sizes))], sizes)
+        ax.set_xlabel("model size")
+        ax.set_title(label, fontsize=10)
+    axes[0].set_yscale("log")
+    axes[0].legend()
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1m and 10m, untrained, a few short steps (< 5 min)")
+    parser.add_argument("--sizes", help="comma-separated tiny sizes (default 1m,10m,50m; 1m,10m with --quick)")
+    parser.add_argument("--runners", default=",".join(RUNNERS), help=f"subset of {','.join(RUNNERS)}")
+    parser.add_argument("--workdir", default="runs/bench_grpo_vs_trl", help="data, models and per-run logs")
+    parser.add_argument("--out", default=str(RESULTS / "grpo_vs_trl"), help="writes OUT.md and OUT.png")
+    parser.add_argument("--run-one", choices=RUNNERS, help=argparse.SUPPRESS)
+    parser.add_argument("--workload", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.run_one:
+        run_one(args.run_one, Workload(**json.loads(args.workload)), Path(args.result))
+        return
+    sizes = (args.sizes or ("1m,10m" if args.quick else "1m,10m,50m")).split(",")
+    runners = args.runners.split(",")
+    workdir = Path(args.workdir).resolve()
+    (workdir / "logs").mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    workloads = prepare(workdir, sizes, args.quick)
+    rows = []
+    for w in workloads:
+        for runner in runners:  # TRL first: it sets the bar the ratios divide by
+            row = measure(runner, w, workdir / "logs")
+            row["params"] = count_params(w.model)
+            rows.append(row)
+            print(f"{w.size:>4} {runner:<15} {row['step_s']:7.2f} s/step {row['samples_per_s']:7.1f} samples/s "
+                  f"(run took {row['wall_s']:.0f}s)", flush=True)
+    import torch
+
+    load = os.getloadavg()[0]
+    header = (
+        f"GRPO, hybridrl vs TRL {_version('trl')} GRPOTrainer on {os.cpu_count()} CPU cores "
+        f"(torch {torch.__version__}, transformers {_version('transformers')}, {torch.get_num_threads()} torch "
+        f"threads per process by default, Ray workers 1 each), {'--quick, ' if args.quick else ''}"
+        f"{time.strftime('%Y-%m-%d')}, 1-min load average at the end {load:.1f}. Per step: "
+        + "; ".join(f"{w.size}: {w.prompts} prompts x {w.n} samples x {w.response_length} tokens" for w in workloads)
+        + ". fp32, temperature 1.0, lr 5e-5, no KL, 1 PPO epoch, 1 optimizer step per step, token-mean loss "
+        "(TRL loss_type=dapo). Medians over the steps after warm-up. hybridrl recomputes old log-probs in a "
+        "separate pass (verl's dataflow); TRL skips it when fully on-policy."
+    )
+    text = table(rows, workloads, header)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".md").write_text(text + "\n")
+    chart(rows, out.with_suffix(".png"), f"GRPO on {os.cpu_count()} CPU cores: hybridrl vs TRL")
+    print(text)
+    print(f"(benchmark took {(time.perf_counter() - started) / 60:.1f} min; table in {out.with_suffix('.md')})")
+    ratios = ratio_vs_trl(rows)
+    if ratios:
+        worst = min(ratios, key=ratios.get)
+        print("samples/s of hybridrl's faster backend over TRL's, per size: "
+              + ", ".join(f"{size} {ratio:.2f}x" for size, ratio in ratios.items()))
+        print(f"speedup vs TRL: {ratios[worst]:.2f}x")
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
+if __name__ == "__main__":
+    main()
