@@ -7,7 +7,6 @@ they need (values, baselines) and the trainer provides what is declared.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from dataclasses import asdict
@@ -21,6 +20,7 @@ from hybridrl.algos import apply_kl_penalty, compute_advantage, get_adv_estimato
 from hybridrl.data.sampler import ResumableSampler, StatefulDataLoader
 from hybridrl.protocol import DataProto
 from hybridrl.trainer import dataflow
+from hybridrl.trainer.generation_dump import generation_records, write_generations
 from hybridrl.trainer.metrics import (
     compute_data_metrics,
     compute_memory_metrics,
@@ -64,6 +64,7 @@ class PPOTrainer:
         self.global_steps = 0
         self.history: list[dict[str, float]] = []
         self._batches: Iterator[dict] | None = None
+        self._reward_extra_keys: set[str] = set()  # per-sample values the reward function returned
 
     # ----- the loop ------------------------------------------------------------------------------------
     def fit(self) -> list[dict[str, float]]:
@@ -180,6 +181,7 @@ class PPOTrainer:
         batch.batch["token_level_scores"] = result["reward_tensor"]
         for key, values in result.get("reward_extra_info", {}).items():
             batch.non_tensor_batch[key] = np.array(values, dtype=object)
+            self._reward_extra_keys.add(key)
 
     def _balance(self, batch: DataProto, metrics: dict) -> None:
         if self.config.trainer.balance_batch:
@@ -290,13 +292,10 @@ class PPOTrainer:
         out_dir = self.config.trainer.rollout_data_dir
         if not out_dir:
             return
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
-        texts = self.tokenizer.batch_decode(batch.batch["responses"], skip_special_tokens=True)
-        prompts = self.tokenizer.batch_decode(batch.batch["prompts"], skip_special_tokens=True)
-        scores = dataflow.sequence_scores(batch).tolist()
-        with open(Path(out_dir) / f"{self.global_steps}.jsonl", "w") as f:
-            for prompt, text, score in zip(prompts, texts, scores, strict=True):
-                f.write(json.dumps({"input": prompt, "output": text, "score": score, "step": self.global_steps}) + "\n")
+        extra = {key: list(batch.non_tensor_batch[key]) for key in self._reward_extra_keys}
+        records = generation_records(batch, self.tokenizer, dataflow.sequence_scores(batch).tolist(), extra,
+                                     self.config.data.reward_fn_key)
+        write_generations(out_dir, self.global_steps, records)
 
     def _log(self, tracker: Tracking, metrics: dict[str, float]) -> None:
         metrics = {"training/global_step": self.global_steps, "training/time": time.time(), **metrics}

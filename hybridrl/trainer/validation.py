@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from torch.utils.data import DataLoader
 
-from hybridrl.protocol import DataProto
 from hybridrl.trainer import dataflow
+from hybridrl.trainer.generation_dump import generation_records, write_generations
 from hybridrl.trainer.metrics import process_validation_metrics, validation_metrics_to_flat
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
 
@@ -39,25 +37,12 @@ class Validator:
                 infos.setdefault(key, []).extend(values)
             sources += list(batch.non_tensor_batch.get(self.config.data.reward_fn_key, ["unknown"] * len(batch)))
             uids += list(batch.non_tensor_batch["uid"])
-            texts += self._decode(batch, scores)
-        self._dump(step, texts)
+            texts += generation_records(batch, self.tokenizer, scores, result.get("reward_extra_info"),
+                                        self.config.data.reward_fn_key)
+        write_generations(self.config.trainer.validation_data_dir, step, texts)
         self._print_examples(texts)
         grouped = process_validation_metrics(sources, uids, infos)
         return validation_metrics_to_flat(grouped)
-
-    def _decode(self, batch: DataProto, scores: list[float]) -> list[dict]:
-        prompts = self.tokenizer.batch_decode(batch.batch["prompts"], skip_special_tokens=True)
-        responses = self.tokenizer.batch_decode(batch.batch["responses"], skip_special_tokens=True)
-        return [{"input": p, "output": r, "score": s} for p, r, s in zip(prompts, responses, scores, strict=True)]
-
-    def _dump(self, step: int, texts: list[dict]) -> None:
-        out_dir = self.config.trainer.validation_data_dir
-        if not out_dir:
-            return
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
-        with open(Path(out_dir) / f"{step}.jsonl", "w") as f:
-            for row in texts:
-                f.write(json.dumps({**row, "step": step}) + "\n")
 
     def _print_examples(self, texts: list[dict]) -> None:
         for row in texts[: self.config.trainer.log_val_generations]:
