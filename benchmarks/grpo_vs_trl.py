@@ -66,7 +66,7 @@ class Workload:
 
 # ----- running one framework (inside a subprocess) ------------------------------------------------------
 def run_hybridrl(w: Workload, backend: str, workdir: Path) -> dict:
-    """hybridrl's own entry point on the composed config; per-step times from its `timing_s/step`."""
+    """hybridrl's own entry point on the composed config; per-step wall times between its step logs."""
     from hydra import compose, initialize_config_dir
 
     from hybridrl.trainer.main_ppo import run_ppo
@@ -95,8 +95,15 @@ def run_hybridrl(w: Workload, backend: str, workdir: Path) -> dict:
     history = run_ppo(cfg)
     steps = [m for m in history if "timing_s/step" in m]
     validations = [m[ACCURACY_KEY] for m in history if ACCURACY_KEY in m]
+    # Wall time from one step's log to the next, as TRL's side is timed: the trainer's `timing_s/step`
+    # leaves out per-step metrics and logging. Step 1 has no previous log, and a step that ran
+    # validation after training is not comparable: both are None.
+    clock = [m["training/time"] for m in steps]
+    wall = [None] + [b - a for a, b in zip(clock, clock[1:], strict=False)]
+    if w.evaluate:
+        wall[-1] = None
     return {
-        "step_s": [m["timing_s/step"] for m in steps],
+        "step_s": wall,
         "gen_tokens": [m["response_length/mean"] * w.samples for m in steps],
         "score": [m["critic/score/mean"] for m in steps],
         "acc_before": validations[0] if w.evaluate else None,
@@ -215,7 +222,7 @@ class TreeMemory(threading.Thread):
     Ray's several processes is not inflated by every process counting the same torch libraries.
     """
 
-    def __init__(self, pid: int, every_s: float = 0.25) -> None:
+    def __init__(self, pid: int, every_s: float = 0.5) -> None:
         super().__init__(daemon=True)
         self.pid, self.every_s = pid, every_s
         self.peak_root_rss_kb = 0
@@ -280,13 +287,15 @@ def measure(runner: str, w: Workload, logdir: Path) -> dict:
     if code != 0:
         raise RuntimeError(f"{runner} on {w.size} failed (exit {code}); see {log}")
     raw = json.loads(out.read_text())
-    kept = slice(w.warmup, None)
-    step_s = statistics.median(raw["step_s"][kept])
+    kept = [(s, t) for s, t in zip(raw["step_s"][w.warmup:], raw["gen_tokens"][w.warmup:], strict=True)
+            if s is not None]
+    if not kept:
+        raise RuntimeError(f"{runner} on {w.size}: no timed step after {w.warmup} warm-up steps; raise --steps")
+    step_s = statistics.median(s for s, _ in kept)
     return {
-        "runner": runner, "size": w.size, "start": w.start, "steps": len(raw["step_s"]),
+        "runner": runner, "size": w.size, "start": w.start, "steps": len(raw["step_s"]), "timed": len(kept),
         "step_s": step_s,
-        "tokens_per_s": statistics.median(t / s for t, s in zip(raw["gen_tokens"][kept], raw["step_s"][kept],
-                                                                strict=True)),
+        "tokens_per_s": statistics.median(t / s for s, t in kept),
         "samples_per_s": w.samples / step_s,
         "root_rss_gb": memory.peak_root_rss_kb / 2**20,
         "tree_pss_gb": memory.peak_tree_pss_kb / 2**20,
@@ -298,10 +307,11 @@ def measure(runner: str, w: Workload, logdir: Path) -> dict:
 
 
 
-# size -> (prompts per step, steps, warm-up steps) for the full run and for --quick. The 50m step is
-# ~20x the 10m one on 2 cores, so it gets half the prompts and fewer steps to fit 20 minutes in all.
+# size -> (prompts per step, steps, warm-up steps) for the full run and for --quick. A 50m sample costs
+# ~4x a 10m one on 2 cores (results/rollout_bench.md: 660 vs 2,400 generated tokens/s), so 50m gets half
+# the prompts and fewer steps, to keep the whole run under 20 minutes.
 PLAN = {
-    False: {"1m": (16, 30, 2), "10m": (16, 8, 2), "50m": (8, 4, 1)},
+    False: {"1m": (16, 20, 2), "10m": (16, 6, 2), "50m": (8, 3, 1)},
     True: {"1m": (16, 4, 1), "10m": (8, 3, 1), "50m": (4, 2, 1)},
 }
 
@@ -348,7 +358,7 @@ def ratio_vs_trl(rows: list[dict]) -> dict[str, float]:
 
 def table(rows: list[dict], workloads: list[Workload], header: str) -> str:
     lines = [header, "",
-             "| size (params, start) | framework | steps (warm-up) | s/step | gen tokens/s | samples/s "
+             "| size (params, start) | framework | steps (timed) | s/step | gen tokens/s | samples/s "
              "| vs TRL | peak RSS main (GB) | peak PSS all procs (GB) | held-out greedy acc before -> after |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     by_size = {w.size: w for w in workloads}
@@ -358,7 +368,7 @@ def table(rows: list[dict], workloads: list[Workload], header: str) -> str:
         vs = f"{r['samples_per_s'] / trl['samples_per_s']:.2f}x" if trl else "-"
         acc = f"{r['acc_before']:.3f} -> {r['acc_after']:.3f}" if r["acc_before"] is not None else "-"
         lines.append(
-            f"| {w.size} ({r['params'] / 1e6:.1f}M, {w.start}) | {r['runner']} | {r['steps']} ({w.warmup}) "
+            f"| {w.size} ({r['params'] / 1e6:.1f}M, {w.start}) | {r['runner']} | {r['steps']} ({r['timed']}) "
             f"| {r['step_s']:.2f} | {r['tokens_per_s']:.0f} | {r['samples_per_s']:.1f} | {vs} "
             f"| {r['root_rss_gb']:.2f} | {r['tree_pss_gb']:.2f} | {acc} |")
     return "\n".join(lines)
@@ -430,7 +440,9 @@ def main(argv: list[str] | None = None) -> None:
         f"{time.strftime('%Y-%m-%d')}, 1-min load average at the end {load:.1f}. Per step: "
         + "; ".join(f"{w.size}: {w.prompts} prompts x {w.n} samples x {w.response_length} tokens" for w in workloads)
         + ". fp32, temperature 1.0, lr 5e-5, no KL, 1 PPO epoch, 1 optimizer step per step, token-mean loss "
-        "(TRL loss_type=dapo). Medians over the steps after warm-up. hybridrl recomputes old log-probs in a "
+        "(TRL loss_type=dapo). s/step: median wall time from one optimizer step to the next (metrics and logging "
+        "included), over the timed steps: those after the warm-up steps, less hybridrl's first and validated last "
+        "step. tokens/s counts response tokens. hybridrl recomputes old log-probs in a "
         "separate pass (verl's dataflow); TRL skips it when fully on-policy."
     )
     text = table(rows, workloads, header)

@@ -201,7 +201,7 @@ def chart(runs: dict[str, dict], peaks: dict[str, float], out_png: Path, title: 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 3.8), gridspec_kw={"wspace": 0.45})
     backends = list(runs)
     stages = [s for s in (*STAGES, "overhead") if any(s in r["stages"] for r in runs.values())]
     for i, backend in enumerate(backends):
@@ -212,8 +212,8 @@ def chart(runs: dict[str, dict], peaks: dict[str, float], out_png: Path, title: 
             start += seconds
     left.set_yticks(range(len(backends)), backends)
     left.set_xlabel("seconds per step (median)")
-    left.legend(fontsize=7, loc="lower right")
-    passes = list(PASS_FLOPS)
+    left.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    passes = [p for p in PASS_FLOPS if any(p in r["flops"] for r in runs.values())]
     width = 0.8 / len(backends)
     for i, backend in enumerate(backends):
         values = [100 * runs[backend]["flops"].get(p, 0.0) / peaks[backend] for p in passes]
@@ -222,8 +222,7 @@ def chart(runs: dict[str, dict], peaks: dict[str, float], out_png: Path, title: 
     right.set_ylabel("% of measured fp32 matmul peak")
     right.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=100)
+    fig.savefig(out_png, dpi=100, bbox_inches="tight")
     plt.close(fig)
 
 
