@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> None:
     header = (
         f"hybridrl GRPO step breakdown, {size} Qwen2 ({params / 1e6:.1f}M parameters, untrained), "
         f"{w.prompts} prompts x {w.n} samples x {w.response_length} tokens, fp32, medians over {steps - 1} "
-        f"steps after 1 warm-up, on {os.cpu_count()} CPU cores, {time.strftime('%Y-%m-%d')}, 1-min load "
+        f"steps after 1 warm-up, on a {bench.machine()}, {time.strftime('%Y-%m-%d')}, 1-min load "
         f"average at the end {os.getloadavg()[0]:.1f}. local = 1 process, {torch.get_num_threads()} torch threads; "
         f"ray = 2 worker processes x 1 thread. GFLOP/s count real tokens only: 2N per token for generation "
         f"and log-probs, 6N for the update."
