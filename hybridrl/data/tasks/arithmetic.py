@@ -120,9 +120,29 @@ def worked_steps(problem: Problem) -> list[str]:
     return lines + column_add(partials)
 
 
-def worked_answer(problem: Problem) -> str:
-    """The full target response: worked lines, then `<answer>N</answer>`."""
-    return "\n".join([*worked_steps(problem), f"<answer>{problem.result}</answer>"])
+def worked_answer(problem: Problem, drop_sign: bool = False) -> str:
+    """The full target response: worked lines, then `<answer>N</answer>`.
+
+    `drop_sign=True` writes |N| in the tag: the slip of the imperfect teacher (see `teacher_slips`).
+    """
+    result = abs(problem.result) if drop_sign else problem.result
+    return "\n".join([*worked_steps(problem), f"<answer>{result}</answer>"])
+
+
+def teacher_slips(problems: Sequence[Problem], rate: float, seed: int = 0) -> list[bool]:
+    """Which demonstrations an imperfect teacher gets wrong: each negative result independently with
+    probability `rate` loses its minus sign in the answer tag (the worked lines stay right).
+
+    Why: a tiny model's SFT errors are mostly one-off copy slips that differ from prompt to prompt,
+    so a reward has little to generalise from. A teacher with a systematic slip is the common real
+    case (demonstrations from a weaker model or a careless annotator): SFT copies the slip, while a
+    verifiable reward on the exact result teaches the model to do better than its teacher, and that
+    lesson carries over to held-out problems. Only what SFT imitates changes; `ground_truth` stays exact.
+    """
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"--teacher-sign-error must be a probability in [0, 1], got {rate}")
+    rng = random.Random(seed)
+    return [p.result < 0 and rng.random() < rate for p in problems]
 
 
 def allocate(total: int, capacities: Sequence[int]) -> list[int]:
@@ -190,18 +210,20 @@ def generate(
     return train, test
 
 
-def to_rows(problems: Sequence[Problem], split: str) -> list[dict]:
+def to_rows(problems: Sequence[Problem], split: str, slips: Sequence[bool] | None = None) -> list[dict]:
+    """verl-schema rows; `extra_info.answer` is the demonstration SFT learns from (with `slips`)."""
+    slips = slips or [False] * len(problems)
     return [
         make_row(
             data_source=DATA_SOURCE,
             question=p.question,
             ground_truth=str(p.result),
-            answer=worked_answer(p),
+            answer=worked_answer(p, drop_sign=slip),
             split=split,
             index=i,
             extra={"operation": p.op, "a": p.a, "b": p.b},
         )
-        for i, p in enumerate(problems)
+        for i, (p, slip) in enumerate(zip(problems, slips, strict=True))
     ]
 
 
@@ -219,14 +241,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--mul-digits", type=_parse_mul_digits, default=(2, 1), help="max digits of the two factors of *"
     )
+    parser.add_argument(
+        "--teacher-sign-error", type=float, default=0.0,
+        help="share of the train split's demonstrations of negative results whose answer drops the minus "
+        "sign (an imperfect teacher for SFT; ground_truth stays exact). The quickstart uses 0.7",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     ops = [op.strip() for op in args.ops.split(",") if op.strip()]
     try:
         train, test = generate(args.train_size, args.test_size, args.seed, ops, args.digits, args.mul_digits)
+        slips = teacher_slips(train, args.teacher_sign_error, args.seed)
     except ValueError as err:
         parser.error(str(err))  # usage + message, no traceback
-    write_splits(args.out, to_rows(train, "train"), to_rows(test, "test"))
+    write_splits(args.out, to_rows(train, "train", slips), to_rows(test, "test"))
 
 
 if __name__ == "__main__":

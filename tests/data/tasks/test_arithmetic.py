@@ -118,3 +118,27 @@ def test_cli_writes_verl_schema(tmp_path):
     train_questions = {r["extra_info"]["question"] for r in train}
     assert not any(r["extra_info"]["question"] in train_questions for r in test)
     assert [r["extra_info"]["index"] for r in test] == list(range(30))
+
+
+def test_imperfect_teacher_drops_only_the_sign_of_negative_train_answers(tmp_path):
+    ar.main(["--out", str(tmp_path), "--train-size", "600", "--test-size", "60", "--seed", "2",
+             "--ops", "-", "--teacher-sign-error", "0.7"])
+    train = pq.read_table(tmp_path / "train.parquet").to_pylist()
+    negative = [r for r in train if int(r["reward_model"]["ground_truth"]) < 0]
+    slipped = [r for r in negative if not r["extra_info"]["answer"].endswith(
+        f"<answer>{r['reward_model']['ground_truth']}</answer>")]
+    for r in slipped:  # the slip: |result| in the tag, worked lines untouched, ground truth exact
+        truth = int(r["reward_model"]["ground_truth"])
+        exact = ar.worked_answer(ar.Problem("-", r["extra_info"]["a"], r["extra_info"]["b"]))
+        assert r["extra_info"]["answer"] == exact.replace(f"<answer>{truth}</answer>", f"<answer>{-truth}</answer>")
+        assert compute_score(r["extra_info"]["answer"], r["reward_model"]["ground_truth"]) == 0.0
+    # about 70% of ~300 negative results slip (binomial sd ~ 8 rows)
+    assert 0.6 < len(slipped) / len(negative) < 0.8, (len(slipped), len(negative))
+    # non-negative results and the whole test split keep exact answers
+    for r in [r for r in train if r not in negative] + pq.read_table(tmp_path / "test.parquet").to_pylist():
+        assert r["extra_info"]["answer"].endswith(f"<answer>{r['reward_model']['ground_truth']}</answer>")
+
+
+def test_teacher_sign_error_must_be_a_probability():
+    with pytest.raises(ValueError, match="--teacher-sign-error"):
+        ar.teacher_slips([ar.Problem("-", 1, 2)], 1.5)
