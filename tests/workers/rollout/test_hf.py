@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from hybridrl.protocol import DataProto
 from hybridrl.workers.rollout import HFRollout, RolloutConfig, build_rollout
 from hybridrl.workers.rollout.sampling import processed_log_probs
 
@@ -157,3 +158,24 @@ def test_bad_prompts_raise_clear_errors(tiny_model, tiny_tokenizer):
     prompts.pop(batch_keys=["position_ids"])
     with pytest.raises(KeyError, match="position_ids"):
         rollout.generate_sequences(prompts)
+
+
+def test_bf16_rollout_casts_a_copy_and_restores_fp32_weights(tiny_model, tiny_model_dir, tiny_tokenizer):
+    from hybridrl.models.loading import load_causal_lm
+
+    before = {name: p.detach().clone() for name, p in tiny_model.named_parameters()}
+    prompts = make_prompts(tiny_tokenizer, length=16)
+    out = engine(tiny_model, tiny_tokenizer, response_length=16, n=2, dtype="bfloat16", seed=5)
+    out = out.generate_sequences(prompts).batch
+    for name, p in tiny_model.named_parameters():  # the trainer's fp32 weights come back bit for bit
+        assert p.dtype == torch.float32 and torch.equal(p, before[name]), name
+    # the same sampling on a model loaded in bf16 is the same computation: identical tokens and log-probs
+    bf16_model = load_causal_lm(tiny_model_dir, dtype="bfloat16").eval()
+    ref = engine(bf16_model, tiny_tokenizer, response_length=16, n=2, dtype="bfloat16", seed=5)
+    ref = ref.generate_sequences(prompts).batch
+    assert torch.equal(out["responses"], ref["responses"])
+    assert torch.equal(out["rollout_log_probs"], ref["rollout_log_probs"])
+    # and they are bf16-close to the fp32 model's own log-probs of those tokens (bf16 keeps ~3 digits)
+    fp32 = full_forward_log_probs(tiny_model, DataProto.from_dict(dict(out))) * out["response_mask"]
+    diff = (out["rollout_log_probs"] - fp32).abs().max().item()
+    assert 0 < diff < 0.1, diff  # > 0: the rollout really ran in bf16

@@ -1,0 +1,87 @@
+"""PreallocatedCache against transformers' DynamicCache on the tiny Qwen2 model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from hybridrl.workers.rollout.kv_cache import PreallocatedCache, PreallocatedLayer
+
+from .helpers import make_prompts
+
+
+def decode(model, cache, prompts, steps: int, drop_at: dict[int, list[int]] | None = None) -> list[torch.Tensor]:
+    """Greedy-decode `steps` tokens after a prefill; before step s keep only rows `drop_at[s]`
+    (indices into the rows still active). Returns each forward's last-position logits."""
+    ids, mask, pos = (prompts.batch[k] for k in ("input_ids", "attention_mask", "position_ids"))
+    drop_at = drop_at or {}
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                       use_cache=True).logits[:, -1]  # (B, V)
+        outputs = [logits]
+        next_pos = pos[:, -1:] + 1  # (B, 1)
+        for step in range(steps):
+            token = logits.argmax(-1, keepdim=True)  # (A, 1)
+            if step in drop_at:
+                keep = torch.tensor(drop_at[step])
+                cache.batch_select_indices(keep)
+                token, mask, next_pos = token[keep], mask[keep], next_pos[keep]
+            mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+            logits = model(input_ids=token, attention_mask=mask, position_ids=next_pos, past_key_values=cache,
+                           use_cache=True).logits[:, -1]
+            outputs.append(logits)
+            next_pos = next_pos + 1
+    return outputs
+
+
+def test_logits_equal_dynamic_cache(tiny_model, tiny_tokenizer):
+    prompts = make_prompts(tiny_tokenizer, length=16)  # 4 left-padded prompts of different lengths
+    layers = tiny_model.config.num_hidden_layers
+    ours = decode(tiny_model, PreallocatedCache(layers, max_len=16 + 10), prompts, steps=10)
+    reference = decode(tiny_model, DynamicCache(), prompts, steps=10)
+    assert len(ours) == len(reference) == 11
+    for step, (a, b) in enumerate(zip(ours, reference, strict=True)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0, msg=f"step {step}")
+
+
+def test_dropping_rows_keeps_the_right_rows(tiny_model, tiny_tokenizer):
+    prompts = make_prompts(tiny_tokenizer, length=16)
+    layers = tiny_model.config.num_hidden_layers
+    # before step 3 rows 0 and 2 finish (keep 1, 3); before step 6 the old row 3 finishes (keep index 0)
+    drops = {3: [1, 3], 6: [0]}
+    ours = decode(tiny_model, PreallocatedCache(layers, max_len=26), prompts, steps=8, drop_at=drops)
+    reference = decode(tiny_model, DynamicCache(), prompts, steps=8, drop_at=drops)
+    assert [o.shape[0] for o in ours] == [4, 4, 4, 4, 2, 2, 2, 1, 1]
+    for a, b in zip(ours, reference, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    # the survivor is prompt 1: its logits match an undisturbed run's row 1 at every step
+    undisturbed = decode(tiny_model, PreallocatedCache(layers, max_len=26), prompts, steps=8)
+    survivor_row = [1, 1, 1, 1, 0, 0, 0, 0, 0]  # prompt 1's row in the shrinking batch, output by output
+    for a, b, row in zip(ours, undisturbed, survivor_row, strict=True):
+        torch.testing.assert_close(a[row], b[1], atol=1e-5, rtol=0)
+
+
+def test_layer_writes_in_place_selects_and_repeats_rows():
+    layer = PreallocatedLayer(max_len=5)
+    # keys hold row*10 + position, so every slot says where it came from
+    first = torch.tensor([[0.0, 1.0], [10.0, 11.0]]).reshape(2, 1, 2, 1)  # (rows=2, H=1, q=2, D=1)
+    keys, values = layer.update(first, -first)
+    assert keys.shape == (2, 1, 2, 1) and layer.get_seq_length() == 2
+    assert layer.get_mask_sizes(query_length=1) == (3, 0)  # 2 written + 1 query, offset 0
+    layer.batch_repeat_interleave(2)  # rows become 0, 0, 1, 1
+    step = torch.tensor([2.0, 2.0, 12.0, 12.0]).reshape(4, 1, 1, 1)
+    keys, values = layer.update(step, -step)
+    assert keys.flatten(1).tolist() == [[0, 1, 2], [0, 1, 2], [10, 11, 12], [10, 11, 12]]
+    assert torch.equal(values, -keys)
+    layer.batch_select_indices(torch.tensor([1, 3]))
+    assert layer.keys.shape == (2, 1, 5, 1)  # fresh buffers keep the full length for later steps
+    keys, _ = layer.update(torch.tensor([3.0, 13.0]).reshape(2, 1, 1, 1), torch.zeros(2, 1, 1, 1))
+    assert keys.flatten(1).tolist() == [[0, 1, 2, 3], [10, 11, 12, 13]]
+
+
+def test_overflow_names_the_fix():
+    layer = PreallocatedLayer(max_len=3)
+    layer.update(torch.zeros(1, 1, 3, 2), torch.zeros(1, 1, 3, 2))
+    with pytest.raises(ValueError, match="max_len >= prompt length \\+ response length"):
+        layer.update(torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2))
