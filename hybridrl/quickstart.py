@@ -2,10 +2,12 @@
 
 `python -m hybridrl.quickstart` runs the whole path in `--workdir` (default `runs/quickstart`):
 
-1. writes the arithmetic task (train/test parquet in verl's schema);
+1. writes the arithmetic task (train/test parquet in verl's schema), whose SFT demonstrations come from
+   an imperfect teacher that often forgets the minus sign of a negative result;
 2. builds a ~1M-parameter Qwen2-style model and tokenizer offline;
-3. warm-starts it with SFT on worked answers (cached: a second run reuses it);
-4. trains it with GRPO, 2 worker processes under Ray, validating on held-out problems;
+3. warm-starts it with SFT on the worked answers (cached: a second run reuses it), which copies the slip;
+4. trains it with GRPO, 2 worker processes under Ray, validating on held-out problems: the reward checks
+   the exact result, so the model learns to do better than its teacher;
 5. prints a summary (held-out accuracy before and after, time per step) and writes `curves.png`.
 
 Every stage is the project's ordinary entry point, driven through its Hydra config.
@@ -32,10 +34,21 @@ def _compose(config_name: str, overrides: list[str]):
         return compose(config_name=config_name, overrides=overrides)
 
 
+# The task's flags. The teacher whose worked answers SFT imitates drops the minus sign of 70% of the
+# negative results (see hybridrl.data.tasks.arithmetic.teacher_slips): SFT copies the slip, GRPO's
+# exact-answer reward removes it, and the held-out accuracy shows the difference.
+TASK_ARGS = ["--teacher-sign-error", "0.7"]
+
+
 def prepare_data(workdir: Path) -> Path:
+    """Write the task once; different task flags (an older quickstart) rewrite it and drop the stale SFT."""
     data = workdir / "data"
-    if not (data / "train.parquet").exists():
-        subprocess.run([sys.executable, "-m", "hybridrl.data.tasks.arithmetic", "--out", str(data)], check=True)
+    stamp = data / "task_args.json"
+    if not (data / "train.parquet").exists() or not stamp.exists() or json.loads(stamp.read_text()) != TASK_ARGS:
+        shutil.rmtree(workdir / "sft", ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "hybridrl.data.tasks.arithmetic", "--out", str(data), *TASK_ARGS],
+                       check=True)
+        stamp.write_text(json.dumps(TASK_ARGS))
     return data
 
 

@@ -1,0 +1,34 @@
+"""Held-out greedy accuracy measured outside the trainer: `model.generate` + the task's scorer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from hybridrl.models.loading import load_causal_lm, load_tokenizer, padding_side
+from hybridrl.rewards.score import default_compute_score
+
+
+def greedy_answers(model_dir: Path, rows: list[dict]) -> list[str]:
+    """The greedy response text of each row's chat prompt (96 new tokens: answers are <= ~50)."""
+    tokenizer, model = load_tokenizer(model_dir), load_causal_lm(model_dir).eval()
+    texts = []
+    with torch.no_grad(), padding_side(tokenizer, "left"):
+        for start in range(0, len(rows), 100):
+            chunk = rows[start:start + 100]
+            prompts = [tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
+                       for r in chunk]
+            enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+            out = model.generate(**enc, max_new_tokens=96, do_sample=False, pad_token_id=tokenizer.pad_token_id,
+                                 eos_token_id=tokenizer.eos_token_id)
+            texts += tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    return texts
+
+
+def greedy_accuracy(model_dir: Path, rows: list[dict]) -> float:
+    """Fraction of rows whose greedy answer the task's scorer accepts."""
+    answers = greedy_answers(model_dir, rows)
+    scores = [default_compute_score(r["data_source"], text, r["reward_model"]["ground_truth"])
+              for r, text in zip(rows, answers, strict=True)]
+    return sum(scores) / len(scores)

@@ -1,0 +1,53 @@
+"""Slow learning tests: GRPO, PPO with a critic (GAE) and RLOO each raise the held-out greedy accuracy of
+the quickstart's SFT model, at a fixed seed, with the quickstart's settings.
+
+The SFT model copied its teacher's slip (a dropped minus sign on most negative results, see
+test_sft_learning); the exact-answer reward penalises it, so RL has something to learn that carries
+over to held-out problems. Accuracy is measured outside the trainer (`model.generate` on the saved HF
+model, scored by the task's scorer) and compared with the trainer's own validation metric.
+
+Measured on 2 cores from 0.546 (500 held-out problems) after 30 steps: GRPO 0.642, RLOO 0.634, GAE 0.588.
+"""
+
+from __future__ import annotations
+
+import pytest
+from learning import greedy_accuracy
+from ppo_helpers import ppo_config
+
+from hybridrl.data.sft_dataset import read_parquet_rows
+from hybridrl.trainer.main_ppo import run_ppo
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
+
+STEPS = 30
+MARGIN = 0.04  # ~2 standard errors of a 500-problem accuracy near 0.6
+
+
+@pytest.fixture(scope="module")
+def before(quickstart_sft) -> float:
+    data, model_dir = quickstart_sft
+    return greedy_accuracy(model_dir, read_parquet_rows(data / "test.parquet"))
+
+
+@pytest.mark.parametrize("estimator, extra", [
+    ("grpo", []),
+    ("rloo", []),
+    ("gae", ["trainer.critic_warmup=5"]),
+])
+def test_rl_raises_held_out_greedy_accuracy(quickstart_sft, before, estimator, extra, tmp_path):
+    data, model_dir = quickstart_sft
+    run_dir = tmp_path / estimator
+    history = run_ppo(ppo_config(
+        f"data.train_files={data / 'train.parquet'}", f"data.val_files={data / 'test.parquet'}",
+        f"actor_rollout_ref.model.path={model_dir}", f"algorithm.adv_estimator={estimator}",
+        f"trainer.total_training_steps={STEPS}", f"trainer.default_local_dir={run_dir}",
+        "trainer.val_before_train=false", f"trainer.test_freq={STEPS}", f"trainer.save_freq={STEPS}",
+        "actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model]", "trainer.logger=[file]", *extra,
+    ))
+    after = greedy_accuracy(run_dir / f"global_step_{STEPS}" / "actor" / "huggingface",
+                            read_parquet_rows(data / "test.parquet"))
+    trainer_says = history[-1]["val-core/arithmetic/reward/mean@1"]
+    print(f"{estimator}: held-out greedy accuracy {before:.3f} -> {after:.3f} (trainer's validation {trainer_says:.3f})")
+    assert abs(trainer_says - after) <= 0.01  # the trainer's greedy validation is model.generate's greedy
+    assert after >= before + MARGIN
