@@ -1,14 +1,22 @@
 """Generation throughput: hybridrl's HF rollout engine vs plain `model.generate` on identical work.
 
-    python benchmarks/rollout_bench.py            # 64 prompts x 8 samples x 128 new tokens, 10m and 50m
+    python benchmarks/rollout_bench.py            # 64 prompts x 8 samples x 128 new tokens, 10m and 50m,
+                                                  # in float32 and bfloat16
     python benchmarks/rollout_bench.py --quick    # a reduced run (16 x 4 x 32) to check it works
+    python benchmarks/rollout_bench.py --dtypes float32   # the fp32 headline only
 
 Both engines get the same left-padded prompts, the same model object, the same sampling (temperature,
 no top-k, no top-p), the same EOS id and the same max new tokens. Throughput counts each engine's own
 response tokens (up to and including EOS), so an engine is never credited for padding. The models are
-untrained tiny models built with `hybridrl.models.tiny` in a temporary directory. Writes the table to
-benchmarks/results/rollout_bench.md; the last printed line is `speedup vs model.generate: <ratio>x`,
-the smaller of the per-size ratios of median tokens/s.
+untrained tiny models built with `hybridrl.models.tiny` in a temporary directory.
+
+Each dtype loads the model in that dtype and runs both engines on it (a fair comparison). For a
+dtype other than float32 a third row runs our engine on the float32 model with `rollout.dtype` set
+to that dtype, as the trainer does (fp32 actor weights, cast once per `generate_sequences` call).
+
+Writes the table to benchmarks/results/rollout_bench.md; the last printed line is
+`speedup vs model.generate: <ratio>x`, the smaller of the per-size ratios of median tokens/s in
+float32 (the headline: the trainer's default).
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -49,15 +58,15 @@ def response_tokens(new_tokens: torch.Tensor, eos: int) -> int:
     return int(lengths.sum())
 
 
-def run_ours(model, tokenizer, prompts: DataProto, args, seed: int) -> int:
+def run_ours(model, tokenizer, prompts: DataProto, args, seed: int, dtype: str) -> int:
     config = RolloutConfig(
-        response_length=args.new_tokens, n=args.n, temperature=args.temperature, seed=seed, dtype=args.dtype
+        response_length=args.new_tokens, n=args.n, temperature=args.temperature, seed=seed, dtype=dtype
     )
     out = HFRollout(model, config, tokenizer).generate_sequences(prompts)
     return int(out.batch["response_mask"].sum())
 
 
-def run_generate(model, tokenizer, prompts: DataProto, args, seed: int) -> int:
+def run_generate(model, tokenizer, prompts: DataProto, args, seed: int, dtype: str) -> int:
     torch.manual_seed(seed)
     with torch.no_grad():
         out = model.generate(
@@ -92,37 +101,52 @@ def measure(fns: dict[str, Callable[[int], int]], runs: int, warmup: int) -> dic
     return {name: (statistics.median(rates[name]), tokens[name]) for name in fns}
 
 
-def bench_size(size: str, workdir: Path, args) -> list[tuple[str, str, int, float]]:
-    model_dir = build_tiny_model(workdir / size, arch="qwen2", size=size, seed=0)
-    model = load_causal_lm(model_dir, dtype=args.dtype).eval()
+Row = tuple[str, str, str, int, float]  # (size, dtype, engine, tokens/run, tokens/s)
+
+
+def bench_size(size: str, dtype: str, workdir: Path, args) -> list[Row]:
+    model_dir = workdir / size
+    if not model_dir.exists():
+        build_tiny_model(model_dir, arch="qwen2", size=size, seed=0)
+    model = load_causal_lm(model_dir, dtype=dtype).eval()
     tokenizer = load_tokenizer(model_dir)
     prompts = make_prompts(tokenizer, args.prompts, args.prompt_length)
-    runners = {"model.generate": run_generate, "hybridrl hf": run_ours}
-    fns = {name: (lambda seed, r=r: r(model, tokenizer, prompts, args, seed)) for name, r in runners.items()}
+    fns = {
+        "model.generate": partial(run_generate, model, tokenizer, prompts, args, dtype=dtype),
+        "hybridrl hf": partial(run_ours, model, tokenizer, prompts, args, dtype=dtype),
+    }
+    if dtype != "float32":
+        fp32_model = load_causal_lm(model_dir, dtype="float32").eval()
+        fns["hybridrl hf, fp32 weights"] = partial(run_ours, fp32_model, tokenizer, prompts, args, dtype=dtype)
     rows = []
     for name, (rate, tokens) in measure(fns, args.runs, args.warmup).items():
-        rows.append((size, name, tokens, rate))
-        print(f"{size:>4}  {name:<15} {tokens:>7} tokens/run  {rate:9.1f} tokens/s", flush=True)
+        rows.append((size, dtype, name, tokens, rate))
+        print(f"{size:>4} {dtype:>8}  {name:<26} {tokens:>7} tokens/run  {rate:9.1f} tokens/s", flush=True)
     return rows
 
 
-def render(rows: list[tuple[str, str, int, float]], args) -> tuple[str, float]:
+def render(rows: list[Row], args) -> tuple[str, float]:
+    """The markdown table, and the headline: the smallest float32 speedup over model.generate."""
     lines = [
         f"Rollout throughput, {args.prompts} prompts x {args.n} samples x {args.new_tokens} new tokens, "
-        f"prompt length {args.prompt_length}, temperature {args.temperature}, {args.dtype}, "
-        f"median of {args.runs} runs after {args.warmup} warm-up, {torch.get_num_threads()} torch threads.",
+        f"prompt length {args.prompt_length}, temperature {args.temperature}, "
+        f"median of {args.runs} runs after {args.warmup} warm-up, {torch.get_num_threads()} torch threads. "
+        "Speedup is against model.generate on the same model in the same dtype.",
         "",
-        "| model | engine | tokens/run | tokens/s | speedup |",
-        "|---|---|---:|---:|---:|",
+        "| model | dtype | engine | tokens/run | tokens/s | speedup |",
+        "|---|---|---|---:|---:|---:|",
     ]
-    ratios = []
-    for size in dict.fromkeys(r[0] for r in rows):
-        base = next(r[3] for r in rows if r[0] == size and r[1] == "model.generate")
-        for _, name, tokens, rate in (r for r in rows if r[0] == size):
-            lines.append(f"| {size} | {name} | {tokens} | {rate:.0f} | {rate / base:.2f}x |")
-            if name != "model.generate":
-                ratios.append(rate / base)
-    return "\n".join(lines) + "\n", min(ratios)
+    headline = []
+    for size, dtype in dict.fromkeys((r[0], r[1]) for r in rows):
+        group = [r for r in rows if r[0] == size and r[1] == dtype]
+        base = next(r[4] for r in group if r[2] == "model.generate")
+        for _, _, name, tokens, rate in group:
+            lines.append(f"| {size} | {dtype} | {name} | {tokens} | {rate:.0f} | {rate / base:.2f}x |")
+            if name == "hybridrl hf" and dtype == "float32":
+                headline.append(rate / base)
+    if not headline:
+        raise SystemExit("the headline needs float32 in --dtypes")
+    return "\n".join(lines) + "\n", min(headline)
 
 
 def main() -> None:
@@ -136,13 +160,19 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs before the timed ones")
     parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--dtype", default="float32", help="model and generation dtype for both engines")
+    parser.add_argument("--dtypes", default="float32,bfloat16",
+                        help="model and generation dtypes to compare, each on both engines (float32 required)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     if args.quick:
         args.prompts, args.n, args.new_tokens, args.runs = 16, 4, 32, 1
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [row for size in args.sizes.split(",") for row in bench_size(size, Path(tmp), args)]
+        rows = [
+            row
+            for size in args.sizes.split(",")
+            for dtype in args.dtypes.split(",")
+            for row in bench_size(size, dtype, Path(tmp), args)
+        ]
     table, ratio = render(rows, args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(table)
