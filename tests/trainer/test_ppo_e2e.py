@@ -38,10 +38,15 @@ def test_grpo_on_two_ray_workers_saves_and_resumes_exactly(arithmetic_data, tiny
     assert [row["step"] for row in logged] == [1, 2, 3]
 
     # Stop after step 2, then resume from its checkpoint and run step 3.
-    split = tiny_run_overrides(arithmetic_data, tiny_model_dir, tmp_path / "split")
+    split = [o for o in tiny_run_overrides(arithmetic_data, tiny_model_dir, tmp_path / "split")
+             if not o.startswith("trainer.val_before_train")]
     run_ppo(ppo_config(*split, "trainer.total_training_steps=2", "trainer.save_freq=2"))
-    resumed = run_ppo(ppo_config(*split, "trainer.total_training_steps=3", "trainer.save_freq=2"))
-    assert [m["training/global_step"] for m in resumed] == [3]
+    # verl validates again on resume (val_before_train); that must not disturb the training stream
+    resumed = run_ppo(ppo_config(*split, "trainer.total_training_steps=3", "trainer.save_freq=2",
+                                 "trainer.val_before_train=true"))
+    assert [m["training/global_step"] for m in resumed] == [2, 3]
+    assert "val-core/arithmetic/reward/mean@1" in resumed[0]
+    resumed = resumed[1:]
     for key in DETERMINISTIC:
         assert resumed[0][key] == full[2][key], key
 
