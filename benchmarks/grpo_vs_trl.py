@@ -37,6 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 ACCURACY_KEY = "val-core/arithmetic/reward/mean@1"
 RUNNERS = ("trl", "hybridrl-local", "hybridrl-ray")
+DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 HISTORY_KEYS = ("timing_s/", "perf/", "response_length/", "prompt_length/")
 
 
@@ -274,7 +275,10 @@ def measure(runner: str, w: Workload, logdir: Path) -> dict:
     """Run one framework on one workload in a fresh process; summarise its steps after warm-up."""
     out = logdir / f"{runner}-{w.size}.json"
     log = logdir / f"{runner}-{w.size}.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
+    # The SFT warm start ran hybridrl's local backend in this process, which leaves torch.distributed's
+    # rank variables set; a child inheriting them (TRL through accelerate) would try to join that group.
+    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
+    env.update({"HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"})
     cmd = [sys.executable, str(Path(__file__).resolve()), "--run-one", runner, "--workload",
            json.dumps(asdict(w)), "--result", str(out)]
     start = time.perf_counter()
