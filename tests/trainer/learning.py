@@ -26,9 +26,13 @@ def greedy_answers(model_dir: Path, rows: list[dict]) -> list[str]:
     return texts
 
 
+def accuracy(rows: list[dict], texts: list[str]) -> float:
+    """Fraction of rows whose response text the task's scorer accepts."""
+    scores = [default_compute_score(r["data_source"], text, r["reward_model"]["ground_truth"])
+              for r, text in zip(rows, texts, strict=True)]
+    return sum(scores) / len(scores)
+
+
 def greedy_accuracy(model_dir: Path, rows: list[dict]) -> float:
     """Fraction of rows whose greedy answer the task's scorer accepts."""
-    answers = greedy_answers(model_dir, rows)
-    scores = [default_compute_score(r["data_source"], text, r["reward_model"]["ground_truth"])
-              for r, text in zip(rows, answers, strict=True)]
-    return sum(scores) / len(scores)
+    return accuracy(rows, greedy_answers(model_dir, rows))
