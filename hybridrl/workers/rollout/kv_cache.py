@@ -8,8 +8,8 @@ steps attend over (masked) empty slots.
 
 `PreallocatedCache` does neither: each layer holds (rows, kv_heads, max_len, head_dim) buffers, a step
 writes its keys/values at the current length, and attention gets a view of the written prefix only
-(no copy), exactly the tensor `DynamicCache` would have built. Finished rows leave with `compact`,
-which copies only the written prefix of the surviving rows.
+(no copy), exactly the tensor `DynamicCache` would have built. Finished rows leave with
+`batch_select_indices`, which copies only the written prefix of the surviving rows.
 
 It plugs into any transformers model through the public `Cache` / `CacheLayerMixin` API (transformers
 5.x): the model calls `update(key, value, layer_idx)`, and the mask builder asks `get_seq_length` and
