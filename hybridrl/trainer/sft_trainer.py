@@ -17,14 +17,17 @@ from typing import Any
 
 import torch
 from omegaconf import MISSING, DictConfig, OmegaConf
+from tqdm import tqdm
 
 from hybridrl.data.sampler import ResumableSampler, StatefulDataLoader
 from hybridrl.data.sft_dataset import SFTDataset
 from hybridrl.models.loading import load_tokenizer
 from hybridrl.protocol import DataProto
+from hybridrl.utils.tracking import StepProgress
 from hybridrl.workers.checkpoint import CheckpointConfig, commit_checkpoint, resolve_resume_path
 from hybridrl.workers.config import FSDPConfig
 
+SFT_POSTFIX = {"loss": ("train/loss", ".4f"), "step_s": ("timing_s/step", ".2f")}
 ROLE = "actor"  # the role directory of a checkpoint, so the model merger and resume find it as for PPO
 DATA_STATE = "data.pt"  # the dataloader position, next to the role directories of a step
 
@@ -163,7 +166,8 @@ class MetricsLog:
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if self.console:
-            print(f"step {step}: " + "  ".join(f"{k}={v:.4g}" for k, v in metrics.items()), flush=True)
+            # tqdm.write keeps the progress bar intact below the line
+            tqdm.write(f"step {step}: " + "  ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
         if self.path is not None:
             with self.path.open("a") as f:
                 f.write(json.dumps({"step": step, **metrics}) + "\n")
@@ -197,6 +201,13 @@ class SFTTrainer:
         print(f"SFT: {info['params']:,} parameters ({info['local_params']:,} on rank 0), {len(self.train_set)} "
               f"train rows, {self.steps_per_epoch} steps/epoch, {self.total_steps} steps", flush=True)
         self._resume()
+        bar = StepProgress(self.total_steps, initial_step=self.global_step, desc="SFT", postfix=SFT_POSTFIX)
+        try:
+            return self._train_loop(bar)
+        finally:
+            bar.close()
+
+    def _train_loop(self, bar: StepProgress) -> dict[str, float]:
         last: dict[str, float] = {}
         while self.global_step < self.total_steps:
             for batch in self.loader:
@@ -204,6 +215,7 @@ class SFTTrainer:
                 if self._should_validate():
                     last.update(self._validate())
                 self.metrics.log(self.global_step, last)
+                bar.update(self.global_step, last)
                 done = self.global_step >= self.total_steps
                 freq = self.config.trainer.save_freq
                 if done or (freq > 0 and self.global_step % freq == 0):
@@ -254,7 +266,7 @@ class SFTTrainer:
         commit_checkpoint(self.out_dir, self.global_step)
         if final:
             self.hf_model_dir = step_dir / ROLE / "huggingface"
-            print(f"saved the fine-tuned model to {self.hf_model_dir}", flush=True)
+            tqdm.write(f"saved the fine-tuned model to {self.hf_model_dir}")
         return step_dir
 
     def _resume(self) -> None:

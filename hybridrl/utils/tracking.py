@@ -347,26 +347,29 @@ class Tracking:
 
 
 class StepProgress:
-    """A tqdm bar over training steps whose postfix shows the last step's score and time.
+    """A tqdm bar over training steps whose postfix shows chosen metrics of the last step.
 
-    `update(step, metrics)` moves the bar to `step` and shows `critic/score/mean` and
-    `timing_s/step` when present.
+    `postfix` maps a label to (metric key, format spec); `update(step, metrics)` moves the bar to `step`
+    and shows each metric the step has. The default suits RL training (score and step time); the SFT
+    trainer shows its loss instead.
     """
 
-    def __init__(self, total_steps: int, initial_step: int = 0, file: TextIO | None = None) -> None:
-        self._bar = tqdm(total=total_steps, initial=initial_step, desc="Training", unit="step",
+    RL_POSTFIX: Mapping[str, tuple[str, str]] = {"score": ("critic/score/mean", ".3f"),
+                                                  "step_s": ("timing_s/step", ".2f")}
+
+    def __init__(self, total_steps: int, initial_step: int = 0, file: TextIO | None = None, desc: str = "Training",
+                 postfix: Mapping[str, tuple[str, str]] | None = None) -> None:
+        self._postfix = dict(self.RL_POSTFIX if postfix is None else postfix)
+        self._bar = tqdm(total=total_steps, initial=initial_step, desc=desc, unit="step",
                          file=file, dynamic_ncols=file is None)
 
     def update(self, step: int, metrics: Mapping[str, Any] | None = None) -> None:
         metrics = metrics or {}
-        postfix = {}
-        if "critic/score/mean" in metrics:
-            postfix["score"] = f"{float(metrics['critic/score/mean']):.3f}"
-        if "timing_s/step" in metrics:
-            postfix["step_s"] = f"{float(metrics['timing_s/step']):.2f}"
+        shown = {label: format(float(metrics[key]), spec)
+                 for label, (key, spec) in self._postfix.items() if key in metrics}
         self._bar.update(step - self._bar.n)
         # refresh now, past tqdm's redraw throttle: a step takes seconds, so every step is worth a redraw
-        self._bar.set_postfix(postfix, refresh=True)
+        self._bar.set_postfix(shown, refresh=True)
 
     def close(self) -> None:
         self._bar.close()

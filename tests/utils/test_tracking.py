@@ -172,3 +172,14 @@ def test_progress_bar_shows_score_and_step_time():
     text = out.getvalue()
     assert "3/5" in text
     assert "score=0.500" in text and "step_s=1.23" in text and "score=0.625" in text
+
+
+def test_progress_bar_shows_the_chosen_metrics():
+    out = io.StringIO()
+    bar = StepProgress(total_steps=600, file=out, desc="SFT",
+                       postfix={"loss": ("train/loss", ".4f"), "step_s": ("timing_s/step", ".2f")})
+    bar.update(1, {"train/loss": 4.18762, "timing_s/step": 0.2049, "critic/score/mean": 0.5})
+    bar.close()
+    text = out.getvalue()
+    assert "SFT:" in text and "1/600" in text
+    assert "loss=4.1876" in text and "step_s=0.20" in text and "score" not in text
