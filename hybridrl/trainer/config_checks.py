@@ -47,6 +47,9 @@ def _check_placement(config: PPOTrainerConfig) -> None:
              "trainer.device=cuda but torch sees no GPU; set trainer.device=cpu")
     _require(t.nnodes >= 1 and t.n_gpus_per_node >= 1,
              f"trainer.nnodes ({t.nnodes}) and trainer.n_gpus_per_node ({t.n_gpus_per_node}) must be >= 1")
+    _require(config.ray_init.cpus_per_worker >= 1,
+             f"ray_init.cpus_per_worker must be >= 1 (CPUs and torch threads per worker rank), "
+             f"got {config.ray_init.cpus_per_worker}")
     _require(t.backend == "ray" or world_size(config) == 1,
              f"trainer.backend=local runs one rank in this process, but trainer.nnodes x trainer.n_gpus_per_node "
              f"= {world_size(config)}; set trainer.n_gpus_per_node=1 trainer.nnodes=1 or use trainer.backend=ray")

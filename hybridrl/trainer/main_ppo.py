@@ -74,7 +74,8 @@ def _start_ray(config: PPOTrainerConfig) -> bool:
 
     already = ray.is_initialized()
     ri = config.ray_init
-    init_ray(num_cpus=ri.num_cpus or max(os.cpu_count() or 1, config.trainer.n_gpus_per_node),
+    wanted = config.trainer.n_gpus_per_node * ri.cpus_per_worker
+    init_ray(num_cpus=ri.num_cpus or max(os.cpu_count() or 1, wanted),
              object_store_memory=ri.object_store_memory, include_dashboard=ri.include_dashboard)
     return not already
 

@@ -138,6 +138,9 @@ class TrainerConfig:
 class RayInitConfig:
     # CPUs of a local Ray cluster (None: all cores); ignored when joining a running cluster.
     num_cpus: int | None = None
+    # CPUs each worker rank reserves on CPU-only nodes, and the torch threads it computes with. With the
+    # default num_cpus the local cluster is sized so that every rank gets them.
+    cpus_per_worker: int = 1
     object_store_memory: int | None = 512 * 1024**2
     include_dashboard: bool = False
     timeline_json_file: str | None = None

@@ -70,7 +70,8 @@ class WorkerGroups:
             from hybridrl.controller.ray_resources import RayResourcePool
 
             pool = RayResourcePool([config.trainer.n_gpus_per_node] * config.trainer.nnodes,
-                                   use_gpu=config.trainer.device == "cuda", name_prefix="global_pool")
+                                   use_gpu=config.trainer.device == "cuda", name_prefix="global_pool",
+                                   cpus_per_process=config.ray_init.cpus_per_worker)
         fused = create_colocated_worker_cls(classes)
         groups = create_worker_group(backend, fused, pool).spawn(prefix_set=list(classes))
         actor_role = next(iter(classes))

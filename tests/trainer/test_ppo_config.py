@@ -59,6 +59,7 @@ def test_the_model_path_is_required():
           "actor_rollout_ref.actor.ppo_mini_batch_size=8", "data.train_batch_size=16"], "rollout.n > 1"),
         (["actor_rollout_ref.rollout.response_length=10"], "data.max_response_length"),
         (["reward_model.enable=true"], "reward_model.model.path"),
+        (["ray_init.cpus_per_worker=0"], r"ray_init.cpus_per_worker must be >= 1"),
     ],
 )
 def test_impossible_settings_fail_naming_the_keys(overrides, message):

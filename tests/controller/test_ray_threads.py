@@ -1,0 +1,24 @@
+"""A rank that reserves k CPUs computes with k torch threads (`ray_init.cpus_per_worker` in the trainer)."""
+
+import pytest
+import ray
+import workers_for_tests
+from workers_for_tests import ScaleWorker
+
+from hybridrl.controller.ray import RayClassWithInitArgs, RayWorkerGroup
+from hybridrl.controller.ray_resources import RayResourcePool, init_ray
+
+pytestmark = pytest.mark.ray
+
+
+def test_a_rank_with_two_cpus_uses_two_threads():
+    ray.cloudpickle.register_pickle_by_value(workers_for_tests)
+    init_ray(num_cpus=2)
+    pool = RayResourcePool(process_on_nodes=[1], cpus_per_process=2)
+    try:
+        group = RayWorkerGroup(pool, RayClassWithInitArgs(ScaleWorker, scale=1.0))
+        assert [i["num_threads"] for i in group.process_info()] == [2]
+        group.shutdown()
+    finally:
+        pool.remove()
+        ray.shutdown()
