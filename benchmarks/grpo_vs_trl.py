@@ -123,13 +123,40 @@ def _trl_reward(completions, data_source, reward_model, **_) -> list[float]:
             for src, text, rm in zip(data_source, texts, reward_model, strict=True)]
 
 
-def run_trl(w: Workload, workdir: Path) -> dict:
-    """TRL's GRPOTrainer on CPU as the docs set it up, with every knob that changes the work matched."""
+def trl_trainer(w: Workload, workdir: Path, callbacks: list | None = None, **overrides):
+    """TRL's GRPOTrainer on CPU as the docs set it up, with every knob that changes the work matched.
+
+    One generation batch of prompts x n samples, trained in micro-batches that accumulate into one
+    optimizer step, as hybridrl's one mini-batch of `micro_batch`-sample passes does; `overrides` change
+    GRPOConfig fields (e.g. more optimizer steps per generation batch).
+    """
     import datasets
-    from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from hybridrl.models.loading import load_tokenizer
+
+    columns = ["prompt", "data_source", "reward_model"]
+    train = datasets.Dataset.from_parquet(f"{w.data}/train.parquet", columns=columns)
+    tokenizer = load_tokenizer(w.model, padding_side="left")
+    settings = dict(
+        output_dir=str(workdir), use_cpu=True, bf16=False, report_to="none", save_strategy="no",
+        logging_steps=1, disable_tqdm=True, seed=w.seed, max_steps=w.steps,
+        per_device_train_batch_size=w.micro_batch, gradient_accumulation_steps=w.samples // w.micro_batch,
+        num_generations=w.n, max_completion_length=w.response_length, temperature=1.0, top_p=1.0, top_k=0,
+        learning_rate=w.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.01, max_grad_norm=1.0,
+        beta=0.0, num_iterations=1, epsilon=0.2, loss_type="dapo", scale_rewards="group",
+        # TRL turns gradient checkpointing on by default; hybridrl leaves it off, and recomputing
+        # activations would be extra work, not the same work.
+        gradient_checkpointing=False,
+    )
+    settings.update(overrides)
+    return GRPOTrainer(model=w.model, reward_funcs=_trl_reward, args=GRPOConfig(**settings), train_dataset=train,
+                       processing_class=tokenizer, callbacks=callbacks or [])
+
+
+def run_trl(w: Workload, workdir: Path) -> dict:
+    """TRL's GRPOTrainer (`trl_trainer`) timed between optimizer steps."""
+    from transformers import TrainerCallback
 
     class StepClock(TrainerCallback):
         """Wall time between optimizer steps (generation happens inside the step that uses it)."""
@@ -148,25 +175,9 @@ def run_trl(w: Workload, workdir: Path) -> dict:
             if logs and "completions/mean_length" in logs:
                 self.logs.append(dict(logs))
 
-    columns = ["prompt", "data_source", "reward_model"]
-    train = datasets.Dataset.from_parquet(f"{w.data}/train.parquet", columns=columns)
-    tokenizer = load_tokenizer(w.model, padding_side="left")
-    # One generation batch of prompts x n samples, trained in micro-batches that accumulate into one
-    # optimizer step, as hybridrl's one mini-batch of `micro_batch`-sample passes does.
-    args = GRPOConfig(
-        output_dir=str(workdir), use_cpu=True, bf16=False, report_to="none", save_strategy="no",
-        logging_steps=1, disable_tqdm=True, seed=w.seed, max_steps=w.steps,
-        per_device_train_batch_size=w.micro_batch, gradient_accumulation_steps=w.samples // w.micro_batch,
-        num_generations=w.n, max_completion_length=w.response_length, temperature=1.0, top_p=1.0, top_k=0,
-        learning_rate=w.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.01, max_grad_norm=1.0,
-        beta=0.0, num_iterations=1, epsilon=0.2, loss_type="dapo", scale_rewards="group",
-        # TRL turns gradient checkpointing on by default; hybridrl leaves it off, and recomputing
-        # activations would be extra work, not the same work.
-        gradient_checkpointing=False,
-    )
     clock = StepClock()
-    trainer = GRPOTrainer(model=w.model, reward_funcs=_trl_reward, args=args, train_dataset=train,
-                          processing_class=tokenizer, callbacks=[clock])
+    trainer = trl_trainer(w, workdir, callbacks=[clock])
+    tokenizer = trainer.processing_class
     before = greedy_accuracy(trainer.model, tokenizer, w) if w.evaluate else None
     trainer.train()
     after = greedy_accuracy(trainer.model, tokenizer, w) if w.evaluate else None

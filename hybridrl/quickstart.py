@@ -34,61 +34,82 @@ def _compose(config_name: str, overrides: list[str]):
         return compose(config_name=config_name, overrides=overrides)
 
 
-# The task's flags. The teacher whose worked answers SFT imitates drops the minus sign of 70% of the
-# negative results (see hybridrl.data.tasks.arithmetic.teacher_slips): SFT copies the slip, GRPO's
-# exact-answer reward removes it, and the held-out accuracy shows the difference.
-TASK_ARGS = ["--teacher-sign-error", "0.7"]
+# The recipe. The task: 2-digit addition and subtraction, worked column by column; the teacher whose
+# worked answers SFT imitates drops the minus sign of 70% of the negative results (see
+# hybridrl.data.tasks.arithmetic.teacher_slips). SFT copies the slip; GRPO's exact-answer reward removes
+# it, and held-out accuracy shows the difference. Multiplication is left out: a 1M model learns it only
+# partly, and the one-off digit slips it leaves are noise that a reward cannot generalise from.
+TASK_ARGS = ["--ops", "+,-", "--teacher-sign-error", "0.7"]
+MODEL_SIZE = "1m"
+# SFT must finish learning the column procedure on every machine: at 600 steps the loss was still
+# falling and whether the model had learned addition by then depended on the order of floating-point
+# sums (41% on one CPU, 97% on another). 1200 steps converge with room to spare on every seed and thread
+# count measured (benchmarks/results/learning.md).
+SFT_OVERRIDES = ["trainer.total_training_steps=1200"]
 
 
-def prepare_data(workdir: Path) -> Path:
-    """Write the task once; different task flags (an older quickstart) rewrite it and drop the stale SFT."""
+def _stamp(path: Path, settings: dict) -> bool:
+    """True when `path` holds exactly `settings` (what an earlier run made its outputs with)."""
+    return path.exists() and json.loads(path.read_text()) == settings
+
+
+def prepare_data(workdir: Path, seed: int = 0) -> Path:
+    """Write the task once; other task flags or seed (an older quickstart) rewrite it and drop the stale SFT."""
     data = workdir / "data"
-    stamp = data / "task_args.json"
-    if not (data / "train.parquet").exists() or not stamp.exists() or json.loads(stamp.read_text()) != TASK_ARGS:
+    settings = {"task_args": TASK_ARGS, "seed": seed}
+    if not (data / "train.parquet").exists() or not _stamp(data / "task_args.json", settings):
         shutil.rmtree(workdir / "sft", ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "hybridrl.data.tasks.arithmetic", "--out", str(data), *TASK_ARGS],
-                       check=True)
-        stamp.write_text(json.dumps(TASK_ARGS))
+        subprocess.run([sys.executable, "-m", "hybridrl.data.tasks.arithmetic", "--out", str(data),
+                        "--seed", str(seed), *TASK_ARGS], check=True)
+        (data / "task_args.json").write_text(json.dumps(settings))
     return data
 
 
-def prepare_base_model(workdir: Path) -> Path:
+def prepare_base_model(workdir: Path, seed: int = 0) -> Path:
     from hybridrl.models.tiny import build_tiny_model
 
     base = workdir / "base_model"
-    if not (base / "config.json").exists():
-        build_tiny_model(base, arch="qwen2", size="1m", seed=0)
+    settings = {"size": MODEL_SIZE, "seed": seed}
+    if not (base / "config.json").exists() or not _stamp(base / "quickstart.json", settings):
+        shutil.rmtree(workdir / "sft", ignore_errors=True)
+        build_tiny_model(base, arch="qwen2", size=MODEL_SIZE, seed=seed)
+        (base / "quickstart.json").write_text(json.dumps(settings))
     return base
 
 
-def warm_start(workdir: Path, data: Path, base: Path) -> Path:
-    """SFT on the worked answers; a finished earlier run is reused (resume_mode=auto finds it)."""
+def warm_start(workdir: Path, data: Path, base: Path, seed: int = 0) -> Path:
+    """SFT on the worked answers; a finished earlier run with the same settings is reused."""
     from hybridrl.trainer.main_sft import run_sft
     from hybridrl.workers.checkpoint import find_latest_ckpt_path
 
     sft_dir = workdir / "sft"
+    settings = {"overrides": SFT_OVERRIDES, "seed": seed}
     latest = find_latest_ckpt_path(sft_dir)
-    if latest is None or not (Path(latest) / "actor" / "huggingface" / "config.json").exists():
+    if (latest is None or not (Path(latest) / "actor" / "huggingface" / "config.json").exists()
+            or not _stamp(sft_dir / "quickstart.json", settings)):
+        shutil.rmtree(sft_dir, ignore_errors=True)
         start = time.perf_counter()
         run_sft(_compose("sft_trainer", [
             f"data.train_files={data / 'train.parquet'}", f"data.val_files={data / 'test.parquet'}",
             f"model.partial_pretrain={base}", f"trainer.default_local_dir={sft_dir}", "trainer.backend=local",
+            f"trainer.seed={seed}", "trainer.logger=[file]", *SFT_OVERRIDES,
         ]))
-        print(f"SFT warm start took {time.perf_counter() - start:.0f}s")
+        (sft_dir / "quickstart.json").write_text(json.dumps(settings))
+        print(f"SFT warm start took {time.perf_counter() - start:.0f}s (log: {sft_dir / 'metrics.jsonl'})")
         latest = find_latest_ckpt_path(sft_dir)
     return Path(latest) / "actor" / "huggingface"
 
 
-def train_grpo(workdir: Path, data: Path, model: Path, steps: int, extra: list[str]) -> list[dict]:
+def train_grpo(workdir: Path, data: Path, model: Path, steps: int, extra: list[str], seed: int = 0) -> list[dict]:
     from hybridrl.trainer.main_ppo import run_ppo
 
     run_dir = workdir / "grpo"
     shutil.rmtree(run_dir, ignore_errors=True)  # each quickstart run trains afresh from the SFT model
     return run_ppo(_compose("ppo_trainer", [
         f"data.train_files={data / 'train.parquet'}", f"data.val_files={data / 'test.parquet'}",
-        f"actor_rollout_ref.model.path={model}", "algorithm.adv_estimator=grpo",
+        f"actor_rollout_ref.model.path={model}", "algorithm.adv_estimator=grpo", f"data.seed={seed}",
         f"trainer.total_training_steps={steps}", f"trainer.default_local_dir={run_dir}",
-        "trainer.resume_mode=disable", *extra,
+        "trainer.resume_mode=disable", "trainer.logger=[file]", *extra,
     ]))
 
 
@@ -129,14 +150,27 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="GRPO quickstart on the built-in arithmetic task (CPU).")
     parser.add_argument("--workdir", default="runs/quickstart", help="where data, models and logs go")
     parser.add_argument("--steps", type=int, default=30, help="GRPO steps")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the task data, the model's init and SFT's data order")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads per process: SFT's, and each GRPO worker's CPUs (default: SFT uses every "
+                             "core, each of the 2 GRPO workers one)")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for the GRPO run (key=value)")
     args = parser.parse_args(argv)
     workdir = Path(args.workdir).expanduser().resolve()
     workdir.mkdir(parents=True, exist_ok=True)
+    threads = [] if args.threads is None else [f"ray_init.cpus_per_worker={args.threads}"]
+    if args.threads is not None:  # SFT runs in this process
+        import torch
+
+        torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    data = prepare_data(workdir)
-    model = warm_start(workdir, data, prepare_base_model(workdir))
-    history = train_grpo(workdir, data, model, args.steps, args.overrides)
+    print("[1/4] task data and [2/4] tiny model", flush=True)
+    data = prepare_data(workdir, args.seed)
+    base = prepare_base_model(workdir, args.seed)
+    print("[3/4] SFT warm start on the teacher's worked answers", flush=True)
+    model = warm_start(workdir, data, base, args.seed)
+    print(f"[4/4] GRPO, {args.steps} steps, held-out greedy accuracy every 10 (log: {workdir / 'grpo'})", flush=True)
+    history = train_grpo(workdir, data, model, args.steps, [*threads, *args.overrides], args.seed)
     summary = summarize(history, workdir / "curves.png")
     summary["total minutes"] = round((time.perf_counter() - start) / 60, 1)
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
