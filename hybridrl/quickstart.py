@@ -109,8 +109,19 @@ def train_grpo(workdir: Path, data: Path, model: Path, steps: int, extra: list[s
         f"data.train_files={data / 'train.parquet'}", f"data.val_files={data / 'test.parquet'}",
         f"actor_rollout_ref.model.path={model}", "algorithm.adv_estimator=grpo", f"data.seed={seed}",
         f"trainer.total_training_steps={steps}", f"trainer.default_local_dir={run_dir}",
-        "trainer.resume_mode=disable", "trainer.logger=[file]", *extra,
+        "trainer.resume_mode=disable", "trainer.logger=[file]",
+        # the last step's model as a plain Hugging Face directory: grpo/global_step_N/actor/huggingface
+        f"trainer.save_freq={steps}", "actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model]", *extra,
     ]))
+
+
+def trained_model_dir(workdir: Path) -> Path | None:
+    """The Hugging Face directory of the last GRPO checkpoint, if one was saved."""
+    from hybridrl.workers.checkpoint import find_latest_ckpt_path
+
+    latest = find_latest_ckpt_path(workdir / "grpo")
+    model = None if latest is None else Path(latest) / "actor" / "huggingface"
+    return model if model is not None and model.exists() else None
 
 
 def summarize(history: list[dict], out_png: Path) -> dict:
@@ -173,6 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     history = train_grpo(workdir, data, model, args.steps, [*threads, *args.overrides], args.seed)
     summary = summarize(history, workdir / "curves.png")
     summary["total minutes"] = round((time.perf_counter() - start) / 60, 1)
+    summary["trained model"] = str(trained_model_dir(workdir))
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
     print("\n=== quickstart summary ===")
     for key, value in summary.items():

@@ -1,0 +1,40 @@
+"""The quickstart's stages reuse earlier outputs only when they were made with the same settings."""
+
+from __future__ import annotations
+
+import json
+
+from hybridrl import quickstart
+from hybridrl.data.sft_dataset import read_parquet_rows
+
+
+def test_the_task_is_addition_and_subtraction_with_the_teachers_sign_slip(tmp_path):
+    data = quickstart.prepare_data(tmp_path, seed=0)
+    train = read_parquet_rows(data / "train.parquet")
+    assert {r["extra_info"]["operation"] for r in train} == {"+", "-"}
+    negative = [r for r in train if int(r["reward_model"]["ground_truth"]) < 0]
+    slipped = [r for r in negative if r["extra_info"]["answer"].endswith(f"<answer>{r['reward_model']['ground_truth'][1:]}</answer>")]
+    # the teacher drops the sign of each negative result with probability 0.7: 0.7 +- 3 standard errors
+    share = len(slipped) / len(negative)
+    assert abs(share - 0.7) < 3 * (0.7 * 0.3 / len(negative)) ** 0.5
+
+
+def test_another_seed_rewrites_the_data_and_drops_the_stale_sft_model(tmp_path):
+    data = quickstart.prepare_data(tmp_path, seed=0)
+    first = (data / "train.parquet").read_bytes()
+    stale = tmp_path / "sft" / "global_step_1"
+    stale.mkdir(parents=True)
+    assert quickstart.prepare_data(tmp_path, seed=0) == data and stale.exists()  # same settings: reused
+    quickstart.prepare_data(tmp_path, seed=1)
+    assert (data / "train.parquet").read_bytes() != first
+    assert json.loads((data / "task_args.json").read_text())["seed"] == 1
+    assert not stale.exists()
+
+
+def test_another_seed_rebuilds_the_base_model(tmp_path):
+    base = quickstart.prepare_base_model(tmp_path, seed=0)
+    weights = (base / "model.safetensors").read_bytes()
+    assert quickstart.prepare_base_model(tmp_path, seed=0) == base
+    assert (base / "model.safetensors").read_bytes() == weights
+    quickstart.prepare_base_model(tmp_path, seed=1)
+    assert (base / "model.safetensors").read_bytes() != weights
