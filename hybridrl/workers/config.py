@@ -71,13 +71,15 @@ class ModelConfig:
 
 @dataclass
 class PolicyLossConfig:
-    # Registered policy loss: vanilla | gspo | gpg | clip_cov | kl_cov (or one you register).
+    # Registered policy loss: vanilla | gspo | gpg | clip_cov | kl_cov | dro (or one you register).
     loss_mode: str = "vanilla"
     clip_cov_ratio: float = 0.0002
     clip_cov_lb: float = 1.0
     clip_cov_ub: float = 5.0
     kl_cov_ratio: float = 0.0002
     ppo_kl_coef: float = 0.1
+    # Strength of dro's quadratic log-ratio penalty; the dro loss requires it to be > 0.
+    dro_beta: float | None = None
 
 
 @dataclass
