@@ -136,10 +136,10 @@ def _first_line(case: ET.Element) -> str:
     problem = case.find("failure") if case.find("failure") is not None else case.find("error")
     if problem is None:
         return ""
-    text = (problem.get("message") or problem.text or "").strip()
-    lines = [line for line in text.splitlines() if line.strip()]
-    # for an import error the useful line is the last one (the exception), not the traceback's first
-    line = lines[-1] if lines and not case.get("classname") else (lines[0] if lines else "")
+    # for an import error the useful line is the traceback's last one (the exception)
+    text = (problem.text if not case.get("classname") else problem.get("message") or problem.text) or ""
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    line = (lines[-1] if not case.get("classname") else lines[0]) if lines else ""
     return line.strip()[:200]
 
 
