@@ -95,6 +95,8 @@ class ActorConfig:
     strategy: str = "fsdp"
     # Prompts per optimizer step (each with rollout.n responses), summed over data-parallel ranks.
     ppo_mini_batch_size: int = 256
+    # verl's copy of rollout.n on the actor; None follows rollout.n, another value must equal it.
+    rollout_n: int | None = None
     # Rows per forward/backward on one rank; gradients accumulate over the micro-batches.
     ppo_micro_batch_size_per_gpu: int | None = None
     # verl's older global micro-batch size; divided by the world size when the per-GPU value is unset.
