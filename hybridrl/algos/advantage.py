@@ -271,3 +271,13 @@ def compute_gpg_outcome_advantage(
     adv = alpha * (scores - mean[gid.to(scores.device)]) / f_norm
     adv = adv.unsqueeze(-1) * _float_mask(response_mask, adv)  # (batch, response_len)
     return adv, adv
+
+
+# hybridrl's GRPO and RLOO are vectorised already (scatter-adds over group ids instead of a Python
+# loop over groups), so verl's vectorised variants are the same functions under their names.
+compute_grpo_vectorized_outcome_advantage = register_adv_est(AdvantageEstimator.GRPO_VECTORIZED)(
+    compute_grpo_outcome_advantage
+)
+compute_rloo_vectorized_outcome_advantage = register_adv_est(AdvantageEstimator.RLOO_VECTORIZED)(
+    compute_rloo_outcome_advantage
+)
