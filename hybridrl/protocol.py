@@ -7,7 +7,9 @@ A DataProto has three parts, as in verl:
 - `meta_info`: a plain dict for everything that is not per row (sampling settings, metrics, timing).
 
 Every row-wise operation (indexing, chunking, repeating, concatenating) acts on `batch` and
-`non_tensor_batch` together, so the two never drift apart.
+`non_tensor_batch` together, so the two never drift apart. Merging rules live in `protocol_merge`,
+row-group reshaping in `protocol_reshape`, conversions to buffers and TensorDicts in
+`protocol_serialize`; their verl-named functions are re-exported here.
 """
 
 from __future__ import annotations
@@ -22,19 +24,49 @@ from typing import Any
 import numpy as np
 import torch
 
+from hybridrl import protocol_serialize
+from hybridrl.protocol_merge import (
+    DataProtoError,
+    deep_equal,
+    merge_meta_info,
+    union_numpy_dict,
+    union_tensor_dict,
+)
+from hybridrl.protocol_reshape import fold_batch_dim, split_columns, unfold_batch_dim
+from hybridrl.protocol_serialize import (
+    deserialize_single_tensor,
+    deserialize_tensordict,
+    serialize_single_tensor,
+    serialize_tensordict,
+)
 from hybridrl.tensor_batch import RowIndex, TensorBatch, _as_index
 
-__all__ = ["DataProto", "DataProtoItem", "pad_dataproto_to_divisor", "unpad_dataproto"]
+__all__ = [
+    "DataProto",
+    "DataProtoError",
+    "DataProtoItem",
+    "deserialize_single_tensor",
+    "deserialize_tensordict",
+    "fold_batch_dim",
+    "pad_dataproto_to_divisor",
+    "serialize_single_tensor",
+    "serialize_tensordict",
+    "unfold_batch_dim",
+    "union_numpy_dict",
+    "union_tensor_dict",
+    "unpad_dataproto",
+]
 
 
 def _as_object_array(key: str, values: Any) -> np.ndarray:
-    """A 1-D numpy object array holding one Python object per row."""
+    """A numpy array with one entry per row along its first dimension.
+
+    Numpy arrays are kept as they are (N-d ones too, as verl keeps them). A list becomes a 1-d object
+    array holding one Python object per row, even when its rows are equal-length lists: numpy would
+    otherwise turn a batch of one-message prompts into a (rows, 1) array of dicts.
+    """
     if isinstance(values, np.ndarray) and values.ndim >= 1:
-        if values.dtype == object and values.ndim == 1:
-            return values
-        out = np.empty(len(values), dtype=object)
-        out[:] = list(values)
-        return out
+        return values
     if isinstance(values, (list, tuple)):
         out = np.empty(len(values), dtype=object)
         for i, value in enumerate(values):  # element-wise so lists of lists stay one object per row
@@ -44,17 +76,6 @@ def _as_object_array(key: str, values: Any) -> np.ndarray:
         f"non_tensor_batch[{key!r}] must be a numpy array or list with one entry per row, "
         f"got {type(values).__name__}"
     )
-
-
-def _values_equal(a: Any, b: Any) -> bool:
-    """Equality for union conflict checks; NaN equals NaN so float columns can be re-unioned."""
-    if isinstance(a, float) and isinstance(b, float) and np.isnan(a) and np.isnan(b):
-        return True
-    try:
-        equal = a == b
-        return bool(np.all(equal)) if isinstance(equal, np.ndarray) else bool(equal)
-    except Exception:  # objects whose == raises cannot be compared; treat as conflicting
-        return False
 
 
 @dataclass
@@ -86,7 +107,8 @@ class DataProto:
 
     # ----- construction --------------------------------------------------------------------------------
     @classmethod
-    def from_single_dict(cls, data: Mapping[str, Any], meta_info: Mapping[str, Any] | None = None) -> DataProto:
+    def from_single_dict(cls, data: Mapping[str, Any], meta_info: Mapping[str, Any] | None = None,
+                         auto_padding: bool = False) -> DataProto:
         """Split one dict into tensors (-> batch) and numpy arrays (-> non_tensor_batch)."""
         tensors, non_tensors = {}, {}
         for key, value in data.items():
@@ -99,7 +121,7 @@ class DataProto:
                     f"from_single_dict: {key!r} is a {type(value).__name__}; values must be torch.Tensor "
                     f"(batch) or np.ndarray (non_tensor_batch). Put scalars and settings in meta_info."
                 )
-        return cls.from_dict(tensors, non_tensors, meta_info)
+        return cls.from_dict(tensors, non_tensors, meta_info, auto_padding=auto_padding)
 
     @classmethod
     def from_dict(
@@ -107,8 +129,20 @@ class DataProto:
         tensors: Mapping[str, torch.Tensor] | None = None,
         non_tensors: Mapping[str, Any] | None = None,
         meta_info: Mapping[str, Any] | None = None,
+        num_batch_dims: int = 1,
+        auto_padding: bool = False,
     ) -> DataProto:
-        """Build from tensors and per-row values; all must agree on the number of rows."""
+        """Build from tensors and per-row values; all must agree on the number of rows.
+
+        `num_batch_dims` and `auto_padding` are verl's parameters. A DataProto has exactly one batch
+        dimension (fold rows with `fold_batch_dim`), and chunks must divide evenly: pad explicitly with
+        `pad_dataproto_to_divisor`, so that no caller mistakes a padded row for data.
+        """
+        if num_batch_dims != 1:
+            raise DataProtoError(f"from_dict: a DataProto has one batch dimension, got num_batch_dims={num_batch_dims}")
+        if auto_padding:
+            raise DataProtoError("from_dict: auto_padding is not supported; pad with pad_dataproto_to_divisor(data, n) "
+                                 "before chunking and unpad_dataproto afterwards")
         tensors = dict(tensors or {})
         if not tensors and not non_tensors:
             raise ValueError("from_dict needs at least one tensor or non-tensor column")
@@ -124,12 +158,12 @@ class DataProto:
             if not len(self.batch):
                 counts["batch"] = self.batch.num_rows
         for key, value in self.non_tensor_batch.items():
-            if not isinstance(value, np.ndarray) or value.ndim != 1:
-                raise TypeError(f"non_tensor_batch[{key!r}] must be a 1-D numpy object array")
+            if not isinstance(value, np.ndarray) or value.ndim < 1:
+                raise TypeError(f"non_tensor_batch[{key!r}] must be a numpy array with one entry per row")
             counts[f"non_tensor_batch[{key!r}]"] = len(value)
         if len(set(counts.values())) > 1:
             detail = ", ".join(f"{name}: {n}" for name, n in counts.items())
-            raise ValueError(f"DataProto columns disagree on the number of rows ({detail})")
+            raise DataProtoError(f"DataProto columns disagree on the number of rows ({detail})")
 
     def __len__(self) -> int:
         if self.batch is not None:
@@ -164,7 +198,15 @@ class DataProto:
         np_idx = idx if isinstance(idx, slice) else idx.numpy()
         batch = self.batch.rows(idx) if self.batch is not None else None
         non_tensors = {k: v[np_idx] for k, v in self.non_tensor_batch.items()}
-        return DataProto(batch=batch, non_tensor_batch=non_tensors, meta_info=self.meta_info)
+        return type(self)(batch=batch, non_tensor_batch=non_tensors, meta_info=self.meta_info)
+
+    def select_idxs(self, idxs: RowIndex) -> DataProto:
+        """verl's name for `select_rows` with integer indices or a boolean mask."""
+        return self.select_rows(idxs)
+
+    def slice(self, start: int | None = None, end: int | None = None, step: int | None = None) -> DataProto:
+        """Rows start:end:step as a DataProto (verl's name; `data[start:end]` does the same)."""
+        return self.select_rows(slice(start, end, step))
 
     def __iter__(self):
         for i in range(len(self)):
@@ -238,7 +280,7 @@ class DataProto:
         silently keeping one of two different `old_log_probs` would corrupt training.
         """
         if len(self) != len(other) and len(self) and len(other):
-            raise ValueError(f"union: this DataProto has {len(self)} rows but the other has {len(other)}")
+            raise DataProtoError(f"union: this DataProto has {len(self)} rows but the other has {len(other)}")
         self._check_union_conflicts(other)  # before any change, so a failed union leaves self intact
         if other.batch is not None:
             if self.batch is None:
@@ -251,27 +293,20 @@ class DataProto:
         return self
 
     def _check_union_conflicts(self, other: DataProto) -> None:
-        if self.batch is not None and other.batch is not None:
-            for key, value in other.batch.items():
-                if key in self.batch and not (
-                    self.batch[key].shape == value.shape and torch.equal(self.batch[key], value)
-                ):
-                    raise ValueError(f"union: batch key {key!r} exists in both with different values")
-        for key, value in other.non_tensor_batch.items():
-            mine = self.non_tensor_batch.get(key)
-            if mine is not None and not all(_values_equal(a, b) for a, b in zip(mine, value, strict=True)):
-                raise ValueError(f"union: non_tensor_batch key {key!r} exists in both with different values")
-        for key, value in other.meta_info.items():
-            if key in self.meta_info and not _values_equal(self.meta_info[key], value):
-                raise ValueError(f"union: meta_info key {key!r} exists in both with different values")
+        parts = [("batch", self.batch or {}, other.batch or {}), ("non_tensor_batch", self.non_tensor_batch,
+                 other.non_tensor_batch), ("meta_info", self.meta_info, other.meta_info)]
+        for part, mine, theirs in parts:
+            for key, value in theirs.items():
+                if key in mine and not deep_equal(mine[key], value):
+                    raise DataProtoError(f"union: {part} key {key!r} exists in both with different values")
 
     # ----- row-wise reshaping --------------------------------------------------------------------------
     def chunk(self, chunks: int) -> list[DataProto]:
         """Split into `chunks` equal parts; raises when the rows do not divide (pad first)."""
         if chunks <= 0:
-            raise ValueError(f"chunk: chunks must be positive, got {chunks}")
+            raise DataProtoError(f"chunk: chunks must be positive, got {chunks}")
         if len(self) % chunks:
-            raise ValueError(
+            raise DataProtoError(
                 f"chunk: {len(self)} rows do not divide into {chunks} chunks; "
                 f"use pad_dataproto_to_divisor(data, {chunks}) first and unpad_dataproto afterwards"
             )
@@ -286,20 +321,25 @@ class DataProto:
 
     @staticmethod
     def concat(data: Sequence[DataProto]) -> DataProto:
-        """Stack DataProtos row-wise; meta_info comes from the first."""
+        """Stack DataProtos row-wise (e.g. the outputs of the ranks of a worker group).
+
+        meta_info is merged: each worker's `metrics` are gathered into lists, any other key must hold
+        the same value wherever it appears (see `protocol_merge.merge_meta_info`).
+        """
         if not data:
             raise ValueError("concat needs at least one DataProto")
         batches = [d.batch for d in data]
         if any(b is None for b in batches) and not all(b is None for b in batches):
-            raise ValueError("concat: some DataProtos have a tensor batch and some do not")
+            raise DataProtoError("concat: some DataProtos have a tensor batch and some do not")
         batch = None if batches[0] is None else TensorBatch.cat(batches)
         keys = set(data[0].non_tensor_batch)
         for i, d in enumerate(data[1:], start=1):
             if set(d.non_tensor_batch) != keys:
-                raise ValueError(f"concat: DataProto {i} has non_tensor_batch keys {sorted(d.non_tensor_batch)} "
-                                 f"but DataProto 0 has {sorted(keys)}")
+                raise DataProtoError(f"concat: DataProto {i} has non_tensor_batch keys {sorted(d.non_tensor_batch)} "
+                                     f"but DataProto 0 has {sorted(keys)}")
         non_tensors = {k: np.concatenate([d.non_tensor_batch[k] for d in data]) for k in data[0].non_tensor_batch}
-        return DataProto(batch=batch, non_tensor_batch=non_tensors, meta_info=data[0].meta_info)
+        meta_info = merge_meta_info([d.meta_info for d in data])
+        return type(data[0])(batch=batch, non_tensor_batch=non_tensors, meta_info=meta_info)
 
     def repeat(self, repeat_times: int = 2, interleave: bool = True) -> DataProto:
         """Repeat every row. interleave: a,a,b,b (each prompt's samples together); else a,b,a,b."""
@@ -316,6 +356,54 @@ class DataProto:
             raise ValueError(f"reorder: got {len(reordered)} indices for {len(self)} rows")
         self.batch, self.non_tensor_batch = reordered.batch, reordered.non_tensor_batch
 
+    def sample_level_repeat(self, repeat_times: Sequence[int] | np.ndarray | torch.Tensor) -> DataProto:
+        """Repeat row i repeat_times[i] times, keeping each row's copies together (0 drops the row)."""
+        counts = np.asarray(repeat_times.tolist() if isinstance(repeat_times, torch.Tensor) else repeat_times)
+        if counts.ndim != 1 or len(counts) != len(self) or (counts < 0).any():
+            raise DataProtoError(f"sample_level_repeat: need one count >= 0 per row ({len(self)}), got {counts.tolist()}")
+        return self.select_rows(np.repeat(np.arange(len(self)), counts.astype(np.int64)))
+
+    def unfold_column_chunks(self, n_split: int, split_keys: Sequence[str] | None = None) -> DataProto:
+        """Cut the second dimension of the `split_keys` columns into n_split rows each; repeat the rest.
+
+        Row i of a split column (L, ...) becomes rows n*i .. n*i+n-1 of (L/n, ...); every other column
+        repeats row i n times, so the rows stay aligned. A per-row column of equal-length lists splits
+        like a (rows, L) array.
+        """
+        split = set(split_keys or [])
+        unknown = split - set(self.batch.keys() if self.batch is not None else []) - set(self.non_tensor_batch)
+        if unknown:
+            raise KeyError(f"unfold_column_chunks: no column(s) {sorted(unknown)}")
+        repeated = self.repeat(n_split, interleave=True)
+        batch = None
+        if self.batch is not None:
+            tensors = {k: split_columns(v, n_split, k) if k in split else repeated.batch[k]
+                       for k, v in self.batch.items()}
+            batch = TensorBatch(tensors, batch_size=len(self) * n_split)
+        non_tensors = {k: split_columns(v, n_split, k) if k in split else repeated.non_tensor_batch[k]
+                       for k, v in self.non_tensor_batch.items()}
+        return type(self)(batch=batch, non_tensor_batch=non_tensors, meta_info=self.meta_info)
+
+    def make_iterator(self, mini_batch_size: int, epochs: int, seed: int | None = None,
+                      dataloader_kwargs: Mapping[str, Any] | None = None):
+        """Mini-batches of `mini_batch_size` rows, epoch after epoch (verl's `make_iterator`).
+
+        Rows come in order unless dataloader_kwargs has shuffle=True, then in a fresh permutation per
+        epoch drawn from `seed`. verl hands dataloader_kwargs to a torch DataLoader; only `shuffle` has a
+        meaning here, and any other key raises rather than being ignored.
+        """
+        options = dict(dataloader_kwargs or {})
+        shuffle = bool(options.pop("shuffle", False))
+        if options:
+            raise DataProtoError(f"make_iterator: unsupported dataloader_kwargs {sorted(options)} (only shuffle)")
+        if mini_batch_size <= 0 or len(self) % mini_batch_size:
+            raise DataProtoError(f"make_iterator: {len(self)} rows do not divide into mini-batches of {mini_batch_size}")
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        for _ in range(epochs):
+            order = torch.randperm(len(self), generator=generator) if shuffle else torch.arange(len(self))
+            for start in range(0, len(self), mini_batch_size):
+                yield self.select_rows(order[start:start + mini_batch_size])
+
     # ----- devices, copies, persistence ----------------------------------------------------------------
     def to(self, device: str | torch.device) -> DataProto:
         if self.batch is not None:
@@ -324,6 +412,26 @@ class DataProto:
 
     def copy(self) -> DataProto:
         return self.select(deepcopy=True)
+
+    def __getstate__(self) -> tuple:
+        # the TensorBatch pickles its tensors as numpy buffers (see TensorBatch.__getstate__)
+        return self.batch, self.non_tensor_batch, self.meta_info
+
+    def __setstate__(self, state: tuple | dict) -> None:
+        if isinstance(state, dict):  # a DataProto pickled before it defined __getstate__
+            self.__dict__.update(state)
+            return
+        self.batch, self.non_tensor_batch, self.meta_info = state
+
+    def to_tensordict(self):
+        """This DataProto as a tensordict.TensorDict (needs the optional tensordict package)."""
+        return protocol_serialize.to_tensordict(self)
+
+    @classmethod
+    def from_tensordict(cls, tensor_dict, meta_info: Mapping[str, Any] | None = None,
+                        num_batch_dims: int = 1) -> DataProto:
+        """A DataProto from a TensorDict made by `to_tensordict` (or verl's tensordict utilities)."""
+        return protocol_serialize.from_tensordict(cls, tensor_dict, dict(meta_info or {}), num_batch_dims)
 
     def save_to_disk(self, path: str | Path) -> None:
         """Write with pickle protocol 5 (tensors stored as raw numpy buffers)."""

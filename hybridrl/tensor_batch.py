@@ -37,9 +37,17 @@ class TensorBatch(Mapping[str, torch.Tensor]):
     """Tensors keyed by name, all with the same size along dim 0."""
 
     def __init__(self, tensors: Mapping[str, torch.Tensor] | None = None, batch_size: int | None = None):
+        """`tensors` may be a dict, another TensorBatch or a tensordict.TensorDict (whose row count is
+        kept even when it holds no tensor)."""
         self._tensors: dict[str, torch.Tensor] = {}
+        if batch_size is None and hasattr(tensors, "batch_size"):
+            dims = tuple(tensors.batch_size)
+            if len(dims) != 1:
+                raise ValueError(f"a batch has one batch dimension; got batch_size {dims} (fold rows instead)")
+            batch_size = int(dims[0])
         self._batch_size = batch_size
-        for key, value in (tensors or {}).items():
+        # `is not None`, not truthiness: a TensorDict refuses to be read as a bool
+        for key, value in (tensors.items() if tensors is not None else ()):
             self[key] = value
         if self._batch_size is None:
             self._batch_size = 0

@@ -6,7 +6,19 @@ import numpy as np
 import pytest
 import torch
 
-from hybridrl.protocol import DataProto, DataProtoItem, pad_dataproto_to_divisor, unpad_dataproto
+from hybridrl.protocol import (
+    DataProto,
+    DataProtoError,
+    DataProtoItem,
+    deserialize_single_tensor,
+    fold_batch_dim,
+    pad_dataproto_to_divisor,
+    serialize_single_tensor,
+    unfold_batch_dim,
+    union_numpy_dict,
+    union_tensor_dict,
+    unpad_dataproto,
+)
 from hybridrl.tensor_batch import TensorBatch
 
 
@@ -216,3 +228,111 @@ def test_non_tensor_only_dataproto():
     assert len(data) == 3
     assert list(data.repeat(2).non_tensor_batch["text"]) == ["a", "a", "b", "b", "c", "c"]
     assert len(data.chunk(3)[0]) == 1
+
+
+# ----- verl compatibility: merging, reshaping, conversions -----------------------------------------------
+
+
+def test_concat_gathers_worker_metrics_and_merges_other_meta_info():
+    a = DataProto.from_dict({"x": torch.tensor([1])}, meta_info={"metrics": {"loss": [0.5, 0.7]}, "step": 3})
+    b = DataProto.from_dict({"x": torch.tensor([2])}, meta_info={"metrics": [{"loss": 0.6}], "extra": "b"})
+    c = DataProto.from_dict({"x": torch.tensor([3])}, meta_info={"step": 3})
+    joined = DataProto.concat([a, b, c])
+    # a's own list is extended, b's list of dicts appended: one flat list per metric, in rank order
+    assert joined.meta_info == {"metrics": {"loss": [0.5, 0.7, 0.6]}, "step": 3, "extra": "b"}
+    with pytest.raises(ValueError, match="Conflicting values for meta_info key 'step'"):
+        DataProto.concat([a, DataProto.from_dict({"x": torch.tensor([4])}, meta_info={"step": 4})])
+
+
+def test_conflicts_raise_an_error_that_is_both_value_and_assertion_error():
+    # hybridrl code catches ValueError; code written for verl catches the AssertionError verl raises
+    with pytest.raises(AssertionError, match="pad_dataproto_to_divisor"):
+        make(7).chunk(2)
+    assert issubclass(DataProtoError, ValueError)
+
+
+def test_union_helpers_compare_values_with_nan_and_nesting():
+    nested = np.empty(2, dtype=object)
+    nested[:] = [np.array([1.0, np.nan]), {"k": [1, 2]}]
+    same = np.empty(2, dtype=object)
+    same[:] = [np.array([1.0, np.nan]), {"k": [1, 2]}]
+    merged = union_numpy_dict({"a": nested}, {"a": same, "b": np.arange(2)})
+    assert set(merged) == {"a", "b"}
+    other = np.empty(2, dtype=object)
+    other[:] = [np.array([1.0, 2.0]), {"k": [1, 2]}]  # NaN vs 2.0
+    with pytest.raises(ValueError, match="`a` in tensor_dict1 and tensor_dict2 are not the same object"):
+        union_numpy_dict({"a": nested}, {"a": other})
+    batch = TensorBatch({"x": torch.zeros(2)})
+    union_tensor_dict(batch, TensorBatch({"x": torch.zeros(2), "y": torch.ones(2)}))
+    assert set(batch) == {"x", "y"}
+    with pytest.raises(ValueError, match="`x`"):
+        union_tensor_dict(batch, TensorBatch({"x": torch.ones(2)}))
+
+
+def test_from_dict_has_one_batch_dimension_and_no_auto_padding():
+    with pytest.raises(ValueError, match="num_batch_dims=2"):
+        DataProto.from_dict({"x": torch.zeros(2, 3)}, num_batch_dims=2)
+    with pytest.raises(ValueError, match="pad_dataproto_to_divisor"):
+        DataProto.from_dict({"x": torch.zeros(2, 3)}, auto_padding=True)
+    grid = DataProto.from_dict(non_tensors={"g": np.array([[1, 2], [3, 4]])})  # numpy arrays stay N-d
+    assert grid.non_tensor_batch["g"].shape == (2, 2) and len(grid) == 2
+
+
+def test_fold_and_unfold_rows():
+    data = make(4)  # ids rows [0,1], [10,11], [20,21], [30,31]
+    folded = fold_batch_dim(data, new_batch_size=2)
+    assert folded.batch["ids"].shape == (2, 2, 2) and len(folded) == 2
+    assert folded.non_tensor_batch["uid"].tolist() == [["u0", "u1"], ["u2", "u3"]]
+    folded.reorder(torch.tensor([1, 0]))
+    back = unfold_batch_dim(folded, batch_dims=2)
+    assert ids_of(back) == [[20, 21], [30, 31], [0, 1], [10, 11]]
+    assert list(back.non_tensor_batch["uid"]) == ["u2", "u3", "u0", "u1"]
+
+
+def test_sample_level_repeat_and_unfold_column_chunks():
+    data = make(3)
+    assert list(data.sample_level_repeat([2, 0, 1]).non_tensor_batch["uid"]) == ["u0", "u0", "u2"]
+    pairs = DataProto.from_dict({"ids": torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]]), "one": torch.tensor([7, 9])},
+                                {"halves": [["a", "b"], ["c", "d"]]})
+    out = pairs.unfold_column_chunks(2, split_keys=["ids", "halves"])
+    assert out.batch["ids"].tolist() == [[1, 2], [3, 4], [5, 6], [7, 8]]
+    assert out.batch["one"].tolist() == [7, 7, 9, 9]  # not split: repeated alongside
+    assert out.non_tensor_batch["halves"].tolist() == [["a"], ["b"], ["c"], ["d"]]
+
+
+def test_make_iterator_yields_mini_batches_per_epoch():
+    data = make(4)
+    in_order = [list(mb.non_tensor_batch["uid"]) for mb in data.make_iterator(mini_batch_size=2, epochs=2)]
+    assert in_order == [["u0", "u1"], ["u2", "u3"]] * 2
+    shuffled = [ids_of(mb) for mb in data.make_iterator(2, 1, seed=1, dataloader_kwargs={"shuffle": True})]
+    again = [ids_of(mb) for mb in data.make_iterator(2, 1, seed=1, dataloader_kwargs={"shuffle": True})]
+    assert shuffled == again and sorted(sum(shuffled, [])) == ids_of(data)
+    with pytest.raises(ValueError, match="num_workers"):
+        next(data.make_iterator(2, 1, dataloader_kwargs={"num_workers": 2}))
+
+
+def test_getstate_round_trip_and_pickles_from_before_getstate():
+    data = make(2)
+    restored = DataProto()
+    restored.__setstate__(data.__getstate__())
+    assert ids_of(restored) == ids_of(data) and restored.meta_info == {"temperature": 1.0}
+    old_style = DataProto()
+    old_style.__setstate__(dict(data.__dict__))  # what pickle stored before __getstate__ existed
+    assert ids_of(old_style) == ids_of(data)
+
+
+def test_serialize_single_tensor_keeps_dtype_shape_and_bytes():
+    tensor = torch.tensor([[1.5, -2.0]], dtype=torch.bfloat16)
+    dtype, shape, raw = serialize_single_tensor(tensor)
+    assert (dtype, shape, raw.nbytes) == ("bfloat16", (1, 2), 4)  # 2 values x 2 bytes
+    assert torch.equal(deserialize_single_tensor((dtype, shape, raw)), tensor)
+
+
+def test_tensordict_round_trip_when_tensordict_is_installed():
+    tensordict = pytest.importorskip("tensordict")  # optional: hybridrl does not depend on it
+    data = DataProto.from_dict({"x": torch.tensor([1, 2])}, {"turns": [[], [0.5]]}, {"step": 7})
+    td = data.to_tensordict()
+    back = DataProto.from_tensordict(td)
+    assert back.batch["x"].tolist() == [1, 2] and back.non_tensor_batch["turns"].tolist() == [[], [0.5]]
+    assert back.meta_info == {"step": 7}
+    assert len(DataProto(batch=tensordict.TensorDict({}, batch_size=[3])).batch.keys()) == 0

@@ -12,19 +12,24 @@ estimator's name (STYLE.md habit 2). A missing input is reported by name, with w
 
     spec = get_adv_estimator_spec("my_est")   # spec.required_inputs == ("index",)
     adv, ret = compute_advantage("my_est", token_level_rewards=r, response_mask=m, index=uids, gamma=1.0)
+
+The registry maps names to the functions themselves, as verl's does, and registration accepts any
+function; whether it can serve as an estimator (takes token_level_rewards and response_mask, no
+*args) is checked when its spec is read, which the trainer does before any worker starts.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 import torch
 
-from hybridrl.utils.registry import Registry
+from hybridrl.utils.registry import Registry, UnknownNameError
 
 AdvEstimatorFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
@@ -53,6 +58,8 @@ class AdvantageEstimator(str, Enum):
     OPO = "opo"
     GRPO_PASSK = "grpo_passk"
     GPG = "gpg"
+    RLOO_VECTORIZED = "rloo_vectorized"
+    GRPO_VECTORIZED = "grpo_vectorized"
 
 
 @dataclass(frozen=True)
@@ -77,7 +84,21 @@ class AdvEstimatorSpec:
         return (*BASE_INPUTS, *self.required_inputs, *self.optional_inputs)
 
 
-ADV_ESTIMATOR_REGISTRY: Registry[AdvEstimatorSpec] = Registry("advantage estimator")
+ADV_ESTIMATOR_REGISTRY: Registry[AdvEstimatorFn] = Registry("advantage estimator")
+# needs_critic given explicitly at registration, by name; otherwise it is read from the signature
+_NEEDS_CRITIC: dict[str, bool] = {}
+
+
+def _active_registry() -> MutableMapping[str, AdvEstimatorFn]:
+    """The registry in force: whatever `hybridrl.algos.ADV_ESTIMATOR_REGISTRY` holds now.
+
+    `hybridrl.algos` stands where verl's `core_algos` module does, and code written for verl may
+    rebind `core_algos.ADV_ESTIMATOR_REGISTRY` to a dict of its own (verl's registry tests do);
+    registration and lookup follow that binding, as they do in verl. While `hybridrl.algos` is still
+    being imported, this module's registry is the one.
+    """
+    package = sys.modules.get("hybridrl.algos")
+    return getattr(package, "ADV_ESTIMATOR_REGISTRY", ADV_ESTIMATOR_REGISTRY)
 
 
 def _name_of(name_or_enum: str | Enum) -> str:
@@ -98,7 +119,7 @@ def _spec_from_signature(name: str, fn: AdvEstimatorFn, needs_critic: bool | Non
     declared = set(inspect.signature(fn).parameters)
     missing_base = [b for b in BASE_INPUTS if b not in declared]
     if missing_base and not accepts_any:
-        raise TypeError(f"advantage estimator {name!r} must accept {', '.join(missing_base)}")
+        raise TypeError(f"advantage estimator {name!r} must accept {', '.join(missing_base)} to be used")
     if needs_critic is None:
         needs_critic = "values" in required
     return AdvEstimatorSpec(name, fn, tuple(required), tuple(optional), needs_critic, accepts_any)
@@ -110,25 +131,45 @@ def register_adv_est(
     """Decorator registering an advantage estimator under a name (verl's `register_adv_est`).
 
     The function's parameters declare its inputs (see the module docstring). `needs_critic` defaults
-    to "takes a required `values` argument". Registering a taken name raises unless `override=True`.
+    to "takes a required `values` argument". Registering the same function under its name again does
+    nothing; another function under a taken name raises unless `override=True`.
     """
     name = _name_of(name_or_enum)
 
     def decorator(fn: AdvEstimatorFn) -> AdvEstimatorFn:
-        ADV_ESTIMATOR_REGISTRY.add(name, _spec_from_signature(name, fn, needs_critic), override=override)
+        registry = _active_registry()
+        current = registry[name] if name in registry else None  # noqa: SIM401 - Registry.get raises
+        if current is not None and current is not fn and not override:
+            raise ValueError(f"advantage estimator {name!r} is already registered ({current!r}); "
+                             f"pick another name or pass override=True")
+        registry[name] = fn
+        if needs_critic is None:
+            _NEEDS_CRITIC.pop(name, None)
+        else:
+            _NEEDS_CRITIC[name] = needs_critic
         return fn
 
     return decorator
 
 
-def get_adv_estimator_spec(name_or_enum: str | AdvantageEstimator) -> AdvEstimatorSpec:
-    """The registered spec; an unknown name raises a KeyError listing the registered ones."""
-    return ADV_ESTIMATOR_REGISTRY.get(_name_of(name_or_enum))
-
-
 def get_adv_estimator_fn(name_or_enum: str | AdvantageEstimator) -> AdvEstimatorFn:
-    """The registered estimator function itself (verl's `get_adv_estimator_fn`)."""
-    return get_adv_estimator_spec(name_or_enum).fn
+    """The registered estimator function (verl's `get_adv_estimator_fn`).
+
+    An unknown name raises an error that is both a KeyError and a ValueError (verl raises ValueError),
+    worded as verl words it, followed by the registered names.
+    """
+    name = _name_of(name_or_enum)
+    registry = _active_registry()
+    if name not in registry:
+        known = ", ".join(sorted(registry)) or "(none)"
+        raise UnknownNameError(f"Unknown advantage estimator simply: {name}; registered: {known}")
+    return registry[name]
+
+
+def get_adv_estimator_spec(name_or_enum: str | AdvantageEstimator) -> AdvEstimatorSpec:
+    """The inputs a registered estimator declares; raises if it cannot serve as an estimator."""
+    name = _name_of(name_or_enum)
+    return _spec_from_signature(name, get_adv_estimator_fn(name), _NEEDS_CRITIC.get(name))
 
 
 def compute_advantage(

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from hybridrl.algos.adv_registry import AdvantageEstimator, register_adv_est
+from hybridrl.algos.config_args import config_value
 from hybridrl.algos.grouping import group_ids, group_mean_std, group_sum
 from hybridrl.utils.torch_functional import masked_whiten
 
@@ -180,22 +181,30 @@ def compute_opo_outcome_advantage(
 @register_adv_est(AdvantageEstimator.REINFORCE_PLUS_PLUS)
 @torch.no_grad()
 def compute_reinforce_plus_plus_outcome_advantage(
-    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    config: Any = None,
+    *,
+    gamma: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ (Hu 2025, https://arxiv.org/abs/2501.03262).
 
-    Discounted return-to-go G_t = r_t + gamma * G_{t+1}, restarted after the response ends, then
-    whitened over all valid tokens of the batch (global normalisation instead of a critic):
-    A_t = (G_t - mean(G)) / sqrt(var(G) + 1e-8).
+    Discounted return-to-go over the response's valid tokens, G_t = r_t + gamma * G_next, where
+    G_next is the return of the next valid token: masked positions inside a response (tool output in
+    a multi-turn rollout) are skipped, neither discounted nor adding their reward, and hold 0. The
+    returns are then whitened over all valid tokens of the batch (global normalisation instead of a
+    critic): A_t = (G_t - mean(G)) / sqrt(var(G) + 1e-8).
+    `gamma` comes as a keyword or, as verl passes it, from `config.gamma`.
     """
+    gamma = config_value(config, "gamma", gamma, "reinforce_plus_plus")
     mask = _float_mask(response_mask, token_level_rewards)
     returns = torch.zeros_like(token_level_rewards)  # (batch, response_len)
-    running = token_level_rewards.new_zeros(token_level_rewards.shape[0])  # (batch,)
+    running = token_level_rewards.new_zeros(token_level_rewards.shape[0])  # (batch,) G of the next valid token
     for t in reversed(range(token_level_rewards.shape[1])):
-        running = token_level_rewards[:, t] + gamma * running
-        returns[:, t] = running
-        running = running * mask[:, t]  # nothing flows back from padding past the end
-    returns = returns * mask
+        m = mask[:, t]
+        candidate = token_level_rewards[:, t] + gamma * running
+        returns[:, t] = candidate * m
+        running = candidate * m + running * (1 - m)  # a masked token passes the later return through
     advantages = masked_whiten(returns, response_mask) * mask
     return advantages, returns
 
@@ -262,3 +271,13 @@ def compute_gpg_outcome_advantage(
     adv = alpha * (scores - mean[gid.to(scores.device)]) / f_norm
     adv = adv.unsqueeze(-1) * _float_mask(response_mask, adv)  # (batch, response_len)
     return adv, adv
+
+
+# hybridrl's GRPO and RLOO are vectorised already (scatter-adds over group ids instead of a Python
+# loop over groups), so verl's vectorised variants are the same functions under their names.
+compute_grpo_vectorized_outcome_advantage = register_adv_est(AdvantageEstimator.GRPO_VECTORIZED)(
+    compute_grpo_outcome_advantage
+)
+compute_rloo_vectorized_outcome_advantage = register_adv_est(AdvantageEstimator.RLOO_VECTORIZED)(
+    compute_rloo_outcome_advantage
+)

@@ -5,7 +5,7 @@ DAPO, Yu et al. 2025, https://arxiv.org/abs/2503.14476). With l_it the loss of t
 m_it its mask, B the number of sequences and L the padded response length:
 
     token-mean               sum_it m_it l_it / sum_it m_it           (DAPO: every token weighs the same)
-    token-sum                sum_it m_it l_it
+    token-sum                sum_it m_it l_it                         (times dp_size, see AggNormalizers)
     seq-mean-token-sum       (1/B) sum_i sum_t m_it l_it
     seq-mean-token-mean      (1/B) sum_i (sum_t m_it l_it / sum_t m_it) (original GRPO)
     seq-mean-token-sum-norm  (1/B) sum_i sum_t m_it l_it / L          (Dr. GRPO: constant normaliser)
@@ -34,6 +34,7 @@ class AggNormalizers:
     batch_num_tokens: valid tokens in the whole mini-batch (token-mean).
     global_batch_size: sequences in the whole mini-batch (seq-mean-*).
     dp_size: data-parallel ranks; gradients are averaged over ranks, so the loss is multiplied back.
+        With dp_size > 1 the mean modes need their global count (a local one would mis-scale them).
     loss_scale_factor: the constant L of seq-mean-token-sum-norm (default: the padded length).
     """
 
@@ -53,16 +54,26 @@ def register_loss_agg_mode(name: str) -> Callable[[AggFn], AggFn]:
 
 
 def _seq_denominator(loss_mat: torch.Tensor, norm: AggNormalizers) -> float | torch.Tensor:
-    # a fully masked row still counts as a sequence of the batch (it contributes 0), as in verl
+    # A fully masked row still counts as a sequence of the batch (it contributes 0). verl 0.9 leaves
+    # such rows out of the count when no global_batch_size is given; with it (the trainer's path) the
+    # two agree.
     if norm.global_batch_size is not None:
         return norm.global_batch_size / norm.dp_size
+    _require_global_count(norm, "global_batch_size")
     return loss_mat.shape[0]
+
+
+def _require_global_count(norm: AggNormalizers, name: str) -> None:
+    """A local count is only right on a single rank; across ranks it would silently mis-scale the loss."""
+    if norm.dp_size > 1:
+        raise ValueError(f"agg_loss: dp_size={norm.dp_size} needs the mini-batch's {name} over all ranks")
 
 
 @register_loss_agg_mode("token-mean")
 def _token_mean(loss_mat: torch.Tensor, loss_mask: torch.Tensor, norm: AggNormalizers) -> torch.Tensor:
     total = masked_sum(loss_mat, loss_mask)
     if norm.batch_num_tokens is None:
+        _require_global_count(norm, "batch_num_tokens")
         n_tokens = loss_mask.sum().to(loss_mat.dtype)
     else:
         n_tokens = torch.as_tensor(norm.batch_num_tokens, dtype=loss_mat.dtype, device=loss_mat.device)
@@ -72,7 +83,9 @@ def _token_mean(loss_mat: torch.Tensor, loss_mask: torch.Tensor, norm: AggNormal
 
 @register_loss_agg_mode("token-sum")
 def _token_sum(loss_mat: torch.Tensor, loss_mask: torch.Tensor, norm: AggNormalizers) -> torch.Tensor:
-    return masked_sum(loss_mat, loss_mask)
+    # data-parallel training averages gradients over ranks; scaling each rank's sum by dp_size makes
+    # that average the sum over every token of the mini-batch, as on one rank
+    return masked_sum(loss_mat, loss_mask) * norm.dp_size
 
 
 @register_loss_agg_mode("seq-mean-token-sum")

@@ -2,19 +2,26 @@
 
 Every loss has the signature
 
-    fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", **settings)
-        -> (loss, metrics)
+    fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+       config=None, rollout_is_weights=None, **settings) -> (loss, metrics)
 
 with tensors of shape (batch, response_len), `loss` a scalar to minimise, and `metrics` a dict of
 detached scalar tensors (`pg_clipfrac`, `ppo_kl`, `pg_clipfrac_lower`, ...). `settings` are plain
 keywords from the actor config (clip_ratio, clip_ratio_low, clip_ratio_high, clip_ratio_c,
-clip_cov_ratio, ...); each loss reads the ones it uses and ignores the rest, so the actor passes one
-settings dict whatever the loss mode. `global_batch_info` carries the mini-batch totals (`agg_loss`'s
-batch_num_tokens, global_batch_size, dp_size) so that micro-batch losses add up to the mini-batch loss.
+clip_cov_ratio, ...); `config` is verl's way of passing the same settings (an actor config object).
+`global_batch_info` carries the mini-batch totals (`agg_loss`'s batch_num_tokens, global_batch_size,
+dp_size) so that micro-batch losses add up to the mini-batch loss. `rollout_is_weights`
+(batch, response_len) multiplies each token's loss before aggregation (rollout correction).
+
+A loss declares the settings it reads as keyword-only parameters. `register_policy_loss` wraps it so
+that every call -- direct or through `compute_pg_loss` -- accepts one settings dict for all losses
+(each loss is handed only what it declares), rejects a setting no loss declares (a misspelling would
+otherwise be ignored), and rejects `rollout_is_weights` for a loss that cannot apply them.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -22,6 +29,7 @@ from typing import Any
 import torch
 
 from hybridrl.algos.aggregate import agg_loss
+from hybridrl.algos.config_args import merge_config_settings
 from hybridrl.utils.registry import Registry
 from hybridrl.utils.torch_functional import masked_mean
 
@@ -30,8 +38,46 @@ POLICY_LOSS_REGISTRY: Registry[PolicyLossFn] = Registry("policy loss")
 
 
 def register_policy_loss(name: str, *, override: bool = False) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Decorator registering a policy loss under `name` (verl's `register_policy_loss`)."""
-    return POLICY_LOSS_REGISTRY.register(name, override=override)
+    """Decorator registering a policy loss under `name` (verl's `register_policy_loss`).
+
+    It returns the loss wrapped for the uniform call described in the module docstring; the wrapper is
+    what is registered and what the decorated name is bound to.
+    """
+
+    def decorator(fn: PolicyLossFn) -> PolicyLossFn:
+        wrapped = _uniform_call(name, fn)
+        POLICY_LOSS_REGISTRY.add(name, wrapped, override=override)
+        return wrapped
+
+    return decorator
+
+
+def _uniform_call(name: str, fn: PolicyLossFn) -> PolicyLossFn:
+    params = inspect.signature(fn).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    declared = {n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+    @functools.wraps(fn)
+    def call(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
+             rollout_is_weights=None, **settings):
+        if config is not None:
+            settings = merge_config_settings(config, settings, f"policy loss {name!r}")
+        unknown = sorted(set(settings) - known_policy_loss_settings())
+        if unknown:
+            raise ValueError(
+                f"unknown policy loss setting(s) {unknown}; settings declared by the registered losses: "
+                f"{sorted(known_policy_loss_settings())}"
+            )
+        if rollout_is_weights is not None:
+            if "rollout_is_weights" not in params:  # **settings would swallow the weights unused
+                raise ValueError(f"policy loss {name!r} does not apply rollout_is_weights; it cannot correct "
+                                 f"for the rollout policy")
+            settings["rollout_is_weights"] = rollout_is_weights
+        if not takes_any:
+            settings = {key: value for key, value in settings.items() if key in declared}
+        return fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, **settings)
+
+    return call
 
 
 def get_policy_loss_fn(name: str) -> PolicyLossFn:
@@ -43,10 +89,21 @@ def known_policy_loss_settings() -> set[str]:
     """Keyword-only settings declared by any registered policy loss (clip_ratio, kl_cov_ratio, ...)."""
     names: set[str] = set()
     for loss_name in POLICY_LOSS_REGISTRY:
+        # inspect follows the wrapper's __wrapped__ to the loss's own parameters
         for param in inspect.signature(POLICY_LOSS_REGISTRY.get(loss_name)).parameters.values():
             if param.kind is inspect.Parameter.KEYWORD_ONLY:
                 names.add(param.name)
     return names
+
+
+def _apply_is_weights(pg_losses: torch.Tensor, rollout_is_weights: torch.Tensor | None) -> torch.Tensor:
+    """Per-token losses times the rollout importance weights (batch, response_len), when given."""
+    if rollout_is_weights is None:
+        return pg_losses
+    if rollout_is_weights.shape != pg_losses.shape:
+        raise ValueError(f"rollout_is_weights has shape {tuple(rollout_is_weights.shape)}; the per-token "
+                         f"losses have {tuple(pg_losses.shape)}")
+    return pg_losses * rollout_is_weights.detach()  # weights change the sampling measure, not the objective
 
 
 def _clip_bounds(
@@ -78,7 +135,7 @@ def compute_policy_loss_vanilla(
     clip_ratio_high: float | None = None,
     clip_ratio_c: float = 3.0,
     global_batch_info: Mapping[str, Any] | None = None,
-    **settings: Any,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate (Schulman et al. 2017, https://arxiv.org/abs/1707.06347) with
     asymmetric clipping (DAPO clip-higher, https://arxiv.org/abs/2503.14476) and dual clip
@@ -99,6 +156,7 @@ def compute_policy_loss_vanilla(
     ppo_loss = torch.maximum(unclipped, clipped)
     dual = -advantages * clip_ratio_c
     pg_losses = torch.where(advantages < 0, torch.minimum(ppo_loss, dual), ppo_loss)
+    pg_losses = _apply_is_weights(pg_losses, rollout_is_weights)
     loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **(global_batch_info or {}))
     with torch.no_grad():
         metrics = {
@@ -121,7 +179,7 @@ def compute_policy_loss_gspo(
     clip_ratio_low: float | None = None,
     clip_ratio_high: float | None = None,
     global_batch_info: Mapping[str, Any] | None = None,
-    **settings: Any,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Group Sequence Policy Optimization (Zheng et al. 2025, https://arxiv.org/abs/2507.18071).
 
@@ -140,6 +198,7 @@ def compute_policy_loss_gspo(
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1 - low, 1 + high)
     pg_losses = torch.maximum(unclipped, clipped)
+    pg_losses = _apply_is_weights(pg_losses, rollout_is_weights)
     loss = agg_loss(pg_losses, response_mask, "seq-mean-token-mean", **(global_batch_info or {}))
     with torch.no_grad():
         metrics = {
@@ -159,11 +218,12 @@ def compute_policy_loss_gpg(
     loss_agg_mode: str = "token-mean",
     *,
     global_batch_info: Mapping[str, Any] | None = None,
-    **settings: Any,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Group Policy Gradient (Chu et al. 2025, https://arxiv.org/abs/2504.02546): plain REINFORCE
     with no ratio and no clipping, L = -A * logp. Pair it with the `gpg` advantage estimator."""
-    loss = agg_loss(-log_prob * advantages, response_mask, loss_agg_mode, **(global_batch_info or {}))
+    pg_losses = _apply_is_weights(-log_prob * advantages, rollout_is_weights)
+    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **(global_batch_info or {}))
     with torch.no_grad():
         metrics = {"pg_clipfrac": _zero(loss), "pg_clipfrac_lower": _zero(loss), "ppo_kl": _zero(loss)}
     return loss, metrics
@@ -193,7 +253,7 @@ def compute_policy_loss_clip_cov(
     clip_cov_ub: float = 5.0,
     generator: torch.Generator | None = None,
     global_batch_info: Mapping[str, Any] | None = None,
-    **settings: Any,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clip-Cov (Cui et al. 2025, The Entropy Mechanism of RL for Reasoning LMs,
     https://arxiv.org/abs/2505.22617).
@@ -222,6 +282,7 @@ def compute_policy_loss_clip_cov(
         keep[candidates[order]] = 0
         keep = keep.reshape(valid.shape)  # (batch, response_len) 0 on dropped tokens
     pg_losses = torch.maximum(unclipped, clipped) * keep
+    pg_losses = _apply_is_weights(pg_losses, rollout_is_weights)
     loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **(global_batch_info or {}))
     with torch.no_grad():
         metrics = {
@@ -243,7 +304,7 @@ def compute_policy_loss_kl_cov(
     kl_cov_ratio: float = 0.0002,
     ppo_kl_coef: float = 1.0,
     global_batch_info: Mapping[str, Any] | None = None,
-    **settings: Any,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """KL-Cov (Cui et al. 2025, https://arxiv.org/abs/2505.22617).
 
@@ -266,6 +327,7 @@ def compute_policy_loss_kl_cov(
         picked[torch.topk(cov.reshape(-1), n_pick).indices] = True
         picked = picked.reshape(valid.shape)  # (batch, response_len)
     pg_losses = torch.where(picked, plain + ppo_kl_coef * abs_kl, plain)
+    pg_losses = _apply_is_weights(pg_losses, rollout_is_weights)
     loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **(global_batch_info or {}))
     with torch.no_grad():
         metrics = {
@@ -273,6 +335,36 @@ def compute_policy_loss_kl_cov(
             "pg_clipfrac_lower": _zero(loss),
             "ppo_kl": masked_mean(abs_kl, response_mask),
         }
+    return loss, metrics
+
+
+@register_policy_loss("dro")
+def compute_policy_loss_dro(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    *,
+    dro_beta: float | None = None,
+    global_batch_info: Mapping[str, Any] | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Direct Reward Optimization (Richemond et al. 2024, https://arxiv.org/abs/2405.19107) as a
+    policy loss: L = -(A * logp - beta/2 * (logp - old_logp)^2).
+
+    No ratio and no clipping: the quadratic penalty on the log-ratio keeps the policy near the one
+    that sampled the data, with strength `dro_beta` (actor.policy_loss.dro_beta), which must be > 0.
+    """
+    if dro_beta is None or dro_beta <= 0:
+        raise ValueError(f"the dro policy loss needs actor.policy_loss.dro_beta > 0, got {dro_beta}")
+    log_ratio = log_prob - old_log_prob  # (batch, response_len)
+    pg_losses = -(log_prob * advantages - 0.5 * dro_beta * log_ratio.square())
+    pg_losses = _apply_is_weights(pg_losses, rollout_is_weights)
+    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **(global_batch_info or {}))
+    with torch.no_grad():
+        metrics = {"pg_clipfrac": _zero(loss), "pg_clipfrac_lower": _zero(loss),
+                   "ppo_kl": masked_mean(-log_ratio, response_mask)}
     return loss, metrics
 
 
@@ -287,14 +379,8 @@ def compute_pg_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Look up `loss_mode` and call it: the single path the actor uses for every policy loss.
 
-    Each loss ignores settings meant for other losses, so a misspelt setting would be silently lost;
-    here any key that no registered loss declares is rejected instead.
+    `settings` may hold every loss's settings (and `config=` / `rollout_is_weights=`); the registered
+    wrapper hands the loss what it declares and rejects keys that no registered loss declares.
     """
-    fn = get_policy_loss_fn(loss_mode)
-    unknown = sorted(set(settings) - known_policy_loss_settings())
-    if unknown:
-        raise ValueError(
-            f"unknown policy loss setting(s) {unknown}; settings declared by the registered losses: "
-            f"{sorted(known_policy_loss_settings())}"
-        )
-    return fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, **settings)
+    return get_policy_loss_fn(loss_mode)(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode,
+                                         **settings)

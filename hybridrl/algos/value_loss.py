@@ -18,6 +18,10 @@ def compute_value_loss(
     response_mask: torch.Tensor,
     cliprange_value: float,
     loss_agg_mode: str = "token-mean",
+    dp_size: int = 1,
+    batch_num_tokens: float | torch.Tensor | None = None,
+    global_batch_size: float | torch.Tensor | None = None,
+    loss_scale_factor: float | None = None,
     *,
     global_batch_info: Mapping[str, Any] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -32,7 +36,10 @@ def compute_value_loss(
         vpreds: (batch, response_len) current value predictions (with grad).
         returns: (batch, response_len) targets from the advantage estimator.
         values: (batch, response_len) value predictions at rollout time.
-        global_batch_info: mini-batch totals for micro-batching (see `agg_loss`).
+        dp_size, batch_num_tokens, global_batch_size, loss_scale_factor: the mini-batch totals for
+            micro-batching and data parallelism, as verl passes them (see `agg_loss`).
+        global_batch_info: the same totals as one dict (how hybridrl's critic passes them); giving
+            both forms raises rather than silently preferring one.
     Returns:
         vf_loss (scalar) and vf_clipfrac, the share of valid tokens where the clipped term was larger.
     """
@@ -41,9 +48,15 @@ def compute_value_loss(
     vpred_clipped = clip_by_value(vpreds, values - cliprange_value, values + cliprange_value)
     loss_unclipped = (vpreds - returns) ** 2
     loss_clipped = (vpred_clipped - returns) ** 2
-    vf_loss = 0.5 * agg_loss(
-        torch.max(loss_unclipped, loss_clipped), response_mask, loss_agg_mode, **(global_batch_info or {})
-    )
+    totals = {"dp_size": dp_size, "batch_num_tokens": batch_num_tokens, "global_batch_size": global_batch_size,
+              "loss_scale_factor": loss_scale_factor}
+    if global_batch_info is not None:
+        given = [k for k, v in totals.items() if v is not None and not (k == "dp_size" and v == 1)]
+        if given:
+            raise ValueError(f"compute_value_loss: pass the totals either as global_batch_info or as keywords, "
+                             f"not both (got global_batch_info and {given})")
+        totals = dict(global_batch_info)
+    vf_loss = 0.5 * agg_loss(torch.max(loss_unclipped, loss_clipped), response_mask, loss_agg_mode, **totals)
     with torch.no_grad():
         vf_clipfrac = masked_mean((loss_clipped > loss_unclipped).float(), response_mask)
     return vf_loss, vf_clipfrac

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from hybridrl.protocol import DataProto
+from hybridrl.utils.metric import reduce_metrics  # re-exported: the trainer reduces worker metrics
 
 __all__ = [
     "compute_data_metrics",
@@ -216,28 +217,6 @@ def compute_rollout_agreement_metrics(batch: DataProto) -> dict[str, float]:
     return rollout_logprob_diff_metrics(
         batch.batch["rollout_log_probs"], batch.batch["old_log_probs"], batch.batch["response_mask"]
     )
-
-
-def _reduction(key: str) -> str:
-    tokens = key.rsplit("/", 1)[-1].split("_")
-    return "max" if "max" in tokens else "min" if "min" in tokens else "mean"
-
-
-def reduce_metrics(metrics: Mapping[str, Sequence[float]]) -> dict[str, float]:
-    """One number per key from the per-micro-batch (or per-rank) lists the workers return.
-
-    The mean, except for keys whose last path segment has a `max` or `min` word (`response_length/max`,
-    `perf/max_memory_rss_gb`), which take the max or min, as newer verl does: the mean of per-rank
-    maxima is not a maximum. An empty list gives NaN (nothing was measured).
-    """
-    reduced = {}
-    for key, values in metrics.items():
-        array = np.asarray(values if isinstance(values, (list, tuple, np.ndarray)) else [values], float)
-        if array.size == 0:
-            reduced[key] = math.nan
-            continue
-        reduced[key] = float(getattr(np, _reduction(key))(array))
-    return reduced
 
 
 # ----- validation ----------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
+from hybridrl.algos.rollout_correction import IS_LEVELS, parse_is_threshold, parse_rs_options
 from hybridrl.data.rl_dataset import RLDatasetConfig
 from hybridrl.workers.config import ActorRolloutRefConfig, CriticConfig
 from hybridrl.workers.reward_model import RewardModelConfig
@@ -65,6 +66,47 @@ class FilterGroupsConfig:
     metric: str | None = None
     # Generation rounds allowed to fill one batch; 0 means no limit.
     max_num_gen_batches: int = 0
+
+
+@dataclass
+class RolloutCorrectionConfig:
+    """Settings of `hybridrl.algos.rollout_correction` (see its docstring), under verl's names.
+
+    Not part of `algorithm.*`: the trainer does not apply rollout correction yet, and a key it would
+    ignore must not be accepted on the command line. Use it with the helper functions directly.
+    """
+
+    # IS weight level: token | sequence | None (no weights, metrics only).
+    rollout_is: str | None = "sequence"
+    # A number truncates the weights at it; "lower_upper" zeroes weights outside the range (IcePop).
+    rollout_is_threshold: Any = 2.0
+    # Rescale the weights to mean 1 over the batch.
+    rollout_is_batch_normalize: bool = False
+    # Comma-separated rejection options (token_k1, seq_mean_k3, ...); None disables rejection.
+    rollout_rs: str | None = None
+    # One threshold per option (or one for all); required when rollout_rs is set.
+    rollout_rs_threshold: Any = None
+
+    def __post_init__(self) -> None:
+        if self.rollout_is is not None and self.rollout_is not in IS_LEVELS:
+            raise ValueError(f"rollout_is must be one of {IS_LEVELS} or None, got {self.rollout_is!r}")
+        if self.rollout_is is not None and self.rollout_is_threshold is not None:
+            parse_is_threshold(self.rollout_is_threshold)
+        if self.rollout_rs is not None and self.rollout_rs_threshold is not None:
+            parse_rs_options(self.rollout_rs, self.rollout_rs_threshold)
+
+    @classmethod
+    def decoupled_token_icepop(cls, threshold: float = 5.0, threshold_lower: float = 0.5) -> RolloutCorrectionConfig:
+        """Token IS weights kept inside [threshold_lower, threshold] and zeroed outside; no rejection."""
+        return cls(rollout_is="token", rollout_is_threshold=f"{threshold_lower}_{threshold}", rollout_rs=None)
+
+    @classmethod
+    def decoupled_geo_rs_seq_tis(cls, is_threshold: float = 2.0,
+                                 rs_threshold: str | float = "0.999_1.001") -> RolloutCorrectionConfig:
+        """Sequence IS weights truncated at is_threshold, and sequences rejected on their geometric-mean
+        ratio (seq_mean_k1) outside rs_threshold."""
+        return cls(rollout_is="sequence", rollout_is_threshold=is_threshold, rollout_rs="seq_mean_k1",
+                   rollout_rs_threshold=rs_threshold)
 
 
 @dataclass

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from hybridrl.algos import apply_kl_penalty, compute_advantage, get_adv_estimator_spec, get_kl_controller
+from hybridrl.algos import apply_kl_penalty, get_adv_estimator_spec, get_kl_controller
 from hybridrl.data.sampler import ResumableSampler, StatefulDataLoader
 from hybridrl.protocol import DataProto
-from hybridrl.trainer import dataflow
+from hybridrl.trainer import advantage, dataflow
 from hybridrl.trainer.generation_dump import generation_records, write_generations
 from hybridrl.trainer.metrics import (
     compute_data_metrics,
@@ -219,18 +219,8 @@ class PPOTrainer:
     def _compute_advantage(self, batch: DataProto) -> None:
         """7. Advantages and returns from the configured estimator, given every input the batch has."""
         algo = self.config.algorithm
-        advantages, returns = compute_advantage(
-            algo.adv_estimator,
-            token_level_rewards=batch.batch["token_level_rewards"],
-            response_mask=batch.batch["response_mask"],
-            values=batch.batch.get("values"),
-            reward_baselines=batch.batch.get("reward_baselines"),
-            index=batch.non_tensor_batch["uid"],
-            gamma=algo.gamma,
-            lam=algo.lam,
-            norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
-        )
-        batch.batch["advantages"], batch.batch["returns"] = advantages, returns
+        advantage.compute_advantage(batch, algo.adv_estimator, gamma=algo.gamma, lam=algo.lam,
+                                    norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo)
 
     def _update_critic(self, batch: DataProto, metrics: dict, timing: dict) -> None:
         if self.groups.critic is not None:

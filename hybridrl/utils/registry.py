@@ -13,6 +13,14 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 
 
+class UnknownNameError(KeyError, ValueError):
+    """A name that is not registered. A KeyError for hybridrl callers, a ValueError for code written
+    against verl, whose registries raise ValueError for an unknown name."""
+
+    def __str__(self) -> str:  # KeyError would show the message in quotes
+        return str(self.args[0]) if self.args else ""
+
+
 class Registry(Generic[T]):
     """A name -> object table with a decorator for registration.
 
@@ -55,7 +63,21 @@ class Registry(Generic[T]):
             return self._entries[name]
         except KeyError:
             known = ", ".join(sorted(self._entries)) or "(none)"
-            raise KeyError(f"unknown {self.kind} {name!r}; registered: {known}") from None
+            raise UnknownNameError(f"unknown {self.kind} {name!r}; registered: {known}") from None
+
+    # verl keeps its registries in plain dicts, and code written for verl indexes, assigns and clears
+    # them; these behave as a dict's do (assignment replaces, like add(..., override=True)).
+    def __getitem__(self, name: str) -> T:
+        return self.get(name)
+
+    def __setitem__(self, name: str, obj: T) -> None:
+        self.add(name, obj, override=True)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        self._entries.clear()
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from hybridrl.algos import agg_loss, compute_pg_loss, kl_penalty
+from hybridrl.algos.config_args import policy_loss_settings
 from hybridrl.protocol import DataProto
 from hybridrl.utils.torch_functional import entropy_from_logits, logprobs_from_logits, masked_sum
 from hybridrl.workers.config import ActorConfig
@@ -83,12 +84,7 @@ class PPOActor:
         self.engine.module.train()
         temperature = temperature_of(data)
         cfg = self.config
-        settings = {
-            "clip_ratio": cfg.clip_ratio, "clip_ratio_low": cfg.clip_ratio_low, "clip_ratio_high": cfg.clip_ratio_high,
-            "clip_ratio_c": cfg.clip_ratio_c, "clip_cov_ratio": cfg.policy_loss.clip_cov_ratio,
-            "clip_cov_lb": cfg.policy_loss.clip_cov_lb, "clip_cov_ub": cfg.policy_loss.clip_cov_ub,
-            "kl_cov_ratio": cfg.policy_loss.kl_cov_ratio, "ppo_kl_coef": cfg.policy_loss.ppo_kl_coef,
-        }
+        settings = policy_loss_settings(cfg)  # every loss's settings; each loss takes what it declares
 
         def micro_step(micro: DataProto, info: dict, sums: MetricSums) -> torch.Tensor:
             batch = micro.batch

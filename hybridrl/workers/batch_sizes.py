@@ -35,6 +35,9 @@ def normalize_actor_rollout_ref(config: ActorRolloutRefConfig, world_size: int) 
     """A copy whose actor mini-batch is in rows per rank and whose micro-batch keys are per rank."""
     n = config.rollout.n
     actor = config.actor
+    if actor.rollout_n is not None and actor.rollout_n != n:
+        raise ValueError(f"actor.rollout_n ({actor.rollout_n}) disagrees with rollout.n ({n}); "
+                         f"leave actor.rollout_n unset, it follows rollout.n")
     rows = actor.ppo_mini_batch_size * n
     mini = per_rank(rows, world_size, f"ppo_mini_batch_size ({actor.ppo_mini_batch_size}) x rollout.n ({n})")
     actor = dataclasses.replace(

@@ -71,13 +71,15 @@ class ModelConfig:
 
 @dataclass
 class PolicyLossConfig:
-    # Registered policy loss: vanilla | gspo | gpg | clip_cov | kl_cov (or one you register).
+    # Registered policy loss: vanilla | gspo | gpg | clip_cov | kl_cov | dro (or one you register).
     loss_mode: str = "vanilla"
     clip_cov_ratio: float = 0.0002
     clip_cov_lb: float = 1.0
     clip_cov_ub: float = 5.0
     kl_cov_ratio: float = 0.0002
     ppo_kl_coef: float = 0.1
+    # Strength of dro's quadratic log-ratio penalty; the dro loss requires it to be > 0.
+    dro_beta: float | None = None
 
 
 @dataclass
@@ -93,6 +95,8 @@ class ActorConfig:
     strategy: str = "fsdp"
     # Prompts per optimizer step (each with rollout.n responses), summed over data-parallel ranks.
     ppo_mini_batch_size: int = 256
+    # verl's copy of rollout.n on the actor; None follows rollout.n, another value must equal it.
+    rollout_n: int | None = None
     # Rows per forward/backward on one rank; gradients accumulate over the micro-batches.
     ppo_micro_batch_size_per_gpu: int | None = None
     # verl's older global micro-batch size; divided by the world size when the per-GPU value is unset.

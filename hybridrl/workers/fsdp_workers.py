@@ -84,9 +84,9 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         self._require(self.rollout, "generate_sequences", "rollout")
-        start = time.perf_counter()
-        if "seed" in prompts.meta_info:  # a per-step seed from the trainer: distinct streams per rank
-            prompts.meta_info["seed"] = int(prompts.meta_info["seed"]) * 1009 + self.rank
+        step_seed = prompts.meta_info.get("seed")
+        if step_seed is not None:  # a per-step seed from the trainer: distinct streams per rank
+            prompts.meta_info["seed"] = int(step_seed) * 1009 + self.rank
         engine = self.actor.engine if self.actor else None
         if engine is not None:
             engine.offload_optimizer()  # generation needs no optimizer state
@@ -96,7 +96,10 @@ class ActorRolloutRefWorker(Worker):
         else:
             output = self.rollout.generate_sequences(prompts)
         output.meta_info.setdefault("temperature", self.config.rollout.temperature)
-        output.meta_info["timing"] = {"generate_sequences": time.perf_counter() - start}
+        # The ranks' outputs are concatenated, which requires equal meta_info: report the step's seed,
+        # not this rank's stream (and no per-rank timing; the trainer times generation itself).
+        if step_seed is not None:
+            output.meta_info["seed"] = step_seed
         return output
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

@@ -1,6 +1,7 @@
 """Advantage estimators against hand-worked values, the papers' invariants and loop references."""
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -230,6 +231,28 @@ def test_reinforce_plus_plus_discounts_and_whitens():
     expected = (valid - 0.95) / torch.sqrt(valid.var() + 1e-8)
     torch.testing.assert_close(adv[mask.bool()], expected)
     assert torch.all(adv[~mask.bool()] == 0)
+
+
+def test_reinforce_plus_plus_carries_the_return_across_a_masked_span():
+    # tokens 2 and 3 are tool output (mask 0): skipped, not discounted, and their reward 5 is not added
+    rewards = torch.tensor([[0.0, 0.0, 5.0, 0.0, 0.0, 2.0]])
+    mask = torch.tensor([[1, 1, 0, 0, 1, 1]])
+    _, ret = compute_reinforce_plus_plus_outcome_advantage(rewards, mask, gamma=0.5)
+    # valid tokens from the end: G5 = 2, G4 = 0.5 * 2 = 1, G1 = 0.5 * 1 = 0.5, G0 = 0.25; the span holds 0
+    torch.testing.assert_close(ret, torch.tensor([[0.25, 0.5, 0.0, 0.0, 1.0, 2.0]]))
+
+
+def test_reinforce_plus_plus_reads_gamma_from_a_config_and_rejects_a_disagreement():
+    rewards = torch.tensor([[0.0, 4.0]])
+    mask = torch.ones(1, 2)
+    _, ret = compute_reinforce_plus_plus_outcome_advantage(rewards, mask, config=SimpleNamespace(gamma=0.25))
+    torch.testing.assert_close(ret, torch.tensor([[1.0, 4.0]]))  # 0.25 * 4 = 1
+    with pytest.raises(ValueError, match="gamma=0.5 was passed but config.gamma is 0.25"):
+        compute_reinforce_plus_plus_outcome_advantage(rewards, mask, SimpleNamespace(gamma=0.25), gamma=0.5)
+    with pytest.raises(ValueError, match="needs `gamma`"):
+        compute_reinforce_plus_plus_outcome_advantage(rewards, mask)
+    with pytest.raises(TypeError, match="gamma=0.9"):
+        compute_reinforce_plus_plus_outcome_advantage(rewards, mask, 0.9)  # the old positional gamma
 
 
 def test_reinforce_plus_plus_baseline_subtracts_group_mean_then_whitens():

@@ -59,6 +59,19 @@ def test_dp_ranks_averaging_their_losses_recover_the_full_batch_loss():
     assert ((ranks[0] + ranks[1]) / 2).item() == pytest.approx(7 / 3)
 
 
+def test_token_sum_scales_by_dp_size_so_the_rank_average_is_the_global_sum():
+    # rank r holds row r: rank0 sums 1 + 2 = 3, rank1 sums 4; times dp_size 2 -> 6 and 8, average 7 = 1 + 2 + 4
+    ranks = [agg_loss(LOSS[i : i + 1], MASK[i : i + 1], "token-sum", dp_size=2) for i in range(2)]
+    assert [r.item() for r in ranks] == [6.0, 8.0]
+    assert ((ranks[0] + ranks[1]) / 2).item() == pytest.approx(agg_loss(LOSS, MASK, "token-sum").item())
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_mean_modes_across_ranks_need_the_global_count(mode):
+    with pytest.raises(ValueError, match="dp_size=2 needs"):
+        agg_loss(LOSS, MASK, mode, dp_size=2)
+
+
 def test_bad_inputs_raise_clear_errors():
     with pytest.raises(KeyError, match="seq-mean-token-mean"):
         agg_loss(LOSS, MASK, "seq-mean")

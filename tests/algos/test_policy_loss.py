@@ -9,6 +9,7 @@ from hybridrl.algos import (
     POLICY_LOSS_REGISTRY,
     compute_pg_loss,
     compute_policy_loss_clip_cov,
+    compute_policy_loss_dro,
     compute_policy_loss_gpg,
     compute_policy_loss_gspo,
     compute_policy_loss_kl_cov,
@@ -16,8 +17,9 @@ from hybridrl.algos import (
     get_policy_loss_fn,
     register_policy_loss,
 )
+from hybridrl.workers.config import ActorConfig, PolicyLossConfig
 
-BUILT_IN = ["vanilla", "gspo", "gpg", "clip_cov", "kl_cov"]
+BUILT_IN = ["vanilla", "gspo", "gpg", "clip_cov", "kl_cov", "dro"]
 # one settings dict for every loss, as the actor passes it
 ACTOR_SETTINGS = {
     "clip_ratio": 0.2,
@@ -29,6 +31,7 @@ ACTOR_SETTINGS = {
     "clip_cov_ub": 5.0,
     "kl_cov_ratio": 0.0002,
     "ppo_kl_coef": 1.0,
+    "dro_beta": 0.1,
 }
 
 
@@ -230,3 +233,48 @@ def test_micro_batch_losses_add_up_with_global_batch_info():
         parts = [compute_pg_loss("vanilla", old[s], new[s], adv[s], mask[s], mode, global_batch_info=info)[0]
                  for s in (slice(0, 2), slice(2, 3))]
         torch.testing.assert_close(parts[0] + parts[1], whole)
+
+
+def test_vanilla_takes_its_clip_range_from_a_verl_style_config():
+    # rho = 1.25, A = 1: clip_ratio 0.01 from the config clips at 1.01 -> -1.01 (the default 0.2 gives -1.2)
+    loss, _ = compute_policy_loss_vanilla(*one_token(math.log(1.25), 1.0), config=ActorConfig(clip_ratio=0.01))
+    assert loss.item() == pytest.approx(-1.01)
+    with pytest.raises(ValueError, match="clip_ratio=0.2 was passed but the config says 0.01"):
+        compute_policy_loss_vanilla(*one_token(0.0, 1.0), config=ActorConfig(clip_ratio=0.01), clip_ratio=0.2)
+
+
+def test_rollout_is_weights_scale_each_token_loss():
+    # rho = e^0.1 inside the clip range, A = 1: -1.105 per token, times the weight 0.5 -> -0.553
+    old, new, adv, mask = one_token(0.1, 1.0)
+    for name in ["vanilla", "gpg", "dro"]:
+        plain, _ = compute_pg_loss(name, old, new, adv, mask, **ACTOR_SETTINGS)
+        weighted, _ = compute_pg_loss(name, old, new, adv, mask, rollout_is_weights=torch.tensor([[0.5]]),
+                                      **ACTOR_SETTINGS)
+        assert weighted.item() == pytest.approx(0.5 * plain.item()), name
+    loss, _ = compute_policy_loss_vanilla(old, new, adv, mask, rollout_is_weights=torch.tensor([[0.5]]))
+    assert loss.item() == pytest.approx(-0.5 * math.exp(0.1))
+
+
+def test_dro_loss_by_hand_and_its_beta_is_required():
+    # logp -0.8, old -1.0 (log-ratio 0.2), A = 2, beta 0.5: -(2 * -0.8 - 0.25 * 0.04) = 1.61
+    old, new, adv, mask = torch.tensor([[-1.0]]), torch.tensor([[-0.8]]), torch.tensor([[2.0]]), torch.ones(1, 1)
+    loss, metrics = compute_policy_loss_dro(old, new, adv, mask, dro_beta=0.5)
+    assert loss.item() == pytest.approx(1.61)
+    assert metrics["ppo_kl"].item() == pytest.approx(-0.2)
+    config = ActorConfig(policy_loss=PolicyLossConfig(loss_mode="dro", dro_beta=0.5))
+    assert compute_policy_loss_dro(old, new, adv, mask, "token-mean", config)[0].item() == pytest.approx(1.61)
+    with pytest.raises(ValueError, match="dro_beta"):
+        compute_policy_loss_dro(old, new, adv, mask, "token-mean", ActorConfig())
+
+
+def test_a_loss_that_cannot_apply_rollout_weights_refuses_them(scratch_losses):
+    scratch_losses.append("test_no_weights")
+
+    @register_policy_loss("test_no_weights")
+    def no_weights(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", **settings):
+        return (log_prob * 0).sum(), {}
+
+    with pytest.raises(ValueError, match="does not apply rollout_is_weights"):
+        no_weights(*one_token(0.0, 1.0), rollout_is_weights=torch.ones(1, 1))
+    with pytest.raises(ValueError, match="clip_ratio_hgih"):
+        compute_policy_loss_vanilla(*one_token(0.0, 1.0), clip_ratio_hgih=0.28)  # direct calls check too

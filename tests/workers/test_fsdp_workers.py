@@ -10,6 +10,7 @@ from hybridrl.controller import ClassWithInitArgs, LocalWorkerGroup
 from hybridrl.controller.ray import RayClassWithInitArgs, RayWorkerGroup
 from hybridrl.controller.ray_resources import RayResourcePool, init_ray
 from hybridrl.protocol import DataProto
+from hybridrl.trainer.metrics import reduce_metrics
 from hybridrl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 
 pytestmark = pytest.mark.ray
@@ -73,9 +74,13 @@ def test_two_ray_ranks_match_one_rank_after_an_update(ray_groups, tiny_model_dir
     torch.testing.assert_close(got["log_probs"], expected["log_probs"], rtol=0, atol=1e-5)
     torch.testing.assert_close(got["values"], expected["values"], rtol=0, atol=1e-5)
     torch.testing.assert_close(got["ref"], expected["ref"], rtol=0, atol=1e-5)
+    # each rank reports the (already all-reduced) metrics and concat gathers them into lists, so the
+    # 2-rank lists hold every value twice; reduced as the trainer reduces them, they match one rank
+    got_actor, expected_actor = reduce_metrics(got["actor"]), reduce_metrics(expected["actor"])
     for key in ["actor/pg_loss", "actor/kl_loss", "actor/grad_norm"]:
-        assert got["actor"][key] == pytest.approx(expected["actor"][key], rel=1e-4), key
-    assert got["critic"]["critic/vf_loss"] == pytest.approx(expected["critic"]["critic/vf_loss"], rel=1e-4)
+        assert got_actor[key] == pytest.approx(expected_actor[key], rel=1e-4), key
+    assert reduce_metrics(got["critic"])["critic/vf_loss"] == pytest.approx(
+        reduce_metrics(expected["critic"])["critic/vf_loss"], rel=1e-4)
 
 
 def test_rollout_samples_from_the_updated_actor(ray_groups):
