@@ -1,14 +1,15 @@
 """Slow learning tests: GRPO, PPO with a critic (GAE) and RLOO each raise the held-out greedy accuracy of
-the quickstart's SFT model, at a fixed seed, with the quickstart's settings.
+the quickstart's SFT model by 10 points or more, with the quickstart's settings and seed.
 
 The SFT model copied its teacher's slip (a dropped minus sign on most negative results, see
 test_sft_learning); the exact-answer reward penalises it, so RL has something to learn that carries
 over to held-out problems. Accuracy is measured outside the trainer (`model.generate` on the saved HF
 model, scored by the task's scorer) and compared with the trainer's own validation metric.
 
-Measured by this test with one torch thread per process, from 0.546 on the 500 held-out problems after 30
-steps: GRPO 0.640, RLOO 0.640, GAE 0.646 (GAE without critic warmup: 0.588). With two threads the SFT
-model starts at 0.522; the quickstart's GRPO run from there reached 0.606 (0.634 at step 20).
+Measured on an AMD EPYC from the seed-0 SFT model (0.724 on the 500 held-out problems), 30 steps:
+GRPO 0.982, RLOO 0.980, GAE with 5 critic warm-up steps 0.974; the sign slips fall from 129 to 0 while
+the ~10 digit slips stay. Over seeds 0-3 x 1 and 2 threads GRPO gained +0.136 to +0.258
+(benchmarks/results/learning.md), so MARGIN is the smallest gain the recipe promises, not one run's.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from hybridrl.trainer.main_ppo import run_ppo
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
 STEPS = 30
-MARGIN = 0.04  # ~2 standard errors of a 500-problem accuracy near 0.6
+MARGIN = 0.10  # the quickstart's promise; measured minimum over seeds and threads +0.136
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +43,7 @@ def test_rl_raises_held_out_greedy_accuracy(quickstart_sft, before, estimator, e
     run_dir = tmp_path / estimator
     history = run_ppo(ppo_config(
         f"data.train_files={data / 'train.parquet'}", f"data.val_files={data / 'test.parquet'}",
-        f"actor_rollout_ref.model.path={model_dir}", f"algorithm.adv_estimator={estimator}",
+        f"actor_rollout_ref.model.path={model_dir}", f"algorithm.adv_estimator={estimator}", "data.seed=0",
         f"trainer.total_training_steps={STEPS}", f"trainer.default_local_dir={run_dir}",
         "trainer.val_before_train=false", f"trainer.test_freq={STEPS}", f"trainer.save_freq={STEPS}",
         "actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model]", "trainer.logger=[file]", *extra,
