@@ -145,6 +145,8 @@ def report(runs: list[tuple[int, int, dict, dict | None]]) -> str:
         f"Held-out greedy accuracy on the 500 test problems; GRPO {STEPS} steps of {PROMPTS} prompts x "
         f"{SAMPLES_PER_PROMPT} samples. 'samples to +{TARGET_GAIN * 100:.0f}' counts generated samples up to "
         f"the first evaluation (every {EVAL_EVERY} steps) at least {TARGET_GAIN * 100:.0f} points above the start.",
+        "'minutes' is each quickstart run's wall time (data, SFT, GRPO; no pip install) with whatever else",
+        "ran on the machine at the time (`--jobs`, other work): a record, not a timing benchmark.",
         "",
         "| seed | threads | after SFT | after GRPO | gain | samples to +10 | minutes (quickstart) "
         "| TRL after | TRL gain | TRL samples to +10 |",
@@ -175,11 +177,14 @@ def plot(runs: list[tuple[int, int, dict, dict | None]], out_png: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
+    markers = {1: "o", 2: "x"}
     for seed, threads, ours, trl in runs:
-        line, = ax.plot(*zip(*ours["curve"], strict=True), marker="o", label=f"seed {seed}, {threads} thr")
+        color = f"C{seed % 10}"
+        ax.plot(*zip(*ours["curve"], strict=True), marker=markers.get(threads, "s"), color=color,
+                label=f"seed {seed}, {threads} thr")
         if trl is not None:
-            ax.plot(*zip(*trl["curve"], strict=True), linestyle="--", color=line.get_color(), alpha=0.6)
-    ax.set_xlabel("GRPO step (dashed: TRL from the same SFT model)")
+            ax.plot(*zip(*trl["curve"], strict=True), linestyle="--", color=color, alpha=0.5)
+    ax.set_xlabel("GRPO step (dashed: TRL from the same SFT model; equal curves overlap)")
     ax.set_ylabel("held-out greedy accuracy")
     ax.set_title("quickstart recipe over seeds and thread counts")
     ax.legend(fontsize=7, ncol=2, loc="lower right")
