@@ -126,10 +126,10 @@ def samples_to_gain(curve: list[list[float]], gain: float = TARGET_GAIN) -> int 
 
 
 def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
+    cpuinfo = Path("/proc/cpuinfo").read_text()
+    for line in cpuinfo.splitlines():
         if line.startswith("model name"):
-            flags = Path("/proc/cpuinfo").read_text()
-            isa = [f for f in ("amx_bf16", "avx512_bf16", "avx512f") if f" {f}" in flags]
+            isa = [f for f in ("amx_bf16", "avx512_bf16", "avx512f") if f" {f}" in cpuinfo]
             return f"{line.split(':', 1)[1].strip()} ({', '.join(isa) or 'no AVX-512'}), {os.cpu_count()} cores"
     return platform.processor() or "unknown CPU"
 

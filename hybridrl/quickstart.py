@@ -80,13 +80,11 @@ def prepare_base_model(workdir: Path, seed: int = 0) -> Path:
 def warm_start(workdir: Path, data: Path, base: Path, seed: int = 0) -> Path:
     """SFT on the worked answers; a finished earlier run with the same settings is reused."""
     from hybridrl.trainer.main_sft import run_sft
-    from hybridrl.workers.checkpoint import find_latest_ckpt_path
 
     sft_dir = workdir / "sft"
     settings = {"overrides": SFT_OVERRIDES, "seed": seed}
-    latest = find_latest_ckpt_path(sft_dir)
-    if (latest is None or not (Path(latest) / "actor" / "huggingface" / "config.json").exists()
-            or not _stamp(sft_dir / "quickstart.json", settings)):
+    model = latest_hf_model(sft_dir)
+    if model is None or not _stamp(sft_dir / "quickstart.json", settings):
         shutil.rmtree(sft_dir, ignore_errors=True)
         start = time.perf_counter()
         run_sft(_compose("sft_trainer", [
@@ -96,8 +94,8 @@ def warm_start(workdir: Path, data: Path, base: Path, seed: int = 0) -> Path:
         ]))
         (sft_dir / "quickstart.json").write_text(json.dumps(settings))
         print(f"SFT warm start took {time.perf_counter() - start:.0f}s (log: {sft_dir / 'metrics.jsonl'})")
-        latest = find_latest_ckpt_path(sft_dir)
-    return Path(latest) / "actor" / "huggingface"
+        model = latest_hf_model(sft_dir)
+    return model
 
 
 def train_grpo(workdir: Path, data: Path, model: Path, steps: int, extra: list[str], seed: int = 0) -> list[dict]:
@@ -115,13 +113,13 @@ def train_grpo(workdir: Path, data: Path, model: Path, steps: int, extra: list[s
     ]))
 
 
-def trained_model_dir(workdir: Path) -> Path | None:
-    """The Hugging Face directory of the last GRPO checkpoint, if one was saved."""
+def latest_hf_model(run_dir: Path) -> Path | None:
+    """The Hugging Face model directory of `run_dir`'s latest committed checkpoint, if it holds one."""
     from hybridrl.workers.checkpoint import find_latest_ckpt_path
 
-    latest = find_latest_ckpt_path(workdir / "grpo")
+    latest = find_latest_ckpt_path(run_dir)
     model = None if latest is None else Path(latest) / "actor" / "huggingface"
-    return model if model is not None and model.exists() else None
+    return model if model is not None and (model / "config.json").exists() else None
 
 
 def summarize(history: list[dict], out_png: Path) -> dict:
@@ -169,11 +167,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     workdir = Path(args.workdir).expanduser().resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    threads = [] if args.threads is None else [f"ray_init.cpus_per_worker={args.threads}"]
-    if args.threads is not None:  # SFT runs in this process
+    grpo_overrides = list(args.overrides)
+    if args.threads is not None:
         import torch
 
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(args.threads)  # SFT runs in this process
+        grpo_overrides.insert(0, f"ray_init.cpus_per_worker={args.threads}")
     start = time.perf_counter()
     print("[1/4] task data and [2/4] tiny model", flush=True)
     data = prepare_data(workdir, args.seed)
@@ -181,10 +180,10 @@ def main(argv: list[str] | None = None) -> None:
     print("[3/4] SFT warm start on the teacher's worked answers", flush=True)
     model = warm_start(workdir, data, base, args.seed)
     print(f"[4/4] GRPO, {args.steps} steps, held-out greedy accuracy every 10 (log: {workdir / 'grpo'})", flush=True)
-    history = train_grpo(workdir, data, model, args.steps, [*threads, *args.overrides], args.seed)
+    history = train_grpo(workdir, data, model, args.steps, grpo_overrides, args.seed)
     summary = summarize(history, workdir / "curves.png")
     summary["total minutes"] = round((time.perf_counter() - start) / 60, 1)
-    summary["trained model"] = str(trained_model_dir(workdir))
+    summary["trained model"] = str(latest_hf_model(workdir / "grpo"))
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
     print("\n=== quickstart summary ===")
     for key, value in summary.items():
