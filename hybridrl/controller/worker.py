@@ -15,6 +15,8 @@ import torch
 import torch.distributed as dist
 
 from hybridrl.controller.decorator import Dispatch, register
+from hybridrl.utils import memory
+from hybridrl.utils.flops import ModelPass
 
 # Set by the worker group: how many intra-op threads this rank should use.
 NUM_THREADS_ENV = "HYBRIDRL_NUM_THREADS"
@@ -117,3 +119,13 @@ class Worker:
             "world_size": self.world_size,
             "num_threads": torch.get_num_threads(),
         }
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def process_memory(self) -> memory.ProcessMemory:
+        """This rank's process's peak memory (RSS; CUDA allocator peaks where used)."""
+        return memory.process_memory()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def model_passes(self) -> dict[str, ModelPass]:
+        """The model passes this rank runs, by name, for MFU (`perf/mfu/<name>`); none by default."""
+        return {}
