@@ -85,6 +85,11 @@ class ActorRolloutRefWorker(Worker):
         cfg = self.config
         self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path,
                                         trust_remote_code=cfg.model.trust_remote_code)
+        # the peaks of the passes below, measured in turns across ranks; the passes read them cached
+        self.measure_peak_flops(resolve_dtype(name) for name, needed in (
+            (cfg.actor.fsdp_config.mixed_precision.param_dtype, self.is_actor),
+            (cfg.rollout.dtype, self.is_rollout), (cfg.ref.fsdp_config.mixed_precision.param_dtype, self.is_ref),
+        ) if needed)
         if self.is_actor:
             model = load_model_for(cfg.model, cfg.model.enable_gradient_checkpointing)
             self.passes.update(forward_and_update_passes(
@@ -211,8 +216,10 @@ class CriticWorker(Worker):
         model = load_value_model(model_cfg.path, trust_remote_code=model_cfg.trust_remote_code,
                                  override_config=model_cfg.override_config,
                                  gradient_checkpointing=model_cfg.enable_gradient_checkpointing)
-        self.passes = forward_and_update_passes(model, model_cfg.fsdp_config.mixed_precision.param_dtype,
-                                                self.config.ppo_epochs, infer="critic_infer", train="critic")
+        dtype = model_cfg.fsdp_config.mixed_precision.param_dtype
+        self.measure_peak_flops([resolve_dtype(dtype)])  # in turns across ranks; read cached just below
+        self.passes = forward_and_update_passes(model, dtype, self.config.ppo_epochs, infer="critic_infer",
+                                                train="critic")
         engine = FSDPEngine(model, model_cfg.fsdp_config, self.config.optim, self.config.grad_clip)
         self.critic = PPOCritic(self.config, engine)
         self.checkpoint_manager = CheckpointManager(engine, self.tokenizer, self.config.checkpoint)
