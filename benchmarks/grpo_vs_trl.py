@@ -286,8 +286,9 @@ def measure(runner: str, w: Workload, logdir: Path) -> dict:
     """Run one framework on one workload in a fresh process; summarise its steps after warm-up."""
     out = logdir / f"{runner}-{w.size}.json"
     log = logdir / f"{runner}-{w.size}.log"
-    # The SFT warm start ran hybridrl's local backend in this process, which leaves torch.distributed's
-    # rank variables set; a child inheriting them (TRL through accelerate) would try to join that group.
+    # A child inheriting torch.distributed's rank variables (TRL through accelerate) would try to join
+    # that group. hybridrl's runs restore them when they end (the SFT warm start in this process among
+    # them); they are dropped here too for a parent started by a launcher such as torchrun.
     env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
     env.update({"HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"})
     cmd = [sys.executable, str(Path(__file__).resolve()), "--run-one", runner, "--workload",

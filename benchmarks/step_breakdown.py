@@ -18,6 +18,10 @@ own `timing_s/<stage>` over the steps after warm-up, plus:
 - the peak it is compared with: the best of several fp32 `torch.matmul`s of two 2048 x 2048 matrices
   (2 x 2048^3 FLOPs each), measured in this run with the worker's thread count: 2 threads for the local
   backend, and twice the 1-thread peak for 2 Ray workers with 1 thread each.
+
+The FLOP counts and the matmul probe are the package's own (`hybridrl.utils.flops`), the ones behind
+the `perf/mfu/<pass>` metrics a run logs; this script times with the driver's `timing_s/<stage>`, the
+metrics with the workers' `timing_s/<stage>_worker`.
 """
 
 from __future__ import annotations
@@ -34,24 +38,25 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import grpo_vs_trl as bench  # noqa: E402  (a sibling script, not a package)
 
+from hybridrl.utils.flops import (  # noqa: E402
+    FORWARD_FLOPS_PER_PARAM,
+    TRAIN_FLOPS_PER_PARAM,
+    matmul_peak_flops,
+    model_flops,
+)
+
 STAGES = ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor")
 # FLOPs per real token and parameter of each model pass (see the module docstring)
-PASS_FLOPS = {"gen": 2, "old_log_prob": 2, "ref": 2, "update_actor": 6}
+PASS_FLOPS = {"gen": FORWARD_FLOPS_PER_PARAM, "old_log_prob": FORWARD_FLOPS_PER_PARAM,
+              "ref": FORWARD_FLOPS_PER_PARAM, "update_actor": TRAIN_FLOPS_PER_PARAM}
 
 
-def matmul_peak(threads: int, size: int = 2048, repeats: int = 6) -> float:
-    """Best fp32 matmul FLOP/s with `threads` torch threads."""
+def matmul_peak(threads: int) -> float:
+    """Best fp32 matmul FLOP/s with `threads` torch threads (the probe the workers run at start)."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        a, b = torch.randn(size, size), torch.randn(size, size)  # (size, size) each
-        torch.matmul(a, b)  # first call allocates and warms the kernels
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            torch.matmul(a, b)
-            best = min(best, time.perf_counter() - start)
-        return 2 * size**3 / best
+        return matmul_peak_flops(torch.float32)
     finally:
         torch.set_num_threads(previous)
 
@@ -77,7 +82,8 @@ def achieved_flops(history: list[dict], warmup: int, params: int) -> dict[str, f
     for stage, per_token in PASS_FLOPS.items():
         key = f"timing_s/{stage}"
         if key in kept[0]:
-            out[stage] = statistics.median(per_token * params * m["perf/total_num_tokens"] / m[key] for m in kept)
+            out[stage] = statistics.median(model_flops(params, m["perf/total_num_tokens"], per_token) / m[key]
+                                           for m in kept)
     return out
 
 

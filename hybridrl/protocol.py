@@ -277,7 +277,9 @@ class DataProto:
         """Merge `other`'s columns and meta_info into this DataProto (in place; returns self).
 
         A key present in both must hold equal values, otherwise the union raises naming the key:
-        silently keeping one of two different `old_log_probs` would corrupt training.
+        silently keeping one of two different `old_log_probs` would corrupt training. meta_info's
+        `metrics` are measurements, not settings: both sides' are gathered, as `concat` gathers the
+        ranks' (a generation's and a log-prob pass's worker times never conflict).
         """
         if len(self) != len(other) and len(self) and len(other):
             raise DataProtoError(f"union: this DataProto has {len(self)} rows but the other has {len(other)}")
@@ -288,7 +290,9 @@ class DataProto:
             for key, value in other.batch.items():
                 self.batch[key] = value
         self.non_tensor_batch.update(other.non_tensor_batch)
-        self.meta_info.update(other.meta_info)
+        merged = merge_meta_info([self.meta_info, other.meta_info])
+        self.meta_info.clear()  # in place: a caller may hold this dict
+        self.meta_info.update(merged)
         self.check_consistency()
         return self
 
@@ -297,6 +301,8 @@ class DataProto:
                  other.non_tensor_batch), ("meta_info", self.meta_info, other.meta_info)]
         for part, mine, theirs in parts:
             for key, value in theirs.items():
+                if part == "meta_info" and key == "metrics":
+                    continue  # gathered, never a conflict (see union)
                 if key in mine and not deep_equal(mine[key], value):
                     raise DataProtoError(f"union: {part} key {key!r} exists in both with different values")
 

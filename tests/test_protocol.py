@@ -124,6 +124,16 @@ def test_union_merges_and_detects_conflicts():
         data.union(make(3))
 
 
+def test_union_gathers_metrics_like_concat():
+    # a rollout's output and a log-prob pass's, each with its two ranks' worker times
+    generated = DataProto(batch={"x": torch.zeros(2)}, meta_info={"metrics": {"worker_seconds": [1.0, 2.0]}})
+    ref = DataProto(batch={"y": torch.zeros(2)}, meta_info={"metrics": {"worker_seconds": [3.0, 4.0]},
+                                                             "temperature": 1.0})
+    generated.union(ref)
+    assert generated.meta_info == {"metrics": {"worker_seconds": [1.0, 2.0, 3.0, 4.0]}, "temperature": 1.0}
+    assert ref.meta_info["metrics"] == {"worker_seconds": [3.0, 4.0]}  # the other side is not changed
+
+
 def test_chunk_requires_divisibility():
     data = make(6)
     parts = data.chunk(3)

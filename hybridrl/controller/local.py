@@ -2,6 +2,10 @@
 
 Same API as RayWorkerGroup, no Ray: a breakpoint inside a worker method stops the driver itself, so a
 whole PPO step can be stepped through in an ordinary debugger.
+
+The rank's torch.distributed coordinates are environment variables of the driver process itself, and
+its process group is the driver's. `shutdown` puts both back as they were before the group started, so
+a second run in the same process starts afresh and a child process inherits nothing of the first.
 """
 
 from __future__ import annotations
@@ -9,8 +13,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import torch.distributed as dist
+
 from hybridrl.controller.worker import free_port
 from hybridrl.controller.worker_group import ClassWithInitArgs, WorkerGroup
+
+DIST_ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def _set_single_rank_env() -> None:
@@ -25,16 +33,50 @@ def _set_single_rank_env() -> None:
             )
 
 
+def restore_env(saved: dict[str, str | None]) -> None:
+    """Put environment variables back to `saved` values (None: the variable was unset)."""
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+class _Release:
+    """What shutting the group down must undo; one object shared by the group and its role views
+    (`spawn` copies the group), so whichever shuts down first undoes it, and only once."""
+
+    def __init__(self) -> None:
+        self.saved_env: dict[str, str | None] | None = {key: os.environ.get(key) for key in DIST_ENV_KEYS}
+        # a group nested inside another (same process group) must leave the outer one's group open
+        self.owns_process_group = not dist.is_initialized()
+
+    def __call__(self) -> None:
+        if self.saved_env is None:
+            return
+        if self.owns_process_group and dist.is_initialized():
+            dist.destroy_process_group()
+        restore_env(self.saved_env)
+        self.saved_env = None
+
+
 class LocalWorkerGroup(WorkerGroup):
     """One rank, built and run in the calling process."""
 
     def __init__(self, cls_with_init: ClassWithInitArgs) -> None:
-        _set_single_rank_env()
-        self.worker = cls_with_init.build()
+        self._release = _Release()
+        try:
+            _set_single_rank_env()
+            self.worker = cls_with_init.build()
+        except BaseException:
+            self._release()
+            raise
         super().__init__(cls_with_init.cls, world_size=1)
 
     def _submit(self, rank: int, method_name: str, args: tuple, kwargs: dict) -> Any:
         return getattr(self.worker, method_name)(*args, **kwargs)
 
     def shutdown(self) -> None:
+        """Drop the rank, close the process group it opened and restore the distributed env variables."""
         self.worker = None
+        self._release()

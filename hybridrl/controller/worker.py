@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from hybridrl.controller.decorator import Dispatch, register
+from hybridrl.utils import memory
+from hybridrl.utils.flops import ModelPass, device_peak_flops
 
 # Set by the worker group: how many intra-op threads this rank should use.
 NUM_THREADS_ENV = "HYBRIDRL_NUM_THREADS"
@@ -107,6 +110,28 @@ class Worker:
     def device(self) -> torch.device:
         return torch.device("cuda", self.local_rank) if torch.cuda.is_available() else torch.device("cpu")
 
+    def measure_peak_flops(self, dtypes: Iterable[torch.dtype]) -> None:
+        """Measure this process's peak FLOP/s in each dtype once (`device_peak_flops` caches it).
+
+        A collective: every rank calls it. On CPU the ranks of a node take turns, because they share its
+        cores: a rank probing while its neighbours probe too measures a share of the machine, not its own
+        peak (two concurrent 1-thread probes on a busy 2-core machine gave 107 GFLOP/s together, against
+        91 each alone). One at a time gives each rank's own figure, as a datasheet gives each GPU's, and
+        as benchmarks/step_breakdown.py measures it.
+        """
+        dtypes = list(dtypes)
+        turns = 1
+        if not torch.cuda.is_available() and dist.is_initialized() and self.world_size > 1:
+            most = torch.tensor([self.dist_env.local_world_size])
+            dist.all_reduce(most, op=dist.ReduceOp.MAX)
+            turns = int(most.item())
+        for turn in range(turns):
+            if turns == 1 or self.local_rank == turn:
+                for dtype in dtypes:
+                    device_peak_flops(dtype)
+            if turns > 1:
+                dist.barrier()
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def process_info(self) -> dict:
         """Where this rank runs: for placement checks and debugging."""
@@ -117,3 +142,13 @@ class Worker:
             "world_size": self.world_size,
             "num_threads": torch.get_num_threads(),
         }
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def process_memory(self) -> memory.ProcessMemory:
+        """This rank's process's peak memory (RSS; CUDA allocator peaks where used)."""
+        return memory.process_memory()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def model_passes(self) -> dict[str, ModelPass]:
+        """The model passes this rank runs, by name, for MFU (`perf/mfu/<name>`); none by default."""
+        return {}

@@ -52,6 +52,10 @@ class WorkerGroup:
         """Start `method_name` on `rank`; return a future (Ray) or the value (local)."""
         raise NotImplementedError
 
+    def shutdown(self) -> None:
+        """Stop the ranks and release what starting them took."""
+        raise NotImplementedError
+
     # ----- binding -------------------------------------------------------------------------------------
     def _bind_methods(self, methods: Mapping[str, MethodSpec], prefix: str = "") -> None:
         for remote_name, spec in methods.items():

@@ -1,7 +1,7 @@
 """Entry point: `python -m hybridrl.trainer.main_ppo key=value ...` (or `hybridrl-train key=value ...`).
 
 Parses the Hydra config (`config/ppo_trainer.yaml` on top of the typed schema), checks it, starts or
-joins Ray (unless trainer.backend=local), builds the worker groups, and trains.
+joins Ray (unless trainer.backend=local), builds the worker groups, trains, and stops what it started.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import os
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from hybridrl.controller.lifecycle import ray_for_backend, sigterm_raises_exit
 from hybridrl.trainer.config_checks import batch_plan, validate_config
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
 
@@ -52,32 +53,20 @@ def run_ppo(cfg: DictConfig) -> list[dict[str, float]]:
     plain = OmegaConf.to_container(cfg, resolve=True)
     reward_fn = load_reward_manager(plain, tokenizer, num_examine=0)
     val_reward_fn = load_reward_manager(plain, tokenizer, num_examine=1)
-    started_ray = _start_ray(config)
-    try:
-        groups = WorkerGroups.create(config)
-        trainer = PPOTrainer(config, tokenizer, groups, reward_fn, val_reward_fn, train_dataset, val_dataset,
-                             collate_fn)
-        return trainer.fit()
-    finally:
-        if started_ray:
-            import ray
-
-            ray.shutdown()
-
-
-def _start_ray(config: PPOTrainerConfig) -> bool:
-    if config.trainer.backend != "ray":
-        return False
-    import ray
-
-    from hybridrl.controller.ray_resources import init_ray
-
-    already = ray.is_initialized()
     ri = config.ray_init
-    wanted = config.trainer.n_gpus_per_node * ri.cpus_per_worker
-    init_ray(num_cpus=ri.num_cpus or max(os.cpu_count() or 1, wanted),
-             object_store_memory=ri.object_store_memory, include_dashboard=ri.include_dashboard)
-    return not already
+    num_cpus = ri.num_cpus or max(os.cpu_count() or 1, config.trainer.n_gpus_per_node * ri.cpus_per_worker)
+    # Workers, the local rank's process group and env variables, and a Ray this run started all end
+    # with the run: on success, on an error and on SIGTERM.
+    with sigterm_raises_exit(), ray_for_backend(config.trainer.backend, num_cpus=num_cpus,
+                                                  object_store_memory=ri.object_store_memory,
+                                                  include_dashboard=ri.include_dashboard):
+        groups = WorkerGroups.create(config)
+        try:
+            trainer = PPOTrainer(config, tokenizer, groups, reward_fn, val_reward_fn, train_dataset, val_dataset,
+                                 collate_fn)
+            return trainer.fit()
+        finally:
+            groups.shutdown()
 
 
 @hydra.main(config_path="config", config_name="ppo_trainer", version_base=None)

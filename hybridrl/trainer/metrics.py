@@ -2,7 +2,8 @@
 
 Pure functions of a DataProto (or of plain lists) returning `{name: float}`, so the fit loop only
 merges dicts: `compute_data_metrics` (scores, rewards, advantages, returns, values, lengths),
-`compute_timing_metrics`, `compute_throughput_metrics`, `compute_memory_metrics`,
+`compute_timing_metrics`, `compute_throughput_metrics`, `compute_memory_metrics` (driver and
+workers), `compute_mfu_metrics` (model FLOPs utilisation of each model pass),
 `compute_rollout_agreement_metrics`, `reduce_metrics` (per-micro-batch lists from the workers), and
 the validation summaries `process_validation_metrics` / `validation_metrics_to_flat`.
 
@@ -14,8 +15,6 @@ Batch layout (DESIGN.md section 4): `prompts` (B, P) left-padded, `responses` (B
 from __future__ import annotations
 
 import math
-import resource
-import sys
 from collections import Counter, defaultdict
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
@@ -24,11 +23,14 @@ import numpy as np
 import torch
 
 from hybridrl.protocol import DataProto
+from hybridrl.utils.flops import mfu
+from hybridrl.utils.memory import ProcessMemory, process_memory
 from hybridrl.utils.metric import reduce_metrics  # re-exported: the trainer reduces worker metrics
 
 __all__ = [
     "compute_data_metrics",
     "compute_memory_metrics",
+    "compute_mfu_metrics",
     "compute_rollout_agreement_metrics",
     "compute_throughout_metrics",
     "compute_throughput_metrics",
@@ -135,6 +137,9 @@ def compute_data_metrics(batch: DataProto, use_critic: bool = True) -> dict[str,
 def compute_timing_metrics(batch: DataProto, timing_raw: Mapping[str, float]) -> dict[str, float]:
     """`timing_s/<stage>` for every timed stage and `timing_per_token_ms/<stage>` for the model passes.
 
+    The stages include the workers' own times, `<stage>_worker` (the slowest rank's seconds inside the
+    worker method), logged as `timing_s/<stage>_worker` beside the driver's `timing_s/<stage>`.
+
     timing_per_token_ms = 1000 * seconds / tokens, where tokens is the batch's response tokens for
     `gen` and all (prompt + response) tokens for `ref`, `values`, `adv`, `update_critic`,
     `update_actor` (verl's choice of denominators).
@@ -184,21 +189,52 @@ def compute_throughput_metrics(
 compute_throughout_metrics = compute_throughput_metrics
 
 
-def compute_memory_metrics() -> dict[str, float]:
-    """Peak memory of this process in GiB.
+def compute_memory_metrics(workers: Sequence[ProcessMemory] = (), driver: ProcessMemory | None = None
+                           ) -> dict[str, float]:
+    """Peak memory of the run's processes in GiB: the driver (default: this process) and each worker.
 
-    `perf/max_memory_allocated_gb` / `perf/max_memory_reserved_gb`: torch's CUDA allocator peaks, when
-    CUDA is in use. `perf/max_memory_rss_gb`: the process's peak resident set size from
-    `getrusage` (ru_maxrss is KiB on Linux, bytes on macOS).
+    - `perf/max_memory_rss_gb`: the driver's peak resident set size (getrusage);
+    - `perf/max_memory_rss_gb/worker_max`: the largest worker process's peak RSS;
+    - `perf/max_memory_rss_gb/workers_sum`: the sum over the worker processes, each counted once (the
+      roles of a run -- actor, rollout, reference, critic -- are colocated, so they share processes and
+      one figure covers them all);
+    - `perf/max_memory_rss_gb/all_processes`: the sum over the driver and the workers, each process once
+      (under the local backend the driver is the worker);
+    - `perf/max_memory_allocated_gb` / `perf/max_memory_reserved_gb`: torch's CUDA allocator peaks of
+      the process that used the most, i.e. per GPU (verl reports them from its workers); absent when no
+      process uses CUDA.
+
+    Sums of peaks bound the run's simultaneous total from above (processes peak at different moments),
+    and RSS counts pages shared between processes (libraries) in each of them.
     """
-    gib = 1024**3
-    metrics: dict[str, float] = {}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        metrics["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / gib
-        metrics["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved() / gib
-    max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    metrics["perf/max_memory_rss_gb"] = max_rss / (gib if sys.platform == "darwin" else gib / 1024)
+    driver = driver or process_memory()
+    metrics: dict[str, float] = {"perf/max_memory_rss_gb": driver.max_rss_gb}
+    distinct_workers = {w.key: w for w in workers}
+    if distinct_workers:
+        rss = [w.max_rss_gb for w in distinct_workers.values()]
+        metrics["perf/max_memory_rss_gb/worker_max"] = max(rss)
+        metrics["perf/max_memory_rss_gb/workers_sum"] = sum(rss)
+        every = {**distinct_workers, driver.key: driver}
+        metrics["perf/max_memory_rss_gb/all_processes"] = sum(p.max_rss_gb for p in every.values())
+    on_cuda = [p for p in (driver, *distinct_workers.values()) if p.cuda_max_allocated_gb is not None]
+    if on_cuda:
+        metrics["perf/max_memory_allocated_gb"] = max(p.cuda_max_allocated_gb for p in on_cuda)
+        metrics["perf/max_memory_reserved_gb"] = max(p.cuda_max_reserved_gb for p in on_cuda)
     return metrics
+
+
+def compute_mfu_metrics(flops: Mapping[str, float], seconds: Mapping[str, float],
+                        peak_flops: Mapping[str, float]) -> dict[str, float]:
+    """`perf/mfu/<pass>` = flops / (seconds x peak_flops) for each model pass that ran this step.
+
+    flops: model FLOPs of the pass over the step's real tokens (`hybridrl.utils.flops.model_flops`:
+    2N per token forward, 6N per token trained, times the epochs); seconds: the workers' own time of
+    the pass (the slowest rank); peak_flops: the sum of the ranks' peaks. Pass names follow verl where
+    it has one: `actor` (update), `actor_infer` (old log-probs), `critic`, plus `rollout`
+    (generation), `ref` and `critic_infer` (values).
+    """
+    return {f"perf/mfu/{name}": mfu(value, seconds[name], peak_flops[name])
+            for name, value in flops.items() if seconds.get(name, 0.0) > 0}
 
 
 def compute_rollout_agreement_metrics(batch: DataProto) -> dict[str, float]:

@@ -30,6 +30,7 @@ from hybridrl.trainer.metrics import (
     reduce_metrics,
 )
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
+from hybridrl.trainer.stage_costs import StageCosts, real_tokens
 from hybridrl.trainer.validation import Validator
 from hybridrl.trainer.worker_groups import WorkerGroups
 from hybridrl.utils.timing import timer
@@ -61,6 +62,7 @@ class PPOTrainer:
         self.validator = Validator(config, tokenizer, groups, val_reward_fn, val_dataset, collate_fn) \
             if val_dataset is not None and val_reward_fn is not None else None
         self.total_steps = config.trainer.total_training_steps or len(self.dataloader) * config.trainer.total_epochs
+        self.costs = StageCosts(groups.model_passes())
         self.global_steps = 0
         self.history: list[dict[str, float]] = []
         self._batches: Iterator[dict] | None = None
@@ -96,6 +98,7 @@ class PPOTrainer:
         """One PPO/GRPO step: DESIGN.md section 4, stages 1-8."""
         metrics: dict[str, float] = {}
         timing: dict[str, float] = {}
+        self.costs.start_step()
         with timer("step", timing):
             batch = self._collect_batch(metrics, timing)  # 1, 2, 4: prompts, responses, scores
             self._balance(batch, metrics)  # 3
@@ -109,7 +112,8 @@ class PPOTrainer:
         metrics.update(compute_data_metrics(batch, use_critic=self.groups.critic is not None))
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughput_metrics(batch, timing, n_workers=self.groups.world_size))
-        metrics.update(compute_memory_metrics())
+        metrics.update(self.costs.mfu_metrics())
+        metrics.update(compute_memory_metrics(self.groups.process_memory()))
         return metrics
 
     # ----- stages --------------------------------------------------------------------------------------
@@ -153,17 +157,19 @@ class PPOTrainer:
         gen_input.meta_info["seed"] = self.config.actor_rollout_ref.rollout.seed + self.global_steps
         with timer("gen", timing):
             generated = self.groups.actor_rollout.generate_sequences(gen_input)
+        self.costs.record("gen", generated, real_tokens(generated), timing)
         if "reward_baselines" in self.estimator.required_inputs:
             with timer("gen_baseline", timing):
-                batch.batch["reward_baselines"] = self._greedy_baseline(batch, gen_input)
+                batch.batch["reward_baselines"] = self._greedy_baseline(batch, gen_input, timing)
         return dataflow.attach_responses(batch, generated)
 
-    def _greedy_baseline(self, batch: DataProto, gen_input: DataProto) -> torch.Tensor:
+    def _greedy_baseline(self, batch: DataProto, gen_input: DataProto, timing: dict) -> torch.Tensor:
         """ReMax's baseline: the score of each prompt's greedy response, (prompts,)."""
         greedy_input = gen_input.select(deepcopy=False)
         greedy_input.meta_info = {"do_sample": False}
-        greedy = dataflow.attach_responses(batch.select(deepcopy=True), self.groups.actor_rollout.
-                                           generate_sequences(greedy_input))
+        generated = self.groups.actor_rollout.generate_sequences(greedy_input)
+        self.costs.record("gen_baseline", generated, real_tokens(generated), timing)
+        greedy = dataflow.attach_responses(batch.select(deepcopy=True), generated)
         self._score(greedy, {})
         return dataflow.sequence_scores(greedy)
 
@@ -189,8 +195,10 @@ class PPOTrainer:
 
     def _recompute(self, batch: DataProto, metrics: dict, timing: dict) -> None:
         """5. The actor's log-probs of its own samples, the reference's, and the critic's values."""
+        tokens = real_tokens(batch)
         with timer("old_log_prob", timing):
             old = self.groups.actor_rollout.compute_log_prob(batch)
+        self.costs.record("old_log_prob", old, tokens, timing)
         mask = batch.batch["response_mask"]
         entropy = old.batch.pop("entropys")
         metrics["actor/entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
@@ -198,10 +206,14 @@ class PPOTrainer:
         metrics.update(compute_rollout_agreement_metrics(batch))
         if self.groups.uses_reference:
             with timer("ref", timing):
-                batch.union(self.groups.actor_rollout.compute_ref_log_prob(batch))
+                ref = self.groups.actor_rollout.compute_ref_log_prob(batch)
+            self.costs.record("ref", ref, tokens, timing)
+            batch.union(ref)
         if self.groups.critic is not None:
             with timer("values", timing):
-                batch.union(self.groups.critic.compute_values(batch))
+                values = self.groups.critic.compute_values(batch)
+            self.costs.record("values", values, tokens, timing)
+            batch.union(values)
 
     def _apply_kl(self, batch: DataProto, metrics: dict) -> None:
         """6. KL in the reward (PPO) or plain scores (GRPO puts KL in the actor's loss instead)."""
@@ -226,6 +238,7 @@ class PPOTrainer:
         if self.groups.critic is not None:
             with timer("update_critic", timing):
                 output = self.groups.critic.update_critic(batch)
+            self.costs.record("update_critic", output, real_tokens(batch), timing)
             metrics.update(reduce_metrics(output.meta_info["metrics"]))
 
     def _update_actor(self, batch: DataProto, metrics: dict, timing: dict) -> None:
@@ -233,6 +246,7 @@ class PPOTrainer:
         if self.config.trainer.critic_warmup <= self.global_steps:
             with timer("update_actor", timing):
                 output = self.groups.actor_rollout.update_actor(batch)
+            self.costs.record("update_actor", output, real_tokens(batch), timing)
             metrics.update(reduce_metrics(output.meta_info["metrics"]))
 
     # ----- validation, checkpoints, logging ------------------------------------------------------------

@@ -19,6 +19,8 @@ from hybridrl.controller import (
     create_worker_group,
 )
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
+from hybridrl.utils.flops import ModelPass, combine_ranks
+from hybridrl.utils.memory import ProcessMemory
 from hybridrl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 from hybridrl.workers.reward_model import RewardModelWorker
 
@@ -59,10 +61,14 @@ class WorkerGroups:
     uses_reference: bool
     world_size: int
     resource_pool: Any = None
+    processes: WorkerGroup | None = None  # the group all roles' views share: what `shutdown` stops
 
     @classmethod
     def create(cls, config: PPOTrainerConfig) -> WorkerGroups:
-        """Start every role's ranks on the configured backend and initialise their models."""
+        """Start every role's ranks on the configured backend and initialise their models.
+
+        If a model fails to initialise, the ranks already started are stopped before the error propagates.
+        """
         classes = role_classes(config)
         backend = config.trainer.backend
         pool = None
@@ -72,16 +78,50 @@ class WorkerGroups:
             pool = RayResourcePool([config.trainer.n_gpus_per_node] * config.trainer.nnodes,
                                    use_gpu=config.trainer.device == "cuda", name_prefix="global_pool",
                                    cpus_per_process=config.ray_init.cpus_per_worker)
-        fused = create_colocated_worker_cls(classes)
-        groups = create_worker_group(backend, fused, pool).spawn(prefix_set=list(classes))
+        try:
+            processes = create_worker_group(backend, create_colocated_worker_cls(classes), pool)
+        except BaseException:
+            if pool is not None:
+                pool.remove()
+            raise
+        groups = processes.spawn(prefix_set=list(classes))
         actor_role = next(iter(classes))
-        for group in groups.values():
-            group.init_model()
-        return cls(
+        created = cls(
             actor_rollout=groups[actor_role],
             critic=groups.get(Role.Critic.value),
             reward_model=groups.get(Role.RewardModel.value),
             uses_reference=actor_role == Role.ActorRolloutRef.value,
             world_size=groups[actor_role].world_size,
             resource_pool=pool,
+            processes=processes,
         )
+        try:
+            for group in groups.values():
+                group.init_model()
+        except BaseException:
+            created.shutdown()
+            raise
+        return created
+
+    def roles(self) -> list[WorkerGroup]:
+        return [g for g in (self.actor_rollout, self.critic, self.reward_model) if g is not None]
+
+    def model_passes(self) -> dict[str, ModelPass]:
+        """Every role's model passes (for MFU), each with the summed peak of the ranks that run it."""
+        passes: dict[str, ModelPass] = {}
+        for group in self.roles():
+            passes.update(combine_ranks(group.model_passes()))
+        return passes
+
+    def process_memory(self) -> list[ProcessMemory]:
+        """Peak memory of every worker process (colocated roles report the same process; callers dedupe)."""
+        return [report for group in self.roles() for report in group.process_memory()]
+
+    def shutdown(self) -> None:
+        """Stop the worker processes (Ray actors; the local rank's process group) and free the pool."""
+        if self.processes is not None:
+            self.processes.shutdown()
+            self.processes = None
+        if self.resource_pool is not None:
+            self.resource_pool.remove()
+            self.resource_pool = None

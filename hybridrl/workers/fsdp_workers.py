@@ -8,14 +8,21 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import time
 from typing import Any
 
 import torch
 
 from hybridrl.controller import Dispatch, Worker, register
-from hybridrl.models.loading import load_causal_lm, load_tokenizer, load_value_model
+from hybridrl.models.loading import load_causal_lm, load_tokenizer, load_value_model, resolve_dtype
 from hybridrl.protocol import DataProto
+from hybridrl.utils.flops import (
+    FORWARD_FLOPS_PER_PARAM,
+    TRAIN_FLOPS_PER_PARAM,
+    ModelPass,
+    device_peak_flops,
+    matmul_params,
+)
+from hybridrl.utils.timing import report_worker_seconds
 from hybridrl.workers.actor import PPOActor
 from hybridrl.workers.batch_sizes import (
     forward_batching,
@@ -31,6 +38,18 @@ from hybridrl.workers.engine.fsdp import FSDPEngine
 from hybridrl.workers.rollout import build_rollout
 
 ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
+
+
+def forward_and_update_passes(model: torch.nn.Module, fsdp_dtype: str, epochs: int, infer: str,
+                              train: str) -> dict[str, ModelPass]:
+    """A trained model's two passes for MFU: the no-grad forward (`infer`) and the update (`train`).
+
+    Counted on the loaded, unsharded model; the peak is measured in the FSDP compute dtype.
+    """
+    params = matmul_params(model)
+    peak = device_peak_flops(resolve_dtype(fsdp_dtype))
+    return {infer: ModelPass(params, FORWARD_FLOPS_PER_PARAM, 1, peak),
+            train: ModelPass(params, TRAIN_FLOPS_PER_PARAM, epochs, peak)}
 
 
 def load_model_for(model: ModelConfig, gradient_checkpointing: bool) -> torch.nn.Module:
@@ -59,29 +78,53 @@ class ActorRolloutRefWorker(Worker):
         self.is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
         self.is_ref = role in ("ref", "actor_rollout_ref")
         self.actor = self.ref = self.rollout = None
+        self.passes: dict[str, ModelPass] = {}  # filled by init_model
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         cfg = self.config
         self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path,
                                         trust_remote_code=cfg.model.trust_remote_code)
+        # the peaks of the passes below, measured in turns across ranks; the passes read them cached
+        self.measure_peak_flops(resolve_dtype(name) for name, needed in (
+            (cfg.actor.fsdp_config.mixed_precision.param_dtype, self.is_actor),
+            (cfg.rollout.dtype, self.is_rollout), (cfg.ref.fsdp_config.mixed_precision.param_dtype, self.is_ref),
+        ) if needed)
         if self.is_actor:
             model = load_model_for(cfg.model, cfg.model.enable_gradient_checkpointing)
+            self.passes.update(forward_and_update_passes(
+                model, cfg.actor.fsdp_config.mixed_precision.param_dtype, cfg.actor.ppo_epochs,
+                infer="actor_infer", train="actor"))
             engine = FSDPEngine(model, cfg.actor.fsdp_config, cfg.actor.optim, cfg.actor.grad_clip)
             self.actor = PPOActor(cfg.actor, engine)
             self.checkpoint_manager = CheckpointManager(engine, self.tokenizer, cfg.actor.checkpoint)
         if self.is_rollout:
             rollout_cfg = dataclasses.replace(cfg.rollout, seed=cfg.rollout.seed + self.rank)
-            module = self.actor.engine.module if self.actor else \
-                FSDPEngine(load_model_for(cfg.model, False), cfg.actor.fsdp_config).module
+            if self.actor:
+                module, params = self.actor.engine.module, self.passes["actor"].params
+            else:
+                model = load_model_for(cfg.model, False)
+                params = matmul_params(model)
+                module = FSDPEngine(model, cfg.actor.fsdp_config).module
             self.rollout = build_rollout(rollout_cfg, module=module, tokenizer=self.tokenizer,
                                          model_path=cfg.model.path)
             self._rollout_module_engine = self.actor.engine if self.actor else None
+            self.passes["rollout"] = ModelPass(params, FORWARD_FLOPS_PER_PARAM, 1,
+                                               device_peak_flops(resolve_dtype(cfg.rollout.dtype)))
         if self.is_ref:
-            ref_engine = FSDPEngine(load_model_for(cfg.model, False), cfg.ref.fsdp_config)
-            self.ref = PPOActor(cfg.actor, ref_engine)
+            model = load_model_for(cfg.model, False)
+            ref_dtype = cfg.ref.fsdp_config.mixed_precision.param_dtype
+            self.passes["ref"] = ModelPass(matmul_params(model), FORWARD_FLOPS_PER_PARAM, 1,
+                                           device_peak_flops(resolve_dtype(ref_dtype)))
+            self.ref = PPOActor(cfg.actor, FSDPEngine(model, cfg.ref.fsdp_config))
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def model_passes(self) -> dict[str, ModelPass]:
+        """`rollout`, `actor_infer`, `actor` and `ref`, as this worker's role has them."""
+        return dict(self.passes)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @report_worker_seconds
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         self._require(self.rollout, "generate_sequences", "rollout")
         step_seed = prompts.meta_info.get("seed")
@@ -97,12 +140,13 @@ class ActorRolloutRefWorker(Worker):
             output = self.rollout.generate_sequences(prompts)
         output.meta_info.setdefault("temperature", self.config.rollout.temperature)
         # The ranks' outputs are concatenated, which requires equal meta_info: report the step's seed,
-        # not this rank's stream (and no per-rank timing; the trainer times generation itself).
+        # not this rank's stream (per-rank values travel in meta_info["metrics"], which concat gathers).
         if step_seed is not None:
             output.meta_info["seed"] = step_seed
         return output
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @report_worker_seconds
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """`old_log_probs` and `entropys` of the responses under the current actor."""
         self._require(self.actor, "compute_log_prob", "actor")
@@ -113,6 +157,7 @@ class ActorRolloutRefWorker(Worker):
                                    meta_info={"temperature": data.meta_info["temperature"]})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @report_worker_seconds
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         self._require(self.ref, "compute_ref_log_prob", "ref")
         data.meta_info.setdefault("temperature", self.config.rollout.temperature)
@@ -121,13 +166,12 @@ class ActorRolloutRefWorker(Worker):
         return DataProto.from_dict({"ref_log_prob": log_probs})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @report_worker_seconds
     def update_actor(self, data: DataProto) -> DataProto:
         """PPO update on this rank's rows; metrics (already averaged over ranks) in meta_info."""
         self._require(self.actor, "update_actor", "actor")
-        start = time.perf_counter()
         data.meta_info.setdefault("temperature", self.config.rollout.temperature)
         metrics = self.actor.update_policy(data, update_plan(self.config.actor))
-        metrics["timing_s/update_actor"] = [time.perf_counter() - start]
         return DataProto(meta_info={"metrics": metrics})
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -160,6 +204,7 @@ class CriticWorker(Worker):
         super().__init__()
         self.config = normalize_critic(to_dataclass(CriticConfig, config), self.world_size)
         self.critic = None
+        self.passes: dict[str, ModelPass] = {}  # filled by init_model
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -171,11 +216,21 @@ class CriticWorker(Worker):
         model = load_value_model(model_cfg.path, trust_remote_code=model_cfg.trust_remote_code,
                                  override_config=model_cfg.override_config,
                                  gradient_checkpointing=model_cfg.enable_gradient_checkpointing)
+        dtype = model_cfg.fsdp_config.mixed_precision.param_dtype
+        self.measure_peak_flops([resolve_dtype(dtype)])  # in turns across ranks; read cached just below
+        self.passes = forward_and_update_passes(model, dtype, self.config.ppo_epochs, infer="critic_infer",
+                                                train="critic")
         engine = FSDPEngine(model, model_cfg.fsdp_config, self.config.optim, self.config.grad_clip)
         self.critic = PPOCritic(self.config, engine)
         self.checkpoint_manager = CheckpointManager(engine, self.tokenizer, self.config.checkpoint)
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def model_passes(self) -> dict[str, ModelPass]:
+        """`critic_infer` (values) and `critic` (update)."""
+        return dict(self.passes)
+
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @report_worker_seconds
     def compute_values(self, data: DataProto) -> DataProto:
         cfg = self.config
         rows, tokens = forward_batching(cfg.use_dynamic_bsz, cfg.forward_micro_batch_size_per_gpu,
@@ -183,10 +238,9 @@ class CriticWorker(Worker):
         return DataProto.from_dict({"values": self.critic.compute_values(data, rows, tokens)})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @report_worker_seconds
     def update_critic(self, data: DataProto) -> DataProto:
-        start = time.perf_counter()
         metrics = self.critic.update_critic(data, update_plan(self.config))
-        metrics["timing_s/update_critic"] = [time.perf_counter() - start]
         return DataProto(meta_info={"metrics": metrics})
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

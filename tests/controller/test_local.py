@@ -43,3 +43,34 @@ def test_local_colocated_roles(local_env):
 def test_unknown_backend_names_the_setting():
     with pytest.raises(ValueError, match="trainer.backend"):
         create_worker_group("mpi", ClassWithInitArgs(ScaleWorker, scale=1.0))
+
+
+class FailingWorker(ScaleWorker):
+    def __init__(self) -> None:
+        super().__init__(scale=1.0)  # joins the process group, then fails like a model that cannot load
+        raise RuntimeError("no such model")
+
+
+def test_shutdown_closes_the_process_group_and_restores_the_env(local_env, monkeypatch):
+    import torch.distributed as dist
+
+    from hybridrl.controller.local import DIST_ENV_KEYS
+
+    for key in DIST_ENV_KEYS:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "localhost")  # a value the user had set: kept, and put back as it was
+    fused = create_colocated_worker_cls({"actor": ClassWithInitArgs(ScaleWorker, scale=2.0),
+                                         "critic": ClassWithInitArgs(ScaleWorker, scale=3.0)})
+    roles = LocalWorkerGroup(fused).spawn(prefix_set=["actor", "critic"])
+    assert dist.is_initialized() and os.environ["RANK"] == "0"
+    roles["actor"].shutdown()
+    assert not dist.is_initialized()
+    assert {k: os.environ.get(k) for k in DIST_ENV_KEYS} == {**dict.fromkeys(DIST_ENV_KEYS), "MASTER_ADDR": "localhost"}
+    os.environ["RANK"] = "5"  # whatever happens next in the process ...
+    roles["critic"].shutdown()  # ... a second shutdown (another view of the same group) leaves alone
+    assert os.environ.pop("RANK") == "5"
+
+    # a second group in the same process starts afresh; one whose worker fails to build cleans up too
+    with pytest.raises(RuntimeError, match="no such model"):
+        create_worker_group("local", ClassWithInitArgs(FailingWorker))
+    assert not dist.is_initialized() and "RANK" not in os.environ

@@ -25,6 +25,7 @@ from hybridrl.protocol import DataProto
 from hybridrl.trainer.metrics import (
     compute_data_metrics,
     compute_memory_metrics,
+    compute_mfu_metrics,
     compute_rollout_agreement_metrics,
     compute_throughput_metrics,
     compute_timing_metrics,
@@ -32,6 +33,7 @@ from hybridrl.trainer.metrics import (
     reduce_metrics,
     validation_metrics_to_flat,
 )
+from hybridrl.utils.memory import ProcessMemory
 
 PROMPT_MASK = [[0, 1, 1], [1, 1, 1], [0, 0, 1]]
 RESPONSE_MASK = [[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]]
@@ -161,6 +163,38 @@ def test_memory_metric_is_the_peak_rss_in_gib():
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss > 0
     if not torch.cuda.is_available():
         assert "perf/max_memory_allocated_gb" not in m
+
+
+def test_memory_metrics_cover_every_process_once():
+    driver = ProcessMemory("a", 1, 0.5)
+    workers = [ProcessMemory("a", 2, 2.0), ProcessMemory("a", 3, 3.0),
+               ProcessMemory("a", 2, 2.0),  # the critic's view of rank 0's process: the same process
+               ProcessMemory("b", 2, 4.0)]  # pid 2 on another node: a different process
+    m = compute_memory_metrics(workers, driver=driver)
+    assert m == {"perf/max_memory_rss_gb": 0.5,  # the driver alone, as before
+                 "perf/max_memory_rss_gb/worker_max": 4.0,
+                 "perf/max_memory_rss_gb/workers_sum": 2.0 + 3.0 + 4.0,
+                 "perf/max_memory_rss_gb/all_processes": 0.5 + 9.0}
+    # local backend: the only worker is the driver's own process, counted once
+    local = compute_memory_metrics([ProcessMemory("a", 1, 0.5)], driver=driver)
+    assert local["perf/max_memory_rss_gb/workers_sum"] == local["perf/max_memory_rss_gb/all_processes"] == 0.5
+
+
+def test_gpu_memory_is_the_largest_process_peak_and_absent_on_cpu():
+    driver = ProcessMemory("a", 1, 0.5)
+    on_gpu = [ProcessMemory("a", 2, 2.0, 10.0, 12.0), ProcessMemory("a", 3, 2.0, 11.0, 11.5)]
+    m = compute_memory_metrics(on_gpu, driver=driver)
+    assert m["perf/max_memory_allocated_gb"] == 11.0 and m["perf/max_memory_reserved_gb"] == 12.0
+    cpu = compute_memory_metrics([ProcessMemory("a", 2, 2.0)], driver=driver)
+    assert not any("allocated" in k or "reserved" in k for k in cpu)
+
+
+def test_mfu_metrics_by_hand():
+    # actor: 1.2e10 FLOPs in 0.5 s on 6e10 FLOP/s -> 0.4; rollout: 2e9 in 1 s on 1e10 -> 0.2
+    m = compute_mfu_metrics({"actor": 1.2e10, "rollout": 2e9}, {"actor": 0.5, "rollout": 1.0},
+                            {"actor": 6e10, "rollout": 1e10, "ref": 1e10})
+    assert m == {"perf/mfu/actor": pytest.approx(0.4), "perf/mfu/rollout": pytest.approx(0.2)}
+    assert compute_mfu_metrics({"actor": 1.0}, {}, {"actor": 1.0}) == {}  # not timed: no figure
 
 
 def test_rollout_agreement_only_when_both_log_probs_exist():

@@ -19,6 +19,10 @@ EXPECTED_KEYS = {
     "actor/entropy", "actor/pg_clipfrac", "actor/ppo_kl", "actor/kl_loss", "actor/grad_norm", "actor/lr",
     "timing_s/gen", "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor", "timing_s/step",
     "timing_per_token_ms/gen", "perf/throughput", "perf/max_memory_rss_gb", "rollout/log_prob_diff_max",
+    "timing_s/gen_worker", "timing_s/old_log_prob_worker", "timing_s/ref_worker", "timing_s/update_actor_worker",
+    "perf/mfu/rollout", "perf/mfu/actor_infer", "perf/mfu/ref", "perf/mfu/actor",
+    "perf/max_memory_rss_gb/worker_max", "perf/max_memory_rss_gb/workers_sum",
+    "perf/max_memory_rss_gb/all_processes",
 }
 
 
@@ -28,6 +32,13 @@ def test_grpo_on_two_ray_workers_saves_and_resumes_exactly(arithmetic_data, tiny
     assert [m["training/global_step"] for m in full] == [1, 2, 3]
     assert set(full[-1]) >= EXPECTED_KEYS, EXPECTED_KEYS - set(full[-1])
     assert full[0]["rollout/log_prob_diff_max"] < 1e-4  # the rollout sampled with the trained weights
+    step = full[-1]
+    # two worker processes besides the driver, each holding a model: the sum covers both
+    assert step["perf/max_memory_rss_gb/workers_sum"] > step["perf/max_memory_rss_gb/worker_max"] > 0
+    assert step["perf/max_memory_rss_gb/all_processes"] == pytest.approx(
+        step["perf/max_memory_rss_gb/workers_sum"] + step["perf/max_memory_rss_gb"])
+    # the slowest rank's own time lies inside the driver's, which adds dispatch and transfer
+    assert 0 < step["timing_s/update_actor_worker"] < step["timing_s/update_actor"]
 
     run = tmp_path / "full"
     assert (run / "latest_checkpointed_iteration.txt").read_text().strip() == "3"

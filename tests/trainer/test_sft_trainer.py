@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,15 @@ def test_resume_from_step_2_repeats_steps_3_and_4(local_run, sft_data, tiny_mode
     for step in (3, 4):
         for key in ("train/loss", "train/grad_norm", "train/lr"):
             assert resumed[step][key] == pytest.approx(full[step][key], abs=1e-6), (step, key)
+
+
+def test_a_local_run_leaves_no_process_group_or_rank_variables(local_run):
+    import torch.distributed as dist
+
+    from hybridrl.controller.local import DIST_ENV_KEYS
+
+    assert not dist.is_initialized()
+    assert not [key for key in DIST_ENV_KEYS if key in os.environ]  # none were set before the run
 
 
 def test_micro_batch_size_does_not_change_the_update(local_run, sft_data, tiny_model_dir, tmp_path):

@@ -38,3 +38,24 @@ def test_real_clock_gives_a_non_negative_duration():
     with timer("noop", timing_raw):
         sum(range(1000))
     assert timing_raw["noop"] >= 0.0
+
+
+def test_worker_seconds_travel_per_rank_and_reduce_to_the_slowest(clock):
+    from hybridrl.protocol import DataProto
+    from hybridrl.utils.timing import WORKER_SECONDS, pop_worker_seconds, report_worker_seconds
+
+    @report_worker_seconds
+    def update(metrics: dict) -> DataProto:
+        return DataProto(meta_info={"metrics": metrics})
+
+    rank0 = update({"actor/pg_loss": [0.5]})  # 10.0 -> 10.5: 0.5 s
+    rank1 = update({"actor/pg_loss": [0.7]})  # 20.0 -> 21.25: 1.25 s
+    merged = DataProto.concat([rank0, rank1])  # what the worker group's collect does
+    assert merged.meta_info["metrics"] == {"actor/pg_loss": [0.5, 0.7], WORKER_SECONDS: [0.5, 1.25]}
+    assert pop_worker_seconds(merged.meta_info) == 1.25  # the slowest rank
+    assert merged.meta_info["metrics"] == {"actor/pg_loss": [0.5, 0.7]}  # the worker's own metrics stay
+
+    only_time = DataProto.concat([update({})])  # 30.0 -> 33.0
+    assert pop_worker_seconds(only_time.meta_info) == 3.0
+    assert "metrics" not in only_time.meta_info  # nothing left to merge into a later union
+    assert pop_worker_seconds(only_time.meta_info) is None

@@ -1,0 +1,110 @@
+"""A run's cleanup also runs on SIGTERM, and a Ray the driver started goes down with it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hybridrl.controller.lifecycle import sigterm_raises_exit
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_child(code: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env)
+
+
+def test_the_handler_is_installed_only_inside_the_block():
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    with sigterm_raises_exit():
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+    def own(signum, frame):
+        pass
+
+    previous = signal.signal(signal.SIGTERM, own)
+    try:
+        with sigterm_raises_exit():  # a program's own handler is left alone
+            assert signal.getsignal(signal.SIGTERM) is own
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_sigterm_runs_the_finally_blocks_and_exits_143():
+    child = run_child(
+        "import os, signal, time\n"
+        "from hybridrl.controller.lifecycle import sigterm_raises_exit\n"
+        "try:\n"
+        "    with sigterm_raises_exit():\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        time.sleep(60)\n"
+        "finally:\n"
+        "    print('cleaned up', flush=True)\n"
+    )
+    out, _ = child.communicate(timeout=60)
+    assert child.returncode == 128 + signal.SIGTERM
+    assert "cleaned up" in out
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid`, from /proc (ppid is the 2nd field after the command name)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # the process ended while we looked
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"  # a zombie has exited and only waits for its parent to collect it
+
+
+@pytest.mark.ray
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from Linux /proc")
+def test_sigterm_to_the_driver_shuts_down_the_ray_it_started():
+    child = run_child(
+        "import time\n"
+        "from hybridrl.controller.lifecycle import ray_for_backend, sigterm_raises_exit\n"
+        "with sigterm_raises_exit(), ray_for_backend('ray', num_cpus=1):\n"
+        "    print('ready', flush=True)\n"
+        "    time.sleep(300)\n"
+    )
+    try:
+        for line in child.stdout:
+            if line.strip() == "ready":
+                break
+        else:
+            pytest.fail("the child exited before Ray started")
+        ray_processes = descendants(child.pid)
+        assert ray_processes, "ray.init started no processes under the driver"
+        child.send_signal(signal.SIGTERM)
+        # SystemExit rather than death by the signal: Ray's own handler (exit 15) replaced ours (143)
+        assert child.wait(timeout=60) in (15, 128 + signal.SIGTERM)
+        deadline = time.monotonic() + 10  # a SIGKILLed driver's cluster lingers ~60 s: this tells them apart
+        while any(alive(p) for p in ray_processes) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not [p for p in ray_processes if alive(p)], "Ray processes outlived the driver"
+    finally:
+        if child.poll() is None:
+            child.kill()

@@ -1,0 +1,79 @@
+"""run_ppo on the local backend: runs end clean, and every step reports worker times, MFU and memory.
+
+Two runs back to back in one process (GRPO with a reference policy, then GAE with a critic) cover every
+model stage between them; after each, and after a run that fails, no process group is open and the
+distributed environment variables are as they were, which a child process confirms.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch.distributed as dist
+from ppo_helpers import FIXTURES, ppo_config, tiny_run_overrides
+
+from hybridrl.controller.local import DIST_ENV_KEYS
+from hybridrl.trainer.main_ppo import run_ppo
+
+LOCAL = ["trainer.backend=local", "trainer.n_gpus_per_node=1", "trainer.total_training_steps=1"]
+GAE = ["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=8"]
+
+
+@pytest.fixture
+def no_dist_env(monkeypatch):
+    for key in DIST_ENV_KEYS:
+        monkeypatch.delenv(key, raising=False)
+
+
+def assert_clean() -> None:
+    assert not dist.is_initialized()
+    assert {k: os.environ.get(k) for k in DIST_ENV_KEYS} == dict.fromkeys(DIST_ENV_KEYS)
+
+
+def child_dist_env() -> dict:
+    code = f"import json, os; print(json.dumps({{k: os.environ.get(k) for k in {DIST_ENV_KEYS!r}}}))"
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def assert_worker_stages(step: dict, stages_to_passes: dict[str, str]) -> None:
+    for stage, model_pass in stages_to_passes.items():
+        worker, driver = step[f"timing_s/{stage}_worker"], step[f"timing_s/{stage}"]
+        assert 0 < worker <= driver, stage  # local backend: the worker's time lies inside the driver's
+        mfu = step[f"perf/mfu/{model_pass}"]
+        assert math.isfinite(mfu) and mfu > 0, model_pass
+
+
+def test_two_runs_back_to_back_and_a_child_inherit_nothing(arithmetic_data, tiny_model_dir, tmp_path, no_dist_env):
+    grpo = run_ppo(ppo_config(*tiny_run_overrides(arithmetic_data, tiny_model_dir, tmp_path / "grpo"), *LOCAL))
+    assert_clean()
+    overrides = [o for o in tiny_run_overrides(arithmetic_data, tiny_model_dir, tmp_path / "gae")
+                 if not o.startswith("algorithm.adv_estimator")]
+    gae = run_ppo(ppo_config(*overrides, *LOCAL, *GAE))
+    assert_clean()
+    assert child_dist_env() == dict.fromkeys(DIST_ENV_KEYS)
+
+    step = grpo[-1]
+    assert_worker_stages(step, {"gen": "rollout", "old_log_prob": "actor_infer", "ref": "ref",
+                                "update_actor": "actor"})
+    assert "timing_s/update_actor_worker" in step and "worker_seconds" not in step
+    assert_worker_stages(gae[-1], {"values": "critic_infer", "update_critic": "critic"})
+    # the local backend has one process: the driver is the worker, counted once
+    rss = step["perf/max_memory_rss_gb"]
+    assert rss > 0
+    # (read a moment apart: the driver's peak may have grown by a page in between)
+    assert step["perf/max_memory_rss_gb/workers_sum"] == pytest.approx(rss, rel=0.01)
+    assert step["perf/max_memory_rss_gb/all_processes"] == rss
+
+
+def test_a_failing_run_ends_clean_too(arithmetic_data, tiny_model_dir, tmp_path, no_dist_env):
+    overrides = tiny_run_overrides(arithmetic_data, tiny_model_dir, tmp_path / "bad")
+    with pytest.raises(RuntimeError, match="reward function raised"):
+        run_ppo(ppo_config(*overrides, *LOCAL, f"custom_reward_function.path={FIXTURES / 'digit_reward.py'}",
+                           "custom_reward_function.name=always_raises"))
+    assert_clean()
