@@ -1,7 +1,9 @@
 """Checks between settings that types alone cannot express, run before any worker starts.
 
 Each failure names the keys involved and the fix, so an impossible batch setting fails in the first
-second instead of ten minutes into a run. `batch_plan` is the arithmetic a dry run prints.
+second instead of ten minutes into a run: keys a `+` override added beyond the schema, numeric
+settings outside their ranges (`config_ranges`), unknown registry names, and the relations between
+batch sizes and lengths. `batch_plan` is the arithmetic a dry run prints.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import torch
 
 from hybridrl.algos import get_adv_estimator_spec, get_kl_controller, get_policy_loss_fn, kl_penalty
 from hybridrl.rewards.managers import REWARD_MANAGERS
+from hybridrl.trainer.config_ranges import range_errors
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
+from hybridrl.utils.config import added_keys, unknown_key_message
 from hybridrl.workers.rollout import ROLLOUT_ENGINES
 
 
@@ -31,6 +35,8 @@ def world_size(config: PPOTrainerConfig) -> int:
 
 def validate_config(config: PPOTrainerConfig) -> None:
     """Raise ConfigError on the first impossible setting; resolves trainer.device=auto in place."""
+    errors = [unknown_key_message(key, known) for key, known in added_keys(config)] or range_errors(config)
+    _require(not errors, "\n".join(errors))
     if config.trainer.device == "auto":
         config.trainer.device = "cuda" if torch.cuda.is_available() else "cpu"
     _check_placement(config)
@@ -59,6 +65,13 @@ def _check_placement(config: PPOTrainerConfig) -> None:
              f"trainer.resume_mode must be auto, disable or resume_path, got {t.resume_mode!r}")
     _require(t.resume_mode != "resume_path" or bool(t.resume_from_path),
              "trainer.resume_mode=resume_path needs trainer.resume_from_path=<.../global_step_N>")
+    arr = config.actor_rollout_ref
+    for key, fsdp in (("actor_rollout_ref.actor", arr.actor.fsdp_config), ("actor_rollout_ref.ref", arr.ref.fsdp_config),
+                      ("critic.model", config.critic.model.fsdp_config),
+                      ("reward_model.model", config.reward_model.model.fsdp_config)):
+        _require(fsdp.fsdp_size in (-1, world_size(config)),
+                 f"{key}.fsdp_config.fsdp_size={fsdp.fsdp_size} must be -1 or the world size "
+                 f"({world_size(config)}); hybrid sharding is not supported, so leave it at -1")
 
 
 def _check_names(config: PPOTrainerConfig) -> None:

@@ -44,8 +44,11 @@ def run_ppo(cfg: DictConfig) -> list[dict[str, float]]:
     model = config.actor_rollout_ref.model
     tokenizer = load_tokenizer(config.data.tokenizer or model.tokenizer_path or model.path,
                                trust_remote_code=model.trust_remote_code)
-    train_dataset = RLHFDataset(config.data.train_files, tokenizer, config.data)
-    val_dataset = RLHFDataset(config.data.val_files, tokenizer, config.data) if config.data.val_files else None
+    # Every row is checked here, before Ray starts; rule-based rewards need each row's ground truth.
+    needs_truth = not config.reward_model.enable
+    train_dataset = RLHFDataset(config.data.train_files, tokenizer, config.data, require_ground_truth=needs_truth)
+    val_dataset = RLHFDataset(config.data.val_files, tokenizer, config.data, require_ground_truth=needs_truth) \
+        if config.data.val_files else None
     steps = config.trainer.total_training_steps or \
         len(train_dataset) // config.data.train_batch_size * config.trainer.total_epochs
     config.actor_rollout_ref.actor.optim.total_training_steps = steps

@@ -1,7 +1,10 @@
-"""Typed configs: build a dataclass from a dict or an OmegaConf node, with OmegaConf's checks."""
+"""Typed configs: build a dataclass from a dict or an OmegaConf node with OmegaConf's checks, and find
+keys a `+` override added beyond the schema."""
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 from typing import Any, TypeVar
 
 from omegaconf import OmegaConf
@@ -18,3 +21,29 @@ def to_dataclass(cls: type[T], value: Any) -> T:
         return value
     merged = OmegaConf.merge(OmegaConf.structured(cls), value if value is not None else {})
     return OmegaConf.to_object(merged)
+
+
+def added_keys(obj: Any, prefix: str = "") -> list[tuple[str, list[str]]]:
+    """Keys a dataclass tree carries beyond its fields, each with the fields of the node it sits in.
+
+    Hydra's `+key=value` adds a key even under a typed node, and `OmegaConf.to_object` then sets it
+    as a plain attribute that no code reads, so a misspelt `+` override would be silently ignored.
+    Fields typed as dicts (override_config, reward_kwargs, ...) become plain dicts and stay open.
+    """
+    if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
+        return []
+    names = [f.name for f in dataclasses.fields(obj)]
+    found = [(f"{prefix}{key}", names) for key in vars(obj) if key not in names]
+    for name in names:
+        found += added_keys(getattr(obj, name), f"{prefix}{name}.")
+    return found
+
+
+def unknown_key_message(key: str, known: list[str]) -> str:
+    """`key` is not a setting: the message suggests the closest known key, or lists the node's keys."""
+    parent, _, name = key.rpartition(".")
+    where = f"{parent}." if parent else ""
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"did you mean {where}{close[0]}?" if close else f"{parent or 'the top level'} has: {', '.join(known)}."
+    return (f"unknown config key {key}, which a `+key=value` override added but nothing reads; {hint} "
+            f"Fix the name, and drop the `+` when setting a key the schema has")

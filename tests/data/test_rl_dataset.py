@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -12,6 +13,7 @@ import torch
 from omegaconf import OmegaConf
 
 from hybridrl.data.rl_dataset import RLDatasetConfig, RLHFDataset, collate_fn, truncate
+from hybridrl.data.row_checks import DataError
 from hybridrl.data.tasks import arithmetic, countdown
 from hybridrl.data.tasks.writer import make_row
 from hybridrl.protocol import DataProto
@@ -51,7 +53,7 @@ def test_truncate_by_hand():
 
 def test_left_padding_and_position_ids(tmp_path, tiny_tokenizer):
     tok = tiny_tokenizer
-    path = write(tmp_path / "a.parquet", rows(["Compute 1 + 2.", "Compute 37 + 48 column by column."]))
+    path = write(tmp_path / "a.parquet", rows(["Compute 1 + 2."]))
     expected, _ = template_ids(tok, "Compute 1 + 2.")
     length = len(expected) + 3
     ds = RLHFDataset(str(path), tok, {"max_prompt_length": length})
@@ -79,14 +81,67 @@ def test_truncation_modes(tmp_path, tiny_tokenizer, mode):
     assert item["position_ids"].tolist() == list(range(m))
 
 
-def test_truncation_error_names_row_and_fix(tmp_path, tiny_tokenizer):
+def test_truncation_error_names_file_row_column_and_fix_at_load(tmp_path, tiny_tokenizer):
     path = write(tmp_path / "a.parquet", rows(["short", "a much longer prompt " * 5]))
-    ds = RLHFDataset(path, tiny_tokenizer, {"max_prompt_length": 20})
-    assert ds[0]["attention_mask"].sum() > 0
-    with pytest.raises(
-        ValueError, match=r"a\.parquet row 1: .*data\.truncation=left\|right\|middle.*filter_overlong"
-    ):
-        ds[1]
+    long_ids, _ = template_ids(tiny_tokenizer, "a much longer prompt " * 5)
+    # the dataset refuses the file when it is built, not when a step reaches row 1
+    with pytest.raises(DataError, match=rf"(?s)1 of 2 data rows.*a\.parquet row 1, column 'prompt': the prompt has "
+                                        rf"{len(long_ids)} tokens, more than data.max_prompt_length=20"
+                                        rf".*Fix: set data\.truncation=left\|right\|middle.*filter_overlong"):
+        RLHFDataset(path, tiny_tokenizer, {"max_prompt_length": 20})
+    assert len(RLHFDataset(path, tiny_tokenizer, {"max_prompt_length": 20, "truncation": "left"})) == 2
+
+
+def test_every_bad_row_is_counted_and_the_first_ones_listed(tmp_path, tiny_tokenizer):
+    long = "a much longer prompt " * 5
+    path = write(tmp_path / "a.parquet", rows(["1+1", *[long] * 8, "2+2"]))
+    with pytest.raises(DataError) as err:
+        RLHFDataset(path, tiny_tokenizer, {"max_prompt_length": 20})
+    message = str(err.value)
+    assert message.startswith("8 of 10 data rows cannot be used")
+    assert [f"row {i}," in message for i in range(1, 9)] == [True] * 5 + [False] * 3  # rows 1-5 listed
+    assert "... and 3 more" in message
+
+
+def bad_row(column, value):
+    row = rows(["Compute 1 + 2."])[0]
+    row[column] = value
+    return row
+
+
+@pytest.mark.parametrize("column, value, problem", [
+    ("prompt", [], "the prompt is an empty list of chat messages"),
+    ("prompt", [{"role": "user", "content": "  "}], "every message of the prompt has empty content"),
+    ("prompt", [{"role": "user", "content": None}], "message 0's 'content' must be a string, got None"),
+    ("reward_model", {"style": "rule", "ground_truth": None}, "reward_model.ground_truth is missing or null"),
+])
+def test_bad_rows_fail_at_load_naming_file_row_and_column(tmp_path, tiny_tokenizer, column, value, problem):
+    good = rows(["Compute 1 + 2.", "Compute 3 + 4."])
+    path = write(tmp_path / "a.parquet", [*good, bad_row(column, value), *good])
+    with pytest.raises(DataError, match=re.escape(f"a.parquet row 2, column '{column}': {problem}")):
+        RLHFDataset(path, tiny_tokenizer, {"max_prompt_length": 32}, require_ground_truth=True)
+
+
+def test_ground_truth_is_checked_only_when_required(tmp_path, tiny_tokenizer):
+    table = pa.table({"prompt": ["1 + 1 =", "2 + 2 ="], "reward_model": ['{"ground_truth": "2"}', "4"]})
+    path = tmp_path / "strings.parquet"
+    pq.write_table(table, path)
+    assert len(RLHFDataset(path, tiny_tokenizer, {"max_prompt_length": 16})) == 2  # e.g. for generation
+    with pytest.raises(DataError, match=r"(?s)2 of 2 data rows.*strings\.parquet row 0, column 'reward_model': "
+                                        r"must be a dict with a 'ground_truth' entry, got str.*Fix: store"):
+        RLHFDataset(path, tiny_tokenizer, {"max_prompt_length": 16}, require_ground_truth=True)
+    no_column = write(tmp_path / "no_rm.parquet", [{"prompt": "1 + 1 ="}])
+    with pytest.raises(KeyError, match=r"no_rm\.parquet has no column 'reward_model'"):
+        RLHFDataset(no_column, tiny_tokenizer, {"max_prompt_length": 16}, require_ground_truth=True)
+
+
+def test_batched_prompt_lengths_match_each_item(tmp_path, tiny_tokenizer):
+    chats = write(tmp_path / "chats.parquet", rows(["1+1", "Compute 37 + 48 column by column."]))
+    strings = write(tmp_path / "strings.parquet", [{"prompt": "1 + 1 ="}, {"prompt": "a longer plain prompt"}])
+    ds = RLHFDataset([chats, strings], tiny_tokenizer, {"max_prompt_length": 64, "truncation": "left"})
+    # strings get the tokenizer's special tokens and chats only their template's: both ways agree per row
+    assert ds.prompt_lengths() == [len(ds._encode(i)[0]) for i in range(4)]
+    assert ds.prompt_lengths()[0] == len(template_ids(tiny_tokenizer, "1+1")[0])
 
 
 def test_filter_overlong_prompts_counts_and_logs(tmp_path, tiny_tokenizer, caplog):
@@ -146,8 +201,8 @@ def test_clear_errors(tmp_path, tiny_tokenizer):
     with pytest.raises(ValueError, match="data.truncation must be one of"):
         RLDatasetConfig(truncation="cut")
     numeric = write(tmp_path / "num.parquet", [{"prompt": 5}])
-    with pytest.raises(TypeError, match=r"num\.parquet row 0: column 'prompt' must hold"):
-        RLHFDataset(numeric, tiny_tokenizer)[0]
+    with pytest.raises(DataError, match=r"num\.parquet row 0, column 'prompt': must hold a list of chat messages"):
+        RLHFDataset(numeric, tiny_tokenizer)
 
 
 def test_chat_prompt_without_template_is_refused(tmp_path, tiny_model_dir):
@@ -156,8 +211,8 @@ def test_chat_prompt_without_template_is_refused(tmp_path, tiny_model_dir):
     tok = load_tokenizer(tiny_model_dir)  # a private copy: the shared fixture must not be mutated
     tok.chat_template = None
     path = write(tmp_path / "a.parquet", rows(["q"]))
-    with pytest.raises(ValueError, match="no chat_template"):
-        RLHFDataset(path, tok)[0]
+    with pytest.raises(ValueError, match=r"a\.parquet row 0: .*no chat_template"):
+        RLHFDataset(path, tok, {"truncation": "left"})  # refused at load even when no length is measured
 
 
 def test_config_from_a_data_section_with_other_keys(tiny_tokenizer, tmp_path):

@@ -59,9 +59,11 @@ def decode_rows(data: DataProto, tokenizer: Any, reward_fn_key: str = "data_sour
     for i in range(len(data)):
         p, r = int(prompt_valid[i]), int(resp_valid[i])
         reward_model = data.non_tensor_batch["reward_model"][i]
-        if not isinstance(reward_model, Mapping) or "ground_truth" not in reward_model:
-            raise KeyError(f"row {i}: non_tensor_batch['reward_model'] must be a dict with 'ground_truth'")
         extra = extra_infos[i] if extra_infos is not None and extra_infos[i] is not None else {}
+        if not isinstance(reward_model, Mapping) or "ground_truth" not in reward_model:
+            # batch rows are shuffled and repeated; extra_info.index is the dataset's own id of the row
+            raise KeyError(f"batch row {i} (extra_info.index={extra.get('index')!r}): "
+                           f"non_tensor_batch['reward_model'] must be a dict with 'ground_truth'")
         rows.append(DecodedRow(
             prompt_str=tokenizer.decode(prompts[i, prompt_len - p:].tolist(), skip_special_tokens=True),
             response_str=tokenizer.decode(responses[i, :r].tolist(), skip_special_tokens=True),
