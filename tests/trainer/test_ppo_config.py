@@ -1,5 +1,8 @@
 """Bad configs fail before any worker starts, with a message naming the key and the fix."""
 
+import dataclasses
+import typing
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -9,7 +12,9 @@ from omegaconf.errors import MissingMandatoryValue
 from ppo_helpers import ppo_config
 
 from hybridrl.trainer.config_checks import ConfigError, batch_plan, validate_config
+from hybridrl.trainer.config_ranges import RANGES, UNCHECKED
 from hybridrl.trainer.main_ppo import run_ppo
+from hybridrl.trainer.ppo_config import PPOTrainerConfig
 
 BASE = ["data.train_files=x.parquet", "actor_rollout_ref.model.path=some/model"]
 
@@ -60,6 +65,8 @@ def test_the_model_path_is_required():
         (["actor_rollout_ref.rollout.response_length=10"], "data.max_response_length"),
         (["reward_model.enable=true"], "reward_model.model.path"),
         (["ray_init.cpus_per_worker=0"], r"ray_init.cpus_per_worker must be >= 1"),
+        (["actor_rollout_ref.ref.fsdp_config.fsdp_size=1"],
+         r"actor_rollout_ref.ref.fsdp_config.fsdp_size=1 must be -1 or the world size \(2\)"),
     ],
 )
 def test_impossible_settings_fail_naming_the_keys(overrides, message):
@@ -106,3 +113,83 @@ def test_bad_data_fails_before_workers_start(tmp_path, tiny_model_dir):
                                                                         ("content", pa.string())])))}), empty)
     with pytest.raises(Exception, match="empty|no rows|0 rows"):
         run_ppo(ppo_config(f"data.train_files={empty}", f"actor_rollout_ref.model.path={tiny_model_dir}"))
+
+
+def numeric_keys(cls: type, prefix: str = "") -> list[str]:
+    """Every int / float / list-of-float key of a config dataclass tree, as dotted paths."""
+    keys = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        kind = hints[f.name]
+        if dataclasses.is_dataclass(kind):
+            keys += numeric_keys(kind, f"{prefix}{f.name}.")
+        elif {int, float, list[float]} & ({kind} | set(typing.get_args(kind))):
+            keys.append(f"{prefix}{f.name}")
+    return keys
+
+
+def test_every_numeric_setting_has_a_range_or_a_reason_not_to():
+    keys = set(numeric_keys(PPOTrainerConfig))
+    assert "actor_rollout_ref.actor.optim.lr" in keys and "algorithm.gamma" in keys  # the walk finds them
+    missing = keys - set(RANGES) - set(UNCHECKED)
+    assert not missing, f"give these keys a rule in config_ranges.RANGES, or a reason in UNCHECKED: {missing}"
+    assert not set(RANGES) & set(UNCHECKED)
+    assert not (set(RANGES) | set(UNCHECKED)) - keys  # no rule for a key the schema does not have
+
+
+@pytest.mark.parametrize("override, message", [
+    ("actor_rollout_ref.actor.optim.lr=-1e-3",
+     "actor_rollout_ref.actor.optim.lr=-0.001 is out of range: it must be >= 0. "
+     "Fix: e.g. actor_rollout_ref.actor.optim.lr=1e-06 (the schema's default)"),
+    ("actor_rollout_ref.actor.optim.betas=[0.9]",
+     "it must be a list of two numbers in [0, 1) (AdamW's beta1, beta2). "
+     "Fix: e.g. actor_rollout_ref.actor.optim.betas=[0.9,0.999]"),
+    ("actor_rollout_ref.actor.clip_ratio=1.0", "actor_rollout_ref.actor.clip_ratio=1.0 is out of range: "
+                                               "it must be in [0, 1)"),
+    ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+     "it must be exactly 1 (sequence parallelism is not supported)"),
+    ("actor_rollout_ref.rollout.gpu_memory_utilization=0", "it must be in (0, 1]"),
+    ("trainer.total_training_steps=0", "trainer.total_training_steps=0 is out of range: it must be null or >= 1. "
+                                       "Fix: e.g. trainer.total_training_steps=null"),
+    ("algorithm.lam=-0.1", "algorithm.lam=-0.1 is out of range: it must be in [0, 1]"),
+])
+def test_out_of_range_settings_name_the_key_the_range_and_a_valid_value(override, message):
+    with pytest.raises(ConfigError) as err:
+        checked(override)
+    assert message in str(err.value)
+
+
+def test_settings_of_a_role_that_does_not_run_are_not_range_checked():
+    # GRPO runs no critic and, with reward_model.enable=false, no reward model worker
+    checked("algorithm.adv_estimator=grpo", "critic.optim.lr=-1", "reward_model.micro_batch_size_per_gpu=0")
+    with pytest.raises(ConfigError, match=r"critic.optim.lr=-1.0 is out of range"):
+        checked("algorithm.adv_estimator=gae", "critic.optim.lr=-1")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("+actor_rollout_ref.actor.optim.lrr=1e-3",
+     "unknown config key actor_rollout_ref.actor.optim.lrr, which a `+key=value` override added but nothing "
+     "reads; did you mean actor_rollout_ref.actor.optim.lr? Fix the name, and drop the `+`"),
+    ("++critic.ppo_epoch=2", "did you mean critic.ppo_epochs?"),
+    ("+trainer.zzz=1", "trainer has: balance_batch, total_epochs, "),  # nothing close: the node's keys
+    ("+wandb.project=x", "unknown config key wandb, which"),  # a whole new section at the top
+])
+def test_plus_added_keys_beyond_the_schema_are_refused(override, message):
+    with pytest.raises(ConfigError) as err:
+        checked(override)
+    assert message in str(err.value)
+
+
+def test_open_dicts_take_plus_added_keys():
+    config = checked(
+        "+actor_rollout_ref.model.override_config.attn_implementation=eager",
+        "+custom_reward_function.reward_kwargs.scale=2",
+        "+reward_model.reward_kwargs.format_score=0.1",
+        "+reward_model.model.override_config.num_labels=1",
+        "+data.apply_chat_template_kwargs.enable_thinking=false",
+    )
+    assert config.actor_rollout_ref.model.override_config == {"attn_implementation": "eager"}
+    assert config.custom_reward_function.reward_kwargs == {"scale": 2}
+    assert config.reward_model.reward_kwargs == {"format_score": 0.1}
+    assert config.reward_model.model.override_config == {"num_labels": 1}
+    assert config.data.apply_chat_template_kwargs == {"enable_thinking": False}
