@@ -223,10 +223,10 @@ class RLHFDataset(Dataset):
         for row, origin in zip(self.rows, self.origins, strict=True):
             problem = prompt_problem(row[key])
             if problem is not None:
-                problems.append(RowProblem(origin, key, problem, PROMPT_FIX))
+                problems.append(RowProblem(origin, repr(key), problem, PROMPT_FIX))
             problem = ground_truth_problem(row["reward_model"]) if require_ground_truth else None
             if problem is not None:
-                problems.append(RowProblem(origin, "reward_model", problem, GROUND_TRUTH_FIX))
+                problems.append(RowProblem(origin, "'reward_model'", problem, GROUND_TRUTH_FIX))
         raise_if_any(problems, len(self.rows))
         if not getattr(self.tokenizer, "chat_template", None):
             chat = next((i for i, row in enumerate(self.rows) if not isinstance(row[key], str)), None)
@@ -252,7 +252,7 @@ class RLHFDataset(Dataset):
         """Under truncation=error, every prompt fits max_prompt_length (checked now, not at the row's step)."""
         limit = self.config.max_prompt_length
         problems = [
-            RowProblem(origin, self.config.prompt_key,
+            RowProblem(origin, repr(self.config.prompt_key),
                        f"the prompt has {length} tokens, more than data.max_prompt_length={limit}", OVERLONG_FIX)
             for origin, length in zip(self.origins, self.prompt_lengths(), strict=True) if length > limit
         ]

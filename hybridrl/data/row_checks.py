@@ -28,7 +28,7 @@ class DataError(ValueError):
 @dataclass(frozen=True)
 class RowProblem:
     origin: str  # "<file> row <n>", the row's position in its parquet file
-    column: str
+    column: str  # as the message shows it: "'prompt'", or "'prompt' + 'response'" for a whole chat
     problem: str
     fix: str
 
@@ -73,7 +73,7 @@ def raise_if_any(problems: list[RowProblem], total_rows: int) -> None:
     """Raise one DataError listing the first MAX_LISTED problems, the count of the rest, and each fix."""
     if not problems:
         return
-    lines = [f"  {p.origin}, column {p.column!r}: {p.problem}" for p in problems[:MAX_LISTED]]
+    lines = [f"  {p.origin}, column {p.column}: {p.problem}" for p in problems[:MAX_LISTED]]
     if len(problems) > MAX_LISTED:
         lines.append(f"  ... and {len(problems) - MAX_LISTED} more")
     fixes = list(dict.fromkeys(p.fix for p in problems))  # distinct, in order of first appearance

@@ -40,26 +40,36 @@ import torch
 from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
+from hybridrl.data.row_checks import RowProblem, raise_if_any
+
 logger = logging.getLogger(__name__)
 
 TRUNCATION_MODES = ("error", "left", "right")
 Message = dict[str, Any]
 
 
-def read_parquet_rows(files: str | Path | Sequence[str | Path]) -> list[dict[str, Any]]:
-    """All rows of one or many parquet files, as Python dicts (nested lists / dicts kept)."""
+def read_rows_with_origins(files: str | Path | Sequence[str | Path]) -> tuple[list[dict[str, Any]], list[str]]:
+    """All rows of one or many parquet files, and each row's "<file> row <n>" for error messages."""
     paths = [files] if isinstance(files, str | Path) else list(files)
     if not paths:
         raise ValueError("no parquet files given")
     rows: list[dict[str, Any]] = []
+    origins: list[str] = []
     for path in paths:
         if not Path(path).is_file():
             raise FileNotFoundError(f"parquet file {str(path)!r} does not exist")
-        rows.extend(pq.read_table(path).to_pylist())
-    return rows
+        table = pq.read_table(path)
+        rows.extend(table.to_pylist())
+        origins.extend(f"{path} row {i}" for i in range(table.num_rows))
+    return rows, origins
 
 
-def _lookup(row: Mapping[str, Any], index: int, key: str, dict_keys: Sequence[str]) -> Any:
+def read_parquet_rows(files: str | Path | Sequence[str | Path]) -> list[dict[str, Any]]:
+    """All rows of one or many parquet files, as Python dicts (nested lists / dicts kept)."""
+    return read_rows_with_origins(files)[0]
+
+
+def _lookup(row: Mapping[str, Any], where: str, key: str, dict_keys: Sequence[str]) -> Any:
     """`row[key][dict_keys[0]][dict_keys[1]]...`, with errors naming the row and the missing key."""
     if key not in row:
         raise KeyError(f"column {key!r} not found; columns are {sorted(row)}")
@@ -67,24 +77,24 @@ def _lookup(row: Mapping[str, Any], index: int, key: str, dict_keys: Sequence[st
     for dict_key in dict_keys:
         if not isinstance(value, Mapping) or value.get(dict_key) is None:
             found = sorted(value) if isinstance(value, Mapping) else type(value).__name__
-            raise KeyError(f"row {index}: {path}[{dict_key!r}] is missing or null (found {found})")
+            raise KeyError(f"{where}: {path}[{dict_key!r}] is missing or null (found {found})")
         value, path = value[dict_key], f"{path}[{dict_key!r}]"
     return value
 
 
-def _check_messages(messages: Any, index: int, field: str) -> list[Message]:
+def _check_messages(messages: Any, where: str, field: str) -> list[Message]:
     if not isinstance(messages, list) or not messages:
         raise ValueError(
-            f"row {index}: {field} must be a non-empty list of chat messages, got {type(messages).__name__}"
+            f"{where}: {field} must be a non-empty list of chat messages, got {type(messages).__name__}"
         )
     for turn, message in enumerate(messages):
         if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
             raise ValueError(
-                f"row {index}: {field}[{turn}] must be a dict with a string 'role', got {message!r}"
+                f"{where}: {field}[{turn}] must be a dict with a string 'role', got {message!r}"
             )
         if not isinstance(message.get("content"), str):
             raise ValueError(
-                f"row {index}: {field}[{turn}]['content'] must be a string, got {message.get('content')!r}"
+                f"{where}: {field}[{turn}]['content'] must be a string, got {message.get('content')!r}"
             )
     return [dict(message) for message in messages]
 
@@ -132,8 +142,9 @@ def encode_chat(
 class SFTDataset(Dataset):
     """Chats from parquet files for SFT, with verl's keys; see the module docstring for layouts and outputs.
 
-    `truncation` applies when a chat is longer than `max_length`: "error" raises naming the row,
-    "left" keeps the last `max_length` tokens, "right" keeps the first.
+    `truncation` applies when a chat is longer than `max_length`: "error" makes the dataset refuse the
+    files when it is built, naming every such row's file and row; "left" keeps the last `max_length`
+    tokens, "right" keeps the first.
     """
 
     def __init__(
@@ -160,18 +171,37 @@ class SFTDataset(Dataset):
         self.max_length = max_length
         self.truncation = truncation
         self.template_kwargs = dict(apply_chat_template_kwargs or {})
-        rows = read_parquet_rows(parquet_files)
+        rows, self.origins = read_rows_with_origins(parquet_files)
         if messages_key is not None:
-            self.chats = [
-                _check_messages(_lookup(r, i, messages_key, ()), i, messages_key) for i, r in enumerate(rows)
-            ]
+            self.columns = repr(messages_key)
+            self.chats = [_check_messages(_lookup(r, where, messages_key, ()), where, messages_key)
+                          for r, where in zip(rows, self.origins, strict=True)]
         else:
+            self.columns = f"{prompt_key!r} + {response_key!r}"
             keys = (prompt_key, list(prompt_dict_keys or ()), response_key, list(response_dict_keys or ()))
-            self.chats = [self._prompt_response_chat(row, i, *keys) for i, row in enumerate(rows)]
-        for i, chat in enumerate(self.chats):
+            self.chats = [self._prompt_response_chat(row, where, *keys)
+                          for row, where in zip(rows, self.origins, strict=True)]
+        for where, chat in zip(self.origins, self.chats, strict=True):
             if not any(message["role"] == "assistant" for message in chat):
-                raise ValueError(f"row {i} has no assistant message, so it has nothing to train on")
+                raise ValueError(f"{where} has no assistant message, so it has nothing to train on")
+        if truncation == "error":
+            self._check_lengths()
         self._warn_if_turns_lack_eos()
+
+    def chat_lengths(self) -> list[int]:
+        """Every chat's token count (the ids `__getitem__` cuts or pads), tokenised in one batch."""
+        texts = [self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=False,
+                                                    **self.template_kwargs) for chat in self.chats]
+        return [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+    def _check_lengths(self) -> None:
+        """Under truncation="error", every chat fits max_length: checked at load, not when a step reaches it."""
+        fix = "raise data.max_length, or set data.truncation=left (keep the end) or right (keep the start)"
+        problems = [RowProblem(where, self.columns, f"the chat has {length} tokens, more than "
+                                                    f"max_length={self.max_length}", fix)
+                    for where, length in zip(self.origins, self.chat_lengths(), strict=True)
+                    if length > self.max_length]
+        raise_if_any(problems, len(self.chats))
 
     def _warn_if_turns_lack_eos(self) -> None:
         """A template that closes assistant turns without EOS trains a model that never stops generating."""
@@ -187,20 +217,20 @@ class SFTDataset(Dataset):
 
     @staticmethod
     def _prompt_response_chat(
-        row: Mapping[str, Any], index: int, prompt_key: str, prompt_dict_keys: list[str],
+        row: Mapping[str, Any], where: str, prompt_key: str, prompt_dict_keys: list[str],
         response_key: str, response_dict_keys: list[str],
     ) -> list[Message]:  # fmt: skip
-        prompt = _lookup(row, index, prompt_key, prompt_dict_keys)
-        response = _lookup(row, index, response_key, response_dict_keys)
+        prompt = _lookup(row, where, prompt_key, prompt_dict_keys)
+        response = _lookup(row, where, response_key, response_dict_keys)
         field = prompt_key + "".join(f"[{k!r}]" for k in prompt_dict_keys)
         chat = (
             [{"role": "user", "content": prompt}]
             if isinstance(prompt, str)
-            else _check_messages(prompt, index, field)
+            else _check_messages(prompt, where, field)
         )
         if not isinstance(response, str):
             raise ValueError(
-                f"row {index}: the response ({response_key}) must be a string, got {type(response).__name__}"
+                f"{where}: the response ({response_key}) must be a string, got {type(response).__name__}"
             )
         return [*chat, {"role": "assistant", "content": response}]
 
@@ -228,10 +258,10 @@ class SFTDataset(Dataset):
         """Cut a chat longer than max_length as `truncation` says."""
         if len(ids) <= self.max_length:
             return ids, loss_mask
-        if self.truncation == "error":
+        if self.truncation == "error":  # a safety net: __init__ checked every chat's length
             raise ValueError(
-                f"row {index} has {len(ids)} tokens, more than max_length={self.max_length}; raise max_length "
-                "or set truncation='left' (keep the end) or 'right' (keep the start)"
+                f"{self.origins[index]} has {len(ids)} tokens, more than max_length={self.max_length}; raise "
+                "max_length or set truncation='left' (keep the end) or 'right' (keep the start)"
             )
         keep = slice(-self.max_length, None) if self.truncation == "left" else slice(0, self.max_length)
         return ids[keep], loss_mask[keep]

@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 from hybridrl.controller import ClassWithInitArgs, WorkerGroup, create_worker_group
 from hybridrl.controller.lifecycle import ray_for_backend, sigterm_raises_exit
-from hybridrl.trainer.sft_trainer import SFTTrainer, validate_config
+from hybridrl.trainer.sft_trainer import SFTTrainer, load_data, validate_config
 from hybridrl.workers.sft_worker import SFTWorker
 
 
@@ -36,10 +36,11 @@ def build_worker_group(config: DictConfig) -> tuple[WorkerGroup, object | None]:
 def run_sft(config: DictConfig) -> dict[str, float]:
     """Validate the config, train, and release the workers (and a Ray it started); returns the last step's metrics."""
     config = validate_config(config)
+    data = load_data(config)  # a bad row fails here, before Ray starts
     with sigterm_raises_exit(), ray_for_backend(config.trainer.backend, num_cpus=config.ray_init.num_cpus):
         worker_group, pool = build_worker_group(config)
         try:
-            return SFTTrainer(config, worker_group).fit()
+            return SFTTrainer(config, worker_group, data).fit()
         finally:
             worker_group.shutdown()
             if pool is not None:

@@ -151,6 +151,16 @@ def build_dataset(config: DictConfig, files: Any, tokenizer: Any) -> SFTDataset:
     return SFTDataset(files, tokenizer, max_length=data.max_length, truncation=data.truncation, **keys)
 
 
+def load_data(config: DictConfig) -> tuple[SFTDataset, SFTDataset | None]:
+    """The train and validation sets, built (every row checked) before any worker or Ray starts."""
+    tokenizer = load_tokenizer(config.model.partial_pretrain, trust_remote_code=config.model.trust_remote_code)
+    train_set = build_dataset(config, config.data.train_files, tokenizer)
+    val_set = None if config.data.val_files is None else build_dataset(config, config.data.val_files, tokenizer)
+    _require(len(train_set) >= config.data.train_batch_size, f"the training data has {len(train_set)} rows, "
+             f"fewer than data.train_batch_size={config.data.train_batch_size}")
+    return train_set, val_set
+
+
 def to_proto(batch: dict[str, torch.Tensor]) -> DataProto:
     return DataProto.from_dict(dict(batch))  # input_ids, attention_mask, position_ids, loss_mask: (rows, len)
 
@@ -176,16 +186,12 @@ class MetricsLog:
 class SFTTrainer:
     """Drives an SFT worker group (any backend) over the configured data; `fit()` runs the whole job."""
 
-    def __init__(self, config: DictConfig, worker_group: Any) -> None:
+    def __init__(self, config: DictConfig, worker_group: Any, data: tuple[SFTDataset, SFTDataset | None]) -> None:
         self.config = config
         self.wg = worker_group
         self.out_dir = Path(config.trainer.default_local_dir).expanduser()
-        tokenizer = load_tokenizer(config.model.partial_pretrain, trust_remote_code=config.model.trust_remote_code)
-        self.train_set = build_dataset(config, config.data.train_files, tokenizer)
-        self.val_set = None if config.data.val_files is None else build_dataset(config, config.data.val_files, tokenizer)
+        self.train_set, self.val_set = data
         self.steps_per_epoch = len(self.train_set) // config.data.train_batch_size
-        _require(self.steps_per_epoch > 0, f"the training data has {len(self.train_set)} rows, fewer than "
-                                           f"data.train_batch_size={config.data.train_batch_size}")
         self.total_steps = config.trainer.total_training_steps or self.steps_per_epoch * config.trainer.total_epochs
         sampler = ResumableSampler(len(self.train_set), shuffle=True, seed=config.trainer.seed)
         self.loader = StatefulDataLoader(self.train_set, sampler=sampler,

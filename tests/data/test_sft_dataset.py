@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from hybridrl.data.row_checks import DataError
 from hybridrl.data.sft_dataset import SFTDataset, encode_chat
 
 EOS = "<|im_end|>"
@@ -148,13 +149,11 @@ def test_truncation_modes(tiny_tokenizer, tmp_path: Path) -> None:
         tiny_tokenizer, [{"role": "user", "content": "1+1"}, {"role": "assistant", "content": "2 3 4"}]
     )
     assert len(full_ids) == 19  # 15 tokens of the single-turn chat + " ", "3", " ", "4"
-    with pytest.raises(
-        ValueError, match=r"row 1 has 19 tokens, more than max_length=16; .*truncation='left'"
-    ):
-        SFTDataset(path, tiny_tokenizer, max_length=16)[1]
-    assert (
-        SFTDataset(path, tiny_tokenizer, max_length=16)[0]["attention_mask"].sum() == 15
-    )  # short rows are fine
+    # truncation="error" refuses the file when it is built, naming the row, not when a step reaches it
+    with pytest.raises(DataError, match=r"(?s)1 of 2 data rows.*t\.parquet row 1, column 'prompt' \+ 'response': "
+                                        r"the chat has 19 tokens, more than max_length=16.*data\.truncation=left"):
+        SFTDataset(path, tiny_tokenizer, max_length=16)
+    assert SFTDataset(path, tiny_tokenizer, max_length=19)[1]["attention_mask"].sum() == 19  # it fits exactly
     left = SFTDataset(path, tiny_tokenizer, max_length=16, truncation="left")[1]
     assert left["input_ids"].tolist() == full_ids[-16:] and left["loss_mask"].tolist() == full_mask[-16:]
     assert left["position_ids"].tolist() == list(range(16))
@@ -168,7 +167,7 @@ def test_bad_input_errors_name_the_field(tiny_tokenizer, tmp_path: Path) -> None
         KeyError, match=r"column 'response' not found; columns are \['ability', 'data_source'"
     ):
         SFTDataset(rl, tiny_tokenizer)
-    with pytest.raises(KeyError, match=r"row 0: extra_info\['solution'\] is missing or null"):
+    with pytest.raises(KeyError, match=r"rl\.parquet row 0: extra_info\['solution'\] is missing or null"):
         SFTDataset(rl, tiny_tokenizer, response_key="extra_info", response_dict_keys=["solution"])
     with pytest.raises(ValueError, match=r"row 0: the response \(extra_info\) must be a string, got dict"):
         SFTDataset(rl, tiny_tokenizer, response_key="extra_info")
@@ -183,7 +182,7 @@ def test_bad_input_errors_name_the_field(tiny_tokenizer, tmp_path: Path) -> None
         ],
         tmp_path / "m.parquet",
     )
-    with pytest.raises(ValueError, match="row 0 has no assistant message"):
+    with pytest.raises(ValueError, match=r"m\.parquet row 0 has no assistant message"):
         SFTDataset(chats, tiny_tokenizer, messages_key="messages")
     with pytest.raises(ValueError, match="must not start with an assistant turn"):
         encode_chat(tiny_tokenizer, [{"role": "assistant", "content": "a"}, {"role": "user", "content": "q"}])
