@@ -13,11 +13,16 @@ import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 from ppo_helpers import tiny_run_overrides
 from preflight_probe import ProbeResult, run_probes
+
+from hybridrl.protocol import DataProto
+from hybridrl.rewards.managers.base import decode_rows
 
 ROWS = 200  # room for the overlong prompt at row 180
 # the setting: Ray with 2 workers (tests/faults/conftest.py's fault_run_overrides runs locally)
@@ -92,3 +97,17 @@ def test_every_row_of_a_wrong_typed_column_is_counted(probes):
     # the whole column is text, so the error lists the first rows and counts the rest
     assert f"{ROWS} of {ROWS} data rows cannot be used" in probes["text_reward"].message
     assert f"... and {ROWS - 5} more" in probes["text_reward"].message
+
+
+def test_a_bad_reward_cell_reaching_a_reward_manager_names_the_dataset_row(tiny_tokenizer):
+    # Rows built without RLHFDataset's load-time checks can still reach a reward manager; the error then
+    # names the row's extra_info.index (the dataset's id of it), not just its place in a shuffled batch.
+    ids = torch.ones((2, 3), dtype=torch.long)  # (batch, len) for prompts and responses alike
+    data = DataProto.from_dict(
+        {"prompts": ids, "responses": ids, "attention_mask": torch.ones((2, 6), dtype=torch.long)},
+        {"data_source": np.array(["arithmetic"] * 2, dtype=object),
+         "reward_model": np.array([{"ground_truth": "3"}, "3"], dtype=object),
+         "extra_info": np.array([{"index": 41}, {"index": 180}], dtype=object)},
+    )
+    with pytest.raises(KeyError, match=r"batch row 1 \(extra_info.index=180\): non_tensor_batch\['reward_model'\]"):
+        decode_rows(data, tiny_tokenizer)
