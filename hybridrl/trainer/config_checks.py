@@ -34,7 +34,8 @@ def world_size(config: PPOTrainerConfig) -> int:
 
 
 def validate_config(config: PPOTrainerConfig) -> None:
-    """Raise ConfigError on the first impossible setting; resolves trainer.device=auto in place."""
+    """Raise ConfigError on the first impossible setting (all unknown keys, or all out-of-range values,
+    in one message); resolves trainer.device=auto in place."""
     errors = [unknown_key_message(key, known) for key, known in added_keys(config)] or range_errors(config)
     _require(not errors, "\n".join(errors))
     if config.trainer.device == "auto":
