@@ -210,6 +210,8 @@ def _unavailable(fields: dict, limits: SandboxLimits, uid: int, returncode: int 
         return (f"the sandbox launcher exited with code {returncode} without the program's result; "
                 f"last output: {stderr[-500:]!r}")
     return None
+
+
 class _Run:
     """One launched sandbox: pumps its pipes, enforces wall time and output cap, kills it."""
 
