@@ -2,26 +2,36 @@
 
 Standard library only (it runs with site-packages disabled). Steps, as root:
   1. new mount, network, PID, IPC and UTS namespaces (unshare(2));
-  2. fork: the child is PID 1 (init) of the new PID namespace, so when it exits the kernel kills every
-     process left behind (a fork bomb dies with it); the solution runs as its child;
-  3. the child mounts a fresh /proc (host processes become invisible), puts small throwaway tmpfs over
-     world-writable directories and the home directory, binds the work directory and the Python
-     installation back in, sets resource limits, drops to an unprivileged uid and execs the solution.
+  2. fork the sandbox's init: PID 1 of the new PID namespace, so when it exits the kernel kills every
+     process left behind (a fork bomb dies with it). It mounts a fresh /proc (host processes become
+     invisible), puts small throwaway tmpfs over world-writable directories and the home directory, binds
+     the work directory and the Python installation back in, and stays root;
+  3. the init forks the solution, which sets resource limits, drops to an unprivileged uid and execs the
+     interpreter with an empty environment.
 The launcher reports the init's host pid, and the init the solution's exit status and resource use, as
 JSON lines on the status file descriptor, so the host can kill the namespace and classify the outcome.
+
+Weaker mode (namespaces refused and `require_isolation` false; see SANDBOX.md): the same steps without
+the namespaces the kernel refused. Without a mount namespace the throwaway uid may be unable to reach the
+interpreter (e.g. under /root, mode 0700); then the init opens the installation as root and the solution
+execs it through `/proc/self/fd/N/...`, a path that needs no search permission on the directories above.
+Without a PID namespace nothing takes leftover processes down, so the launcher (a child subreaper, so
+orphans come back to it) kills every process of the run's uid and reaps them; without a mount namespace
+it also deletes what that uid left in the world-writable directories.
 """
 
 import ctypes
 import json
 import os
 import resource
+import shutil
 import signal
 import sys
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 1, 38, 36
 _NAMESPACES = {"mount": CLONE_NEWNS, "network": CLONE_NEWNET, "pid": CLONE_NEWPID,
                "ipc": CLONE_NEWIPC, "uts": CLONE_NEWUTS}
 
@@ -44,11 +54,14 @@ def _report(fd, **fields):
 
 
 def _enter_namespaces(wanted):
-    """unshare each wanted namespace on its own so one the OS refuses does not block the others."""
-    entered = {}
+    """unshare each wanted namespace on its own so one the OS refuses does not block the others.
+    Returns ({name: entered}, {name: why it was refused})."""
+    entered, refused = {}, {}
     for name in wanted:
         entered[name] = _libc.unshare(ctypes.c_int(_NAMESPACES[name])) == 0
-    return entered
+        if not entered[name]:
+            refused[name] = os.strerror(ctypes.get_errno())
+    return entered, refused
 
 
 def _bind(fd, target, readonly):
@@ -91,47 +104,61 @@ def _set_limits(cfg):
 
 
 def _child(cfg, entered, status_fd):
-    """PID 1 of the sandbox: finish the isolation, then exec the solution. Never returns."""
+    """The sandbox's init: finish the isolation as root, then run the solution. Never returns."""
     try:
+        _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
         stdin_fd = os.open(cfg["stdin_path"], os.O_RDONLY)  # before the work dir moves
         os.dup2(stdin_fd, 0)
         os.close(stdin_fd)
         os.unlink(cfg["stdin_path"])
         _build_filesystem(cfg, entered)
         workdir = cfg["sandbox_dir"] if entered.get("mount") else cfg["workdir"]
-        uid = cfg["uid"]
-        if uid is not None:
-            os.chown(workdir, uid, uid)
+        os.chown(workdir, cfg["uid"], cfg["uid"])
+        # Without a mount namespace the interpreter stays where it is, perhaps below a directory the
+        # throwaway uid cannot search; this handle, opened as root, reaches it anyway (see the header).
+        python_fd = None if entered.get("mount") else os.open(cfg["python_prefix"], os.O_PATH | os.O_DIRECTORY)
+    except BaseException as err:  # report why the sandbox could not start, then die without cleanup
+        _report(status_fd, setup_error=f"{type(err).__name__}: {err}")
+        os._exit(127)
+    _init(cfg, status_fd, workdir, python_fd)
+
+
+def _exec_solution(cfg, status_fd, workdir, python_fd):
+    """In the solution's process: limits, the throwaway uid, then exec. Never returns."""
+    try:
         _set_limits(cfg)
-        if uid is not None:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
+        uid = cfg["uid"]
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
         _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
         # Set after setuid: a credential change clears the parent-death signal.
         _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
         os.chdir(workdir)
-    except BaseException as err:  # report why the sandbox could not start, then die without cleanup
-        _report(status_fd, setup_error=f"{type(err).__name__}: {err}")
-        os._exit(127)
-    _init(cfg, status_fd)
+        python = cfg["python"]
+        # access() checks the real uid, now the throwaway one. A reachable interpreter is run by its own
+        # path, so the solution can start it again (subprocess closes the handle in its children).
+        reachable = os.access(python, os.X_OK) and os.access(cfg["python_prefix"], os.R_OK | os.X_OK)
+        if python_fd is not None and not reachable:
+            os.set_inheritable(python_fd, True)  # the interpreter finds its stdlib through it too
+            python = f"/proc/self/fd/{python_fd}/{cfg['python_relative']}"
+        os.execve(python, [python, *cfg["python_flags"], cfg["script"]], {})
+    except BaseException as err:  # the status fd is close-on-exec: only a failed exec can get here
+        _report(status_fd, exec_error=f"{type(err).__name__}: {err}")
+    os._exit(127)
 
 
-def _init(cfg, status_fd):
-    """Stay as PID 1 and run the solution as PID 2.
+def _init(cfg, status_fd, workdir, python_fd):
+    """Stay as the init (root, PID 1 of the namespace when there is one); run the solution as its child.
 
     The kernel ignores default-action signals sent to a namespace's init (SIGXCPU included), so the
-    solution must not be PID 1 itself. This init reaps orphans, reports the solution's exit status and
-    resource use, then exits, which kills whatever the solution left running.
+    solution must not be PID 1 itself; staying root also keeps a solution without a PID namespace from
+    killing it. This init reaps orphans, reports the solution's exit status and resource use, then
+    exits, which kills whatever the solution left running in its PID namespace.
     """
     pid = os.fork()
     if pid == 0:
-        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        argv = [cfg["python"], *cfg["python_flags"], cfg["script"]]
-        try:
-            os.execve(cfg["python"], argv, {})
-        finally:
-            os._exit(127)
+        _exec_solution(cfg, status_fd, workdir, python_fd)
     while True:
         try:
             reaped, wait_status, usage = os.wait4(-1, 0)
@@ -144,21 +171,74 @@ def _init(cfg, status_fd):
     os._exit(0)
 
 
+def kill_uid(uid):
+    """SIGKILL every process running as `uid`: kill(-1) from that uid reaches exactly the processes it
+    may signal, its own, in one pass that a fork bomb cannot outrun (a process with SIGKILL pending
+    cannot fork)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            os.kill(-1, signal.SIGKILL)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def _remove_files_of(uid, directories, keep):
+    """Delete the top-level entries `uid` owns in `directories` (what a run without a mount namespace
+    left in /tmp and the like). Its processes are dead, so nothing can swap an entry meanwhile."""
+    for directory in directories:
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.path == keep or entry.stat(follow_symlinks=False).st_uid != uid:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    os.unlink(entry.path)
+            except OSError:
+                continue
+
+
+def _reap_all_children():
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+
+
 def main():
     cfg = json.loads(sys.argv[1])
+    if "kill_uid" in cfg:  # the host's fallback when it had to kill this launcher before it cleaned up
+        kill_uid(cfg["kill_uid"])
+        return 0
     status_fd = cfg["status_fd"]
     os.set_inheritable(status_fd, False)  # the solution must not be able to forge our report
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # host gone -> launcher gone -> sandbox gone
-    entered = _enter_namespaces(cfg["namespaces"])
-    missing = [name for name, ok in entered.items() if not ok]
-    if missing and cfg["require_isolation"]:
-        _report(status_fd, isolation=entered, setup_error=f"cannot create namespaces: {missing}")
+    entered, refused = _enter_namespaces(cfg["namespaces"])
+    if refused and cfg["require_isolation"]:
+        _report(status_fd, isolation=entered, namespaces_refused=refused)
         return 127
+    if not entered.get("pid"):
+        _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans come back here to be killed and reaped
     pid = os.fork()
     if pid == 0:
         _child(cfg, entered, status_fd)
     _report(status_fd, isolation=entered, child_pid=pid)
     os.waitpid(pid, 0)  # the init reports the solution's status itself
+    if not entered.get("pid"):
+        kill_uid(cfg["uid"])
+        _reap_all_children()
+    if not entered.get("mount"):
+        _remove_files_of(cfg["uid"], cfg["hidden_paths"], keep=cfg["workdir"])
     return 0
 
 

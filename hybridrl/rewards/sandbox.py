@@ -7,12 +7,17 @@ space, processes, file size, open files), drops to a random unprivileged uid and
 `python -I -S` with an empty environment. This side enforces the wall-clock limit and the output cap by
 killing the sandbox's PID 1 (which takes its whole PID namespace down) and its process group, then
 removes the directory. What this does and does not protect against: SANDBOX.md next to this file.
+
+A sandbox that cannot run a program (no root, namespaces refused while `require_isolation` is set, an
+interpreter the throwaway uid cannot start) raises `SandboxUnavailableError`: that is never a score.
+`sandbox_available` / `require_sandbox` probe this once per process, for a check before a run starts.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import random
@@ -22,13 +27,25 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 _LAUNCHER = Path(__file__).with_name("_sandbox_launcher.py")
 _READ_CHUNK = 65536
+_DOC = "hybridrl/rewards/SANDBOX.md"
+_OPT_IN = ("reward_model.sandbox.require_isolation=false (from Python: "
+           "SandboxLimits(require_isolation=False))")
+
+
+class SandboxUnavailableError(RuntimeError):
+    """The sandbox cannot run programs here at all; the message says why and how to fix it.
+
+    Never a score: a reward function must let it propagate, and reward managers should treat it as fatal
+    (stop the run) rather than count it as one sample's error, since every other sample would fail too.
+    """
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +64,8 @@ class SandboxLimits:
     python: str = os.path.realpath(sys.executable)
     python_flags: tuple[str, ...] = ("-I", "-S")  # isolated mode, no site-packages
     namespaces: tuple[str, ...] = ("mount", "network", "pid", "ipc", "uts")
-    # Refuse to run (status "sandbox_error") rather than run with a namespace the OS refuses.
+    # True: raise SandboxUnavailableError when the OS refuses a namespace. False: run in the weaker
+    # uid-only mode there (no network isolation; what it keeps is listed in SANDBOX.md).
     require_isolation: bool = True
     hidden_paths: tuple[str, ...] = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", os.path.expanduser("~"))
     uid_range: tuple[int, int] = (100_000, 165_536)  # a random uid per run; none of them own any file
@@ -58,12 +76,29 @@ class SandboxLimits:
                       "file_size_bytes", "max_open_files", "tmpfs_bytes", "max_workers"):
             if getattr(self, field) <= 0:
                 raise ValueError(f"SandboxLimits.{field} must be positive, got {getattr(self, field)!r}")
+        low, high = self.uid_range
+        if not 0 < low < high:
+            raise ValueError(f"SandboxLimits.uid_range must be (low, high) with 0 < low < high, got {self.uid_range!r}")
+
+
+@dataclasses.dataclass
+class SandboxConfig:
+    """`reward_model.sandbox.*`: how the built-in code scorer runs programs (SANDBOX.md)."""
+
+    # true: programs run only fully isolated (namespaces + a throwaway uid); a host that refuses
+    # namespaces (root without CAP_SYS_ADMIN, e.g. a default Docker container) stops the run at start.
+    # false: there, accept the weaker uid-only mode (no network isolation; see SANDBOX.md).
+    require_isolation: bool = True
+
+    def limits(self) -> SandboxLimits:
+        return SandboxLimits(require_isolation=self.require_isolation)
 
 
 @dataclasses.dataclass
 class SandboxResult:
     """Outcome of one run. `status` is one of: ok, runtime_error, memory_error, timeout, cpu_limit,
-    output_limit, killed (by another signal), sandbox_error (the sandbox itself could not start)."""
+    output_limit, killed (by another signal). A sandbox that could not start raises instead.
+    `isolation` says which namespaces the run got (all of them, except in the weaker mode)."""
 
     status: str
     stdout: str
@@ -73,14 +108,21 @@ class SandboxResult:
     cpu_time: float | None
     max_rss: int | None  # bytes
     isolation: dict[str, bool]
-    error: str | None = None
 
 
-def _launcher_config(limits: SandboxLimits, workdir: str, status_fd: int) -> dict:
-    as_root = os.geteuid() == 0
+def _python_location(python: str) -> tuple[str, str]:
+    """(installation prefix, interpreter path relative to it), symlinks resolved."""
+    real = os.path.realpath(python)
+    prefix = os.path.realpath(sys.base_prefix) if real == os.path.realpath(sys.executable) \
+        else str(Path(real).parent.parent)
+    if not real.startswith(prefix.rstrip("/") + "/"):
+        prefix = str(Path(real).parent.parent)
+    return prefix, os.path.relpath(real, prefix)
+
+
+def _launcher_config(limits: SandboxLimits, workdir: str, status_fd: int, uid: int) -> dict:
     hidden = [p for p in limits.hidden_paths if os.path.isdir(p)]
-    prefix = os.path.realpath(sys.base_prefix if limits.python == os.path.realpath(sys.executable)
-                              else str(Path(limits.python).parent.parent))
+    prefix, relative = _python_location(limits.python)
     # The interpreter is bound back read-only when a hidden directory covers it (e.g. under ~).
     expose = [prefix] if any(prefix == h or prefix.startswith(h.rstrip("/") + "/") for h in hidden) else []
     return {
@@ -90,13 +132,15 @@ def _launcher_config(limits: SandboxLimits, workdir: str, status_fd: int) -> dic
         "stdin_path": os.path.join(workdir, ".stdin"),
         "script": "main.py",
         "python": limits.python,
+        "python_prefix": prefix,
+        "python_relative": relative,
         "python_flags": list(limits.python_flags),
-        "namespaces": list(limits.namespaces) if as_root else [],
+        "namespaces": list(limits.namespaces),
         "require_isolation": limits.require_isolation,
         "hidden_paths": hidden,
         "expose_paths": expose,
         "tmpfs_bytes": limits.tmpfs_bytes,
-        "uid": random.randrange(*limits.uid_range) if as_root else None,
+        "uid": uid,
         "cpu_seconds": limits.cpu_seconds,
         "address_space_bytes": limits.address_space_bytes,
         "max_processes": limits.max_processes,
@@ -105,18 +149,77 @@ def _launcher_config(limits: SandboxLimits, workdir: str, status_fd: int) -> dic
     }
 
 
+class _UidLeases:
+    """Hands concurrent runs of this process distinct random uids. Two runs sharing a uid would share
+    RLIMIT_NPROC, and in the weaker mode one's cleanup (kill every process of the uid) would end the
+    other. Runs in other processes draw independently (SANDBOX.md gives the odds)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._leased: set[int] = set()
+
+    @contextlib.contextmanager
+    def lease(self, uid_range: tuple[int, int]) -> Iterator[int]:
+        low, high = uid_range
+        with self._lock:
+            if sum(low <= leased < high for leased in self._leased) >= high - low:
+                raise RuntimeError(f"SandboxLimits.uid_range {uid_range} has no free uid; widen it")
+            uid = random.randrange(low, high)
+            while uid in self._leased:
+                uid = random.randrange(low, high)
+            self._leased.add(uid)
+        try:
+            yield uid
+        finally:
+            with self._lock:
+                self._leased.discard(uid)
+
+
+_UIDS = _UidLeases()  # process-wide on purpose: it spans the threads of every run_many call
+
+
+def _not_root_message() -> str:
+    return (f"the code sandbox needs root, to create namespaces and to run each program under a throwaway "
+            f"uid; this process runs as uid {os.geteuid()}. Without the uid switch a program would run as "
+            f"you and could read your processes' environments (/proc/PID/environ) and signal them, so no "
+            f"mode runs without root. Fix: train as root on a VM or in a container (see {_DOC}).")
+
+
+def _refused_message(refused: dict[str, str]) -> str:
+    why = "; ".join(f"{name}: {reason}" for name, reason in refused.items())
+    return (f"the code sandbox cannot isolate programs: the kernel refused the {', '.join(refused)} "
+            f"namespace(s) ({why}), as it does for root without CAP_SYS_ADMIN, e.g. in a default Docker "
+            f"container. Fix: run on a VM or bare-metal host, or in a container with CAP_SYS_ADMIN (Docker: "
+            f"--cap-add SYS_ADMIN, and --security-opt apparmor=unconfined where AppArmor confines "
+            f"containers); or accept the weaker uid-only mode, which does not isolate the network and lets "
+            f"programs read world-readable files, with {_OPT_IN}. What each mode protects: {_DOC}")
+
+
+def _unavailable(fields: dict, limits: SandboxLimits, uid: int, returncode: int | None,
+                 verdict: str | None, stderr: str) -> str | None:
+    """Why this run says the sandbox cannot run programs at all, or None when the program ran."""
+    if "namespaces_refused" in fields:
+        return _refused_message(fields["namespaces_refused"])
+    if "exec_error" in fields:
+        return (f"the code sandbox could not start the interpreter {limits.python} as its throwaway uid "
+                f"{uid}: {fields['exec_error']}. Fix: set SandboxLimits.python to an interpreter every user "
+                f"may execute (e.g. /usr/bin/python3), or check its installation's permissions ({_DOC}).")
+    if "setup_error" in fields:
+        return f"the code sandbox could not set up a run: {fields['setup_error']} (what it needs: {_DOC})"
+    if "exit_code" not in fields and verdict is None:
+        return (f"the sandbox launcher exited with code {returncode} without the program's result; "
+                f"last output: {stderr[-500:]!r}")
+    return None
+
+
 class _Run:
     """One launched sandbox: pumps its pipes, enforces wall time and output cap, kills it."""
 
-    def __init__(self, limits: SandboxLimits, workdir: str) -> None:
+    def __init__(self, limits: SandboxLimits, workdir: str, uid: int) -> None:
         self.limits = limits
+        self.uid = uid
         status_r, status_w = os.pipe()
-        cfg = _launcher_config(limits, workdir, status_w)
-        if os.geteuid() != 0 and limits.require_isolation:
-            os.close(status_r)
-            os.close(status_w)
-            raise PermissionError("the sandbox needs root for namespaces and a uid switch; "
-                                  "set require_isolation=False to run with rlimits only (see SANDBOX.md)")
+        cfg = _launcher_config(limits, workdir, status_w, uid)
         self.proc = subprocess.Popen(
             [sys.executable, "-I", "-S", str(_LAUNCHER), json.dumps(cfg)],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -163,12 +266,15 @@ class _Run:
 
     def kill(self) -> None:
         """Kill the sandbox's PID 1: its death kills every process in its PID namespace, even ones
-        that left our process group with setsid(). The launcher still waits on it (so the pid cannot
-        have been reused) and then reports its resource use. Without a known PID 1, kill the group."""
+        that left our process group with setsid() (in the weaker mode the launcher then kills every
+        process of the run's uid). The launcher still waits on it, so the pid cannot have been reused.
+        Without a known PID 1, kill the group, and the run's uid from here since the launcher dies."""
         if self.child_pid is not None and self.proc.poll() is None:
             _signal(lambda: os.kill(self.child_pid, signal.SIGKILL))
         else:
             self.kill_group()
+            subprocess.run([sys.executable, "-I", "-S", str(_LAUNCHER), json.dumps({"kill_uid": self.uid})],
+                           env={}, check=False, stdin=subprocess.DEVNULL, capture_output=True)
 
     def kill_group(self) -> None:
         _signal(lambda: os.killpg(self.proc.pid, signal.SIGKILL))
@@ -187,13 +293,9 @@ def _signal(send) -> None:
 
 
 def _classify(verdict: str | None, fields: dict, stderr: str, limits: SandboxLimits) -> str:
-    if "setup_error" in fields:
-        return "sandbox_error"
     if verdict:
         return verdict
-    code = fields.get("exit_code")
-    if code is None:
-        return "sandbox_error"
+    code = fields["exit_code"]
     if code == 0:
         return "ok"
     if code == -signal.SIGXCPU or (code == -signal.SIGKILL and (fields.get("cpu_time") or 0) >= limits.cpu_seconds):
@@ -204,8 +306,13 @@ def _classify(verdict: str | None, fields: dict, stderr: str, limits: SandboxLim
 
 
 def run_code(code: str, stdin: str | bytes | None = None, limits: SandboxLimits | None = None) -> SandboxResult:
-    """Run `code` as `main.py` in a fresh sandbox with `stdin` as its standard input."""
+    """Run `code` as `main.py` in a fresh sandbox with `stdin` as its standard input.
+
+    Raises SandboxUnavailableError when the sandbox cannot run a program here (see the class).
+    """
     limits = limits or SandboxLimits()
+    if os.geteuid() != 0:
+        raise SandboxUnavailableError(_not_root_message())
     workdir = tempfile.mkdtemp(prefix="hybridrl-sandbox-", dir=limits.work_root)
     start = time.monotonic()
     try:
@@ -213,16 +320,20 @@ def run_code(code: str, stdin: str | bytes | None = None, limits: SandboxLimits 
         data = stdin.encode() if isinstance(stdin, str) else (stdin or b"")
         Path(workdir, ".stdin").write_bytes(data)
         os.chmod(workdir, 0o755)
-        run = _Run(limits, workdir)
-        try:
-            verdict = run.pump()
-        finally:
-            run.kill_group()  # nothing of this run may outlive it
-            run.proc.wait()
-            os.close(run.status_r)
+        with _UIDS.lease(limits.uid_range) as uid:
+            run = _Run(limits, workdir, uid)
+            try:
+                verdict = run.pump()
+            finally:
+                run.kill_group()  # nothing of this run may outlive it
+                run.proc.wait()
+                os.close(run.status_r)
         fields = run.status_fields()
         stdout = run.out["stdout"][: limits.output_bytes].decode(errors="replace")
         stderr = run.out["stderr"][: limits.output_bytes].decode(errors="replace")
+        reason = _unavailable(fields, limits, uid, run.proc.returncode, verdict, stderr)
+        if reason:
+            raise SandboxUnavailableError(reason)
         max_rss = fields.get("max_rss_kb")
         return SandboxResult(
             status=_classify(verdict, fields, stderr, limits),
@@ -232,7 +343,6 @@ def run_code(code: str, stdin: str | bytes | None = None, limits: SandboxLimits 
             cpu_time=fields.get("cpu_time"),
             max_rss=None if max_rss is None else max_rss * 1024,
             isolation=fields.get("isolation", {}),
-            error=fields.get("setup_error"),
         )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -245,3 +355,51 @@ def run_many(
     limits = limits or SandboxLimits()
     with ThreadPoolExecutor(max_workers=limits.max_workers) as pool:
         return list(pool.map(lambda job: run_code(job[0], job[1], limits), jobs))
+
+
+# A program that checks what the sandbox promises: it reads stdin, and tries the environment of every
+# ancestor process it can see (none in a PID namespace; root-owned ones in the weaker mode).
+_PROBE = """
+import os, sys
+leaks, pid = [], os.getppid()
+while pid > 1:
+    try:
+        if open(f"/proc/{pid}/environ", "rb").read():
+            leaks.append(pid)
+    except OSError:
+        pass
+    try:
+        pid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        break
+print(sys.stdin.read()[::-1], leaks)
+"""
+
+
+@functools.cache
+def _probe(limits: SandboxLimits) -> tuple[str | None, dict[str, bool]]:
+    try:
+        result = run_code(_PROBE, "olleh", limits)
+    except SandboxUnavailableError as err:
+        return str(err), {}
+    if result.stdout.split() != ["hello", "[]"]:
+        if result.status == "ok" and result.stdout.split()[:1] == ["hello"]:
+            return (f"a sandboxed program could read the environment of host processes "
+                    f"{result.stdout.split(maxsplit=1)[1]} through /proc/PID/environ; see {_DOC}"), result.isolation
+        return (f"a probe program did not run in the code sandbox: status {result.status}, exit code "
+                f"{result.exit_code}, output {(result.stdout + result.stderr)[-500:]!r}; see {_DOC}"), result.isolation
+    return None, result.isolation
+
+
+def sandbox_available(limits: SandboxLimits | None = None) -> str | None:
+    """None when the sandbox runs programs here with `limits` (probed once per process), else why not."""
+    return _probe(limits or SandboxLimits())[0]
+
+
+def require_sandbox(limits: SandboxLimits | None = None) -> dict[str, bool]:
+    """The namespaces runs get here (all requested ones, or fewer in the opted-in weaker mode);
+    raises SandboxUnavailableError with the reason and the fix when programs cannot run."""
+    reason, isolation = _probe(limits or SandboxLimits())
+    if reason:
+        raise SandboxUnavailableError(reason)
+    return isolation

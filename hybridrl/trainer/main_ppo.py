@@ -33,6 +33,7 @@ def run_ppo(cfg: DictConfig) -> list[dict[str, float]]:
     from hybridrl.data.rl_dataset import RLHFDataset, collate_fn
     from hybridrl.models.loading import load_tokenizer
     from hybridrl.rewards.managers import load_reward_manager
+    from hybridrl.rewards.preflight import check_code_sandbox
     from hybridrl.trainer.ppo_trainer import PPOTrainer
     from hybridrl.trainer.worker_groups import WorkerGroups
 
@@ -53,6 +54,11 @@ def run_ppo(cfg: DictConfig) -> list[dict[str, float]]:
         len(train_dataset) // config.data.train_batch_size * config.trainer.total_epochs
     config.actor_rollout_ref.actor.optim.total_training_steps = steps
     config.critic.optim.total_training_steps = steps
+    if not (config.custom_reward_function.path or config.reward_model.enable):
+        # Before Ray and the workers: code tasks need a sandbox that runs programs here (a custom reward
+        # function is not known to need one; it raises SandboxUnavailableError itself when it does).
+        check_code_sandbox((row.get(config.data.reward_fn_key) for dataset in (train_dataset, val_dataset)
+                            if dataset is not None for row in dataset.rows), config.reward_model.sandbox.limits())
     plain = OmegaConf.to_container(cfg, resolve=True)
     reward_fn = load_reward_manager(plain, tokenizer, num_examine=0)
     val_reward_fn = load_reward_manager(plain, tokenizer, num_examine=1)

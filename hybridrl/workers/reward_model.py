@@ -29,6 +29,7 @@ from safetensors import safe_open
 from hybridrl.controller import Dispatch, Worker, register
 from hybridrl.models.loading import load_tokenizer, load_value_model, resolve_model_dir
 from hybridrl.protocol import DataProto
+from hybridrl.rewards.sandbox import SandboxConfig
 from hybridrl.workers.batch_sizes import forward_batching, per_rank
 from hybridrl.workers.config import FSDPConfig, to_dataclass
 from hybridrl.workers.engine.fsdp import FSDPEngine
@@ -96,6 +97,8 @@ class RewardModelConfig:
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     # Run the rule-based reward function in the background while log-probs are computed (trainer option).
     launch_reward_fn_async: bool = False
+    # How the built-in code scorer runs programs (require_isolation; see hybridrl/rewards/SANDBOX.md).
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
 
 def normalize_reward_model(config: RewardModelConfig, world_size: int) -> RewardModelConfig:

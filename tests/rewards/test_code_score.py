@@ -6,8 +6,8 @@ import os
 import pytest
 
 from hybridrl.rewards import default_compute_score
-from hybridrl.rewards.sandbox import SandboxLimits
-from hybridrl.rewards.score import code
+from hybridrl.rewards.sandbox import SandboxLimits, SandboxUnavailableError
+from hybridrl.rewards.score import code, sandbox_sources
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the isolated sandbox needs root (see SANDBOX.md)")
 
@@ -46,3 +46,33 @@ def test_no_code_fence_uses_the_whole_response_and_bad_tests_are_named():
     assert code.compute_score("print(int(input()) * 2)", {"inputs": ["4"], "outputs": ["8"]}) == 1.0
     with pytest.raises(ValueError, match="'inputs' and 'outputs'"):
         code.compute_score("print(1)", {"inputs": ["1"]})
+
+
+def test_a_sandbox_that_cannot_run_programs_raises_instead_of_scoring_zero():
+    broken = SandboxLimits(python="/nonexistent/bin/python3")
+    with pytest.raises(SandboxUnavailableError, match="/nonexistent/bin/python3"):
+        code.compute_score(SUM_SOLUTION, STDIO_TESTS, sandbox_limits=broken)
+    # default_compute_score hands the limits to the sandboxed scorer, and only to it.
+    with pytest.raises(SandboxUnavailableError):
+        default_compute_score("codecontests", SUM_SOLUTION, json.dumps(STDIO_TESTS), sandbox_limits=broken)
+    assert default_compute_score("arithmetic", "<answer>85</answer>", "85", sandbox_limits=broken) == 1.0
+
+
+def test_sources_that_need_the_sandbox():
+    assert sandbox_sources(["arithmetic", "apps", "codecontests", "apps", "no-such-source", "aime24"]) == \
+        ["apps", "codecontests"]
+
+
+def test_the_opt_in_key_reaches_the_limits():
+    import sys
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer"))
+    from ppo_helpers import ppo_config
+
+    default = OmegaConf.to_object(ppo_config().reward_model.sandbox).limits()
+    opted_in = OmegaConf.to_object(ppo_config("reward_model.sandbox.require_isolation=false").reward_model.sandbox)
+    assert default == SandboxLimits() and default.require_isolation
+    assert opted_in.limits() == SandboxLimits(require_isolation=False)

@@ -1,7 +1,8 @@
 """Hostile programs in the sandbox: each must be contained, reported, and leave the host unaffected.
 
 These need root (namespaces, a uid switch); where the sandbox cannot isolate, they are skipped with the
-reason, since running them unisolated would endanger the machine.
+reason, since running them unisolated would endanger the machine. The hosts that refuse namespaces,
+and the weaker mode for them, are probed in tests/faults/test_sandbox_faults.py.
 """
 
 import contextlib
@@ -13,7 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from hybridrl.rewards.sandbox import SandboxLimits, run_code, run_many
+from hybridrl.rewards.sandbox import (
+    SandboxLimits,
+    SandboxUnavailableError,
+    require_sandbox,
+    run_code,
+    run_many,
+    sandbox_available,
+)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the isolated sandbox needs root (see SANDBOX.md)")
 
@@ -80,9 +88,9 @@ def test_fork_count_is_capped_by_max_processes():
         "    n += 1\nprint(n)"
     )
     result = run_code(code, limits=LIMITS)
-    # RLIMIT_NPROC = 8 counts the init and the solution itself, so at most 6 children fit.
+    # RLIMIT_NPROC = 8 counts the solution itself (the init stays root), so exactly 7 children fit.
     assert result.status == "ok", result
-    assert 0 < int(result.stdout) <= 6
+    assert int(result.stdout) == 7
 
 
 def test_memory_bomb_raises_memory_error():
@@ -170,3 +178,31 @@ def test_run_many_keeps_order():
 def test_bad_limits_name_the_field():
     with pytest.raises(ValueError, match="SandboxLimits.cpu_seconds"):
         SandboxLimits(cpu_seconds=0)
+
+
+def test_bad_uid_range_is_named():
+    with pytest.raises(ValueError, match="SandboxLimits.uid_range"):
+        SandboxLimits(uid_range=(5, 5))
+
+
+def test_the_probe_finds_full_isolation_on_this_host():
+    assert sandbox_available() is None
+    assert require_sandbox() == {"mount": True, "network": True, "pid": True, "ipc": True, "uts": True}
+
+
+def test_an_interpreter_that_cannot_start_raises_instead_of_a_result():
+    # Before, the exec failure was an exit code of 127: a "runtime_error" indistinguishable from bad code.
+    broken = SandboxLimits(python="/nonexistent/bin/python3")
+    with pytest.raises(SandboxUnavailableError, match="could not start the interpreter /nonexistent/bin/python3 "
+                                                      "as its throwaway uid .*FileNotFoundError.*Fix: "):
+        run_code("print(1)", limits=broken)
+    assert "/nonexistent/bin/python3" in sandbox_available(broken)
+    with pytest.raises(SandboxUnavailableError):
+        require_sandbox(broken)
+
+
+def test_concurrent_runs_never_share_a_uid():
+    # Two runs overlap (each sleeps 0.5 s, two workers); a range of two uids must give them one each.
+    limits = SandboxLimits(uid_range=(200_000, 200_002), max_workers=2)
+    jobs = [("import os, time\ntime.sleep(0.5)\nprint(os.getuid())", None)] * 2
+    assert sorted(int(r.stdout) for r in run_many(jobs, limits)) == [200_000, 200_001]

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hybridrl.rewards.sandbox import SandboxLimits
 
 # data_source -> scorer module. Matches verl's `default_compute_score` for the sources both know,
 # plus `countdown` (TinyZero) and `arithmetic` (hybridrl's default task).
@@ -45,19 +49,37 @@ def scorer_module_name(data_source: str) -> str:
     )
 
 
+def sandbox_sources(data_sources: Iterable[str]) -> list[str]:
+    """The data sources among `data_sources` whose built-in scorer runs programs in the code sandbox
+    (sources without a built-in scorer are left to fail where they are scored)."""
+    found = set()
+    for source in set(data_sources):
+        try:
+            module = importlib.import_module(f"{__name__}.{scorer_module_name(source)}")
+        except NotImplementedError:
+            continue
+        if getattr(module, "USES_SANDBOX", False):
+            found.add(source)
+    return sorted(found)
+
+
 def default_compute_score(
     data_source: str,
     solution_str: str,
     ground_truth: Any,
     extra_info: dict | None = None,
+    sandbox_limits: SandboxLimits | None = None,
     **kwargs: Any,
 ) -> float | dict:
     """Score one response with the scorer registered for its `data_source`.
 
-    Extra keyword arguments go to the scorer (e.g. `method="flexible"` for gsm8k, `format_score=...`).
-    Returns a float, or the scorer's dict (with a `score` key) unchanged.
+    Extra keyword arguments go to the scorer (e.g. `method="flexible"` for gsm8k, `format_score=...`);
+    `sandbox_limits` only to scorers that run programs (`USES_SANDBOX`). Returns a float, or the
+    scorer's dict (with a `score` key) unchanged.
     """
     module = importlib.import_module(f"{__name__}.{scorer_module_name(data_source)}")
+    if sandbox_limits is not None and getattr(module, "USES_SANDBOX", False):
+        kwargs = {**kwargs, "sandbox_limits": sandbox_limits}
     result = module.compute_score(solution_str, ground_truth, **kwargs)
     if isinstance(result, dict):
         return result

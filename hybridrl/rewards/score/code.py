@@ -8,7 +8,9 @@ JSON string) with `inputs` and `outputs` lists, and optionally `fn_name`.
 - With `fn_name` each input is the list of positional arguments; the function (or the method of a
   `Solution` class, LeetCode style) is called and its JSON-encoded return value compared with the output.
 
-The score is the fraction of cases passed (`continuous=True`) or 1.0 only if all pass.
+The score is the fraction of cases passed (`continuous=True`) or 1.0 only if all pass. A sandbox that
+cannot run programs here raises `SandboxUnavailableError` (with the reason and the fix) instead of
+scoring: a program that never ran has not failed its tests.
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from hybridrl.rewards.sandbox import SandboxLimits, SandboxResult, run_many
+from hybridrl.rewards.sandbox import SandboxLimits, SandboxResult, require_sandbox, run_many
+
+# `default_compute_score` passes its `sandbox_limits` (reward_model.sandbox.*) to scorers that say this.
+USES_SANDBOX = True
 
 _FENCE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
 
@@ -64,6 +69,9 @@ def _call_passed(result: SandboxResult, expected: Any) -> bool:
 
 def run_tests(code: str, tests: Mapping, limits: SandboxLimits | None = None) -> list[bool]:
     """Pass/fail of each test case, in order."""
+    # Once per process: proves programs really run (an interpreter the sandbox's uid cannot start would
+    # otherwise fail every case as a runtime error) or raises SandboxUnavailableError saying why.
+    require_sandbox(limits)
     fn_name = tests.get("fn_name")
     if fn_name:
         program = code + _CALL_HARNESS.format(name=fn_name)
