@@ -1,9 +1,9 @@
 """Fixtures for the fault suite: each test breaks one thing (a reward, a checkpoint, a row, the sandbox)
 and asserts the run says so clearly and loses nothing already written.
 
-`fault_data`: the arithmetic task in verl's parquet schema (64 train rows, 8 test rows).
-`fault_run_overrides(data, model, run_dir)`: a few-second GRPO run on the local backend (the trainer
-tests' `tiny_run_overrides`), to which a test adds the fault it probes.
+`fault_data`: the arithmetic task in verl's parquet schema (64 train rows, 8 test rows). The run
+overrides a test adds its fault to are in `fault_helpers.fault_run_overrides` (a conftest is not
+importable by name: pytest may resolve `conftest` to another folder's).
 """
 
 from __future__ import annotations
@@ -12,20 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import fault_helpers  # noqa: F401 - puts tests/trainer on sys.path for the test modules' imports
 import pytest
-
-TRAINER_TESTS = Path(__file__).resolve().parents[1] / "trainer"
-sys.path.insert(0, str(TRAINER_TESTS))  # the trainer tests' helpers (ppo_config, tiny_run_overrides)
-
-from ppo_helpers import FIXTURES, ppo_config, tiny_run_overrides  # noqa: E402
-
-__all__ = ["FIXTURES", "fault_run_overrides", "ppo_config"]
-
-
-def fault_run_overrides(data: Path, model: Path, run_dir: Path) -> list[str]:
-    """A few-second GRPO run in this process (trainer.backend=local), logging to run_dir/metrics.jsonl."""
-    return [*tiny_run_overrides(data, model, run_dir), "trainer.backend=local", "trainer.n_gpus_per_node=1",
-            "trainer.total_training_steps=2"]
 
 
 @pytest.fixture(scope="session")

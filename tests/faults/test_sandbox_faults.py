@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import fault_run_overrides
+from fault_helpers import fault_run_overrides
 
 from hybridrl.rewards.sandbox import SandboxLimits
 
