@@ -49,9 +49,9 @@ from hybridrl.rewards.errors import RewardFailureError
 # Loading a worker (unpickling the function: re-importing the user's file and what it imports) may take a
 # while the first time (sympy, math-verify); a worker that has not reported ready by then is broken.
 STARTUP_TIMEOUT_S = 120.0
-# How long a hung worker gets to write its stack dump (faulthandler writes it from the signal handler,
-# in well under a millisecond) before it is killed.
-STACK_DUMP_WAIT_S = 0.05
+# The longest a hung worker gets to write its stack dump before it is killed (faulthandler writes it from
+# the signal handler in well under a millisecond once the worker runs; the wait ends as soon as it has).
+STACK_DUMP_WAIT_S = 1.0
 
 
 def accept_any(value: Any, kwargs: Mapping[str, Any]) -> Any:
@@ -110,8 +110,11 @@ class _Worker:
         parent, child = socket.socketpair()
         self.fault_path = fault_path
         with child:
+            # Its own session: Ctrl-C in the terminal reaches the driver only (which stops the pool), and
+            # `kill` can end the processes the function started along with the worker.
             self.proc = subprocess.Popen([sys.executable, "-c", _BOOT, _ROOT, str(child.fileno()), fault_path],
-                                         pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL)
+                                         pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
         self.conn = Connection(parent.detach())
         self.conn.send((sys_path, payload))
         # A descriptor that becomes readable when the process exits, so waits wake at once on a crash.
@@ -139,13 +142,24 @@ class _Worker:
         return text or None
 
     def request_stack(self) -> None:
-        if self.is_alive():
-            os.kill(self.proc.pid, signal.SIGUSR1)
-            time.sleep(STACK_DUMP_WAIT_S)
+        """Ask faulthandler for the hung stack; wait until the dump stops growing (it is written as soon as
+        the worker gets the CPU, which on a busy machine can take a while)."""
+        if not self.is_alive():
+            return
+        os.kill(self.proc.pid, signal.SIGUSR1)
+        deadline, size = time.monotonic() + STACK_DUMP_WAIT_S, -1
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+            now = os.path.getsize(self.fault_path) if os.path.exists(self.fault_path) else 0
+            if 0 < now == size:
+                return
+            size = now
 
     def kill(self) -> None:
-        if self.is_alive():
-            self.proc.kill()
+        """Kill the worker and what it started in its process group (a child that made its own session,
+        as the code sandbox does, is left to its own limits)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
         self.conn.close()
         if self.pidfd is not None:
