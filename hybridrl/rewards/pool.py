@@ -252,10 +252,15 @@ class RewardPool:
         self._fill(min(self.num_workers, len(kwargs_list)))
         failures = 0
         while todo or any(w.state is WorkerState.BUSY for w in self._live()):
-            for w in self._live():
-                if w.state is WorkerState.IDLE and todo:
+            for slot, w in enumerate(self._workers):
+                if w is not None and w.state is WorkerState.IDLE and todo:
                     index = todo.popleft()
-                    w.assign(index, kwargs_list[index])
+                    try:
+                        w.assign(index, kwargs_list[index])
+                    except OSError:  # it died while idle (killed from outside): replace it, requeue the row
+                        todo.appendleft(index)
+                        w.kill()
+                        self._workers[slot] = self._new_worker()
             for slot, w in enumerate(self._workers):
                 if w is None or w.state is WorkerState.IDLE:
                     continue
