@@ -144,7 +144,8 @@ def raise_if_fatal(report: FailureReport, data_sources: Sequence[str]) -> None:
         note = f"stopped the run (a RewardFunctionFatalError) at {where}\n{outcome.traceback or ''}".rstrip()
         if hasattr(err, "add_note"):  # Python >= 3.11
             err.add_note(note)
-        else:
+        else:  # 3.10 prints no notes: log it, and keep it where 3.11 would
+            err.__notes__ = [*getattr(err, "__notes__", []), note]
             logger.error("%s", note)
         raise err
     raise RewardFailureError(f"the reward function raised a fatal error (a RewardFunctionFatalError), which stops "
