@@ -8,6 +8,7 @@ response token (verl's convention; advantage estimators read it from there).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -97,6 +98,8 @@ def max_failures(share: float, rows: int) -> int:
 
 def function_name(fn: Callable[..., Any]) -> str:
     """How error messages name the reward function: its file for a custom one, else its import path."""
+    while isinstance(fn, functools.partial):  # e.g. default_compute_score with settings bound
+        fn = fn.func
     if isinstance(fn, FileRewardFunction):
         return f"{fn.name} in {fn.path} (custom_reward_function.path/name)"
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
