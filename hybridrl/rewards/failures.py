@@ -16,6 +16,11 @@ failed rows exceeds `reward_model.max_failure_share`, or at once on a fatal erro
 
 All are counts per training step (summed over the step's generation rounds under
 `algorithm.filter_groups`), so a step without failures logs zeros.
+
+A batch stops as soon as its failures pass the limit: calls still running are killed and the rest never
+start. A function that hangs on every row therefore stops the run after about
+`reward_fn_timeout x ceil((floor(max_failure_share x rows) + 1) / reward_fn_workers)` seconds: one
+timeout (30 s) for the fault tests' 16 rows on 2 workers, seven for 128 rows on 2 workers.
 """
 
 from __future__ import annotations

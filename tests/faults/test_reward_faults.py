@@ -117,3 +117,14 @@ def test_a_fatal_error_from_the_reward_function_stops_the_run_at_once(fault_data
     with pytest.raises(RewardFunctionFatalError, match="verifier service is unreachable") as caught:
         run_ppo(ppo_config(*overrides))
     assert "reward.py" in "\n".join(caught.value.__notes__)  # where it was raised
+
+
+def test_validation_counts_reward_failures_too(fault_data, tiny_model_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    behaviour = {0: "raise", 1: "nan"}  # 2 of the 8 held-out prompts, one sample each
+    overrides = [*fault_run_overrides(fault_data, tiny_model_dir, run_dir), *GUARD, _reward_file(tmp_path, behaviour),
+                 "reward_model.max_failure_share=0.5", "trainer.val_before_train=true", "trainer.val_only=true"]
+    (metrics,) = run_ppo(ppo_config(*overrides))
+    assert (metrics["val-aux/reward/errors"], metrics["val-aux/reward/non_finite"]) == (1, 1)
+    assert metrics["val-aux/reward/failure_share"] == 0.25  # 2 of 8
+    assert metrics["val-core/arithmetic/reward/mean@1"] == metrics["val-core/arithmetic/reward/mean@1"]  # not NaN
