@@ -3,6 +3,9 @@
 The function keeps verl's signature, `compute_score(data_source, solution_str, ground_truth,
 extra_info=None, **kwargs)`, and returns a float or a dict with a `score` key (other keys become
 per-sample metrics). `reward_kwargs` from the config are bound as keyword arguments.
+
+The loaded function pickles as "load this file again" rather than by value, so the reward managers'
+worker processes (hybridrl/rewards/pool.py) import the file themselves, as the driver did.
 """
 
 from __future__ import annotations
@@ -15,9 +18,29 @@ from pathlib import Path
 from typing import Any
 
 
+class FileRewardFunction:
+    """A function loaded from a file, with `reward_kwargs` bound; pickling it records the file, the name
+    and the kwargs, and unpickling loads the file anew (the module is not in `sys.modules`, so the
+    function could not be pickled by reference)."""
+
+    def __init__(self, fn: Callable[..., Any], path: str, name: str, reward_kwargs: dict[str, Any]) -> None:
+        self.fn = functools.partial(fn, **reward_kwargs) if reward_kwargs else fn
+        self.path, self.name, self.reward_kwargs = path, name, reward_kwargs
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __reduce__(self) -> tuple:
+        return load_custom_reward_function, (self.path, self.name, self.reward_kwargs)
+
+    def __repr__(self) -> str:
+        return f"<reward function {self.name!r} from {self.path}>"
+
+
 def load_custom_reward_function(
     path: str | Path, name: str = "compute_score", reward_kwargs: Mapping[str, Any] | None = None
-) -> Callable[..., Any]:
+) -> FileRewardFunction:
     """Import `path` as a fresh module and return its function `name` with `reward_kwargs` bound."""
     file = Path(path).expanduser()
     if not file.is_file():
@@ -35,10 +58,7 @@ def load_custom_reward_function(
         raise AttributeError(
             f"custom_reward_function.name={name!r} is not a function in {file}; functions there: {found}"
         )
-    kwargs = dict(reward_kwargs or {})
-    if not kwargs:
-        return fn
-    return functools.wraps(fn)(functools.partial(fn, **kwargs))
+    return FileRewardFunction(fn, str(file.resolve()), name, dict(reward_kwargs or {}))
 
 
 def get_custom_reward_fn(config: Mapping[str, Any]) -> Callable[..., Any] | None:

@@ -1,126 +1,383 @@
-"""A process pool that scores samples with a per-sample timeout and survives hung or crashing scorers.
+"""A persistent process pool that runs a reward function with a per-call timeout and survives its crashes.
 
-`concurrent.futures.ProcessPoolExecutor` cannot stop a task that never returns, and one worker dying
-breaks the whole executor. Here each worker runs one sample at a time; a worker past its deadline is
-killed and replaced, a worker that dies is replaced, and the sample gets an outcome saying so.
+`concurrent.futures.ProcessPoolExecutor` cannot stop a call that never returns, and one worker dying
+breaks the whole executor. Here each worker runs one call at a time; a worker past its deadline is
+killed (after its stack is dumped, so the report shows where it hung) and replaced, a worker that dies
+(`os._exit`, a segfault, the OOM killer) is replaced, and the call gets an `Outcome` saying so.
+
+Workers live as long as the pool (started on first use), so a training step pays only a socket round
+trip per call, not a process start. Each worker is a fresh interpreter (`python -c ...`), not a fork of
+the driver: a fork would copy the driver's address space at that moment -- under
+`trainer.backend=local` that includes the model and optimizer, whose pages every later update would
+leave duplicated -- and forking a process that runs Ray's and torch's threads risks inheriting a held
+lock. multiprocessing's `spawn`/`forkserver` also start clean processes, but re-import the driver's
+`__main__` in each one, which re-runs a user's training script that lacks an `if __name__ == "__main__"`
+guard.
+
+The function reaches a worker pickled, with the driver's `sys.path`. A function loaded from a file by
+`load_custom_reward_function` pickles as "load this file again" (see `hybridrl/rewards/custom.py`), so
+users' files work unchanged; a module-level function pickles by reference; a lambda, a closure or a
+function defined in `__main__` cannot be loaded by the worker, and the pool says so.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import multiprocessing as mp
+import contextlib
+import enum
+import faulthandler
 import os
+import pickle
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
 import time
+import traceback
+import weakref
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.connection import Connection, wait
+from pathlib import Path
 from typing import Any
 
+import hybridrl
+from hybridrl.rewards.calls import COUNTED_FAILURES, Outcome, Status, call_guarded
+from hybridrl.rewards.errors import RewardFailureError
 
-@dataclasses.dataclass
-class Outcome:
-    """Result of one sample: status is "ok", "timeout", "error" (the scorer raised) or "crash"."""
+# Loading a worker (unpickling the function: re-importing the user's file and what it imports) may take a
+# while the first time (sympy, math-verify); a worker that has not reported ready by then is broken.
+STARTUP_TIMEOUT_S = 120.0
+# The longest a hung worker gets to write its stack dump before it is killed (faulthandler writes it from
+# the signal handler in well under a millisecond once the worker runs; the wait ends as soon as it has).
+STACK_DUMP_WAIT_S = 1.0
 
-    status: str
-    value: Any = None
-    error: str | None = None
+
+def accept_any(value: Any, kwargs: Mapping[str, Any]) -> Any:
+    """The pool's default check: every return value is accepted as it is."""
+    return value
 
 
-def _worker_loop(fn: Callable[..., Any], conn: Connection) -> None:
-    while True:
-        task = conn.recv()
-        if task is None:
-            return
-        index, kwargs = task
+# The worker's command: make this hybridrl importable, then serve on the socket passed as a file descriptor.
+_BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); from hybridrl.rewards.pool import worker_main; "
+         "worker_main(int(sys.argv[2]), sys.argv[3])")
+_ROOT = str(Path(hybridrl.__file__).resolve().parents[1])
+
+
+def worker_main(fd: int, fault_path: str) -> None:
+    """A worker: load the function, report ready, then answer (index, kwargs) tasks until told to stop."""
+    conn = Connection(fd)
+    with open(fault_path, "w") as fault_file:
+        faulthandler.enable(fault_file)  # a segfault leaves its stack here
+        faulthandler.register(signal.SIGUSR1, fault_file, all_threads=True)  # the pool asks for a hung stack
         try:
-            conn.send((index, Outcome("ok", fn(**kwargs))))
-        except Exception as err:  # a scorer bug scores this sample 0; it must not stop the batch
-            conn.send((index, Outcome("error", error=f"{type(err).__name__}: {err}")))
+            sys_path, payload = conn.recv()
+            # The driver's import path may have entries (a test directory, a path added at run time) that
+            # the function's module needs.
+            sys.path[:] = sys_path
+            fn, check = pickle.loads(payload)
+        except BaseException:
+            conn.send(("broken", traceback.format_exc()))
+            return
+        conn.send(("ready", None))
+        while True:
+            try:
+                task = conn.recv()
+            except (EOFError, OSError):  # the driver is gone
+                return
+            if task is None:
+                return
+            index, kwargs = task
+            outcome = call_guarded(fn, kwargs, check)
+            try:
+                data = pickle.dumps((index, outcome))
+            except Exception as err:  # e.g. extras holding an open file or a lock
+                data = pickle.dumps((index, Outcome(
+                    Status.WRONG_TYPE, error=f"the returned value cannot be sent from the worker process "
+                                             f"({type(err).__name__}: {err})")))
+            conn.send_bytes(data)
+
+
+class WorkerState(enum.Enum):
+    STARTING = "starting"  # started, has not yet reported that it loaded the function
+    IDLE = "idle"
+    BUSY = "busy"  # running one call, since `started`
 
 
 class _Worker:
-    def __init__(self, ctx: Any, fn: Callable[..., Any]) -> None:
-        self.conn, child_conn = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_loop, args=(fn, child_conn), daemon=True)
-        self.proc.start()
-        child_conn.close()
+    def __init__(self, sys_path: list[str], payload: bytes, fault_path: str) -> None:
+        parent, child = socket.socketpair()
+        self.fault_path = fault_path
+        with child:
+            # Its own session: Ctrl-C in the terminal reaches the driver only (which stops the pool), and
+            # `kill` can end the processes the function started along with the worker.
+            self.proc = subprocess.Popen([sys.executable, "-c", _BOOT, _ROOT, str(child.fileno()), fault_path],
+                                         pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+        self.conn = Connection(parent.detach())
+        self.conn.send((sys_path, payload))
+        # A descriptor that becomes readable when the process exits, so waits wake at once on a crash.
+        try:
+            self.pidfd: int | None = os.pidfd_open(self.proc.pid)
+        except (AttributeError, OSError):  # not Linux >= 5.3: waits poll instead
+            self.pidfd = None
+        self.state = WorkerState.STARTING
         self.task: int | None = None
-        self.started = 0.0
+        self.started = time.monotonic()
 
-    def assign(self, index: int, kwargs: dict) -> None:
-        self.task, self.started = index, time.monotonic()
+    def is_alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def assign(self, index: int, kwargs: Mapping[str, Any]) -> None:
         self.conn.send((index, kwargs))
+        self.state, self.task, self.started = WorkerState.BUSY, index, time.monotonic()
+
+    def stack_dump(self) -> str | None:
+        """What faulthandler wrote: the stack of a fatal signal, or of a hung call after `request_stack`."""
+        try:
+            text = Path(self.fault_path).read_text(errors="replace").strip()
+        except OSError:
+            return None
+        return text or None
+
+    def request_stack(self) -> None:
+        """Ask faulthandler for the hung stack; wait until the dump stops growing (it is written as soon as
+        the worker gets the CPU, which on a busy machine can take a while)."""
+        if not self.is_alive():
+            return
+        os.kill(self.proc.pid, signal.SIGUSR1)
+        deadline, size = time.monotonic() + STACK_DUMP_WAIT_S, -1
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+            now = os.path.getsize(self.fault_path) if os.path.exists(self.fault_path) else 0
+            if 0 < now == size:
+                return
+            size = now
 
     def kill(self) -> None:
-        self.proc.kill()
-        self.proc.join()
+        """Kill the worker and what it started in its process group (a child that made its own session,
+        as the code sandbox does, is left to its own limits)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
         self.conn.close()
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+        Path(self.fault_path).unlink(missing_ok=True)
+
+    def stop(self) -> None:
+        """Ask an idle worker to exit; kill one that is busy or does not exit within a second."""
+        if self.state is WorkerState.IDLE and self.is_alive():
+            try:
+                self.conn.send(None)
+                self.proc.wait(timeout=1.0)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
 
 
-def score_in_pool(
-    fn: Callable[..., Any],
-    kwargs_list: Sequence[dict],
-    num_workers: int,
-    timeout: float,
-    start_method: str = "fork",
-) -> list[Outcome]:
-    """Call `fn(**kwargs)` for each entry on `num_workers` processes; results keep the input order.
+def _stop_all(workers: list[_Worker | None], fault_dir: str) -> None:
+    for w in workers:
+        if w is not None:
+            w.stop()
+    workers.clear()
+    shutil.rmtree(fault_dir, ignore_errors=True)
 
-    "fork" (default) lets `fn` be any callable, including one loaded from a user's file; the workers
-    only score, they never touch torch.
+
+class RewardPool:
+    """`num_workers` persistent processes that call `fn(**kwargs)` with a per-call `timeout` in seconds.
+
+    `check(value, kwargs)` runs in the worker on each return value (see `hybridrl/rewards/calls.py`);
+    what it returns is the outcome's `value`, and an `InvalidRewardValue` it raises fails the call.
     """
-    if num_workers <= 0 or timeout <= 0:
-        raise ValueError(f"num_workers and timeout must be positive, got {num_workers} and {timeout}")
-    ctx = mp.get_context(start_method)
-    outcomes: list[Outcome | None] = [None] * len(kwargs_list)
-    todo = deque(range(len(kwargs_list)))
-    workers = [_Worker(ctx, fn) for _ in range(min(num_workers, len(kwargs_list)))]
-    try:
-        while todo or any(w.task is not None for w in workers):
-            for w in workers:
-                if w.task is None and todo:
+
+    def __init__(self, fn: Callable[..., Any], num_workers: int, timeout: float,
+                 check: Callable[[Any, Mapping[str, Any]], Any] = accept_any) -> None:
+        if num_workers <= 0 or timeout <= 0:
+            raise ValueError(f"num_workers and timeout must be positive, got {num_workers} and {timeout}")
+        try:
+            self._payload = pickle.dumps((fn, check))
+        except Exception as err:
+            raise ValueError(
+                f"the reward function {fn!r} cannot be sent to a worker process ({type(err).__name__}: {err}). "
+                f"Define it at module level in a file (custom_reward_function.path/name), or run it in the "
+                f"driver with reward_model.reward_fn_workers=0 (no timeout, no crash isolation)"
+            ) from err
+        self.num_workers, self.timeout = num_workers, timeout
+        self._fault_dir = tempfile.mkdtemp(prefix="hybridrl-reward-pool-")
+        self._workers: list[_Worker | None] = []
+        self._started = 0
+        # Workers end with the pool even when close() is never called (they also exit when the driver dies:
+        # their pipe closes).
+        self._finalizer = weakref.finalize(self, _stop_all, self._workers, self._fault_dir)
+
+    def __enter__(self) -> RewardPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._finalizer()
+
+    def _new_worker(self) -> _Worker:
+        self._started += 1
+        fault_path = os.path.join(self._fault_dir, f"worker-{self._started}.txt")
+        return _Worker(list(sys.path), self._payload, fault_path)
+
+    def _fill(self, wanted: int) -> None:
+        """Start workers until `wanted` slots hold a live one (dead idle workers are replaced too)."""
+        if not self._finalizer.alive:
+            raise RuntimeError("this RewardPool is closed")
+        while len(self._workers) < wanted:
+            self._workers.append(None)
+        for i in range(wanted):
+            w = self._workers[i]
+            if w is None or not w.is_alive():
+                if w is not None:
+                    w.kill()
+                self._workers[i] = self._new_worker()
+
+    def map(self, kwargs_list: Sequence[Mapping[str, Any]], max_failures: int | None = None) -> list[Outcome]:
+        """One Outcome per kwargs, in input order.
+
+        With `max_failures`, the calls stop as soon as more than that many have failed (a kind in
+        `COUNTED_FAILURES`) or one was fatal: calls still running are killed and the rest marked
+        `skipped`, because the caller will stop anyway and should not wait for them.
+        """
+        outcomes: list[Outcome | None] = [None] * len(kwargs_list)
+        todo = deque(range(len(kwargs_list)))
+        self._fill(min(self.num_workers, len(kwargs_list)))
+        failures = 0
+        while todo or any(w.state is WorkerState.BUSY for w in self._live()):
+            for slot, w in enumerate(self._workers):
+                if w is not None and w.state is WorkerState.IDLE and todo:
                     index = todo.popleft()
-                    w.assign(index, kwargs_list[index])
-            busy = [w for w in workers if w.task is not None]
-            next_deadline = min(w.started + timeout for w in busy)
-            ready = wait([w.conn for w in busy] + [w.proc.sentinel for w in busy],
-                         timeout=max(0.0, next_deadline - time.monotonic()))
-            for i, w in enumerate(workers):
-                if w.task is None:
+                    try:
+                        w.assign(index, kwargs_list[index])
+                    except OSError:  # it died while idle (killed from outside): replace it, requeue the row
+                        todo.appendleft(index)
+                        w.kill()
+                        self._workers[slot] = self._new_worker()
+            for slot, w in enumerate(self._workers):
+                if w is None or w.state is WorkerState.IDLE:
                     continue
-                outcome = _collect(w, ready, timeout)
+                outcome = self._poll(w, slot)
                 if outcome is None:
                     continue
-                outcomes[w.task] = outcome
-                w.task = None
-                if outcome.status in ("timeout", "crash"):
-                    w.kill()
-                    workers[i] = _Worker(ctx, fn)
-    finally:
-        for w in workers:
-            if w.proc.is_alive() and w.task is None:
-                w.conn.send(None)
-            w.proc.join(timeout=1.0)
-            if w.proc.is_alive():
+                index, outcome = outcome
+                outcomes[index] = outcome
+                failures += outcome.status in COUNTED_FAILURES
+                if outcome.status is Status.FATAL or (max_failures is not None and failures > max_failures):
+                    self._abandon()
+                    return [o or Outcome(Status.SKIPPED) for o in outcomes]
+            self._wait()
+        return [o or Outcome(Status.SKIPPED) for o in outcomes]
+
+    def _live(self) -> list[_Worker]:
+        return [w for w in self._workers if w is not None]
+
+    def _wait(self) -> None:
+        """Sleep until a worker has something to say, dies, or reaches its deadline."""
+        waiting = [w for w in self._live() if w.state is not WorkerState.IDLE]
+        if not waiting:
+            return
+        deadline = min(w.started + (self.timeout if w.state is WorkerState.BUSY else STARTUP_TIMEOUT_S)
+                       for w in waiting)
+        pidfds = [w.pidfd for w in waiting if w.pidfd is not None]
+        timeout = max(0.0, deadline - time.monotonic())
+        if len(pidfds) < len(waiting):
+            timeout = min(timeout, 0.1)  # no exit descriptor: look at the processes ten times a second
+        wait([w.conn for w in waiting] + pidfds, timeout=timeout)
+
+    def _poll(self, w: _Worker, slot: int) -> tuple[int, Outcome] | None:
+        """A finished call's (index, outcome); also moves a starting worker to idle, and replaces a worker
+        that timed out or died. None while nothing happened."""
+        if w.state is WorkerState.STARTING:
+            self._poll_start(w)
+            return None
+        index = w.task
+        assert index is not None
+        if w.conn.poll():
+            try:
+                data = w.conn.recv_bytes()
+            except (EOFError, OSError):  # the socket closed: the worker is exiting
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    w.proc.wait(timeout=5.0)
+            else:
+                w.state, w.task = WorkerState.IDLE, None
+                return index, _loads_outcome(data)
+        if not w.is_alive():
+            outcome = Outcome(Status.CRASH, error=f"the worker process exited with {_exit_text(w.proc.returncode)} "
+                                                  f"during the call", traceback=w.stack_dump())
+        elif time.monotonic() - w.started >= self.timeout:
+            w.request_stack()
+            outcome = Outcome(Status.TIMEOUT, error=f"no result within {self.timeout:g} s",
+                              traceback=w.stack_dump())
+        else:
+            return None
+        w.kill()
+        self._workers[slot] = self._new_worker()
+        return index, outcome
+
+    def _poll_start(self, w: _Worker) -> None:
+        if w.conn.poll():
+            try:
+                kind, detail = w.conn.recv()
+            except (EOFError, OSError):
+                kind, detail = "broken", f"the worker exited with {_exit_text(w.proc.poll())} while starting"
+            if kind == "ready":
+                w.state = WorkerState.IDLE
+                return
+        elif w.is_alive() and time.monotonic() - w.started < STARTUP_TIMEOUT_S:
+            return
+        else:
+            detail = f"the worker did not start within {STARTUP_TIMEOUT_S:g} s (exit: {_exit_text(w.proc.poll())})"
+        self.close()
+        raise RewardFailureError(
+            f"the reward function cannot be loaded in a worker process:\n{detail}\nFix the import (the file "
+            f"and what it imports must load in a fresh process), or run it in the driver with "
+            f"reward_model.reward_fn_workers=0 (no timeout, no crash isolation)"
+        )
+
+    def _abandon(self) -> None:
+        """Kill the workers still running calls (a new worker takes each slot on the next map)."""
+        for slot, w in enumerate(self._workers):
+            if w is not None and w.state is WorkerState.BUSY:
                 w.kill()
-    return [o if o is not None else Outcome("crash", error="lost") for o in outcomes]
+                self._workers[slot] = None
 
 
-def _collect(w: _Worker, ready: list, timeout: float) -> Outcome | None:
-    """The finished sample's outcome, a timeout/crash outcome, or None while it is still running."""
-    if w.conn in ready:
+def _loads_outcome(data: bytes) -> Outcome:
+    try:
+        _, outcome = pickle.loads(data)
+    except Exception as err:  # e.g. extras of a class the driver cannot import
+        return Outcome(Status.WRONG_TYPE, error=f"the returned value cannot be read by the driver "
+                                                f"({type(err).__name__}: {err})")
+    return outcome
+
+
+def _exit_text(code: int | None) -> str:
+    if code is None:
+        return "no exit code"
+    if code < 0:
         try:
-            _, outcome = w.conn.recv()
-            return outcome
-        except (EOFError, OSError):
-            return Outcome("crash", error=f"worker {w.proc.pid} died")
-    if w.proc.sentinel in ready:
-        w.proc.join()
-        return Outcome("crash", error=f"worker {w.proc.pid} exited with code {w.proc.exitcode}")
-    if time.monotonic() - w.started >= timeout:
-        return Outcome("timeout", error=f"no result within {timeout:g}s")
-    return None
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+def score_in_pool(fn: Callable[..., Any], kwargs_list: Sequence[Mapping[str, Any]], num_workers: int,
+                  timeout: float, check: Callable[[Any, Mapping[str, Any]], Any] = accept_any) -> list[Outcome]:
+    """Call `fn(**kwargs)` for each entry on a pool made for this one batch; results keep the input order."""
+    with RewardPool(fn, num_workers, timeout, check) as pool:
+        return pool.map(kwargs_list)
 
 
 def default_num_workers() -> int:
-    return max(1, min(64, os.cpu_count() or 1))
+    """The CPUs this process may run on (its affinity, not the machine's count), at most 64."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(64, cpus))

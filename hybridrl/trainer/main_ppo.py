@@ -76,6 +76,8 @@ def run_ppo(cfg: DictConfig) -> list[dict[str, float]]:
             return trainer.fit()
         finally:
             groups.shutdown()
+            reward_fn.close()  # the reward functions' worker processes
+            val_reward_fn.close()
 
 
 @hydra.main(config_path="config", config_name="ppo_trainer", version_base=None)

@@ -19,6 +19,7 @@ import torch
 from hybridrl.algos import apply_kl_penalty, get_adv_estimator_spec, get_kl_controller
 from hybridrl.data.sampler import ResumableSampler, StatefulDataLoader
 from hybridrl.protocol import DataProto
+from hybridrl.rewards.failures import add_reward_metrics
 from hybridrl.trainer import advantage, dataflow
 from hybridrl.trainer.generation_dump import generation_records, write_generations
 from hybridrl.trainer.metrics import (
@@ -177,13 +178,10 @@ class PPOTrainer:
         """4. Model and rule scores -> `token_level_scores` (the score on each row's last valid token)."""
         if self.groups.reward_model is not None:
             batch.union(self.groups.reward_model.compute_rm_score(batch))
-        try:
-            result = self.reward_fn(batch, return_dict=True)
-        except Exception as err:
-            raise RuntimeError(
-                f"the reward function raised {type(err).__name__}: {err}. Fix the function, or use "
-                f"reward_model.reward_manager=prime, which scores a failing sample 0 and counts it"
-            ) from err
+        # Failed rows score 0.0 and are counted in `reward/*`; too many, or a fatal error, raise from
+        # the manager with the first traceback (hybridrl/rewards/failures.py).
+        result = self.reward_fn(batch, return_dict=True)
+        add_reward_metrics(metrics, result.get("reward_metrics", {}))
         batch.batch["token_level_scores"] = result["reward_tensor"]
         for key, values in result.get("reward_extra_info", {}).items():
             batch.non_tensor_batch[key] = np.array(values, dtype=object)

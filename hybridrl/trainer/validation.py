@@ -6,6 +6,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
+from hybridrl.rewards.failures import add_reward_metrics
 from hybridrl.trainer import dataflow
 from hybridrl.trainer.generation_dump import generation_records, write_generations
 from hybridrl.trainer.metrics import process_validation_metrics, validation_metrics_to_flat
@@ -25,6 +26,7 @@ class Validator:
     def run(self, step: int) -> dict[str, float]:
         """Generate for every validation prompt (val_kwargs.n samples each), score, and summarise."""
         sources, uids, texts, infos = [], [], [], {"reward": []}
+        failures: dict[str, float] = {}
         for batch_dict in self.dataloader:
             batch = dataflow.new_prompt_batch(batch_dict)
             gen_input = dataflow.split_generation_input(batch)
@@ -32,6 +34,7 @@ class Validator:
             batch = dataflow.attach_responses(batch, self.groups.actor_rollout.generate_sequences(gen_input))
             result = self.reward_fn(batch, return_dict=True)
             scores = result["reward_tensor"].sum(dim=-1).tolist()
+            add_reward_metrics(failures, result.get("reward_metrics", {}))
             infos["reward"] += scores
             for key, values in result.get("reward_extra_info", {}).items():
                 infos.setdefault(key, []).extend(values)
@@ -42,7 +45,7 @@ class Validator:
         write_generations(self.config.trainer.validation_data_dir, step, texts)
         self._print_examples(texts)
         grouped = process_validation_metrics(sources, uids, infos)
-        return validation_metrics_to_flat(grouped)
+        return {**validation_metrics_to_flat(grouped), **{f"val-aux/{key}": value for key, value in failures.items()}}
 
     def _print_examples(self, texts: list[dict]) -> None:
         for row in texts[: self.config.trainer.log_val_generations]:

@@ -29,6 +29,7 @@ from safetensors import safe_open
 from hybridrl.controller import Dispatch, Worker, register
 from hybridrl.models.loading import load_tokenizer, load_value_model, resolve_model_dir
 from hybridrl.protocol import DataProto
+from hybridrl.rewards.failures import DEFAULT_MAX_FAILURE_SHARE, DEFAULT_TIMEOUT_S
 from hybridrl.rewards.sandbox import SandboxConfig
 from hybridrl.workers.batch_sizes import forward_batching, per_rank
 from hybridrl.workers.config import FSDPConfig, to_dataclass
@@ -94,6 +95,16 @@ class RewardModelConfig:
     reward_manager: str = "naive"
     # Extra keyword arguments for the reward manager's constructor.
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
+    # Seconds one call of the reward function may take (one response; the whole batch for the `batch`
+    # manager). A call past it is killed, its rows score 0.0 and count in `reward/timeouts`.
+    reward_fn_timeout: float = DEFAULT_TIMEOUT_S
+    # Worker processes that run the reward function (null: the CPUs this process may use, at most 64).
+    # 0 runs it in the driver: no timeout, and an os._exit or segfault in it ends the run.
+    reward_fn_workers: int | None = None
+    # Stop the run when more than this share of a batch's rows fail (raise, crash, time out, return NaN
+    # or a wrong type); failures up to it score 0.0 and are counted in the `reward/*` metrics. 1.0: never
+    # stop. A RewardFunctionFatalError from the function stops the run whatever the share.
+    max_failure_share: float = DEFAULT_MAX_FAILURE_SHARE
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     # Run the rule-based reward function in the background while log-probs are computed (trainer option).
     launch_reward_fn_async: bool = False

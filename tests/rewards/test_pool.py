@@ -1,34 +1,99 @@
-"""The timeout-safe scoring pool: order kept, hung workers replaced, errors isolated."""
+"""The reward pool: order kept, workers persistent, hung or dying workers replaced with the reason and
+the stack, early stop once a batch has failed, and clear errors for functions a worker cannot load."""
 
+import os
+import shutil
+import signal
 import time
+from pathlib import Path
 
 import pytest
 
-from hybridrl.rewards.pool import score_in_pool
+from hybridrl.rewards.calls import Status
+from hybridrl.rewards.custom import load_custom_reward_function
+from hybridrl.rewards.errors import RewardFailureError
+from hybridrl.rewards.pool import RewardPool, score_in_pool
+
+FIXTURE = Path(__file__).parent / "fixtures" / "faulty_reward.py"
+SQUARE = load_custom_reward_function(FIXTURE, "square_or_fail")  # loaded by path, as users' files are
 
 
-def _square_or_fail(x):
-    if x == "hang":
-        time.sleep(10_000)
-    if x == "boom":
-        raise ValueError("boom")
-    return x * x
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def test_results_keep_input_order_and_failures_are_labelled():
-    inputs = [3, "hang", 4, "boom", 5]
-    outcomes = score_in_pool(_square_or_fail, [{"x": x} for x in inputs], num_workers=2, timeout=1.5)
-    assert [o.status for o in outcomes] == ["ok", "timeout", "ok", "error", "ok"]
+    inputs = [3, "hang", 4, "boom", 5, "exit"]
+    outcomes = score_in_pool(SQUARE, [{"x": x} for x in inputs], num_workers=2, timeout=1.5)
+    assert [o.status for o in outcomes] == ["ok", "timeout", "ok", "error", "ok", "crash"]
     assert [o.value for o in outcomes if o.status == "ok"] == [9, 16, 25]
     assert outcomes[3].error == "ValueError: boom"
+    assert 'raise ValueError("boom")' in outcomes[3].traceback  # the function's own line
+    assert outcomes[5].error == "the worker process exited with exit code 3 during the call"
 
 
-def test_a_hung_worker_is_replaced_so_later_samples_still_run():
+def test_a_hung_call_reports_where_it_hung_and_its_worker_is_replaced():
     # One worker only: after the hang is killed, the replacement must score the rest.
-    outcomes = score_in_pool(_square_or_fail, [{"x": "hang"}, {"x": 2}, {"x": 6}], num_workers=1, timeout=1.0)
+    outcomes = score_in_pool(SQUARE, [{"x": "hang"}, {"x": 2}, {"x": 6}], num_workers=1, timeout=1.0)
     assert [(o.status, o.value) for o in outcomes] == [("timeout", None), ("ok", 4), ("ok", 36)]
+    assert outcomes[0].error == "no result within 1 s"
+    assert "in square_or_fail" in outcomes[0].traceback  # faulthandler's dump of the hung stack
+
+
+def test_a_segfault_is_a_crash_with_its_stack():
+    (outcome,) = score_in_pool(SQUARE, [{"x": "segfault"}], num_workers=1, timeout=10.0)
+    assert outcome.status == "crash" and "SIGSEGV" in outcome.error
+    assert "in square_or_fail" in outcome.traceback
+
+
+def test_workers_persist_across_batches_and_close_stops_them():
+    pool = RewardPool(SQUARE, num_workers=2, timeout=10.0)
+    first = {o.value for o in pool.map([{"x": "pid"}] * 4)}
+    second = {o.value for o in pool.map([{"x": "pid"}] * 4)}
+    assert second <= first and len(first) <= 2  # the same processes served both batches
+    assert os.getpid() not in first  # and none of them is this process
+    os.kill(min(first), signal.SIGKILL)  # a worker killed from outside while idle is replaced...
+    time.sleep(0.5)  # (...once it has died: one killed a moment before its next call gets reported as a crash)
+    assert [o.value for o in pool.map([{"x": 3}] * 4)] == [9] * 4
+    first |= {o.value for o in pool.map([{"x": "pid"}] * 4)}
+    pool.close()
+    deadline = time.monotonic() + 5
+    while any(_alive(pid) for pid in first) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in first)
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.map([{"x": 1}])
+
+
+def test_max_failures_stops_the_batch_and_skips_the_rest():
+    with RewardPool(SQUARE, num_workers=1, timeout=10.0) as pool:
+        outcomes = pool.map([{"x": "boom"}, {"x": "boom"}, {"x": 2}, {"x": 3}], max_failures=1)
+        assert [o.status for o in outcomes] == ["error", "error", "skipped", "skipped"]
+        assert pool.map([{"x": 2}])[0].value == 4  # the pool still works afterwards
+
+
+def test_a_value_that_cannot_travel_back_fails_its_call_only():
+    outcomes = score_in_pool(SQUARE, [{"x": "lock"}, {"x": 7}], num_workers=1, timeout=10.0)
+    assert outcomes[0].status == Status.WRONG_TYPE and "cannot be sent from the worker" in outcomes[0].error
+    assert outcomes[1].value == 49
+
+
+def test_functions_a_worker_cannot_load_are_refused_clearly(tmp_path):
+    with pytest.raises(ValueError, match="cannot be sent to a worker process.*reward_fn_workers=0"):
+        RewardPool(lambda x: x, num_workers=1, timeout=1.0)
+    # A file that disappears after the driver loaded it: the worker's own import fails.
+    copy = tmp_path / "gone.py"
+    shutil.copy(FIXTURE, copy)
+    fn = load_custom_reward_function(copy, "square_or_fail")
+    copy.unlink()
+    with pytest.raises(RewardFailureError, match=r"cannot be loaded in a worker process(.|\n)*gone.py"):
+        score_in_pool(fn, [{"x": 1}], num_workers=1, timeout=5.0)
 
 
 def test_bad_settings_raise():
     with pytest.raises(ValueError, match="num_workers and timeout"):
-        score_in_pool(_square_or_fail, [{"x": 1}], num_workers=0, timeout=1.0)
+        score_in_pool(SQUARE, [{"x": 1}], num_workers=0, timeout=1.0)

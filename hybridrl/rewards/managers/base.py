@@ -1,4 +1,4 @@
-"""Shared machinery of the reward managers: decode rows, place scores, collect extras, print examples.
+"""Shared machinery of the reward managers: decode rows, guard the calls, place scores, collect extras.
 
 A reward manager turns a DataProto of generated responses into `token_level_scores`: a
 (batch, response_len) float tensor that is zero except for each sequence's score on its last valid
@@ -8,6 +8,7 @@ response token (verl's convention; advantage estimators read it from there).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -15,6 +16,19 @@ from typing import Any
 import torch
 
 from hybridrl.protocol import DataProto
+from hybridrl.rewards.calls import Outcome, Status, check_score
+from hybridrl.rewards.custom import FileRewardFunction
+from hybridrl.rewards.failures import (
+    DEFAULT_MAX_FAILURE_SHARE,
+    DEFAULT_TIMEOUT_S,
+    FAILED_SCORE,
+    FailureReport,
+    log_failures,
+    raise_if_fatal,
+    raise_if_over_share,
+    zero_like,
+)
+from hybridrl.rewards.runner import make_runner
 from hybridrl.rewards.score import default_compute_score
 
 
@@ -75,17 +89,37 @@ def decode_rows(data: DataProto, tokenizer: Any, reward_fn_key: str = "data_sour
     return rows
 
 
-def split_result(result: Any) -> tuple[float, dict]:
-    """A scorer's return value -> (score, extras). Dicts must carry `score`; extras include it."""
-    if isinstance(result, Mapping):
-        if "score" not in result:
-            raise KeyError(f"a reward function returned a dict without 'score': {sorted(result)}")
-        return float(result["score"]), dict(result)
-    return float(result), {}
+def max_failures(share: float, rows: int) -> int:
+    """The most failed rows out of `rows` whose share is still <= `share` (exact, unlike floor(share * rows),
+    which float rounding can put one off)."""
+    k = min(rows, int(share * rows) + 1)
+    while k > 0 and k / rows > share:
+        k -= 1
+    return k
+
+
+def function_name(fn: Callable[..., Any]) -> str:
+    """How error messages name the reward function: its file for a custom one, else its import path."""
+    while isinstance(fn, functools.partial):  # e.g. default_compute_score with settings bound
+        fn = fn.func
+    if isinstance(fn, FileRewardFunction):
+        return f"{fn.name} in {fn.path} (custom_reward_function.path/name)"
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
 class RewardManager:
-    """Base class: subclasses implement `score_rows(rows) -> list of (score, extras)`."""
+    """Base class: decode rows, call the reward function on them through a runner, place the scores.
+
+    Every call runs under `timeout` seconds in a worker process (`num_workers`, 0 = in this process; see
+    hybridrl/rewards/runner.py). A row whose call fails (raises, crashes its worker, times out, returns a
+    non-finite number or a wrong type) scores FAILED_SCORE and is counted; the batch raises
+    `RewardFailureError` when the failed share exceeds `max_failure_share`, and a
+    `RewardFunctionFatalError` from the function stops it at once (hybridrl/rewards/failures.py).
+    Subclasses change how rows become calls (`score_rows`) or shape each row's result (`finish`).
+    """
+
+    # Runs in the worker on each call's return value: one row's score (the batch manager checks a list).
+    check: Callable[[Any, Mapping[str, Any]], Any] = staticmethod(check_score)
 
     def __init__(
         self,
@@ -93,28 +127,63 @@ class RewardManager:
         num_examine: int = 0,
         compute_score: Callable[..., Any] | None = None,
         reward_fn_key: str = "data_source",
+        timeout: float = DEFAULT_TIMEOUT_S,
+        num_workers: int | None = None,
+        max_failure_share: float = DEFAULT_MAX_FAILURE_SHARE,
     ) -> None:
+        if not 0.0 <= max_failure_share <= 1.0:
+            raise ValueError(f"reward_model.max_failure_share must be in [0, 1] (1.0 never stops the run), "
+                             f"got {max_failure_share}")
         self.tokenizer = tokenizer
         self.num_examine = num_examine
         self.compute_score = compute_score or default_compute_score
         self.reward_fn_key = reward_fn_key
+        self.max_failure_share = max_failure_share
+        self.runner = make_runner(self.compute_score, type(self).check, timeout, num_workers)
 
     @classmethod
     def config_kwargs(cls, config: Mapping[str, Any]) -> dict:
-        """Constructor arguments this manager reads from the full config (none by default)."""
-        return {}
+        """Constructor arguments this manager reads from the full config: the `reward_model.*` keys that
+        guard the reward function's calls (subclasses add their own)."""
+        reward_model = config.get("reward_model") or {}
+        names = {"reward_fn_timeout": "timeout", "reward_fn_workers": "num_workers",
+                 "max_failure_share": "max_failure_share"}
+        return {arg: reward_model[key] for key, arg in names.items() if key in reward_model}
 
-    def score_rows(self, rows: list[DecodedRow]) -> list[tuple[float, dict]]:
-        raise NotImplementedError
+    def close(self) -> None:
+        """Stop the worker processes (they also stop when the manager is garbage-collected)."""
+        self.runner.close()
+
+    @staticmethod
+    def row_kwargs(row: DecodedRow) -> dict[str, Any]:
+        return {"data_source": row.data_source, "solution_str": row.response_str,
+                "ground_truth": row.ground_truth, "extra_info": row.extra_info}
+
+    def score_rows(self, rows: list[DecodedRow]) -> list[Outcome]:
+        """One Outcome per row, its value (score, extras) when ok. Default: one call per row."""
+        limit = max_failures(self.max_failure_share, len(rows))
+        return self.runner.map([self.row_kwargs(row) for row in rows], limit)
+
+    def finish(self, row: DecodedRow, outcome: Outcome, score: float, extras: dict) -> tuple[float, dict]:
+        """A row's final (score, extras), given its call's outcome (failed rows arrive as FAILED_SCORE)."""
+        return score, extras
 
     def __call__(self, data: DataProto, return_dict: bool = False) -> torch.Tensor | dict:
-        """Scores on the last valid response token; with `return_dict`, also per-sample extras."""
+        """Scores on the last valid response token; with `return_dict`, also per-sample extras and the
+        batch's failure counts (`reward_metrics`, see hybridrl/rewards/failures.py)."""
         if "rm_scores" in data.batch:
             # Scores already computed by the reward model worker are used as they are (as in verl).
-            return {"reward_tensor": data.batch["rm_scores"], "reward_extra_info": {}} if return_dict \
-                else data.batch["rm_scores"]
+            return {"reward_tensor": data.batch["rm_scores"], "reward_extra_info": {}, "reward_metrics": {}} \
+                if return_dict else data.batch["rm_scores"]
         rows = decode_rows(data, self.tokenizer, self.reward_fn_key)
-        results = self.score_rows(rows)
+        outcomes = self.score_rows(rows)
+        report = FailureReport.from_outcomes(outcomes)
+        sources = [row.data_source for row in rows]
+        raise_if_fatal(report, sources)
+        log_failures(report, sources, type(self).__name__)
+        raise_if_over_share(report, self.max_failure_share, sources,
+                            f"Fix the reward function, {function_name(self.compute_score)}. ")
+        results = self._results(rows, outcomes)
         reward_tensor = torch.zeros(data.batch["responses"].shape, dtype=torch.float32)  # (batch, R)
         for i, (row, (score, _)) in enumerate(zip(rows, results, strict=True)):
             if row.valid_response_length > 0:  # an empty response has no token to carry a score
@@ -122,8 +191,26 @@ class RewardManager:
         extra_info = collect_extras([extras for _, extras in results])
         self.print_examples(rows, [score for score, _ in results])
         if return_dict:
-            return {"reward_tensor": reward_tensor, "reward_extra_info": extra_info}
+            return {"reward_tensor": reward_tensor, "reward_extra_info": extra_info,
+                    "reward_metrics": report.metrics()}
         return reward_tensor
+
+    def _results(self, rows: list[DecodedRow], outcomes: list[Outcome]) -> list[tuple[float, dict]]:
+        """(score, extras) per row. A failed row gets FAILED_SCORE and, for each extra the other rows
+        returned, a zero of its type (so per-sample metrics never see a hole)."""
+        template: dict[str, Any] = {}
+        for outcome in outcomes:
+            if outcome.status is Status.OK:
+                for key, value in outcome.value[1].items():
+                    template.setdefault(key, zero_like(value))
+        results = []
+        for row, outcome in zip(rows, outcomes, strict=True):
+            if outcome.status is Status.OK:
+                score, extras = outcome.value
+            else:
+                score, extras = FAILED_SCORE, {**template, **({"score": FAILED_SCORE} if "score" in template else {})}
+            results.append(self.finish(row, outcome, score, extras))
+        return results
 
     def print_examples(self, rows: list[DecodedRow], scores: list[float]) -> None:
         """Print up to `num_examine` decoded examples per data source (what verl users look at)."""

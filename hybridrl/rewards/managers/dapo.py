@@ -5,7 +5,8 @@ n valid tokens, the added term is
 
     penalty = min(-(n - (L - B)) / B * f, 0)
 
-i.e. zero up to L - B tokens, then falling linearly to -f at n = L.
+i.e. zero up to L - B tokens, then falling linearly to -f at n = L. The penalty depends on the length
+only, so a row whose reward function failed gets it too, on top of the failed row's 0.0.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from hybridrl.rewards.managers.base import DecodedRow, RewardManager, split_result
+from hybridrl.rewards.calls import Outcome
+from hybridrl.rewards.failures import DEFAULT_MAX_FAILURE_SHARE, DEFAULT_TIMEOUT_S
+from hybridrl.rewards.managers.base import DecodedRow, RewardManager
 from hybridrl.rewards.managers.registry import REWARD_MANAGERS
 
 
@@ -27,8 +30,10 @@ class DAPORewardManager(RewardManager):
         reward_fn_key: str = "data_source",
         max_resp_len: int | None = None,
         overlong_buffer_cfg: Mapping[str, Any] | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        num_workers: int | None = None,
+        max_failure_share: float = DEFAULT_MAX_FAILURE_SHARE,
     ) -> None:
-        super().__init__(tokenizer, num_examine, compute_score, reward_fn_key)
         self.overlong = dict(overlong_buffer_cfg or {})
         if self.overlong.get("enable"):
             if max_resp_len is None:
@@ -38,10 +43,12 @@ class DAPORewardManager(RewardManager):
                 raise ValueError(f"reward_model.overlong_buffer.len={self.overlong['len']} must be in "
                                  f"(0, max_resp_len={max_resp_len}]")
         self.max_resp_len = max_resp_len
+        super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, timeout, num_workers, max_failure_share)
 
     @classmethod
     def config_kwargs(cls, config: Mapping[str, Any]) -> dict:
         return {
+            **super().config_kwargs(config),
             "max_resp_len": config["data"]["max_response_length"],
             "overlong_buffer_cfg": config["reward_model"].get("overlong_buffer"),
         }
@@ -51,18 +58,11 @@ class DAPORewardManager(RewardManager):
         exceed = valid_len - (self.max_resp_len - buffer_len)
         return min(-exceed / buffer_len * self.overlong["penalty_factor"], 0.0)
 
-    def score_rows(self, rows: list[DecodedRow]) -> list[tuple[float, dict]]:
-        results = []
-        for row in rows:
-            score, extras = split_result(self.compute_score(
-                data_source=row.data_source, solution_str=row.response_str,
-                ground_truth=row.ground_truth, extra_info=row.extra_info,
-            ))
-            extras.setdefault("score", score)  # the unshaped score, for metrics
-            if self.overlong.get("enable"):
-                penalty = self.overlong_penalty(row.valid_response_length)
-                score += penalty
-                if self.overlong.get("log", True):
-                    extras.update(overlong_reward=penalty, overlong=penalty < 0)
-            results.append((score, extras))
-        return results
+    def finish(self, row: DecodedRow, outcome: Outcome, score: float, extras: dict) -> tuple[float, dict]:
+        extras = {**extras, "score": extras.get("score", score)}  # the unshaped score, for metrics
+        if self.overlong.get("enable"):
+            penalty = self.overlong_penalty(row.valid_response_length)
+            score += penalty
+            if self.overlong.get("log", True):
+                extras.update(overlong_reward=penalty, overlong=penalty < 0)
+        return score, extras

@@ -1,8 +1,10 @@
 """`prime`: score responses in parallel processes with a per-sample timeout (verl's PrimeRewardManager).
 
-A sample whose scorer hangs past `timeout` seconds, raises, or kills its process scores 0; the batch
-goes on. Per-sample flags `reward_timeout` and `reward_error` land in the extra info (their batch mean
-is the fraction affected) and running totals in `num_timeouts` / `num_errors`.
+Every manager now runs its calls in a worker pool with a timeout (hybridrl/rewards/managers/base.py);
+`prime` keeps its own constructor arguments -- `timeout` and `num_processes` through
+`reward_model.reward_kwargs`, which override `reward_model.reward_fn_timeout` / `reward_fn_workers` --
+and adds per-sample flags `reward_timeout` and `reward_error` (any other failure) to the extra info,
+whose batch mean is the fraction affected.
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from hybridrl.rewards.managers.base import DecodedRow, RewardManager, split_result
+from hybridrl.rewards.calls import Outcome, Status
+from hybridrl.rewards.failures import DEFAULT_MAX_FAILURE_SHARE, DEFAULT_TIMEOUT_S
+from hybridrl.rewards.managers.base import DecodedRow, RewardManager
 from hybridrl.rewards.managers.registry import REWARD_MANAGERS
-from hybridrl.rewards.pool import default_num_workers, score_in_pool
 
 
 @REWARD_MANAGERS.register("prime")
@@ -23,27 +26,15 @@ class PrimeRewardManager(RewardManager):
         num_examine: int = 0,
         compute_score: Callable[..., Any] | None = None,
         reward_fn_key: str = "data_source",
-        timeout: float = 300.0,
+        timeout: float = DEFAULT_TIMEOUT_S,
         num_processes: int | None = None,
+        num_workers: int | None = None,
+        max_failure_share: float = DEFAULT_MAX_FAILURE_SHARE,
     ) -> None:
-        super().__init__(tokenizer, num_examine, compute_score, reward_fn_key)
-        self.timeout = timeout
-        self.num_processes = num_processes or default_num_workers()
-        self.num_timeouts = 0
-        self.num_errors = 0
+        workers = num_processes if num_processes is not None else num_workers
+        super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, timeout, workers, max_failure_share)
 
-    def score_rows(self, rows: list[DecodedRow]) -> list[tuple[float, dict]]:
-        kwargs = [
-            {"data_source": r.data_source, "solution_str": r.response_str,
-             "ground_truth": r.ground_truth, "extra_info": r.extra_info}
-            for r in rows
-        ]
-        outcomes = score_in_pool(self.compute_score, kwargs, self.num_processes, self.timeout)
-        results = []
-        for outcome in outcomes:
-            timed_out, failed = outcome.status == "timeout", outcome.status in ("error", "crash")
-            self.num_timeouts += timed_out
-            self.num_errors += failed
-            score, extras = split_result(outcome.value) if outcome.status == "ok" else (0.0, {})
-            results.append((score, {**extras, "reward_timeout": timed_out, "reward_error": failed}))
-        return results
+    def finish(self, row: DecodedRow, outcome: Outcome, score: float, extras: dict) -> tuple[float, dict]:
+        timed_out = outcome.status is Status.TIMEOUT
+        return score, {**extras, "reward_timeout": timed_out, "reward_error": outcome.status is not Status.OK
+                       and not timed_out}

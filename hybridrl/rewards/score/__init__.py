@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from hybridrl.rewards.sandbox import SandboxLimits
 
+from hybridrl.rewards.errors import RewardFunctionFatalError
+
 # data_source -> scorer module. Matches verl's `default_compute_score` for the sources both know,
 # plus `countdown` (TinyZero) and `arithmetic` (hybridrl's default task).
 _SOURCES: dict[str, str] = {
@@ -31,6 +33,11 @@ _SOURCES: dict[str, str] = {
 _PREFIXES: dict[str, str] = {"aime": "math", "math_": "math", "countdown": "countdown"}
 
 
+class UnknownDataSourceError(RewardFunctionFatalError, NotImplementedError):
+    """No built-in scorer for a row's data source: a setup error, so it stops the run rather than
+    scoring the row 0.0 (a NotImplementedError, as verl raises)."""
+
+
 def known_sources() -> list[str]:
     return sorted(_SOURCES) + [f"{prefix}*" for prefix in sorted(_PREFIXES)]
 
@@ -42,7 +49,7 @@ def scorer_module_name(data_source: str) -> str:
     for prefix, module in _PREFIXES.items():
         if data_source.startswith(prefix):
             return module
-    raise NotImplementedError(
+    raise UnknownDataSourceError(
         f"no built-in reward function for data_source={data_source!r}. Known sources: "
         f"{', '.join(known_sources())}. For another source set custom_reward_function.path "
         f"(and .name) to a file defining compute_score(data_source, solution_str, ground_truth, extra_info=None)."
