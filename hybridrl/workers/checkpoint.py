@@ -20,9 +20,19 @@ per-rank pickle would bind the checkpoint to its world size. RNG states are the 
 to a rank, so they are restored only when the world size is unchanged (otherwise a warning says so).
 
 Crash safety: a role is written into `<role>.tmp-<id>` and renamed to `<role>` only after every rank has
-finished writing (barrier); the driver then calls `commit_checkpoint`, which writes the step marker and
-atomically replaces the tracker file. `find_latest_ckpt_path` trusts only committed steps whose roles
-all carry their marker, so a save that dies at any point leaves the previous checkpoint as the latest.
+finished writing (barrier); the driver then calls `commit_checkpoint`, which atomically replaces the
+tracker file and then writes the step marker. A step is *committed* when it has its step marker, every
+role has its marker, and the tracker is at or above it. `find_latest_ckpt_path` trusts only committed
+steps, so a save that dies at any point leaves the previous checkpoint as the latest: a death between the
+tracker and the step marker leaves a tracked step without a marker, which resume skips with a warning.
+
+What a run never does with committed steps (the trainers call these checks):
+- overwrite one: `check_no_committed_after` refuses to start a run that would save over a committed step
+  newer than its starting point, and `check_uncommitted` refuses a save into a committed step;
+- ignore one: a tracker below a committed step (someone wrote an older step into it) is an error that
+  names both, rather than a silent restart that would overwrite the newer steps;
+- stop at a broken one: `load_newest_loadable` names a checkpoint that fails to load, moves it aside
+  (`global_step_N.unloadable`, nothing deleted) and falls back to the previous committed step.
 """
 
 from __future__ import annotations
@@ -36,7 +46,7 @@ import re
 import shutil
 import uuid
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +55,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.fsdp import FSDPModule
 
 from hybridrl.workers.config import CheckpointConfig, to_dataclass
@@ -57,6 +68,7 @@ ROLE_MARKER = "hybridrl_checkpoint.json"
 HF_SUBDIR = "huggingface"
 TMP_TAG = ".tmp-"
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
+UNLOADABLE_TAG = ".unloadable"  # suffix of a step directory that failed to load (see quarantine_step)
 CONTENTS = ("model", "optimizer", "extra", "hf_model")
 
 
@@ -92,6 +104,15 @@ def _world_size() -> int:
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
+
+
+def _gather_str(value: str) -> list[str]:
+    """Every rank's `value`, in rank order (a collective; `[value]` without a process group)."""
+    if not dist.is_initialized():
+        return [value]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
 
 
 def _broadcast_str(value: str) -> str:
@@ -205,31 +226,75 @@ def _step_dirs(default_local_dir: Path) -> list[tuple[int, Path]]:
     return sorted(((s, p) for s, p in found if s is not None), reverse=True)
 
 
+def _marked_steps(root: Path) -> list[tuple[int, Path]]:
+    """(step, path) of the step directories that carry a step marker, newest first."""
+    return [(s, p) for s, p in _step_dirs(root) if (p / STEP_MARKER).is_file()]
+
+
+def _names(paths: Iterable[Path]) -> str:
+    return ", ".join(p.name for p in paths)
+
+
+def check_tracker(default_local_dir: str | Path) -> int | None:
+    """The tracker's step; a CheckpointError when a step above it was committed.
+
+    `commit_checkpoint` writes the tracker before the step marker, so no save leaves a marked step
+    above the tracker: one there means the tracker was moved back by hand, and resuming from it would
+    train those steps again and overwrite them.
+    """
+    root = Path(default_local_dir)
+    tracked = read_tracker(root)
+    if tracked is None:
+        return None
+    above = [p for s, p in _marked_steps(root) if s > tracked]
+    if above:
+        raise CheckpointError(
+            f"{root / TRACKER_FILE} says step {tracked}, but {_names(above)} above it were committed "
+            f"({STEP_MARKER}); resuming from step {tracked} would train them again and overwrite them. "
+            f"To continue from the newest, write its step into the tracker (echo {_step_of(above[0])} > "
+            f"{root / TRACKER_FILE}); to go back to step {tracked}, first move {_names(above)} out of {root}"
+        )
+    return tracked
+
+
+def _auto_candidates(root: Path) -> Iterator[str]:
+    """Committed, complete steps at or below the tracker, newest first (warning about each one skipped)."""
+    tracked = check_tracker(root)
+    steps = _step_dirs(root)
+    if tracked is not None and steps and tracked not in {s for s, _ in steps}:
+        logger.warning("%s names step %d, but %s does not exist; using older steps", root / TRACKER_FILE,
+                       tracked, root / f"global_step_{tracked}")
+    for step, path in steps:
+        if tracked is not None and step > tracked:
+            continue  # never committed (check_tracker ruled out a marker there)
+        problem = step_dir_problem(path)
+        if problem is None:
+            yield str(path)
+        else:
+            logger.warning("skipping checkpoint %s: %s", path, problem)
+
+
 def find_latest_ckpt_path(default_local_dir: str | Path) -> str | None:
     """The newest complete `global_step_N` directory, or None (what `resume_mode=auto` resumes from).
 
     The tracker's step is tried first; if it is missing or incomplete, older complete steps are used.
-    Steps newer than the tracker were never committed and are skipped.
+    Steps newer than the tracker were never committed and are skipped; a committed one there is an
+    error (see `check_tracker`).
     """
-    root = Path(default_local_dir)
-    tracked = read_tracker(root)
-    for step, path in _step_dirs(root):
-        if tracked is not None and step > tracked:
-            continue
-        problem = step_dir_problem(path)
-        if problem is None:
-            return str(path)
-        logger.warning("skipping checkpoint %s: %s", path, problem)
-    return None
+    return next(_auto_candidates(Path(default_local_dir)), None)
 
 
-def resolve_resume_path(resume_mode: str, default_local_dir: str | Path,
-                        resume_from_path: str | Path | None = None) -> str | None:
-    """The checkpoint to resume from under verl's `trainer.resume_mode` (disable / auto / resume_path)."""
+def resume_candidates(resume_mode: str, default_local_dir: str | Path,
+                      resume_from_path: str | Path | None = None) -> Iterator[str]:
+    """The checkpoints to try, in order, under verl's `trainer.resume_mode` (disable / auto / resume_path).
+
+    auto: every committed step, newest first, so a loader can fall back past one that fails to load;
+    resume_path: only the given one; disable: none.
+    """
     if resume_mode == "disable":
-        return None
+        return iter(())
     if resume_mode == "auto":
-        return find_latest_ckpt_path(default_local_dir)
+        return _auto_candidates(Path(default_local_dir))
     if resume_mode == "resume_path":
         if not resume_from_path or _step_of(Path(resume_from_path)) is None:
             raise CheckpointError(
@@ -241,14 +306,101 @@ def resolve_resume_path(resume_mode: str, default_local_dir: str | Path,
             latest = find_latest_ckpt_path(Path(resume_from_path).parent)
             hint = f"; the newest complete checkpoint there is {latest}" if latest else ""
             raise CheckpointError(f"trainer.resume_from_path: {problem}{hint}")
-        return str(resume_from_path)
+        return iter([str(resume_from_path)])
     raise ValueError(f"trainer.resume_mode must be 'disable', 'auto' or 'resume_path', got {resume_mode!r}")
 
 
-def commit_checkpoint(default_local_dir: str | Path, global_step: int) -> Path:
-    """Mark `global_step_N` complete and point the tracker at it; the driver calls this after all roles saved.
+def resolve_resume_path(resume_mode: str, default_local_dir: str | Path,
+                        resume_from_path: str | Path | None = None) -> str | None:
+    """The checkpoint to resume from under verl's `trainer.resume_mode` (disable / auto / resume_path)."""
+    return next(resume_candidates(resume_mode, default_local_dir, resume_from_path), None)
 
-    Raises CheckpointError (and leaves the tracker alone) if a role of that step is incomplete.
+
+def quarantine_step(step_dir: str | Path) -> Path:
+    """Rename `global_step_N` to `global_step_N.unloadable` (numbered if taken): kept, but no longer a step."""
+    step_dir = Path(step_dir)
+    target, n = step_dir.with_name(step_dir.name + UNLOADABLE_TAG), 1
+    while target.exists():
+        target, n = step_dir.with_name(f"{step_dir.name}{UNLOADABLE_TAG}-{n}"), n + 1
+    os.rename(step_dir, target)
+    _fsync_dir(step_dir.parent)
+    return target
+
+
+def _short(err: BaseException) -> str:
+    # an error raised in a Ray worker arrives wrapped with the remote traceback; its cause says it all
+    cause = getattr(err, "cause", None)
+    return str(cause if isinstance(cause, BaseException) else err)
+
+
+def load_newest_loadable(candidates: Iterable[str], load: Callable[[Path], Any],
+                         fallback: bool = True) -> Path | None:
+    """Call `load(path)` on each candidate until one loads; returns it (None when there are none).
+
+    A candidate that raises CheckpointError is named in a warning and, with `fallback`, the next
+    (previous committed) one is tried; without it (an explicit trainer.resume_from_path) the error is
+    raised. Candidates that failed before one loaded are moved aside by `quarantine_step`: the resumed
+    run saves those steps again, and must not overwrite what is in them. If none loads, the error lists
+    every path and nothing is moved.
+    """
+    failed: list[tuple[Path, str]] = []
+    for candidate in candidates:
+        path = Path(candidate)
+        try:
+            load(path)
+        except CheckpointError as err:
+            if not fallback:
+                raise CheckpointError(f"could not load the checkpoint {path}: {_short(err)}") from err
+            logger.warning("could not load the checkpoint %s; trying the previous committed step. %s",
+                           path, _short(err))
+            failed.append((path, _short(err)))
+            continue
+        for broken, _ in failed:
+            moved = quarantine_step(broken)
+            logger.warning("moved the checkpoint that failed to load, %s, to %s (kept: nothing is deleted); "
+                           "resumed from %s", broken, moved, path)
+        return path
+    if failed:
+        raise CheckpointError(
+            "no checkpoint could be loaded: " + "; ".join(f"{p}: {e}" for p, e in failed) +
+            ". Repair or move them away, or start afresh in another trainer.default_local_dir"
+        )
+    return None
+
+
+def check_no_committed_after(default_local_dir: str | Path, step: int) -> None:
+    """Raise CheckpointError if steps newer than `step` (where a run starts) were committed in this directory.
+
+    The run would save those steps again, over a checkpoint that someone may still want.
+    """
+    root = Path(default_local_dir)
+    newer = [p for s, p in _marked_steps(root) if s > step]
+    if newer:
+        start = f"resumes from step {step}" if step else "starts from scratch"
+        raise CheckpointError(
+            f"{root} (trainer.default_local_dir) holds committed checkpoints {_names(newer)}, but this run "
+            f"{start}, so its saves would overwrite them. Resume from the newest (trainer.resume_mode=auto), "
+            f"choose another trainer.default_local_dir, or move {_names(newer)} out of {root}"
+        )
+
+
+def check_uncommitted(step_dir: str | Path) -> None:
+    """Raise CheckpointError if `global_step_N` is committed: a save never overwrites a committed step."""
+    step_dir = Path(step_dir)
+    if (step_dir / STEP_MARKER).is_file():
+        raise CheckpointError(
+            f"{step_dir} is a committed checkpoint and a save never overwrites one; move it away or choose "
+            f"another trainer.default_local_dir"
+        )
+
+
+def commit_checkpoint(default_local_dir: str | Path, global_step: int) -> Path:
+    """Point the tracker at `global_step_N` and mark it complete; the driver calls this after all roles saved.
+
+    The tracker goes first: a death between the two writes leaves a tracked step without its marker,
+    which resume skips with a warning (the previous step is the latest), never a committed step above
+    the tracker, which `check_tracker` reports as a tracker moved back. Raises CheckpointError (and
+    leaves the tracker alone) if a role of that step is incomplete.
     """
     root = Path(default_local_dir)
     step_dir = root / f"global_step_{global_step}"
@@ -258,11 +410,14 @@ def commit_checkpoint(default_local_dir: str | Path, global_step: int) -> Path:
         raise CheckpointError(f"{step_dir} holds no saved role; save the workers' checkpoints first")
     for role in roles:
         check_role_dir(step_dir / role)
-    _write_json_durably(step_dir / STEP_MARKER, {"global_step": global_step, "roles": roles})
     tracker_tmp = root / (TRACKER_FILE + TMP_TAG + uuid.uuid4().hex[:8])
-    tracker_tmp.write_text(str(global_step))
+    with open(tracker_tmp, "w") as f:
+        f.write(str(global_step))
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tracker_tmp, root / TRACKER_FILE)
     _fsync_dir(root)
+    _write_json_durably(step_dir / STEP_MARKER, {"global_step": global_step, "roles": roles})
     return step_dir
 
 
@@ -288,6 +443,31 @@ def prune_checkpoints(default_local_dir: str | Path, role: str, keep: int, curre
             if not any(p.is_dir() and TMP_TAG not in p.name for p in step_dir.iterdir()):
                 shutil.rmtree(step_dir, ignore_errors=True)
     return removed
+
+
+def shard_problems(path: str | Path) -> list[str]:
+    """Files of the DCP checkpoint at `path` that are missing or shorter than its `.metadata` says.
+
+    A copy cut short (a full disk, an interrupted transfer) otherwise fails inside DCP with an error
+    that names no file. Checking sizes costs one stat per file.
+    """
+    path = Path(path)
+    try:
+        metadata = FileSystemReader(str(path)).read_metadata()
+    except Exception as err:
+        return [f"{path / '.metadata'} cannot be read: {type(err).__name__}: {err}"]
+    extent: dict[str, int] = {}  # file -> bytes it must hold (the end of its last item)
+    for info in (metadata.storage_data or {}).values():
+        extent[info.relative_path] = max(extent.get(info.relative_path, 0), info.offset + info.length)
+    problems = []
+    for name, size in sorted(extent.items()):
+        file = path / name
+        if not file.is_file():
+            problems.append(f"{file} is missing")
+        elif file.stat().st_size < size:
+            problems.append(f"{file} is truncated: {file.stat().st_size} bytes, but .metadata places data up "
+                            f"to byte {size}")
+    return problems
 
 
 def read_full_model_state(path: str | Path) -> dict[str, torch.Tensor]:
@@ -405,7 +585,11 @@ class CheckpointManager:
 
     # -- load --
     def load_checkpoint(self, local_path: str | Path) -> dict[str, Any]:
-        """Restore `checkpoint.load_contents` from the role checkpoint at `local_path`; returns its marker."""
+        """Restore `checkpoint.load_contents` from the role checkpoint at `local_path`; returns its marker.
+
+        Any failure to read it (a truncated shard, a missing file) raises CheckpointError naming the path
+        and each failing rank's error, on every rank alike, so the driver can fall back to an older step.
+        """
         meta = check_role_dir(local_path)
         wanted = [c for c in self.load_contents if c != "hf_model"]
         absent = [c for c in wanted if c not in meta["contents"]]
@@ -414,17 +598,39 @@ class CheckpointManager:
                 f"checkpoint.load_contents asks for {absent}, but {local_path} was saved with "
                 f"{meta['contents']}; drop them from load_contents"
             )
+        error = ""
+        try:
+            self._load_files(Path(local_path), wanted, meta)
+        except (Exception, CheckpointException) as err:  # DCP's CheckpointException is a BaseException
+            error = _describe_load_error(err)
+        errors = _gather_str(error)  # a collective: every rank learns whether any rank failed
+        if any(errors):
+            by_error: dict[str, list[str]] = {}
+            for rank, e in enumerate(errors):
+                if e:
+                    by_error.setdefault(e, []).append(str(rank))
+            failures = "; ".join(f"rank {', '.join(ranks)}: {e}" for e, ranks in by_error.items())
+            raise CheckpointError(f"could not read the checkpoint {local_path}: {failures}")
+        return meta
+
+    def _load_files(self, path: Path, wanted: list[str], meta: dict[str, Any]) -> None:
         if "model" in wanted or "optimizer" in wanted:
-            self._load_engine_state(Path(local_path), wanted)
+            problems = shard_problems(path)
+            if problems:  # DCP's own error would name neither the file nor the cause
+                raise CheckpointError("; ".join(problems))
+            self._load_engine_state(path, wanted)
         if "extra" in wanted:
             if meta["world_size"] == _world_size():
-                set_rng_state(torch.load(_extra_file(Path(local_path), _world_size(), _rank()), weights_only=True))
+                extra = _extra_file(path, _world_size(), _rank())
+                try:
+                    rng_state = torch.load(extra, weights_only=True)
+                except Exception as err:
+                    raise CheckpointError(f"{extra} cannot be read: {type(err).__name__}: {err}") from err
+                set_rng_state(rng_state)
             else:
                 logger.warning("checkpoint %s was saved by %d ranks, this run has %d: model and optimizer are "
-                               "resharded, but per-rank RNG states are not restored", local_path,
+                               "resharded, but per-rank RNG states are not restored", path,
                                meta["world_size"], _world_size())
-        _barrier()
-        return meta
 
     def _load_engine_state(self, path: Path, wanted: list[str]) -> None:
         state = self.engine.sharded_state()  # the target layout of this run's shards
@@ -433,6 +639,13 @@ class CheckpointManager:
         dcp.load(to_read, checkpoint_id=str(path))
         state.update(to_read)
         self.engine.load_sharded_state(state if "optimizer" in wanted else {"model": state["model"]})
+
+
+def _describe_load_error(err: BaseException) -> str:
+    """One line per cause: DCP gathers every rank's exception into one CheckpointException."""
+    if isinstance(err, CheckpointException):
+        return "; ".join(f"{type(e).__name__}: {e}" for e, _trace in err.failures.values())
+    return f"{type(err).__name__}: {err}"
 
 
 def _hf_class_name(module: torch.nn.Module) -> str:
