@@ -81,13 +81,15 @@ class DivergenceGuard:
         limit = self.max_consecutive_skipped_steps
         if self.streak > limit:
             checkpoint = self.last_checkpoint()
-            where = (f"the last checkpoint, saved before it, is {checkpoint}" if checkpoint
-                     else "no checkpoint was saved before it")
+            # the update that led here had a finite norm but may be what ruined the model: say so
+            where = (f"The last checkpoint is {checkpoint}; the update just before the first non-finite step "
+                     f"may already have harmed it, so compare its logged loss and entropy with earlier steps "
+                     f"before resuming from it" if checkpoint else "No checkpoint was saved before it")
             raise TrainingDivergedError(
-                f"training diverged at step {step}: {shown} (a non-finite loss or gradient norm; the "
-                f"optimizer skipped those updates). That is {self.streak} such step(s) in a row and {LIMIT_KEY}="
-                f"{limit} allows {limit}. Nothing of this step was saved; {where}. {self.hint}; or raise "
-                f"{LIMIT_KEY} to skip such steps and go on"
+                f"training diverged at step {step}: {shown} (non-finite, so the optimizer skipped those "
+                f"updates); {self.streak} such step(s) in a row, and {LIMIT_KEY}={limit} allows {limit}. "
+                f"Nothing of this step was saved. {where}. {self.hint}; or raise {LIMIT_KEY} to skip such "
+                f"steps and go on"
             )
         logger.warning("step %d: %s; its update was skipped and it is not checkpointed (%d of %s=%d in a row)",
                        step, shown, self.streak, LIMIT_KEY, limit)

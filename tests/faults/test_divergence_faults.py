@@ -48,8 +48,8 @@ def test_the_guard_counts_unhealthy_steps_in_a_row_and_stops_past_the_limit():
     # healthy, bad, healthy (resets), bad, bad: tolerated; the third bad in a row stops
     assert [guard.check(step, dict(m)) for step, m in enumerate([good, bad, good, bad, bad], 1)] == \
         [True, False, True, False, False]
-    with pytest.raises(TrainingDivergedError, match=r"step 6: actor/grad_norm=nan .* 3 such step\(s\) in a row and "
-                       r"trainer.max_consecutive_skipped_steps=2 .* is /runs/x/global_step_3\. Lower the lr"):
+    with pytest.raises(TrainingDivergedError, match=r"step 6: actor/grad_norm=nan .* 3 such step\(s\) in a row, and "
+                       r"trainer.max_consecutive_skipped_steps=2 .* is /runs/x/global_step_3; .* Lower the lr"):
         guard.check(6, dict(bad))
     with pytest.raises(ValueError, match="trainer.max_consecutive_skipped_steps must be 0 or more"):
         DivergenceGuard(-1, last_checkpoint=lambda: None, hint="")
@@ -66,7 +66,7 @@ def test_divergence_on_resume_stops_before_saving_and_the_new_lr_applies(fault_d
         run_ppo(ppo_config(*base, "trainer.total_training_steps=3", BAD_LR))
     message = str(err.value)
     assert "training diverged at step 2: actor/grad_norm=nan" in message
-    assert f"the last checkpoint, saved before it, is {run / 'global_step_1'}" in message
+    assert f"The last checkpoint is {run / 'global_step_1'};" in message
     assert "actor_rollout_ref.actor.optim.lr=1000.0" in message and "max_consecutive_skipped_steps" in message
     # the changed setting was reported, and applied: step 2 trained at 1e3, not at the checkpoint's 1e-3
     assert "actor_rollout_ref.actor.optim.lr: 0.001 -> 1000.0" in caplog.text
@@ -91,3 +91,28 @@ def test_tolerated_skips_are_counted_logged_and_never_saved(fault_data, tiny_mod
     rows = read_rows(run)
     assert [(row["step"], row["training/consecutive_skipped_steps"]) for row in rows] == [(1, 1), (2, 2)]
     assert not list(run.glob("global_step_*")) and not (run / "latest_checkpointed_iteration.txt").exists()
+
+
+def test_sft_stops_at_its_first_non_finite_step_without_saving_it(fault_data, tiny_model_dir, tmp_path):
+    from hydra import compose, initialize_config_dir
+    from ppo_helpers import CONFIG_DIR
+
+    from hybridrl.trainer.main_sft import run_sft
+
+    run = tmp_path / "sft"
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        config = compose("sft_trainer", overrides=[
+            f"data.train_files={fault_data / 'train.parquet'}", f"model.partial_pretrain={tiny_model_dir}",
+            f"trainer.default_local_dir={run}", "trainer.backend=local", "trainer.logger=[file]",
+            "data.train_batch_size=8", "data.micro_batch_size_per_gpu=8", "trainer.total_training_steps=4",
+            "trainer.save_freq=1", "trainer.max_ckpt_to_keep=null", "optim.warmup_steps_ratio=0", "optim.lr=1e3"])
+    with pytest.raises(TrainingDivergedError, match=r"train/grad_norm=nan.*optim.lr \(now 1000.0\)") as err:
+        run_sft(config)
+    rows = read_rows(run)
+    diverged = rows[-1]["step"]
+    assert f"diverged at step {diverged}:" in str(err.value)
+    assert math.isnan(rows[-1]["train/grad_norm"]) and rows[-1]["train/skipped_step"] == 1  # SFT writes NaN
+    assert [row["step"] for row in rows] == list(range(1, diverged + 1))
+    # every step before it was saved, the diverged one never
+    assert sorted(p.name for p in run.glob("global_step_*")) == [f"global_step_{s}" for s in range(1, diverged)]
+    assert (run / "latest_checkpointed_iteration.txt").read_text() == str(diverged - 1)
