@@ -37,12 +37,10 @@ from hybridrl.trainer.validation import Validator
 from hybridrl.trainer.worker_groups import WorkerGroups
 from hybridrl.utils.timing import timer
 from hybridrl.utils.tracking import StepProgress, Tracking
-from hybridrl.workers.checkpoint import (
-    CheckpointError,
+from hybridrl.workers.checkpoint import CheckpointError, commit_checkpoint, find_latest_ckpt_path
+from hybridrl.workers.checkpoint_resume import (
     check_no_committed_after,
     check_uncommitted,
-    commit_checkpoint,
-    find_latest_ckpt_path,
     load_newest_loadable,
     resume_candidates,
 )
@@ -338,8 +336,8 @@ class PPOTrainer:
             raise CheckpointError(f"could not read {step_dir / 'data.pt'}: {type(err).__name__}: {err}") from err
         changes = report_config_changes(step_dir, asdict(self.config))
         self.dataloader.load_state_dict(state["dataloader"])
-        # the adaptive controller's coefficient is state; a kl_ctrl setting changed on resume wins over it
-        if not any(key.startswith("algorithm.kl_ctrl.") for key in changes):
+        # the adaptive controller's coefficient is state, but a kl_coef or type given anew on resume wins
+        if not changes.keys() & {"algorithm.kl_ctrl.kl_coef", "algorithm.kl_ctrl.type"}:
             self.kl_ctrl.value = state["kl_coef"]
         self.global_steps = state["global_steps"]
 

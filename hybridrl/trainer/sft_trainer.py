@@ -29,10 +29,12 @@ from hybridrl.utils.tracking import StepProgress, rewind_metrics_file
 from hybridrl.workers.checkpoint import (
     CheckpointConfig,
     CheckpointError,
-    check_no_committed_after,
-    check_uncommitted,
     commit_checkpoint,
     find_latest_ckpt_path,
+)
+from hybridrl.workers.checkpoint_resume import (
+    check_no_committed_after,
+    check_uncommitted,
     load_newest_loadable,
     resume_candidates,
 )

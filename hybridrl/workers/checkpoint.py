@@ -2,7 +2,7 @@
 
 Layout (verl's), under `trainer.default_local_dir`:
 
-    latest_checkpointed_iteration.txt       the newest committed step N, written last
+    latest_checkpointed_iteration.txt       the newest committed step N (written before its step marker)
     global_step_N/
         checkpoint_complete.json            step marker: every role finished (written by commit_checkpoint)
         actor/                              one CheckpointManager per role, one per rank
@@ -12,6 +12,8 @@ Layout (verl's), under `trainer.default_local_dir`:
                                             (+ model.safetensors when "hf_model" is in save_contents)
             hybridrl_checkpoint.json        role marker: written last, just before the rename
         critic/ ...
+        data.pt, run_config.json            the trainer's own state and the run's config (written by it)
+    global_step_N.unloadable/               a step that failed to load, moved aside (checkpoint_resume)
 
 Why torch.distributed.checkpoint (DCP) rather than one torch.save file per rank: DCP writes one file per
 rank as well, but records where every shard sits in the global tensor, so a checkpoint saved by N ranks
@@ -26,13 +28,7 @@ role has its marker, and the tracker is at or above it. `find_latest_ckpt_path` 
 steps, so a save that dies at any point leaves the previous checkpoint as the latest: a death between the
 tracker and the step marker leaves a tracked step without a marker, which resume skips with a warning.
 
-What a run never does with committed steps (the trainers call these checks):
-- overwrite one: `check_no_committed_after` refuses to start a run that would save over a committed step
-  newer than its starting point, and `check_uncommitted` refuses a save into a committed step;
-- ignore one: a tracker below a committed step (someone wrote an older step into it) is an error that
-  names both, rather than a silent restart that would overwrite the newer steps;
-- stop at a broken one: `load_newest_loadable` names a checkpoint that fails to load, moves it aside
-  (`global_step_N.unloadable`, nothing deleted) and falls back to the previous committed step.
+Which step a run resumes from, and what it may never overwrite, is `checkpoint_resume`'s job.
 """
 
 from __future__ import annotations
@@ -46,7 +42,7 @@ import re
 import shutil
 import uuid
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +64,6 @@ ROLE_MARKER = "hybridrl_checkpoint.json"
 HF_SUBDIR = "huggingface"
 TMP_TAG = ".tmp-"
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
-UNLOADABLE_TAG = ".unloadable"  # suffix of a step directory that failed to load (see quarantine_step)
 CONTENTS = ("model", "optimizer", "extra", "hf_model")
 
 
@@ -226,172 +221,25 @@ def _step_dirs(default_local_dir: Path) -> list[tuple[int, Path]]:
     return sorted(((s, p) for s, p in found if s is not None), reverse=True)
 
 
-def _marked_steps(root: Path) -> list[tuple[int, Path]]:
-    """(step, path) of the step directories that carry a step marker, newest first."""
-    return [(s, p) for s, p in _step_dirs(root) if (p / STEP_MARKER).is_file()]
-
-
-def _names(paths: Iterable[Path]) -> str:
-    return ", ".join(p.name for p in paths)
-
-
-def check_tracker(default_local_dir: str | Path) -> int | None:
-    """The tracker's step; a CheckpointError when a step above it was committed.
-
-    `commit_checkpoint` writes the tracker before the step marker, so no save leaves a marked step
-    above the tracker: one there means the tracker was moved back by hand, and resuming from it would
-    train those steps again and overwrite them.
-    """
-    root = Path(default_local_dir)
-    tracked = read_tracker(root)
-    if tracked is None:
-        return None
-    above = [p for s, p in _marked_steps(root) if s > tracked]
-    if above:
-        raise CheckpointError(
-            f"{root / TRACKER_FILE} says step {tracked}, but {_names(above)} above it were committed "
-            f"({STEP_MARKER}); resuming from step {tracked} would train them again and overwrite them. "
-            f"To continue from the newest, write its step into the tracker (echo {_step_of(above[0])} > "
-            f"{root / TRACKER_FILE}); to go back to step {tracked}, first move {_names(above)} out of {root}"
-        )
-    return tracked
-
-
-def _auto_candidates(root: Path) -> Iterator[str]:
-    """Committed, complete steps at or below the tracker, newest first (warning about each one skipped)."""
-    tracked = check_tracker(root)
-    steps = _step_dirs(root)
-    if tracked is not None and steps and tracked not in {s for s, _ in steps}:
-        logger.warning("%s names step %d, but %s does not exist; using older steps", root / TRACKER_FILE,
-                       tracked, root / f"global_step_{tracked}")
-    for step, path in steps:
-        if tracked is not None and step > tracked:
-            continue  # never committed (check_tracker ruled out a marker there)
-        problem = step_dir_problem(path)
-        if problem is None:
-            yield str(path)
-        else:
-            logger.warning("skipping checkpoint %s: %s", path, problem)
-
-
 def find_latest_ckpt_path(default_local_dir: str | Path) -> str | None:
     """The newest complete `global_step_N` directory, or None (what `resume_mode=auto` resumes from).
 
     The tracker's step is tried first; if it is missing or incomplete, older complete steps are used.
     Steps newer than the tracker were never committed and are skipped; a committed one there is an
-    error (see `check_tracker`).
+    error (see `checkpoint_resume.check_tracker`).
     """
-    return next(_auto_candidates(Path(default_local_dir)), None)
+    # imported here: checkpoint_resume builds on this module's layout helpers
+    from hybridrl.workers.checkpoint_resume import auto_candidates
 
-
-def resume_candidates(resume_mode: str, default_local_dir: str | Path,
-                      resume_from_path: str | Path | None = None) -> Iterator[str]:
-    """The checkpoints to try, in order, under verl's `trainer.resume_mode` (disable / auto / resume_path).
-
-    auto: every committed step, newest first, so a loader can fall back past one that fails to load;
-    resume_path: only the given one; disable: none.
-    """
-    if resume_mode == "disable":
-        return iter(())
-    if resume_mode == "auto":
-        return _auto_candidates(Path(default_local_dir))
-    if resume_mode == "resume_path":
-        if not resume_from_path or _step_of(Path(resume_from_path)) is None:
-            raise CheckpointError(
-                f"trainer.resume_mode=resume_path needs trainer.resume_from_path pointing at a "
-                f"global_step_N directory, got {resume_from_path!r}"
-            )
-        problem = step_dir_problem(resume_from_path)
-        if problem is not None:
-            latest = find_latest_ckpt_path(Path(resume_from_path).parent)
-            hint = f"; the newest complete checkpoint there is {latest}" if latest else ""
-            raise CheckpointError(f"trainer.resume_from_path: {problem}{hint}")
-        return iter([str(resume_from_path)])
-    raise ValueError(f"trainer.resume_mode must be 'disable', 'auto' or 'resume_path', got {resume_mode!r}")
+    return next(auto_candidates(Path(default_local_dir)), None)
 
 
 def resolve_resume_path(resume_mode: str, default_local_dir: str | Path,
                         resume_from_path: str | Path | None = None) -> str | None:
     """The checkpoint to resume from under verl's `trainer.resume_mode` (disable / auto / resume_path)."""
+    from hybridrl.workers.checkpoint_resume import resume_candidates
+
     return next(resume_candidates(resume_mode, default_local_dir, resume_from_path), None)
-
-
-def quarantine_step(step_dir: str | Path) -> Path:
-    """Rename `global_step_N` to `global_step_N.unloadable` (numbered if taken): kept, but no longer a step."""
-    step_dir = Path(step_dir)
-    target, n = step_dir.with_name(step_dir.name + UNLOADABLE_TAG), 1
-    while target.exists():
-        target, n = step_dir.with_name(f"{step_dir.name}{UNLOADABLE_TAG}-{n}"), n + 1
-    os.rename(step_dir, target)
-    _fsync_dir(step_dir.parent)
-    return target
-
-
-def _short(err: BaseException) -> str:
-    # an error raised in a Ray worker arrives wrapped with the remote traceback; its cause says it all
-    cause = getattr(err, "cause", None)
-    return str(cause if isinstance(cause, BaseException) else err)
-
-
-def load_newest_loadable(candidates: Iterable[str], load: Callable[[Path], Any],
-                         fallback: bool = True) -> Path | None:
-    """Call `load(path)` on each candidate until one loads; returns it (None when there are none).
-
-    A candidate that raises CheckpointError is named in a warning and, with `fallback`, the next
-    (previous committed) one is tried; without it (an explicit trainer.resume_from_path) the error is
-    raised. Candidates that failed before one loaded are moved aside by `quarantine_step`: the resumed
-    run saves those steps again, and must not overwrite what is in them. If none loads, the error lists
-    every path and nothing is moved.
-    """
-    failed: list[tuple[Path, str]] = []
-    for candidate in candidates:
-        path = Path(candidate)
-        try:
-            load(path)
-        except CheckpointError as err:
-            if not fallback:
-                raise CheckpointError(f"could not load the checkpoint {path}: {_short(err)}") from err
-            logger.warning("could not load the checkpoint %s; trying the previous committed step. %s",
-                           path, _short(err))
-            failed.append((path, _short(err)))
-            continue
-        for broken, _ in failed:
-            moved = quarantine_step(broken)
-            logger.warning("moved the checkpoint that failed to load, %s, to %s (kept: nothing is deleted); "
-                           "resumed from %s", broken, moved, path)
-        return path
-    if failed:
-        raise CheckpointError(
-            "no checkpoint could be loaded: " + "; ".join(f"{p}: {e}" for p, e in failed) +
-            ". Repair or move them away, or start afresh in another trainer.default_local_dir"
-        )
-    return None
-
-
-def check_no_committed_after(default_local_dir: str | Path, step: int) -> None:
-    """Raise CheckpointError if steps newer than `step` (where a run starts) were committed in this directory.
-
-    The run would save those steps again, over a checkpoint that someone may still want.
-    """
-    root = Path(default_local_dir)
-    newer = [p for s, p in _marked_steps(root) if s > step]
-    if newer:
-        start = f"resumes from step {step}" if step else "starts from scratch"
-        raise CheckpointError(
-            f"{root} (trainer.default_local_dir) holds committed checkpoints {_names(newer)}, but this run "
-            f"{start}, so its saves would overwrite them. Resume from the newest (trainer.resume_mode=auto), "
-            f"choose another trainer.default_local_dir, or move {_names(newer)} out of {root}"
-        )
-
-
-def check_uncommitted(step_dir: str | Path) -> None:
-    """Raise CheckpointError if `global_step_N` is committed: a save never overwrites a committed step."""
-    step_dir = Path(step_dir)
-    if (step_dir / STEP_MARKER).is_file():
-        raise CheckpointError(
-            f"{step_dir} is a committed checkpoint and a save never overwrites one; move it away or choose "
-            f"another trainer.default_local_dir"
-        )
 
 
 def commit_checkpoint(default_local_dir: str | Path, global_step: int) -> Path:
