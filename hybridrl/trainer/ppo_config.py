@@ -165,6 +165,11 @@ class TrainerConfig:
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
     max_actor_ckpt_to_keep: int | None = None
     max_critic_ckpt_to_keep: int | None = None
+    # Training steps in a row with a non-finite loss or gradient norm (their optimizer updates are
+    # skipped, and they are never checkpointed) that the run tolerates before it stops with an error.
+    # 0 stops at the first one: without fp16 loss scaling a NaN gradient means divergence or NaN data,
+    # not a transient overflow (hybridrl/trainer/divergence.py).
+    max_consecutive_skipped_steps: int = 0
     # cpu | cuda | auto (cuda when torch sees a GPU, else cpu)
     device: str = "auto"
     # ray (worker processes placed by Ray) | local (one rank inside this process, for debugging)

@@ -21,6 +21,7 @@ from hybridrl.data.sampler import ResumableSampler, StatefulDataLoader
 from hybridrl.protocol import DataProto
 from hybridrl.rewards.failures import add_reward_metrics
 from hybridrl.trainer import advantage, dataflow
+from hybridrl.trainer.divergence import DivergenceGuard, TrainingDivergedError
 from hybridrl.trainer.generation_dump import generation_records, write_generations
 from hybridrl.trainer.metrics import (
     compute_data_metrics,
@@ -31,12 +32,19 @@ from hybridrl.trainer.metrics import (
     reduce_metrics,
 )
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
+from hybridrl.trainer.run_config import report_config_changes, write_run_config
 from hybridrl.trainer.stage_costs import StageCosts, real_tokens
 from hybridrl.trainer.validation import Validator
 from hybridrl.trainer.worker_groups import WorkerGroups
 from hybridrl.utils.timing import timer
 from hybridrl.utils.tracking import StepProgress, Tracking
-from hybridrl.workers.checkpoint import commit_checkpoint, resolve_resume_path
+from hybridrl.workers.checkpoint import CheckpointError, commit_checkpoint, find_latest_ckpt_path
+from hybridrl.workers.checkpoint_resume import (
+    check_no_committed_after,
+    check_uncommitted,
+    load_newest_loadable,
+    resume_candidates,
+)
 
 
 class PPOTrainer:
@@ -66,6 +74,14 @@ class PPOTrainer:
         self.costs = StageCosts(groups.model_passes())
         self.global_steps = 0
         self.history: list[dict[str, float]] = []
+        lrs = [f"actor_rollout_ref.actor.optim.lr={config.actor_rollout_ref.actor.optim.lr}"]
+        if groups.critic is not None:
+            lrs.append(f"critic.optim.lr={config.critic.optim.lr}")
+        self.guard = DivergenceGuard(
+            config.trainer.max_consecutive_skipped_steps,
+            last_checkpoint=lambda: find_latest_ckpt_path(config.trainer.default_local_dir),
+            hint=f"Lower the learning rate ({', '.join(lrs)}) or look for NaN in the rewards, then run again",
+        )
         self._batches: Iterator[dict] | None = None
         self._reward_extra_keys: set[str] = set()  # per-sample values the reward function returned
 
@@ -77,7 +93,9 @@ class PPOTrainer:
                            log_dir=cfg.default_local_dir)
         bar = None
         try:
-            self._load_checkpoint()
+            resumed = self._load_checkpoint()
+            # metrics.jsonl keeps one line per step: lines of steps this run trains again move aside
+            tracker.rewind(self.global_steps if resumed else -1)
             if self.validator and cfg.val_before_train:
                 self._log(tracker, self.validator.run(self.global_steps))
             if cfg.val_only:
@@ -86,7 +104,8 @@ class PPOTrainer:
             while self.global_steps < self.total_steps:
                 self.global_steps += 1
                 metrics = self.train_step()
-                metrics.update(self._periodic())
+                healthy = self._check_divergence(tracker, metrics)
+                metrics.update(self._periodic(save=healthy))
                 self._log(tracker, metrics)
                 bar.update(self.global_steps, metrics)
         finally:
@@ -248,14 +267,28 @@ class PPOTrainer:
             metrics.update(reduce_metrics(output.meta_info["metrics"]))
 
     # ----- validation, checkpoints, logging ------------------------------------------------------------
-    def _periodic(self) -> dict[str, float]:
-        """9. Validate every test_freq steps and at the end; checkpoint every save_freq steps and at the end."""
+    def _check_divergence(self, tracker: Tracking, metrics: dict[str, float]) -> bool:
+        """False for a step whose update was skipped (not to be saved); past the limit, log it and stop."""
+        try:
+            return self.guard.check(self.global_steps, metrics)
+        except TrainingDivergedError:
+            self._log(tracker, metrics)  # the diverged step's numbers belong in the log too
+            raise
+
+    def _periodic(self, save: bool = True) -> dict[str, float]:
+        """9. Validate every test_freq steps and at the end; checkpoint every save_freq steps and at the end.
+
+        `save=False` (a step whose update was skipped) keeps the last good checkpoint the latest.
+        """
         cfg = self.config.trainer
         last = self.global_steps == self.total_steps
         metrics = {}
         if self.validator and cfg.test_freq > 0 and (self.global_steps % cfg.test_freq == 0 or last):
             metrics.update(self.validator.run(self.global_steps))
         if cfg.save_freq > 0 and (self.global_steps % cfg.save_freq == 0 or last):
+            if not save:
+                print(f"step {self.global_steps} is not checkpointed: its update was skipped")
+                return metrics
             timing: dict[str, float] = {}
             with timer("save_checkpoint", timing):
                 self.save_checkpoint()
@@ -265,6 +298,7 @@ class PPOTrainer:
     def save_checkpoint(self) -> Path:
         cfg = self.config.trainer
         step_dir = Path(cfg.default_local_dir) / f"global_step_{self.global_steps}"
+        check_uncommitted(step_dir)
         self.groups.actor_rollout.save_checkpoint(str(step_dir / "actor"), None, self.global_steps,
                                                   cfg.max_actor_ckpt_to_keep)
         if self.groups.critic is not None:
@@ -272,23 +306,38 @@ class PPOTrainer:
                                                cfg.max_critic_ckpt_to_keep)
         torch.save({"dataloader": self.dataloader.state_dict(), "kl_coef": self.kl_ctrl.value,
                     "global_steps": self.global_steps}, step_dir / "data.pt")
+        write_run_config(step_dir, asdict(self.config))
         commit_checkpoint(cfg.default_local_dir, self.global_steps)
         return step_dir
 
-    def _load_checkpoint(self) -> None:
+    def _load_checkpoint(self) -> bool:
+        """Resume as trainer.resume_mode says, falling back past a checkpoint that fails to load; True if resumed.
+
+        Then refuse to start if this run would save over committed steps newer than where it starts.
+        """
         cfg = self.config.trainer
-        step_dir = resolve_resume_path(cfg.resume_mode, cfg.default_local_dir, cfg.resume_from_path)
-        if step_dir is None:
-            return
-        step_dir = Path(step_dir)
+        candidates = resume_candidates(cfg.resume_mode, cfg.default_local_dir, cfg.resume_from_path)
+        step_dir = load_newest_loadable(candidates, self._load_from, fallback=cfg.resume_mode == "auto")
+        if cfg.save_freq > 0:
+            check_no_committed_after(cfg.default_local_dir, self.global_steps)
+        if step_dir is not None:
+            print(f"resumed from {step_dir} at step {self.global_steps}")
+        return step_dir is not None
+
+    def _load_from(self, step_dir: Path) -> None:
         self.groups.actor_rollout.load_checkpoint(str(step_dir / "actor"))
         if self.groups.critic is not None:
             self.groups.critic.load_checkpoint(str(step_dir / "critic"))
-        state = torch.load(step_dir / "data.pt", weights_only=False)
+        try:
+            state = torch.load(step_dir / "data.pt", weights_only=False)
+        except Exception as err:
+            raise CheckpointError(f"could not read {step_dir / 'data.pt'}: {type(err).__name__}: {err}") from err
+        changes = report_config_changes(step_dir, asdict(self.config))
         self.dataloader.load_state_dict(state["dataloader"])
-        self.kl_ctrl.value = state["kl_coef"]
+        # the adaptive controller's coefficient is state, but a kl_coef or type given anew on resume wins
+        if not changes.keys() & {"algorithm.kl_ctrl.kl_coef", "algorithm.kl_ctrl.type"}:
+            self.kl_ctrl.value = state["kl_coef"]
         self.global_steps = state["global_steps"]
-        print(f"resumed from {step_dir} at step {self.global_steps}")
 
     def _dump_rollouts(self, batch: DataProto) -> None:
         out_dir = self.config.trainer.rollout_data_dir

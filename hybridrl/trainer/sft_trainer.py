@@ -23,8 +23,21 @@ from hybridrl.data.sampler import ResumableSampler, StatefulDataLoader
 from hybridrl.data.sft_dataset import SFTDataset
 from hybridrl.models.loading import load_tokenizer
 from hybridrl.protocol import DataProto
-from hybridrl.utils.tracking import StepProgress
-from hybridrl.workers.checkpoint import CheckpointConfig, commit_checkpoint, resolve_resume_path
+from hybridrl.trainer.divergence import DivergenceGuard, TrainingDivergedError
+from hybridrl.trainer.run_config import report_config_changes, write_run_config
+from hybridrl.utils.tracking import StepProgress, rewind_metrics_file
+from hybridrl.workers.checkpoint import (
+    CheckpointConfig,
+    CheckpointError,
+    commit_checkpoint,
+    find_latest_ckpt_path,
+)
+from hybridrl.workers.checkpoint_resume import (
+    check_no_committed_after,
+    check_uncommitted,
+    load_newest_loadable,
+    resume_candidates,
+)
 from hybridrl.workers.config import FSDPConfig
 
 SFT_POSTFIX = {"loss": ("train/loss", ".4f"), "step_s": ("timing_s/step", ".2f")}
@@ -92,6 +105,7 @@ class TrainerSchema:
     resume_mode: str = MISSING
     resume_from_path: Any = MISSING
     checkpoint: CheckpointConfig = MISSING
+    max_consecutive_skipped_steps: int = MISSING
 
 
 @dataclass
@@ -174,6 +188,12 @@ class MetricsLog:
         if self.path is not None:
             out_dir.mkdir(parents=True, exist_ok=True)
 
+    def rewind(self, keep_through: int) -> None:
+        """Before a resumed run logs: lines of steps after `keep_through` move to metrics.jsonl.rolled_back."""
+        if self.path is not None and rewind_metrics_file(self.path, keep_through):
+            print(f"{self.path}: moved the lines of steps after {keep_through}, which this run logs again, "
+                  f"to {self.path.name}.rolled_back", flush=True)
+
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if self.console:
             # tqdm.write keeps the progress bar intact below the line
@@ -198,6 +218,9 @@ class SFTTrainer:
                                          batch_size=config.data.train_batch_size, drop_last=True)
         self.metrics = MetricsLog(list(config.trainer.logger), self.out_dir)
         self.global_step = 0
+        self.guard = DivergenceGuard(
+            config.trainer.max_consecutive_skipped_steps, last_checkpoint=lambda: find_latest_ckpt_path(self.out_dir),
+            hint=f"Lower optim.lr (now {config.optim.lr}), then run again")
         # The HF directory of the fine-tuned model, set by the final checkpoint.
         self.hf_model_dir: Path | None = None
 
@@ -207,6 +230,7 @@ class SFTTrainer:
         print(f"SFT: {info['params']:,} parameters ({info['local_params']:,} on rank 0), {len(self.train_set)} "
               f"train rows, {self.steps_per_epoch} steps/epoch, {self.total_steps} steps", flush=True)
         self._resume()
+        self.metrics.rewind(self.global_step if self.global_step else -1)
         bar = StepProgress(self.total_steps, initial_step=self.global_step, desc="SFT", postfix=SFT_POSTFIX)
         try:
             return self._train_loop(bar)
@@ -218,13 +242,14 @@ class SFTTrainer:
         while self.global_step < self.total_steps:
             for batch in self.loader:
                 last = self._train_step(to_proto(batch))
+                healthy = self._check_divergence(last)
                 if self._should_validate():
                     last.update(self._validate())
                 self.metrics.log(self.global_step, last)
                 bar.update(self.global_step, last)
                 done = self.global_step >= self.total_steps
                 freq = self.config.trainer.save_freq
-                if done or (freq > 0 and self.global_step % freq == 0):
+                if (done or (freq > 0 and self.global_step % freq == 0)) and healthy:
                     self._save_checkpoint(final=done)
                 if done:
                     break
@@ -233,13 +258,21 @@ class SFTTrainer:
                     self.metrics.log(self.global_step, self._validate())
         return last
 
+    def _check_divergence(self, metrics: dict[str, float]) -> bool:
+        """False for a step whose update was skipped (it is not saved); past the limit, log it and stop."""
+        try:
+            return self.guard.check(self.global_step, metrics)
+        except TrainingDivergedError:
+            self.metrics.log(self.global_step, metrics)
+            raise
+
     def _train_step(self, batch: DataProto) -> dict[str, float]:
         start = time.perf_counter()
         metrics = self.wg.train_batch(batch)[0]  # every rank returns the same all-reduced numbers
         self.global_step += 1
         elapsed = time.perf_counter() - start
         return {"train/loss": metrics["loss"], "train/lr": metrics["lr"], "train/grad_norm": metrics["grad_norm"],
-                "train/num_tokens": metrics["num_tokens"], "timing_s/step": elapsed,
+                "train/skipped_step": metrics["skipped_step"], "train/num_tokens": metrics["num_tokens"], "timing_s/step": elapsed,
                 "epoch": (self.global_step - 1) // self.steps_per_epoch}
 
     def _should_validate(self) -> bool:
@@ -267,8 +300,10 @@ class SFTTrainer:
         """global_step_N/actor (+ huggingface/ when final) and the data position, then commit the step."""
         step_dir = self.out_dir / f"global_step_{self.global_step}"
         trainer = self.config.trainer
+        check_uncommitted(step_dir)
         self.wg.save_checkpoint(str(step_dir / ROLE), self.global_step, trainer.max_ckpt_to_keep, final)
         torch.save(self.loader.state_dict(), step_dir / DATA_STATE)
+        write_run_config(step_dir, OmegaConf.to_container(self.config, resolve=True))
         commit_checkpoint(self.out_dir, self.global_step)
         if final:
             self.hf_model_dir = step_dir / ROLE / "huggingface"
@@ -276,14 +311,27 @@ class SFTTrainer:
         return step_dir
 
     def _resume(self) -> None:
-        """Continue from a checkpoint as trainer.resume_mode says: model, optimizer, RNG, data position."""
+        """Continue from a checkpoint as trainer.resume_mode says: model, optimizer, RNG, data position.
+
+        A checkpoint that fails to load is named, and (resume_mode=auto) the previous committed step is
+        used; a run that would then save over committed steps newer than its start does not start.
+        """
         trainer = self.config.trainer
-        path = resolve_resume_path(trainer.resume_mode, self.out_dir, trainer.resume_from_path)
+        candidates = resume_candidates(trainer.resume_mode, self.out_dir, trainer.resume_from_path)
+        path = load_newest_loadable(candidates, self._load_from, fallback=trainer.resume_mode == "auto")
+        check_no_committed_after(self.out_dir, self.global_step)  # the final step is always saved
         if path is None:
             return
-        meta = self.wg.load_checkpoint(str(Path(path) / ROLE))[0]
-        self.loader.load_state_dict(torch.load(Path(path) / DATA_STATE, weights_only=True))
-        self.global_step = int(meta["global_step"])
         if self.global_step >= self.total_steps:
-            self.hf_model_dir = Path(path) / ROLE / "huggingface"
+            self.hf_model_dir = path / ROLE / "huggingface"
         print(f"resumed from {path} at step {self.global_step}", flush=True)
+
+    def _load_from(self, path: Path) -> None:
+        meta = self.wg.load_checkpoint(str(path / ROLE))[0]
+        try:
+            state = torch.load(path / DATA_STATE, weights_only=True)
+        except Exception as err:
+            raise CheckpointError(f"could not read {path / DATA_STATE}: {type(err).__name__}: {err}") from err
+        report_config_changes(path, OmegaConf.to_container(self.config, resolve=True))
+        self.loader.load_state_dict(state)
+        self.global_step = int(meta["global_step"])

@@ -17,6 +17,7 @@ training steps.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import sys
@@ -30,6 +31,8 @@ import torch
 from tqdm import tqdm
 
 from hybridrl.utils.registry import Registry
+
+_logger = logging.getLogger(__name__)
 
 __all__ = ["LOGGER_BACKENDS", "StepProgress", "Tracking", "format_metrics_table", "parse_logger_backends"]
 
@@ -136,13 +139,61 @@ class ConsoleLogger:
         pass
 
 
+ROLLED_BACK_SUFFIX = ".rolled_back"  # metrics.jsonl.rolled_back: lines a resumed run moved aside
+
+
+def _step_of_line(line: str) -> int | None:
+    try:
+        step = json.loads(line).get("step")
+    except (json.JSONDecodeError, AttributeError):  # a line cut short by a kill, or not an object
+        return None
+    return step if isinstance(step, int) else None
+
+
+def _write_lines_durably(path: Path, lines: Sequence[str]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        f.writelines(lines)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def rewind_metrics_file(path: Path, keep_through: int) -> int:
+    """Keep the lines of `path` up to step `keep_through`; move the rest to `<path>.rolled_back`.
+
+    A resumed run starts again after its checkpoint's step; the lines of later steps came from the run
+    that went past that checkpoint, and keeping them would give those steps twice. They are appended
+    to the side file (never deleted), together with lines that do not parse. Returns how many moved.
+    """
+    if not path.is_file():
+        return 0
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    keep, moved = [], []
+    for line in lines:
+        step = _step_of_line(line)
+        (keep if step is not None and step <= keep_through else moved).append(line)
+    if not moved:
+        return 0
+    side = path.with_name(path.name + ROLLED_BACK_SUFFIX)
+    with side.open("a", encoding="utf-8") as f:
+        f.writelines(line if line.endswith("\n") else line + "\n" for line in moved)
+        f.flush()
+        os.fsync(f.fileno())
+    _write_lines_durably(path, keep)
+    return len(moved)
+
+
 @LOGGER_BACKENDS.register("file")
 class FileLogger:
-    """Appends `{"step": step, **metrics}` as one JSON line to `<log_dir>/metrics.jsonl`.
+    """Writes `{"step": step, **metrics}` as one JSON line per step to `<log_dir>/metrics.jsonl`.
 
     Each line is flushed and fsynced before `log` returns, so a killed run keeps every logged step.
     NaN and infinities are written as null, keeping every line strict JSON for jq or other languages.
-    Appending (not truncating) lets a resumed run continue the same file.
+    Appending (not truncating) lets a resumed run continue the same file; `rewind` first moves aside the
+    lines after the checkpoint it resumed from. One line per step: logging the newest step again (a
+    resumed run validating its checkpoint's step) adds the new keys to that line, and values already
+    written for the step are kept.
     """
 
     def __init__(self, project_name: str, experiment_name: str, config: Any, log_dir: str | None) -> None:
@@ -152,18 +203,46 @@ class FileLogger:
             )
         Path(log_dir).mkdir(parents=True, exist_ok=True)
         self.path = Path(log_dir) / "metrics.jsonl"
+        self._last: dict[str, Any] | None = self._read_last_record()
         self._file = self.path.open("a", encoding="utf-8")
+
+    def _read_last_record(self) -> dict[str, Any] | None:
+        if not self.path.is_file():
+            return None
+        lines = self.path.read_text(encoding="utf-8").splitlines()
+        if not lines or _step_of_line(lines[-1]) is None:
+            return None
+        return json.loads(lines[-1])
 
     def log(self, data: Mapping[str, float], step: int) -> None:
         if "step" in data:
             raise ValueError("the 'file' logger writes its own 'step' key; rename the metric called 'step'")
-        record = {"step": step}
+        record: dict[str, Any] = {"step": step}
         for key, value in data.items():
             finite = not (isinstance(value, float) and (math.isnan(value) or math.isinf(value)))
             record[key] = value if finite else None
+        if self._last is not None and self._last["step"] == step:
+            self._replace_last_line({**record, **self._last})
+            return
         self._file.write(json.dumps(record, allow_nan=False) + "\n")
         self._file.flush()
         os.fsync(self._file.fileno())
+        self._last = record
+
+    def _replace_last_line(self, record: dict[str, Any]) -> None:
+        self._file.close()
+        lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
+        _write_lines_durably(self.path, [*lines[:-1], json.dumps(record, allow_nan=False) + "\n"])
+        self._file = self.path.open("a", encoding="utf-8")
+        self._last = record
+
+    def rewind(self, keep_through: int) -> int:
+        """`rewind_metrics_file` on this logger's file; returns how many lines moved aside."""
+        self._file.close()
+        moved = rewind_metrics_file(self.path, keep_through)
+        self._last = self._read_last_record()
+        self._file = self.path.open("a", encoding="utf-8")
+        return moved
 
     def finish(self) -> None:
         if not self._file.closed:
@@ -330,6 +409,21 @@ class Tracking:
         for name, logger in self.loggers.items():
             if backend is None or name in backend:
                 logger.log(scalars, step)
+
+    def rewind(self, keep_through: int) -> None:
+        """Before a resumed run logs: keep metrics.jsonl's lines up to step `keep_through` (-1: none).
+
+        The other lines (steps a killed run logged after its last checkpoint) move to
+        `metrics.jsonl.rolled_back`, with a warning. Other backends keep what they received: wandb,
+        MLflow and tensorboard draw a step logged again as a second point at that step.
+        """
+        file_logger = self.loggers.get("file")
+        if isinstance(file_logger, FileLogger):
+            moved = file_logger.rewind(keep_through)
+            if moved:
+                since = f"of steps after {keep_through}" if keep_through >= 0 else "(this run starts afresh)"
+                _logger.warning("%s: moved %d line(s) %s, which this run logs again, to %s%s", file_logger.path,
+                                moved, since, file_logger.path.name, ROLLED_BACK_SUFFIX)
 
     def finish(self) -> None:
         """Close every backend once; later calls do nothing."""

@@ -2,7 +2,7 @@
 
 Layout (verl's), under `trainer.default_local_dir`:
 
-    latest_checkpointed_iteration.txt       the newest committed step N, written last
+    latest_checkpointed_iteration.txt       the newest committed step N (written before its step marker)
     global_step_N/
         checkpoint_complete.json            step marker: every role finished (written by commit_checkpoint)
         actor/                              one CheckpointManager per role, one per rank
@@ -12,6 +12,8 @@ Layout (verl's), under `trainer.default_local_dir`:
                                             (+ model.safetensors when "hf_model" is in save_contents)
             hybridrl_checkpoint.json        role marker: written last, just before the rename
         critic/ ...
+        data.pt, run_config.json            the trainer's own state and the run's config (written by it)
+    global_step_N.unloadable/               a step that failed to load, moved aside (checkpoint_resume)
 
 Why torch.distributed.checkpoint (DCP) rather than one torch.save file per rank: DCP writes one file per
 rank as well, but records where every shard sits in the global tensor, so a checkpoint saved by N ranks
@@ -20,9 +22,13 @@ per-rank pickle would bind the checkpoint to its world size. RNG states are the 
 to a rank, so they are restored only when the world size is unchanged (otherwise a warning says so).
 
 Crash safety: a role is written into `<role>.tmp-<id>` and renamed to `<role>` only after every rank has
-finished writing (barrier); the driver then calls `commit_checkpoint`, which writes the step marker and
-atomically replaces the tracker file. `find_latest_ckpt_path` trusts only committed steps whose roles
-all carry their marker, so a save that dies at any point leaves the previous checkpoint as the latest.
+finished writing (barrier); the driver then calls `commit_checkpoint`, which atomically replaces the
+tracker file and then writes the step marker. A step is *committed* when it has its step marker, every
+role has its marker, and the tracker is at or above it. `find_latest_ckpt_path` trusts only committed
+steps, so a save that dies at any point leaves the previous checkpoint as the latest: a death between the
+tracker and the step marker leaves a tracked step without a marker, which resume skips with a warning.
+
+Which step a run resumes from, and what it may never overwrite, is `checkpoint_resume`'s job.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.fsdp import FSDPModule
 
 from hybridrl.workers.config import CheckpointConfig, to_dataclass
@@ -92,6 +99,15 @@ def _world_size() -> int:
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
+
+
+def _gather_str(value: str) -> list[str]:
+    """Every rank's `value`, in rank order (a collective; `[value]` without a process group)."""
+    if not dist.is_initialized():
+        return [value]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
 
 
 def _broadcast_str(value: str) -> str:
@@ -209,46 +225,30 @@ def find_latest_ckpt_path(default_local_dir: str | Path) -> str | None:
     """The newest complete `global_step_N` directory, or None (what `resume_mode=auto` resumes from).
 
     The tracker's step is tried first; if it is missing or incomplete, older complete steps are used.
-    Steps newer than the tracker were never committed and are skipped.
+    Steps newer than the tracker were never committed and are skipped; a committed one there is an
+    error (see `checkpoint_resume.check_tracker`).
     """
-    root = Path(default_local_dir)
-    tracked = read_tracker(root)
-    for step, path in _step_dirs(root):
-        if tracked is not None and step > tracked:
-            continue
-        problem = step_dir_problem(path)
-        if problem is None:
-            return str(path)
-        logger.warning("skipping checkpoint %s: %s", path, problem)
-    return None
+    # imported here: checkpoint_resume builds on this module's layout helpers
+    from hybridrl.workers.checkpoint_resume import auto_candidates
+
+    return next(auto_candidates(Path(default_local_dir)), None)
 
 
 def resolve_resume_path(resume_mode: str, default_local_dir: str | Path,
                         resume_from_path: str | Path | None = None) -> str | None:
     """The checkpoint to resume from under verl's `trainer.resume_mode` (disable / auto / resume_path)."""
-    if resume_mode == "disable":
-        return None
-    if resume_mode == "auto":
-        return find_latest_ckpt_path(default_local_dir)
-    if resume_mode == "resume_path":
-        if not resume_from_path or _step_of(Path(resume_from_path)) is None:
-            raise CheckpointError(
-                f"trainer.resume_mode=resume_path needs trainer.resume_from_path pointing at a "
-                f"global_step_N directory, got {resume_from_path!r}"
-            )
-        problem = step_dir_problem(resume_from_path)
-        if problem is not None:
-            latest = find_latest_ckpt_path(Path(resume_from_path).parent)
-            hint = f"; the newest complete checkpoint there is {latest}" if latest else ""
-            raise CheckpointError(f"trainer.resume_from_path: {problem}{hint}")
-        return str(resume_from_path)
-    raise ValueError(f"trainer.resume_mode must be 'disable', 'auto' or 'resume_path', got {resume_mode!r}")
+    from hybridrl.workers.checkpoint_resume import resume_candidates
+
+    return next(resume_candidates(resume_mode, default_local_dir, resume_from_path), None)
 
 
 def commit_checkpoint(default_local_dir: str | Path, global_step: int) -> Path:
-    """Mark `global_step_N` complete and point the tracker at it; the driver calls this after all roles saved.
+    """Point the tracker at `global_step_N` and mark it complete; the driver calls this after all roles saved.
 
-    Raises CheckpointError (and leaves the tracker alone) if a role of that step is incomplete.
+    The tracker goes first: a death between the two writes leaves a tracked step without its marker,
+    which resume skips with a warning (the previous step is the latest), never a committed step above
+    the tracker, which `check_tracker` reports as a tracker moved back. Raises CheckpointError (and
+    leaves the tracker alone) if a role of that step is incomplete.
     """
     root = Path(default_local_dir)
     step_dir = root / f"global_step_{global_step}"
@@ -258,11 +258,14 @@ def commit_checkpoint(default_local_dir: str | Path, global_step: int) -> Path:
         raise CheckpointError(f"{step_dir} holds no saved role; save the workers' checkpoints first")
     for role in roles:
         check_role_dir(step_dir / role)
-    _write_json_durably(step_dir / STEP_MARKER, {"global_step": global_step, "roles": roles})
     tracker_tmp = root / (TRACKER_FILE + TMP_TAG + uuid.uuid4().hex[:8])
-    tracker_tmp.write_text(str(global_step))
+    with open(tracker_tmp, "w") as f:
+        f.write(str(global_step))
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tracker_tmp, root / TRACKER_FILE)
     _fsync_dir(root)
+    _write_json_durably(step_dir / STEP_MARKER, {"global_step": global_step, "roles": roles})
     return step_dir
 
 
@@ -288,6 +291,31 @@ def prune_checkpoints(default_local_dir: str | Path, role: str, keep: int, curre
             if not any(p.is_dir() and TMP_TAG not in p.name for p in step_dir.iterdir()):
                 shutil.rmtree(step_dir, ignore_errors=True)
     return removed
+
+
+def shard_problems(path: str | Path) -> list[str]:
+    """Files of the DCP checkpoint at `path` that are missing or shorter than its `.metadata` says.
+
+    A copy cut short (a full disk, an interrupted transfer) otherwise fails inside DCP with an error
+    that names no file. Checking sizes costs one stat per file.
+    """
+    path = Path(path)
+    try:
+        metadata = FileSystemReader(str(path)).read_metadata()
+    except Exception as err:
+        return [f"{path / '.metadata'} cannot be read: {type(err).__name__}: {err}"]
+    extent: dict[str, int] = {}  # file -> bytes it must hold (the end of its last item)
+    for info in (metadata.storage_data or {}).values():
+        extent[info.relative_path] = max(extent.get(info.relative_path, 0), info.offset + info.length)
+    problems = []
+    for name, size in sorted(extent.items()):
+        file = path / name
+        if not file.is_file():
+            problems.append(f"{file} is missing")
+        elif file.stat().st_size < size:
+            problems.append(f"{file} is truncated: {file.stat().st_size} bytes, but .metadata places data up "
+                            f"to byte {size}")
+    return problems
 
 
 def read_full_model_state(path: str | Path) -> dict[str, torch.Tensor]:
@@ -405,7 +433,11 @@ class CheckpointManager:
 
     # -- load --
     def load_checkpoint(self, local_path: str | Path) -> dict[str, Any]:
-        """Restore `checkpoint.load_contents` from the role checkpoint at `local_path`; returns its marker."""
+        """Restore `checkpoint.load_contents` from the role checkpoint at `local_path`; returns its marker.
+
+        Any failure to read it (a truncated shard, a missing file) raises CheckpointError naming the path
+        and each failing rank's error, on every rank alike, so the driver can fall back to an older step.
+        """
         meta = check_role_dir(local_path)
         wanted = [c for c in self.load_contents if c != "hf_model"]
         absent = [c for c in wanted if c not in meta["contents"]]
@@ -414,17 +446,39 @@ class CheckpointManager:
                 f"checkpoint.load_contents asks for {absent}, but {local_path} was saved with "
                 f"{meta['contents']}; drop them from load_contents"
             )
+        error = ""
+        try:
+            self._load_files(Path(local_path), wanted, meta)
+        except (Exception, CheckpointException) as err:  # DCP's CheckpointException is a BaseException
+            error = _describe_load_error(err)
+        errors = _gather_str(error)  # a collective: every rank learns whether any rank failed
+        if any(errors):
+            by_error: dict[str, list[str]] = {}
+            for rank, e in enumerate(errors):
+                if e:
+                    by_error.setdefault(e, []).append(str(rank))
+            failures = "; ".join(f"rank {', '.join(ranks)}: {e}" for e, ranks in by_error.items())
+            raise CheckpointError(f"could not read the checkpoint {local_path}: {failures}")
+        return meta
+
+    def _load_files(self, path: Path, wanted: list[str], meta: dict[str, Any]) -> None:
         if "model" in wanted or "optimizer" in wanted:
-            self._load_engine_state(Path(local_path), wanted)
+            problems = shard_problems(path)
+            if problems:  # DCP's own error would name neither the file nor the cause
+                raise CheckpointError("; ".join(problems))
+            self._load_engine_state(path, wanted)
         if "extra" in wanted:
             if meta["world_size"] == _world_size():
-                set_rng_state(torch.load(_extra_file(Path(local_path), _world_size(), _rank()), weights_only=True))
+                extra = _extra_file(path, _world_size(), _rank())
+                try:
+                    rng_state = torch.load(extra, weights_only=True)
+                except Exception as err:
+                    raise CheckpointError(f"{extra} cannot be read: {type(err).__name__}: {err}") from err
+                set_rng_state(rng_state)
             else:
                 logger.warning("checkpoint %s was saved by %d ranks, this run has %d: model and optimizer are "
-                               "resharded, but per-rank RNG states are not restored", local_path,
+                               "resharded, but per-rank RNG states are not restored", path,
                                meta["world_size"], _world_size())
-        _barrier()
-        return meta
 
     def _load_engine_state(self, path: Path, wanted: list[str]) -> None:
         state = self.engine.sharded_state()  # the target layout of this run's shards
@@ -433,6 +487,13 @@ class CheckpointManager:
         dcp.load(to_read, checkpoint_id=str(path))
         state.update(to_read)
         self.engine.load_sharded_state(state if "optimizer" in wanted else {"model": state["model"]})
+
+
+def _describe_load_error(err: BaseException) -> str:
+    """One line per cause: DCP gathers every rank's exception into one CheckpointException."""
+    if isinstance(err, CheckpointException):
+        return "; ".join(f"{type(e).__name__}: {e}" for e, _trace in err.failures.values())
+    return f"{type(err).__name__}: {err}"
 
 
 def _hf_class_name(module: torch.nn.Module) -> str:

@@ -57,6 +57,10 @@ def test_grpo_on_two_ray_workers_saves_and_resumes_exactly(arithmetic_data, tiny
                                  "trainer.val_before_train=true"))
     assert [m["training/global_step"] for m in resumed] == [2, 3]
     assert "val-core/arithmetic/reward/mean@1" in resumed[0]
+    # metrics.jsonl keeps one line per step: the resumed run's validation joined step 2's line
+    logged = [json.loads(line) for line in (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in logged] == [0, 1, 2, 3]
+    assert {"actor/pg_loss", "val-core/arithmetic/reward/mean@1"} <= set(logged[2])
     resumed = resumed[1:]
     for key in DETERMINISTIC:
         assert resumed[0][key] == full[2][key], key

@@ -41,6 +41,29 @@ def test_file_backend_round_trip_and_append_on_resume(tmp_path):
     ]
 
 
+def test_a_resumed_run_keeps_one_line_per_step_and_moves_later_lines_aside(tmp_path):
+    with Tracking("proj", "exp", "file", log_dir=tmp_path) as tracker:
+        for step in (0, 1, 2, 3):  # a run that logged step 3, then died; its last checkpoint is step 2
+            tracker.log({"a": float(step)}, step=step)
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 4, "a": ')  # the kill cut a line short
+    with Tracking("proj", "exp", "file", log_dir=tmp_path) as tracker:
+        tracker.rewind(2)
+        tracker.log({"val/acc": 0.5, "a": 9.0}, step=2)  # validating the checkpoint's step again
+        tracker.log({"a": 30.0}, step=3)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    # step 2's line gains the new key and keeps the value already written for "a"
+    assert rows == [{"step": 0, "a": 0.0}, {"step": 1, "a": 1.0}, {"step": 2, "a": 2.0, "val/acc": 0.5},
+                    {"step": 3, "a": 30.0}]
+    # what the new run logs again is kept aside, the cut line included
+    assert (tmp_path / "metrics.jsonl.rolled_back").read_text().splitlines() == ['{"step": 3, "a": 3.0}',
+                                                                                 '{"step": 4, "a": ']
+    with Tracking("proj", "exp", "file", log_dir=tmp_path) as tracker:
+        tracker.rewind(-1)  # a run that starts afresh in the same directory
+    assert (tmp_path / "metrics.jsonl").read_text() == ""
+    assert len((tmp_path / "metrics.jsonl.rolled_back").read_text().splitlines()) == 2 + 4
+
+
 def test_file_backend_errors(tmp_path):
     with pytest.raises(ValueError, match="default_local_dir"):
         Tracking("proj", "exp", "file", log_dir=None)

@@ -191,6 +191,9 @@ def test_find_latest_falls_back_when_the_tracked_step_is_broken(runs, tmp_path):
 
     saved_uncommitted = shutil.copytree(runs["root"] / "keep2", tmp_path / "keep2")  # 3 committed, 4 not
     assert find_latest_ckpt_path(saved_uncommitted) == str(saved_uncommitted / "global_step_3")
+    # a death between commit_checkpoint's two writes: the tracker names step 4, which has no step marker
+    (saved_uncommitted / TRACKER_FILE).write_text("4")
+    assert find_latest_ckpt_path(saved_uncommitted) == str(saved_uncommitted / "global_step_3")
     (saved_uncommitted / TRACKER_FILE).unlink()  # without a tracker, the step markers decide
     assert find_latest_ckpt_path(saved_uncommitted) == str(saved_uncommitted / "global_step_3")
 

@@ -105,6 +105,7 @@ class FSDPEngine:
         self.mesh = build_device_mesh(dist.get_world_size(), fsdp_config.fsdp_size)
         self.module = shard_model(model.to(self.device), self.mesh, fsdp_config)
         self.grad_clip = grad_clip
+        self.optim_config = optim_config
         self.optimizer, self.lr_scheduler = (None, None)
         if optim_config is not None:
             self.optimizer, self.lr_scheduler = build_optimizer(self.module, optim_config)
@@ -207,10 +208,27 @@ class FSDPEngine:
         return state
 
     def load_sharded_state(self, state: dict[str, Any]) -> None:
+        """Restore model and optimizer shards and the schedule's position; hyperparameters stay this run's.
+
+        An optimizer state dict carries its learning rate, betas, eps and weight decay, and the scheduler
+        its base learning rate: loaded as is, a resumed run with a new `optim.lr` would silently train at
+        the checkpoint's. The moments and the step count come from the checkpoint; the settings from the
+        config (the trainer reports which keys differ from the checkpoint's).
+        """
         set_model_state_dict(self.module, state["model"])
         if self.optimizer is not None and "optimizer" in state:
             set_optimizer_state_dict(self.module, self.optimizer, state["optimizer"])
             self.lr_scheduler.load_state_dict(state["lr_scheduler"])
+            self._apply_optim_config()
+
+    def _apply_optim_config(self) -> None:
+        cfg = self.optim_config
+        position = self.lr_scheduler.last_epoch
+        for group, factor in zip(self.optimizer.param_groups, self.lr_scheduler.lr_lambdas, strict=True):
+            group.update(betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay, initial_lr=cfg.lr,
+                         lr=cfg.lr * factor(position))  # the lr this schedule gives at the restored step
+        self.lr_scheduler.base_lrs = [cfg.lr] * len(self.optimizer.param_groups)
+        self.lr_scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]  # get_last_lr()
 
     def load_full_model_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=False)

@@ -1,0 +1,189 @@
+"""Which checkpoint a run resumes from, and what it may never overwrite (the trainers' rules).
+
+A step is committed when it has its step marker (`checkpoint_complete.json`), every role has its role
+marker, and the tracker (`latest_checkpointed_iteration.txt`) is at or above it. With committed steps a
+run never does three things:
+
+- overwrite one: `check_no_committed_after` refuses to start a run that would save over a committed step
+  newer than where it starts, and `check_uncommitted` refuses a save into a committed step;
+- ignore one: a tracker below a committed step (someone wrote an older step into it) is an error naming
+  both, rather than a silent restart that would overwrite the newer steps (`check_tracker`);
+- stop at a broken one: `load_newest_loadable` names a checkpoint that fails to load, moves it aside
+  (`global_step_N.unloadable`, nothing deleted) and falls back to the previous committed step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+# the layout helpers of the same package: one definition of the directory layout
+from hybridrl.workers.checkpoint import (
+    STEP_MARKER,
+    TRACKER_FILE,
+    CheckpointError,
+    _fsync_dir,
+    _step_dirs,
+    _step_of,
+    read_tracker,
+    step_dir_problem,
+)
+
+logger = logging.getLogger(__name__)
+
+UNLOADABLE_TAG = ".unloadable"  # suffix of a step directory that failed to load (see quarantine_step)
+
+
+def _marked_steps(root: Path) -> list[tuple[int, Path]]:
+    """(step, path) of the step directories that carry a step marker, newest first."""
+    return [(s, p) for s, p in _step_dirs(root) if (p / STEP_MARKER).is_file()]
+
+
+def _names(paths: Iterable[Path]) -> str:
+    return ", ".join(p.name for p in paths)
+
+
+def check_tracker(default_local_dir: str | Path) -> int | None:
+    """The tracker's step; a CheckpointError when a step above it was committed.
+
+    `commit_checkpoint` writes the tracker before the step marker, so no save leaves a marked step
+    above the tracker: one there means the tracker was moved back by hand, and resuming from it would
+    train those steps again and overwrite them.
+    """
+    root = Path(default_local_dir)
+    tracked = read_tracker(root)
+    if tracked is None:
+        return None
+    above = [p for s, p in _marked_steps(root) if s > tracked]
+    if above:
+        raise CheckpointError(
+            f"{root / TRACKER_FILE} says step {tracked}, but {_names(above)} above it were committed "
+            f"({STEP_MARKER}); resuming from step {tracked} would train them again and overwrite them. "
+            f"To continue from the newest, write its step into the tracker (echo {_step_of(above[0])} > "
+            f"{root / TRACKER_FILE}); to go back to step {tracked}, first move {_names(above)} out of {root}"
+        )
+    return tracked
+
+
+def auto_candidates(root: Path) -> Iterator[str]:
+    """Committed, complete steps at or below the tracker, newest first (warning about each one skipped)."""
+    tracked = check_tracker(root)
+    steps = _step_dirs(root)
+    if tracked is not None and steps and tracked not in {s for s, _ in steps}:
+        logger.warning("%s names step %d, but %s does not exist; using older steps", root / TRACKER_FILE,
+                       tracked, root / f"global_step_{tracked}")
+    for step, path in steps:
+        if tracked is not None and step > tracked:
+            continue  # never committed (check_tracker ruled out a marker there)
+        problem = step_dir_problem(path)
+        if problem is None:
+            yield str(path)
+        else:
+            logger.warning("skipping checkpoint %s: %s", path, problem)
+
+
+def resume_candidates(resume_mode: str, default_local_dir: str | Path,
+                      resume_from_path: str | Path | None = None) -> Iterator[str]:
+    """The checkpoints to try, in order, under verl's `trainer.resume_mode` (disable / auto / resume_path).
+
+    auto: every committed step, newest first, so a loader can fall back past one that fails to load;
+    resume_path: only the given one; disable: none.
+    """
+    if resume_mode == "disable":
+        return iter(())
+    if resume_mode == "auto":
+        return auto_candidates(Path(default_local_dir))
+    if resume_mode == "resume_path":
+        if not resume_from_path or _step_of(Path(resume_from_path)) is None:
+            raise CheckpointError(
+                f"trainer.resume_mode=resume_path needs trainer.resume_from_path pointing at a "
+                f"global_step_N directory, got {resume_from_path!r}"
+            )
+        problem = step_dir_problem(resume_from_path)
+        if problem is not None:
+            latest = next(auto_candidates(Path(resume_from_path).parent), None)
+            hint = f"; the newest complete checkpoint there is {latest}" if latest else ""
+            raise CheckpointError(f"trainer.resume_from_path: {problem}{hint}")
+        return iter([str(resume_from_path)])
+    raise ValueError(f"trainer.resume_mode must be 'disable', 'auto' or 'resume_path', got {resume_mode!r}")
+
+
+def quarantine_step(step_dir: str | Path) -> Path:
+    """Rename `global_step_N` to `global_step_N.unloadable` (numbered if taken): kept, but no longer a step."""
+    step_dir = Path(step_dir)
+    target, n = step_dir.with_name(step_dir.name + UNLOADABLE_TAG), 1
+    while target.exists():
+        target, n = step_dir.with_name(f"{step_dir.name}{UNLOADABLE_TAG}-{n}"), n + 1
+    os.rename(step_dir, target)
+    _fsync_dir(step_dir.parent)
+    return target
+
+
+def _short(err: BaseException) -> str:
+    # an error raised in a Ray worker arrives wrapped with the remote traceback; its cause says it all
+    cause = getattr(err, "cause", None)
+    return str(cause if isinstance(cause, BaseException) else err)
+
+
+def load_newest_loadable(candidates: Iterable[str], load: Callable[[Path], Any],
+                         fallback: bool = True) -> Path | None:
+    """Call `load(path)` on each candidate until one loads; returns it (None when there are none).
+
+    A candidate that raises CheckpointError is named in a warning and, with `fallback`, the next
+    (previous committed) one is tried; without it (an explicit trainer.resume_from_path) the error is
+    raised. Candidates that failed before one loaded are moved aside by `quarantine_step`: the resumed
+    run saves those steps again, and must not overwrite what is in them. If none loads, the error lists
+    every path and nothing is moved.
+    """
+    failed: list[tuple[Path, str]] = []
+    for candidate in candidates:
+        path = Path(candidate)
+        try:
+            load(path)
+        except CheckpointError as err:
+            if not fallback:
+                raise CheckpointError(f"could not load the checkpoint {path}: {_short(err)}") from err
+            logger.warning("could not load the checkpoint %s; trying the previous committed step. %s",
+                           path, _short(err))
+            failed.append((path, _short(err)))
+            continue
+        for broken, _ in failed:
+            moved = quarantine_step(broken)
+            logger.warning("moved the checkpoint that failed to load, %s, to %s (kept: nothing is deleted); "
+                           "resumed from %s", broken, moved, path)
+        return path
+    if failed:
+        raise CheckpointError(
+            "no checkpoint could be loaded: " + "; ".join(f"{p}: {e}" for p, e in failed) +
+            ". Repair or move them away, or start afresh in another trainer.default_local_dir"
+        )
+    return None
+
+
+def check_no_committed_after(default_local_dir: str | Path, step: int) -> None:
+    """Raise CheckpointError if steps newer than `step` (where a run starts) were committed in this directory.
+
+    The run would save those steps again, over a checkpoint that someone may still want.
+    """
+    root = Path(default_local_dir)
+    newer = [p for s, p in _marked_steps(root) if s > step]
+    if newer:
+        start = f"resumes from step {step}" if step else "starts from scratch"
+        raise CheckpointError(
+            f"{root} (trainer.default_local_dir) holds committed checkpoints {_names(newer)}, but this run "
+            f"{start}, so its saves would overwrite them. Resume from the newest (trainer.resume_mode=auto), "
+            f"choose another trainer.default_local_dir, or move {_names(newer)} out of {root}"
+        )
+
+
+def check_uncommitted(step_dir: str | Path) -> None:
+    """Raise CheckpointError if `global_step_N` is committed: a save never overwrites a committed step."""
+    step_dir = Path(step_dir)
+    if (step_dir / STEP_MARKER).is_file():
+        raise CheckpointError(
+            f"{step_dir} is a committed checkpoint and a save never overwrites one; move it away or choose "
+            f"another trainer.default_local_dir"
+        )
