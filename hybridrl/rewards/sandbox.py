@@ -33,6 +33,8 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from hybridrl.rewards.errors import RewardFunctionFatalError
+
 _LAUNCHER = Path(__file__).with_name("_sandbox_launcher.py")
 _READ_CHUNK = 65536
 _DOC = "hybridrl/rewards/SANDBOX.md"
@@ -40,7 +42,7 @@ _OPT_IN = ("reward_model.sandbox.require_isolation=false (from Python: "
            "SandboxLimits(require_isolation=False))")
 
 
-class SandboxUnavailableError(RuntimeError):
+class SandboxUnavailableError(RewardFunctionFatalError, RuntimeError):
     """The sandbox cannot run programs here at all; the message says why and how to fix it.
 
     Never a score: a reward function must let it propagate, and reward managers should treat it as fatal

@@ -106,7 +106,7 @@ RANGES: dict[str, Rule] = {
     "critic.ppo_epochs": COUNT,
     "critic.cliprange_value": above(0),
     "critic.ulysses_sequence_parallel_size": NO_SEQUENCE_PARALLEL,
-    # reward model worker (checked only when reward_model.enable) and the reward manager
+    # reward model worker (checked only when reward_model.enable) and the rule-based reward functions
     "reward_model.micro_batch_size": OPTIONAL_COUNT,
     "reward_model.micro_batch_size_per_gpu": OPTIONAL_COUNT,
     "reward_model.max_length": OPTIONAL_COUNT,
@@ -114,6 +114,9 @@ RANGES: dict[str, Rule] = {
     "reward_model.ulysses_sequence_parallel_size": NO_SEQUENCE_PARALLEL,
     "reward_model.overlong_buffer.len": at_least(0),
     "reward_model.overlong_buffer.penalty_factor": at_least(0),
+    "reward_model.reward_fn_timeout": above(0),
+    "reward_model.reward_fn_workers": optional(at_least(0)),
+    "reward_model.max_failure_share": within(0, 1),
     # algorithm
     "algorithm.gamma": within(0, 1),
     "algorithm.lam": within(0, 1),
@@ -124,6 +127,7 @@ RANGES: dict[str, Rule] = {
     "trainer.total_training_steps": OPTIONAL_COUNT,
     "trainer.log_val_generations": at_least(0),
     "trainer.critic_warmup": at_least(0),
+    "trainer.max_consecutive_skipped_steps": at_least(0),
     "trainer.ray_wait_register_center_timeout": COUNT,
     "ray_init.num_cpus": OPTIONAL_COUNT,
     "ray_init.object_store_memory": optional(above(0)),
@@ -171,6 +175,11 @@ def lookup(config: Any, key: str) -> Any:
     return config
 
 
+# reward_model.* keys read by the rule-based reward manager, which runs whether or not a reward model does
+RULE_BASED_REWARD_KEYS = ("reward_model.reward_fn_timeout", "reward_model.reward_fn_workers",
+                          "reward_model.max_failure_share")
+
+
 @cache
 def _defaults() -> PPOTrainerConfig:
     return PPOTrainerConfig()
@@ -180,7 +189,8 @@ def _in_use(config: PPOTrainerConfig, key: str) -> bool:
     """Keys of a role that does not run are not checked: a PPO setting left in a GRPO command is harmless."""
     if key.startswith("critic."):
         return get_adv_estimator_spec(config.algorithm.adv_estimator).needs_critic
-    if key.startswith("reward_model.") and not key.startswith("reward_model.overlong_buffer."):
+    if key.startswith("reward_model.") and key not in RULE_BASED_REWARD_KEYS \
+            and not key.startswith("reward_model.overlong_buffer."):
         return config.reward_model.enable
     return True
 

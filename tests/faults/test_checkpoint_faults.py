@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from ppo_helpers import ppo_config, tiny_run_overrides
+from fault_helpers import fault_run_overrides, ppo_config
 
 from hybridrl.trainer.main_ppo import run_ppo
 from hybridrl.workers.checkpoint import TRACKER_FILE, CheckpointError
@@ -36,13 +36,6 @@ def saved_run(fault_data, tiny_model_dir, tmp_path_factory) -> Path:
 @pytest.fixture
 def run_copy(saved_run, tmp_path) -> Path:
     return shutil.copytree(saved_run, tmp_path / "run")
-
-
-def fault_run_overrides(data: Path, model: Path, run_dir: Path) -> list[str]:
-    """tests/faults/conftest.py's few-second local GRPO run (2 steps). Not imported from there: with
-    other directories collected too, `import conftest` finds whichever conftest pytest loaded last."""
-    return [*tiny_run_overrides(data, model, run_dir), "trainer.backend=local", "trainer.n_gpus_per_node=1",
-            "trainer.total_training_steps=2"]
 
 
 def overrides(fault_data, tiny_model_dir, run: Path, *extra: str) -> list[str]:

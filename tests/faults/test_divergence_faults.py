@@ -16,19 +16,12 @@ import math
 from pathlib import Path
 
 import pytest
-from ppo_helpers import ppo_config, tiny_run_overrides
+from fault_helpers import fault_run_overrides, ppo_config
 
 from hybridrl.trainer.divergence import DivergenceGuard, TrainingDivergedError, unhealthy_metrics
 from hybridrl.trainer.main_ppo import run_ppo
 
 BAD_LR = "actor_rollout_ref.actor.optim.lr=1e3"
-
-
-def fault_run_overrides(data: Path, model: Path, run_dir: Path) -> list[str]:
-    """tests/faults/conftest.py's few-second local GRPO run (2 steps). Not imported from there: with
-    other directories collected too, `import conftest` finds whichever conftest pytest loaded last."""
-    return [*tiny_run_overrides(data, model, run_dir), "trainer.backend=local", "trainer.n_gpus_per_node=1",
-            "trainer.total_training_steps=2"]
 
 
 def read_rows(run: Path) -> list[dict]:

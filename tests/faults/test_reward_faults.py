@@ -16,7 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from ppo_helpers import ppo_config, tiny_run_overrides  # tests/trainer, on sys.path via the conftest
+from fault_helpers import fault_run_overrides, ppo_config
 
 from hybridrl.rewards.errors import RewardFailureError, RewardFunctionFatalError
 from hybridrl.trainer.main_ppo import run_ppo
@@ -44,13 +44,6 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
         raise RewardFunctionFatalError("the verifier service is unreachable; start it and rerun")
     return sum(ch in str(ground_truth) for ch in solution_str) / max(len(solution_str), 1)
 '''
-
-def fault_run_overrides(data: Path, model: Path, run_dir: Path) -> list[str]:
-    """The fault suite's few-second GRPO run in this process (a conftest cannot be imported by name: pytest
-    may resolve `conftest` to another folder's)."""
-    return [*tiny_run_overrides(data, model, run_dir), "trainer.backend=local", "trainer.n_gpus_per_node=1",
-            "trainer.total_training_steps=2"]
-
 
 GUARD = ["data.shuffle=false", "reward_model.reward_fn_timeout=1", "reward_model.reward_fn_workers=2"]
 
