@@ -21,7 +21,8 @@ from ppo_helpers import ppo_config
 from hybridrl.data.sft_dataset import read_parquet_rows
 from hybridrl.trainer.main_ppo import run_ppo
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray]
+# Longer hang limit than the suite's 600 s: the shared SFT fixture may run in this module's first setup.
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(1800)]
 
 STEPS = 30
 MARGIN = 0.10  # the quickstart's promise; measured minimum over seeds and threads +0.136
