@@ -38,10 +38,11 @@ from hybridrl.trainer.validation import Validator
 from hybridrl.trainer.worker_groups import WorkerGroups
 from hybridrl.utils.timing import timer
 from hybridrl.utils.tracking import StepProgress, Tracking
-from hybridrl.workers.checkpoint import CheckpointError, commit_checkpoint, find_latest_ckpt_path
+from hybridrl.workers.checkpoint import CheckpointError, commit_checkpoint
 from hybridrl.workers.checkpoint_resume import (
     check_no_committed_after,
     check_uncommitted,
+    find_latest_ckpt_path,
     load_newest_loadable,
     resume_candidates,
 )
