@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from hybridrl.protocol import DataProto
-from hybridrl.workers.config import to_dataclass
+from hybridrl.utils.config import to_dataclass
 from hybridrl.workers.rollout.base import (
     ROLLOUT_ENGINES,
     BaseRollout,
