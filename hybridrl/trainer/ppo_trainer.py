@@ -1,4 +1,4 @@
-"""The single controller of PPO/GRPO training: the dataflow of DESIGN.md section 4, one method per stage.
+"""The single controller of PPO/GRPO training, one method per stage (docs/architecture.md, "One PPO step").
 
 The trainer holds the dataloader, the advantage computation, metrics and checkpoints; all model work
 is a call on a worker group. It never branches on an algorithm's name: estimators declare the inputs
@@ -116,7 +116,7 @@ class PPOTrainer:
         return self.history
 
     def train_step(self) -> dict[str, float]:
-        """One PPO/GRPO step: DESIGN.md section 4, stages 1-8."""
+        """One PPO/GRPO step: stages 1-8 of docs/architecture.md, "One PPO step"."""
         metrics: dict[str, float] = {}
         timing: dict[str, float] = {}
         self.costs.start_step()
