@@ -133,7 +133,7 @@ def step_payloads(w: bench.Workload) -> dict[str, tuple]:
     """call -> (request DataProto, reply shapes) as the trainer sends them for one step of `w`.
 
     Tensor contents do not change what Ray moves (pickled tensor bytes), so they are zeros; the keys,
-    dtypes and shapes are the trainer's (DESIGN.md section 4's tensor keys).
+    dtypes and shapes are the trainer's (docs/architecture.md, "The batch").
     """
     import numpy as np
 

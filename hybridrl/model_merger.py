@@ -18,13 +18,12 @@ from __future__ import annotations
 import argparse
 import logging
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-import torch
-import transformers
-from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
+from transformers import AutoConfig
 
+from hybridrl.models.hf_export import ModelExportError, save_hf_model
 from hybridrl.models.loading import TOKENIZER_FILES
 from hybridrl.workers.checkpoint import HF_SUBDIR, CheckpointError, check_role_dir, read_full_model_state
 
@@ -33,54 +32,6 @@ logger = logging.getLogger(__name__)
 # Files that carry weights; everything else in a HF directory (tokenizer, chat template, generation
 # config) is copied verbatim so the merged directory tokenizes exactly as the training run did.
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
-
-
-def build_hf_model(state_dict: Mapping[str, torch.Tensor], config: PretrainedConfig) -> PreTrainedModel:
-    """The model class named by `config.architectures`, holding exactly `state_dict`'s tensors.
-
-    The module is built on the meta device and the tensors are assigned, not copied, so a 7B model costs
-    one copy of its weights in memory. Tied input/output embeddings (Qwen2's small models) arrive as two
-    equal entries (`lm_head.weight` and `model.embed_tokens.weight`): they are checked equal and re-tied.
-    """
-    architecture = (getattr(config, "architectures", None) or ["AutoModelForCausalLM"])[0]
-    model_cls = getattr(transformers, architecture, None)
-    if model_cls is None:
-        raise CheckpointError(
-            f"config.architectures names {architecture!r}, which transformers {transformers.__version__} "
-            "does not provide; pass --hf_model_path with a config whose architecture it knows"
-        )
-    with torch.device("meta"):
-        model = model_cls._from_config(config) if hasattr(model_cls, "_from_config") else \
-            model_cls.from_config(config)
-    result = model.load_state_dict(dict(state_dict), strict=False, assign=True)
-    tied = _tied_pairs(model) if getattr(config, "tie_word_embeddings", False) else {}
-    missing = [k for k in result.missing_keys if k not in tied]
-    if missing or result.unexpected_keys:
-        raise CheckpointError(
-            f"the checkpoint does not match {architecture}: missing {missing[:5]}, unexpected "
-            f"{result.unexpected_keys[:5]} (was it saved from a different model, or is the config wrong?)"
-        )
-    for out_key, in_key in tied.items():
-        if out_key in state_dict and not torch.equal(state_dict[out_key], state_dict[in_key]):
-            raise CheckpointError(
-                f"config.tie_word_embeddings is true but {out_key} differs from {in_key} in the checkpoint"
-            )
-    model.tie_weights()
-    return model
-
-
-def _tied_pairs(model: PreTrainedModel) -> dict[str, str]:
-    """{output embedding key: input embedding key} for a model whose config ties them."""
-    out_emb, in_emb = model.get_output_embeddings(), model.get_input_embeddings()
-    if out_emb is None or in_emb is None:
-        return {}
-    names = {id(module): name for name, module in model.named_modules()}
-    return {f"{names[id(out_emb)]}.weight": f"{names[id(in_emb)]}.weight"}
-
-
-def save_hf_model(state_dict: Mapping[str, torch.Tensor], config: PretrainedConfig, out_dir: str | Path) -> None:
-    """Write `state_dict` as `model.safetensors` + `config.json` into `out_dir`."""
-    build_hf_model(state_dict, config).save_pretrained(out_dir, safe_serialization=True)
 
 
 def _copy_aux_files(source: Path, target: Path, overwrite: bool = True) -> list[str]:
@@ -126,7 +77,10 @@ def merge_checkpoint(local_dir: str | Path, target_dir: str | Path,
     state_dict = read_full_model_state(local)
     target = Path(target_dir)
     target.mkdir(parents=True, exist_ok=True)
-    save_hf_model(state_dict, config, target)
+    try:
+        save_hf_model(state_dict, config, target)
+    except ModelExportError as err:
+        raise CheckpointError(f"{local}: {err}") from err
     copied = _copy_aux_files(source, target)  # after save_pretrained: the saved generation config wins
     has_tokenizer = any((target / name).is_file() for name in TOKENIZER_FILES)
     if not has_tokenizer and hf_model_path is not None:  # fill in only what the checkpoint lacked

@@ -115,7 +115,7 @@ def train_grpo(workdir: Path, data: Path, model: Path, steps: int, extra: list[s
 
 def latest_hf_model(run_dir: Path) -> Path | None:
     """The Hugging Face model directory of `run_dir`'s latest committed checkpoint, if it holds one."""
-    from hybridrl.workers.checkpoint import find_latest_ckpt_path
+    from hybridrl.workers.checkpoint_resume import find_latest_ckpt_path
 
     latest = find_latest_ckpt_path(run_dir)
     model = None if latest is None else Path(latest) / "actor" / "huggingface"

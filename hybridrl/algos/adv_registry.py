@@ -5,7 +5,7 @@ signature *is* its declaration of inputs: the parameters without defaults are in
 supply (`values` for GAE, `index` for group baselines, `reward_baselines` for ReMax, `gamma`...), the
 ones with defaults are optional settings. `compute_advantage(name, **everything_the_trainer_has)` reads
 that declaration and passes each estimator exactly what it takes, so the trainer never branches on an
-estimator's name (STYLE.md habit 2). A missing input is reported by name, with where it comes from.
+estimator's name (docs/architecture.md, "One PPO step"). A missing input is reported by name, with where it comes from.
 
     @register_adv_est("my_est")
     def my_est(token_level_rewards, response_mask, index, temperature=1.0): ...

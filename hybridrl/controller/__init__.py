@@ -14,6 +14,7 @@ from hybridrl.controller.decorator import (
 )
 from hybridrl.controller.futures import DataProtoFuture
 from hybridrl.controller.local import LocalWorkerGroup
+from hybridrl.controller.typed_group import TypedWorkerGroup
 from hybridrl.controller.worker import Worker
 from hybridrl.controller.worker_group import ClassWithInitArgs, WorkerGroup, create_colocated_worker_cls
 
@@ -24,6 +25,7 @@ __all__ = [
     "Execute",
     "LocalWorkerGroup",
     "MethodSpec",
+    "TypedWorkerGroup",
     "Worker",
     "WorkerGroup",
     "create_colocated_worker_cls",

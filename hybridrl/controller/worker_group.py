@@ -1,8 +1,11 @@
 """WorkerGroup: the driver-side handle on N ranks of one worker class.
 
-It binds each `@register`-ed method of the worker class onto itself, so `wg.update_actor(batch)`
-dispatches the arguments, runs the method on the ranks and collects the results. Backends (Ray, local)
-only say how to start ranks and how to run one method on one rank.
+`wg.call(Worker.method, *args)` dispatches the arguments of a `@register`-ed method, runs it on the
+ranks and collects the results. The group also binds each registered method onto itself, so
+`wg.update_actor(batch)` does the same for a worker class nobody wrote a typed handle for; the trainer's
+own roles go through typed handles instead (`hybridrl/controller/typed_group.py`), which an editor and
+a type checker can follow. Backends (Ray, local) only say how to start ranks and how to run one method
+on one rank.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class WorkerGroup:
         self.worker_cls = worker_cls
         self.world_size = world_size
         self.method_names: list[str] = []
+        self._methods: dict[str, tuple[str, MethodSpec]] = {}  # name on this group -> (name on the ranks, spec)
         self._bind_methods(registered_methods(worker_cls))
 
     # ----- backend hooks -------------------------------------------------------------------------------
@@ -67,19 +71,35 @@ class WorkerGroup:
                     f"worker method {remote_name!r} of {self.worker_cls.__name__} would shadow "
                     f"{type(self).__name__}.{name}; rename the method"
                 )
-            setattr(self, name, self._make_group_method(remote_name, spec))
+            self._methods[name] = (remote_name, spec)
+            setattr(self, name, self._make_group_method(name, remote_name))
             self.method_names.append(name)
 
-    def _make_group_method(self, remote_name: str, spec: MethodSpec) -> Callable:
+    def _make_group_method(self, name: str, remote_name: str) -> Callable:
         def group_method(*args: Any, **kwargs: Any) -> Any:
-            return self.call(remote_name, spec, *args, **kwargs)
+            return self.call(name, *args, **kwargs)
 
         group_method.__name__ = remote_name
         group_method.__doc__ = getattr(getattr(self.worker_cls, remote_name, None), "__doc__", None)
         return group_method
 
-    def call(self, remote_name: str, spec: MethodSpec, *args: Any, **kwargs: Any) -> Any:
-        """Dispatch, execute and collect one registered method."""
+    def method_specs(self) -> dict[str, MethodSpec]:
+        """The registered methods this group can call, by their name on the group."""
+        return {name: spec for name, (_, spec) in self._methods.items()}
+
+    def call(self, method: str | Callable, /, *args: Any, **kwargs: Any) -> Any:
+        """Dispatch, execute and collect one registered method.
+
+        `method` is the worker class's method itself (`CriticWorker.compute_values`, which a reader can
+        jump to) or its name; on a role view made by `spawn` it is the role's method, without the prefix.
+        """
+        name = method if isinstance(method, str) else method.__name__
+        if name not in self._methods:
+            raise AttributeError(
+                f"{self.worker_cls.__name__} has no registered method {name!r} on this group; "
+                f"it has {sorted(self._methods)}"
+            )
+        remote_name, spec = self._methods[name]
         mode = get_dispatch_mode(spec.dispatch_mode)
         per_rank_args, per_rank_kwargs = mode.dispatch_fn(self, *args, **kwargs)
         ranks = [0] if spec.execute_mode is Execute.RANK_ZERO else range(self.world_size)
@@ -109,7 +129,7 @@ class WorkerGroup:
             view = copy.copy(self)
             for name in self.method_names:
                 view.__dict__.pop(name, None)
-            view.method_names = []
+            view.method_names, view._methods = [], {}
             view._bind_methods(registered_methods(self.worker_cls), prefix=f"{role}_")
             if not view.method_names:
                 raise ValueError(f"role {role!r} has no registered methods in {self.worker_cls.__name__}")

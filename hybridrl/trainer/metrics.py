@@ -7,7 +7,7 @@ workers), `compute_mfu_metrics` (model FLOPs utilisation of each model pass),
 `compute_rollout_agreement_metrics`, `reduce_metrics` (per-micro-batch lists from the workers), and
 the validation summaries `process_validation_metrics` / `validation_metrics_to_flat`.
 
-Batch layout (DESIGN.md section 4): `prompts` (B, P) left-padded, `responses` (B, R) right-padded,
+Batch layout (docs/architecture.md, "The batch"): `prompts` (B, P) left-padded, `responses` (B, R) right-padded,
 `attention_mask` (B, P + R) covering both, `response_mask` (B, R), and per-token float tensors
 `token_level_scores`, `token_level_rewards`, `advantages`, `returns`, `values` (B, R).
 """

@@ -1,4 +1,4 @@
-"""The single controller of PPO/GRPO training: the dataflow of DESIGN.md section 4, one method per stage.
+"""The single controller of PPO/GRPO training, one method per stage (docs/architecture.md, "One PPO step").
 
 The trainer holds the dataloader, the advantage computation, metrics and checkpoints; all model work
 is a call on a worker group. It never branches on an algorithm's name: estimators declare the inputs
@@ -38,10 +38,11 @@ from hybridrl.trainer.validation import Validator
 from hybridrl.trainer.worker_groups import WorkerGroups
 from hybridrl.utils.timing import timer
 from hybridrl.utils.tracking import StepProgress, Tracking
-from hybridrl.workers.checkpoint import CheckpointError, commit_checkpoint, find_latest_ckpt_path
+from hybridrl.workers.checkpoint import CheckpointError, commit_checkpoint
 from hybridrl.workers.checkpoint_resume import (
     check_no_committed_after,
     check_uncommitted,
+    find_latest_ckpt_path,
     load_newest_loadable,
     resume_candidates,
 )
@@ -115,7 +116,7 @@ class PPOTrainer:
         return self.history
 
     def train_step(self) -> dict[str, float]:
-        """One PPO/GRPO step: DESIGN.md section 4, stages 1-8."""
+        """One PPO/GRPO step: stages 1-8 of docs/architecture.md, "One PPO step"."""
         metrics: dict[str, float] = {}
         timing: dict[str, float] = {}
         self.costs.start_step()

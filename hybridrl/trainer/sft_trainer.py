@@ -30,11 +30,11 @@ from hybridrl.workers.checkpoint import (
     CheckpointConfig,
     CheckpointError,
     commit_checkpoint,
-    find_latest_ckpt_path,
 )
 from hybridrl.workers.checkpoint_resume import (
     check_no_committed_after,
     check_uncommitted,
+    find_latest_ckpt_path,
     load_newest_loadable,
     resume_candidates,
 )

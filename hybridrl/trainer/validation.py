@@ -11,10 +11,11 @@ from hybridrl.trainer import dataflow
 from hybridrl.trainer.generation_dump import generation_records, write_generations
 from hybridrl.trainer.metrics import process_validation_metrics, validation_metrics_to_flat
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
+from hybridrl.trainer.worker_groups import WorkerGroups
 
 
 class Validator:
-    def __init__(self, config: PPOTrainerConfig, tokenizer: Any, groups: Any, reward_fn: Any,
+    def __init__(self, config: PPOTrainerConfig, tokenizer: Any, groups: WorkerGroups, reward_fn: Any,
                  dataset: Any, collate_fn: Any) -> None:
         self.config = config
         self.tokenizer = tokenizer

@@ -3,6 +3,7 @@
 All roles of a run share one pool of processes (`trainer.nnodes x trainer.n_gpus_per_node`): the actor,
 rollout and reference policy are one worker; the critic and reward model, when present, are colocated
 in the same processes through a fused worker class. The backend (Ray or local) is one setting.
+Each role's group is wrapped in its typed handle (hybridrl/trainer/role_groups.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from hybridrl.controller import (
     create_worker_group,
 )
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
+from hybridrl.trainer.role_groups import ActorRolloutRefGroup, CriticGroup, RewardModelGroup
 from hybridrl.utils.flops import ModelPass, combine_ranks
 from hybridrl.utils.memory import ProcessMemory
 from hybridrl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
@@ -55,9 +57,9 @@ def role_classes(config: PPOTrainerConfig) -> dict[str, ClassWithInitArgs]:
 
 @dataclass
 class WorkerGroups:
-    actor_rollout: WorkerGroup
-    critic: WorkerGroup | None
-    reward_model: WorkerGroup | None
+    actor_rollout: ActorRolloutRefGroup
+    critic: CriticGroup | None
+    reward_model: RewardModelGroup | None
     uses_reference: bool
     world_size: int
     resource_pool: Any = None
@@ -84,26 +86,27 @@ class WorkerGroups:
             if pool is not None:
                 pool.remove()
             raise
-        groups = processes.spawn(prefix_set=list(classes))
+        views = processes.spawn(prefix_set=list(classes))
         actor_role = next(iter(classes))
+        critic, reward_model = views.get(Role.Critic.value), views.get(Role.RewardModel.value)
         created = cls(
-            actor_rollout=groups[actor_role],
-            critic=groups.get(Role.Critic.value),
-            reward_model=groups.get(Role.RewardModel.value),
+            actor_rollout=ActorRolloutRefGroup(views[actor_role]),
+            critic=CriticGroup(critic) if critic is not None else None,
+            reward_model=RewardModelGroup(reward_model) if reward_model is not None else None,
             uses_reference=actor_role == Role.ActorRolloutRef.value,
-            world_size=groups[actor_role].world_size,
+            world_size=views[actor_role].world_size,
             resource_pool=pool,
             processes=processes,
         )
         try:
-            for group in groups.values():
+            for group in created.roles():
                 group.init_model()
         except BaseException:
             created.shutdown()
             raise
         return created
 
-    def roles(self) -> list[WorkerGroup]:
+    def roles(self) -> list[ActorRolloutRefGroup | CriticGroup | RewardModelGroup]:
         return [g for g in (self.actor_rollout, self.critic, self.reward_model) if g is not None]
 
     def model_passes(self) -> dict[str, ModelPass]:

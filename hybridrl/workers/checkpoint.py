@@ -24,9 +24,10 @@ to a rank, so they are restored only when the world size is unchanged (otherwise
 Crash safety: a role is written into `<role>.tmp-<id>` and renamed to `<role>` only after every rank has
 finished writing (barrier); the driver then calls `commit_checkpoint`, which atomically replaces the
 tracker file and then writes the step marker. A step is *committed* when it has its step marker, every
-role has its marker, and the tracker is at or above it. `find_latest_ckpt_path` trusts only committed
-steps, so a save that dies at any point leaves the previous checkpoint as the latest: a death between the
-tracker and the step marker leaves a tracked step without a marker, which resume skips with a warning.
+role has its marker, and the tracker is at or above it. `checkpoint_resume.find_latest_ckpt_path` trusts
+only committed steps, so a save that dies at any point leaves the previous checkpoint as the latest: a
+death between the tracker and the step marker leaves a tracked step without a marker, which resume skips
+with a warning.
 
 Which step a run resumes from, and what it may never overwrite, is `checkpoint_resume`'s job.
 """
@@ -54,6 +55,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.fsdp import FSDPModule
 
+from hybridrl.models.hf_export import save_hf_model
 from hybridrl.workers.config import CheckpointConfig, to_dataclass
 
 logger = logging.getLogger(__name__)
@@ -219,27 +221,6 @@ def _step_dirs(default_local_dir: Path) -> list[tuple[int, Path]]:
         return []
     found = [(_step_of(p), p) for p in default_local_dir.iterdir() if p.is_dir()]
     return sorted(((s, p) for s, p in found if s is not None), reverse=True)
-
-
-def find_latest_ckpt_path(default_local_dir: str | Path) -> str | None:
-    """The newest complete `global_step_N` directory, or None (what `resume_mode=auto` resumes from).
-
-    The tracker's step is tried first; if it is missing or incomplete, older complete steps are used.
-    Steps newer than the tracker were never committed and are skipped; a committed one there is an
-    error (see `checkpoint_resume.check_tracker`).
-    """
-    # imported here: checkpoint_resume builds on this module's layout helpers
-    from hybridrl.workers.checkpoint_resume import auto_candidates
-
-    return next(auto_candidates(Path(default_local_dir)), None)
-
-
-def resolve_resume_path(resume_mode: str, default_local_dir: str | Path,
-                        resume_from_path: str | Path | None = None) -> str | None:
-    """The checkpoint to resume from under verl's `trainer.resume_mode` (disable / auto / resume_path)."""
-    from hybridrl.workers.checkpoint_resume import resume_candidates
-
-    return next(resume_candidates(resume_mode, default_local_dir, resume_from_path), None)
 
 
 def commit_checkpoint(default_local_dir: str | Path, global_step: int) -> Path:
@@ -420,9 +401,6 @@ class CheckpointManager:
         config = module.config.__class__.from_dict(module.config.to_dict())
         config.architectures = [_hf_class_name(module)]
         if full is not None:
-            # imported here: the merger imports this module for the checkpoint layout
-            from hybridrl.model_merger import save_hf_model
-
             save_hf_model(full, config, out_dir)
         config.save_pretrained(out_dir)
         generation_config = getattr(module, "generation_config", None)

@@ -111,6 +111,22 @@ def resume_candidates(resume_mode: str, default_local_dir: str | Path,
     raise ValueError(f"trainer.resume_mode must be 'disable', 'auto' or 'resume_path', got {resume_mode!r}")
 
 
+def find_latest_ckpt_path(default_local_dir: str | Path) -> str | None:
+    """The newest complete `global_step_N` directory, or None (what `resume_mode=auto` resumes from).
+
+    The tracker's step is tried first; if it is missing or incomplete, older complete steps are used.
+    Steps newer than the tracker were never committed and are skipped; a committed one there is an
+    error (see `check_tracker`).
+    """
+    return next(auto_candidates(Path(default_local_dir)), None)
+
+
+def resolve_resume_path(resume_mode: str, default_local_dir: str | Path,
+                        resume_from_path: str | Path | None = None) -> str | None:
+    """The checkpoint to resume from under verl's `trainer.resume_mode` (disable / auto / resume_path)."""
+    return next(resume_candidates(resume_mode, default_local_dir, resume_from_path), None)
+
+
 def quarantine_step(step_dir: str | Path) -> Path:
     """Rename `global_step_N` to `global_step_N.unloadable` (numbered if taken): kept, but no longer a step."""
     step_dir = Path(step_dir)

@@ -29,10 +29,9 @@ from hybridrl.workers.checkpoint import (
     CheckpointError,
     CheckpointManager,
     commit_checkpoint,
-    find_latest_ckpt_path,
     resolve_contents,
-    resolve_resume_path,
 )
+from hybridrl.workers.checkpoint_resume import find_latest_ckpt_path, resolve_resume_path
 from hybridrl.workers.config import FSDPConfig, OptimConfig
 from hybridrl.workers.engine.fsdp import FSDPEngine
 

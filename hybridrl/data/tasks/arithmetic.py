@@ -5,9 +5,10 @@
 Why the response is worked column by column
 -------------------------------------------
 A ~2.6M-parameter model trained to answer "37 + 48" with "85" directly memorised the training pairs
-and reached 6% on unseen pairs (DESIGN.md section 6): producing the most significant digit first needs
-every carry at once, which a tiny model cannot compute in one step. So each target response spells out
-the schoolbook procedure, least significant column first, one line per column, then the result:
+(TRL's SFT on 4,000 of the 8,100 pairs) and reached 6% on 200 unseen pairs after 300 steps, 4.5% after
+1,200: producing the most significant digit first needs every carry at once, which a tiny model cannot
+compute in one step. So each target response spells out the schoolbook procedure, least significant
+column first, one line per column, then the result:
 
     Compute 37 + 48 ...        7+8+0=5 c1        (column digits + carry in = digit, carry out)
                                3+4+1=8 c0

@@ -33,7 +33,7 @@ from transformers import Cache, DynamicCache
 
 from hybridrl.models.loading import resolve_dtype
 from hybridrl.protocol import DataProto
-from hybridrl.workers.config import to_dataclass
+from hybridrl.utils.config import to_dataclass
 from hybridrl.workers.rollout.base import (
     ROLLOUT_ENGINES,
     BaseRollout,

