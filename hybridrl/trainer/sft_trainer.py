@@ -25,6 +25,7 @@ from hybridrl.protocol import DataProto
 from hybridrl.trainer.divergence import DivergenceGuard, TrainingDivergedError
 from hybridrl.trainer.run_config import report_config_changes, write_run_config
 from hybridrl.trainer.sft_config import SFTSchema
+from hybridrl.utils.config import added_keys, unknown_key_message
 from hybridrl.utils.tracking import StepProgress, rewind_metrics_file
 from hybridrl.workers.checkpoint import (
     CheckpointError,
@@ -52,6 +53,9 @@ def validate_config(config: DictConfig) -> DictConfig:
     """The config checked against the schema (unknown keys, wrong types) and for impossible settings."""
     checked = OmegaConf.merge(OmegaConf.structured(SFTSchema), config)
     OmegaConf.resolve(checked)
+    # Hydra's `+key=value` adds a key even under the typed nodes; nothing would read it
+    unknown = [unknown_key_message(key, known) for key, known in added_keys(OmegaConf.to_object(checked))]
+    _require(not unknown, "\n".join(unknown))
     data, trainer, optim = checked.data, checked.trainer, checked.optim
     world = trainer.n_gpus_per_node * trainer.nnodes
     _require(trainer.backend in ("ray", "local"), f"trainer.backend must be ray or local, got {trainer.backend!r}")
