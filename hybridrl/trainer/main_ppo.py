@@ -43,8 +43,9 @@ def run_ppo(cfg: DictConfig) -> list[dict[str, float]]:
         print_dry_run(cfg, config)
         return []
     model = config.actor_rollout_ref.model
-    tokenizer = load_tokenizer(config.data.tokenizer or model.tokenizer_path or model.path,
-                               trust_remote_code=model.trust_remote_code)
+    # validate_config made data.tokenizer, when set, the model's tokenizer_path: the workers load the same one
+    tokenizer = load_tokenizer(model.tokenizer_path or model.path,
+                               trust_remote_code=config.data.trust_remote_code or model.trust_remote_code)
     # Every row is checked here, before Ray starts; rule-based rewards need each row's ground truth.
     needs_truth = not config.reward_model.enable
     train_dataset = RLHFDataset(config.data.train_files, tokenizer, config.data, require_ground_truth=needs_truth)
