@@ -16,10 +16,11 @@ from hybridrl.trainer.config_checks import batch_plan, validate_config
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
 
 
-def print_dry_run(cfg: DictConfig, config: PPOTrainerConfig) -> None:
+def print_dry_run(config: PPOTrainerConfig) -> None:
     from hybridrl.trainer.worker_groups import role_classes
 
-    print(OmegaConf.to_yaml(cfg, resolve=True))
+    # the checked config, with the settings that follow other keys filled in (critic.rollout_n, ...)
+    print(OmegaConf.to_yaml(OmegaConf.structured(config)))
     print("batch arithmetic:")
     for name, value in batch_plan(config).items():
         print(f"  {name:<42} {value}")
@@ -40,7 +41,7 @@ def run_ppo(cfg: DictConfig) -> list[dict[str, float]]:
     config: PPOTrainerConfig = OmegaConf.to_object(cfg)
     validate_config(config)
     if config.trainer.dry_run:
-        print_dry_run(cfg, config)
+        print_dry_run(config)
         return []
     model = config.actor_rollout_ref.model
     # validate_config made data.tokenizer, when set, the model's tokenizer_path: the workers load the same one
