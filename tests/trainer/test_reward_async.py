@@ -16,7 +16,7 @@ SLOW_REWARD = '''
 import time
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    time.sleep(0.1)
+    time.sleep(0.2)
     return float(len(solution_str))
 
 def broken(data_source, solution_str, ground_truth, extra_info=None):
@@ -59,7 +59,7 @@ def test_background_scores_equal_inline_ones_while_the_driver_goes_on(tiny_token
         submitted = time.monotonic() - start
         # the driver goes on: it adds keys to the batch (as the log-prob pass does) while the thread scores
         data.batch["old_log_probs"] = torch.zeros(3, 8)
-        assert submitted < 0.1 and not pending.done()  # three calls of 0.1 s each are still running
+        assert submitted < 0.1 and not pending.done()  # three calls of 0.2 s each are still running
         result = pending.result(timeout=10)
     finally:
         background.close()
