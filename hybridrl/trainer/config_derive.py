@@ -3,7 +3,8 @@
 A config built in Python gets the same values as one composed from `ppo_trainer.yaml`, and each name
 keeps one meaning: trainer.device=auto becomes the device found, critic.rollout_n (and the actor's)
 follows actor_rollout_ref.rollout.n, and data.tokenizer becomes the tokenizer_path of every model
-that decodes or saves the prompts, so the driver and the workers load the same tokenizer.
+that decodes or saves the prompts (and the reward model's input_tokenizer, when that names the actor's
+model directory), so the driver and the workers load the same tokenizer.
 """
 
 from __future__ import annotations
@@ -38,3 +39,8 @@ def fill_derived(config: PPOTrainerConfig) -> None:
                     f"data.tokenizer={tokenizer} and {key}.tokenizer_path={model.tokenizer_path} disagree: "
                     f"prompts would be tokenised with one and decoded with the other; set only data.tokenizer")
             model.tokenizer_path = tokenizer
+    # The reward model decodes the actor's ids with reward_model.model.input_tokenizer; the YAML points it
+    # at the actor's model directory, which meant the actor's tokenizer: follow a tokenizer_path override.
+    actor_model, reward_model = config.actor_rollout_ref.model, config.reward_model.model
+    if actor_model.tokenizer_path and reward_model.input_tokenizer == actor_model.path:
+        reward_model.input_tokenizer = actor_model.tokenizer_path

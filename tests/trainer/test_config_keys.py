@@ -130,6 +130,8 @@ def test_data_tokenizer_is_the_tokenizer_every_worker_loads():
     config = checked("data.tokenizer=tok/dir")
     assert config.actor_rollout_ref.model.tokenizer_path == "tok/dir"
     assert config.critic.model.tokenizer_path == "tok/dir"
+    assert config.reward_model.model.input_tokenizer == "tok/dir"  # the YAML's ${actor_rollout_ref.model.path}
+    assert checked().reward_model.model.input_tokenizer == "some/model"
     with pytest.raises(ConfigError, match="data.tokenizer=tok/dir and actor_rollout_ref.model.tokenizer_path=other"):
         checked("data.tokenizer=tok/dir", "actor_rollout_ref.model.tokenizer_path=other")
 
