@@ -13,7 +13,9 @@ clip_cov_ratio, ...); `config` is verl's way of passing the same settings (an ac
 dp_size) so that micro-batch losses add up to the mini-batch loss. `rollout_is_weights`
 (batch, response_len) multiplies each token's loss before aggregation (rollout correction).
 
-A loss declares the settings it reads as keyword-only parameters. `register_policy_loss` wraps it so
+A loss declares the settings it reads as keyword-only parameters; their defaults are the actor
+config's (hybridrl/workers/config.py; tests/algos/test_policy_loss.py holds them equal), so a loss
+called without a setting behaves as a run that leaves the key unset. `register_policy_loss` wraps it so
 that every call -- direct or through `compute_pg_loss` -- accepts one settings dict for all losses
 (each loss is handed only what it declares), rejects a setting no loss declares (a misspelling would
 otherwise be ignored), and rejects `rollout_is_weights` for a loss that cannot apply them.
@@ -302,7 +304,7 @@ def compute_policy_loss_kl_cov(
     loss_agg_mode: str = "token-mean",
     *,
     kl_cov_ratio: float = 0.0002,
-    ppo_kl_coef: float = 1.0,
+    ppo_kl_coef: float = 0.1,
     global_batch_info: Mapping[str, Any] | None = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

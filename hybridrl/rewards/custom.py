@@ -14,8 +14,22 @@ import functools
 import importlib.util
 import inspect
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from hybridrl.utils.config import to_dataclass
+
+
+@dataclass
+class CustomRewardFunctionConfig:
+    """`custom_reward_function.*`: the one home of these keys' defaults."""
+
+    # A .py file defining compute_score(data_source, solution_str, ground_truth, extra_info=None).
+    path: str | None = None
+    name: str = "compute_score"
+    # Keyword arguments bound to every call of the function.
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 class FileRewardFunction:
@@ -39,7 +53,7 @@ class FileRewardFunction:
 
 
 def load_custom_reward_function(
-    path: str | Path, name: str = "compute_score", reward_kwargs: Mapping[str, Any] | None = None
+    path: str | Path, name: str = CustomRewardFunctionConfig.name, reward_kwargs: Mapping[str, Any] | None = None
 ) -> FileRewardFunction:
     """Import `path` as a fresh module and return its function `name` with `reward_kwargs` bound."""
     file = Path(path).expanduser()
@@ -63,10 +77,7 @@ def load_custom_reward_function(
 
 def get_custom_reward_fn(config: Mapping[str, Any]) -> Callable[..., Any] | None:
     """The function named by `config["custom_reward_function"]`, or None when no path is set."""
-    section = config.get("custom_reward_function") or {}
-    path = section.get("path")
-    if not path:
+    section = to_dataclass(CustomRewardFunctionConfig, config.get("custom_reward_function") or {})
+    if not section.path:
         return None
-    return load_custom_reward_function(
-        path, section.get("name") or "compute_score", section.get("reward_kwargs") or {}
-    )
+    return load_custom_reward_function(section.path, section.name, section.reward_kwargs)

@@ -2,8 +2,9 @@
 
 Each failure names the keys involved and the fix, so an impossible batch setting fails in the first
 second instead of ten minutes into a run: keys a `+` override added beyond the schema, numeric
-settings outside their ranges (`config_ranges`), unknown registry names, and the relations between
-batch sizes and lengths. `batch_plan` is the arithmetic a dry run prints.
+settings outside their ranges (`config_ranges`), values of features hybridrl lacks (`config_support`),
+unknown registry names, and the relations between batch sizes and lengths. Settings that follow
+another key are filled in first (`config_derive`). `batch_plan` is the arithmetic a dry run prints.
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ import torch
 
 from hybridrl.algos import get_adv_estimator_spec, get_kl_controller, get_policy_loss_fn, kl_penalty
 from hybridrl.rewards.managers import REWARD_MANAGERS
+from hybridrl.trainer.config_derive import fill_derived
 from hybridrl.trainer.config_ranges import range_errors
+from hybridrl.trainer.config_support import unsupported_errors
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
-from hybridrl.utils.config import added_keys, unknown_key_message
+from hybridrl.utils.config import ConfigError, added_keys, unknown_key_message
+
+__all__ = ["ConfigError", "batch_plan", "validate_config", "world_size"]
 from hybridrl.workers.rollout import ROLLOUT_ENGINES
-
-
-class ConfigError(ValueError):
-    """A setting, or a combination of settings, that cannot work."""
 
 
 def _require(ok: bool, message: str) -> None:
@@ -34,12 +35,12 @@ def world_size(config: PPOTrainerConfig) -> int:
 
 
 def validate_config(config: PPOTrainerConfig) -> None:
-    """Raise ConfigError on the first impossible setting (all unknown keys, or all out-of-range values,
-    in one message); resolves trainer.device=auto in place."""
-    errors = [unknown_key_message(key, known) for key, known in added_keys(config)] or range_errors(config)
+    """Raise ConfigError on the first impossible setting (all unknown keys, or all out-of-range and
+    unsupported values, in one message); fills in the settings that follow other keys, in place."""
+    errors = [unknown_key_message(key, known) for key, known in added_keys(config)] or \
+        range_errors(config) + unsupported_errors(config)
     _require(not errors, "\n".join(errors))
-    if config.trainer.device == "auto":
-        config.trainer.device = "cuda" if torch.cuda.is_available() else "cpu"
+    fill_derived(config)
     _check_placement(config)
     _check_names(config)
     _check_batches(config)
@@ -85,7 +86,7 @@ def _check_names(config: PPOTrainerConfig) -> None:
     kl_penalty(probe, probe, algo.kl_penalty)
     kl_penalty(probe, probe, arr.actor.kl_loss_type)
     ROLLOUT_ENGINES.get(arr.rollout.name)
-    REWARD_MANAGERS.get(config.reward_model.reward_manager or "naive")
+    REWARD_MANAGERS.get(config.reward_model.reward_manager)
 
 
 def _check_batches(config: PPOTrainerConfig) -> None:
@@ -106,6 +107,9 @@ def _check_batches(config: PPOTrainerConfig) -> None:
                  f"and critic.ppo_mini_batch_size x rollout.n ({cmini * n}) must divide by the data-parallel size ({ws})")
     _require(not config.algorithm.filter_groups.enable or n > 1,
              "algorithm.filter_groups.enable needs rollout.n > 1: a single sample per prompt never varies")
+    _require(not (config.algorithm.filter_groups.enable and config.reward_model.launch_reward_fn_async),
+             "algorithm.filter_groups.enable needs the scores before the batch is complete, so they cannot be "
+             "computed in the background; set reward_model.launch_reward_fn_async=false")
     vk = arr.rollout.val_kwargs
     _require(vk.n == 1 or (vk.do_sample and vk.temperature > 0),
              f"rollout.val_kwargs.n={vk.n} needs val_kwargs.do_sample=true and val_kwargs.temperature > 0")

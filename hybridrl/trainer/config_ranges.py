@@ -42,13 +42,8 @@ def optional(rule: Rule) -> Rule:
     return Rule(f"null or {rule.text}", lambda v: v is None or rule.ok(v))
 
 
-def exactly(value: Any, why: str) -> Rule:
-    return Rule(f"exactly {value} ({why})", lambda v: v == value)
-
-
 COUNT = at_least(1)
 OPTIONAL_COUNT = optional(at_least(1))  # unset (null) or a positive count
-NO_SEQUENCE_PARALLEL = exactly(1, "sequence parallelism is not supported")
 BETAS = Rule("a list of two numbers in [0, 1) (AdamW's beta1, beta2)",
              lambda v: len(v) == 2 and all(0 <= b < 1 for b in v))
 
@@ -66,7 +61,6 @@ RANGES: dict[str, Rule] = {
     "data.max_response_length": COUNT,
     "data.val_batch_size": OPTIONAL_COUNT,
     "data.dataloader_num_workers": at_least(0),
-    "data.filter_overlong_prompts_workers": COUNT,
     # actor
     **{f"actor_rollout_ref.actor.optim.{key}": rule for key, rule in OPTIM.items()},
     "actor_rollout_ref.actor.rollout_n": OPTIONAL_COUNT,
@@ -83,19 +77,17 @@ RANGES: dict[str, Rule] = {
     "actor_rollout_ref.actor.policy_loss.kl_cov_ratio": Rule("in (0, 1]", lambda v: 0 < v <= 1),
     "actor_rollout_ref.actor.policy_loss.ppo_kl_coef": at_least(0),
     "actor_rollout_ref.actor.policy_loss.dro_beta": optional(above(0)),
-    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": NO_SEQUENCE_PARALLEL,
     # reference policy and rollout
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": OPTIONAL_COUNT,
     "actor_rollout_ref.ref.log_prob_micro_batch_size": OPTIONAL_COUNT,
     "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": COUNT,
-    "actor_rollout_ref.ref.ulysses_sequence_parallel_size": NO_SEQUENCE_PARALLEL,
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": OPTIONAL_COUNT,
     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": COUNT,
     "actor_rollout_ref.rollout.gpu_memory_utilization": Rule("in (0, 1]", lambda v: 0 < v <= 1),
     "actor_rollout_ref.rollout.tensor_model_parallel_size": COUNT,
     # critic (checked only when the advantage estimator uses one)
     **{f"critic.optim.{key}": rule for key, rule in OPTIM.items()},
-    "critic.rollout_n": COUNT,
+    "critic.rollout_n": OPTIONAL_COUNT,
     "critic.ppo_mini_batch_size": COUNT,
     "critic.ppo_micro_batch_size_per_gpu": OPTIONAL_COUNT,
     "critic.ppo_micro_batch_size": OPTIONAL_COUNT,
@@ -105,13 +97,11 @@ RANGES: dict[str, Rule] = {
     "critic.forward_max_token_len_per_gpu": COUNT,
     "critic.ppo_epochs": COUNT,
     "critic.cliprange_value": above(0),
-    "critic.ulysses_sequence_parallel_size": NO_SEQUENCE_PARALLEL,
     # reward model worker (checked only when reward_model.enable) and the rule-based reward functions
     "reward_model.micro_batch_size": OPTIONAL_COUNT,
     "reward_model.micro_batch_size_per_gpu": OPTIONAL_COUNT,
     "reward_model.max_length": OPTIONAL_COUNT,
     "reward_model.forward_max_token_len_per_gpu": COUNT,
-    "reward_model.ulysses_sequence_parallel_size": NO_SEQUENCE_PARALLEL,
     "reward_model.overlong_buffer.len": at_least(0),
     "reward_model.overlong_buffer.penalty_factor": at_least(0),
     "reward_model.reward_fn_timeout": above(0),
@@ -128,7 +118,6 @@ RANGES: dict[str, Rule] = {
     "trainer.log_val_generations": at_least(0),
     "trainer.critic_warmup": at_least(0),
     "trainer.max_consecutive_skipped_steps": at_least(0),
-    "trainer.ray_wait_register_center_timeout": COUNT,
     "ray_init.num_cpus": OPTIONAL_COUNT,
     "ray_init.object_store_memory": optional(above(0)),
 }
@@ -166,6 +155,10 @@ UNCHECKED: dict[str, str] = {
     "trainer.max_actor_ckpt_to_keep": "null or <= 0 keeps every checkpoint",
     "trainer.max_critic_ckpt_to_keep": "null or <= 0 keeps every checkpoint",
     "ray_init.cpus_per_worker": "checked with the placement (config_checks)",
+    **{key: "not supported: only its default runs (config_support.UNSUPPORTED)" for key in (
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size", "actor_rollout_ref.ref.ulysses_sequence_parallel_size",
+        "critic.ulysses_sequence_parallel_size", "reward_model.ulysses_sequence_parallel_size",
+        "trainer.ray_wait_register_center_timeout", "data.filter_overlong_prompts_workers")},
 }
 
 
@@ -185,7 +178,7 @@ def _defaults() -> PPOTrainerConfig:
     return PPOTrainerConfig()
 
 
-def _in_use(config: PPOTrainerConfig, key: str) -> bool:
+def in_use(config: PPOTrainerConfig, key: str) -> bool:
     """Keys of a role that does not run are not checked: a PPO setting left in a GRPO command is harmless."""
     if key.startswith("critic."):
         return get_adv_estimator_spec(config.algorithm.adv_estimator).needs_critic
@@ -207,7 +200,7 @@ def range_errors(config: PPOTrainerConfig) -> list[str]:
     errors = []
     for key, rule in RANGES.items():
         value = lookup(config, key)
-        if _in_use(config, key) and not rule.ok(value):
+        if in_use(config, key) and not rule.ok(value):
             errors.append(f"{key}={_as_override(value)} is out of range: it must be {rule.text}. "
                           f"Fix: e.g. {key}={_as_override(lookup(_defaults(), key))} (the schema's default)")
     return errors

@@ -16,10 +16,11 @@ from hybridrl.trainer.config_checks import batch_plan, validate_config
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
 
 
-def print_dry_run(cfg: DictConfig, config: PPOTrainerConfig) -> None:
+def print_dry_run(config: PPOTrainerConfig) -> None:
     from hybridrl.trainer.worker_groups import role_classes
 
-    print(OmegaConf.to_yaml(cfg, resolve=True))
+    # the checked config, with the settings that follow other keys filled in (critic.rollout_n, ...)
+    print(OmegaConf.to_yaml(OmegaConf.structured(config)))
     print("batch arithmetic:")
     for name, value in batch_plan(config).items():
         print(f"  {name:<42} {value}")
@@ -40,11 +41,12 @@ def run_ppo(cfg: DictConfig) -> list[dict[str, float]]:
     config: PPOTrainerConfig = OmegaConf.to_object(cfg)
     validate_config(config)
     if config.trainer.dry_run:
-        print_dry_run(cfg, config)
+        print_dry_run(config)
         return []
     model = config.actor_rollout_ref.model
-    tokenizer = load_tokenizer(config.data.tokenizer or model.tokenizer_path or model.path,
-                               trust_remote_code=model.trust_remote_code)
+    # validate_config made data.tokenizer, when set, the model's tokenizer_path: the workers load the same one
+    tokenizer = load_tokenizer(model.tokenizer_path or model.path,
+                               trust_remote_code=config.data.trust_remote_code or model.trust_remote_code)
     # Every row is checked here, before Ray starts; rule-based rewards need each row's ground truth.
     needs_truth = not config.reward_model.enable
     train_dataset = RLHFDataset(config.data.train_files, tokenizer, config.data, require_ground_truth=needs_truth)

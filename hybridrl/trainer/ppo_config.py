@@ -15,6 +15,7 @@ from hydra.core.config_store import ConfigStore
 
 from hybridrl.algos.rollout_correction import IS_LEVELS, parse_is_threshold, parse_rs_options
 from hybridrl.data.rl_dataset import RLDatasetConfig
+from hybridrl.rewards.custom import CustomRewardFunctionConfig
 from hybridrl.workers.config import ActorRolloutRefConfig, CriticConfig
 from hybridrl.workers.reward_model import RewardModelConfig
 
@@ -41,11 +42,17 @@ class DataConfig(RLDatasetConfig):
     val_batch_size: int | None = None
     shuffle: bool = True
     seed: int = 1
+    # Shuffle the validation prompts (seeded by `seed`); the order decides which generations
+    # trainer.log_val_generations prints.
     validation_shuffle: bool = False
     dataloader_num_workers: int = 0
+    # verl's; only the default runs in hybridrl (hybridrl/trainer/config_support.py).
     return_raw_input_ids: bool = False
     filter_overlong_prompts_workers: int = 1
+    # Run code shipped in the tokenizer's directory when the driver loads it (as verl's data.trust_remote_code;
+    # the workers' loads follow actor_rollout_ref.model.trust_remote_code, as in verl).
     trust_remote_code: bool = False
+    # verl's custom dataset class; only the default runs in hybridrl (hybridrl/trainer/config_support.py).
     custom_cls: CustomClassConfig = field(default_factory=CustomClassConfig)
 
 
@@ -121,16 +128,9 @@ class AlgorithmConfig:
     use_kl_in_reward: bool = False
     kl_penalty: str = "kl"
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    # PF-PPO batch resampling: only the default runs in hybridrl (hybridrl/trainer/config_support.py).
     use_pf_ppo: bool = False
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
-
-
-@dataclass
-class CustomRewardFunctionConfig:
-    # A .py file defining compute_score(data_source, solution_str, ground_truth, extra_info=None).
-    path: str | None = None
-    name: str = "compute_score"
-    reward_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -160,6 +160,7 @@ class TrainerConfig:
     test_freq: int = -1
     # Steps that update only the critic before the actor starts (PPO).
     critic_warmup: int = 0
+    # verl's HDFS copies of checkpoints: only the default runs in hybridrl (hybridrl/trainer/config_support.py).
     default_hdfs_dir: str | None = None
     del_local_ckpt_after_load: bool = False
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
@@ -176,8 +177,7 @@ class TrainerConfig:
     backend: str = "ray"
     # Print the resolved config, batch arithmetic and placement, then exit.
     dry_run: bool = False
-    # Write a PNG plot of the score and validation curves into default_local_dir at the end.
-    plot: bool = False
+    # verl's; only the default runs in hybridrl (hybridrl/trainer/config_support.py).
     ray_wait_register_center_timeout: int = 300
 
 
@@ -190,6 +190,7 @@ class RayInitConfig:
     cpus_per_worker: int = 1
     object_store_memory: int | None = 512 * 1024**2
     include_dashboard: bool = False
+    # verl's Ray timeline dump; only the default runs in hybridrl (hybridrl/trainer/config_support.py).
     timeline_json_file: str | None = None
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from hybridrl.trainer.metrics import (
     reduce_metrics,
 )
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
+from hybridrl.trainer.reward_async import BackgroundReward
 from hybridrl.trainer.run_config import report_config_changes, write_run_config
 from hybridrl.trainer.stage_costs import StageCosts, real_tokens
 from hybridrl.trainer.validation import Validator
@@ -85,6 +87,8 @@ class PPOTrainer:
         )
         self._batches: Iterator[dict] | None = None
         self._reward_extra_keys: set[str] = set()  # per-sample values the reward function returned
+        # rule-based rewards scored while the workers recompute log-probs (reward_model.launch_reward_fn_async)
+        self.background_reward = BackgroundReward(reward_fn) if config.reward_model.launch_reward_fn_async else None
 
     # ----- the loop ------------------------------------------------------------------------------------
     def fit(self) -> list[dict[str, float]]:
@@ -112,6 +116,8 @@ class PPOTrainer:
         finally:
             if bar is not None:
                 bar.close()
+            if self.background_reward is not None:
+                self.background_reward.close()
             tracker.finish()
         return self.history
 
@@ -123,7 +129,11 @@ class PPOTrainer:
         with timer("step", timing):
             batch = self._collect_batch(metrics, timing)  # 1, 2, 4: prompts, responses, scores
             self._balance(batch, metrics)  # 3
+            pending = self._score_in_background(batch, timing)  # 4, while 5 runs
             self._recompute(batch, metrics, timing)  # 5: old/ref log-probs, values
+            if pending is not None:
+                with timer("reward_wait", timing):
+                    self._attach_scores(batch, pending.result(), metrics)
             self._apply_kl(batch, metrics)  # 6
             with timer("adv", timing):
                 self._compute_advantage(batch)  # 7
@@ -155,6 +165,8 @@ class PPOTrainer:
         while True:
             rounds += 1
             batch = self._generate(self._next_prompts(), timing)
+            if self.background_reward is not None:  # scored after balancing, in the background
+                return batch
             with timer("reward", timing):
                 self._score(batch, metrics)
             if not groups_cfg.enable:
@@ -200,7 +212,18 @@ class PPOTrainer:
             batch.union(self.groups.reward_model.compute_rm_score(batch))
         # Failed rows score 0.0 and are counted in `reward/*`; too many, or a fatal error, raise from
         # the manager with the first traceback (hybridrl/rewards/failures.py).
-        result = self.reward_fn(batch, return_dict=True)
+        self._attach_scores(batch, self.reward_fn(batch, return_dict=True), metrics)
+
+    def _score_in_background(self, batch: DataProto, timing: dict) -> Future | None:
+        """4. with launch_reward_fn_async: the model scores now, the rule-based ones in a background thread."""
+        if self.background_reward is None:
+            return None
+        with timer("reward", timing):
+            if self.groups.reward_model is not None:
+                batch.union(self.groups.reward_model.compute_rm_score(batch))
+            return self.background_reward.submit(batch)
+
+    def _attach_scores(self, batch: DataProto, result: dict, metrics: dict) -> None:
         add_reward_metrics(metrics, result.get("reward_metrics", {}))
         batch.batch["token_level_scores"] = result["reward_tensor"]
         for key, values in result.get("reward_extra_info", {}).items():
@@ -221,7 +244,8 @@ class PPOTrainer:
         entropy = old.batch.pop("entropys")
         metrics["actor/entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
         batch.union(old)
-        metrics.update(compute_rollout_agreement_metrics(batch))
+        if self.config.actor_rollout_ref.rollout.calculate_log_probs:
+            metrics.update(compute_rollout_agreement_metrics(batch))
         if self.groups.uses_reference:
             with timer("ref", timing):
                 ref = self.groups.actor_rollout.compute_ref_log_prob(batch)

@@ -2,8 +2,8 @@
 
 The driver owns the dataloader; each step it sends the global batch to the SFT worker group, whose
 ranks split it, accumulate gradients over micro-batches and step together (see
-`hybridrl.workers.sft_worker` for the loss). Config keys follow verl's SFT trainer; the YAML
-(`trainer/config/sft_trainer.yaml`) is the one home of their defaults and the schema below checks them.
+`hybridrl.workers.sft_worker` for the loss). Config keys follow verl's SFT trainer; their types and
+defaults live in `hybridrl.trainer.sft_config`, which `trainer/config/sft_trainer.yaml` composes.
 """
 
 from __future__ import annotations
@@ -11,12 +11,11 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from hybridrl.data.sampler import ResumableSampler, StatefulDataLoader
@@ -25,9 +24,10 @@ from hybridrl.models.loading import load_tokenizer
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.divergence import DivergenceGuard, TrainingDivergedError
 from hybridrl.trainer.run_config import report_config_changes, write_run_config
+from hybridrl.trainer.sft_config import SFTSchema
+from hybridrl.utils.config import added_keys, unknown_key_message
 from hybridrl.utils.tracking import StepProgress, rewind_metrics_file
 from hybridrl.workers.checkpoint import (
-    CheckpointConfig,
     CheckpointError,
     commit_checkpoint,
 )
@@ -38,88 +38,10 @@ from hybridrl.workers.checkpoint_resume import (
     load_newest_loadable,
     resume_candidates,
 )
-from hybridrl.workers.config import FSDPConfig
 
 SFT_POSTFIX = {"loss": ("train/loss", ".4f"), "step_s": ("timing_s/step", ".2f")}
 ROLE = "actor"  # the role directory of a checkpoint, so the model merger and resume find it as for PPO
 DATA_STATE = "data.pt"  # the dataloader position, next to the role directories of a step
-
-
-# ----- schema: keys and types only; the defaults live in the YAML -------------------------------------
-@dataclass
-class MultiturnSchema:
-    enable: bool = MISSING
-    messages_key: str = MISSING
-
-
-@dataclass
-class DataSchema:
-    train_files: Any = MISSING
-    val_files: Any = MISSING
-    prompt_key: str = MISSING
-    response_key: str = MISSING
-    prompt_dict_keys: Any = MISSING
-    response_dict_keys: Any = MISSING
-    multiturn: MultiturnSchema = MISSING
-    max_length: int = MISSING
-    truncation: str = MISSING
-    train_batch_size: int = MISSING
-    micro_batch_size_per_gpu: int = MISSING
-
-
-@dataclass
-class ModelSchema:
-    partial_pretrain: str = MISSING
-    enable_gradient_checkpointing: bool = MISSING
-    trust_remote_code: bool = MISSING
-    fsdp_config: FSDPConfig = MISSING
-
-
-@dataclass
-class OptimSchema:
-    lr: float = MISSING
-    betas: list[float] = MISSING
-    weight_decay: float = MISSING
-    warmup_steps_ratio: float = MISSING
-    clip_grad: float = MISSING
-    lr_scheduler: str = MISSING
-    min_lr_ratio: float = MISSING
-
-
-@dataclass
-class TrainerSchema:
-    default_local_dir: str = MISSING
-    project_name: str = MISSING
-    experiment_name: str = MISSING
-    total_epochs: int = MISSING
-    total_training_steps: Any = MISSING
-    logger: list[str] = MISSING
-    seed: int = MISSING
-    n_gpus_per_node: int = MISSING
-    nnodes: int = MISSING
-    device: str = MISSING
-    backend: str = MISSING
-    test_freq: int = MISSING
-    save_freq: int = MISSING
-    max_ckpt_to_keep: Any = MISSING
-    resume_mode: str = MISSING
-    resume_from_path: Any = MISSING
-    checkpoint: CheckpointConfig = MISSING
-    max_consecutive_skipped_steps: int = MISSING
-
-
-@dataclass
-class RayInitSchema:
-    num_cpus: Any = MISSING
-
-
-@dataclass
-class SFTSchema:
-    data: DataSchema = MISSING
-    model: ModelSchema = MISSING
-    optim: OptimSchema = MISSING
-    trainer: TrainerSchema = MISSING
-    ray_init: RayInitSchema = MISSING
 
 
 def _require(ok: bool, message: str) -> None:
@@ -131,6 +53,9 @@ def validate_config(config: DictConfig) -> DictConfig:
     """The config checked against the schema (unknown keys, wrong types) and for impossible settings."""
     checked = OmegaConf.merge(OmegaConf.structured(SFTSchema), config)
     OmegaConf.resolve(checked)
+    # Hydra's `+key=value` adds a key even under the typed nodes; nothing would read it
+    unknown = [unknown_key_message(key, known) for key, known in added_keys(OmegaConf.to_object(checked))]
+    _require(not unknown, "\n".join(unknown))
     data, trainer, optim = checked.data, checked.trainer, checked.optim
     world = trainer.n_gpus_per_node * trainer.nnodes
     _require(trainer.backend in ("ray", "local"), f"trainer.backend must be ray or local, got {trainer.backend!r}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader
 
 from hybridrl.rewards.failures import add_reward_metrics
@@ -22,7 +23,12 @@ class Validator:
         self.groups = groups
         self.reward_fn = reward_fn
         batch_size = config.data.val_batch_size or len(dataset)
-        self.dataloader = DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=collate_fn)
+        # The order decides which prompts share a generation batch and which generations
+        # trainer.log_val_generations prints; shuffled, it is drawn anew at each validation, seeded by data.seed.
+        shuffle = config.data.validation_shuffle
+        generator = torch.Generator().manual_seed(config.data.seed) if shuffle else None
+        self.dataloader = DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=generator,
+                                     collate_fn=collate_fn)
 
     def run(self, step: int) -> dict[str, float]:
         """Generate for every validation prompt (val_kwargs.n samples each), score, and summarise."""

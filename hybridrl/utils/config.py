@@ -12,6 +12,10 @@ from omegaconf import OmegaConf
 T = TypeVar("T")
 
 
+class ConfigError(ValueError):
+    """A setting, or a combination of settings, that cannot work."""
+
+
 def to_dataclass(cls: type[T], value: Any) -> T:
     """A `cls` instance from an instance, a dict or an OmegaConf node, type-checked by OmegaConf.
 

@@ -1,16 +1,18 @@
-"""Batch-size settings, normalised once per worker from verl's global units to per-rank rows.
+"""Batch-size settings, checked once per worker, and verl's global units turned into per-rank rows.
 
-verl's config counts `ppo_mini_batch_size` in prompts over all ranks; a rank trains on
-ppo_mini_batch_size x rollout.n / world_size rows per optimizer step. Doing the arithmetic once, with an
+`ppo_mini_batch_size` counts prompts over all ranks, in the config and everywhere the config goes (as
+in verl); a rank trains on `mini_batch_rows` = ppo_mini_batch_size x rollout.n / world_size rows per
+optimizer step, a number that lives only in the `BatchingPlan`. The micro-batch keys are per rank
+already (`*_per_gpu`); verl's older global ones are divided here. Doing the arithmetic once, with an
 error that names the settings when it does not divide, keeps it out of the training loops.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
-from hybridrl.workers.config import ActorConfig, ActorRolloutRefConfig, CriticConfig
+from hybridrl.workers.config import ActorConfig, ActorRolloutRefConfig, CriticConfig, RefConfig
+from hybridrl.workers.rollout.config import RolloutConfig
 from hybridrl.workers.update_loop import BatchingPlan
 
 
@@ -31,18 +33,23 @@ def _micro(per_gpu: int | None, global_size: int | None, world_size: int, prefix
     return None
 
 
+def mini_batch_rows(config: ActorConfig | CriticConfig, rollout_n: int, world_size: int, prefix: str) -> int:
+    """Rows one rank trains on per optimizer step: ppo_mini_batch_size prompts x rollout_n samples, split
+    over the data-parallel ranks."""
+    return per_rank(config.ppo_mini_batch_size * rollout_n, world_size,
+                    f"{prefix}.ppo_mini_batch_size ({config.ppo_mini_batch_size}) x rollout.n ({rollout_n})")
+
+
 def normalize_actor_rollout_ref(config: ActorRolloutRefConfig, world_size: int) -> ActorRolloutRefConfig:
-    """A copy whose actor mini-batch is in rows per rank and whose micro-batch keys are per rank."""
+    """A checked copy whose micro-batch keys are per rank (ppo_mini_batch_size stays in prompts)."""
     n = config.rollout.n
     actor = config.actor
     if actor.rollout_n is not None and actor.rollout_n != n:
         raise ValueError(f"actor.rollout_n ({actor.rollout_n}) disagrees with rollout.n ({n}); "
                          f"leave actor.rollout_n unset, it follows rollout.n")
-    rows = actor.ppo_mini_batch_size * n
-    mini = per_rank(rows, world_size, f"ppo_mini_batch_size ({actor.ppo_mini_batch_size}) x rollout.n ({n})")
+    mini_batch_rows(actor, n, world_size, "actor")
     actor = dataclasses.replace(
         actor,
-        ppo_mini_batch_size=mini,
         ppo_micro_batch_size_per_gpu=_micro(actor.ppo_micro_batch_size_per_gpu, actor.ppo_micro_batch_size,
                                             world_size, "actor.ppo_micro_batch_size"),
     )
@@ -62,12 +69,13 @@ def normalize_actor_rollout_ref(config: ActorRolloutRefConfig, world_size: int) 
 
 
 def normalize_critic(config: CriticConfig, world_size: int) -> CriticConfig:
-    rows = config.ppo_mini_batch_size * config.rollout_n
-    mini = per_rank(rows, world_size,
-                    f"critic.ppo_mini_batch_size ({config.ppo_mini_batch_size}) x rollout.n ({config.rollout_n})")
+    """A checked copy whose micro-batch keys are per rank (ppo_mini_batch_size stays in prompts)."""
+    if config.rollout_n is None:
+        raise ValueError("critic.rollout_n is unset: set it to the samples per prompt (the PPO trainer fills it "
+                         "in from actor_rollout_ref.rollout.n)")
+    mini_batch_rows(config, config.rollout_n, world_size, "critic")
     return dataclasses.replace(
         config,
-        ppo_mini_batch_size=mini,
         ppo_micro_batch_size_per_gpu=_micro(config.ppo_micro_batch_size_per_gpu, config.ppo_micro_batch_size,
                                             world_size, "critic.ppo_micro_batch_size"),
         forward_micro_batch_size_per_gpu=_micro(config.forward_micro_batch_size_per_gpu,
@@ -76,16 +84,16 @@ def normalize_critic(config: CriticConfig, world_size: int) -> CriticConfig:
     )
 
 
-def update_plan(config: ActorConfig | CriticConfig) -> BatchingPlan:
-    """How a normalised actor or critic config cuts its rows (fixed micro-batches or a token budget).
+def update_plan(config: ActorConfig | CriticConfig, rollout_n: int, world_size: int) -> BatchingPlan:
+    """How a normalised actor or critic config cuts a rank's rows (fixed micro-batches or a token budget).
 
     Both configs carry verl's same update keys (ppo_mini_batch_size, ppo_micro_batch_size_per_gpu,
     use_dynamic_bsz, ppo_max_token_len_per_gpu, ppo_epochs, shuffle, data_loader_seed).
     """
+    rows = mini_batch_rows(config, rollout_n, world_size, "critic" if isinstance(config, CriticConfig) else "actor")
     return BatchingPlan(
-        mini_batch_rows=config.ppo_mini_batch_size,
-        micro_batch_rows=None if config.use_dynamic_bsz else (config.ppo_micro_batch_size_per_gpu
-                                                              or config.ppo_mini_batch_size),
+        mini_batch_rows=rows,
+        micro_batch_rows=None if config.use_dynamic_bsz else (config.ppo_micro_batch_size_per_gpu or rows),
         max_token_len=config.ppo_max_token_len_per_gpu if config.use_dynamic_bsz else None,
         epochs=config.ppo_epochs,
         shuffle=config.shuffle,
@@ -106,7 +114,7 @@ def forward_batching(use_dynamic_bsz: bool, micro_batch_rows: int | None,
     return micro_batch_rows, None
 
 
-def log_prob_batching(config: Any) -> tuple[int | None, int | None]:
+def log_prob_batching(config: RolloutConfig | RefConfig) -> tuple[int | None, int | None]:
     """Forward batching of a rollout or ref config's log-prob keys."""
     return forward_batching(config.log_prob_use_dynamic_bsz, config.log_prob_micro_batch_size_per_gpu,
                             config.log_prob_max_token_len_per_gpu)

@@ -64,8 +64,8 @@ class ModelConfig:
     trust_remote_code: bool = False
     # A module to import before loading (registers custom architectures), as in verl.
     external_lib: str | None = None
-    # Accepted for verl compatibility: padding-free kernels need flash-attention (GPU); on CPU the
-    # actor trims padding columns per micro-batch instead.
+    # Runs the same either way (hybridrl/trainer/config_support.py): padding-free kernels need
+    # flash-attention (GPU); the actor always trims padding columns per micro-batch instead.
     use_remove_padding: bool = False
 
 
@@ -92,6 +92,7 @@ class CheckpointConfig:
 
 @dataclass
 class ActorConfig:
+    # fsdp | fsdp2 (both run FSDP2 here).
     strategy: str = "fsdp"
     # Prompts per optimizer step (each with rollout.n responses), summed over data-parallel ranks.
     ppo_mini_batch_size: int = 256
@@ -126,19 +127,21 @@ class ActorConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    # Accepted for verl compatibility; sequence parallelism and torch.compile are not used here.
+    # Sequence parallelism and torch.compile: only the default runs in hybridrl (hybridrl/trainer/config_support.py).
     ulysses_sequence_parallel_size: int = 1
     use_torch_compile: bool = False
 
 
 @dataclass
 class RefConfig:
+    # fsdp | fsdp2 (both run FSDP2 here).
     strategy: str = "fsdp"
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     log_prob_micro_batch_size_per_gpu: int | None = None
     log_prob_micro_batch_size: int | None = None
     log_prob_use_dynamic_bsz: bool = False
     log_prob_max_token_len_per_gpu: int = 16384
+    # Sequence parallelism and torch.compile: only the default runs in hybridrl (hybridrl/trainer/config_support.py).
     ulysses_sequence_parallel_size: int = 1
     use_torch_compile: bool = False
 
@@ -147,7 +150,7 @@ class RefConfig:
 class ActorRolloutRefConfig:
     """`actor_rollout_ref.*`: one model path shared by the actor, the rollout and the reference policy."""
 
-    # Actor and rollout share one process and one set of weights (always true here).
+    # Actor and rollout share one process and one set of weights; only the default runs in hybridrl (hybridrl/trainer/config_support.py).
     hybrid_engine: bool = True
     model: ModelConfig = field(default_factory=ModelConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
@@ -164,11 +167,15 @@ class CriticModelConfig(ModelConfig):
 class CriticConfig:
     """`critic.*`: the value model for GAE (PPO)."""
 
+    # fsdp | fsdp2 (both run FSDP2 here).
     strategy: str = "fsdp"
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     model: CriticModelConfig = field(default_factory=CriticModelConfig)
-    # Samples per prompt, so mini-batch sizes in prompts convert to rows (the trainer fills it in).
-    rollout_n: int = 1
+    # Samples per prompt, so mini-batch sizes in prompts convert to rows. None follows
+    # actor_rollout_ref.rollout.n (the PPO trainer fills it in); another value must equal it. A critic
+    # worker built on its own needs it set.
+    rollout_n: int | None = None
+    # Prompts per optimizer step (each with rollout_n responses), summed over data-parallel ranks.
     ppo_mini_batch_size: int = 256
     ppo_micro_batch_size_per_gpu: int | None = None
     ppo_micro_batch_size: int | None = None
@@ -185,4 +192,5 @@ class CriticConfig:
     cliprange_value: float = 0.5
     loss_agg_mode: str = "token-mean"
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    # Only the default runs in hybridrl (hybridrl/trainer/config_support.py).
     ulysses_sequence_parallel_size: int = 1

@@ -171,7 +171,8 @@ class ActorRolloutRefWorker(Worker):
         """PPO update on this rank's rows; metrics (already averaged over ranks) in meta_info."""
         self._require(self.actor, "update_actor", "actor")
         data.meta_info.setdefault("temperature", self.config.rollout.temperature)
-        metrics = self.actor.update_policy(data, update_plan(self.config.actor))
+        plan = update_plan(self.config.actor, self.config.rollout.n, self.world_size)
+        metrics = self.actor.update_policy(data, plan)
         return DataProto(meta_info={"metrics": metrics})
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -240,7 +241,7 @@ class CriticWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     @report_worker_seconds
     def update_critic(self, data: DataProto) -> DataProto:
-        metrics = self.critic.update_critic(data, update_plan(self.config))
+        metrics = self.critic.update_critic(data, update_plan(self.config, self.config.rollout_n, self.world_size))
         return DataProto(meta_info={"metrics": metrics})
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

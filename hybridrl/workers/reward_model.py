@@ -30,6 +30,7 @@ from hybridrl.controller import Dispatch, Worker, register
 from hybridrl.models.loading import load_tokenizer, load_value_model, resolve_model_dir
 from hybridrl.protocol import DataProto
 from hybridrl.rewards.failures import DEFAULT_MAX_FAILURE_SHARE, DEFAULT_TIMEOUT_S
+from hybridrl.rewards.managers.dapo import OverlongBufferConfig
 from hybridrl.rewards.sandbox import SandboxConfig
 from hybridrl.workers.batch_sizes import forward_batching, per_rank
 from hybridrl.workers.config import FSDPConfig, to_dataclass
@@ -54,21 +55,10 @@ class RewardModelModelConfig:
     trust_remote_code: bool = False
     # Values that replace entries of the checkpoint's config.json.
     override_config: dict[str, Any] = field(default_factory=dict)
-    # Accepted for verl compatibility: on CPU each micro-batch is trimmed of padding columns instead.
+    # Runs the same either way (hybridrl/trainer/config_support.py): each micro-batch is trimmed of
+    # padding columns instead.
     use_remove_padding: bool = False
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
-
-
-@dataclass
-class OverlongBufferConfig:
-    """DAPO's soft overlong punishment, read by the `dapo` reward manager."""
-
-    enable: bool = False
-    # The last `len` tokens before data.max_response_length, over which the penalty grows to -penalty_factor.
-    len: int = 0
-    penalty_factor: float = 0.0
-    # Report the penalty per sample in the reward extras.
-    log: bool = False
 
 
 @dataclass
@@ -90,6 +80,7 @@ class RewardModelConfig:
     # Cut micro-batches by a token budget (rows x padded width) instead of a row count.
     use_dynamic_bsz: bool = False
     forward_max_token_len_per_gpu: int = 32768
+    # Only the default runs in hybridrl (hybridrl/trainer/config_support.py).
     ulysses_sequence_parallel_size: int = 1
     # Rule-based reward manager: naive | batch | prime | dapo (or one you register).
     reward_manager: str = "naive"
@@ -106,7 +97,9 @@ class RewardModelConfig:
     # stop. A RewardFunctionFatalError from the function stops the run whatever the share.
     max_failure_share: float = DEFAULT_MAX_FAILURE_SHARE
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
-    # Run the rule-based reward function in the background while log-probs are computed (trainer option).
+    # Score with the rule-based reward function in a background thread of the driver while the workers
+    # recompute log-probs and values (the reward model, when enabled, scores before that). Not with
+    # algorithm.filter_groups, whose filter needs the scores before the batch is complete.
     launch_reward_fn_async: bool = False
     # How the built-in code scorer runs programs (require_isolation; see hybridrl/rewards/SANDBOX.md).
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)

@@ -1,5 +1,6 @@
 """Policy losses: hand-worked PPO clipping, exact clip boundaries, gradient signs, registry path."""
 
+import inspect
 import math
 
 import pytest
@@ -17,6 +18,7 @@ from hybridrl.algos import (
     get_policy_loss_fn,
     register_policy_loss,
 )
+from hybridrl.algos.config_args import policy_loss_settings
 from hybridrl.workers.config import ActorConfig, PolicyLossConfig
 
 BUILT_IN = ["vanilla", "gspo", "gpg", "clip_cov", "kl_cov", "dro"]
@@ -278,3 +280,12 @@ def test_a_loss_that_cannot_apply_rollout_weights_refuses_them(scratch_losses):
         no_weights(*one_token(0.0, 1.0), rollout_is_weights=torch.ones(1, 1))
     with pytest.raises(ValueError, match="clip_ratio_hgih"):
         compute_policy_loss_vanilla(*one_token(0.0, 1.0), clip_ratio_hgih=0.28)  # direct calls check too
+
+
+def test_a_loss_called_without_a_setting_uses_the_actor_configs_default():
+    # one value per default: the keyword defaults of every built-in loss equal the config schema's
+    defaults = policy_loss_settings(ActorConfig())
+    for name in BUILT_IN:
+        for param in inspect.signature(get_policy_loss_fn(name)).parameters.values():
+            if param.kind is inspect.Parameter.KEYWORD_ONLY and param.name in defaults:
+                assert param.default == defaults[param.name], f"{name}: {param.name}"

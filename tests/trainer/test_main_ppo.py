@@ -50,11 +50,13 @@ def assert_worker_stages(step: dict, stages_to_passes: dict[str, str]) -> None:
 
 
 def test_two_runs_back_to_back_and_a_child_inherit_nothing(arithmetic_data, tiny_model_dir, tmp_path, no_dist_env):
-    grpo = run_ppo(ppo_config(*tiny_run_overrides(arithmetic_data, tiny_model_dir, tmp_path / "grpo"), *LOCAL))
+    grpo = run_ppo(ppo_config(*tiny_run_overrides(arithmetic_data, tiny_model_dir, tmp_path / "grpo"), *LOCAL,
+                              "actor_rollout_ref.rollout.calculate_log_probs=false"))
     assert_clean()
     overrides = [o for o in tiny_run_overrides(arithmetic_data, tiny_model_dir, tmp_path / "gae")
                  if not o.startswith("algorithm.adv_estimator")]
-    gae = run_ppo(ppo_config(*overrides, *LOCAL, *GAE))
+    # the GAE run scores its rule-based reward in the background (reward_model.launch_reward_fn_async)
+    gae = run_ppo(ppo_config(*overrides, *LOCAL, *GAE, "reward_model.launch_reward_fn_async=true"))
     assert_clean()
     assert child_dist_env() == dict.fromkeys(DIST_ENV_KEYS)
 
@@ -63,6 +65,10 @@ def test_two_runs_back_to_back_and_a_child_inherit_nothing(arithmetic_data, tiny
                                 "update_actor": "actor"})
     assert "timing_s/update_actor_worker" in step and "worker_seconds" not in step
     assert_worker_stages(gae[-1], {"values": "critic_infer", "update_critic": "critic"})
+    assert "timing_s/reward_wait" in gae[-1] and "timing_s/reward_wait" not in step
+    # rollout.calculate_log_probs=false turns the rollout/trainer log-prob comparison off (on by default)
+    assert "rollout/log_prob_diff_max" in gae[-1] and "rollout/log_prob_diff_max" not in step
+    assert math.isfinite(gae[-1]["critic/score/mean"])
     # the local backend has one process: the driver is the worker, counted once
     rss = step["perf/max_memory_rss_gb"]
     assert rss > 0
@@ -72,8 +78,9 @@ def test_two_runs_back_to_back_and_a_child_inherit_nothing(arithmetic_data, tiny
 
 
 def test_a_failing_run_ends_clean_too(arithmetic_data, tiny_model_dir, tmp_path, no_dist_env):
+    # the error comes from the background scoring thread, which ends with the run
     overrides = tiny_run_overrides(arithmetic_data, tiny_model_dir, tmp_path / "bad")
     with pytest.raises(RuntimeError, match="reward function raised"):
         run_ppo(ppo_config(*overrides, *LOCAL, f"custom_reward_function.path={FIXTURES / 'digit_reward.py'}",
-                           "custom_reward_function.name=always_raises"))
+                           "custom_reward_function.name=always_raises", "reward_model.launch_reward_fn_async=true"))
     assert_clean()

@@ -146,8 +146,6 @@ def test_every_numeric_setting_has_a_range_or_a_reason_not_to():
      "Fix: e.g. actor_rollout_ref.actor.optim.betas=[0.9,0.999]"),
     ("actor_rollout_ref.actor.clip_ratio=1.0", "actor_rollout_ref.actor.clip_ratio=1.0 is out of range: "
                                                "it must be in [0, 1)"),
-    ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
-     "it must be exactly 1 (sequence parallelism is not supported)"),
     ("actor_rollout_ref.rollout.gpu_memory_utilization=0", "it must be in (0, 1]"),
     ("trainer.total_training_steps=0", "trainer.total_training_steps=0 is out of range: it must be null or >= 1. "
                                        "Fix: e.g. trainer.total_training_steps=null"),

@@ -142,13 +142,11 @@ class RewardManager:
         self.runner = make_runner(self.compute_score, type(self).check, timeout, num_workers)
 
     @classmethod
-    def config_kwargs(cls, config: Mapping[str, Any]) -> dict:
-        """Constructor arguments this manager reads from the full config: the `reward_model.*` keys that
-        guard the reward function's calls (subclasses add their own)."""
-        reward_model = config.get("reward_model") or {}
-        names = {"reward_fn_timeout": "timeout", "reward_fn_workers": "num_workers",
-                 "max_failure_share": "max_failure_share"}
-        return {arg: reward_model[key] for key, arg in names.items() if key in reward_model}
+    def config_kwargs(cls, reward_model: Any, max_response_length: int) -> dict:
+        """Constructor arguments this manager takes from the config: the `reward_model.*` keys (a typed
+        `RewardModelConfig`) that guard the reward function's calls; subclasses add their own."""
+        return {"timeout": reward_model.reward_fn_timeout, "num_workers": reward_model.reward_fn_workers,
+                "max_failure_share": reward_model.max_failure_share}
 
     def close(self) -> None:
         """Stop the worker processes (they also stop when the manager is garbage-collected)."""

@@ -75,8 +75,10 @@ class RolloutConfig:
     log_prob_micro_batch_size_per_gpu: int | None = None
     log_prob_use_dynamic_bsz: bool = False
     log_prob_max_token_len_per_gpu: int = 16384
-    # the trainer reports rollout/log_prob_diff_* from the engine's rollout_log_probs when True
-    calculate_log_probs: bool = False
+    # the trainer reports rollout/log_prob_diff_* (the engine's rollout_log_probs against the actor's
+    # recomputed ones) when True. On by default, unlike verl: the metric is what catches a rollout engine
+    # that samples from stale weights (see hybridrl/workers/rollout/metrics.py).
+    calculate_log_probs: bool = True
     # vLLM only: memory share of the KV cache, tensor parallel size, eager mode, sleep between phases
     gpu_memory_utilization: float = 0.5
     tensor_model_parallel_size: int = 1

@@ -1,0 +1,170 @@
+"""Every config key does what it says or refuses a value it cannot run; nothing is accepted and ignored."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from config_reads import Evidence, SchemaKey, package_sources, scan_sources, schema_keys, unread_keys
+from omegaconf import OmegaConf
+from ppo_helpers import ppo_config
+
+import hybridrl
+from hybridrl.trainer.config_checks import ConfigError, validate_config
+from hybridrl.trainer.config_support import SAME_EITHER_WAY, UNSUPPORTED
+from hybridrl.trainer.ppo_config import AlgorithmConfig, PPOTrainerConfig
+from hybridrl.trainer.sft_config import SFTSchema
+from hybridrl.workers.config import ActorConfig, CriticConfig
+
+BASE = ["data.train_files=x.parquet", "actor_rollout_ref.model.path=some/model"]
+
+# Keys another change owns: wired by the hand-off, issue 17 item 1 (the engine reads them today; the
+# rollout hand-off makes them do what they say).
+OWNED_ELSEWHERE = {
+    f"{model}.fsdp_config.{key}"
+    for model in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic.model", "reward_model.model", "model")
+    for key in ("param_offload", "optimizer_offload")
+}
+ROOTS = (PPOTrainerConfig, SFTSchema)
+
+
+@pytest.fixture(scope="module")
+def evidence() -> Evidence:
+    return scan_sources(package_sources(Path(hybridrl.__file__).parent), ROOTS)
+
+
+def all_keys() -> list[SchemaKey]:
+    return [key for root in ROOTS for key in schema_keys(root)]
+
+
+def test_every_schema_key_is_read_or_refused(evidence):
+    keys = all_keys()
+    assert len(keys) > 200  # the walk reaches the nested nodes of both schemas
+    accounted = set(UNSUPPORTED) | set(SAME_EITHER_WAY) | OWNED_ELSEWHERE
+    unread = sorted(set(unread_keys(keys, evidence)) - accounted)
+    assert not unread, (
+        f"config keys that no code reads: {unread}. Make each one do what it says, or refuse its non-default "
+        f"values in hybridrl/trainer/config_support.UNSUPPORTED (read them under their parent's name, e.g. "
+        f"`config.algorithm.kl_ctrl.horizon`, or on a typed config, so the scan in config_reads.py sees it)")
+    known = {key.dotted for key in keys}
+    assert not accounted - known, f"tables name keys the schemas lack: {sorted(accounted - known)}"
+
+
+def test_the_walk_fails_on_a_key_nobody_reads(evidence):
+    # a schema with one more key than the code reads: the walk reports exactly that key
+    algorithm = dataclasses.make_dataclass("AlgorithmConfig", [("never_read_anywhere", bool, False)],
+                                           bases=(AlgorithmConfig,))
+    root = dataclasses.make_dataclass("Root", [("algorithm", algorithm)])
+    keys = schema_keys(root)
+    unread = unread_keys(keys, scan_sources(package_sources(Path(hybridrl.__file__).parent), [root]))
+    assert set(unread) == {"algorithm.never_read_anywhere"} | {k.dotted for k in keys if k.dotted in UNSUPPORTED}
+
+
+def test_a_read_counts_only_for_the_key_it_names():
+    source = '''
+def actor_step(config: ActorConfig):
+    return config.ppo_epochs
+
+class Critic:
+    def __init__(self, config):
+        self.config = to_dataclass(CriticConfig, config)
+
+    def plan(self):
+        cfg = self.config
+        return cfg.shuffle
+
+def reward(config):
+    section = config["reward_model"]
+    return section.get("overlong_buffer")["log"]
+'''
+    keys = schema_keys(PPOTrainerConfig)
+    unread = set(unread_keys(keys, scan_sources({"snippet.py": source}, [PPOTrainerConfig])))
+    # the typed reads name their class; the string chain names its parent
+    assert "actor_rollout_ref.actor.ppo_epochs" not in unread and "critic.ppo_epochs" in unread
+    assert "critic.shuffle" not in unread and "actor_rollout_ref.actor.shuffle" in unread
+    assert "reward_model.overlong_buffer.log" not in unread and "reward_model.overlong_buffer.enable" in unread
+    assert {"data.shuffle", "algorithm.use_pf_ppo"} <= unread
+
+
+def checked(*overrides: str) -> PPOTrainerConfig:
+    config = OmegaConf.to_object(ppo_config(*BASE, *overrides))
+    validate_config(config)
+    return config
+
+
+@pytest.mark.parametrize("override, message", [
+    ("algorithm.use_pf_ppo=true", "algorithm.use_pf_ppo=true is not supported by hybridrl: PF-PPO's "
+                                  "reward-weighted resampling of the batch is not implemented. Remove it or set it "
+                                  "to false"),
+    ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+     "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 is not supported by hybridrl: sequence parallelism"),
+    ("actor_rollout_ref.actor.strategy=megatron", "Remove it or set it to one of fsdp, fsdp2"),
+    ("trainer.default_hdfs_dir=hdfs://x", "trainer.default_hdfs_dir=hdfs://x is not supported by hybridrl: "
+                                          "checkpoints are written to trainer.default_local_dir only"),
+    ("data.custom_cls.path=my.py", "Remove it or set it to null"),
+])
+def test_a_value_hybridrl_cannot_run_stops_before_ray_naming_the_key(override, message):
+    with pytest.raises(ConfigError) as err:
+        checked(override)
+    assert message in str(err.value)
+
+
+def test_unsupported_keys_at_their_defaults_or_of_roles_that_do_not_run_pass():
+    checked("actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=1",
+            "algorithm.adv_estimator=grpo", "critic.ulysses_sequence_parallel_size=2")  # GRPO runs no critic
+    with pytest.raises(ConfigError, match="critic.ulysses_sequence_parallel_size=2 is not supported"):
+        checked("algorithm.adv_estimator=gae", "critic.ulysses_sequence_parallel_size=2")
+
+
+def test_critic_rollout_n_follows_rollout_n_in_a_config_built_in_python():
+    config = PPOTrainerConfig()
+    config.data.train_files, config.actor_rollout_ref.model.path = "x.parquet", "some/model"
+    config.actor_rollout_ref.rollout.n = 4
+    validate_config(config)
+    assert config.critic.rollout_n == 4
+    assert checked("actor_rollout_ref.rollout.n=2").critic.rollout_n == 2  # and from YAML
+    with pytest.raises(ConfigError, match=r"critic.rollout_n \(3\) disagrees with actor_rollout_ref.rollout.n \(8\)"):
+        checked("critic.rollout_n=3")
+
+
+def test_data_tokenizer_is_the_tokenizer_every_worker_loads():
+    config = checked("data.tokenizer=tok/dir")
+    assert config.actor_rollout_ref.model.tokenizer_path == "tok/dir"
+    assert config.critic.model.tokenizer_path == "tok/dir"
+    assert config.reward_model.model.input_tokenizer == "tok/dir"  # the YAML's ${actor_rollout_ref.model.path}
+    assert checked().reward_model.model.input_tokenizer == "some/model"
+    with pytest.raises(ConfigError, match="data.tokenizer=tok/dir and actor_rollout_ref.model.tokenizer_path=other"):
+        checked("data.tokenizer=tok/dir", "actor_rollout_ref.model.tokenizer_path=other")
+
+
+def test_background_reward_cannot_filter_groups():
+    with pytest.raises(ConfigError, match="reward_model.launch_reward_fn_async=false"):
+        checked("reward_model.launch_reward_fn_async=true", "algorithm.filter_groups.enable=true")
+
+
+def test_mini_batch_sizes_count_prompts_in_every_config_that_carries_them():
+    from hybridrl.workers.batch_sizes import normalize_actor_rollout_ref, normalize_critic, update_plan
+
+    config = checked("actor_rollout_ref.actor.ppo_mini_batch_size=4", "critic.ppo_mini_batch_size=4")
+    arr = normalize_actor_rollout_ref(config.actor_rollout_ref, world_size=2)
+    critic = normalize_critic(config.critic, world_size=2)
+    assert arr.actor.ppo_mini_batch_size == critic.ppo_mini_batch_size == 4  # still prompts after the worker's pass
+    # a rank's rows per optimizer step: 4 prompts x 8 samples / 2 ranks
+    assert update_plan(arr.actor, arr.rollout.n, 2).mini_batch_rows == 16
+    assert update_plan(critic, critic.rollout_n, 2).mini_batch_rows == 16
+    with pytest.raises(ValueError, match="critic.rollout_n is unset"):
+        normalize_critic(CriticConfig(), world_size=1)
+    assert ActorConfig().ppo_mini_batch_size == CriticConfig().ppo_mini_batch_size
+
+
+def test_validation_shuffle_reorders_the_validation_prompts_reproducibly():
+    from hybridrl.trainer.validation import Validator
+
+    def order(*overrides: str) -> list[int]:
+        validator = Validator(checked(*overrides), None, None, None, list(range(20)), collate_fn=list)
+        return [row for rows in validator.dataloader for row in rows]
+
+    assert order() == list(range(20))
+    shuffled = order("data.validation_shuffle=true")
+    assert sorted(shuffled) == list(range(20)) and shuffled != list(range(20))
+    assert order("data.validation_shuffle=true") == shuffled  # seeded by data.seed
+    assert order("data.validation_shuffle=true", "data.seed=2") != shuffled
