@@ -9,7 +9,7 @@ import torch
 
 from hybridrl.protocol import DataProto
 from hybridrl.rewards.errors import RewardFailureError
-from hybridrl.rewards.managers import load_reward_manager
+from hybridrl.trainer.reward import load_reward_manager
 from hybridrl.trainer.reward_async import BackgroundReward
 
 SLOW_REWARD = '''

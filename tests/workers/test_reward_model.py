@@ -14,7 +14,7 @@ from hybridrl.controller import ClassWithInitArgs, LocalWorkerGroup
 from hybridrl.models.loading import load_tokenizer, load_value_model
 from hybridrl.models.tiny import build_tiny_model
 from hybridrl.protocol import DataProto
-from hybridrl.rewards.managers import load_reward_manager
+from hybridrl.trainer.reward import load_reward_manager
 from hybridrl.utils.config import to_dataclass
 from hybridrl.workers.reward_model import (
     RewardModelConfig,
