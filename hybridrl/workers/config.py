@@ -42,7 +42,9 @@ class MixedPrecisionConfig:
 
 @dataclass
 class FSDPConfig:
-    # Move parameters / optimizer state to CPU memory between phases (no-op when already on CPU).
+    # The actor's only (actor_rollout_ref.actor.fsdp_config): its optimizer state / parameters move to CPU
+    # memory while the rollout generates (the hand-off, BaseRollout.serving; param_offload needs an engine
+    # with its own weights, rollout.name=vllm). No-ops on CPU. Other models refuse true.
     param_offload: bool = False
     optimizer_offload: bool = False
     # Free gathered parameters after each layer's forward (saves memory, costs an all-gather in backward).

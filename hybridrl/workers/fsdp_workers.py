@@ -34,8 +34,8 @@ from hybridrl.workers.batch_sizes import (
 from hybridrl.workers.checkpoint import CheckpointManager
 from hybridrl.workers.config import ActorRolloutRefConfig, CriticConfig, ModelConfig, to_dataclass
 from hybridrl.workers.critic import PPOCritic
-from hybridrl.workers.engine.fsdp import FSDPEngine
-from hybridrl.workers.rollout import build_rollout
+from hybridrl.workers.engine.fsdp import FSDPEngine, refuse_offload
+from hybridrl.workers.rollout import ROLLOUT_ENGINES, build_rollout
 
 ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
 
@@ -64,8 +64,10 @@ def load_model_for(model: ModelConfig, gradient_checkpointing: bool) -> torch.nn
 class ActorRolloutRefWorker(Worker):
     """Actor, rollout and/or reference policy on one rank, by `role`.
 
-    With role `actor_rollout[_ref]` the rollout samples from the actor's own (FSDP-sharded) module,
-    gathered for the duration of generation: the policy that generates is always the one being trained.
+    With role `actor_rollout[_ref]` the rollout generates with the actor's current weights: the engine's
+    `serving(actor)` hand-off runs around every generation (the HF engine reads the sharded module,
+    gathered for the block; vLLM receives the full state dict), so the policy that generates is always
+    the one being trained.
     """
 
     def __init__(self, config: Any, role: str) -> None:
@@ -78,6 +80,11 @@ class ActorRolloutRefWorker(Worker):
         self.is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
         self.is_ref = role in ("ref", "actor_rollout_ref")
         self.actor = self.ref = self.rollout = None
+        self.rollout_weights: FSDPEngine | None = None  # the engine whose weights the rollout serves
+        if self.is_actor:
+            _check_actor_offload(self.config, role)
+        if self.is_ref:
+            refuse_offload(self.config.ref.fsdp_config, "actor_rollout_ref.ref")
         self.passes: dict[str, ModelPass] = {}  # filled by init_model
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -101,14 +108,15 @@ class ActorRolloutRefWorker(Worker):
         if self.is_rollout:
             rollout_cfg = dataclasses.replace(cfg.rollout, seed=cfg.rollout.seed + self.rank)
             if self.actor:
-                module, params = self.actor.engine.module, self.passes["actor"].params
-            else:
+                self.rollout_weights, params = self.actor.engine, self.passes["actor"].params
+            else:  # a rollout of its own generates with the starting model
                 model = load_model_for(cfg.model, False)
                 params = matmul_params(model)
-                module = FSDPEngine(model, cfg.actor.fsdp_config).module
+                if not ROLLOUT_ENGINES.get(cfg.rollout.name).holds_own_weights:  # HF: served sharded
+                    self.rollout_weights = FSDPEngine(model, cfg.actor.fsdp_config)
+            module = self.rollout_weights.module if self.rollout_weights else None
             self.rollout = build_rollout(rollout_cfg, module=module, tokenizer=self.tokenizer,
                                          model_path=cfg.model.path)
-            self._rollout_module_engine = self.actor.engine if self.actor else None
             self.passes["rollout"] = ModelPass(params, FORWARD_FLOPS_PER_PARAM, 1,
                                                device_peak_flops(resolve_dtype(cfg.rollout.dtype)))
         if self.is_ref:
@@ -130,13 +138,7 @@ class ActorRolloutRefWorker(Worker):
         step_seed = prompts.meta_info.get("seed")
         if step_seed is not None:  # a per-step seed from the trainer: distinct streams per rank
             prompts.meta_info["seed"] = int(step_seed) * 1009 + self.rank
-        engine = self.actor.engine if self.actor else None
-        if engine is not None:
-            engine.offload_optimizer()  # generation needs no optimizer state
-            with engine.summon_full_params():
-                output = self.rollout.generate_sequences(prompts)
-            engine.load_optimizer()
-        else:
+        with self.rollout.serving(self.rollout_weights):  # the hand-off: the current weights, offload
             output = self.rollout.generate_sequences(prompts)
         output.meta_info.setdefault("temperature", self.config.rollout.temperature)
         # The ranks' outputs are concatenated, which requires equal meta_info: report the step's seed,
@@ -204,6 +206,7 @@ class CriticWorker(Worker):
     def __init__(self, config: Any) -> None:
         super().__init__()
         self.config = normalize_critic(to_dataclass(CriticConfig, config), self.world_size)
+        refuse_offload(self.config.model.fsdp_config, "critic.model")
         self.critic = None
         self.passes: dict[str, ModelPass] = {}  # filled by init_model
 
@@ -255,6 +258,22 @@ class CriticWorker(Worker):
                         del_local_after_load: bool = False) -> None:
         _no_remote_storage(hdfs_path)
         self.checkpoint_manager.load_checkpoint(local_path)
+
+
+def _check_actor_offload(cfg: ActorRolloutRefConfig, role: str) -> None:
+    """The actor's offload keys act in the rollout hand-off only: `optimizer_offload` wherever the worker
+    has a rollout, `param_offload` where its engine has weights of its own to generate from (vLLM).
+    Anywhere else they would be silently ignored, so they fail."""
+    offload = cfg.actor.fsdp_config
+    if "rollout" not in role:
+        refuse_offload(offload, "actor_rollout_ref.actor")  # no rollout, no hand-off
+    elif offload.param_offload and not ROLLOUT_ENGINES.get(cfg.rollout.name).holds_own_weights:
+        raise NotImplementedError(
+            "actor_rollout_ref.actor.fsdp_config.param_offload=true is not supported with "
+            f"rollout.name={cfg.rollout.name!r}, which generates with the actor's own parameters: they leave "
+            "the device only while a rollout engine with its own copy of the weights (rollout.name=vllm) "
+            "generates. Set it to false."
+        )
 
 
 def _no_remote_storage(hdfs_path: str | None) -> None:

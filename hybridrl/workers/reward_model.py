@@ -34,7 +34,7 @@ from hybridrl.rewards.managers.dapo import OverlongBufferConfig
 from hybridrl.rewards.sandbox import SandboxConfig
 from hybridrl.workers.batch_sizes import forward_batching, per_rank
 from hybridrl.workers.config import FSDPConfig, to_dataclass
-from hybridrl.workers.engine.fsdp import FSDPEngine
+from hybridrl.workers.engine.fsdp import FSDPEngine, refuse_offload
 from hybridrl.workers.micro_batch import make_micro_batches, restore_order
 
 logger = logging.getLogger(__name__)
@@ -250,6 +250,7 @@ class RewardModelWorker(Worker):
     def __init__(self, config: Any) -> None:
         super().__init__()
         self.config = normalize_reward_model(to_dataclass(RewardModelConfig, config), self.world_size)
+        refuse_offload(self.config.model.fsdp_config, "reward_model.model")
         self.module = None
         self._warned_no_raw_prompt = False
 

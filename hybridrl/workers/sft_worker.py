@@ -26,7 +26,7 @@ from hybridrl.models.loading import load_causal_lm, load_tokenizer
 from hybridrl.protocol import DataProto
 from hybridrl.workers.checkpoint import CheckpointManager
 from hybridrl.workers.config import FSDPConfig, OptimConfig, to_dataclass
-from hybridrl.workers.engine.fsdp import FSDPEngine
+from hybridrl.workers.engine.fsdp import FSDPEngine, refuse_offload
 
 SFT_KEYS = ("input_ids", "attention_mask", "position_ids", "loss_mask")
 
@@ -77,6 +77,7 @@ class SFTWorker(Worker):
     def __init__(self, config: Any) -> None:
         super().__init__()
         self.config = config
+        refuse_offload(to_dataclass(FSDPConfig, config.model.fsdp_config), "model")
         self.engine: FSDPEngine | None = None
         self.tokenizer = None
 

@@ -94,6 +94,18 @@ def build_optimizer(model: nn.Module, config: OptimConfig) -> tuple[torch.optim.
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
 
 
+def refuse_offload(config: FSDPConfig, key: str) -> None:
+    """Fail on `param_offload` / `optimizer_offload` where nothing moves the state: offload happens only in
+    the actor's rollout hand-off (`BaseRollout.serving`). `key` is the config section, e.g. `critic.model`."""
+    for name in ("param_offload", "optimizer_offload"):
+        if getattr(config, name):
+            raise NotImplementedError(
+                f"{key}.fsdp_config.{name}=true is not supported: parameters and optimizer state leave the "
+                f"device only in the actor's rollout hand-off (actor_rollout_ref.actor.fsdp_config.*). "
+                f"Set it to false."
+            )
+
+
 class FSDPEngine:
     """A sharded model plus (optionally) its optimizer, scheduler and offload state."""
 
@@ -165,6 +177,17 @@ class FSDPEngine:
             for m in fsdp_modules:
                 m.reshard()
                 m.set_reshard_after_forward(self.config.reshard_after_forward, recurse=False)
+
+    def iter_full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, full tensor) of every entry of the model's state dict, gathered one at a time.
+
+        For a rollout engine that holds its own copy of the weights (vLLM): every rank gets the whole
+        model, but never more than one gathered tensor beyond it. A collective: every rank must consume
+        the whole iterator, in the same order.
+        """
+        with torch.no_grad():
+            for name, value in self.module.state_dict().items():
+                yield name, (value.full_tensor() if isinstance(value, DTensor) else value).detach()
 
     # ----- offload -------------------------------------------------------------------------------------
     def offload_params(self) -> None:

@@ -14,14 +14,22 @@ n samples each, P prompt columns, R = rollout.response_length):
 Rows are interleaved (prompt 0's n samples, then prompt 1's, ...), as `DataProto.repeat(n,
 interleave=True)` orders them, and every non-tensor column of the input is repeated the same way so
 the caller can `union` the two.
+
+The hybrid engine's hand-off is one object per engine: `with rollout.serving(actor):` makes the engine
+generate with the actor's current weights for the duration of the block and frees what generation does
+not need (the worker's `generate_sequences` is its one caller). Each engine says what that takes: the HF
+engine reads the actor's gathered parameters in place; vLLM, which holds its own copy, receives the
+full state dict. `actor_rollout_ref.actor.fsdp_config.optimizer_offload` moves the optimizer state off
+the device for the block, and `param_offload` the actor's parameters where the engine holds its own.
 """
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -32,6 +40,9 @@ from hybridrl.utils.config import to_dataclass
 from hybridrl.utils.registry import Registry
 from hybridrl.workers.rollout.config import RolloutConfig
 
+if TYPE_CHECKING:
+    from hybridrl.workers.engine.fsdp import FSDPEngine
+
 PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
 
 
@@ -39,6 +50,10 @@ class BaseRollout(ABC):
     """A generation engine. Built through `build_rollout`, called by the actor_rollout worker."""
 
     config: RolloutConfig
+    # True where the engine keeps its own copy of the weights (vLLM): the actor's parameters may then
+    # leave the device while it generates (fsdp_config.param_offload). False where it generates with
+    # the actor's own parameters (HF).
+    holds_own_weights: bool = False
 
     @classmethod
     @abstractmethod
@@ -60,12 +75,49 @@ class BaseRollout(ABC):
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Load the actor's current full (unsharded) weights into the engine."""
 
+    @contextlib.contextmanager
+    def serving(self, actor: FSDPEngine | None) -> Iterator[None]:
+        """Generate with `actor`'s current weights for the duration of the block.
+
+        The actor's optimizer state leaves the device for the block where
+        `fsdp_config.optimizer_offload` is set, and comes back after; the engine's own part of the
+        hand-off is `_serve_weights`. `actor=None`: the engine generates with the weights it loaded.
+        A collective where the actor is sharded: every rank enters it.
+        """
+        if actor is None:
+            with self._awake():
+                yield
+            return
+        actor.offload_optimizer()  # generation needs no optimizer state
+        try:
+            with self._serve_weights(actor):
+                yield
+        finally:
+            actor.load_optimizer()
+
+    @abstractmethod
+    def _serve_weights(self, actor: FSDPEngine) -> contextlib.AbstractContextManager[None]:
+        """The engine's part of `serving`: hand over the actor's weights, release what the block held."""
+
+    @contextlib.contextmanager
+    def _awake(self) -> Iterator[None]:
+        """The engine's generation memory, taken back for the block and released after."""
+        self.wake_up()
+        try:
+            yield
+        finally:
+            self.sleep()
+
     def sleep(self) -> None:
         """Release generation memory between rollout phases (engines without such memory: nothing)."""
         return None
 
     def wake_up(self) -> None:
         """Take memory back before the next rollout phase."""
+        return None
+
+    def close(self) -> None:
+        """Release what the engine holds beyond memory (vLLM: its process groups); nothing by default."""
         return None
 
 

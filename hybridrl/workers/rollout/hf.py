@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -44,6 +44,9 @@ from hybridrl.workers.rollout.base import (
 from hybridrl.workers.rollout.config import RolloutConfig
 from hybridrl.workers.rollout.kv_cache import PreallocatedCache
 from hybridrl.workers.rollout.sampling import SamplingParams, resolve_sampling_params, sample_tokens
+
+if TYPE_CHECKING:
+    from hybridrl.workers.engine.fsdp import FSDPEngine
 
 # Finished rows leave the batch once they are at least this share of it. Dropping copies every
 # surviving row's cache; waiting for a batch of finished rows costs a little wasted compute instead.
@@ -112,6 +115,17 @@ class HFRollout(BaseRollout):
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Copy full weights into the module (only needed when the engine holds its own copy)."""
         self.module.load_state_dict(dict(state_dict), strict=True)
+
+    @contextlib.contextmanager
+    def _serve_weights(self, actor: FSDPEngine) -> Iterator[None]:
+        """The actor's own module, its parameters gathered once for the whole block (no copy)."""
+        if actor.module is not self.module:
+            raise ValueError(
+                "rollout.name=hf generates with the actor's module in place; build the engine with "
+                "module=actor.module to serve that actor"
+            )
+        with actor.summon_full_params():
+            yield
 
     @contextlib.contextmanager
     def _generation_mode(self) -> Iterator[None]:

