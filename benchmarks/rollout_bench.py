@@ -171,7 +171,9 @@ def bench_size(size: str, dtype: str, workdir: Path, args) -> list[Row]:
 def render(rows: list[Row], args) -> tuple[str, float, float | None]:
     """The markdown table; the headline, the smallest float32 speedup of the HF engine over
     model.generate; and the smallest float32 ratio of vLLM's tokens/s to the HF engine's (None: no vLLM)."""
-    versions = f"torch {torch.__version__}"
+    import transformers
+
+    versions = f"torch {torch.__version__}, transformers {transformers.__version__}"
     if args.vllm:
         from importlib.metadata import version
 
