@@ -226,16 +226,19 @@ def test_too_many_failures_stop_with_the_share_the_first_traceback_and_the_key(t
 
 def test_a_failed_batch_stops_its_other_calls_instead_of_waiting_for_them(tiny_tokenizer, managers, tmp_path):
     # 8 rows, 2 workers, 1 s timeout, at most 2 failures (0.25 x 8). Rows start in the order 0, 4, 2, 6, 1, 5,
-    # 3, 7 (processing_order). Row 0 answers at once, so the batch is not taken for a hung function; rows 4
-    # and 2 time out together (2 failures), the next wave starts rows 6 and 1, and the third timeout ends the
-    # batch: rows 5, 3, 7 never start (and the batch does not take 4 waves).
+    # 3, 7 (processing_order). Row 0 answers at once, so the batch is not taken for a hung function; the
+    # third timeout ends the batch. Started by then: row 0, the three hung rows that timed out, and at most
+    # one more running on the other worker (which rows exactly depends on when each worker process came
+    # up); the rest never start, so the batch does not take 4 waves.
     extra = [{"marker_dir": str(tmp_path), "row": i, "answers": i == 0} for i in range(8)]
     data = _make_batch(tiny_tokenizer, ["q"] * 8, ["x"] * 8, ["s"] * 8, ["7"] * 8, extra=extra)
     fn = load_custom_reward_function(FAULTY, "record_and_hang")
     manager = managers("naive", tiny_tokenizer, compute_score=fn, timeout=1.0, max_failure_share=0.25)
     with pytest.raises(RewardFailureError, match=r"at least 3 of 8 rows .*share >= 0.38 > .*=0.25 \(timeouts=3\)"):
         manager(data)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["row0", "row1", "row2", "row4", "row6"]
+    started = {p.name for p in tmp_path.iterdir()}
+    assert "row0" in started and 4 <= len(started) <= 5, started
+    assert started <= {f"row{i}" for i in (0, 4, 2, 6, 1)}, started  # the first five of the order
 
 
 def test_a_batch_that_hangs_from_its_first_calls_stops_after_one_timeout(tiny_tokenizer, managers, tmp_path):
