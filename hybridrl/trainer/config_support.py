@@ -14,7 +14,7 @@ from typing import Any
 
 from hybridrl.trainer.config_ranges import in_use, lookup
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
-from hybridrl.trainer.worker_groups import Role, uses_critic, uses_reference
+from hybridrl.trainer.worker_groups import actor_role, uses_critic, uses_reference
 from hybridrl.workers.engine.fsdp import offload_refusals
 from hybridrl.workers.fsdp_workers import actor_offload_refusals
 from hybridrl.workers.reward_model import STRATEGIES
@@ -96,8 +96,7 @@ def offload_errors(config: PPOTrainerConfig) -> list[str]:
     """`*.fsdp_config.param_offload` / `optimizer_offload` where this run has nothing that moves the state
     (`trainer.device` filled in): the workers' own checks, run before any of them starts."""
     device = config.trainer.device
-    actor_role = Role.ActorRolloutRef if uses_reference(config) else Role.ActorRollout
-    errors = actor_offload_refusals(config.actor_rollout_ref, actor_role.value, device)
+    errors = actor_offload_refusals(config.actor_rollout_ref, actor_role(config).value, device)
     if uses_reference(config):
         errors += offload_refusals(config.actor_rollout_ref.ref.fsdp_config, "actor_rollout_ref.ref", device)
     if uses_critic(config):

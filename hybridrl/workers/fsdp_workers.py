@@ -34,7 +34,7 @@ from hybridrl.workers.batch_sizes import (
 from hybridrl.workers.checkpoint import CheckpointManager
 from hybridrl.workers.config import ActorRolloutRefConfig, CriticConfig, ModelConfig, to_dataclass
 from hybridrl.workers.critic import PPOCritic
-from hybridrl.workers.engine.fsdp import FSDPEngine, offload_refusals, refuse_offload
+from hybridrl.workers.engine.fsdp import FSDPEngine, offload_refusals, raise_first_refusal, refuse_offload
 from hybridrl.workers.rollout import ROLLOUT_ENGINES, build_rollout
 
 ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
@@ -83,9 +83,7 @@ class ActorRolloutRefWorker(Worker):
         self.rollout_weights: FSDPEngine | None = None  # the engine whose weights the rollout serves
         device_type = self.device.type
         if self.is_actor:
-            errors = actor_offload_refusals(self.config, role, device_type)
-            if errors:
-                raise NotImplementedError(errors[0])
+            raise_first_refusal(actor_offload_refusals(self.config, role, device_type))
         if self.is_ref:
             refuse_offload(self.config.ref.fsdp_config, "actor_rollout_ref.ref", device_type)
         self.passes: dict[str, ModelPass] = {}  # filled by init_model

@@ -107,11 +107,15 @@ def offload_refusals(config: FSDPConfig, key: str, device_type: str) -> list[str
             for name in ("param_offload", "optimizer_offload") if getattr(config, name, False)]
 
 
+def raise_first_refusal(refusals: list[str]) -> None:
+    """A worker's own offload check (for workers built without the trainer): raise the first refusal."""
+    if refusals:
+        raise NotImplementedError(refusals[0])
+
+
 def refuse_offload(config: FSDPConfig, key: str, device_type: str) -> None:
-    """Raise the first of `offload_refusals` (a worker's own check, for workers built without the trainer)."""
-    errors = offload_refusals(config, key, device_type)
-    if errors:
-        raise NotImplementedError(errors[0])
+    """Raise the first of `offload_refusals`."""
+    raise_first_refusal(offload_refusals(config, key, device_type))
 
 
 class FSDPEngine:
