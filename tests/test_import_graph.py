@@ -163,7 +163,7 @@ LAYERS = {
     "utils": 0, "": 0,
     "protocol": 1, "protocol_merge": 1, "protocol_reshape": 1, "protocol_serialize": 1, "tensor_batch": 1,
     "models": 1,
-    "algos": 2, "data": 2, "rewards": 2,
+    "algos": 2, "data": 2, "rewards": 2, "tools": 2,
     "controller": 3,
     "workers": 4,
     "trainer": 5,
