@@ -52,6 +52,12 @@ async def _timed(factory: Callable[[], Awaitable[Any]], timeout: float) -> CallO
     return CallOutcome(value=value, seconds=time.perf_counter() - start)
 
 
+def _cancel_all_and_stop(loop: asyncio.AbstractEventLoop) -> None:
+    for task in asyncio.all_tasks(loop):
+        task.cancel()
+    loop.stop()
+
+
 class ToolRunner:
     """A background event loop that runs batches of tool calls; `close()` stops it."""
 
@@ -100,7 +106,7 @@ class ToolRunner:
 
     def close(self) -> None:
         if self._loop is not None and self._thread is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._loop.call_soon_threadsafe(_cancel_all_and_stop, self._loop)
             self._thread.join(timeout=5)
             self._loop.close()
         self._loop, self._thread = None, None

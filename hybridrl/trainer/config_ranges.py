@@ -85,6 +85,11 @@ RANGES: dict[str, Rule] = {
     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": COUNT,
     "actor_rollout_ref.rollout.gpu_memory_utilization": Rule("in (0, 1]", lambda v: 0 < v <= 1),
     "actor_rollout_ref.rollout.tensor_model_parallel_size": COUNT,
+    "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": OPTIONAL_COUNT,
+    "actor_rollout_ref.rollout.multi_turn.max_user_turns": OPTIONAL_COUNT,
+    "actor_rollout_ref.rollout.multi_turn.max_parallel_calls": COUNT,
+    "actor_rollout_ref.rollout.multi_turn.max_tool_response_length": COUNT,
+    "actor_rollout_ref.rollout.multi_turn.tool_timeout": above(0),
     # critic (checked only when the advantage estimator uses one)
     **{f"critic.optim.{key}": rule for key, rule in OPTIM.items()},
     "critic.rollout_n": OPTIONAL_COUNT,

@@ -41,6 +41,58 @@ class ValKwargs:
         _check_sampling("rollout.val_kwargs", self.temperature, self.top_k, self.top_p, self.n)
 
 
+TRUNCATE_SIDES = ("left", "right", "middle")
+CALL_FORMATS = ("hermes",)
+
+
+@dataclass
+class MultiTurnConfig:
+    """`rollout.multi_turn.*` (verl's keys): the agent loop that lets the model call tools over several turns.
+
+    See hybridrl/workers/rollout/agent_loop.py. Responses then hold every turn, model and tool, within
+    `rollout.response_length` tokens; `response_mask` is 1 on the model's tokens only.
+    """
+
+    # run the agent loop (generate, parse tool calls, run the tools, continue) instead of one turn
+    enable: bool = False
+    # most assistant turns per trajectory; null: only the response length limits them
+    max_assistant_turns: int | None = None
+    # most tool-response turns per trajectory; null: only the response length limits them
+    max_user_turns: int | None = None
+    # verl's tool YAML (`tools: - class_name, config, tool_schema`)
+    tool_config_path: str | None = None
+    # a Python file of @function_tool functions (hybridrl.tools.function_tool)
+    function_tool_path: str | None = None
+    # tool calls run per assistant turn; later calls in the same turn are answered with an error
+    max_parallel_calls: int = 1
+    # characters of a tool response the model sees; the rest is cut
+    max_tool_response_length: int = 256
+    # which part of a longer tool response is kept: left (the start), right (the end), middle (both ends)
+    tool_response_truncate_side: str = "middle"
+    # how the model writes tool calls: hermes, <tool_call>{"name": ..., "arguments": {...}}</tool_call>
+    format: str = "hermes"
+    # seconds each tool call (create, execute, calc_reward, release) may take before it counts as timed out
+    # (hybridrl's key; verl has none)
+    tool_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        where = "actor_rollout_ref.rollout.multi_turn"
+        if self.tool_response_truncate_side not in TRUNCATE_SIDES:
+            raise ValueError(f"{where}.tool_response_truncate_side must be one of {TRUNCATE_SIDES}, "
+                             f"got {self.tool_response_truncate_side!r}")
+        if self.format not in CALL_FORMATS:
+            raise ValueError(f"{where}.format must be one of {CALL_FORMATS}, got {self.format!r}")
+        for name in ("max_assistant_turns", "max_user_turns"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{where}.{name} must be null or >= 1, got {value}")
+        for name in ("max_parallel_calls", "max_tool_response_length"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{where}.{name} must be >= 1, got {getattr(self, name)}")
+        if self.tool_timeout <= 0:
+            raise ValueError(f"{where}.tool_timeout must be > 0 seconds, got {self.tool_timeout}")
+
+
 @dataclass
 class RolloutConfig:
     """`actor_rollout_ref.rollout.*`: which engine generates, and how it samples."""
@@ -71,6 +123,8 @@ class RolloutConfig:
     stop_token_ids: list[int] | None = None
     # sampling for validation calls (meta_info validate=True)
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
+    # multi-turn generation with tools (the agent loop); off by default
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     # micro-batch rows / dynamic batching for the actor's log-prob recomputation (read by the worker)
     log_prob_micro_batch_size_per_gpu: int | None = None
     log_prob_use_dynamic_bsz: bool = False
@@ -88,6 +142,8 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         if isinstance(self.val_kwargs, dict):  # direct construction with a plain dict
             self.val_kwargs = ValKwargs(**self.val_kwargs)
+        if isinstance(self.multi_turn, dict):
+            self.multi_turn = MultiTurnConfig(**self.multi_turn)
         _check_sampling("rollout", self.temperature, self.top_k, self.top_p, self.n)
         if self.response_length < 1:
             raise ValueError(f"rollout.response_length must be >= 1, got {self.response_length}")
