@@ -77,20 +77,22 @@ def prepare_base_model(workdir: Path, seed: int = 0) -> Path:
     return base
 
 
-def warm_start(workdir: Path, data: Path, base: Path, seed: int = 0) -> Path:
-    """SFT on the worked answers; a finished earlier run with the same settings is reused."""
+def warm_start(workdir: Path, data: Path, base: Path, seed: int = 0, overrides: list[str] = SFT_OVERRIDES,
+               train_file: str = "train.parquet", val_file: str | None = "test.parquet") -> Path:
+    """SFT on the worked answers (`data/train_file`, `overrides` on top of sft_trainer.yaml); a finished
+    earlier run with the same settings is reused."""
     from hybridrl.trainer.main_sft import run_sft
 
     sft_dir = workdir / "sft"
-    settings = {"overrides": SFT_OVERRIDES, "seed": seed}
+    settings = {"overrides": overrides, "seed": seed}
     model = latest_hf_model(sft_dir)
     if model is None or not _stamp(sft_dir / "quickstart.json", settings):
         shutil.rmtree(sft_dir, ignore_errors=True)
         start = time.perf_counter()
+        files = [f"data.train_files={data / train_file}"] + ([f"data.val_files={data / val_file}"] if val_file else [])
         run_sft(_compose("sft_trainer", [
-            f"data.train_files={data / 'train.parquet'}", f"data.val_files={data / 'test.parquet'}",
-            f"model.partial_pretrain={base}", f"trainer.default_local_dir={sft_dir}", "trainer.backend=local",
-            f"trainer.seed={seed}", "trainer.logger=[file]", *SFT_OVERRIDES,
+            *files, f"model.partial_pretrain={base}", f"trainer.default_local_dir={sft_dir}", "trainer.backend=local",
+            f"trainer.seed={seed}", "trainer.logger=[file]", *overrides,
         ]))
         (sft_dir / "quickstart.json").write_text(json.dumps(settings))
         print(f"SFT warm start took {time.perf_counter() - start:.0f}s (log: {sft_dir / 'metrics.jsonl'})")
