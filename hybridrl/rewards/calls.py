@@ -3,8 +3,9 @@
 `call_guarded(fn, kwargs, check)` never raises for a broken function: it returns an `Outcome` saying
 whether the call gave a usable value (`ok`), raised (`error`), raised a `RewardFunctionFatalError`
 (`fatal`), or returned something that is not a score (`wrong_type`, `non_finite`). The process pool
-adds `timeout` and `crash` (the worker process died: `os._exit`, a segfault, the OOM killer) and
-`skipped` (not run because the step had already failed). The same function runs in a pool worker and,
+adds `timeout` and `crash` (the worker process died: `os._exit`, a segfault, the OOM killer),
+`skipped` (not run because the step had already failed) and `stalled` (not run because every call of
+the batch so far had timed out). The same function runs in a pool worker and,
 with `reward_model.reward_fn_workers=0`, in the driver.
 """
 
@@ -30,6 +31,7 @@ class Status(str, enum.Enum):
     WRONG_TYPE = "wrong_type"  # not a real number / a dict with a real 'score' / a list of the right length
     FATAL = "fatal"  # a RewardFunctionFatalError: stops the run
     SKIPPED = "skipped"  # not run: the step had already failed
+    STALLED = "stalled"  # not run: every call of the batch so far timed out (the function hangs on every row)
 
 
 # Kinds of failure that are counted against `reward_model.max_failure_share` (FATAL stops the run at once,

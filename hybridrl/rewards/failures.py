@@ -18,9 +18,11 @@ All are counts per training step (summed over the step's generation rounds under
 `algorithm.filter_groups`), so a step without failures logs zeros.
 
 A batch stops as soon as its failures pass the limit: calls still running are killed and the rest never
-start. A function that hangs on every row therefore stops the run after about
-`reward_fn_timeout x ceil((floor(max_failure_share x rows) + 1) / reward_fn_workers)` seconds: one
-timeout (30 s) for the fault tests' 16 rows on 2 workers, seven for 128 rows on 2 workers.
+start. It also stops when the first `max(2, reward_fn_workers)` calls to end all timed out while rows
+were still waiting (`RewardPool.map`): a function that hangs on every row stops the run after one
+timeout (30 s by default) instead of the `ceil((floor(max_failure_share x rows) + 1) / reward_fn_workers)`
+timeouts the share needs (seven for 128 rows on 2 workers). The price: a batch whose first calls all
+time out although the rest would not stops too; its error says which keys to raise.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ class FailureReport:
     first: dict[Status, tuple[int, Outcome]]
     fatal: tuple[int, Outcome] | None = None
     stopped: bool = False
+    stalled: int = 0  # rows not run because every call before them had timed out
 
     @classmethod
     def from_outcomes(cls, outcomes: Sequence[Outcome]) -> FailureReport:
@@ -82,8 +85,9 @@ class FailureReport:
                 first.setdefault(outcome.status, (row, outcome))
             elif outcome.status is Status.FATAL and fatal is None:
                 fatal = (row, outcome)
-        stopped = any(o.status is Status.SKIPPED for o in outcomes)
-        return cls(len(outcomes), counts, first, fatal, stopped)
+        stalled = sum(o.status is Status.STALLED for o in outcomes)
+        stopped = stalled > 0 or any(o.status is Status.SKIPPED for o in outcomes)
+        return cls(len(outcomes), counts, first, fatal, stopped, stalled)
 
     @property
     def failed(self) -> int:
@@ -155,6 +159,24 @@ def raise_if_fatal(report: FailureReport, data_sources: Sequence[str]) -> None:
         raise err
     raise RewardFailureError(f"the reward function raised a fatal error (a RewardFunctionFatalError), which stops "
                              f"the run: {where}\n{outcome.traceback or ''}".rstrip())
+
+
+def raise_if_stalled(report: FailureReport, max_share: float, data_sources: Sequence[str],
+                     fix_hint: str) -> None:
+    """Stop the run when the pool gave up on a batch whose every call so far timed out."""
+    if not report.stalled:
+        return
+    timeouts = report.counts[Status.TIMEOUT]
+    row, outcome = report.first[Status.TIMEOUT]
+    raise RewardFailureError(
+        f"the reward function hangs: the first {timeouts} calls of this batch of {report.rows} rows all timed "
+        f"out and none returned, so the other {report.stalled} rows were not scored (waiting for "
+        f"reward_model.max_failure_share={max_share:g} of the rows to time out would have taken one "
+        f"reward_model.reward_fn_timeout per reward_fn_workers rows).\n"
+        f"First timeout, {describe(Status.TIMEOUT, row, outcome, data_sources)}\n"
+        f"{fix_hint}If its calls are only slow, raise reward_model.reward_fn_timeout; "
+        f"reward_model.max_failure_share=1.0 never stops the run (every hung row then costs a timeout)."
+    )
 
 
 def raise_if_over_share(report: FailureReport, max_share: float, data_sources: Sequence[str],

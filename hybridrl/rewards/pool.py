@@ -245,12 +245,19 @@ class RewardPool:
 
         With `max_failures`, the calls stop as soon as more than that many have failed (a kind in
         `COUNTED_FAILURES`) or one was fatal: calls still running are killed and the rest marked
-        `skipped`, because the caller will stop anyway and should not wait for them.
+        `skipped`, because the caller will stop anyway and should not wait for them. They also stop,
+        the rest marked `stalled`, when the first `stall_limit()` calls to end all timed out while rows
+        were still waiting: the function hangs on every row, and waiting for the failure limit would cost
+        `reward_fn_timeout` per `reward_fn_workers` rows (seven timeouts for 128 rows on 2 workers).
+        Rows start in `processing_order`, so those first calls come from different prompts rather than
+        from one GRPO group whose responses all time out for the same reason (a prompt with slow tests).
         """
         outcomes: list[Outcome | None] = [None] * len(kwargs_list)
-        todo = deque(range(len(kwargs_list)))
+        todo = deque(processing_order(len(kwargs_list)))
         self._fill(min(self.num_workers, len(kwargs_list)))
-        failures = 0
+        stoppable = max_failures is not None and max_failures < len(kwargs_list)
+        failures = ended = 0
+        returned = False  # has any call of this batch ended other than by a timeout?
         while todo or any(w.state is WorkerState.BUSY for w in self._live()):
             for slot, w in enumerate(self._workers):
                 if w is not None and w.state is WorkerState.IDLE and todo:
@@ -269,12 +276,22 @@ class RewardPool:
                     continue
                 index, outcome = outcome
                 outcomes[index] = outcome
+                ended += 1
+                returned = returned or outcome.status is not Status.TIMEOUT
                 failures += outcome.status in COUNTED_FAILURES
                 if outcome.status is Status.FATAL or (max_failures is not None and failures > max_failures):
                     self._abandon()
                     return [o or Outcome(Status.SKIPPED) for o in outcomes]
+                if stoppable and not returned and ended >= self.stall_limit() and todo:
+                    self._abandon()
+                    return [o or Outcome(Status.STALLED) for o in outcomes]
             self._wait()
         return [o or Outcome(Status.SKIPPED) for o in outcomes]
+
+    def stall_limit(self) -> int:
+        """How many first calls of a batch must all time out to stop it as hung: one per worker (they ran
+        side by side), and at least two, so that one slow row on a one-worker pool is not enough."""
+        return max(2, self.num_workers)
 
     def _live(self) -> list[_Worker]:
         return [w for w in self._workers if w is not None]
@@ -348,6 +365,25 @@ class RewardPool:
             if w is not None and w.state is WorkerState.BUSY:
                 w.kill()
                 self._workers[slot] = None
+
+
+def processing_order(rows: int) -> list[int]:
+    """The row indices in the order the pool starts them: the van der Corput order (0, n/2, n/4, 3n/4,
+    n/8, ...), so the first k rows started lie about n/k apart. The rows of one GRPO group are adjacent in
+    the batch; started in this order, the first calls come from different groups whenever a group holds at
+    most n/k rows, and a group whose responses all time out for one reason (a prompt with slow tests)
+    cannot pass for a function that hangs on every row."""
+    if rows <= 0:
+        return []
+    bits = (rows - 1).bit_length()
+    order, seen = [], set()
+    for j in range(1 << bits):
+        reversed_j = int(format(j, f"0{bits}b")[::-1], 2) if bits else 0
+        index = reversed_j * rows >> bits  # floor(rows * reversed_j / 2^bits): each row once over all j
+        if index not in seen:
+            seen.add(index)
+            order.append(index)
+    return order
 
 
 def _loads_outcome(data: bytes) -> Outcome:

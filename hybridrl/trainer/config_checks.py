@@ -17,7 +17,7 @@ from hybridrl.algos import get_adv_estimator_spec, get_kl_controller, get_policy
 from hybridrl.rewards.managers import REWARD_MANAGERS
 from hybridrl.trainer.config_derive import fill_derived
 from hybridrl.trainer.config_ranges import range_errors
-from hybridrl.trainer.config_support import unsupported_errors
+from hybridrl.trainer.config_support import offload_errors, unsupported_errors
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
 from hybridrl.utils.config import ConfigError, added_keys, unknown_key_message
 
@@ -42,6 +42,8 @@ def validate_config(config: PPOTrainerConfig) -> None:
     _require(not errors, "\n".join(errors))
     fill_derived(config)
     _check_placement(config)
+    errors = offload_errors(config)
+    _require(not errors, "\n".join(errors))
     _check_names(config)
     _check_batches(config)
     _check_lengths(config)

@@ -14,6 +14,9 @@ from typing import Any
 
 from hybridrl.trainer.config_ranges import in_use, lookup
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
+from hybridrl.trainer.worker_groups import actor_role, uses_critic, uses_reference
+from hybridrl.workers.engine.fsdp import offload_refusals
+from hybridrl.workers.fsdp_workers import actor_offload_refusals
 from hybridrl.workers.reward_model import STRATEGIES
 
 
@@ -86,4 +89,18 @@ def unsupported_errors(config: PPOTrainerConfig) -> list[str]:
                 f"set it to one of {', '.join(map(_as_override, runs_with))}"
             errors.append(f"{key}={_as_override(value)} is not supported by hybridrl: {rule.why}. "
                           f"Remove it or {fix}")
+    return errors
+
+
+def offload_errors(config: PPOTrainerConfig) -> list[str]:
+    """`*.fsdp_config.param_offload` / `optimizer_offload` where this run has nothing that moves the state
+    (`trainer.device` filled in): the workers' own checks, run before any of them starts."""
+    device = config.trainer.device
+    errors = actor_offload_refusals(config.actor_rollout_ref, actor_role(config).value, device)
+    if uses_reference(config):
+        errors += offload_refusals(config.actor_rollout_ref.ref.fsdp_config, "actor_rollout_ref.ref", device)
+    if uses_critic(config):
+        errors += offload_refusals(config.critic.model.fsdp_config, "critic.model", device)
+    if config.reward_model.enable:
+        errors += offload_refusals(config.reward_model.model.fsdp_config, "reward_model.model", device)
     return errors

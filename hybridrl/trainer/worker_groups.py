@@ -44,10 +44,15 @@ def uses_critic(config: PPOTrainerConfig) -> bool:
     return get_adv_estimator_spec(config.algorithm.adv_estimator).needs_critic
 
 
+def actor_role(config: PPOTrainerConfig) -> Role:
+    """The actor's role: with the reference policy in the same processes when the run needs it."""
+    return Role.ActorRolloutRef if uses_reference(config) else Role.ActorRollout
+
+
 def role_classes(config: PPOTrainerConfig) -> dict[str, ClassWithInitArgs]:
     """The worker class (with its constructor arguments) of every role this run needs."""
-    actor_role = Role.ActorRolloutRef if uses_reference(config) else Role.ActorRollout
-    classes = {actor_role.value: ClassWithInitArgs(ActorRolloutRefWorker, config.actor_rollout_ref, actor_role.value)}
+    role = actor_role(config).value
+    classes = {role: ClassWithInitArgs(ActorRolloutRefWorker, config.actor_rollout_ref, role)}
     if uses_critic(config):
         classes[Role.Critic.value] = ClassWithInitArgs(CriticWorker, config.critic)
     if config.reward_model.enable:
@@ -87,14 +92,14 @@ class WorkerGroups:
                 pool.remove()
             raise
         views = processes.spawn(prefix_set=list(classes))
-        actor_role = next(iter(classes))
+        actor_name = next(iter(classes))
         critic, reward_model = views.get(Role.Critic.value), views.get(Role.RewardModel.value)
         created = cls(
-            actor_rollout=ActorRolloutRefGroup(views[actor_role]),
+            actor_rollout=ActorRolloutRefGroup(views[actor_name]),
             critic=CriticGroup(critic) if critic is not None else None,
             reward_model=RewardModelGroup(reward_model) if reward_model is not None else None,
-            uses_reference=actor_role == Role.ActorRolloutRef.value,
-            world_size=views[actor_role].world_size,
+            uses_reference=actor_name == Role.ActorRolloutRef.value,
+            world_size=views[actor_name].world_size,
             resource_pool=pool,
             processes=processes,
         )

@@ -35,7 +35,7 @@ from hybridrl.workers.batch_sizes import (
 from hybridrl.workers.checkpoint import CheckpointManager
 from hybridrl.workers.config import ActorRolloutRefConfig, CriticConfig, ModelConfig, to_dataclass
 from hybridrl.workers.critic import PPOCritic
-from hybridrl.workers.engine.fsdp import FSDPEngine, refuse_offload
+from hybridrl.workers.engine.fsdp import FSDPEngine, offload_refusals, raise_first_refusal, refuse_offload
 from hybridrl.workers.rollout import ROLLOUT_ENGINES, build_rollout
 from hybridrl.workers.rollout.agent_loop import AgentLoop
 
@@ -84,10 +84,11 @@ class ActorRolloutRefWorker(Worker):
         self.actor = self.ref = self.rollout = None
         self.agent_loop: AgentLoop | None = None  # rollout.multi_turn.enable: multi-turn generation with tools
         self.rollout_weights: FSDPEngine | None = None  # the engine whose weights the rollout serves
+        device_type = self.device.type
         if self.is_actor:
-            _check_actor_offload(self.config, role)
+            raise_first_refusal(actor_offload_refusals(self.config, role, device_type))
         if self.is_ref:
-            refuse_offload(self.config.ref.fsdp_config, "actor_rollout_ref.ref")
+            refuse_offload(self.config.ref.fsdp_config, "actor_rollout_ref.ref", device_type)
         self.passes: dict[str, ModelPass] = {}  # filled by init_model
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -215,7 +216,7 @@ class CriticWorker(Worker):
     def __init__(self, config: Any) -> None:
         super().__init__()
         self.config = normalize_critic(to_dataclass(CriticConfig, config), self.world_size)
-        refuse_offload(self.config.model.fsdp_config, "critic.model")
+        refuse_offload(self.config.model.fsdp_config, "critic.model", self.device.type)
         self.critic = None
         self.passes: dict[str, ModelPass] = {}  # filled by init_model
 
@@ -269,20 +270,22 @@ class CriticWorker(Worker):
         self.checkpoint_manager.load_checkpoint(local_path)
 
 
-def _check_actor_offload(cfg: ActorRolloutRefConfig, role: str) -> None:
+def actor_offload_refusals(cfg: ActorRolloutRefConfig, role: str, device_type: str) -> list[str]:
     """The actor's offload keys act in the rollout hand-off only: `optimizer_offload` wherever the worker
     has a rollout, `param_offload` where its engine has weights of its own to generate from (vLLM).
-    Anywhere else they would be silently ignored, so they fail."""
+    Anywhere else they would be silently ignored, so they are refused (on an accelerator: see
+    `offload_refusals`). The trainer runs this before any worker starts, the worker again."""
     offload = cfg.actor.fsdp_config
     if "rollout" not in role:
-        refuse_offload(offload, "actor_rollout_ref.actor")  # no rollout, no hand-off
-    elif offload.param_offload and not ROLLOUT_ENGINES.get(cfg.rollout.name).holds_own_weights:
-        raise NotImplementedError(
+        return offload_refusals(offload, "actor_rollout_ref.actor", device_type)  # no rollout, no hand-off
+    if offload.param_offload and device_type != "cpu" and not ROLLOUT_ENGINES.get(cfg.rollout.name).holds_own_weights:
+        return [
             "actor_rollout_ref.actor.fsdp_config.param_offload=true is not supported with "
             f"rollout.name={cfg.rollout.name!r}, which generates with the actor's own parameters: they leave "
             "the device only while a rollout engine with its own copy of the weights (rollout.name=vllm) "
             "generates. Set it to false."
-        )
+        ]
+    return []
 
 
 def _no_remote_storage(hdfs_path: str | None) -> None:

@@ -250,7 +250,7 @@ class RewardModelWorker(Worker):
     def __init__(self, config: Any) -> None:
         super().__init__()
         self.config = normalize_reward_model(to_dataclass(RewardModelConfig, config), self.world_size)
-        refuse_offload(self.config.model.fsdp_config, "reward_model.model")
+        refuse_offload(self.config.model.fsdp_config, "reward_model.model", self.device.type)
         self.module = None
         self._warned_no_raw_prompt = False
 

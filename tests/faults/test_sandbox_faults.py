@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pyarrow as pa
@@ -106,7 +107,7 @@ def test_opted_in_weaker_mode_runs_programs_and_hides_the_parent_environment():
     assert out["alive"] == [] and out["leftover"] is False  # the daemon was killed, /tmp cleaned
 
 
-def test_without_root_the_sandbox_refuses_with_the_reason():
+def test_without_root_the_sandbox_refuses_with_the_reason(request):
     script = (
         "from hybridrl.rewards.sandbox import SandboxLimits, run_code\n"
         "run_code('print(1)', limits=SandboxLimits(require_isolation=False))\n"
@@ -116,8 +117,16 @@ def test_without_root_the_sandbox_refuses_with_the_reason():
         python = next((p for p in ("/usr/bin/python3", "/usr/local/bin/python3") if os.access(p, os.X_OK)), None)
         if python is None or shutil.which("setpriv") is None:
             pytest.skip("needs setpriv and a system python3 an unprivileged user can run")
+        # The checkout may sit where that user cannot read it (a mktemp clone is mode 0700): it imports a
+        # copy of the package from a directory everyone can read.
+        shared = Path(tempfile.mkdtemp(prefix="hybridrl-nobody-"))
+        request.addfinalizer(lambda: shutil.rmtree(shared, ignore_errors=True))
+        shared.chmod(0o755)
+        shutil.copytree(REPO / "hybridrl", shared / "hybridrl", ignore=shutil.ignore_patterns("__pycache__"))
+        for path in [shared, *shared.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
         argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, "-I", "-c",
-                f"import sys; sys.path.insert(0, {str(REPO)!r})\n" + script]
+                f"import sys; sys.path.insert(0, {str(shared)!r})\n" + script]
     else:
         argv = [sys.executable, "-c", script]
     proc = _run(argv, cwd=Path("/"))

@@ -12,7 +12,7 @@ import pytest
 from hybridrl.rewards.calls import Status
 from hybridrl.rewards.custom import load_custom_reward_function
 from hybridrl.rewards.errors import RewardFailureError
-from hybridrl.rewards.pool import RewardPool, score_in_pool
+from hybridrl.rewards.pool import RewardPool, processing_order, score_in_pool
 
 FIXTURE = Path(__file__).parent / "fixtures" / "faulty_reward.py"
 SQUARE = load_custom_reward_function(FIXTURE, "square_or_fail")  # loaded by path, as users' files are
@@ -71,9 +71,41 @@ def test_workers_persist_across_batches_and_close_stops_them():
 
 def test_max_failures_stops_the_batch_and_skips_the_rest():
     with RewardPool(SQUARE, num_workers=1, timeout=10.0) as pool:
-        outcomes = pool.map([{"x": "boom"}, {"x": "boom"}, {"x": 2}, {"x": 3}], max_failures=1)
-        assert [o.status for o in outcomes] == ["error", "error", "skipped", "skipped"]
+        # one worker starts rows 0, 2, 1, 3 (processing_order): 0 and 2 fail, which passes max_failures=1
+        outcomes = pool.map([{"x": "boom"}, {"x": 2}, {"x": "boom"}, {"x": 3}], max_failures=1)
+        assert [o.status for o in outcomes] == ["error", "skipped", "error", "skipped"]
         assert pool.map([{"x": 2}])[0].value == 4  # the pool still works afterwards
+
+
+def test_processing_order_spreads_the_first_rows_over_the_batch():
+    assert processing_order(0) == []
+    assert processing_order(16)[:8] == [0, 8, 4, 12, 2, 10, 6, 14]  # halves, then quarters, then eighths
+    for rows in (1, 2, 3, 5, 7, 24, 100, 128):
+        order = processing_order(rows)
+        assert sorted(order) == list(range(rows))  # each row exactly once
+    # 32 prompts x 4 samples: the first 32 rows started are one per prompt
+    assert sorted(row // 4 for row in processing_order(128)[:32]) == list(range(32))
+
+
+def test_a_batch_whose_first_calls_all_time_out_stops_as_hung():
+    with RewardPool(SQUARE, num_workers=2, timeout=1.0) as pool:
+        outcomes = pool.map([{"x": "hang"}] * 12, max_failures=6)
+        statuses = [o.status for o in outcomes]
+        # one timeout per worker, then the other ten rows are not run (the share would have needed seven)
+        assert statuses.count(Status.TIMEOUT) == 2 and statuses.count(Status.STALLED) == 10
+        assert pool.stall_limit() == 2
+
+
+def test_no_stall_once_a_call_has_returned_or_when_the_batch_cannot_stop():
+    with RewardPool(SQUARE, num_workers=1, timeout=1.0) as pool:
+        assert pool.stall_limit() == 2  # one worker still needs two timeouts in a row
+        # row 0 starts first and returns: the hangs after it count against the share only
+        rows = [{"x": 2}] + [{"x": "hang"}] * 3
+        assert [o.status for o in pool.map(rows, max_failures=2)] == ["ok", "timeout", "timeout", "timeout"]
+        # max_failures >= rows (max_failure_share=1.0): the batch never stops, every row runs
+        assert [o.status for o in pool.map([{"x": "hang"}] * 3, max_failures=3)] == ["timeout"] * 3
+        # without max_failures (a batch that is not stopped early) neither
+        assert [o.status for o in pool.map([{"x": "hang"}] * 2 + [{"x": 5}])] == ["timeout", "timeout", "ok"]
 
 
 def test_a_value_that_cannot_travel_back_fails_its_call_only():

@@ -6,19 +6,20 @@ The vLLM case runs where the vllm package is importable (the CPU build lives in 
 requirements-vllm.txt) and is skipped, with that reason, everywhere else.
 """
 
+import functools
 import importlib.util
 import re
 
 import pytest
 import torch
 from batches import rollout_batch
-from omegaconf import DictConfig, OmegaConf
 
 from hybridrl.controller import ClassWithInitArgs, LocalWorkerGroup
 from hybridrl.protocol import DataProto
-from hybridrl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
-from hybridrl.workers.reward_model import RewardModelWorker
-from hybridrl.workers.sft_worker import SFTWorker
+from hybridrl.trainer.config_support import offload_errors
+from hybridrl.trainer.ppo_config import PPOTrainerConfig
+from hybridrl.workers.config import ActorRolloutRefConfig, to_dataclass
+from hybridrl.workers.fsdp_workers import ActorRolloutRefWorker, actor_offload_refusals
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 NO_VLLM = "vllm is not installed: the CPU build runs in its own venv (requirements-vllm.txt)"
@@ -102,31 +103,59 @@ def test_the_rollout_generates_with_the_updated_actor(engine, tiny_model_dir):
         group.shutdown()
 
 
-def test_param_offload_needs_an_engine_with_its_own_weights(tiny_model_dir):
-    # The HF engine generates with the actor's parameters, so they cannot leave the device for it:
-    # the key fails at once instead of being ignored.
-    config = worker_config(tiny_model_dir, "hf", param_offload=True)
-    with pytest.raises(NotImplementedError, match=r"actor_rollout_ref\.actor\.fsdp_config\.param_offload.*'hf'"):
-        LocalWorkerGroup(ClassWithInitArgs(ActorRolloutRefWorker, config, "actor_rollout"))
+def test_param_offload_needs_an_engine_with_its_own_weights():
+    # The HF engine generates with the actor's parameters, so on an accelerator they cannot leave the
+    # device for it: the key is refused instead of being ignored. vLLM has its own copy; on a CPU the
+    # parameters are in host memory already, which is what the key asks for.
+    def refusals(engine: str, device: str) -> list[str]:
+        config = to_dataclass(ActorRolloutRefConfig, worker_config("/m", engine, param_offload=True))
+        return actor_offload_refusals(config, "actor_rollout", device)
+
+    (message,) = refusals("hf", "cuda")
+    assert re.search(r"actor_rollout_ref\.actor\.fsdp_config\.param_offload=true .*rollout.name='hf'", message)
+    assert refusals("vllm", "cuda") == [] and refusals("hf", "cpu") == []
 
 
-@pytest.mark.parametrize("worker, config, role, key", [
+OUTSIDE_THE_HAND_OFF = [
     # an actor without a rollout has no hand-off to offload in
-    (ActorRolloutRefWorker, {"actor": {"fsdp_config": {"optimizer_offload": True}}}, "actor",
-     "actor_rollout_ref.actor.fsdp_config.optimizer_offload"),
-    (ActorRolloutRefWorker, {"ref": {"fsdp_config": {"param_offload": True}}}, "actor_rollout_ref",
-     "actor_rollout_ref.ref.fsdp_config.param_offload"),
-    (CriticWorker, {"rollout_n": 2, "model": {"fsdp_config": {"optimizer_offload": True}}}, None,
-     "critic.model.fsdp_config.optimizer_offload"),
-    (RewardModelWorker, {"enable": True, "model": {"fsdp_config": {"param_offload": True}}}, None,
-     "reward_model.model.fsdp_config.param_offload"),
-    (SFTWorker, OmegaConf.create({"model": {"fsdp_config": {"param_offload": True}}}), None,
-     "model.fsdp_config.param_offload"),
-])
-def test_offload_outside_the_hand_off_fails_naming_the_key(worker, config, role, key, tiny_model_dir):
-    """Only the actor's rollout hand-off moves state off the device; elsewhere the keys would do nothing."""
-    if not isinstance(config, DictConfig):
-        config = {**config, "model": {"path": str(tiny_model_dir), **config.get("model", {})}}
-    args = (config,) if role is None else (config, role)
-    with pytest.raises(NotImplementedError, match=re.escape(f"{key}=true is not supported")):
-        LocalWorkerGroup(ClassWithInitArgs(worker, *args))
+    ("actor_rollout_ref.actor.fsdp_config.optimizer_offload", "actor"),
+    ("actor_rollout_ref.ref.fsdp_config.param_offload", "actor_rollout_ref"),
+    ("critic.model.fsdp_config.optimizer_offload", None),
+    ("reward_model.model.fsdp_config.param_offload", None),
+]
+
+
+@pytest.mark.parametrize("key, role", OUTSIDE_THE_HAND_OFF)
+def test_offload_outside_the_hand_off_is_refused_on_an_accelerator_before_any_worker_starts(key, role):
+    """Only the actor's rollout hand-off moves state off the device; elsewhere the keys would do nothing
+    on a GPU. The trainer's check (`offload_errors`, run by validate_config before Ray) names the key; the
+    workers run the same check for themselves (`refuse_offload`)."""
+    # a run that has every role: GAE (critic), a KL loss (reference), a reward model
+    if role == "actor":  # an actor without a rollout is not a trainer role: the worker's own rule
+        config = to_dataclass(ActorRolloutRefConfig, worker_config("/m", "hf", optimizer_offload=True))
+        (message,) = actor_offload_refusals(config, "actor", "cuda")
+        assert message.startswith(f"{key}=true is not supported on cuda")
+        assert actor_offload_refusals(config, "actor", "cpu") == []
+        return
+    config = PPOTrainerConfig()
+    config.algorithm.adv_estimator, config.actor_rollout_ref.actor.use_kl_loss = "gae", True
+    config.reward_model.enable = True
+    *section, name = key.split(".")
+    setattr(functools.reduce(getattr, section, config), name, True)
+    config.trainer.device = "cuda"
+    (message,) = offload_errors(config)
+    assert message.startswith(f"{key}=true is not supported on cuda") and "Set it to false" in message
+    config.trainer.device = "cpu"
+    assert offload_errors(config) == []
+
+
+def test_offload_keys_on_a_cpu_keep_the_state_in_host_memory(tiny_model_dir):
+    # verl scripts offload the reference model (ref.fsdp_config.param_offload=true): on a CPU the worker
+    # accepts it, and its parameters are where the key asks, in host memory.
+    config = {**worker_config(tiny_model_dir, "hf"), "ref": {"fsdp_config": {"param_offload": True}}}
+    group = LocalWorkerGroup(ClassWithInitArgs(ActorRolloutRefWorker, config, "actor_rollout_ref"))
+    try:
+        group.init_model()
+        assert all(p.device.type == "cpu" for p in group.worker.ref.engine.module.parameters())
+    finally:
+        group.shutdown()

@@ -26,6 +26,7 @@ from hybridrl.rewards.failures import (
     log_failures,
     raise_if_fatal,
     raise_if_over_share,
+    raise_if_stalled,
     zero_like,
 )
 from hybridrl.rewards.runner import make_runner
@@ -187,8 +188,9 @@ class RewardManager:
         sources = [row.data_source for row in rows]
         raise_if_fatal(report, sources)
         log_failures(report, sources, type(self).__name__)
-        raise_if_over_share(report, self.max_failure_share, sources,
-                            f"Fix the reward function, {function_name(self.compute_score)}. ")
+        fix_hint = f"Fix the reward function, {function_name(self.compute_score)}. "
+        raise_if_stalled(report, self.max_failure_share, sources, fix_hint)
+        raise_if_over_share(report, self.max_failure_share, sources, fix_hint)
         results = self._results(rows, outcomes)
         reward_tensor = torch.zeros(data.batch["responses"].shape, dtype=torch.float32)  # (batch, R)
         for i, (row, (score, _)) in enumerate(zip(rows, results, strict=True)):

@@ -94,16 +94,28 @@ def build_optimizer(model: nn.Module, config: OptimConfig) -> tuple[torch.optim.
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
 
 
-def refuse_offload(config: FSDPConfig, key: str) -> None:
-    """Fail on `param_offload` / `optimizer_offload` where nothing moves the state: offload happens only in
-    the actor's rollout hand-off (`BaseRollout.serving`). `key` is the config section, e.g. `critic.model`."""
-    for name in ("param_offload", "optimizer_offload"):
-        if getattr(config, name):
-            raise NotImplementedError(
-                f"{key}.fsdp_config.{name}=true is not supported: parameters and optimizer state leave the "
-                f"device only in the actor's rollout hand-off (actor_rollout_ref.actor.fsdp_config.*). "
-                f"Set it to false."
-            )
+def offload_refusals(config: FSDPConfig, key: str, device_type: str) -> list[str]:
+    """One message per `param_offload` / `optimizer_offload` set where nothing moves the state: offload
+    happens only in the actor's rollout hand-off (`BaseRollout.serving`). `key` is the config section,
+    e.g. `critic.model`. On a CPU the state already lives in host memory, which is what the keys ask for,
+    so nothing is refused there (verl scripts that offload the reference model run unchanged)."""
+    if device_type == "cpu":
+        return []
+    return [f"{key}.fsdp_config.{name}=true is not supported on {device_type}: parameters and optimizer state "
+            f"leave the device only in the actor's rollout hand-off (actor_rollout_ref.actor.fsdp_config.*). "
+            f"Set it to false."
+            for name in ("param_offload", "optimizer_offload") if getattr(config, name, False)]
+
+
+def raise_first_refusal(refusals: list[str]) -> None:
+    """A worker's own offload check (for workers built without the trainer): raise the first refusal."""
+    if refusals:
+        raise NotImplementedError(refusals[0])
+
+
+def refuse_offload(config: FSDPConfig, key: str, device_type: str) -> None:
+    """Raise the first of `offload_refusals`."""
+    raise_first_refusal(offload_refusals(config, key, device_type))
 
 
 class FSDPEngine:
