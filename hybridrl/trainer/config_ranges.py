@@ -151,6 +151,7 @@ UNCHECKED: dict[str, str] = {
     **{f"actor_rollout_ref.rollout.val_kwargs.{key}": "checked when the rollout config is built (ValKwargs)"
        for key in ("temperature", "top_k", "top_p", "n")},
     "actor_rollout_ref.rollout.seed": ANY_SEED,
+    "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": "only null is accepted (MultiTurnConfig)",
     "algorithm.kl_ctrl.horizon": "checked when the adaptive KL controller is built (config_checks)",
     "algorithm.kl_ctrl.target_kl": "checked when the adaptive KL controller is built (config_checks)",
     "trainer.nnodes": "checked with the placement (config_checks)",

@@ -27,13 +27,19 @@ Nothing a tool or the model does stops the run: a call with invalid JSON, of an 
 `Error: ...` message in the conversation and a count in the per-sample columns (`tool_errors`,
 `tool_timeouts`; hybridrl/workers/rollout/agent_metrics.py).
 
-A row's `agent_name` (verl's per-row key) picks the loop: `tool_agent` (the default) or
-`single_turn_agent` (one turn, tool calls left unanswered).
+A row's `agent_name` (verl's per-row key) picks the loop: `tool_agent` or `single_turn_agent` (one
+turn, tool calls left unanswered); rows without one run `rollout.agent.default_agent_loop` (null:
+tool_agent).
+
+After a trajectory ends, its turn-by-turn ids are compared with the whole conversation tokenised at once
+(`multi_turn.tokenization_sanity_check_mode`, hybridrl/workers/rollout/tokenization_check.py): a
+difference means the model trained on a context the chat template would not have produced.
 """
 
 from __future__ import annotations
 
 import enum
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -51,10 +57,12 @@ from hybridrl.tools.schemas import ToolResponse
 from hybridrl.workers.rollout.agent_metrics import sample_columns
 from hybridrl.workers.rollout.base import BaseRollout, assemble_output, check_prompts, eos_token_ids
 from hybridrl.workers.rollout.chat_delta import ChatTemplateDelta
-from hybridrl.workers.rollout.config import RolloutConfig
+from hybridrl.workers.rollout.config import AGENT_LOOPS, RolloutConfig
 from hybridrl.workers.rollout.sampling import CALL_OVERRIDES, resolve_sampling_params
+from hybridrl.workers.rollout.tokenization_check import mismatch as tokenization_mismatch
 
-AGENT_NAMES = ("tool_agent", "single_turn_agent")
+logger = logging.getLogger(__name__)
+
 # The prompt columns the loop reads besides the prompt tensors; the trainer sends them to the rollout.
 AGENT_INPUT_COLUMNS = ("extra_info", "agent_name")
 # Turn t of a call with meta_info seed s samples with seed s + t * TURN_SEED_STRIDE: fresh randomness
@@ -98,6 +106,8 @@ class Trajectory:
     tool_latencies: list[float] = field(default_factory=list)  # seconds of each execute call
     tool_rewards: list[float] = field(default_factory=list)  # execute's step rewards, in call order
     reward_scores: dict[str, float] = field(default_factory=dict)  # calc_reward per tool
+    messages: list[dict[str, str]] = field(default_factory=list)  # the turns as chat messages
+    tokenization_mismatch: int | None = None  # 1: the turns' ids differ from the whole chat's; None: unchecked
 
     def room(self, limit: int) -> int:
         return limit - len(self.response_ids)
@@ -171,6 +181,7 @@ class AgentLoop:
         self.pad_token_id = int(pad)
         self.eos_token_ids = eos_token_ids(tokenizer.eos_token_id)
         self.runner = ToolRunner()
+        self._warned_tokenization = False
 
     def close(self) -> None:
         self.runner.close()
@@ -188,19 +199,39 @@ class AgentLoop:
             self._tool_turn([t for t in trajectories if t.state is AgentState.CALLING_TOOLS])
             turn += 1
         self._close_instances(trajectories)
+        self._check_tokenization(trajectories)
         return self._assemble(prompts, trajectories, params.n)
+
+    def _check_tokenization(self, trajectories: list[Trajectory]) -> None:
+        """Mark each trajectory whose turn-by-turn ids differ from its conversation tokenised at once;
+        ones cut by the length limit (their last turn has no end) are not checked."""
+        mode = self.config.multi_turn.tokenization_sanity_check_mode
+        if mode == "disable":
+            return
+        for t in trajectories:
+            if t.finish is Finish.LENGTH or not t.messages:
+                continue
+            where = tokenization_mismatch(self.delta, t.messages, t.response_ids, mode)
+            t.tokenization_mismatch = int(where is not None)
+            if where is not None and not self._warned_tokenization:
+                self._warned_tokenization = True
+                logger.warning("multi-turn tokenization: a trajectory's turn-by-turn ids differ from its "
+                               "conversation tokenised at once (%s); counted in agent/tokenization_mismatch. "
+                               "multi_turn.tokenization_sanity_check_mode=ignore_strippable ignores whitespace "
+                               "differences, disable turns the check off", where)
 
     def _start(self, prompts: DataProto, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                n: int) -> list[Trajectory]:
         rows = len(prompts)
         extra_infos = prompts.non_tensor_batch.get("extra_info", np.full(rows, None, dtype=object))
-        agent_names = prompts.non_tensor_batch.get("agent_name", np.full(rows, "tool_agent", dtype=object))
+        default_loop = self.config.agent.default_agent_loop or "tool_agent"
+        agent_names = prompts.non_tensor_batch.get("agent_name", np.full(rows, None, dtype=object))
         trajectories = []
         for i in range(rows):
             extra = extra_infos[i] if isinstance(extra_infos[i], Mapping) else {}
-            name = agent_names[i] or "tool_agent"
-            if name not in AGENT_NAMES:
-                raise ValueError(f"prompt row {i} has agent_name={name!r}; the agent loops are {AGENT_NAMES}")
+            name = agent_names[i] or default_loop
+            if name not in AGENT_LOOPS:
+                raise ValueError(f"prompt row {i} has agent_name={name!r}; the agent loops are {AGENT_LOOPS}")
             tools_kwargs = extra.get("tools_kwargs") or {}
             unknown = sorted(set(tools_kwargs) - set(self.tools))
             if unknown:
@@ -235,6 +266,7 @@ class AgentLoop:
             if not ids or ids[-1] not in stop_ids:
                 t.end(Finish.LENGTH)
             else:
+                t.messages.append({"role": "assistant", "content": self.tokenizer.decode(ids[:-1])})
                 self._after_model_turn(t, self.tokenizer.decode(ids, skip_special_tokens=True))
 
     def _after_model_turn(self, t: Trajectory, text: str) -> None:
@@ -260,6 +292,7 @@ class AgentLoop:
         self._execute(calling, replies)
         for t, texts in zip(calling, replies, strict=True):
             messages = [{"role": "tool", "content": text} for text in texts]
+            t.messages += messages
             self._append_context(t, self.delta.ids_after_turn(messages))
 
     def _call_problem(self, t: Trajectory, index: int, call: ParsedCall | CallError) -> str | None:

@@ -11,6 +11,9 @@ Columns (numpy object arrays, one entry per response, next to `uid`, `extra_info
     agent_finish           why the trajectory ended: answer, length, max_assistant_turns, max_user_turns
     tool_rewards           execute's step rewards, in call order (list of floats)
     reward_scores          calc_reward per tool name (dict), as verl's rollouts report them
+    tokenization_mismatch  1 when the turn-by-turn ids differ from the conversation tokenised at once,
+                           0 when they agree, None when not checked (cut by the length limit, or the
+                           check is disabled: hybridrl/workers/rollout/tokenization_check.py)
 
 The reward managers hand `__num_turns__`, `reward_scores` and `tool_rewards` to the reward function in
 `extra_info` (`num_turns`, `rollout_reward_scores`, `tool_rewards`: hybridrl/rewards/managers/base.py).
@@ -52,6 +55,7 @@ def sample_columns(trajectories: Sequence[Trajectory]) -> dict[str, np.ndarray]:
         FINISH_COLUMN: _objects([t.finish.value if t.finish else "" for t in trajectories]),
         "tool_rewards": _objects([list(t.tool_rewards) for t in trajectories]),
         "reward_scores": _objects([dict(t.reward_scores) for t in trajectories]),
+        "tokenization_mismatch": _objects([t.tokenization_mismatch for t in trajectories]),
     }
 
 
@@ -60,7 +64,8 @@ def compute_agent_metrics(batch: DataProto) -> dict[str, float]:
 
     agent/num_turns/{mean,min,max}, agent/tool_calls/mean (per sample), agent/tool_errors and
     agent/tool_timeouts (counts in the step), agent/tool_latency_s/{mean,max} (seconds per execute call),
-    agent/finish/<reason> (share of samples).
+    agent/tokenization_mismatch (count of checked samples whose ids differ), agent/finish/<reason>
+    (share of samples).
     """
     columns = batch.non_tensor_batch
     if "__num_turns__" not in columns:
@@ -80,6 +85,9 @@ def compute_agent_metrics(batch: DataProto) -> dict[str, float]:
     if latencies:
         metrics["agent/tool_latency_s/mean"] = float(np.mean(latencies))
         metrics["agent/tool_latency_s/max"] = float(np.max(latencies))
+    checked = [flag for flag in columns.get("tokenization_mismatch", ()) if flag is not None]
+    if checked:
+        metrics["agent/tokenization_mismatch"] = float(sum(checked))
     finishes = list(columns[FINISH_COLUMN])
     for reason in FINISH_REASONS:
         metrics[f"agent/finish/{reason}"] = finishes.count(reason) / len(finishes)

@@ -32,7 +32,7 @@ class ChatTemplateDelta:
             raise ValueError("multi-turn rollouts need a tokenizer with an EOS token: it ends each assistant turn")
         self.tokenizer = tokenizer
         self.template_kwargs = dict(template_kwargs or {})
-        self._head = self._render(_ANCHOR, add_generation_prompt=False)
+        self._head = self.render(_ANCHOR, add_generation_prompt=False)
         marker = _ANCHOR[-1]["content"] + tokenizer.eos_token
         at = self._head.rfind(marker)
         if at < 0:
@@ -42,13 +42,22 @@ class ChatTemplateDelta:
                 f"render them")
         self._after_eos = self._head[at + len(marker):]
 
-    def _render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool) -> str:
+    @property
+    def after_eos(self) -> str:
+        """What the template writes after an assistant turn's EOS (ChatML: a newline)."""
+        return self._after_eos
+
+    @property
+    def anchor_user(self) -> dict[str, str]:
+        return dict(_ANCHOR[0])
+
+    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt,
                                                   tokenize=False, **self.template_kwargs)
 
     def text_after_turn(self, messages: Sequence[Mapping[str, Any]]) -> str:
         """The text between an assistant turn's EOS and the start of the next assistant turn's content."""
-        full = self._render([*_ANCHOR, *messages], add_generation_prompt=True)
+        full = self.render([*_ANCHOR, *messages], add_generation_prompt=True)
         if not full.startswith(self._head):
             raise ValueError("the chat template renders earlier messages differently once more follow; the tool "
                              "responses cannot be appended turn by turn")

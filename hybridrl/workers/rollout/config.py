@@ -43,6 +43,8 @@ class ValKwargs:
 
 TRUNCATE_SIDES = ("left", "right", "middle")
 CALL_FORMATS = ("hermes",)
+SANITY_CHECK_MODES = ("strict", "ignore_strippable", "disable")
+AGENT_LOOPS = ("tool_agent", "single_turn_agent")
 
 
 @dataclass
@@ -74,9 +76,32 @@ class MultiTurnConfig:
     # seconds each tool call (create, execute, calc_reward, release) may take before it counts as timed out
     # (hybridrl's key; verl has none)
     tool_timeout: float = 30.0
+    # after each trajectory, compare its turn-by-turn token ids with the whole conversation tokenised at
+    # once: strict counts any difference, ignore_strippable only those beyond whitespace, disable skips the
+    # check (the count is agent/tokenization_mismatch; the first mismatch is logged)
+    tokenization_sanity_check_mode: str = "strict"
+    # verl's keys for features hybridrl does not have; only their off values are accepted:
+    # re-rendering earlier turns with an inference-only chat template (the loop keeps every turn's tokens
+    # as the model sampled them), interactions (simulated users), and repeated multi-turn rollouts
+    use_inference_chat_template: bool = False
+    interaction_config_path: str | None = None
+    num_repeat_rollouts: int | None = None
 
     def __post_init__(self) -> None:
         where = "actor_rollout_ref.rollout.multi_turn"
+        if self.tokenization_sanity_check_mode not in SANITY_CHECK_MODES:
+            raise ValueError(f"{where}.tokenization_sanity_check_mode must be one of {SANITY_CHECK_MODES}, "
+                             f"got {self.tokenization_sanity_check_mode!r}")
+        unsupported = {
+            "use_inference_chat_template": (self.use_inference_chat_template, False),
+            "interaction_config_path": (self.interaction_config_path, None),
+            "num_repeat_rollouts": (self.num_repeat_rollouts, None),
+        }
+        for name, (value, off) in unsupported.items():
+            if value != off:
+                raise ValueError(f"{where}.{name}={value!r} is not supported by hybridrl's agent loop; "
+                                 f"remove it or set it to {off!r} (the loop keeps each turn's tokens as "
+                                 f"sampled, and has tools but no interactions)")
         if self.tool_response_truncate_side not in TRUNCATE_SIDES:
             raise ValueError(f"{where}.tool_response_truncate_side must be one of {TRUNCATE_SIDES}, "
                              f"got {self.tool_response_truncate_side!r}")
@@ -91,6 +116,27 @@ class MultiTurnConfig:
                 raise ValueError(f"{where}.{name} must be >= 1, got {getattr(self, name)}")
         if self.tool_timeout <= 0:
             raise ValueError(f"{where}.tool_timeout must be > 0 seconds, got {self.tool_timeout}")
+
+
+@dataclass
+class AgentConfig:
+    """`rollout.agent.*` (verl's keys): which agent loop a prompt row without `agent_name` gets."""
+
+    # tool_agent (generate, run the tools called, continue) or single_turn_agent (one turn); null picks
+    # tool_agent when multi_turn.enable is set, single_turn_agent otherwise (verl's default is
+    # single_turn_agent: a verl recipe that enables multi_turn sets this key or the rows' agent_name)
+    default_agent_loop: str | None = None
+    # verl's file of custom agent loop classes; hybridrl has only the two loops above
+    agent_loop_config_path: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.default_agent_loop is not None and self.default_agent_loop not in AGENT_LOOPS:
+            raise ValueError(f"actor_rollout_ref.rollout.agent.default_agent_loop must be null or one of "
+                             f"{AGENT_LOOPS}, got {self.default_agent_loop!r}")
+        if self.agent_loop_config_path is not None:
+            raise ValueError(f"actor_rollout_ref.rollout.agent.agent_loop_config_path="
+                             f"{self.agent_loop_config_path!r}: custom agent loops are not supported; the loops "
+                             f"are {AGENT_LOOPS} (hybridrl/workers/rollout/agent_loop.py)")
 
 
 @dataclass
@@ -125,6 +171,8 @@ class RolloutConfig:
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
     # multi-turn generation with tools (the agent loop); off by default
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    # which loop rows without agent_name run (verl's rollout.agent)
+    agent: AgentConfig = field(default_factory=AgentConfig)
     # micro-batch rows / dynamic batching for the actor's log-prob recomputation (read by the worker)
     log_prob_micro_batch_size_per_gpu: int | None = None
     log_prob_use_dynamic_bsz: bool = False
@@ -144,6 +192,8 @@ class RolloutConfig:
             self.val_kwargs = ValKwargs(**self.val_kwargs)
         if isinstance(self.multi_turn, dict):
             self.multi_turn = MultiTurnConfig(**self.multi_turn)
+        if isinstance(self.agent, dict):
+            self.agent = AgentConfig(**self.agent)
         _check_sampling("rollout", self.temperature, self.top_k, self.top_p, self.n)
         if self.response_length < 1:
             raise ValueError(f"rollout.response_length must be >= 1, got {self.response_length}")

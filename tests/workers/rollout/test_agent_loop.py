@@ -9,6 +9,7 @@ template and from the SFT dataset's independent assistant-span mask. One test ru
 from __future__ import annotations
 
 import asyncio
+import copy
 import re
 import time
 from pathlib import Path
@@ -45,9 +46,18 @@ class ScriptedRollout(BaseRollout):
     with the real model's log-probs of those tokens in their context. Not an engine under test: the
     loop's bookkeeping around it is."""
 
-    def __init__(self, module: Any, tokenizer: Any, config: RolloutConfig, script: dict[str, list[str]]) -> None:
+    def __init__(self, module: Any, tokenizer: Any, config: RolloutConfig, script: dict[str, list[str]],
+                 char_by_char: bool = False) -> None:
         self.module, self.tokenizer, self.config, self.script = module, tokenizer, config, script
         self.calls: list[dict] = []
+        # write each character as its own token(s): a tokenization a sampler may produce but the
+        # tokenizer never would for the same text
+        self.char_by_char = char_by_char
+
+    def encode(self, text: str) -> list[int]:
+        if self.char_by_char:
+            return [i for ch in text for i in self.tokenizer(ch, add_special_tokens=False)["input_ids"]]
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     @classmethod
     def build(cls, config, *, module, tokenizer, model_path):  # pragma: no cover - built directly
@@ -70,7 +80,7 @@ class ScriptedRollout(BaseRollout):
             context = self.tokenizer.decode(input_ids[i][attention_mask[i].bool()])
             question = re.search(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", context).group(1)
             turn = context.count("<|im_start|>assistant\n") - 1
-            ids = self.tokenizer(self.script[question][turn], add_special_tokens=False)["input_ids"] + [eos]
+            ids = self.encode(self.script[question][turn]) + [eos]
             ids = ids[:width]  # the engine stops at its width, as a real one does
             responses[i, : len(ids)] = torch.tensor(ids)
             lengths[i] = len(ids)
@@ -96,9 +106,11 @@ def chat_prompts(tokenizer, questions: list[str], extra_infos: list[dict] | None
     return prompts
 
 
-def loop_for(model, tokenizer, script, tools, response_length=160, **multi_turn) -> AgentLoop:
-    config = RolloutConfig(response_length=response_length, multi_turn={"enable": True, **multi_turn})
-    return AgentLoop(ScriptedRollout(model, tokenizer, config, script), tokenizer, config, tools)
+def loop_for(model, tokenizer, script, tools, response_length=160, char_by_char=False, agent=None,
+             **multi_turn) -> AgentLoop:
+    config = RolloutConfig(response_length=response_length, multi_turn={"enable": True, **multi_turn},
+                           agent=agent or {})
+    return AgentLoop(ScriptedRollout(model, tokenizer, config, script, char_by_char), tokenizer, config, tools)
 
 
 def conversation_row(out: DataProto, i: int) -> tuple[list[int], list[int]]:
@@ -129,6 +141,7 @@ def test_masks_cover_exactly_the_model_tokens_and_turns_tokenize_as_the_whole_ch
     assert out.non_tensor_batch["__num_turns__"].tolist() == [4, 2]
     assert out.non_tensor_batch["tool_calls"].tolist() == [1, 0]
     assert out.non_tensor_batch["agent_finish"].tolist() == ["answer", "answer"]
+    assert out.non_tensor_batch["tokenization_mismatch"].tolist() == [0, 0]  # the loop's own check agrees
     # the rollout's log-probs sit on the model tokens only, and a forward over the assembled layout (the
     # trainer's view) gives the same values there: positions and context match what each turn saw
     mask = out.batch["response_mask"].bool()
@@ -308,3 +321,74 @@ def test_real_hf_engine_samples_every_turn_with_consistent_log_probs(tiny_model,
     prompts.meta_info = {"validate": True}
     assert len(greedy.generate_sequences(prompts)) == 2  # val_kwargs.n = 1 per prompt
     greedy.close()
+
+
+# The tiny model's ChatML template, and two variants that change what a whole-conversation rendering
+# gives: one trims message contents (as many real templates do), one drops an assistant turn's
+# <think>...</think> part (as Qwen3's does for earlier turns).
+CHATML = ("{{- bos_token }}{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' + "
+          "CONTENT + '<|im_end|>' + '\\n' }}{%- endfor %}"
+          "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+TRIMMING = CHATML.replace("CONTENT", "(message['content'] | trim)")
+THINK_DROPPING = CHATML.replace("CONTENT", "(message['content'].split('</think>')[-1] if message['role'] == "
+                                           "'assistant' else message['content'])")
+
+
+def with_template(tokenizer, template: str):
+    clone = copy.deepcopy(tokenizer)
+    clone.chat_template = template
+    return clone
+
+
+@pytest.mark.parametrize("case, expected", [
+    # (how the turns differ from the whole conversation) -> mismatch per mode
+    ("canonical", {"strict": 0, "ignore_strippable": 0}),
+    ("char_by_char", {"strict": 1, "ignore_strippable": 0}),      # same text, other token ids
+    ("trailing_space", {"strict": 1, "ignore_strippable": 0}),    # the template trims what the model wrote
+    ("think_dropped", {"strict": 1, "ignore_strippable": 1}),     # the template drops text the model saw
+])
+def test_tokenization_sanity_check_modes(tiny_model, tiny_tokenizer, case, expected):
+    question = "What is 347 + 568?"
+    first, answer = call("calculator", '{"expression": "347 + 568"}'), "<answer>915</answer>"
+    template = {"trailing_space": TRIMMING, "think_dropped": THINK_DROPPING}.get(case, CHATML.replace(
+        "CONTENT", "message['content']"))
+    tokenizer = with_template(tiny_tokenizer, template)
+    if case == "trailing_space":
+        answer += " "
+    if case == "think_dropped":
+        first = "<think>the calculator is exact</think>" + first
+    for mode, flag in {**expected, "disable": None}.items():
+        loop = loop_for(tiny_model, tokenizer, {question: [first, answer]}, {"calculator": CalculatorTool({}, None)},
+                        char_by_char=case == "char_by_char", tokenization_sanity_check_mode=mode)
+        out = loop.generate_sequences(chat_prompts(tokenizer, [question]))
+        loop.close()
+        assert out.non_tensor_batch["tool_calls"].tolist() == [1]  # the conversation ran its two turns
+        assert out.non_tensor_batch["tokenization_mismatch"].tolist() == [flag], (case, mode)
+        metrics = compute_agent_metrics(out)
+        assert metrics.get("agent/tokenization_mismatch") == (None if flag is None else float(flag))
+
+
+def test_a_trajectory_cut_by_the_length_limit_is_not_checked(tiny_model, tiny_tokenizer):
+    question = "What is 347 + 568?"
+    loop = loop_for(tiny_model, tiny_tokenizer, {question: ["<answer>" + "9" * 40 + "</answer>"]}, {},
+                    response_length=12)
+    out = loop.generate_sequences(chat_prompts(tiny_tokenizer, [question]))
+    loop.close()
+    assert out.non_tensor_batch["agent_finish"].tolist() == ["length"]
+    assert out.non_tensor_batch["tokenization_mismatch"].tolist() == [None]
+
+
+def test_rows_without_agent_name_run_the_configured_default_loop(tiny_model, tiny_tokenizer):
+    question = "What is 347 + 568?"
+    script = {question: [call("calculator", '{"expression": "347 + 568"}'), "<answer>915</answer>"]}
+    tools = {"calculator": CalculatorTool({}, None)}
+    single = loop_for(tiny_model, tiny_tokenizer, script, tools, agent={"default_agent_loop": "single_turn_agent"})
+    out = single.generate_sequences(chat_prompts(tiny_tokenizer, [question]))
+    single.close()
+    assert out.non_tensor_batch["__num_turns__"].tolist() == [2]  # the call was written, and left unanswered
+    prompts = chat_prompts(tiny_tokenizer, [question])
+    prompts.non_tensor_batch["agent_name"] = np.array(["tool_agent"], dtype=object)  # a row's own choice wins
+    single = loop_for(tiny_model, tiny_tokenizer, script, tools, agent={"default_agent_loop": "single_turn_agent"})
+    out = single.generate_sequences(prompts)
+    single.close()
+    assert out.non_tensor_batch["__num_turns__"].tolist() == [4]

@@ -46,8 +46,27 @@ def test_unknown_key_is_rejected():
     ({"max_assistant_turns": 0}, "multi_turn.max_assistant_turns must be null or >= 1"),
     ({"max_parallel_calls": 0}, "multi_turn.max_parallel_calls must be >= 1"),
     ({"tool_timeout": 0}, "multi_turn.tool_timeout must be > 0"),
+    ({"tokenization_sanity_check_mode": "loose"}, "multi_turn.tokenization_sanity_check_mode must be one of"),
+    ({"use_inference_chat_template": True}, "multi_turn.use_inference_chat_template=True is not supported"),
+    ({"interaction_config_path": "i.yaml"}, "multi_turn.interaction_config_path='i.yaml' is not supported"),
+    ({"num_repeat_rollouts": 2}, "multi_turn.num_repeat_rollouts=2 is not supported"),
 ])
 def test_multi_turn_settings_are_checked_naming_the_key(settings, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         to_dataclass(RolloutConfig, {"multi_turn": settings})
     assert to_dataclass(RolloutConfig, {"multi_turn": {"enable": True}}).multi_turn.max_tool_response_length == 256
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"default_agent_loop": "react_agent"}, "rollout.agent.default_agent_loop must be null or one of"),
+    ({"agent_loop_config_path": "loops.yaml"}, "rollout.agent.agent_loop_config_path='loops.yaml': custom agent"),
+])
+def test_agent_settings_are_checked_naming_the_key(settings, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        to_dataclass(RolloutConfig, {"agent": settings})
+    # verl's off values are accepted, so its recipes' full key set loads
+    config = to_dataclass(RolloutConfig, {"agent": {"default_agent_loop": "tool_agent"}, "multi_turn": {
+        "tokenization_sanity_check_mode": "ignore_strippable", "use_inference_chat_template": False,
+        "interaction_config_path": None, "num_repeat_rollouts": None}})
+    assert config.agent.default_agent_loop == "tool_agent"
+    assert config.multi_turn.tokenization_sanity_check_mode == "ignore_strippable"
