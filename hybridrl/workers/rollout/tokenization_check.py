@@ -52,6 +52,6 @@ def mismatch(delta: ChatTemplateDelta, messages: Sequence[Mapping[str, Any]], re
     decode = delta.tokenizer.decode
     if mode == "ignore_strippable" and "".join(decode(expected).split()) == "".join(decode(actual).split()):
         return None
-    at = next((i for i, (a, b) in enumerate(zip(expected, actual)) if a != b), min(len(expected), len(actual)))
+    at = next((i for i, (a, b) in enumerate(zip(expected, actual, strict=False)) if a != b), min(len(expected), len(actual)))
     return (f"at response token {at}: turn by turn {decode(actual[at:at + 8])!r}, "
             f"whole conversation {decode(expected[at:at + 8])!r}")
