@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 def test_the_demo_runs_every_stage_and_writes_its_summary(tmp_path, monkeypatch):
     monkeypatch.setattr(tool_agent, "TASK", {**tool_agent.TASK, "train_size": 256, "test_size": 16})
     tool_agent.main(["--workdir", str(tmp_path), "--steps", "2", "--sft-steps", "20", "--threads", "1",
-                     "trainer.backend=local", "trainer.test_freq=1", "data.train_batch_size=4",
+                     "trainer.backend=local", "trainer.n_gpus_per_node=1", "trainer.test_freq=1", "data.train_batch_size=4",
                      "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=4"])
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["training steps"] == 2
