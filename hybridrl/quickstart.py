@@ -157,6 +157,28 @@ def _plot(steps: list[dict], validations: list[tuple[int, float]], out_png: Path
     plt.close(fig)
 
 
+def with_threads(threads: int | None, grpo_overrides: list[str]) -> list[str]:
+    """Compute with `threads` torch threads here (SFT runs in this process) and in each GRPO worker."""
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+        grpo_overrides.insert(0, f"ray_init.cpus_per_worker={threads}")
+    return grpo_overrides
+
+
+def write_summary(workdir: Path, summary: dict, start: float, title: str) -> None:
+    """Add the run's minutes and trained model to `summary`, write it to `workdir/summary.json`, print it."""
+    summary["total minutes"] = round((time.perf_counter() - start) / 60, 1)
+    summary["trained model"] = str(latest_hf_model(workdir / "grpo"))
+    (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
+    width = max(len(key) for key in summary) + 2
+    print(f"\n=== {title} summary ===")
+    for key, value in summary.items():
+        print(f"  {key:<{width}} {value:.3f}" if isinstance(value, float) else f"  {key:<{width}} {value}")
+    print(f"  {'curves':<{width}} {workdir / 'curves.png'}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="GRPO quickstart on the built-in arithmetic task (CPU).")
     parser.add_argument("--workdir", default="runs/quickstart", help="where data, models and logs go")
@@ -169,12 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     workdir = Path(args.workdir).expanduser().resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    grpo_overrides = list(args.overrides)
-    if args.threads is not None:
-        import torch
-
-        torch.set_num_threads(args.threads)  # SFT runs in this process
-        grpo_overrides.insert(0, f"ray_init.cpus_per_worker={args.threads}")
+    grpo_overrides = with_threads(args.threads, list(args.overrides))
     start = time.perf_counter()
     print("[1/4] task data and [2/4] tiny model", flush=True)
     data = prepare_data(workdir, args.seed)
@@ -183,14 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     model = warm_start(workdir, data, base, args.seed)
     print(f"[4/4] GRPO, {args.steps} steps, held-out greedy accuracy every 10 (log: {workdir / 'grpo'})", flush=True)
     history = train_grpo(workdir, data, model, args.steps, grpo_overrides, args.seed)
-    summary = summarize(history, workdir / "curves.png")
-    summary["total minutes"] = round((time.perf_counter() - start) / 60, 1)
-    summary["trained model"] = str(latest_hf_model(workdir / "grpo"))
-    (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
-    print("\n=== quickstart summary ===")
-    for key, value in summary.items():
-        print(f"  {key:<28} {value:.3f}" if isinstance(value, float) else f"  {key:<28} {value}")
-    print(f"  curves                       {workdir / 'curves.png'}")
+    write_summary(workdir, summarize(history, workdir / "curves.png"), start, "quickstart")
 
 
 if __name__ == "__main__":

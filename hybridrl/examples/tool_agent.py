@@ -23,11 +23,12 @@ import time
 from pathlib import Path
 
 from hybridrl.quickstart import (
-    latest_hf_model,
     prepare_base_model,
     summarize,
     train_grpo,
     warm_start,
+    with_threads,
+    write_summary,
 )
 
 TOOL_CALLS_KEY = "val-aux/arithmetic/tool_calls/mean@1"
@@ -82,12 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     workdir = Path(args.workdir).expanduser().resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    extra = [*GRPO_OVERRIDES, *args.overrides]
-    if args.threads is not None:
-        import torch
-
-        torch.set_num_threads(args.threads)
-        extra.insert(0, f"ray_init.cpus_per_worker={args.threads}")
+    extra = with_threads(args.threads, [*GRPO_OVERRIDES, *args.overrides])
     start = time.perf_counter()
     print("[1/4] task data and [2/4] tiny model", flush=True)
     data = prepare_task(workdir, args.seed)
@@ -97,13 +93,7 @@ def main(argv: list[str] | None = None) -> None:
                        train_file="sft.parquet", val_file=None)
     print(f"[4/4] GRPO with the calculator, {args.steps} steps (log: {workdir / 'grpo'})", flush=True)
     history = train_grpo(workdir, data, model, args.steps, extra, args.seed)
-    summary = tool_summary(history, workdir / "curves.png")
-    summary["total minutes"] = round((time.perf_counter() - start) / 60, 1)
-    summary["trained model"] = str(latest_hf_model(workdir / "grpo"))
-    (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
-    print("\n=== tool agent summary ===")
-    for key, value in summary.items():
-        print(f"  {key:<40} {value:.3f}" if isinstance(value, float) else f"  {key:<40} {value}")
+    write_summary(workdir, tool_summary(history, workdir / "curves.png"), start, "tool agent")
 
 
 if __name__ == "__main__":
