@@ -95,13 +95,13 @@ class RLDatasetConfig:
         return cls(**picked)
 
 
-def _tool_schemas(tool_config_path: str | None, function_tool_path: str | None) -> list[dict[str, Any]]:
+def _tool_schemas(config: RLDatasetConfig) -> list[dict[str, Any]]:
     """The OpenAI function schemas of the configured tools, in load order ([] when none)."""
-    if not (tool_config_path or function_tool_path):
+    if not (config.tool_config_path or config.function_tool_path):
         return []
     from hybridrl.tools.tool_registry import load_all_tools
 
-    tools = load_all_tools(tool_config_path, function_tool_path)
+    tools = load_all_tools(config.tool_config_path, config.function_tool_path)
     return [tool.get_openai_tool_schema().model_dump(exclude_none=True) for tool in tools.values()]
 
 
@@ -162,7 +162,7 @@ class RLHFDataset(Dataset):
             raise NotImplementedError("multi-modal prompts (processor=...) are not supported yet")
         self.config = RLDatasetConfig.from_mapping(config)
         self.tokenizer = tokenizer
-        self.tool_schemas = _tool_schemas(self.config.tool_config_path, self.config.function_tool_path)
+        self.tool_schemas = _tool_schemas(self.config)
         self.pad_token_id = self._pad_token_id(tokenizer)
         files = [data_files] if isinstance(data_files, (str, Path)) else list(data_files)
         if not files:

@@ -92,16 +92,6 @@ class MultiTurnConfig:
         if self.tokenization_sanity_check_mode not in SANITY_CHECK_MODES:
             raise ValueError(f"{where}.tokenization_sanity_check_mode must be one of {SANITY_CHECK_MODES}, "
                              f"got {self.tokenization_sanity_check_mode!r}")
-        unsupported = {
-            "use_inference_chat_template": (self.use_inference_chat_template, False),
-            "interaction_config_path": (self.interaction_config_path, None),
-            "num_repeat_rollouts": (self.num_repeat_rollouts, None),
-        }
-        for name, (value, off) in unsupported.items():
-            if value != off:
-                raise ValueError(f"{where}.{name}={value!r} is not supported by hybridrl's agent loop; "
-                                 f"remove it or set it to {off!r} (the loop keeps each turn's tokens as "
-                                 f"sampled, and has tools but no interactions)")
         if self.tool_response_truncate_side not in TRUNCATE_SIDES:
             raise ValueError(f"{where}.tool_response_truncate_side must be one of {TRUNCATE_SIDES}, "
                              f"got {self.tool_response_truncate_side!r}")
@@ -126,17 +116,13 @@ class AgentConfig:
     # tool_agent when multi_turn.enable is set, single_turn_agent otherwise (verl's default is
     # single_turn_agent: a verl recipe that enables multi_turn sets this key or the rows' agent_name)
     default_agent_loop: str | None = None
-    # verl's file of custom agent loop classes; hybridrl has only the two loops above
+    # verl's file of custom agent loop classes; only null is accepted (config_support.UNSUPPORTED)
     agent_loop_config_path: str | None = None
 
     def __post_init__(self) -> None:
         if self.default_agent_loop is not None and self.default_agent_loop not in AGENT_LOOPS:
             raise ValueError(f"actor_rollout_ref.rollout.agent.default_agent_loop must be null or one of "
                              f"{AGENT_LOOPS}, got {self.default_agent_loop!r}")
-        if self.agent_loop_config_path is not None:
-            raise ValueError(f"actor_rollout_ref.rollout.agent.agent_loop_config_path="
-                             f"{self.agent_loop_config_path!r}: custom agent loops are not supported; the loops "
-                             f"are {AGENT_LOOPS} (hybridrl/workers/rollout/agent_loop.py)")
 
 
 @dataclass

@@ -47,9 +47,6 @@ def test_unknown_key_is_rejected():
     ({"max_parallel_calls": 0}, "multi_turn.max_parallel_calls must be >= 1"),
     ({"tool_timeout": 0}, "multi_turn.tool_timeout must be > 0"),
     ({"tokenization_sanity_check_mode": "loose"}, "multi_turn.tokenization_sanity_check_mode must be one of"),
-    ({"use_inference_chat_template": True}, "multi_turn.use_inference_chat_template=True is not supported"),
-    ({"interaction_config_path": "i.yaml"}, "multi_turn.interaction_config_path='i.yaml' is not supported"),
-    ({"num_repeat_rollouts": 2}, "multi_turn.num_repeat_rollouts=2 is not supported"),
 ])
 def test_multi_turn_settings_are_checked_naming_the_key(settings, message):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -59,7 +56,6 @@ def test_multi_turn_settings_are_checked_naming_the_key(settings, message):
 
 @pytest.mark.parametrize("settings, message", [
     ({"default_agent_loop": "react_agent"}, "rollout.agent.default_agent_loop must be null or one of"),
-    ({"agent_loop_config_path": "loops.yaml"}, "rollout.agent.agent_loop_config_path='loops.yaml': custom agent"),
 ])
 def test_agent_settings_are_checked_naming_the_key(settings, message):
     with pytest.raises(ValueError, match=re.escape(message)):
