@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import importlib.util
 import re
 import time
 from pathlib import Path
@@ -26,7 +27,7 @@ from hybridrl.tools.base_tool import BaseTool
 from hybridrl.tools.calculator import CalculatorTool
 from hybridrl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from hybridrl.tools.tool_registry import load_all_tools
-from hybridrl.workers.rollout import HFRollout, RolloutConfig
+from hybridrl.workers.rollout import HFRollout, RolloutConfig, build_rollout
 from hybridrl.workers.rollout.agent_loop import AgentLoop
 from hybridrl.workers.rollout.agent_metrics import compute_agent_metrics
 from hybridrl.workers.rollout.base import BaseRollout, assemble_output, check_prompts
@@ -321,6 +322,19 @@ def test_real_hf_engine_samples_every_turn_with_consistent_log_probs(tiny_model,
     prompts.meta_info = {"validate": True}
     assert len(greedy.generate_sequences(prompts)) == 2  # val_kwargs.n = 1 per prompt
     greedy.close()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm runs in its own venv (requirements-vllm.txt)")
+def test_real_vllm_engine_samples_every_turn_with_consistent_log_probs(tiny_model, tiny_model_dir, tiny_tokenizer):
+    config = RolloutConfig(name="vllm", response_length=24, prompt_length=40, n=2, multi_turn={"enable": True})
+    engine = build_rollout(config, model_path=tiny_model_dir, tokenizer=tiny_tokenizer)
+    loop = AgentLoop(engine, tiny_tokenizer, config, {"calculator": CalculatorTool({}, None)})
+    out = loop.generate_sequences(chat_prompts(tiny_tokenizer, ["What is 1 + 2?", "hello"]))
+    loop.close()
+    assert out.batch["responses"].shape == (4, 24)
+    mask = out.batch["response_mask"].bool()
+    recomputed = full_forward_log_probs(tiny_model, out)
+    assert torch.allclose(recomputed[mask], out.batch["rollout_log_probs"][mask], atol=1e-4)
 
 
 # The tiny model's ChatML template, and two variants that change what a whole-conversation rendering
