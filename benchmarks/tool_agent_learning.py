@@ -42,7 +42,7 @@ def run(workdir: Path, seed: int, threads: int) -> dict:
     return json.loads(summary.read_text())
 
 
-def report(runs: list[tuple[int, int, dict]]) -> tuple[str, float]:
+def report(runs: list[tuple[int, int, dict]], missing: list[str]) -> tuple[str, float]:
     lines = [
         "# Tool-use demo: held-out accuracy and tool calls over seeds and thread counts",
         "",
@@ -64,6 +64,8 @@ def report(runs: list[tuple[int, int, dict]]) -> tuple[str, float]:
                      f"{calls_before:.2f} | {calls_after:.2f} | {s['total minutes']:.1f} |")
     lines += ["", f"min gain {min(gains):+.3f}, mean {sum(gains) / len(gains):+.3f}; longest run "
                   f"{max(s['total minutes'] for _, _, s in runs):.1f} minutes."]
+    if missing:
+        lines += ["", f"Not run (--only-finished): {', '.join(missing)}."]
     return "\n".join(lines) + "\n", min(gains)
 
 
@@ -72,14 +74,19 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--workdir", default="runs/tool_agent_bench")
+    parser.add_argument("--only-finished", action="store_true",
+                        help="report the finished runs and name the others, instead of running them")
     args = parser.parse_args()
     workdir = Path(args.workdir).resolve()
-    runs = []
+    runs, missing = [], []
     for seed in (int(s) for s in args.seeds.split(",")):
         for threads in (int(t) for t in args.threads.split(",")):
+            if args.only_finished and not (workdir / f"seed{seed}_threads{threads}" / "summary.json").exists():
+                missing.append(f"seed {seed} with {threads} thread(s)")
+                continue
             print(f"seed {seed}, {threads} thread(s) ...", flush=True)
             runs.append((seed, threads, run(workdir, seed, threads)))
-    table, min_gain = report(runs)
+    table, min_gain = report(runs, missing)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "tool_agent.md").write_text(table)
     print(table)
