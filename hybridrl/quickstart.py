@@ -77,20 +77,22 @@ def prepare_base_model(workdir: Path, seed: int = 0) -> Path:
     return base
 
 
-def warm_start(workdir: Path, data: Path, base: Path, seed: int = 0) -> Path:
-    """SFT on the worked answers; a finished earlier run with the same settings is reused."""
+def warm_start(workdir: Path, data: Path, base: Path, seed: int = 0, overrides: list[str] = SFT_OVERRIDES,
+               train_file: str = "train.parquet", val_file: str | None = "test.parquet") -> Path:
+    """SFT on the worked answers (`data/train_file`, `overrides` on top of sft_trainer.yaml); a finished
+    earlier run with the same settings is reused."""
     from hybridrl.trainer.main_sft import run_sft
 
     sft_dir = workdir / "sft"
-    settings = {"overrides": SFT_OVERRIDES, "seed": seed}
+    settings = {"overrides": overrides, "seed": seed}
     model = latest_hf_model(sft_dir)
     if model is None or not _stamp(sft_dir / "quickstart.json", settings):
         shutil.rmtree(sft_dir, ignore_errors=True)
         start = time.perf_counter()
+        files = [f"data.train_files={data / train_file}"] + ([f"data.val_files={data / val_file}"] if val_file else [])
         run_sft(_compose("sft_trainer", [
-            f"data.train_files={data / 'train.parquet'}", f"data.val_files={data / 'test.parquet'}",
-            f"model.partial_pretrain={base}", f"trainer.default_local_dir={sft_dir}", "trainer.backend=local",
-            f"trainer.seed={seed}", "trainer.logger=[file]", *SFT_OVERRIDES,
+            *files, f"model.partial_pretrain={base}", f"trainer.default_local_dir={sft_dir}", "trainer.backend=local",
+            f"trainer.seed={seed}", "trainer.logger=[file]", *overrides,
         ]))
         (sft_dir / "quickstart.json").write_text(json.dumps(settings))
         print(f"SFT warm start took {time.perf_counter() - start:.0f}s (log: {sft_dir / 'metrics.jsonl'})")
@@ -155,6 +157,28 @@ def _plot(steps: list[dict], validations: list[tuple[int, float]], out_png: Path
     plt.close(fig)
 
 
+def with_threads(threads: int | None, grpo_overrides: list[str]) -> list[str]:
+    """Compute with `threads` torch threads here (SFT runs in this process) and in each GRPO worker."""
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+        grpo_overrides.insert(0, f"ray_init.cpus_per_worker={threads}")
+    return grpo_overrides
+
+
+def write_summary(workdir: Path, summary: dict, start: float, title: str) -> None:
+    """Add the run's minutes and trained model to `summary`, write it to `workdir/summary.json`, print it."""
+    summary["total minutes"] = round((time.perf_counter() - start) / 60, 1)
+    summary["trained model"] = str(latest_hf_model(workdir / "grpo"))
+    (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
+    width = max(len(key) for key in summary) + 2
+    print(f"\n=== {title} summary ===")
+    for key, value in summary.items():
+        print(f"  {key:<{width}} {value:.3f}" if isinstance(value, float) else f"  {key:<{width}} {value}")
+    print(f"  {'curves':<{width}} {workdir / 'curves.png'}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="GRPO quickstart on the built-in arithmetic task (CPU).")
     parser.add_argument("--workdir", default="runs/quickstart", help="where data, models and logs go")
@@ -167,12 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     workdir = Path(args.workdir).expanduser().resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    grpo_overrides = list(args.overrides)
-    if args.threads is not None:
-        import torch
-
-        torch.set_num_threads(args.threads)  # SFT runs in this process
-        grpo_overrides.insert(0, f"ray_init.cpus_per_worker={args.threads}")
+    grpo_overrides = with_threads(args.threads, list(args.overrides))
     start = time.perf_counter()
     print("[1/4] task data and [2/4] tiny model", flush=True)
     data = prepare_data(workdir, args.seed)
@@ -181,14 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     model = warm_start(workdir, data, base, args.seed)
     print(f"[4/4] GRPO, {args.steps} steps, held-out greedy accuracy every 10 (log: {workdir / 'grpo'})", flush=True)
     history = train_grpo(workdir, data, model, args.steps, grpo_overrides, args.seed)
-    summary = summarize(history, workdir / "curves.png")
-    summary["total minutes"] = round((time.perf_counter() - start) / 60, 1)
-    summary["trained model"] = str(latest_hf_model(workdir / "grpo"))
-    (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
-    print("\n=== quickstart summary ===")
-    for key, value in summary.items():
-        print(f"  {key:<28} {value:.3f}" if isinstance(value, float) else f"  {key:<28} {value}")
-    print(f"  curves                       {workdir / 'curves.png'}")
+    write_summary(workdir, summarize(history, workdir / "curves.png"), start, "quickstart")
 
 
 if __name__ == "__main__":

@@ -163,11 +163,11 @@ LAYERS = {
     "utils": 0, "": 0,
     "protocol": 1, "protocol_merge": 1, "protocol_reshape": 1, "protocol_serialize": 1, "tensor_batch": 1,
     "models": 1,
-    "algos": 2, "data": 2, "rewards": 2,
+    "algos": 2, "data": 2, "rewards": 2, "tools": 2,
     "controller": 3,
     "workers": 4,
     "trainer": 5,
-    "model_merger": 6, "quickstart": 6,
+    "model_merger": 6, "quickstart": 6, "examples": 6,
 }
 
 

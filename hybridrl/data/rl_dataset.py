@@ -69,6 +69,11 @@ class RLDatasetConfig:
     return_full_prompt: bool = False
     # extra keyword arguments for `tokenizer.apply_chat_template` (e.g. enable_thinking)
     apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # the multi-turn tools (verl's data keys; the PPO config points them at rollout.multi_turn's): their
+    # OpenAI schemas go to the chat template as `tools=`, so a template that describes tools in the
+    # prompt (Qwen2.5's system message) shows them, and prompt lengths count them
+    tool_config_path: str | None = None
+    function_tool_path: str | None = None
 
     def __post_init__(self) -> None:
         if self.truncation not in TRUNCATION_MODES:
@@ -88,6 +93,16 @@ class RLDatasetConfig:
         if "apply_chat_template_kwargs" in picked:
             picked["apply_chat_template_kwargs"] = dict(picked["apply_chat_template_kwargs"] or {})
         return cls(**picked)
+
+
+def _tool_schemas(config: RLDatasetConfig) -> list[dict[str, Any]]:
+    """The OpenAI function schemas of the configured tools, in load order ([] when none)."""
+    if not (config.tool_config_path or config.function_tool_path):
+        return []
+    from hybridrl.tools.tool_registry import load_all_tools
+
+    tools = load_all_tools(config.tool_config_path, config.function_tool_path)
+    return [tool.get_openai_tool_schema().model_dump(exclude_none=True) for tool in tools.values()]
 
 
 def truncate(ids: list[int], max_length: int, mode: str, where: str) -> list[int]:
@@ -147,6 +162,7 @@ class RLHFDataset(Dataset):
             raise NotImplementedError("multi-modal prompts (processor=...) are not supported yet")
         self.config = RLDatasetConfig.from_mapping(config)
         self.tokenizer = tokenizer
+        self.tool_schemas = _tool_schemas(self.config)
         self.pad_token_id = self._pad_token_id(tokenizer)
         files = [data_files] if isinstance(data_files, (str, Path)) else list(data_files)
         if not files:
@@ -203,10 +219,12 @@ class RLHFDataset(Dataset):
                 f"{where}: the prompt is a list of chat messages but the tokenizer has no chat_template; "
                 f"use a tokenizer with one, or store the prompt as a plain string"
             )
+        tools = {"tools": self.tool_schemas} if self.tool_schemas else {}
         text = self.tokenizer.apply_chat_template(
             _clean_messages(prompt),
             add_generation_prompt=True,
             tokenize=False,
+            **tools,
             **self.config.apply_chat_template_kwargs,
         )
         return text, False  # the chat template already placed its own special tokens

@@ -85,6 +85,11 @@ RANGES: dict[str, Rule] = {
     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": COUNT,
     "actor_rollout_ref.rollout.gpu_memory_utilization": Rule("in (0, 1]", lambda v: 0 < v <= 1),
     "actor_rollout_ref.rollout.tensor_model_parallel_size": COUNT,
+    "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": OPTIONAL_COUNT,
+    "actor_rollout_ref.rollout.multi_turn.max_user_turns": OPTIONAL_COUNT,
+    "actor_rollout_ref.rollout.multi_turn.max_parallel_calls": COUNT,
+    "actor_rollout_ref.rollout.multi_turn.max_tool_response_length": COUNT,
+    "actor_rollout_ref.rollout.multi_turn.tool_timeout": above(0),
     # critic (checked only when the advantage estimator uses one)
     **{f"critic.optim.{key}": rule for key, rule in OPTIM.items()},
     "critic.rollout_n": OPTIONAL_COUNT,
@@ -146,6 +151,7 @@ UNCHECKED: dict[str, str] = {
     **{f"actor_rollout_ref.rollout.val_kwargs.{key}": "checked when the rollout config is built (ValKwargs)"
        for key in ("temperature", "top_k", "top_p", "n")},
     "actor_rollout_ref.rollout.seed": ANY_SEED,
+    "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": "only null is accepted (MultiTurnConfig)",
     "algorithm.kl_ctrl.horizon": "checked when the adaptive KL controller is built (config_checks)",
     "algorithm.kl_ctrl.target_kl": "checked when the adaptive KL controller is built (config_checks)",
     "trainer.nnodes": "checked with the placement (config_checks)",

@@ -59,6 +59,16 @@ UNSUPPORTED: dict[str, Unsupported] = {
     "trainer.ray_wait_register_center_timeout": Unsupported(
         "hybridrl's Ray worker groups have no register center to wait for"),
     "ray_init.timeline_json_file": Unsupported("Ray timelines are not dumped; call ray.timeline() yourself"),
+    "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": Unsupported(
+        "the agent loop keeps every turn's tokens as the model sampled them and never re-renders earlier turns "
+        "with another chat template"),
+    "actor_rollout_ref.rollout.multi_turn.interaction_config_path": Unsupported(
+        "interactions (a simulated user answering between turns) are not implemented; tools are"),
+    "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": Unsupported(
+        "multi-turn rollouts are not repeated; rollout.n sets the samples per prompt"),
+    "actor_rollout_ref.rollout.agent.agent_loop_config_path": Unsupported(
+        "custom agent loops are not supported; the loops are tool_agent and single_turn_agent "
+        "(hybridrl/workers/rollout/agent_loop.py)"),
 }
 
 # Keys whose every value runs the same way, because hybridrl always does what they ask for.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -20,9 +21,17 @@ def new_prompt_batch(batch_dict: dict) -> DataProto:
     return batch
 
 
-def split_generation_input(batch: DataProto) -> DataProto:
-    """Take the prompt tensors out of `batch` (the rollout's input); everything else stays."""
-    return batch.pop(batch_keys=PROMPT_TENSORS)
+def split_generation_input(batch: DataProto, columns: Sequence[str] = ()) -> DataProto:
+    """Take the prompt tensors out of `batch` (the rollout's input); everything else stays.
+
+    `columns` are non-tensor columns the rollout reads too (the agent loop's `extra_info`, `agent_name`):
+    they are copied into the input, and stay in `batch`. Absent ones are skipped.
+    """
+    generation_input = batch.pop(batch_keys=PROMPT_TENSORS)
+    for key in columns:
+        if key in batch.non_tensor_batch:
+            generation_input.non_tensor_batch[key] = batch.non_tensor_batch[key]
+    return generation_input
 
 
 def attach_responses(batch: DataProto, generated: DataProto) -> DataProto:

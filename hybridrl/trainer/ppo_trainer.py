@@ -48,6 +48,8 @@ from hybridrl.workers.checkpoint_resume import (
     load_newest_loadable,
     resume_candidates,
 )
+from hybridrl.workers.rollout.agent_loop import AGENT_INPUT_COLUMNS
+from hybridrl.workers.rollout.agent_metrics import compute_agent_metrics
 
 
 class PPOTrainer:
@@ -86,6 +88,8 @@ class PPOTrainer:
             hint=f"Lower the learning rate ({', '.join(lrs)}) or look for NaN in the rewards, then run again",
         )
         self._batches: Iterator[dict] | None = None
+        # the prompt columns the agent loop reads (tools_kwargs in extra_info, agent_name), when it runs
+        self.rollout_columns = AGENT_INPUT_COLUMNS if config.actor_rollout_ref.rollout.multi_turn.enable else ()
         self._reward_extra_keys: set[str] = set()  # per-sample values the reward function returned
         # rule-based rewards scored while the workers recompute log-probs (reward_model.launch_reward_fn_async)
         self.background_reward = BackgroundReward(reward_fn) if config.reward_model.launch_reward_fn_async else None
@@ -141,6 +145,7 @@ class PPOTrainer:
             self._update_actor(batch, metrics, timing)
         self._dump_rollouts(batch)
         metrics.update(compute_data_metrics(batch, use_critic=self.groups.critic is not None))
+        metrics.update(compute_agent_metrics(batch))
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughput_metrics(batch, timing, n_workers=self.groups.world_size))
         metrics.update(self.costs.mfu_metrics())
@@ -186,7 +191,7 @@ class PPOTrainer:
                 )
 
     def _generate(self, batch: DataProto, timing: dict) -> DataProto:
-        gen_input = dataflow.split_generation_input(batch)
+        gen_input = dataflow.split_generation_input(batch, self.rollout_columns)
         gen_input.meta_info["seed"] = self.config.actor_rollout_ref.rollout.seed + self.global_steps
         with timer("gen", timing):
             generated = self.groups.actor_rollout.generate_sequences(gen_input)

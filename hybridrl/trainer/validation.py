@@ -13,6 +13,8 @@ from hybridrl.trainer.generation_dump import generation_records, write_generatio
 from hybridrl.trainer.metrics import process_validation_metrics, validation_metrics_to_flat
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
 from hybridrl.trainer.worker_groups import WorkerGroups
+from hybridrl.workers.rollout.agent_loop import AGENT_INPUT_COLUMNS
+from hybridrl.workers.rollout.agent_metrics import NUMERIC_COLUMNS
 
 
 class Validator:
@@ -22,6 +24,7 @@ class Validator:
         self.tokenizer = tokenizer
         self.groups = groups
         self.reward_fn = reward_fn
+        self.rollout_columns = AGENT_INPUT_COLUMNS if config.actor_rollout_ref.rollout.multi_turn.enable else ()
         batch_size = config.data.val_batch_size or len(dataset)
         # The order decides which prompts share a generation batch and which generations
         # trainer.log_val_generations prints; shuffled, it is drawn anew at each validation, seeded by data.seed.
@@ -36,7 +39,7 @@ class Validator:
         failures: dict[str, float] = {}
         for batch_dict in self.dataloader:
             batch = dataflow.new_prompt_batch(batch_dict)
-            gen_input = dataflow.split_generation_input(batch)
+            gen_input = dataflow.split_generation_input(batch, self.rollout_columns)
             gen_input.meta_info = {"validate": True}
             batch = dataflow.attach_responses(batch, self.groups.actor_rollout.generate_sequences(gen_input))
             result = self.reward_fn(batch, return_dict=True)
@@ -45,6 +48,9 @@ class Validator:
             infos["reward"] += scores
             for key, values in result.get("reward_extra_info", {}).items():
                 infos.setdefault(key, []).extend(values)
+            for key in NUMERIC_COLUMNS:  # the agent loop's per-sample counts (tool calls, turns, ...)
+                if key in batch.non_tensor_batch:
+                    infos.setdefault(key, []).extend(float(v) for v in batch.non_tensor_batch[key])
             sources += list(batch.non_tensor_batch.get(self.config.data.reward_fn_key, ["unknown"] * len(batch)))
             uids += list(batch.non_tensor_batch["uid"])
             texts += generation_records(batch, self.tokenizer, scores, result.get("reward_extra_info"),

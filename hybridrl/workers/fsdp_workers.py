@@ -15,6 +15,7 @@ import torch
 from hybridrl.controller import Dispatch, Worker, register
 from hybridrl.models.loading import load_causal_lm, load_tokenizer, load_value_model, resolve_dtype
 from hybridrl.protocol import DataProto
+from hybridrl.tools.tool_registry import load_all_tools
 from hybridrl.utils.flops import (
     FORWARD_FLOPS_PER_PARAM,
     TRAIN_FLOPS_PER_PARAM,
@@ -36,6 +37,7 @@ from hybridrl.workers.config import ActorRolloutRefConfig, CriticConfig, ModelCo
 from hybridrl.workers.critic import PPOCritic
 from hybridrl.workers.engine.fsdp import FSDPEngine, offload_refusals, raise_first_refusal, refuse_offload
 from hybridrl.workers.rollout import ROLLOUT_ENGINES, build_rollout
+from hybridrl.workers.rollout.agent_loop import AgentLoop
 
 ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
 
@@ -80,6 +82,7 @@ class ActorRolloutRefWorker(Worker):
         self.is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
         self.is_ref = role in ("ref", "actor_rollout_ref")
         self.actor = self.ref = self.rollout = None
+        self.agent_loop: AgentLoop | None = None  # rollout.multi_turn.enable: multi-turn generation with tools
         self.rollout_weights: FSDPEngine | None = None  # the engine whose weights the rollout serves
         device_type = self.device.type
         if self.is_actor:
@@ -118,6 +121,10 @@ class ActorRolloutRefWorker(Worker):
             module = self.rollout_weights.module if self.rollout_weights else None
             self.rollout = build_rollout(rollout_cfg, module=module, tokenizer=self.tokenizer,
                                          model_path=cfg.model.path)
+            multi_turn = cfg.rollout.multi_turn
+            if multi_turn.enable:
+                tools = load_all_tools(multi_turn.tool_config_path, multi_turn.function_tool_path)
+                self.agent_loop = AgentLoop(self.rollout, self.tokenizer, rollout_cfg, tools)
             self.passes["rollout"] = ModelPass(params, FORWARD_FLOPS_PER_PARAM, 1,
                                                device_peak_flops(resolve_dtype(cfg.rollout.dtype)))
         if self.is_ref:
@@ -139,8 +146,10 @@ class ActorRolloutRefWorker(Worker):
         step_seed = prompts.meta_info.get("seed")
         if step_seed is not None:  # a per-step seed from the trainer: distinct streams per rank
             prompts.meta_info["seed"] = int(step_seed) * 1009 + self.rank
+        # every turn of a multi-turn rollout samples inside the one hand-off block
+        generator = self.agent_loop or self.rollout
         with self.rollout.serving(self.rollout_weights):  # the hand-off: the current weights, offload
-            output = self.rollout.generate_sequences(prompts)
+            output = generator.generate_sequences(prompts)
         output.meta_info.setdefault("temperature", self.config.rollout.temperature)
         # The ranks' outputs are concatenated, which requires equal meta_info: report the step's seed,
         # not this rank's stream (per-rank values travel in meta_info["metrics"], which concat gathers).

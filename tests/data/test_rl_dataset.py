@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -251,3 +252,32 @@ def test_task_files_load(tmp_path, tiny_tokenizer, task):
     text = tiny_tokenizer.decode(real.tolist())
     assert item["raw_prompt"][0]["content"] in text
     assert item["data_source"] == task.DATA_SOURCE
+
+
+def test_tool_schemas_reach_the_chat_template(tmp_path, tiny_model_dir):
+    """With multi-turn tools configured, a template that describes tools in the prompt shows them."""
+    from hybridrl.models.loading import load_tokenizer
+
+    tok = load_tokenizer(tiny_model_dir)  # a private copy: the shared fixture must not be mutated
+    tok.chat_template = (
+        "{%- if tools %}{{- '<|im_start|>system\\nTools:' }}{%- for tool in tools %}"
+        "{{- ' ' + tool['function']['name'] + '(' + (tool['function']['parameters']['required'] | join(',')) + ')' }}"
+        "{%- endfor %}{{- '<|im_end|>\\n' }}{%- endif %}"
+        "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+        "'<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+    path = write(tmp_path / "a.parquet", rows(["1+1"]))
+    tool_yaml = Path(__file__).parents[2] / "hybridrl" / "examples" / "calculator_tool.yaml"
+    settings = {"max_prompt_length": 64, "return_full_prompt": True}
+    with_tools = RLHFDataset(path, tok, {**settings, "tool_config_path": str(tool_yaml)})[0]
+    without = RLHFDataset(path, tok, settings)[0]
+    assert with_tools["full_prompts"].startswith("<|im_start|>system\nTools: calculator(expression)<|im_end|>\n")
+    assert with_tools["full_prompts"].endswith(without["full_prompts"])
+    assert len(with_tools["raw_prompt_ids"]) > len(without["raw_prompt_ids"])  # lengths count the tools
+
+
+def test_the_ppo_config_points_the_data_tools_at_the_rollout_ones():
+    import hybridrl.trainer.main_ppo  # noqa: F401  (registers the config schema)
+    from hybridrl.quickstart import _compose
+
+    cfg = _compose("ppo_trainer", ["data.train_files=x", "actor_rollout_ref.rollout.multi_turn.tool_config_path=t.yaml"])
+    assert cfg.data.tool_config_path == "t.yaml" and cfg.data.function_tool_path is None

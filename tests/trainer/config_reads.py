@@ -81,6 +81,8 @@ def schema_classes(roots: Iterable[type]) -> dict[str, type]:
         found[cls.__name__] = cls
         hints = typing.get_type_hints(cls)
         todo += [t for f in dataclasses.fields(cls) for t in _dataclasses_in(hints[f.name])]
+        # a base dataclass too: code may read the inherited fields through it (RLDatasetConfig of DataConfig)
+        todo += [base for base in cls.__mro__[1:] if dataclasses.is_dataclass(base)]
     return found
 
 
@@ -322,7 +324,8 @@ def unread_keys(keys: list[SchemaKey], evidence: Evidence) -> list[str]:
         parent = key.path[:-1]
         parent_suffix = parent[-len(suffix) + 1:] if len(suffix) > 1 else parent[-1:]
         read = (
-            (key.owner, key.path[-1]) in evidence.typed
+            # a read typed as a base class reads the field its subclasses inherit (DataConfig's from RLDatasetConfig)
+            any(field == key.path[-1] and issubclass(key.owner, cls) for cls, field in evidence.typed)
             or key.owner in evidence.whole_types
             or any(c[-len(suffix):] == suffix for c in evidence.chains.get(key.path[-1], ()))
             or any(parent_suffix and c[-len(parent_suffix):] == parent_suffix for c in evidence.whole_chains)

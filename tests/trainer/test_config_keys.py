@@ -94,6 +94,11 @@ def checked(*overrides: str) -> PPOTrainerConfig:
     ("trainer.default_hdfs_dir=hdfs://x", "trainer.default_hdfs_dir=hdfs://x is not supported by hybridrl: "
                                           "checkpoints are written to trainer.default_local_dir only"),
     ("data.custom_cls.path=my.py", "Remove it or set it to null"),
+    ("actor_rollout_ref.rollout.multi_turn.interaction_config_path=i.yaml",
+     "multi_turn.interaction_config_path=i.yaml is not supported by hybridrl: interactions"),
+    ("actor_rollout_ref.rollout.multi_turn.use_inference_chat_template=true", "Remove it or set it to false"),
+    ("actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts=2", "Remove it or set it to null"),
+    ("actor_rollout_ref.rollout.agent.agent_loop_config_path=loops.yaml", "custom agent loops are not supported"),
 ])
 def test_a_value_hybridrl_cannot_run_stops_before_ray_naming_the_key(override, message):
     with pytest.raises(ConfigError) as err:

@@ -32,6 +32,10 @@ from hybridrl.rewards.failures import (
 from hybridrl.rewards.runner import make_runner
 from hybridrl.rewards.score import default_compute_score
 
+# extra_info key -> the rollout column it is taken from
+ROLLOUT_EXTRA_INFO = {"num_turns": "__num_turns__", "rollout_reward_scores": "reward_scores",
+                      "tool_rewards": "tool_rewards"}
+
 
 @dataclasses.dataclass
 class DecodedRow:
@@ -70,6 +74,10 @@ def decode_rows(data: DataProto, tokenizer: Any, reward_fn_key: str = "data_sour
         prompt_valid = torch.full((len(data),), prompt_len)
     resp_valid = response_lengths(data)
     extra_infos = data.non_tensor_batch.get("extra_info")
+    # what a multi-turn rollout's tools reported (hybridrl/workers/rollout/agent_metrics.py), under the
+    # extra_info keys verl's reward managers use
+    from_rollout = {name: data.non_tensor_batch[column] for name, column in ROLLOUT_EXTRA_INFO.items()
+                    if column in data.non_tensor_batch}
     rows = []
     for i in range(len(data)):
         p, r = int(prompt_valid[i]), int(resp_valid[i])
@@ -85,7 +93,7 @@ def decode_rows(data: DataProto, tokenizer: Any, reward_fn_key: str = "data_sour
             valid_response_length=r,
             data_source=str(data.non_tensor_batch[reward_fn_key][i]),
             ground_truth=reward_model["ground_truth"],
-            extra_info=dict(extra),
+            extra_info={**extra, **{name: values[i] for name, values in from_rollout.items()}},
         ))
     return rows
 

@@ -26,7 +26,8 @@ import torch
 from hybridrl.workers.rollout.config import RolloutConfig
 
 # meta_info keys a caller may set to change one call's sampling (verl's names).
-CALL_OVERRIDES = ("do_sample", "temperature", "top_k", "top_p", "n", "eos_token_id", "seed", "validate")
+CALL_OVERRIDES = ("do_sample", "temperature", "top_k", "top_p", "n", "eos_token_id", "seed", "validate",
+                  "response_length")
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,9 @@ def resolve_sampling_params(
 
     `validate=True` switches to `config.val_kwargs`; `do_sample=False` decodes greedily with one
     sample per prompt (as verl's rollouts do); `temperature`, `top_k`, `top_p`, `n` override single
-    fields; `eos_token_id` (int or list) replaces the engine's EOS ids; `seed` restarts the sampler.
+    fields; `eos_token_id` (int or list) replaces the engine's EOS ids; `seed` restarts the sampler;
+    `response_length` generates fewer tokens than `config.response_length` in this call (the agent loop's
+    turns share one response budget).
     """
     if meta_info.get("validate", False):
         vk = config.val_kwargs
@@ -76,6 +79,10 @@ def resolve_sampling_params(
             f"meta_info sampling overrides out of range: temperature={temperature} (>= 0), "
             f"top_p={top_p} (in (0, 1]), n={n} (>= 1)"
         )
+    response_length = int(meta_info.get("response_length", config.response_length))
+    if not 1 <= response_length <= config.response_length:
+        raise ValueError(f"meta_info response_length={response_length} must be in [1, rollout.response_length="
+                         f"{config.response_length}]")
     eos = _as_ids(meta_info["eos_token_id"]) if "eos_token_id" in meta_info else list(eos_token_ids)
     stops = ([] if config.ignore_eos else eos) + _as_ids(config.stop_token_ids)
     seed = meta_info.get("seed")
@@ -85,7 +92,7 @@ def resolve_sampling_params(
         top_k=top_k,
         top_p=top_p,
         n=n,
-        response_length=config.response_length,
+        response_length=response_length,
         stop_token_ids=tuple(dict.fromkeys(stops)),
         seed=None if seed is None else int(seed),
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from omegaconf import OmegaConf
 
@@ -36,3 +38,31 @@ def test_bad_values_name_the_key(values, message):
 def test_unknown_key_is_rejected():
     with pytest.raises(Exception, match="temprature"):
         to_dataclass(RolloutConfig, {"temprature": 1.0})
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"format": "json"}, "actor_rollout_ref.rollout.multi_turn.format must be one of ('hermes',)"),
+    ({"tool_response_truncate_side": "both"}, "multi_turn.tool_response_truncate_side must be one of"),
+    ({"max_assistant_turns": 0}, "multi_turn.max_assistant_turns must be null or >= 1"),
+    ({"max_parallel_calls": 0}, "multi_turn.max_parallel_calls must be >= 1"),
+    ({"tool_timeout": 0}, "multi_turn.tool_timeout must be > 0"),
+    ({"tokenization_sanity_check_mode": "loose"}, "multi_turn.tokenization_sanity_check_mode must be one of"),
+])
+def test_multi_turn_settings_are_checked_naming_the_key(settings, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        to_dataclass(RolloutConfig, {"multi_turn": settings})
+    assert to_dataclass(RolloutConfig, {"multi_turn": {"enable": True}}).multi_turn.max_tool_response_length == 256
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"default_agent_loop": "react_agent"}, "rollout.agent.default_agent_loop must be null or one of"),
+])
+def test_agent_settings_are_checked_naming_the_key(settings, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        to_dataclass(RolloutConfig, {"agent": settings})
+    # verl's off values are accepted, so its recipes' full key set loads
+    config = to_dataclass(RolloutConfig, {"agent": {"default_agent_loop": "tool_agent"}, "multi_turn": {
+        "tokenization_sanity_check_mode": "ignore_strippable", "use_inference_chat_template": False,
+        "interaction_config_path": None, "num_repeat_rollouts": None}})
+    assert config.agent.default_agent_loop == "tool_agent"
+    assert config.multi_turn.tokenization_sanity_check_mode == "ignore_strippable"

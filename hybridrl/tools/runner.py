@@ -1,0 +1,112 @@
+"""Run tool coroutines concurrently, each under a timeout, from synchronous code (the rollout worker).
+
+The coroutines run on one event loop in a background thread, so the tools of every trajectory in a
+turn overlap (a tool that waits on I/O or on `asyncio.to_thread` lets the others run). Each call is
+wrapped in `asyncio.wait_for`, which ends a call that awaits too long. A tool that blocks the loop
+itself (synchronous work inside `async def`, e.g. `time.sleep`) cannot be interrupted that way: the
+caller stops waiting at the deadline, reports every unfinished call as timed out, and moves to a fresh
+loop; the blocked thread is abandoned (a daemon, it ends with the process) and its calls' results are
+dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# Extra seconds the caller waits past a call's own timeout before judging the loop blocked: wait_for
+# needs the loop to run once more to cancel the call.
+BLOCKED_LOOP_GRACE_S = 1.0
+
+
+@dataclass
+class CallOutcome:
+    """What one call returned, or why it did not: `error` holds the message, `timed_out` the cause."""
+
+    value: Any = None
+    error: str | None = None
+    timed_out: bool = False
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+Job = tuple[Callable[[], Awaitable[Any]], float]  # (a coroutine factory, its timeout in seconds)
+
+
+async def _timed(factory: Callable[[], Awaitable[Any]], timeout: float) -> CallOutcome:
+    start = time.perf_counter()
+    try:
+        value = await asyncio.wait_for(factory(), timeout)
+    except TimeoutError:
+        return CallOutcome(error=f"timed out after {timeout:g}s", timed_out=True, seconds=time.perf_counter() - start)
+    except Exception as err:  # any failure of the tool is the model's to read, not the run's end
+        return CallOutcome(error=f"{type(err).__name__}: {err}", seconds=time.perf_counter() - start)
+    return CallOutcome(value=value, seconds=time.perf_counter() - start)
+
+
+def _cancel_all_and_stop(loop: asyncio.AbstractEventLoop) -> None:
+    for task in asyncio.all_tasks(loop):
+        task.cancel()
+    loop.stop()
+
+
+class ToolRunner:
+    """A background event loop that runs batches of tool calls; `close()` stops it."""
+
+    def __init__(self, blocked_loop_grace_s: float = BLOCKED_LOOP_GRACE_S) -> None:
+        self.blocked_loop_grace_s = blocked_loop_grace_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self.abandoned_loops = 0  # loops left behind because a tool blocked them
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(target=loop.run_forever, name="hybridrl-tools", daemon=True)
+            thread.start()
+            self._loop, self._thread = loop, thread
+        return self._loop
+
+    def run(self, jobs: Sequence[Job]) -> list[CallOutcome]:
+        """Run every job at once; each outcome in the order given."""
+        if not jobs:
+            return []
+        loop = self._running_loop()
+        start = time.perf_counter()
+        futures = [asyncio.run_coroutine_threadsafe(_timed(factory, timeout), loop) for factory, timeout in jobs]
+        outcomes: list[CallOutcome] = []
+        blocked = False
+        for future, (_, timeout) in zip(futures, jobs, strict=True):
+            remaining = start + timeout + self.blocked_loop_grace_s - time.perf_counter()
+            try:
+                outcomes.append(future.result(timeout=max(remaining, 0.0)))
+            except concurrent.futures.TimeoutError:
+                blocked = True
+                future.cancel()
+                outcomes.append(CallOutcome(error=f"timed out after {timeout:g}s (the tool blocked its event loop)",
+                                            timed_out=True, seconds=time.perf_counter() - start))
+        if blocked:
+            self._abandon()
+        return outcomes
+
+    def _abandon(self) -> None:
+        """Leave a blocked loop behind: it stops once the blocking call returns, and the next batch gets a new one."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._loop, self._thread = None, None
+        self.abandoned_loops += 1
+
+    def close(self) -> None:
+        if self._loop is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(_cancel_all_and_stop, self._loop)
+            self._thread.join(timeout=5)
+            self._loop.close()
+        self._loop, self._thread = None, None

@@ -1,0 +1,407 @@
+"""The multi-turn agent loop: generate, run the tools the model calls, append their answers, continue.
+
+`AgentLoop.generate_sequences(prompts)` returns what a rollout engine returns (the layout in
+hybridrl/workers/rollout/base.py), with every trajectory's turns in its response:
+
+    prompt | model turn 1 | tool answer 1 | model turn 2 | ...            (at most rollout.response_length)
+    response_mask   1 on the model's tokens only: log-probs, KL, entropy and advantages use it, so a tool's
+                    answer is context the model reads, never trained on
+    attention_mask  1 on every real token, model's and tools' alike (the model attends to both)
+    rollout_log_probs  the sampler's log-probs of the model's tokens, 0 elsewhere
+
+The loop sits above the engine and calls `engine.generate_sequences` once per turn for every
+trajectory still generating, so it works with any engine behind the BaseRollout interface; the worker
+calls it inside one `rollout.serving(actor)` block, so every turn samples from the current weights.
+Each turn re-reads the whole context (no KV cache is kept between turns).
+
+A trajectory is a small state machine (`AgentState`): GENERATING -> (the turn ends with tool calls)
+CALLING_TOOLS -> GENERATING ... -> DONE, with the reason it ended (`Finish`): an answer (a turn without
+tool calls), the response length, `multi_turn.max_assistant_turns` or `max_user_turns`. Tools are
+verl-style `BaseTool`s (hybridrl/tools/): a trajectory creates its own instance of a tool at its first
+call of it, with the row's `extra_info.tools_kwargs[<tool>]` (`create_kwargs`, `execute_kwargs`,
+`calc_reward_kwargs`, `release_kwargs`), and scores and releases it when it ends. All tool calls of a
+turn run at once, each under `multi_turn.tool_timeout` seconds (hybridrl/tools/runner.py).
+
+Nothing a tool or the model does stops the run: a call with invalid JSON, of an unknown tool, beyond
+`max_parallel_calls`, a tool that raises, hangs or returns something that is not a response becomes an
+`Error: ...` message in the conversation and a count in the per-sample columns (`tool_errors`,
+`tool_timeouts`; hybridrl/workers/rollout/agent_metrics.py).
+
+A row's `agent_name` (verl's per-row key) picks the loop: `tool_agent` or `single_turn_agent` (one
+turn, tool calls left unanswered); rows without one run `rollout.agent.default_agent_loop` (null:
+tool_agent).
+
+After a trajectory ends, its turn-by-turn ids are compared with the whole conversation tokenised at once
+(`multi_turn.tokenization_sanity_check_mode`, hybridrl/workers/rollout/tokenization_check.py): a
+difference means the model trained on a context the chat template would not have produced.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from hybridrl.data.rl_dataset import left_pad
+from hybridrl.protocol import DataProto
+from hybridrl.tools.base_tool import BaseTool
+from hybridrl.tools.call_parser import CALL_FORMATS, CallError, ParsedCall
+from hybridrl.tools.runner import CallOutcome, ToolRunner
+from hybridrl.tools.schemas import ToolResponse
+from hybridrl.workers.rollout.agent_metrics import sample_columns
+from hybridrl.workers.rollout.base import BaseRollout, assemble_output, check_prompts, eos_token_ids
+from hybridrl.workers.rollout.chat_delta import ChatTemplateDelta
+from hybridrl.workers.rollout.config import AGENT_LOOPS, RolloutConfig
+from hybridrl.workers.rollout.sampling import CALL_OVERRIDES, resolve_sampling_params
+from hybridrl.workers.rollout.tokenization_check import mismatch as tokenization_mismatch
+
+logger = logging.getLogger(__name__)
+
+# The prompt columns the loop reads besides the prompt tensors; the trainer sends them to the rollout.
+AGENT_INPUT_COLUMNS = ("extra_info", "agent_name")
+# Turn t of a call with meta_info seed s samples with seed s + t * TURN_SEED_STRIDE: fresh randomness
+# each turn, the same for the same step seed.
+TURN_SEED_STRIDE = 7919
+TOOL_KWARGS_KEYS = ("create_kwargs", "execute_kwargs", "calc_reward_kwargs", "release_kwargs")
+
+
+class AgentState(enum.Enum):
+    GENERATING = "generating"
+    CALLING_TOOLS = "calling_tools"
+    DONE = "done"
+
+
+class Finish(enum.Enum):
+    ANSWER = "answer"
+    LENGTH = "length"
+    ASSISTANT_TURNS = "max_assistant_turns"
+    USER_TURNS = "max_user_turns"
+
+
+@dataclass
+class Trajectory:
+    """One sample's conversation after its prompt, and what its tools did."""
+
+    prompt_ids: list[int]
+    agent_name: str
+    tools_kwargs: Mapping[str, Any]
+    response_ids: list[int] = field(default_factory=list)
+    model_mask: list[int] = field(default_factory=list)  # 1: the model wrote the token
+    log_probs: list[float] = field(default_factory=list)
+    state: AgentState = AgentState.GENERATING
+    finish: Finish | None = None
+    assistant_turns: int = 0
+    user_turns: int = 0
+    pending: list[ParsedCall | CallError] = field(default_factory=list)  # calls of the last turn
+    instances: dict[str, str] = field(default_factory=dict)  # tool name -> instance id
+    tool_calls: int = 0
+    tool_errors: int = 0
+    tool_timeouts: int = 0
+    tool_latencies: list[float] = field(default_factory=list)  # seconds of each execute call
+    tool_rewards: list[float] = field(default_factory=list)  # execute's step rewards, in call order
+    reward_scores: dict[str, float] = field(default_factory=dict)  # calc_reward per tool
+    messages: list[dict[str, str]] = field(default_factory=list)  # the turns as chat messages
+    tokenization_mismatch: int | None = None  # 1: the turns' ids differ from the whole chat's; None: unchecked
+
+    def room(self, limit: int) -> int:
+        return limit - len(self.response_ids)
+
+    def append(self, ids: Sequence[int], from_model: bool, log_probs: Sequence[float] | None = None) -> None:
+        self.response_ids += list(ids)
+        self.model_mask += [int(from_model)] * len(ids)
+        self.log_probs += list(log_probs) if log_probs is not None else [0.0] * len(ids)
+
+    def end(self, finish: Finish) -> None:
+        self.state, self.finish, self.pending = AgentState.DONE, finish, []
+
+    def kwargs_for(self, tool: str, stage: str) -> dict[str, Any]:
+        per_tool = self.tools_kwargs.get(tool) or {}
+        return dict(per_tool.get(stage) or {})
+
+    def count_failure(self, outcome: CallOutcome) -> None:
+        self.tool_errors += 1
+        self.tool_timeouts += int(outcome.timed_out)
+
+
+def truncate_text(text: str, limit: int, side: str) -> str:
+    """Keep `limit` characters of `text`: the start (left), the end (right) or both ends (middle)."""
+    if len(text) <= limit:
+        return text
+    if side == "left":
+        return text[:limit] + "...(truncated)"
+    if side == "right":
+        return "(truncated)..." + text[-limit:]
+    head = limit // 2
+    return text[:head] + "...(truncated)..." + text[len(text) - (limit - head):]
+
+
+def _created_id(value: Any) -> str:
+    """`create`'s result: (instance_id, ToolResponse) as verl returns now, or the id alone as it used to."""
+    instance = value[0] if isinstance(value, tuple) and value else value
+    if not isinstance(instance, str) or not instance:
+        raise TypeError(f"create returned {value!r}; expected (instance_id, ToolResponse) or an instance id")
+    return instance
+
+
+def _executed(value: Any) -> tuple[str, float]:
+    """`execute`'s result as (text, step reward), or TypeError saying what came back instead."""
+    if not (isinstance(value, tuple) and len(value) == 3):
+        raise TypeError(f"execute returned {type(value).__name__} {str(value)[:80]!r}; expected "
+                        f"(ToolResponse, reward, metrics)")
+    response, reward, _ = value
+    if isinstance(response, str):
+        response = ToolResponse(text=response)
+    if not isinstance(response, ToolResponse):
+        raise TypeError(f"execute returned a {type(response).__name__} as its response; expected a ToolResponse")
+    if response.image is not None or response.video is not None:
+        raise TypeError("execute returned an image or video; only text tool responses are supported")
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+        raise TypeError(f"execute returned the reward {reward!r}; expected a finite number")
+    return response.text or "", float(reward)
+
+
+class AgentLoop:
+    """Multi-turn generation over `engine` with `tools` (by name), per `config.multi_turn`."""
+
+    def __init__(self, engine: BaseRollout, tokenizer: Any, config: RolloutConfig,
+                 tools: Mapping[str, BaseTool]) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.config = config
+        self.tools = dict(tools)
+        self.parse = CALL_FORMATS.get(config.multi_turn.format)
+        self.delta = ChatTemplateDelta(tokenizer)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.pad_token_id = int(pad)
+        self.eos_token_ids = eos_token_ids(tokenizer.eos_token_id)
+        self.runner = ToolRunner()
+        self._warned_tokenization = False
+
+    def close(self) -> None:
+        self.runner.close()
+
+    # ----- one call: every trajectory of the batch ----------------------------------------------------
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        input_ids, attention_mask, _ = check_prompts(prompts)
+        params = resolve_sampling_params(self.config, prompts.meta_info, self.eos_token_ids)
+        stop_ids = set(params.stop_token_ids)
+        trajectories = self._start(prompts, input_ids, attention_mask, params.n)
+        turn = 0
+        while any(t.state is AgentState.GENERATING for t in trajectories):
+            self._model_turn([t for t in trajectories if t.state is AgentState.GENERATING], prompts.meta_info,
+                             turn, stop_ids)
+            self._tool_turn([t for t in trajectories if t.state is AgentState.CALLING_TOOLS])
+            turn += 1
+        self._close_instances(trajectories)
+        self._check_tokenization(trajectories)
+        return self._assemble(prompts, trajectories, params.n)
+
+    def _check_tokenization(self, trajectories: list[Trajectory]) -> None:
+        """Mark each trajectory whose turn-by-turn ids differ from its conversation tokenised at once;
+        ones cut by the length limit (their last turn has no end) are not checked."""
+        mode = self.config.multi_turn.tokenization_sanity_check_mode
+        if mode == "disable":
+            return
+        for t in trajectories:
+            if t.finish is Finish.LENGTH or not t.messages:
+                continue
+            where = tokenization_mismatch(self.delta, t.messages, t.response_ids, mode)
+            t.tokenization_mismatch = int(where is not None)
+            if where is not None and not self._warned_tokenization:
+                self._warned_tokenization = True
+                logger.warning("multi-turn tokenization: a trajectory's turn-by-turn ids differ from its "
+                               "conversation tokenised at once (%s); counted in agent/tokenization_mismatch. "
+                               "multi_turn.tokenization_sanity_check_mode=ignore_strippable ignores whitespace "
+                               "differences, disable turns the check off", where)
+
+    def _start(self, prompts: DataProto, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+               n: int) -> list[Trajectory]:
+        rows = len(prompts)
+        extra_infos = prompts.non_tensor_batch.get("extra_info", np.full(rows, None, dtype=object))
+        default_loop = self.config.agent.default_agent_loop or "tool_agent"
+        agent_names = prompts.non_tensor_batch.get("agent_name", np.full(rows, None, dtype=object))
+        trajectories = []
+        for i in range(rows):
+            extra = extra_infos[i] if isinstance(extra_infos[i], Mapping) else {}
+            name = agent_names[i] or default_loop
+            if name not in AGENT_LOOPS:
+                raise ValueError(f"prompt row {i} has agent_name={name!r}; the agent loops are {AGENT_LOOPS}")
+            tools_kwargs = extra.get("tools_kwargs") or {}
+            unknown = sorted(set(tools_kwargs) - set(self.tools))
+            if unknown:
+                raise ValueError(f"prompt row {i}: extra_info.tools_kwargs names tools {unknown} that are not loaded; "
+                                 f"loaded: {sorted(self.tools)} (multi_turn.tool_config_path / function_tool_path)")
+            prompt = input_ids[i][attention_mask[i].bool()].tolist()
+            trajectories += [Trajectory(prompt, name, tools_kwargs) for _ in range(n)]
+        return trajectories
+
+    # ----- the model's turn ---------------------------------------------------------------------------
+    def _model_turn(self, active: list[Trajectory], meta_info: Mapping[str, Any], turn: int,
+                    stop_ids: set[int]) -> None:
+        limit = self.config.response_length
+        rooms = [t.room(limit) for t in active]
+        context = max(len(t.prompt_ids) + len(t.response_ids) for t in active)
+        columns = [left_pad(t.prompt_ids + t.response_ids, context, self.pad_token_id) for t in active]
+        batch = DataProto.from_dict({key: torch.stack([c[k] for c in columns])  # each (active, context)
+                                     for k, key in enumerate(("input_ids", "attention_mask", "position_ids"))})
+        batch.meta_info = {k: v for k, v in meta_info.items() if k in CALL_OVERRIDES}
+        batch.meta_info.update(n=1, response_length=max(rooms))
+        if meta_info.get("seed") is not None:
+            batch.meta_info["seed"] = int(meta_info["seed"]) + TURN_SEED_STRIDE * turn
+        out = self.engine.generate_sequences(batch)
+        lengths = out.batch["response_mask"].sum(dim=-1).tolist()
+        for i, (t, room) in enumerate(zip(active, rooms, strict=True)):
+            # a row may have sampled past its own share of the budget: its first `room` tokens are exactly
+            # a sample with that budget, since each token depends only on the ones before it
+            keep = min(int(lengths[i]), room)
+            ids = out.batch["responses"][i, :keep].tolist()
+            t.append(ids, True, out.batch["rollout_log_probs"][i, :keep].tolist())
+            t.assistant_turns += 1
+            if not ids or ids[-1] not in stop_ids:
+                t.end(Finish.LENGTH)
+            else:
+                t.messages.append({"role": "assistant", "content": self.tokenizer.decode(ids[:-1])})
+                self._after_model_turn(t, self.tokenizer.decode(ids, skip_special_tokens=True))
+
+    def _after_model_turn(self, t: Trajectory, text: str) -> None:
+        calls = self.parse(text) if t.agent_name == "tool_agent" else []
+        max_assistant, max_user = self.config.multi_turn.max_assistant_turns, self.config.multi_turn.max_user_turns
+        if not calls:
+            t.end(Finish.ANSWER)
+        elif max_assistant is not None and t.assistant_turns >= max_assistant:
+            t.end(Finish.ASSISTANT_TURNS)
+        elif max_user is not None and t.user_turns >= max_user:
+            t.end(Finish.USER_TURNS)
+        else:
+            t.state, t.pending = AgentState.CALLING_TOOLS, calls
+
+    # ----- the tools' turn ----------------------------------------------------------------------------
+    def _tool_turn(self, calling: list[Trajectory]) -> None:
+        if not calling:
+            return
+        replies: list[list[str | None]] = []  # per trajectory, per call: the error, or None until executed
+        for t in calling:
+            replies.append([self._call_problem(t, j, call) for j, call in enumerate(t.pending)])
+        self._create_instances(calling, replies)
+        self._execute(calling, replies)
+        for t, texts in zip(calling, replies, strict=True):
+            messages = [{"role": "tool", "content": text} for text in texts]
+            t.messages += messages
+            self._append_context(t, self.delta.ids_after_turn(messages))
+
+    def _call_problem(self, t: Trajectory, index: int, call: ParsedCall | CallError) -> str | None:
+        """Why a call cannot run (the message the model reads), or None; counts the failure."""
+        problem = None
+        if isinstance(call, CallError):
+            problem = call.message
+        elif index >= self.config.multi_turn.max_parallel_calls:
+            problem = f"only {self.config.multi_turn.max_parallel_calls} tool call(s) run per turn; this one did not"
+        elif call.name not in self.tools:
+            problem = f"there is no tool named {call.name!r}; the tools are {sorted(self.tools)}"
+        t.tool_calls += 1
+        if problem is not None:
+            t.tool_errors += 1
+            return f"Error: {problem}"
+        return None
+
+    def _runnable(self, calling: list[Trajectory], replies: list[list[str | None]]):
+        for t, texts in zip(calling, replies, strict=True):
+            for j, call in enumerate(t.pending):
+                if texts[j] is None:
+                    yield t, texts, j, call
+
+    def _create_instances(self, calling: list[Trajectory], replies: list[list[str | None]]) -> None:
+        needed = {(id(t), call.name): t for t, _, _, call in self._runnable(calling, replies)
+                  if call.name not in t.instances}
+        timeout = self.config.multi_turn.tool_timeout
+        jobs = [(self._bind(self.tools[name].create, **t.kwargs_for(name, "create_kwargs")), timeout)
+                for (_, name), t in needed.items()]
+        failed: dict[tuple[int, str], str] = {}
+        for ((key, name), t), outcome in zip(needed.items(), self.runner.run(jobs), strict=True):
+            try:
+                if not outcome.ok:
+                    raise RuntimeError(outcome.error)
+                t.instances[name] = _created_id(outcome.value)
+            except (RuntimeError, TypeError) as err:
+                t.count_failure(outcome)
+                failed[(key, name)] = f"Error: the tool {name!r} could not start: {err}"
+        for t, texts, j, call in list(self._runnable(calling, replies)):
+            if (id(t), call.name) in failed:
+                texts[j] = failed[(id(t), call.name)]
+
+    def _execute(self, calling: list[Trajectory], replies: list[list[str | None]]) -> None:
+        runnable = list(self._runnable(calling, replies))
+        timeout = self.config.multi_turn.tool_timeout
+        jobs = [(self._bind(self.tools[call.name].execute, t.instances[call.name], call.arguments,
+                            **t.kwargs_for(call.name, "execute_kwargs")), timeout) for t, _, _, call in runnable]
+        for (t, texts, j, _), outcome in zip(runnable, self.runner.run(jobs), strict=True):
+            t.tool_latencies.append(outcome.seconds)
+            try:
+                if not outcome.ok:
+                    raise RuntimeError(outcome.error)
+                text, reward = _executed(outcome.value)
+            except (RuntimeError, TypeError) as err:
+                t.count_failure(outcome)
+                texts[j] = f"Error: {err}"
+                continue
+            t.tool_rewards.append(reward)
+            texts[j] = truncate_text(text, self.config.multi_turn.max_tool_response_length,
+                                     self.config.multi_turn.tool_response_truncate_side)
+
+    def _append_context(self, t: Trajectory, ids: list[int]) -> None:
+        room = t.room(self.config.response_length)
+        t.append(ids[:room], False)
+        t.user_turns += 1
+        if len(ids) >= room:  # no room left for the model to answer
+            t.end(Finish.LENGTH)
+        else:
+            t.state, t.pending = AgentState.GENERATING, []
+
+    def _close_instances(self, trajectories: list[Trajectory]) -> None:
+        """calc_reward, then release, every instance the trajectories created."""
+        owned = [(t, name, instance) for t in trajectories for name, instance in t.instances.items()]
+        timeout = self.config.multi_turn.tool_timeout
+        for stage in ("calc_reward_kwargs", "release_kwargs"):
+            method = "calc_reward" if stage == "calc_reward_kwargs" else "release"
+            jobs = [(self._bind(getattr(self.tools[name], method), instance, **t.kwargs_for(name, stage)), timeout)
+                    for t, name, instance in owned]
+            for (t, name, _), outcome in zip(owned, self.runner.run(jobs), strict=True):
+                if not outcome.ok:
+                    t.count_failure(outcome)
+                elif method == "calc_reward":
+                    value = outcome.value
+                    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                        t.count_failure(outcome)
+                    else:
+                        t.reward_scores[name] = float(value)
+
+    @staticmethod
+    def _bind(method: Any, *args: Any, **kwargs: Any) -> Any:
+        return lambda: method(*args, **kwargs)
+
+    # ----- the output ---------------------------------------------------------------------------------
+    def _assemble(self, prompts: DataProto, trajectories: list[Trajectory], n: int) -> DataProto:
+        rows, width = len(trajectories), self.config.response_length
+        responses = torch.full((rows, width), self.pad_token_id, dtype=torch.long)  # (B*n, R)
+        model_mask = torch.zeros(rows, width, dtype=torch.long)
+        log_probs = torch.zeros(rows, width, dtype=torch.float32)
+        for i, t in enumerate(trajectories):
+            length = len(t.response_ids)
+            responses[i, :length] = torch.tensor(t.response_ids, dtype=torch.long)
+            model_mask[i, :length] = torch.tensor(t.model_mask, dtype=torch.long)
+            log_probs[i, :length] = torch.tensor(t.log_probs, dtype=torch.float32)
+        lengths = torch.tensor([len(t.response_ids) for t in trajectories])
+        inputs = prompts.select(batch_keys=list(prompts.batch.keys()), non_tensor_batch_keys=[
+            key for key in prompts.non_tensor_batch if key not in AGENT_INPUT_COLUMNS])
+        output = assemble_output(inputs, responses.to(prompts.batch["input_ids"].device), lengths, log_probs, n)
+        mask = model_mask.to(output.batch["response_mask"])
+        output.batch["response_mask"] = mask
+        output.batch["rollout_log_probs"] = torch.where(mask.bool(), output.batch["rollout_log_probs"], 0.0)
+        output.non_tensor_batch.update(sample_columns(trajectories))
+        return output

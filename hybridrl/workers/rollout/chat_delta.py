@@ -1,0 +1,67 @@
+"""The tokens the chat template puts between the end of an assistant turn and the model's next turn.
+
+In a multi-turn rollout the model's own tokens are kept exactly as sampled, and only the text the chat
+template adds around new messages (tool responses, the next assistant header) is tokenised. That text
+is found by rendering a fixed two-message chat, once alone and once followed by the new messages with
+the generation prompt: the longer rendering must extend the shorter one, and the difference is what
+the new messages add. What the template writes after an assistant turn's EOS token (ChatML: a newline)
+belongs to the same stretch, since the model stops at the EOS.
+
+For a template whose renderings of shorter chats are prefixes of longer ones, and a tokenizer that
+does not merge tokens across an EOS token or across the end of an assistant header, the ids of the
+prompt, the model's turns and these deltas, concatenated, equal the ids of the whole conversation
+tokenised at once (tests/workers/rollout/test_agent_loop.py checks it for the tiny model's ChatML template).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+# A fixed chat whose end the deltas are measured from; its words never reach a model.
+_ANCHOR = [{"role": "user", "content": "anchor question"}, {"role": "assistant", "content": "anchor reply"}]
+
+
+class ChatTemplateDelta:
+    """`ids_after_turn(messages)`: the ids that follow an assistant turn's EOS when `messages` come next."""
+
+    def __init__(self, tokenizer: Any, template_kwargs: Mapping[str, Any] | None = None) -> None:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("multi-turn rollouts need a tokenizer with a chat_template to add tool responses")
+        if not tokenizer.eos_token:
+            raise ValueError("multi-turn rollouts need a tokenizer with an EOS token: it ends each assistant turn")
+        self.tokenizer = tokenizer
+        self.template_kwargs = dict(template_kwargs or {})
+        self._head = self.render(_ANCHOR, add_generation_prompt=False)
+        marker = _ANCHOR[-1]["content"] + tokenizer.eos_token
+        at = self._head.rfind(marker)
+        if at < 0:
+            raise ValueError(
+                f"the chat template does not end an assistant turn with the EOS token {tokenizer.eos_token!r} "
+                f"(rendered: {self._head!r}); the model's turns could not be continued as the template would "
+                f"render them")
+        self._after_eos = self._head[at + len(marker):]
+
+    @property
+    def after_eos(self) -> str:
+        """What the template writes after an assistant turn's EOS (ChatML: a newline)."""
+        return self._after_eos
+
+    @property
+    def anchor_user(self) -> dict[str, str]:
+        return dict(_ANCHOR[0])
+
+    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt,
+                                                  tokenize=False, **self.template_kwargs)
+
+    def text_after_turn(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        """The text between an assistant turn's EOS and the start of the next assistant turn's content."""
+        full = self.render([*_ANCHOR, *messages], add_generation_prompt=True)
+        if not full.startswith(self._head):
+            raise ValueError("the chat template renders earlier messages differently once more follow; the tool "
+                             "responses cannot be appended turn by turn")
+        return self._after_eos + full[len(self._head):]
+
+    def ids_after_turn(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        return list(self.tokenizer(self.text_after_turn(messages), add_special_tokens=False)["input_ids"])
