@@ -32,7 +32,7 @@ class ChatTemplateDelta:
             raise ValueError("multi-turn rollouts need a tokenizer with an EOS token: it ends each assistant turn")
         self.tokenizer = tokenizer
         self.template_kwargs = dict(template_kwargs or {})
-        self._head = self.render(_ANCHOR, add_generation_prompt=False)
+        self._head = self._render(_ANCHOR, add_generation_prompt=False)
         marker = _ANCHOR[-1]["content"] + tokenizer.eos_token
         at = self._head.rfind(marker)
         if at < 0:
@@ -41,23 +41,16 @@ class ChatTemplateDelta:
                 f"(rendered: {self._head!r}); the model's turns could not be continued as the template would "
                 f"render them")
         self._after_eos = self._head[at + len(marker):]
+        # the fixed prompt a whole conversation is rendered after (ids_of_turns), up to the assistant header
+        self._prompt_head = self._render(_ANCHOR[:1], add_generation_prompt=True)
 
-    @property
-    def after_eos(self) -> str:
-        """What the template writes after an assistant turn's EOS (ChatML: a newline)."""
-        return self._after_eos
-
-    @property
-    def anchor_user(self) -> dict[str, str]:
-        return dict(_ANCHOR[0])
-
-    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool) -> str:
+    def _render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt,
                                                   tokenize=False, **self.template_kwargs)
 
     def text_after_turn(self, messages: Sequence[Mapping[str, Any]]) -> str:
         """The text between an assistant turn's EOS and the start of the next assistant turn's content."""
-        full = self.render([*_ANCHOR, *messages], add_generation_prompt=True)
+        full = self._render([*_ANCHOR, *messages], add_generation_prompt=True)
         if not full.startswith(self._head):
             raise ValueError("the chat template renders earlier messages differently once more follow; the tool "
                              "responses cannot be appended turn by turn")
@@ -65,3 +58,16 @@ class ChatTemplateDelta:
 
     def ids_after_turn(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
         return list(self.tokenizer(self.text_after_turn(messages), add_special_tokens=False)["input_ids"])
+
+    def ids_of_turns(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """The ids the template gives `messages` (assistant and tool turns) after a prompt, tokenised at once:
+        what the turn-by-turn ids should equal. The text after the last assistant turn's EOS is left out,
+        since the model stops at the EOS."""
+        full = self._render([*_ANCHOR[:1], *messages], add_generation_prompt=False)
+        if not full.startswith(self._prompt_head):
+            raise ValueError("the chat template renders the prompt differently once a reply follows; the turns "
+                             "cannot be compared with the whole conversation")
+        text = full[len(self._prompt_head):]
+        if messages and messages[-1]["role"] == "assistant" and self._after_eos and text.endswith(self._after_eos):
+            text = text[: -len(self._after_eos)]
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -23,29 +23,12 @@ from typing import Any
 from hybridrl.workers.rollout.chat_delta import ChatTemplateDelta
 
 
-def conversation_ids(delta: ChatTemplateDelta, messages: Sequence[Mapping[str, Any]]) -> list[int]:
-    """The ids the chat template gives `messages` (assistant and tool turns) after a prompt, at once.
-
-    The text after the last assistant turn's EOS is left out: the model stopped at the EOS.
-    """
-    head = delta.render([delta.anchor_user], add_generation_prompt=True)
-    full = delta.render([delta.anchor_user, *messages], add_generation_prompt=False)
-    if not full.startswith(head):
-        raise ValueError("the chat template renders the prompt differently once a reply follows; the turns "
-                         "cannot be compared with the whole conversation")
-    text = full[len(head):]
-    if messages and messages[-1]["role"] == "assistant" and delta.after_eos and text.endswith(delta.after_eos):
-        text = text[: -len(delta.after_eos)]
-    return list(delta.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
 def mismatch(delta: ChatTemplateDelta, messages: Sequence[Mapping[str, Any]], response_ids: Sequence[int],
              mode: str) -> str | None:
-    """None when the turn-by-turn `response_ids` agree with `messages` tokenised at once under `mode`;
-    otherwise where they first differ (for the log)."""
-    if mode == "disable":
-        return None
-    expected = conversation_ids(delta, messages)
+    """None when the turn-by-turn `response_ids` agree with `messages` tokenised at once under `mode`
+    (strict or ignore_strippable; the caller skips the check under disable); otherwise where they first
+    differ (for the log)."""
+    expected = delta.ids_of_turns(messages)
     actual = list(response_ids)
     if expected == actual:
         return None
