@@ -46,6 +46,12 @@ class DataSchema:
     train_batch_size: int = 32
     # Sequences per forward/backward pass on each rank; gradients accumulate over the micro-batches.
     micro_batch_size_per_gpu: int = 32
+    # Form micro-batches by tokens instead (verl's SFT key): rows sorted by length, each pass at most
+    # max_token_len_per_gpu padded tokens (rows x longest row), cut where a pass saves the most padding;
+    # micro_batch_size_per_gpu is then unused. Same loss, less padding when lengths differ a lot.
+    use_dynamic_bsz: bool = False
+    # The token budget of one forward/backward pass with use_dynamic_bsz; at least data.max_length.
+    max_token_len_per_gpu: int = 8192
 
 
 @dataclass

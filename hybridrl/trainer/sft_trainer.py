@@ -68,6 +68,9 @@ def validate_config(config: DictConfig) -> DictConfig:
              f"ranks ({world} = trainer.n_gpus_per_node x trainer.nnodes)")
     _require(data.micro_batch_size_per_gpu > 0,
              f"data.micro_batch_size_per_gpu must be positive, got {data.micro_batch_size_per_gpu}")
+    _require(not data.use_dynamic_bsz or data.max_token_len_per_gpu >= data.max_length,
+             f"data.max_token_len_per_gpu ({data.max_token_len_per_gpu}) must be at least data.max_length "
+             f"({data.max_length}) with data.use_dynamic_bsz=true, so that the longest sequence fits one pass")
     _require(optim.lr_scheduler in ("constant", "cosine"),
              f"optim.lr_scheduler must be constant or cosine, got {optim.lr_scheduler!r}")
     _require(set(trainer.logger) <= {"console", "file"},

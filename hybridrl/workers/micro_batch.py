@@ -48,6 +48,32 @@ def _split_to_count(groups: list[list[int]], count: int) -> list[list[int]]:
     return groups
 
 
+def cheapest_cuts(sorted_lengths: list[int], max_token_len: int) -> list[tuple[int, int]]:
+    """Cut ascending lengths into contiguous runs [lo, hi) whose padded forward passes cost least in all.
+
+    A run costs (rows + 1) x its longest length: the padded tokens, plus one more row's worth for the
+    pass itself (its parameter gathers, kernel launches and Python), so a pass is added only where it
+    saves more than a row of padding, e.g. between short direct answers and long tool conversations.
+    Each run keeps rows x longest length within `max_token_len` (a row longer than that runs alone).
+    Exact minimum by dynamic programming over the cut points: O(rows x rows per run).
+    """
+    n = len(sorted_lengths)
+    best = [0] + [float("inf")] * n  # best[i]: cheapest cost of the first i rows
+    start = [0] * (n + 1)  # start[i]: where the last run of that cheapest cut begins
+    for hi in range(1, n + 1):
+        width = max(sorted_lengths[hi - 1], 1)
+        fits = max(max_token_len // width, 1)  # rows of this width a pass can take
+        for lo in range(max(hi - fits, 0), hi):
+            cost = best[lo] + (hi - lo + 1) * width
+            if cost < best[hi]:
+                best[hi], start[hi] = cost, lo
+    cuts, hi = [], n
+    while hi > 0:
+        cuts.append((start[hi], hi))
+        hi = start[hi]
+    return cuts[::-1]
+
+
 def make_micro_batches(
     data: DataProto,
     micro_batch_size: int | None = None,
@@ -56,7 +82,8 @@ def make_micro_batches(
     """Cut `data` into micro-batches of similar-length rows.
 
     Fixed size (`micro_batch_size` rows) or dynamic (`max_token_len`: rows x padded width of each
-    micro-batch stays within the budget, which is what a padded forward pass costs). The count is the
+    micro-batch stays within the budget, which is what a padded forward pass costs, and the cuts fall
+    where they save the most padding; see `cheapest_cuts`). The count is the
     same on every rank of the process group; a rank with too few rows runs dummy micro-batches (a real
     row with its response masked out) whose outputs are dropped.
     """
@@ -75,13 +102,8 @@ def make_micro_batches(
                 f"max_token_len={max_token_len} is below one padded sequence ({width} tokens = prompt + response "
                 f"length); raise ppo_max_token_len_per_gpu / log_prob_max_token_len_per_gpu"
             )
-        groups, current = [], []
-        for i in order:  # ascending length: the newest row is the widest of its group
-            if current and (len(current) + 1) * lengths[i] > max_token_len:
-                groups.append(current)
-                current = []
-            current.append(i)
-        groups.append(current)
+        sorted_lengths = [lengths[i] for i in order]
+        groups = [order[lo:hi] for lo, hi in cheapest_cuts(sorted_lengths, max_token_len)]
     groups = [g for g in groups if g]
     count = _agree_max(len(groups))
     micro = [MicroBatch(data.select_rows(g), g) for g in _split_to_count(groups, count)]
@@ -91,10 +113,11 @@ def make_micro_batches(
 
 
 def _dummy(data: DataProto) -> MicroBatch:
-    """One real row with its response masked out: runs the collectives, contributes nothing."""
+    """One real row with its loss masked out: runs the collectives, contributes nothing."""
     row = data.select_rows([0]).select(deepcopy=True)
-    if "response_mask" in row.batch:
-        row.batch["response_mask"] = torch.zeros_like(row.batch["response_mask"])
+    for key in ("response_mask", "loss_mask"):  # what the PPO and the SFT losses count
+        if key in row.batch:
+            row.batch[key] = torch.zeros_like(row.batch[key])
     return MicroBatch(row, [])
 
 

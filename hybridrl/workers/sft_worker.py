@@ -27,6 +27,7 @@ from hybridrl.protocol import DataProto
 from hybridrl.workers.checkpoint import CheckpointManager
 from hybridrl.workers.config import FSDPConfig, OptimConfig, to_dataclass
 from hybridrl.workers.engine.fsdp import FSDPEngine, refuse_offload
+from hybridrl.workers.micro_batch import make_micro_batches
 
 SFT_KEYS = ("input_ids", "attention_mask", "position_ids", "loss_mask")
 
@@ -47,20 +48,19 @@ def token_losses(module: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tup
     return nll, batch["loss_mask"][:, 1:].to(nll.dtype)
 
 
-def micro_batches(data: DataProto, size: int) -> list[dict[str, torch.Tensor]]:
-    """Rows grouped by similar length into micro-batches of `size`, each trimmed to its longest row.
+def micro_batches(data: DataProto, size: int, max_token_len: int | None) -> list[dict[str, torch.Tensor]]:
+    """Rows grouped by similar length into micro-batches, each trimmed to its longest row.
 
-    Sequences are right-padded, so columns past the longest real row of a micro-batch are padding in
-    every row; dropping them saves their compute without changing any loss term (causal attention never
-    looks right).
+    `size` rows each, or, with `max_token_len` (data.use_dynamic_bsz), as many rows as fit the token budget
+    with cuts where they save the most padding (`make_micro_batches`). Sequences are right-padded, so
+    columns past the longest real row of a micro-batch are padding in every row; dropping them saves
+    their compute without changing any loss term (causal attention never looks right).
     """
-    lengths = data.batch["attention_mask"].sum(dim=-1)  # (rows,)
-    order = torch.argsort(lengths, stable=True)
+    parts = make_micro_batches(data, None if max_token_len else size, max_token_len)
     out = []
-    for start in range(0, len(data), size):
-        rows = order[start:start + size]
-        width = int(lengths[rows].max())
-        out.append({k: data.batch[k][rows, :width] for k in SFT_KEYS})  # each (rows, width)
+    for part in parts:
+        width = int(part.data.batch["attention_mask"].sum(dim=-1).max())
+        out.append({k: part.data.batch[k][:, :width] for k in SFT_KEYS})  # each (rows, width)
     return out
 
 
@@ -112,7 +112,9 @@ class SFTWorker(Worker):
         global_tokens = _all_reduce_sum(local_tokens)
         if global_tokens == 0:
             raise ValueError("the batch has no assistant tokens to train on; check the loss masks / data keys")
-        parts = micro_batches(data, self.config.data.micro_batch_size_per_gpu)
+        data_cfg = self.config.data
+        parts = micro_batches(data, data_cfg.micro_batch_size_per_gpu,
+                              data_cfg.max_token_len_per_gpu if data_cfg.use_dynamic_bsz else None)
         loss_sum = 0.0
         for i, part in enumerate(parts):
             with self.engine.gradient_sync(enabled=i == len(parts) - 1):
