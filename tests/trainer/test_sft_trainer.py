@@ -118,6 +118,16 @@ def test_micro_batch_size_does_not_change_the_update(local_run, sft_data, tiny_m
                                                                     abs=1e-5)
 
 
+def test_token_budget_micro_batches_do_not_change_the_update(local_run, sft_data, tiny_model_dir, tmp_path):
+    # a budget of 2 x max_length tokens cuts the 8 rows into passes by their lengths, where the local run
+    # has 2 passes of 4; the loss is the same global token mean, so step 2 (after one update) matches
+    max_length = validate_config(sft_config(sft_data, tiny_model_dir, tmp_path)).data.max_length
+    run_sft(sft_config(sft_data, tiny_model_dir, tmp_path, "data.use_dynamic_bsz=true",
+                       f"data.max_token_len_per_gpu={2 * max_length}", "trainer.total_training_steps=2"))
+    assert read_metrics(tmp_path)[2]["train/loss"] == pytest.approx(read_metrics(local_run)[2]["train/loss"],
+                                                                    abs=1e-5)
+
+
 @pytest.mark.ray
 def test_two_ray_ranks_match_one_local_rank(local_run, sft_data, tiny_model_dir, tmp_path):
     import ray
@@ -137,10 +147,11 @@ def test_two_ray_ranks_match_one_local_rank(local_run, sft_data, tiny_model_dir,
     ("+data.batch_size=4", "batch_size"),
     ("trainer.backend=slurm", "trainer.backend"),
     ("data.train_batch_size=9", "data.train_batch_size (9) must be a positive multiple of the number of ranks (2"),
+    ("data.max_token_len_per_gpu=64", "data.max_token_len_per_gpu (64) must be at least data.max_length (128)"),
 ])
 def test_bad_settings_name_the_key(sft_data, tiny_model_dir, tmp_path, override, message):
     config = sft_config(sft_data, tiny_model_dir, tmp_path, "trainer.backend=ray", "trainer.n_gpus_per_node=2",
-                        override)
+                        "data.use_dynamic_bsz=true", override)
     with pytest.raises(Exception, match=message.replace("(", r"\(").replace(")", r"\)")):
         validate_config(config)
 
