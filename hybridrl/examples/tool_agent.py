@@ -38,8 +38,8 @@ TASK = {"train_size": 20000, "test_size": 256, "call_shares": {"+": 0.3, "-": 0.
 # beta2 = 0.999 the plateau ended in loss spikes and, on some seeds and orders of floating-point sums, never
 # (seed 0: SFT loss 0.2-0.5 until step 1300, 0.18 at 1600; 0.4% held-out accuracy with calls on 45%).
 # beta2 = 0.95 (the usual choice for transformers) keeps the second-moment estimate fresh, so the update
-# stays bounded when the copy gradients appear: seed 0 then learnt to copy by step ~500 and copied all of
-# 58/58 held-out subtractions at step 1000.
+# stays bounded when the copy gradients appear: seeds 0-2 then learnt to copy between steps 300 and 600
+# (loss below 0.07 by step 700), and seed 0's model copied 58 of 58 held-out subtractions at step 1000.
 SFT_STEPS = 1000
 # A conversation is at most 119 tokens with the tiny tokenizer (the call alone is 71), its prompt 21; an
 # answer by hand is ~32. Token-budget micro-batches run the two kinds in separate passes instead of padding

@@ -11,6 +11,7 @@ import json
 import pytest
 
 from hybridrl.examples import tool_agent
+from hybridrl.trainer.run_config import read_run_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -18,6 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 def test_the_demo_runs_every_stage_and_writes_its_summary(tmp_path, monkeypatch):
     monkeypatch.setattr(tool_agent, "TASK", {**tool_agent.TASK, "train_size": 256, "test_size": 16})
     tool_agent.main(["--workdir", str(tmp_path), "--steps", "2", "--sft-steps", "20", "--threads", "1",
+                     "--sft", "optim.lr=0.002",
                      "trainer.backend=local", "trainer.n_gpus_per_node=1", "trainer.test_freq=1", "data.train_batch_size=4",
                      "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=4"])
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -27,6 +29,8 @@ def test_the_demo_runs_every_stage_and_writes_its_summary(tmp_path, monkeypatch)
     for key in ("held-out tool calls per sample before", "held-out tool calls per sample after"):
         assert summary[key] >= 0.0
     assert (tmp_path / summary["trained model"] / "config.json").exists()
+    sft_config = read_run_config(tmp_path / "sft" / "global_step_20")
+    assert sft_config["optim"]["lr"] == 0.002 and sft_config["optim"]["betas"] == [0.9, 0.95]  # --sft on the recipe
     history = [json.loads(line) for line in (tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in history if "timing_s/step" in m]
     # the agent loop ran the rollouts: its metrics are in every step
