@@ -32,6 +32,7 @@ from hybridrl.trainer.metrics import (
     compute_timing_metrics,
     reduce_metrics,
 )
+from hybridrl.trainer.old_log_prob import old_log_prob_from_update
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
 from hybridrl.trainer.reward_async import BackgroundReward
 from hybridrl.trainer.run_config import report_config_changes, write_run_config
@@ -93,6 +94,8 @@ class PPOTrainer:
         self._reward_extra_keys: set[str] = set()  # per-sample values the reward function returned
         # rule-based rewards scored while the workers recompute log-probs (reward_model.launch_reward_fn_async)
         self.background_reward = BackgroundReward(reward_fn) if config.reward_model.launch_reward_fn_async else None
+        # on a fully on-policy step the update's own forward pass gives the old log-probs (old_log_prob.py)
+        self.fuse_old_log_prob = old_log_prob_from_update(config)
 
     # ----- the loop ------------------------------------------------------------------------------------
     def fit(self) -> list[dict[str, float]]:
@@ -240,17 +243,19 @@ class PPOTrainer:
             metrics.update(dataflow.balance_batch(batch, self.groups.world_size))
 
     def _recompute(self, batch: DataProto, metrics: dict, timing: dict) -> None:
-        """5. The actor's log-probs of its own samples, the reference's, and the critic's values."""
+        """5. The actor's log-probs of its own samples (unless the update gives them), the reference's, and
+        the critic's values."""
         tokens = real_tokens(batch)
-        with timer("old_log_prob", timing):
-            old = self.groups.actor_rollout.compute_log_prob(batch)
-        self.costs.record("old_log_prob", old, tokens, timing)
-        mask = batch.batch["response_mask"]
-        entropy = old.batch.pop("entropys")
-        metrics["actor/entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
-        batch.union(old)
-        if self.config.actor_rollout_ref.rollout.calculate_log_probs:
-            metrics.update(compute_rollout_agreement_metrics(batch))
+        metrics["actor/old_log_prob_fused"] = float(self.fuse_old_log_prob)
+        if not self.fuse_old_log_prob:
+            with timer("old_log_prob", timing):
+                old = self.groups.actor_rollout.compute_log_prob(batch)
+            self.costs.record("old_log_prob", old, tokens, timing)
+            mask = batch.batch["response_mask"]
+            entropy = old.batch.pop("entropys")
+            metrics["actor/entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
+            batch.union(old)
+            self._rollout_agreement(batch, metrics)
         if self.groups.uses_reference:
             with timer("ref", timing):
                 ref = self.groups.actor_rollout.compute_ref_log_prob(batch)
@@ -291,10 +296,19 @@ class PPOTrainer:
     def _update_actor(self, batch: DataProto, metrics: dict, timing: dict) -> None:
         """8. The policy update, once the critic has warmed up (`trainer.critic_warmup` steps)."""
         if self.config.trainer.critic_warmup <= self.global_steps:
+            batch.meta_info["fuse_old_log_prob"] = self.fuse_old_log_prob
             with timer("update_actor", timing):
                 output = self.groups.actor_rollout.update_actor(batch)
             self.costs.record("update_actor", output, real_tokens(batch), timing)
             metrics.update(reduce_metrics(output.meta_info["metrics"]))
+            if self.fuse_old_log_prob:  # the update's forward pass gave them
+                batch.union(output.select(batch_keys=["old_log_probs"], meta_info_keys=[]))
+                self._rollout_agreement(batch, metrics)
+
+    def _rollout_agreement(self, batch: DataProto, metrics: dict) -> None:
+        """The rollout engine's log-probs against the trainer's (rollout.calculate_log_probs)."""
+        if self.config.actor_rollout_ref.rollout.calculate_log_probs:
+            metrics.update(compute_rollout_agreement_metrics(batch))
 
     # ----- validation, checkpoints, logging ------------------------------------------------------------
     def _check_divergence(self, tracker: Tracking, metrics: dict[str, float]) -> bool:

@@ -80,7 +80,32 @@ class PPOActor:
         return log_probs, entropy
 
     def update_policy(self, data: DataProto, plan: BatchingPlan) -> dict[str, list[float]]:
-        """PPO epochs over the rank's rows; returns per-mini-batch metrics under `actor/`."""
+        """PPO epochs over the rank's rows, against their `old_log_probs`; per-mini-batch metrics under `actor/`."""
+        return self._update(data, plan, fused=False)
+
+    def update_policy_fused(self, data: DataProto, plan: BatchingPlan) -> tuple[dict[str, list[float]], torch.Tensor]:
+        """One on-policy update whose old log-probs come from its own forward pass; returns the metrics and
+        those log-probs (rows, response_len), in row order.
+
+        With one epoch and one mini-batch no optimizer step happens before a row's forward pass, so the
+        parameters that give its log-probs are the ones a separate no-grad pass would have used:
+        old_log_prob = log_prob.detach() is that pass's value (ratio 1, the clip inactive), without its
+        cost. The log-probs are returned for what reads them after the update (the rollout-agreement
+        metrics).
+        """
+        if plan.epochs != 1 or plan.mini_batch_rows != len(data):
+            raise ValueError(
+                f"old log-probs can come from the update only when it is one epoch over one mini-batch; got "
+                f"{plan.epochs} epoch(s) of mini-batches of {plan.mini_batch_rows} rows over {len(data)} rows"
+            )
+        data = data.select(deepcopy=False)
+        data.batch["row_index"] = torch.arange(len(data))  # survives shuffling and micro-batching
+        old_log_probs = torch.zeros_like(data.batch["responses"], dtype=torch.float32)  # (rows, response_len)
+        metrics = self._update(data, plan, fused=True, old_log_probs_out=old_log_probs)
+        return metrics, old_log_probs
+
+    def _update(self, data: DataProto, plan: BatchingPlan, fused: bool,
+                old_log_probs_out: torch.Tensor | None = None) -> dict[str, list[float]]:
         self.engine.module.train()
         temperature = temperature_of(data)
         cfg = self.config
@@ -91,8 +116,13 @@ class PPOActor:
             mask = batch["response_mask"]
             tokens = float(mask.sum())
             log_prob, entropy = self._log_probs(micro, temperature, with_entropy=True)
+            if fused:
+                old_log_prob = log_prob.detach()
+                old_log_probs_out[batch["row_index"]] = old_log_prob.float()
+            else:
+                old_log_prob = batch["old_log_probs"]
             pg_loss, pg_metrics = compute_pg_loss(
-                cfg.policy_loss.loss_mode, batch["old_log_probs"], log_prob, batch["advantages"], mask,
+                cfg.policy_loss.loss_mode, old_log_prob, log_prob, batch["advantages"], mask,
                 cfg.loss_agg_mode, global_batch_info=info, **settings,
             )
             loss = pg_loss

@@ -122,6 +122,10 @@ class ActorConfig:
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
     ppo_epochs: int = 1
+    # hybridrl's key: on a fully on-policy step (ppo_epochs=1, one mini-batch per step, nothing that reads
+    # old log-probs before the update) take them from the update's own forward pass instead of a separate
+    # one; `actor/old_log_prob_fused` says which path ran (hybridrl/trainer/old_log_prob.py).
+    fuse_old_log_prob: bool = True
     # Shuffle rows before cutting mini-batches (each epoch), seeded by data_loader_seed.
     shuffle: bool = False
     data_loader_seed: int | None = None

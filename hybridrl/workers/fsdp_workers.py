@@ -180,10 +180,17 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     @report_worker_seconds
     def update_actor(self, data: DataProto) -> DataProto:
-        """PPO update on this rank's rows; metrics (already averaged over ranks) in meta_info."""
+        """PPO update on this rank's rows; metrics (already averaged over ranks) in meta_info.
+
+        With meta_info["fuse_old_log_prob"] the rows carry no `old_log_probs`: the update's own forward
+        pass gives them (`PPOActor.update_policy_fused`), and they are returned as `old_log_probs`.
+        """
         self._require(self.actor, "update_actor", "actor")
         data.meta_info.setdefault("temperature", self.config.rollout.temperature)
         plan = update_plan(self.config.actor, self.config.rollout.n, self.world_size)
+        if data.meta_info.get("fuse_old_log_prob", False):
+            metrics, old_log_probs = self.actor.update_policy_fused(data, plan)
+            return DataProto.from_dict({"old_log_probs": old_log_probs}, meta_info={"metrics": metrics})
         metrics = self.actor.update_policy(data, plan)
         return DataProto(meta_info={"metrics": metrics})
 

@@ -77,3 +77,52 @@ def test_micro_batches_and_ranks_give_the_big_batch_gradient_in_every_agg_mode(t
             torch.testing.assert_close(ranks[0][mode][0][name], grad, rtol=1e-4, atol=1e-6, msg=f"{mode} {name}")
         assert ranks[0][mode][1]["actor/pg_loss"][0] == pytest.approx(whole_metrics["actor/pg_loss"][0], rel=1e-5)
         assert ranks[0][mode][1]["actor/grad_norm"] == ranks[1][mode][1]["actor/grad_norm"]
+
+
+def _fused_and_two_pass(rank, world_size, model_dir, plan_kwargs):
+    """One update both ways from the same start: old log-probs from a separate pass, and from the update."""
+    out = {}
+    for fused in (False, True):
+        torch.manual_seed(0)
+        engine = GradRecordingEngine(load_causal_lm(model_dir), FSDPConfig(), OptimConfig(lr=1e-4))
+        actor = PPOActor(ActorConfig(use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.01), engine)
+        data = rollout_batch(rows=8).chunk(world_size)[rank]
+        data.batch.pop("old_log_probs")
+        plan = BatchingPlan(mini_batch_rows=len(data), **plan_kwargs)
+        if fused:
+            metrics, old_log_probs = actor.update_policy_fused(data, plan)
+            assert "row_index" not in set(data.batch.keys())  # the caller's batch is left as it was
+        else:
+            old_log_probs, _ = actor.compute_log_prob(data, None, 2**31)
+            data.batch["old_log_probs"] = old_log_probs
+            metrics = actor.update_policy(data, plan)
+        out[fused] = (engine.recorded, metrics, old_log_probs)
+    return out
+
+
+@pytest.mark.parametrize("world_size,plan_kwargs", [
+    (1, {"micro_batch_rows": 3}),
+    (2, {"max_token_len": 60, "shuffle": True, "seed": 3}),  # token budget: rows reordered by length
+])
+def test_old_log_probs_from_the_update_give_the_two_pass_update(tiny_model_dir, world_size, plan_kwargs):
+    for rank in run_on_ranks(_fused_and_two_pass, world_size, str(tiny_model_dir), plan_kwargs):
+        (two_grads, two_metrics, two_old), (fused_grads, fused_metrics, fused_old) = rank[False], rank[True]
+        # the update's forward pass sees the weights the separate pass saw: same log-probs, in row order
+        torch.testing.assert_close(fused_old, two_old, rtol=0, atol=1e-5)
+        for name, grad in two_grads.items():
+            torch.testing.assert_close(fused_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+        # ratio 1 exactly: the clip never acts
+        assert fused_metrics["actor/pg_clipfrac"] == [0.0]
+        assert fused_metrics["actor/entropy"][0] == pytest.approx(two_metrics["actor/entropy"][0], rel=1e-5)
+
+
+def _fused_refuses(rank, world_size, model_dir):
+    actor = PPOActor(ActorConfig(), FSDPEngine(load_causal_lm(model_dir), FSDPConfig(), OptimConfig()))
+    data = rollout_batch(rows=8)
+    for plan in (BatchingPlan(mini_batch_rows=4), BatchingPlan(mini_batch_rows=8, epochs=2)):
+        with pytest.raises(ValueError, match="one epoch over one mini-batch"):
+            actor.update_policy_fused(data, plan)
+
+
+def test_old_log_probs_from_the_update_need_one_epoch_over_one_mini_batch(tiny_model_dir):
+    run_on_ranks(_fused_refuses, 1, str(tiny_model_dir))
