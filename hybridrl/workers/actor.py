@@ -91,9 +91,11 @@ class PPOActor:
             mask = batch["response_mask"]
             tokens = float(mask.sum())
             log_prob, entropy = self._log_probs(micro, temperature, with_entropy=True)
+            # the trainer adds `rollout_is_weights` (rows, response_len) when rollout correction is on
             pg_loss, pg_metrics = compute_pg_loss(
                 cfg.policy_loss.loss_mode, batch["old_log_probs"], log_prob, batch["advantages"], mask,
-                cfg.loss_agg_mode, global_batch_info=info, **settings,
+                cfg.loss_agg_mode, global_batch_info=info, rollout_is_weights=batch.get("rollout_is_weights"),
+                **settings,
             )
             loss = pg_loss
             if cfg.entropy_coeff != 0:
