@@ -91,13 +91,14 @@ class RolloutCorrectionConfig:
 
     # IS weight level: token | sequence | None (no weights).
     rollout_is: str | None = None
-    # A number truncates the weights at it; "lower_upper" zeroes weights outside the range (IcePop).
+    # A number truncates the weights at it; "lower_upper" zeroes weights outside the range (IcePop). Write
+    # both bounds with a decimal point (0.5_5.0): Hydra reads 1_5 as the number 15, as Python does.
     rollout_is_threshold: Any = 2.0
     # Rescale the weights to mean 1 over the batch.
     rollout_is_batch_normalize: bool = False
     # Comma-separated rejection options (token_k1, seq_mean_k3, ...); None disables rejection.
     rollout_rs: str | None = None
-    # One threshold per option (or one for all); required when rollout_rs is set.
+    # One threshold per option (or one for all); required when rollout_rs is set. "lower_upper" as above.
     rollout_rs_threshold: Any = None
     # Skip the old log-prob pass and use the rollout's log-probs as old_log_probs (decoupled IS/RS refused).
     bypass_mode: bool = False
