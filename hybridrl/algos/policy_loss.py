@@ -71,7 +71,7 @@ def _uniform_call(name: str, fn: PolicyLossFn) -> PolicyLossFn:
                 f"{sorted(known_policy_loss_settings())}"
             )
         if rollout_is_weights is not None:
-            if "rollout_is_weights" not in params:  # **settings would swallow the weights unused
+            if not applies_rollout_is_weights(fn):  # **settings would swallow the weights unused
                 raise ValueError(f"policy loss {name!r} does not apply rollout_is_weights; it cannot correct "
                                  f"for the rollout policy")
             settings["rollout_is_weights"] = rollout_is_weights
@@ -85,6 +85,11 @@ def _uniform_call(name: str, fn: PolicyLossFn) -> PolicyLossFn:
 def get_policy_loss_fn(name: str) -> PolicyLossFn:
     """The registered loss; an unknown name raises a KeyError listing the registered ones."""
     return POLICY_LOSS_REGISTRY.get(name)
+
+
+def applies_rollout_is_weights(loss: PolicyLossFn) -> bool:
+    """Whether a registered loss multiplies its tokens by `rollout_is_weights` (others refuse them)."""
+    return "rollout_is_weights" in inspect.signature(loss).parameters
 
 
 def known_policy_loss_settings() -> set[str]:

@@ -14,6 +14,7 @@ import math
 import torch
 
 from hybridrl.algos import get_adv_estimator_spec, get_kl_controller, get_policy_loss_fn, kl_penalty
+from hybridrl.algos.policy_loss import applies_rollout_is_weights
 from hybridrl.rewards.managers import REWARD_MANAGERS
 from hybridrl.trainer.config_derive import fill_derived
 from hybridrl.trainer.config_ranges import range_errors
@@ -82,7 +83,11 @@ def _check_names(config: PPOTrainerConfig) -> None:
     """Names looked up in registries: an unknown one raises listing the registered names."""
     algo, arr = config.algorithm, config.actor_rollout_ref
     get_adv_estimator_spec(algo.adv_estimator)
-    get_policy_loss_fn(arr.actor.policy_loss.loss_mode)
+    loss = get_policy_loss_fn(arr.actor.policy_loss.loss_mode)
+    _require(algo.rollout_correction.rollout_is is None or applies_rollout_is_weights(loss),
+             f"algorithm.rollout_correction.rollout_is={algo.rollout_correction.rollout_is} needs a policy loss "
+             f"that applies rollout_is_weights; actor_rollout_ref.actor.policy_loss.loss_mode="
+             f"{arr.actor.policy_loss.loss_mode} does not")
     get_kl_controller(**vars(algo.kl_ctrl))
     probe = torch.zeros(1, 1)
     kl_penalty(probe, probe, algo.kl_penalty)

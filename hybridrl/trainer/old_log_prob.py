@@ -30,6 +30,12 @@ def old_log_prob_blockers(config: PPOTrainerConfig) -> list[str]:
                        f"data.train_batch_size={config.data.train_batch_size} (later mini-batches see updated weights)")
     if config.algorithm.use_kl_in_reward:
         reasons.append("algorithm.use_kl_in_reward=true (the reward reads them before the update)")
+    correction = config.algorithm.rollout_correction
+    if correction.bypass_mode:
+        reasons.append("algorithm.rollout_correction.bypass_mode=true (the rollout's log-probs serve instead)")
+    elif correction.enabled:
+        reasons.append("algorithm.rollout_correction.rollout_is/rollout_rs (the weights and the rejection mask "
+                       "read them before the update)")
     return reasons
 
 

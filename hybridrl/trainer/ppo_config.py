@@ -16,6 +16,7 @@ from hydra.core.config_store import ConfigStore
 from hybridrl.algos.rollout_correction import IS_LEVELS, parse_is_threshold, parse_rs_options
 from hybridrl.data.rl_dataset import RLDatasetConfig
 from hybridrl.rewards.custom import CustomRewardFunctionConfig
+from hybridrl.utils.config import ConfigError
 from hybridrl.workers.config import ActorRolloutRefConfig, CriticConfig
 from hybridrl.workers.reward_model import RewardModelConfig
 
@@ -75,32 +76,64 @@ class FilterGroupsConfig:
     max_num_gen_batches: int = 0
 
 
+ROLLOUT_CORRECTION_KEY = "algorithm.rollout_correction"
+
+
 @dataclass
 class RolloutCorrectionConfig:
-    """Settings of `hybridrl.algos.rollout_correction` (see its docstring), under verl's names.
+    """`algorithm.rollout_correction`: correct for the rollout engine's policy differing from the trainer's.
 
-    Not part of `algorithm.*`: the trainer does not apply rollout correction yet, and a key it would
-    ignore must not be accepted on the command line. Use it with the helper functions directly.
+    Decoupled mode (bypass_mode false): after the old log-prob pass the trainer computes IS weights and a
+    rejection mask from old_log_probs vs rollout_log_probs (`hybridrl.algos.rollout_correction`); the
+    policy loss multiplies each token by its weight, and rejected tokens leave response_mask. Bypass mode:
+    no old log-prob pass; rollout_log_probs serve as old_log_probs, so the PPO ratio is pi_theta / pi_rollout.
     """
 
-    # IS weight level: token | sequence | None (no weights, metrics only).
-    rollout_is: str | None = "sequence"
-    # A number truncates the weights at it; "lower_upper" zeroes weights outside the range (IcePop).
+    # IS weight level: token | sequence | None (no weights).
+    rollout_is: str | None = None
+    # A number truncates the weights at it; "lower_upper" zeroes weights outside the range (IcePop). Write
+    # both bounds with a decimal point (0.5_5.0): Hydra reads 1_5 as the number 15, as Python does.
     rollout_is_threshold: Any = 2.0
     # Rescale the weights to mean 1 over the batch.
     rollout_is_batch_normalize: bool = False
     # Comma-separated rejection options (token_k1, seq_mean_k3, ...); None disables rejection.
     rollout_rs: str | None = None
-    # One threshold per option (or one for all); required when rollout_rs is set.
+    # One threshold per option (or one for all); required when rollout_rs is set. "lower_upper" as above.
     rollout_rs_threshold: Any = None
+    # Skip the old log-prob pass and use the rollout's log-probs as old_log_probs (decoupled IS/RS refused).
+    bypass_mode: bool = False
+    # The bypass-mode loss: ppo_clip (the actor's policy loss); verl's reinforce is refused (config_support).
+    loss_type: str = "ppo_clip"
 
     def __post_init__(self) -> None:
+        key = ROLLOUT_CORRECTION_KEY
         if self.rollout_is is not None and self.rollout_is not in IS_LEVELS:
-            raise ValueError(f"rollout_is must be one of {IS_LEVELS} or None, got {self.rollout_is!r}")
-        if self.rollout_is is not None and self.rollout_is_threshold is not None:
-            parse_is_threshold(self.rollout_is_threshold)
-        if self.rollout_rs is not None and self.rollout_rs_threshold is not None:
-            parse_rs_options(self.rollout_rs, self.rollout_rs_threshold)
+            raise ConfigError(f"{key}.rollout_is must be one of {IS_LEVELS} or null, got {self.rollout_is!r}")
+        if self.rollout_is is not None:
+            if self.rollout_is_threshold is None:
+                raise ConfigError(f"{key}.rollout_is={self.rollout_is} needs {key}.rollout_is_threshold "
+                                  f"(e.g. 2.0); null would compute no weights")
+            _as_config_error(parse_is_threshold, f"{key}.rollout_is_threshold", self.rollout_is_threshold)
+        elif self.rollout_is_batch_normalize or self.rollout_is_threshold not in (None, 2.0):
+            raise ConfigError(f"{key}.rollout_is_threshold / rollout_is_batch_normalize act only on IS weights; "
+                              f"set {key}.rollout_is=token or sequence, or leave them at their defaults")
+        if self.rollout_rs is not None:
+            _as_config_error(parse_rs_options, f"{key}.rollout_rs / rollout_rs_threshold", self.rollout_rs,
+                             self.rollout_rs_threshold)
+        elif self.rollout_rs_threshold is not None:
+            raise ConfigError(f"{key}.rollout_rs_threshold={self.rollout_rs_threshold} acts only with "
+                              f"{key}.rollout_rs; set rollout_rs (e.g. token_k1) or remove the threshold")
+        if self.bypass_mode and self.enabled:
+            # verl computes them inside the loss from the current policy's detached log-probs; hybridrl
+            # computes them once per step from the old log-prob pass, which bypass mode skips
+            raise ConfigError(f"{key}.bypass_mode=true skips the old log-prob pass that {key}.rollout_is and "
+                              f"{key}.rollout_rs are computed from; set bypass_mode=false for IS weights or "
+                              f"rejection, or rollout_is=null rollout_rs=null for bypass mode")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the decoupled correction computes weights or a rejection mask."""
+        return self.rollout_is is not None or self.rollout_rs is not None
 
     @classmethod
     def decoupled_token_icepop(cls, threshold: float = 5.0, threshold_lower: float = 0.5) -> RolloutCorrectionConfig:
@@ -114,6 +147,19 @@ class RolloutCorrectionConfig:
         ratio (seq_mean_k1) outside rs_threshold."""
         return cls(rollout_is="sequence", rollout_is_threshold=is_threshold, rollout_rs="seq_mean_k1",
                    rollout_rs_threshold=rs_threshold)
+
+    @classmethod
+    def bypass_ppo_clip(cls) -> RolloutCorrectionConfig:
+        """No old log-prob pass: PPO clips pi_theta / pi_rollout directly; no weights, no rejection."""
+        return cls(bypass_mode=True, loss_type="ppo_clip")
+
+
+def _as_config_error(parse: Any, key: str, *args: Any) -> None:
+    """Run a threshold parser; its ValueError becomes a ConfigError that names the key."""
+    try:
+        parse(*args)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{key}: {err}") from None
 
 
 @dataclass
@@ -131,6 +177,8 @@ class AlgorithmConfig:
     # PF-PPO batch resampling: only the default runs in hybridrl (hybridrl/trainer/config_support.py).
     use_pf_ppo: bool = False
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    # IS weights, rejection and bypass mode for the rollout engine's mismatch (RolloutCorrectionConfig).
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
 
 @dataclass

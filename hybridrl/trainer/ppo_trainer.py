@@ -21,7 +21,7 @@ from hybridrl.algos import apply_kl_penalty, get_adv_estimator_spec, get_kl_cont
 from hybridrl.data.sampler import ResumableSampler, StatefulDataLoader
 from hybridrl.protocol import DataProto
 from hybridrl.rewards.failures import add_reward_metrics
-from hybridrl.trainer import advantage, dataflow
+from hybridrl.trainer import advantage, dataflow, rollout_correction
 from hybridrl.trainer.divergence import DivergenceGuard, TrainingDivergedError
 from hybridrl.trainer.generation_dump import generation_records, write_generations
 from hybridrl.trainer.metrics import (
@@ -138,6 +138,7 @@ class PPOTrainer:
             self._balance(batch, metrics)  # 3
             pending = self._score_in_background(batch, timing)  # 4, while 5 runs
             self._recompute(batch, metrics, timing)  # 5: old/ref log-probs, values
+            self._correct_rollout(batch, metrics)  # 5b: IS weights and rejection of the rollout's tokens
             if pending is not None:
                 with timer("reward_wait", timing):
                     self._attach_scores(batch, pending.result(), metrics)
@@ -246,16 +247,7 @@ class PPOTrainer:
         """5. The actor's log-probs of its own samples (unless the update gives them), the reference's, and
         the critic's values."""
         tokens = real_tokens(batch)
-        metrics["actor/old_log_prob_fused"] = float(self.fuse_old_log_prob)
-        if not self.fuse_old_log_prob:
-            with timer("old_log_prob", timing):
-                old = self.groups.actor_rollout.compute_log_prob(batch)
-            self.costs.record("old_log_prob", old, tokens, timing)
-            mask = batch.batch["response_mask"]
-            entropy = old.batch.pop("entropys")
-            metrics["actor/entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
-            batch.union(old)
-            self._rollout_agreement(batch, metrics)
+        self._old_log_probs(batch, metrics, timing)
         if self.groups.uses_reference:
             with timer("ref", timing):
                 ref = self.groups.actor_rollout.compute_ref_log_prob(batch)
@@ -266,6 +258,32 @@ class PPOTrainer:
                 values = self.groups.critic.compute_values(batch)
             self.costs.record("values", values, tokens, timing)
             batch.union(values)
+
+    def _old_log_probs(self, batch: DataProto, metrics: dict, timing: dict) -> None:
+        """5. `old_log_probs`: the actor's pass; the rollout's own log-probs in bypass mode; or, on a fully
+        on-policy step, nothing yet: the update's forward pass gives them (hybridrl/trainer/old_log_prob.py).
+        Without the pass, `actor/entropy` comes from the update alone."""
+        metrics["actor/old_log_prob_fused"] = float(self.fuse_old_log_prob)
+        if self.config.algorithm.rollout_correction.bypass_mode:
+            rollout_correction.bypass_old_log_probs(batch)
+            return
+        if self.fuse_old_log_prob:
+            return
+        with timer("old_log_prob", timing):
+            old = self.groups.actor_rollout.compute_log_prob(batch)
+        self.costs.record("old_log_prob", old, real_tokens(batch), timing)
+        mask = batch.batch["response_mask"]
+        entropy = old.batch.pop("entropys")
+        metrics["actor/entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
+        batch.union(old)
+        self._rollout_agreement(batch, metrics)
+
+    def _correct_rollout(self, batch: DataProto, metrics: dict) -> None:
+        """5b. Decoupled rollout correction: `rollout_is_weights` for the policy loss and a response_mask
+        without the rejected tokens, from old_log_probs vs rollout_log_probs (`algorithm.rollout_correction`)."""
+        correction = self.config.algorithm.rollout_correction
+        if correction.enabled:
+            metrics.update(rollout_correction.correct_rollout(batch, correction))
 
     def _apply_kl(self, batch: DataProto, metrics: dict) -> None:
         """6. KL in the reward (PPO) or plain scores (GRPO puts KL in the actor's loss instead)."""

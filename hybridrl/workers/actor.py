@@ -121,9 +121,11 @@ class PPOActor:
                 old_log_probs_out[batch["row_index"]] = old_log_prob.float()
             else:
                 old_log_prob = batch["old_log_probs"]
+            # the trainer adds `rollout_is_weights` (rows, response_len) when rollout correction is on
             pg_loss, pg_metrics = compute_pg_loss(
                 cfg.policy_loss.loss_mode, old_log_prob, log_prob, batch["advantages"], mask,
-                cfg.loss_agg_mode, global_batch_info=info, **settings,
+                cfg.loss_agg_mode, global_batch_info=info, rollout_is_weights=batch.get("rollout_is_weights"),
+                **settings,
             )
             loss = pg_loss
             if cfg.entropy_coeff != 0:

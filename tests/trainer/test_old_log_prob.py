@@ -24,6 +24,8 @@ def test_each_key_that_needs_the_separate_pass_is_named():
         ("actor_rollout_ref.actor.ppo_epochs=2", "ppo_epochs=2"),
         ("actor_rollout_ref.actor.ppo_mini_batch_size=4", "ppo_mini_batch_size=4"),
         ("algorithm.use_kl_in_reward=true", "use_kl_in_reward=true"),
+        ("algorithm.rollout_correction.rollout_is=token", "rollout_correction.rollout_is"),
+        ("algorithm.rollout_correction.bypass_mode=true", "bypass_mode=true"),
     ]:
         reasons = _blockers(override)
         assert len(reasons) == 1 and named in reasons[0], (override, reasons)

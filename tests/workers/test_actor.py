@@ -1,4 +1,5 @@
-"""The actor on real gloo ranks: log-probs by definition, micro-batching and accumulation invariance."""
+"""The actor on real gloo ranks: log-probs by definition, micro-batching and accumulation invariance,
+rollout IS weights in the gradient."""
 
 import pytest
 import torch
@@ -126,3 +127,55 @@ def _fused_refuses(rank, world_size, model_dir):
 
 def test_old_log_probs_from_the_update_need_one_epoch_over_one_mini_batch(tiny_model_dir):
     run_on_ranks(_fused_refuses, 1, str(tiny_model_dir))
+
+
+def _pg_loss_by_hand(model, data, weights, temperature=0.7):
+    """ActorConfig's default loss written out: PPO clip 0.2 with dual clip 3, times the IS weights,
+    summed over valid tokens and divided by their count (token-mean)."""
+    logits = model(input_ids=data.batch["input_ids"], attention_mask=data.batch["attention_mask"],
+                   position_ids=data.batch["position_ids"]).logits / temperature
+    response_len = data.batch["responses"].shape[1]
+    log_probs = torch.log_softmax(logits[:, -response_len - 1:-1].float(), dim=-1) \
+        .gather(-1, data.batch["responses"][..., None])[..., 0]  # (rows, response_len)
+    mask = data.batch["response_mask"].float()
+    adv, ratio = data.batch["advantages"], torch.exp(log_probs - data.batch["old_log_probs"])
+    per_token = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.2))
+    per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * 3.0), per_token)
+    return (per_token * weights * mask).sum() / mask.sum()
+
+
+def _is_weighted_grads(rank, world_size, model_dir, micro_rows):
+    """Gradients of one update with rollout_is_weights, of the hand-written loss, and of two runs that a
+    weight-0 row and a zero-advantage row must make equal."""
+    data = rollout_batch(rows=8)
+    mask = data.batch["response_mask"]
+    weights = torch.rand(mask.shape, generator=torch.Generator().manual_seed(1)) * 2 * mask  # (rows, response_len)
+    weights[0] = 0.0  # row 0 contributes nothing
+    grads = {}
+    for name, column, advantages in (("weighted", weights, None), ("row 0 weight 0", (weights > 0).float(), None),
+                                     ("row 0 advantage 0", None, 0.0)):
+        torch.manual_seed(0)
+        engine = GradRecordingEngine(load_causal_lm(model_dir), FSDPConfig(), OptimConfig(lr=1e-4))
+        run = data.select(deepcopy=True)
+        if column is not None:
+            run.batch["rollout_is_weights"] = column
+        if advantages is not None:
+            run.batch["advantages"][0] = advantages
+        PPOActor(ActorConfig(), engine).update_policy(run, BatchingPlan(mini_batch_rows=8, micro_batch_rows=micro_rows))
+        grads[name] = engine.recorded
+    model = load_causal_lm(model_dir)
+    _pg_loss_by_hand(model, data, weights).backward()
+    grads["by hand"] = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    return grads
+
+
+@pytest.mark.parametrize("micro_rows", [8, 3])
+def test_rollout_is_weights_scale_each_tokens_gradient(tiny_model_dir, micro_rows):
+    grads = run_on_ranks(_is_weighted_grads, 1, str(tiny_model_dir), micro_rows)[0]
+    assert grads["weighted"].keys() == grads["by hand"].keys()
+    for name, grad in grads["by hand"].items():
+        torch.testing.assert_close(grads["weighted"][name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    # a weight of 0 removes a token's loss exactly as a zero advantage does (the token count stays)
+    for name, grad in grads["row 0 advantage 0"].items():
+        torch.testing.assert_close(grads["row 0 weight 0"][name], grad, rtol=1e-5, atol=1e-7, msg=name)
+    assert any(not torch.allclose(grads["weighted"][n], g) for n, g in grads["row 0 weight 0"].items())
