@@ -32,6 +32,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from hybridrl.utils.precision import AUTO, auto_dtype
 from hybridrl.utils.registry import Registry
 
 logger = logging.getLogger(__name__)
@@ -59,8 +60,11 @@ class ModelDirectoryError(OSError):
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    """`torch.float32` or one of its names ("float32", "fp32", "bf16", ...)."""
-    return dtype if isinstance(dtype, torch.dtype) else DTYPES.get(dtype)
+    """`torch.float32` or one of its names ("float32", "fp32", "bf16", ...); "auto" is bf16 where this
+    process's device multiplies it natively and fp32 elsewhere (hybridrl/utils/precision.py)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    return auto_dtype() if dtype == AUTO else DTYPES.get(dtype)
 
 
 def resolve_model_dir(path: str | Path) -> Path:

@@ -15,6 +15,7 @@ import torch
 
 from hybridrl.algos import get_adv_estimator_spec, get_kl_controller, get_policy_loss_fn, kl_penalty
 from hybridrl.algos.policy_loss import applies_rollout_is_weights
+from hybridrl.models.loading import resolve_dtype
 from hybridrl.rewards.managers import REWARD_MANAGERS
 from hybridrl.trainer.config_derive import fill_derived
 from hybridrl.trainer.config_ranges import range_errors
@@ -77,6 +78,17 @@ def _check_placement(config: PPOTrainerConfig) -> None:
         _require(fsdp.fsdp_size in (-1, world_size(config)),
                  f"{key}.fsdp_config.fsdp_size={fsdp.fsdp_size} must be -1 or the world size "
                  f"({world_size(config)}); hybrid sharding is not supported, so leave it at -1")
+        _check_dtype(f"{key}.fsdp_config.mixed_precision.param_dtype", fsdp.mixed_precision.param_dtype)
+        _check_dtype(f"{key}.fsdp_config.mixed_precision.reduce_dtype", fsdp.mixed_precision.reduce_dtype)
+    _check_dtype("actor_rollout_ref.rollout.dtype", arr.rollout.dtype)
+
+
+def _check_dtype(key: str, value: str) -> None:
+    try:
+        resolve_dtype(value)
+    except (KeyError, ValueError):
+        raise ConfigError(f"{key}={value!r} is not a dtype: use float32, bfloat16, float16 or auto (bf16 where "
+                          f"the device multiplies it natively, fp32 elsewhere)") from None
 
 
 def _check_names(config: PPOTrainerConfig) -> None:

@@ -34,7 +34,9 @@ class OptimConfig:
 
 @dataclass
 class MixedPrecisionConfig:
-    # dtype of parameters during forward/backward; "float32" on CPU, "bfloat16" on GPUs.
+    # Compute dtype of forward/backward: float32 | bfloat16 | auto (bf16 where the device multiplies it
+    # natively: AMX or AVX512_BF16 CPUs, bf16 GPUs; fp32 elsewhere). The sharded master weights and the
+    # optimizer state stay in the loaded dtype (fp32).
     param_dtype: str = "float32"
     # dtype of the gradient reduce-scatter across ranks.
     reduce_dtype: str = "float32"

@@ -25,7 +25,8 @@ class PPOCritic:
         output = self.engine.module(input_ids=trimmed.input_ids, attention_mask=trimmed.attention_mask,
                                     position_ids=trimmed.position_ids, use_cache=False)
         start = trimmed.response_start - 1
-        values = output.logits[:, start:start + trimmed.response_kept, 0]  # (rows, kept)
+        # fp32 whatever the compute dtype: returns and GAE are computed from these on the driver
+        values = output.logits[:, start:start + trimmed.response_kept, 0].float()  # (rows, kept)
         values = torch.nn.functional.pad(values, (0, response_length - trimmed.response_kept))
         return values * micro.batch["response_mask"].to(values.dtype)
 

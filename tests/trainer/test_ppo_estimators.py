@@ -21,6 +21,11 @@ LOCAL = ["trainer.backend=local", "trainer.n_gpus_per_node=1", "trainer.total_tr
       "algorithm.kl_ctrl.type=adaptive"], {"actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff"}),
     (["algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=10"],
      {"train/num_gen_batches"}),
+    # bf16 compute where the CPU has it (fp32 elsewhere), for every model of the step
+    (["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=auto", "actor_rollout_ref.rollout.dtype=auto",
+      "actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype=auto", "algorithm.adv_estimator=gae",
+      "critic.model.fsdp_config.mixed_precision.param_dtype=auto", "critic.ppo_micro_batch_size_per_gpu=8"],
+     {"critic/vf_loss", "actor/kl_loss", "rollout/log_prob_diff_max"}),
 ])
 def test_one_step_per_estimator_family(arithmetic_data, tiny_model_dir, tmp_path, extra, expected_keys):
     overrides = tiny_run_overrides(arithmetic_data, tiny_model_dir, tmp_path / "run")

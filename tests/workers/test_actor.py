@@ -8,7 +8,7 @@ from spmd import run_on_ranks
 
 from hybridrl.models.loading import load_causal_lm
 from hybridrl.workers.actor import PPOActor
-from hybridrl.workers.config import ActorConfig, FSDPConfig, OptimConfig
+from hybridrl.workers.config import ActorConfig, FSDPConfig, MixedPrecisionConfig, OptimConfig
 from hybridrl.workers.engine.fsdp import FSDPEngine
 from hybridrl.workers.update_loop import BatchingPlan
 
@@ -179,3 +179,29 @@ def test_rollout_is_weights_scale_each_tokens_gradient(tiny_model_dir, micro_row
     for name, grad in grads["row 0 advantage 0"].items():
         torch.testing.assert_close(grads["row 0 weight 0"][name], grad, rtol=1e-5, atol=1e-7, msg=name)
     assert any(not torch.allclose(grads["weighted"][n], g) for n, g in grads["row 0 weight 0"].items())
+
+
+def _bf16_update(rank, world_size, model_dir):
+    torch.manual_seed(0)
+    fsdp = FSDPConfig(mixed_precision=MixedPrecisionConfig(param_dtype="bfloat16"))
+    engine = FSDPEngine(load_causal_lm(model_dir), fsdp, OptimConfig(lr=1e-3))
+    actor = PPOActor(ActorConfig(), engine)
+    data = rollout_batch(rows=8)
+    data.batch.pop("old_log_probs")
+    expected = reference_log_probs(load_causal_lm(model_dir), data, temperature=0.7)  # fp32 model
+    before = {n: p.full_tensor().clone() for n, p in engine.module.named_parameters()}
+    metrics, old_log_probs = actor.update_policy_fused(data, BatchingPlan(mini_batch_rows=8, micro_batch_rows=4))
+    after = dict(engine.module.named_parameters())
+    return expected, old_log_probs, metrics, before, {n: p.full_tensor() for n, p in after.items()}
+
+
+def test_a_bf16_update_keeps_fp32_master_weights_and_fp32_log_probs(tiny_model_dir):
+    expected, old_log_probs, metrics, before, after = run_on_ranks(_bf16_update, 1, str(tiny_model_dir))[0]
+    assert old_log_probs.dtype == torch.float32
+    # bf16 matmuls round at ~3 significant digits: close to the fp32 log-probs, not equal to them
+    difference = (old_log_probs - expected).abs().max()
+    assert 0 < difference < 0.1, difference
+    assert metrics["actor/grad_norm"][0] > 0
+    for name, weight in after.items():
+        assert weight.dtype == torch.float32, name  # the sharded master copy the optimizer steps
+    assert any(not torch.equal(before[n], after[n]) for n in after)  # the update reached the fp32 weights

@@ -145,7 +145,8 @@ class RolloutConfig:
     n: int = 1
     # False decodes greedily
     do_sample: bool = True
-    # compute dtype of generation; float32 keeps rollout and trainer log-probs within ~1e-5 on CPU
+    # compute dtype of generation: float32 | bfloat16 | auto (as fsdp_config.mixed_precision.param_dtype);
+    # float32 keeps rollout and trainer log-probs within ~1e-5 on CPU
     dtype: str = "float32"
     # seed of the sampler's torch.Generator (the worker adds its rank); same seed, same samples
     seed: int = 0

@@ -1,0 +1,33 @@
+"""`auto` compute dtype: bf16 exactly where the CPU has native bf16 instructions, fp32 master weights."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from hybridrl.models.loading import resolve_dtype
+from hybridrl.utils.precision import auto_dtype, native_bf16
+
+
+def cpu_flags() -> set[str]:
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.exists():
+        pytest.skip("no /proc/cpuinfo to read the CPU's flags from")
+    for line in cpuinfo.read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    pytest.skip("/proc/cpuinfo lists no flags")
+
+
+def test_auto_is_bf16_exactly_where_the_cpu_multiplies_bf16_natively():
+    # the kernel's own CPUID report, independent of torch's probe
+    native = bool(cpu_flags() & {"amx_bf16", "avx512_bf16"})
+    assert native_bf16("cpu") is native
+    if not torch.cuda.is_available():
+        assert auto_dtype() == resolve_dtype("auto") == (torch.bfloat16 if native else torch.float32)
+
+
+def test_named_dtypes_resolve_as_before():
+    assert resolve_dtype("bf16") is torch.bfloat16 and resolve_dtype("float32") is torch.float32
+    with pytest.raises(KeyError, match="fp8"):
+        resolve_dtype("fp8")
