@@ -21,6 +21,7 @@ backend over TRL.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -59,6 +60,11 @@ class Workload:
     micro_batch: int = 32  # samples per forward/backward pass (hybridrl's micro batch, TRL's device batch)
     prompt_length: int = 40
     seed: int = 1
+    dtype: str = "float32"  # compute dtype: hybridrl's param_dtype and rollout.dtype, TRL's bf16 flag
+
+    @property
+    def tag(self) -> str:
+        return f"{self.size}-{self.dtype}"
 
     @property
     def samples(self) -> int:
@@ -85,6 +91,7 @@ def run_hybridrl(w: Workload, backend: str, workdir: Path) -> dict:
         f"{actor}.ppo_mini_batch_size={w.prompts}", f"{actor}.ppo_micro_batch_size_per_gpu={w.micro_batch}",
         f"{actor}.ppo_epochs=1", f"{actor}.optim.lr={w.lr}", f"{actor}.use_kl_loss=false",
         f"{actor}.loss_agg_mode=token-mean", f"{actor}.entropy_coeff=0.0", "algorithm.use_kl_in_reward=false",
+        f"{actor}.fsdp_config.mixed_precision.param_dtype={w.dtype}", f"actor_rollout_ref.rollout.dtype={w.dtype}",
         f"trainer.backend={backend}", f"trainer.n_gpus_per_node={ranks}",
         f"trainer.total_training_steps={w.steps}", f"trainer.test_freq={w.steps if w.evaluate else -1}",
         f"trainer.val_before_train={str(w.evaluate).lower()}", "trainer.save_freq=-1",
@@ -139,7 +146,7 @@ def trl_trainer(w: Workload, workdir: Path, callbacks: list | None = None, **ove
     train = datasets.Dataset.from_parquet(f"{w.data}/train.parquet", columns=columns)
     tokenizer = load_tokenizer(w.model, padding_side="left")
     settings = dict(
-        output_dir=str(workdir), use_cpu=True, bf16=False, report_to="none", save_strategy="no",
+        output_dir=str(workdir), use_cpu=True, bf16=w.dtype == "bfloat16", report_to="none", save_strategy="no",
         logging_steps=1, disable_tqdm=True, seed=w.seed, max_steps=w.steps,
         per_device_train_batch_size=w.micro_batch, gradient_accumulation_steps=w.samples // w.micro_batch,
         num_generations=w.n, max_completion_length=w.response_length, temperature=1.0, top_p=1.0, top_k=0,
@@ -284,8 +291,8 @@ def _smaps_kb(pid: int, field: str) -> int:
 
 def measure(runner: str, w: Workload, logdir: Path) -> dict:
     """Run one framework on one workload in a fresh process; summarise its steps after warm-up."""
-    out = logdir / f"{runner}-{w.size}.json"
-    log = logdir / f"{runner}-{w.size}.log"
+    out = logdir / f"{runner}-{w.tag}.json"
+    log = logdir / f"{runner}-{w.tag}.log"
     # A child inheriting torch.distributed's rank variables (TRL through accelerate) would try to join
     # that group. hybridrl's runs restore them when they end (the SFT warm start in this process among
     # them); they are dropped here too for a parent started by a launcher such as torchrun.
@@ -301,15 +308,15 @@ def measure(runner: str, w: Workload, logdir: Path) -> dict:
         code = proc.wait()
         memory.stop()
     if code != 0:
-        raise RuntimeError(f"{runner} on {w.size} failed (exit {code}); see {log}")
+        raise RuntimeError(f"{runner} on {w.tag} failed (exit {code}); see {log}")
     raw = json.loads(out.read_text())
     kept = [(s, t) for s, t in zip(raw["step_s"][w.warmup:], raw["gen_tokens"][w.warmup:], strict=True)
             if s is not None]
     if not kept:
-        raise RuntimeError(f"{runner} on {w.size}: no timed step after {w.warmup} warm-up steps; raise --steps")
+        raise RuntimeError(f"{runner} on {w.tag}: no timed step after {w.warmup} warm-up steps; raise --steps")
     step_s = statistics.median(s for s, _ in kept)
     return {
-        "runner": runner, "size": w.size, "start": w.start, "steps": len(raw["step_s"]), "timed": len(kept),
+        "runner": runner, "size": w.size, "dtype": w.dtype, "start": w.start, "steps": len(raw["step_s"]), "timed": len(kept),
         "step_s": step_s,
         "tokens_per_s": statistics.median(t / s for s, t in kept),
         "samples_per_s": w.samples / step_s,
@@ -361,31 +368,38 @@ def count_params(model_dir: str) -> int:
         return sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())  # noqa: SIM118
 
 
+def fastest_trl(rows: list[dict], size: str) -> dict | None:
+    """TRL's fastest configuration (dtype) at `size`: the bar hybridrl is measured against."""
+    trl = [r for r in rows if r["size"] == size and r["runner"] == "trl"]
+    return max(trl, key=lambda r: r["samples_per_s"]) if trl else None
+
+
 def ratio_vs_trl(rows: list[dict]) -> dict[str, tuple[float, str]]:
-    """size -> (samples/s of hybridrl's faster backend over TRL's, that backend)."""
+    """size -> (samples/s of hybridrl's fastest backend and dtype over TRL's fastest, that configuration)."""
     out = {}
     for size in dict.fromkeys(r["size"] for r in rows):
-        trl = [r for r in rows if r["size"] == size and r["runner"] == "trl"]
+        trl = fastest_trl(rows, size)
         ours = [r for r in rows if r["size"] == size and r["runner"] != "trl"]
         if trl and ours:
             best = max(ours, key=lambda r: r["samples_per_s"])
-            out[size] = (best["samples_per_s"] / trl[0]["samples_per_s"], best["runner"])
+            out[size] = (best["samples_per_s"] / trl["samples_per_s"], f"{best['runner']} {best['dtype']} vs "
+                         f"trl {trl['dtype']}")
     return out
 
 
 def table(rows: list[dict], workloads: list[Workload], header: str) -> str:
     lines = [header, "",
-             "| size (params, start) | framework | steps (timed) | s/step | gen tokens/s | samples/s "
-             "| vs TRL | peak RSS main (GB) | peak PSS all procs (GB) | held-out greedy acc before -> after |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| size (params, start) | framework | dtype | steps (timed) | s/step | gen tokens/s | samples/s "
+             "| vs TRL's fastest | peak RSS main (GB) | peak PSS all procs (GB) | held-out greedy acc before -> after |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     by_size = {w.size: w for w in workloads}
     for r in rows:
         w = by_size[r["size"]]
-        trl = next((t for t in rows if t["size"] == r["size"] and t["runner"] == "trl"), None)
+        trl = fastest_trl(rows, r["size"])
         vs = f"{r['samples_per_s'] / trl['samples_per_s']:.2f}x" if trl else "-"
         acc = f"{r['acc_before']:.3f} -> {r['acc_after']:.3f}" if r["acc_before"] is not None else "-"
         lines.append(
-            f"| {w.size} ({r['params'] / 1e6:.1f}M, {w.start}) | {r['runner']} | {r['steps']} ({r['timed']}) "
+            f"| {w.size} ({r['params'] / 1e6:.1f}M, {w.start}) | {r['runner']} | {r['dtype']} | {r['steps']} ({r['timed']}) "
             f"| {r['step_s']:.2f} | {r['tokens_per_s']:.0f} | {r['samples_per_s']:.1f} | {vs} "
             f"| {r['root_rss_gb']:.2f} | {r['tree_pss_gb']:.2f} | {acc} |")
     return "\n".join(lines)
@@ -398,14 +412,15 @@ def chart(rows: list[dict], out_png: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     sizes = list(dict.fromkeys(r["size"] for r in rows))
-    runners = [x for x in ("trl", "hybridrl-local", "hybridrl-ray") if any(r["runner"] == x for r in rows)]
+    runners = list(dict.fromkeys((r["runner"], r["dtype"]) for r in rows))
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     width = 0.8 / len(runners)
-    for i, runner in enumerate(runners):
-        got = {r["size"]: r for r in rows if r["runner"] == runner}
+    for i, (runner, dtype) in enumerate(runners):
+        got = {r["size"]: r for r in rows if (r["runner"], r["dtype"]) == (runner, dtype)}
         xs = [j + i * width for j, s in enumerate(sizes) if s in got]
-        axes[0].bar(xs, [got[s]["samples_per_s"] for s in sizes if s in got], width, label=runner)
-        axes[1].bar(xs, [got[s]["tree_pss_gb"] for s in sizes if s in got], width, label=runner)
+        label = f"{runner} {dtype}"
+        axes[0].bar(xs, [got[s]["samples_per_s"] for s in sizes if s in got], width, label=label)
+        axes[1].bar(xs, [got[s]["tree_pss_gb"] for s in sizes if s in got], width, label=label)
     for ax, label in zip(axes, ("samples per second (higher is better)", "peak memory, PSS of all processes (GB)"),
                          strict=True):
         ax.set_xticks([j + width * (len(runners) - 1) / 2 for j in range(len(sizes))], sizes)
@@ -424,6 +439,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="1m and 10m, untrained, a few short steps (< 5 min)")
     parser.add_argument("--sizes", help="comma-separated tiny sizes (default 1m,10m,50m; 1m,10m with --quick)")
     parser.add_argument("--runners", default=",".join(RUNNERS), help=f"subset of {','.join(RUNNERS)}")
+    parser.add_argument("--dtypes", default="float32,bfloat16",
+                        help="compute dtypes to run each framework in (TRL: bf16=True for bfloat16)")
     parser.add_argument("--workdir", default="runs/bench_grpo_vs_trl", help="data, models and per-run logs")
     parser.add_argument("--out", default=str(RESULTS / "grpo_vs_trl"), help="writes OUT.md and OUT.png")
     parser.add_argument("--run-one", choices=RUNNERS, help=argparse.SUPPRESS)
@@ -440,13 +457,15 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     workloads = prepare(workdir, sizes, args.quick)
     rows = []
-    for w in workloads:
-        for runner in runners:  # TRL first: it sets the bar the ratios divide by
-            row = measure(runner, w, workdir / "logs")
-            row["params"] = count_params(w.model)
-            rows.append(row)
-            print(f"{w.size:>4} {runner:<15} {row['step_s']:7.2f} s/step {row['samples_per_s']:7.1f} samples/s "
-                  f"(run took {row['wall_s']:.0f}s)", flush=True)
+    for size_workload in workloads:
+        for dtype in args.dtypes.split(","):
+            w = dataclasses.replace(size_workload, dtype=dtype)
+            for runner in runners:  # the frameworks alternate on each workload
+                row = measure(runner, w, workdir / "logs")
+                row["params"] = count_params(w.model)
+                rows.append(row)
+                print(f"{w.size:>4} {dtype:<9} {runner:<15} {row['step_s']:7.2f} s/step "
+                      f"{row['samples_per_s']:7.1f} samples/s (run took {row['wall_s']:.0f}s)", flush=True)
     import torch
 
     load = os.getloadavg()[0]
@@ -456,11 +475,13 @@ def main(argv: list[str] | None = None) -> None:
         f"threads per process by default, Ray workers 1 each), {'--quick, ' if args.quick else ''}"
         f"{time.strftime('%Y-%m-%d')}, 1-min load average at the end {load:.1f}. Per step: "
         + "; ".join(f"{w.size}: {w.prompts} prompts x {w.n} samples x {w.response_length} tokens" for w in workloads)
-        + ". fp32, temperature 1.0, lr 5e-5, no KL, 1 PPO epoch, 1 optimizer step per step, token-mean loss "
-        "(TRL loss_type=dapo). s/step: median wall time from one optimizer step to the next (metrics and logging "
-        "included), over the timed steps: those after the warm-up steps, less hybridrl's first and validated last "
-        "step. tokens/s counts response tokens. hybridrl recomputes old log-probs in a "
-        "separate pass (verl's dataflow); TRL skips it when fully on-policy."
+        + ". Temperature 1.0, lr 5e-5, no KL, 1 PPO epoch, 1 optimizer step per step, token-mean loss "
+        "(TRL loss_type=dapo). dtype: the compute dtype (hybridrl: fsdp_config.mixed_precision.param_dtype and "
+        "rollout.dtype, fp32 master weights; TRL: bf16=True, torch's CPU autocast). s/step: median wall time from "
+        "one optimizer step to the next (metrics and logging included), over the timed steps: those after the "
+        "warm-up steps, less hybridrl's first and validated last step. tokens/s counts response tokens. Both "
+        "take the old log-probs from the update's forward pass on these fully on-policy steps (hybridrl: "
+        "actor.fuse_old_log_prob). vs TRL's fastest: samples/s over TRL's faster dtype at that size."
     )
     text = table(rows, workloads, header)
     out = Path(args.out)

@@ -15,8 +15,9 @@ own `timing_s/<stage>` over the steps after warm-up, plus:
   ~2 x N_params FLOPs per token (generation, old log-probs) and forward + backward ~6 x N_params
   (the update) (Kaplan et al., 2020, "Scaling Laws for Neural Language Models", section 2.1; attention
   scores add ~2 x layers x context x hidden per token, under 5% here, and are left out);
-- the peak it is compared with: the best of several fp32 `torch.matmul`s of two 2048 x 2048 matrices
-  (2 x 2048^3 FLOPs each), measured in this run with the worker's thread count: 2 threads for the local
+- the peak it is compared with: the best of several `torch.matmul`s of two 2048 x 2048 matrices
+  (2 x 2048^3 FLOPs each) in the run's compute dtype (`--dtype`), measured in this run with the worker's
+  thread count: 2 threads for the local
   backend, and twice the 1-thread peak for 2 Ray workers with 1 thread each.
 
 The FLOP counts and the matmul probe are the package's own (`hybridrl.utils.flops`), the ones behind
@@ -38,6 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import grpo_vs_trl as bench  # noqa: E402  (a sibling script, not a package)
 
+from hybridrl.models.loading import resolve_dtype  # noqa: E402
 from hybridrl.utils.flops import (  # noqa: E402
     FORWARD_FLOPS_PER_PARAM,
     TRAIN_FLOPS_PER_PARAM,
@@ -51,12 +53,12 @@ PASS_FLOPS = {"gen": FORWARD_FLOPS_PER_PARAM, "old_log_prob": FORWARD_FLOPS_PER_
               "ref": FORWARD_FLOPS_PER_PARAM, "update_actor": TRAIN_FLOPS_PER_PARAM}
 
 
-def matmul_peak(threads: int) -> float:
-    """Best fp32 matmul FLOP/s with `threads` torch threads (the probe the workers run at start)."""
+def matmul_peak(threads: int, dtype: torch.dtype = torch.float32) -> float:
+    """Best `dtype` matmul FLOP/s with `threads` torch threads (the probe the workers run at start)."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return matmul_peak_flops(torch.float32)
+        return matmul_peak_flops(dtype)
     finally:
         torch.set_num_threads(previous)
 
@@ -104,8 +106,6 @@ def ray_transfer_seconds(w: bench.Workload, calls: int = 5) -> dict[str, float]:
         @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
         def reply(self, data: DataProto) -> DataProto:
             shapes = data.meta_info["reply"]
-            if not shapes:  # update_actor returns only metrics
-                return DataProto(meta_info={"metrics": {"actor/pg_loss": [0.0]}})
             rows = len(data) * data.meta_info["reply_repeat"]  # the rollout answers n rows per prompt
             return DataProto.from_dict({key: torch.zeros(rows, cols, dtype=getattr(torch, dtype))
                                         for key, (cols, dtype) in shapes.items()})
@@ -162,15 +162,15 @@ def step_payloads(w: bench.Workload) -> dict[str, tuple]:
 
     return {
         "generate_sequences": (proto(prompts, w.prompts), as_names(rollout)),
-        "compute_log_prob": (proto(rollout, rows, uids), as_names({"old_log_probs": (response, f32),
-                                                                   "entropys": (response, f32)})),
-        "update_actor": (proto(update, rows, uids), {}),
+        # one mini-batch, one epoch: the update's forward pass gives the old log-probs and returns them
+        "update_actor": (proto({k: v for k, v in update.items() if k != "old_log_probs"}, rows, uids),
+                         as_names({"old_log_probs": (response, f32)})),
     }
 
 
 # ----- report ---------------------------------------------------------------------------------------------
 def breakdown_table(runs: dict[str, dict], peaks: dict[str, float], transfer: dict[str, float] | None,
-                    header: str) -> str:
+                    header: str, dtype: str = "float32") -> str:
     backends = list(runs)
     lines = [header, "", "| stage | " + " | ".join(f"{b}: s (% of step) | {b}: GFLOP/s (% of peak)"
                                                    for b in backends) + " |",
@@ -189,7 +189,7 @@ def breakdown_table(runs: dict[str, dict], peaks: dict[str, float], transfer: di
         label = {"overhead": "overhead (step - stages)", "step": "**step total**"}.get(stage, stage)
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append("Peak fp32 matmul (2048 x 2048, best of 6) in this run: "
+    lines.append(f"Peak {dtype} matmul (2048 x 2048, best of 6) in this run: "
                  + ", ".join(f"{b} {peaks[b] / 1e9:.1f} GFLOP/s" for b in backends) + ".")
     if transfer:
         ray_step = runs.get("ray", {}).get("stages", {}).get("step")
@@ -225,7 +225,7 @@ def chart(runs: dict[str, dict], peaks: dict[str, float], out_png: Path, title: 
         values = [100 * runs[backend]["flops"].get(p, 0.0) / peaks[backend] for p in passes]
         right.bar([k + i * width for k in range(len(passes))], values, width, label=backend)
     right.set_xticks([k + width * (len(backends) - 1) / 2 for k in range(len(passes))], passes)
-    right.set_ylabel("% of measured fp32 matmul peak")
+    right.set_ylabel("% of measured matmul peak (run's dtype)")
     right.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.savefig(out_png, dpi=100, bbox_inches="tight")
@@ -238,6 +238,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size", default=None, help="tiny model size (default 10m; 1m with --quick)")
     parser.add_argument("--steps", type=int, default=None, help="GRPO steps per backend (default 6; 3 quick)")
     parser.add_argument("--backends", default="local,ray", help="subset of local,ray")
+    parser.add_argument("--dtype", default="float32", help="compute dtype (float32, bfloat16, auto)")
     parser.add_argument("--workdir", default="runs/bench_step_breakdown", help="data, model and run logs")
     parser.add_argument("--out", default=str(bench.RESULTS / "step_breakdown"), help="writes OUT.md and OUT.png")
     args = parser.parse_args(argv)
@@ -248,8 +249,10 @@ def main(argv: list[str] | None = None) -> None:
     w = bench.prepare(workdir, [size], quick=True)[0]  # an untrained model: speed, not learning
     w.steps, w.warmup, w.evaluate = steps, 1, False
     w.prompts, w.response_length = 16, 32 if args.quick else 64
+    w.dtype = str(resolve_dtype(args.dtype)).removeprefix("torch.")
+    dtype = resolve_dtype(w.dtype)
     params = bench.count_params(w.model)
-    peaks_before = {1: matmul_peak(1), 2: matmul_peak(2)}
+    peaks_before = {1: matmul_peak(1, dtype), 2: matmul_peak(2, dtype)}
     runs = {}
     for backend in args.backends.split(","):
         row = bench.measure(f"hybridrl-{backend}", w, workdir / "logs")
@@ -258,19 +261,19 @@ def main(argv: list[str] | None = None) -> None:
                          "flops": achieved_flops(history, w.warmup, params)}
         print(f"{backend}: {runs[backend]['stages']['step']:.2f} s/step", flush=True)
     transfer = ray_transfer_seconds(w) if "ray" in runs else None
-    peaks_after = {1: matmul_peak(1), 2: matmul_peak(2)}
+    peaks_after = {1: matmul_peak(1, dtype), 2: matmul_peak(2, dtype)}
     best = {k: max(peaks_before[k], peaks_after[k]) for k in (1, 2)}
     # local: one process with torch's default threads (one per core); ray: 2 workers x 1 thread each
     peaks = {"local": best[torch.get_num_threads()], "ray": 2 * best[1]}
     header = (
         f"hybridrl GRPO step breakdown, {size} Qwen2 ({params / 1e6:.1f}M parameters, untrained), "
-        f"{w.prompts} prompts x {w.n} samples x {w.response_length} tokens, fp32, medians over {steps - 1} "
+        f"{w.prompts} prompts x {w.n} samples x {w.response_length} tokens, {w.dtype}, medians over {steps - 1} "
         f"steps after 1 warm-up, on a {bench.machine()}, {time.strftime('%Y-%m-%d')}, 1-min load "
         f"average at the end {os.getloadavg()[0]:.1f}. local = 1 process, {torch.get_num_threads()} torch threads; "
         f"ray = 2 worker processes x 1 thread. GFLOP/s count real tokens only: 2N per token for generation "
         f"and log-probs, 6N for the update."
     )
-    text = breakdown_table(runs, {b: peaks[b] for b in runs}, transfer, header)
+    text = breakdown_table(runs, {b: peaks[b] for b in runs}, transfer, header, w.dtype)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".md").write_text(text + "\n")

@@ -179,3 +179,24 @@ def test_bf16_rollout_casts_a_copy_and_restores_fp32_weights(tiny_model, tiny_mo
     fp32 = full_forward_log_probs(tiny_model, DataProto.from_dict(dict(out))) * out["response_mask"]
     diff = (out["rollout_log_probs"] - fp32).abs().max().item()
     assert 0 < diff < 0.1, diff  # > 0: the rollout really ran in bf16
+
+
+def test_half_precision_decoding_on_cpu_runs_eager_attention_and_restores_sdpa(tiny_model, tiny_tokenizer):
+    from hybridrl.workers.rollout.hf import attention_for_decoding
+
+    assert tiny_model.config._attn_implementation == "sdpa"  # the loader's default
+    seen = []
+    hook = tiny_model.register_forward_pre_hook(lambda m, args: seen.append(m.config._attn_implementation))
+    try:
+        engine(tiny_model, tiny_tokenizer, response_length=4, dtype="bfloat16").generate_sequences(
+            make_prompts(tiny_tokenizer, length=16))
+        assert set(seen) == {"eager"}
+        seen.clear()
+        engine(tiny_model, tiny_tokenizer, response_length=4).generate_sequences(make_prompts(tiny_tokenizer, length=16))
+        assert set(seen) == {"sdpa"}  # fp32 decodes with sdpa, the faster kernel there
+    finally:
+        hook.remove()
+    assert tiny_model.config._attn_implementation == "sdpa"
+    with pytest.raises(RuntimeError), attention_for_decoding(tiny_model, torch.bfloat16):
+        raise RuntimeError("the implementation comes back on an error too")
+    assert tiny_model.config._attn_implementation == "sdpa"
