@@ -239,12 +239,14 @@ def load_causal_lm(
     """An `AutoModelForCausalLM` from a local checkpoint (the actor, reference and rollout model).
 
     `attn_implementation`: "eager", "sdpa" or "flash_attention_2" (GPU only); None lets transformers pick.
+    An `attn_implementation` entry of `override_config` (verl's way to choose it) wins over the argument.
     """
     model_dir = resolve_model_dir(path)
     check_model_dir(model_dir)
     config = load_model_config(
         model_dir, override_config=override_config, trust_remote_code=trust_remote_code
     )
+    attn_implementation = (override_config or {}).get("attn_implementation", attn_implementation)
     kwargs = _pretrained_kwargs(dtype, attn_implementation, trust_remote_code)
     model = AutoModelForCausalLM.from_pretrained(model_dir, config=config, **kwargs)
     return _finish(model, gradient_checkpointing)
@@ -277,6 +279,7 @@ def load_value_model(
     )
     config.num_labels = 1
     config.classifier_dropout = 0.0
+    attn_implementation = (override_config or {}).get("attn_implementation", attn_implementation)
     kwargs = _pretrained_kwargs(dtype, attn_implementation, trust_remote_code)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(head_init_seed)

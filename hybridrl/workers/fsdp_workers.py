@@ -23,6 +23,7 @@ from hybridrl.utils.flops import (
     device_peak_flops,
     matmul_params,
 )
+from hybridrl.utils.precision import default_attention
 from hybridrl.utils.timing import report_worker_seconds
 from hybridrl.workers.actor import PPOActor
 from hybridrl.workers.batch_sizes import (
@@ -54,12 +55,15 @@ def forward_and_update_passes(model: torch.nn.Module, fsdp_dtype: str, epochs: i
             train: ModelPass(params, TRAIN_FLOPS_PER_PARAM, epochs, peak)}
 
 
-def load_model_for(model: ModelConfig, gradient_checkpointing: bool) -> torch.nn.Module:
+def load_model_for(model: ModelConfig, gradient_checkpointing: bool, compute_dtype: str,
+                   device_type: str) -> torch.nn.Module:
+    """The causal LM in fp32 (the master copy), with the attention that suits the dtype it computes in."""
     if model.external_lib:
         importlib.import_module(model.external_lib)
     return load_causal_lm(
         model.path, trust_remote_code=model.trust_remote_code, override_config=model.override_config,
         gradient_checkpointing=gradient_checkpointing,
+        attn_implementation=default_attention(resolve_dtype(compute_dtype), device_type),
     )
 
 
@@ -102,7 +106,8 @@ class ActorRolloutRefWorker(Worker):
             (cfg.rollout.dtype, self.is_rollout), (cfg.ref.fsdp_config.mixed_precision.param_dtype, self.is_ref),
         ) if needed)
         if self.is_actor:
-            model = load_model_for(cfg.model, cfg.model.enable_gradient_checkpointing)
+            model = load_model_for(cfg.model, cfg.model.enable_gradient_checkpointing,
+                                   cfg.actor.fsdp_config.mixed_precision.param_dtype, self.device.type)
             self.passes.update(forward_and_update_passes(
                 model, cfg.actor.fsdp_config.mixed_precision.param_dtype, cfg.actor.ppo_epochs,
                 infer="actor_infer", train="actor"))
@@ -114,7 +119,7 @@ class ActorRolloutRefWorker(Worker):
             if self.actor:
                 self.rollout_weights, params = self.actor.engine, self.passes["actor"].params
             else:  # a rollout of its own generates with the starting model
-                model = load_model_for(cfg.model, False)
+                model = load_model_for(cfg.model, False, cfg.rollout.dtype, self.device.type)
                 params = matmul_params(model)
                 if not ROLLOUT_ENGINES.get(cfg.rollout.name).holds_own_weights:  # HF: served sharded
                     self.rollout_weights = FSDPEngine(model, cfg.actor.fsdp_config)
@@ -128,8 +133,8 @@ class ActorRolloutRefWorker(Worker):
             self.passes["rollout"] = ModelPass(params, FORWARD_FLOPS_PER_PARAM, 1,
                                                device_peak_flops(resolve_dtype(cfg.rollout.dtype)))
         if self.is_ref:
-            model = load_model_for(cfg.model, False)
             ref_dtype = cfg.ref.fsdp_config.mixed_precision.param_dtype
+            model = load_model_for(cfg.model, False, ref_dtype, self.device.type)
             self.passes["ref"] = ModelPass(matmul_params(model), FORWARD_FLOPS_PER_PARAM, 1,
                                            device_peak_flops(resolve_dtype(ref_dtype)))
             self.ref = PPOActor(cfg.actor, FSDPEngine(model, cfg.ref.fsdp_config))
@@ -234,10 +239,11 @@ class CriticWorker(Worker):
             importlib.import_module(model_cfg.external_lib)
         self.tokenizer = load_tokenizer(model_cfg.tokenizer_path or model_cfg.path,
                                         trust_remote_code=model_cfg.trust_remote_code)
+        dtype = model_cfg.fsdp_config.mixed_precision.param_dtype
         model = load_value_model(model_cfg.path, trust_remote_code=model_cfg.trust_remote_code,
                                  override_config=model_cfg.override_config,
-                                 gradient_checkpointing=model_cfg.enable_gradient_checkpointing)
-        dtype = model_cfg.fsdp_config.mixed_precision.param_dtype
+                                 gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
+                                 attn_implementation=default_attention(resolve_dtype(dtype), self.device.type))
         self.measure_peak_flops([resolve_dtype(dtype)])  # in turns across ranks; read cached just below
         self.passes = forward_and_update_passes(model, dtype, self.config.ppo_epochs, infer="critic_infer",
                                                 train="critic")

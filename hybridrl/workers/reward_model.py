@@ -27,11 +27,12 @@ import torch
 from safetensors import safe_open
 
 from hybridrl.controller import Dispatch, Worker, register
-from hybridrl.models.loading import load_tokenizer, load_value_model, resolve_model_dir
+from hybridrl.models.loading import load_tokenizer, load_value_model, resolve_dtype, resolve_model_dir
 from hybridrl.protocol import DataProto
 from hybridrl.rewards.failures import DEFAULT_MAX_FAILURE_SHARE, DEFAULT_TIMEOUT_S
 from hybridrl.rewards.managers.dapo import OverlongBufferConfig
 from hybridrl.rewards.sandbox import SandboxConfig
+from hybridrl.utils.precision import default_attention
 from hybridrl.workers.batch_sizes import forward_batching, per_rank
 from hybridrl.workers.config import FSDPConfig, to_dataclass
 from hybridrl.workers.engine.fsdp import FSDPEngine, refuse_offload
@@ -269,8 +270,10 @@ class RewardModelWorker(Worker):
         if not _has_trained_head(model_dir):
             logger.warning("reward_model.model.path=%s has no trained 'score' head; its scores come from a "
                            "randomly initialised one", model_dir)
+        dtype = resolve_dtype(model_cfg.fsdp_config.mixed_precision.param_dtype)
         model = load_value_model(model_dir, trust_remote_code=model_cfg.trust_remote_code,
-                                 override_config=model_cfg.override_config)
+                                 override_config=model_cfg.override_config,
+                                 attn_implementation=default_attention(dtype, self.device.type))
         self.module = FSDPEngine(model, model_cfg.fsdp_config).module
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

@@ -197,3 +197,13 @@ def test_fresh_value_head_is_the_same_in_every_process_and_leaves_the_rng_alone(
     torch.manual_seed(999)
     assert torch.equal(load_value_model(tiny_model_dir).score.weight, first)
     assert not torch.equal(load_value_model(tiny_model_dir, head_init_seed=1).score.weight, first)
+
+
+def test_override_config_chooses_the_attention_implementation(tiny_model_dir):
+    from hybridrl.models.loading import load_causal_lm
+
+    assert load_causal_lm(tiny_model_dir).config._attn_implementation == "sdpa"
+    assert load_causal_lm(tiny_model_dir, attn_implementation="eager").config._attn_implementation == "eager"
+    # verl's way to pick it: model.override_config.attn_implementation, which wins over the caller's choice
+    chosen = load_causal_lm(tiny_model_dir, override_config={"attn_implementation": "eager"})
+    assert chosen.config._attn_implementation == "eager"

@@ -31,3 +31,11 @@ def test_named_dtypes_resolve_as_before():
     assert resolve_dtype("bf16") is torch.bfloat16 and resolve_dtype("float32") is torch.float32
     with pytest.raises(KeyError, match="fp8"):
         resolve_dtype("fp8")
+
+
+def test_half_precision_on_a_cpu_runs_eager_attention_and_everything_else_sdpa():
+    from hybridrl.utils.precision import default_attention
+
+    assert default_attention(torch.bfloat16, "cpu") == default_attention(torch.float16, "cpu") == "eager"
+    assert default_attention(torch.float32, "cpu") == "sdpa"
+    assert default_attention(torch.bfloat16, "cuda") == default_attention(torch.float32, "cuda") == "sdpa"

@@ -197,6 +197,14 @@ def test_half_precision_decoding_on_cpu_runs_eager_attention_and_restores_sdpa(t
     finally:
         hook.remove()
     assert tiny_model.config._attn_implementation == "sdpa"
+    # a model trained in bf16 on a CPU runs eager; an fp32 rollout over it decodes with sdpa
+    tiny_model.set_attn_implementation("eager")
+    try:
+        with attention_for_decoding(tiny_model, torch.float32):
+            assert tiny_model.config._attn_implementation == "sdpa"
+        assert tiny_model.config._attn_implementation == "eager"
+    finally:
+        tiny_model.set_attn_implementation("sdpa")
     with pytest.raises(RuntimeError), attention_for_decoding(tiny_model, torch.bfloat16):
         raise RuntimeError("the implementation comes back on an error too")
     assert tiny_model.config._attn_implementation == "sdpa"
