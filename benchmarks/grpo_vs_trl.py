@@ -503,7 +503,8 @@ def machine() -> str:
     model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),
                  "unknown CPU")
     flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
-    isa = [name for flag, name in (("avx512f", "AVX-512"), ("amx_tile", "AMX")) if flag in flags]
+    isa = [name for flag, name in (("avx512f", "AVX-512"), ("avx512_bf16", "AVX512_BF16"), ("amx_tile", "AMX"))
+           if flag in flags]
     memory_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return f"{os.cpu_count()}-core {model}{' (' + ', '.join(isa) + ')' if isa else ''}, {memory_gb:.0f} GB RAM"
 
