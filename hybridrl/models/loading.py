@@ -32,6 +32,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from hybridrl.models import attention  # noqa: F401 - registers attn_implementation='grouped_eager'
 from hybridrl.utils.precision import AUTO, auto_dtype
 from hybridrl.utils.registry import Registry
 

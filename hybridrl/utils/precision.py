@@ -29,15 +29,3 @@ def auto_dtype(device_type: str | None = None) -> torch.dtype:
     """bf16 where `native_bf16`, else fp32: what `dtype: auto` means on this process's device."""
     return torch.bfloat16 if native_bf16(device_type) else torch.float32
 
-
-def default_attention(compute_dtype: torch.dtype, device_type: str) -> str:
-    """The attention implementation a model computing in `compute_dtype` on `device_type` runs best with.
-
-    sdpa, except on a CPU in half precision: there torch's fused CPU attention kernels are slower than
-    plain matmul + softmax (10M Qwen2, 1 thread, AMD EPYC with AVX512_BF16: a bf16 update of 128 rows of
-    104 tokens took 7.2 s with sdpa and 5.1 s eager; fp32 9.7 s sdpa, 10.3 s eager; decoding in
-    hybridrl/workers/rollout/hf.py, `attention_for_decoding`). `model.override_config.attn_implementation`
-    overrides this choice.
-    """
-    half = compute_dtype in (torch.bfloat16, torch.float16)
-    return "eager" if device_type == "cpu" and half else "sdpa"

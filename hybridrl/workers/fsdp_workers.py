@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from hybridrl.controller import Dispatch, Worker, register
+from hybridrl.models.attention import default_attention
 from hybridrl.models.loading import load_causal_lm, load_tokenizer, load_value_model, resolve_dtype
 from hybridrl.protocol import DataProto
 from hybridrl.tools.tool_registry import load_all_tools
@@ -23,7 +24,6 @@ from hybridrl.utils.flops import (
     device_peak_flops,
     matmul_params,
 )
-from hybridrl.utils.precision import default_attention
 from hybridrl.utils.timing import report_worker_seconds
 from hybridrl.workers.actor import PPOActor
 from hybridrl.workers.batch_sizes import (

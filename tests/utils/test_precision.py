@@ -34,8 +34,8 @@ def test_named_dtypes_resolve_as_before():
 
 
 def test_half_precision_on_a_cpu_runs_eager_attention_and_everything_else_sdpa():
-    from hybridrl.utils.precision import default_attention
+    from hybridrl.models.attention import default_attention
 
-    assert default_attention(torch.bfloat16, "cpu") == default_attention(torch.float16, "cpu") == "eager"
+    assert default_attention(torch.bfloat16, "cpu") == default_attention(torch.float16, "cpu") == "grouped_eager"
     assert default_attention(torch.float32, "cpu") == "sdpa"
     assert default_attention(torch.bfloat16, "cuda") == default_attention(torch.float32, "cuda") == "sdpa"

@@ -12,8 +12,8 @@ has gathered) and it can do three things `generate` does not:
   stop costing compute (dropping copies the survivors' cache, so it is batched rather than per row);
 - run in `rollout.dtype` on a copy of the weights cast once per call (autocast would re-cast
   activations around every matmul; measured 1.3x slower than the copy for a 47M model in bf16);
-- decode with the attention that is fastest in that dtype (`attention_for_decoding`: eager on a CPU in
-  half precision, where torch's fused CPU kernel is slow for one query token);
+- decode with the attention that is fastest in that dtype (`attention_for_decoding`: grouped eager on
+  a CPU in half precision, where torch's fused CPU kernel is slow for one query token);
 - stop as soon as every row has finished, and return the sampler's log-probs for free.
 
 Measured against `model.generate` in benchmarks/rollout_bench.py (results in benchmarks/results/).
@@ -33,10 +33,10 @@ import torch
 from torch import nn
 from transformers import Cache, DynamicCache
 
+from hybridrl.models.attention import GROUPED_EAGER, default_attention
 from hybridrl.models.loading import resolve_dtype
 from hybridrl.protocol import DataProto
 from hybridrl.utils.config import to_dataclass
-from hybridrl.utils.precision import default_attention
 from hybridrl.workers.rollout.base import (
     ROLLOUT_ENGINES,
     BaseRollout,
@@ -235,18 +235,19 @@ class HFRollout(BaseRollout):
 
 @contextlib.contextmanager
 def attention_for_decoding(module: nn.Module, dtype: torch.dtype) -> Iterator[None]:
-    """For the block, the attention that decodes fastest in `dtype` here (`default_attention`): eager on a
-    CPU in bf16/fp16, sdpa elsewhere; the model's own setting (the one its training passes use) comes
-    back when the block ends. Models other than transformers' sdpa/eager ones are left alone.
+    """For the block, the attention that decodes fastest in `dtype` here (`default_attention`): grouped
+    eager on a CPU in bf16/fp16, sdpa elsewhere; the model's own setting (the one its training passes use)
+    comes back when the block ends. Models other than transformers' sdpa/eager ones are left alone.
 
-    With one query token per step, torch's CPU flash-attention kernel (what sdpa runs there) spent 64% of
-    decoding when no prompt was padded. 10M Qwen2, 16 prompts x 8 samples x 64 new tokens, 1 thread, AMD
-    EPYC with AVX512_BF16, tokens/s: unpadded prompts sdpa bf16 1,775, eager bf16 2,787 (sdpa fp32 1,971,
-    eager fp32 1,714); left-padded prompts of 15-40 tokens sdpa bf16 2,595, eager bf16 2,888.
+    Decoding one query token per step, torch's CPU sdpa kernel is slow in bf16 when no prompt is padded.
+    10M Qwen2, 16 prompts x 8 samples x 64 new tokens, 1 thread, idle AMD EPYC with AVX512_BF16,
+    tokens/s: unpadded prompts sdpa bf16 1,817, grouped_eager bf16 3,071, sdpa fp32 2,116; prompts
+    left-padded from 15 to 40 tokens sdpa bf16 2,840, eager bf16 2,768, grouped_eager bf16 3,170.
     """
     current = getattr(getattr(module, "config", None), "_attn_implementation", None)
     wanted = default_attention(dtype, next(module.parameters()).device.type)
-    switch = current in ("sdpa", "eager") and wanted != current and hasattr(module, "set_attn_implementation")
+    switch = current in ("sdpa", "eager", GROUPED_EAGER) and wanted != current \
+        and hasattr(module, "set_attn_implementation")
     if switch:
         module.set_attn_implementation(wanted)
     try:

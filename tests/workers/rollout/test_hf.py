@@ -190,7 +190,7 @@ def test_half_precision_decoding_on_cpu_runs_eager_attention_and_restores_sdpa(t
     try:
         engine(tiny_model, tiny_tokenizer, response_length=4, dtype="bfloat16").generate_sequences(
             make_prompts(tiny_tokenizer, length=16))
-        assert set(seen) == {"eager"}
+        assert set(seen) == {"grouped_eager"}
         seen.clear()
         engine(tiny_model, tiny_tokenizer, response_length=4).generate_sequences(make_prompts(tiny_tokenizer, length=16))
         assert set(seen) == {"sdpa"}  # fp32 decodes with sdpa, the faster kernel there
