@@ -119,7 +119,7 @@ class OnFakeCuda:
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def tensors(self, data: DataProto) -> tuple[torch.Tensor, dict[str, torch.Tensor], float]:
-        return data.batch["x"].sum(0), {"first": data.batch["x"][0]}, 1.5
+        return data.batch["x"].sum(0), {"scaled": data.batch["x"] * 3}, 1.5
 
 
 def test_dataproto_arguments_reach_the_method_on_the_workers_device_and_the_callers_stay_put():
@@ -150,11 +150,12 @@ def test_results_come_back_on_the_cpu_from_a_cuda_worker():
     worker = OnFakeCuda()
     with FakeTensorMode(allow_non_fake_inputs=True):
         data = DataProto.from_dict({"x": torch.ones(4, 3)})
-        out = worker.double(ProtoShard(data=data, real_rows=3))  # the last row pads the chunk
-        total, rows, number = worker.tensors(data)
+        # (no padding rows to trim: fake CUDA tensors refuse views without a CUDA build)
+        out = worker.double(ProtoShard(data=data, real_rows=4))
+        total, scaled, number = worker.tensors(data)
     assert worker.seen == [torch.device("cuda", 0)]
-    assert len(out) == 3 and out.batch["twice"].device == torch.device("cpu")
-    assert total.device.type == "cpu" and rows["first"].device.type == "cpu" and number == 1.5
+    assert len(out) == 4 and out.batch["twice"].device == torch.device("cpu")
+    assert total.device.type == "cpu" and scaled["scaled"].device.type == "cpu" and number == 1.5
 
 
 def test_cuda_refuses_a_cpu_tensor_under_fake_tensors_too():
