@@ -15,6 +15,7 @@ from hydra import compose, initialize_config_dir
 from spmd import run_on_ranks
 
 import hybridrl.trainer
+import hybridrl.trainer.sft_config  # noqa: F401 - registers the schema sft_trainer.yaml composes
 from hybridrl.controller import ClassWithInitArgs, LocalWorkerGroup
 from hybridrl.protocol import DataProto
 from hybridrl.workers.sft_worker import SFTWorker
