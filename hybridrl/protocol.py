@@ -406,7 +406,8 @@ class DataProto:
             raise DataProtoError(f"make_iterator: {len(self)} rows do not divide into mini-batches of {mini_batch_size}")
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
         for _ in range(epochs):
-            order = torch.randperm(len(self), generator=generator) if shuffle else torch.arange(len(self))
+            order = (torch.randperm(len(self), generator=generator, device="cpu") if shuffle
+                     else torch.arange(len(self), device="cpu"))  # row indices: on the CPU (`_as_index`)
             for start in range(0, len(self), mini_batch_size):
                 yield self.select_rows(order[start:start + mini_batch_size])
 

@@ -16,7 +16,10 @@ RowIndex = int | slice | Sequence[int] | np.ndarray | torch.Tensor
 
 
 def _as_index(index: RowIndex) -> int | slice | torch.Tensor:
-    """Normalise a row index to something `tensor[index]` understands the same way for every key."""
+    """Normalise a row index to something `tensor[index]` understands the same way for every key.
+
+    Index tensors live on the CPU, whatever the device of the rows: numpy columns are indexed with them
+    too, and a CUDA tensor accepts CPU indices."""
     if isinstance(index, (int, np.integer)):
         return int(index)
     if isinstance(index, slice):
@@ -27,7 +30,7 @@ def _as_index(index: RowIndex) -> int | slice | torch.Tensor:
     if array.dtype == bool:
         return torch.from_numpy(array)
     if array.size == 0:
-        return torch.zeros(0, dtype=torch.long)
+        return torch.zeros(0, dtype=torch.long, device="cpu")
     if not np.issubdtype(array.dtype, np.integer):
         raise TypeError(f"row indices must be integers or booleans, got dtype {array.dtype}")
     return torch.from_numpy(array.astype(np.int64))
@@ -113,7 +116,7 @@ class TensorBatch(Mapping[str, torch.Tensor]):
         picked = {key: value[idx] for key, value in self._tensors.items()}
         if picked:
             return TensorBatch(picked)
-        return TensorBatch(batch_size=torch.arange(self._batch_size)[idx].numel())
+        return TensorBatch(batch_size=torch.arange(self._batch_size, device="cpu")[idx].numel())
 
     def select(self, keys: Iterable[str]) -> TensorBatch:
         return TensorBatch({key: self[key] for key in keys}, batch_size=self._batch_size)

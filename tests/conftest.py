@@ -47,3 +47,17 @@ def tiny_tokenizer(tiny_model_dir: Path):
     from hybridrl.models.loading import load_tokenizer
 
     return load_tokenizer(tiny_model_dir)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip the tests marked `gpu` where torch sees no CUDA device, saying so in the report."""
+    gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_tests:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU: torch.cuda.is_available() is false")
+    for item in gpu_tests:
+        item.add_marker(skip)

@@ -284,7 +284,9 @@ def compute_policy_loss_clip_cov(
         eligible = valid & ~(clipped > unclipped) & (cov > clip_cov_lb) & (cov < clip_cov_ub)
         candidates = torch.nonzero(eligible.reshape(-1)).squeeze(-1)  # flat positions
         n_pick = min(max(int(clip_cov_ratio * int(valid.sum())), 1), candidates.numel())
-        order = torch.randperm(candidates.numel(), generator=generator)[:n_pick].to(candidates.device)
+        # drawn on the CPU (where `generator` lives), then moved: the same picks for a seed on any device
+        order = torch.randperm(candidates.numel(), generator=generator, device="cpu")[:n_pick]
+        order = order.to(candidates.device)
         keep = torch.ones(valid.numel(), dtype=log_prob.dtype, device=log_prob.device)
         keep[candidates[order]] = 0
         keep = keep.reshape(valid.shape)  # (batch, response_len) 0 on dropped tokens

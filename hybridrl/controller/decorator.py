@@ -7,16 +7,23 @@ explicit list (`registered_methods`) and binds one group-level method per entry.
 The call path for `wg.compute_log_prob(batch)` is:
   driver:  dispatch_fn splits the arguments into one list entry per rank
            -> execute on every rank (or rank 0) -> collect_fn merges the per-rank outputs
-  worker:  the registered wrapper materialises shards/futures, calls the method, trims padding rows.
+  worker:  the registered wrapper materialises shards/futures, moves DataProto arguments to the worker's
+           device, calls the method, trims padding rows and moves the result's tensors to the CPU.
+
+The wrapper is the one owner of device placement: the driver's tensors stay on the CPU, and worker code
+allocates on the device of the tensors it receives (see `on_device`).
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
+
+import torch
 
 from hybridrl.controller.futures import DataProtoFuture, ProtoShard, materialize_arg, trim_padding
 from hybridrl.protocol import DataProto, pad_dataproto_to_divisor
@@ -141,6 +148,44 @@ for _mode, _dispatch, _collect in [
                                                  concatenates_protos=_collect is _collect_proto))
 
 
+# ----- device placement --------------------------------------------------------------------------------
+CPU = torch.device("cpu")
+
+
+def on_device(data: DataProto, device: torch.device) -> DataProto:
+    """`data` with its batch on `device`: the same object where it is there already (always, on a CPU).
+
+    The one place a DataProto changes device. Why here: the driver holds CPU tensors (it has no device, and
+    Ray ships them as numpy buffers), while a worker's model sits on its GPU; moving at this boundary, once
+    per call, lets every worker method and the code it calls simply allocate on its inputs' device. The
+    move works on a shallow copy, so the caller's DataProto (the driver's own, on the local backend) stays
+    where it was; non_tensor_batch and meta_info are shared with it, as they were before the move.
+    """
+    if data.batch is None or all(t.device == device for t in data.batch.values()):
+        return data
+    return copy.copy(data).to(device)
+
+
+def to_cpu(value: Any) -> Any:
+    """A method's result with its tensors on the CPU, for the driver: a DataProto's batch, a tensor, and
+    those inside a list, tuple or dict. Values without tensors off the CPU come back as the same object."""
+    if isinstance(value, DataProto):
+        return on_device(value, CPU)
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if type(value) in (list, tuple):
+        moved = [to_cpu(v) for v in value]
+        return value if all(m is v for m, v in zip(moved, value, strict=True)) else type(value)(moved)
+    if type(value) is dict:
+        moved = {k: to_cpu(v) for k, v in value.items()}
+        return value if all(moved[k] is v for k, v in value.items()) else moved
+    return value
+
+
+def _to_worker_device(value: Any, device: torch.device | None) -> Any:
+    return on_device(value, device) if device is not None and isinstance(value, DataProto) else value
+
+
 # ----- the decorator -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class MethodSpec:
@@ -165,6 +210,10 @@ def register(
 
     materialize_futures: resolve DataProtoFutures and shards on the worker before calling the method
     (turn it off only for methods that forward futures unopened).
+
+    With materialize_futures, DataProto arguments also move to the worker's `device` (a `Worker` property;
+    an object without one, e.g. a plain test class, keeps them where they are) and the result's tensors
+    to the CPU (`on_device`, `to_cpu`).
     """
     get_dispatch_mode(dispatch_mode)  # fail at class definition for an unknown mode
     if dispatch_mode == Dispatch.RANK_ZERO:
@@ -174,13 +223,14 @@ def register(
     def decorator(func: Callable) -> Callable:
         @functools.wraps(func)
         def wrapper(self, *args, **kwargs):
-            if not spec.materialize_futures:
+            if not spec.materialize_futures:  # a forwarder: the method it calls opens and places the data
                 return func(self, *args, **kwargs)
+            device = getattr(self, "device", None)
             shards = [a for a in (*args, *kwargs.values()) if isinstance(a, ProtoShard)]
-            args = tuple(materialize_arg(a) for a in args)
-            kwargs = {k: materialize_arg(v) for k, v in kwargs.items()}
+            args = tuple(_to_worker_device(materialize_arg(a), device) for a in args)
+            kwargs = {k: _to_worker_device(materialize_arg(v), device) for k, v in kwargs.items()}
             output = func(self, *args, **kwargs)
-            return trim_padding(output, shards[0]) if shards else output
+            return to_cpu(trim_padding(output, shards[0]) if shards else output)
 
         setattr(wrapper, _SPEC_ATTR, spec)
         return wrapper

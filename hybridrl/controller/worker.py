@@ -122,7 +122,7 @@ class Worker:
         dtypes = list(dtypes)
         turns = 1
         if not torch.cuda.is_available() and dist.is_initialized() and self.world_size > 1:
-            most = torch.tensor([self.dist_env.local_world_size])
+            most = torch.tensor([self.dist_env.local_world_size], device="cpu")  # a count: gloo reduces it
             dist.all_reduce(most, op=dist.ReduceOp.MAX)
             turns = int(most.item())
         for turn in range(turns):

@@ -131,8 +131,9 @@ def left_pad(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """input_ids, attention_mask and position_ids, each (length,), with the prompt at the right end."""
     pad = length - len(ids)
-    input_ids = torch.tensor([pad_token_id] * pad + ids, dtype=torch.long)  # (length,)
-    attention_mask = torch.tensor([0] * pad + [1] * len(ids), dtype=torch.long)  # (length,)
+    # on the CPU, where a dataset's tensors live (a worker moves what it receives to its device)
+    input_ids = torch.tensor([pad_token_id] * pad + ids, dtype=torch.long, device="cpu")  # (length,)
+    attention_mask = torch.tensor([0] * pad + [1] * len(ids), dtype=torch.long, device="cpu")  # (length,)
     position_ids = torch.clip(torch.cumsum(attention_mask, dim=0) - 1, min=0)  # (length,)
     return input_ids, attention_mask, position_ids
 

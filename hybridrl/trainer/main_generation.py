@@ -17,6 +17,7 @@ import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from hybridrl.controller.decorator import on_device, to_cpu
 from hybridrl.data.rl_dataset import RLHFDataset, collate_fn
 from hybridrl.models.loading import load_causal_lm, load_tokenizer
 from hybridrl.protocol import DataProto
@@ -35,6 +36,10 @@ def check_config(config: DictConfig) -> RolloutConfig:
             f"main_generation runs on one rank in this process for now; got trainer.nnodes x "
             f"trainer.n_gpus_per_node = {ranks}. Set both to 1."
         )
+    if config.trainer.device not in ("cpu", "cuda"):
+        raise ValueError(f"trainer.device must be cpu or cuda, got {config.trainer.device!r}")
+    if config.trainer.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("trainer.device=cuda but torch sees no GPU; set trainer.device=cpu")
     rollout = to_dataclass(RolloutConfig, OmegaConf.merge(config.rollout, {"n": config.data.n_samples}))
     if rollout.n > 1 and (not rollout.do_sample or rollout.temperature == 0):
         raise ValueError(
@@ -44,13 +49,18 @@ def check_config(config: DictConfig) -> RolloutConfig:
     return rollout
 
 
-def generate_responses(engine: BaseRollout, dataset: RLHFDataset, batch_size: int, tokenizer) -> list[list[str]]:
-    """n decoded responses (special tokens removed) for every dataset row, in row order."""
+def generate_responses(engine: BaseRollout, dataset: RLHFDataset, batch_size: int, tokenizer,
+                       device: str | torch.device = "cpu") -> list[list[str]]:
+    """n decoded responses (special tokens removed) for every dataset row, in row order.
+
+    The prompts go to `device` (where the engine's model is) and the responses come back to the CPU: this
+    driver is its own worker, so it places the data where a worker's `@register` wrapper would.
+    """
     results: list[list[str]] = []
     for start in range(0, len(dataset), batch_size):
         items = collate_fn([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])
         prompts = DataProto.from_dict({k: items[k] for k in ("input_ids", "attention_mask", "position_ids")})
-        out = engine.generate_sequences(prompts)
+        out = to_cpu(engine.generate_sequences(on_device(prompts, torch.device(device))))
         n = len(out) // len(prompts)
         texts = [
             tokenizer.decode(ids[mask.bool()], skip_special_tokens=True)
@@ -74,10 +84,11 @@ def run_generation(config: DictConfig) -> Path:
     module = None
     if rollout_config.name == "hf":
         module = load_causal_lm(model_path, dtype=rollout_config.dtype,
-                                trust_remote_code=config.model.trust_remote_code)
+                                trust_remote_code=config.model.trust_remote_code).to(config.trainer.device)
     engine = build_rollout(rollout_config, module=module, tokenizer=tokenizer, model_path=model_path)
     with torch.no_grad():
-        responses = generate_responses(engine, dataset, config.data.batch_size, tokenizer)
+        responses = generate_responses(engine, dataset, config.data.batch_size, tokenizer,
+                                       device=config.trainer.device)
     table = pq.read_table(Path(config.data.path).expanduser())
     if "responses" in table.column_names:
         table = table.drop_columns(["responses"])

@@ -99,8 +99,10 @@ class PPOActor:
                 f"{plan.epochs} epoch(s) of mini-batches of {plan.mini_batch_rows} rows over {len(data)} rows"
             )
         data = data.select(deepcopy=False)
-        data.batch["row_index"] = torch.arange(len(data))  # survives shuffling and micro-batching
-        old_log_probs = torch.zeros_like(data.batch["responses"], dtype=torch.float32)  # (rows, response_len)
+        responses = data.batch["responses"]
+        # each row's own index: it survives shuffling and micro-batching
+        data.batch["row_index"] = torch.arange(len(data), device=responses.device)  # (rows,)
+        old_log_probs = torch.zeros_like(responses, dtype=torch.float32)  # (rows, response_len)
         metrics = self._update(data, plan, fused=True, old_log_probs_out=old_log_probs)
         return metrics, old_log_probs
 

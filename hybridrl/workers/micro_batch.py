@@ -30,7 +30,7 @@ class MicroBatch:
 
 def _agree_max(value: int) -> int:
     if dist.is_initialized() and dist.get_world_size() > 1:
-        t = torch.tensor([value], dtype=torch.long)
+        t = torch.tensor([value], dtype=torch.long, device="cpu")  # a count: gloo reduces it on the CPU
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return int(t.item())
     return value
@@ -122,11 +122,11 @@ def _dummy(data: DataProto) -> MicroBatch:
 
 
 def restore_order(parts: list[torch.Tensor], micro_batches: list[MicroBatch], total: int) -> torch.Tensor:
-    """Scatter per-micro-batch outputs back into the parent batch's row order."""
+    """Scatter per-micro-batch outputs back into the parent batch's row order, on the parts' device."""
     nonempty = [(p, mb) for p, mb in zip(parts, micro_batches, strict=True) if mb.indices]
-    stacked = torch.cat([p for p, _ in nonempty], dim=0)
-    index = torch.tensor([i for _, mb in nonempty for i in mb.indices], dtype=torch.long)
-    out = torch.empty((total, *stacked.shape[1:]), dtype=stacked.dtype)
+    stacked = torch.cat([p for p, _ in nonempty], dim=0)  # (rows, ...)
+    index = torch.tensor([i for _, mb in nonempty for i in mb.indices], dtype=torch.long, device=stacked.device)
+    out = torch.empty((total, *stacked.shape[1:]), dtype=stacked.dtype, device=stacked.device)
     out[index] = stacked
     return out
 

@@ -226,7 +226,7 @@ def place_on_last_response_token(scores: torch.Tensor, attention_mask: torch.Ten
     A row with an empty response has no token to carry its score and stays zero (as in the managers).
     """
     valid = attention_mask[:, -response_length:].sum(dim=-1).long()  # (B,)
-    out = torch.zeros((len(scores), response_length), dtype=torch.float32)  # (B, R)
+    out = torch.zeros((len(scores), response_length), dtype=torch.float32, device=scores.device)  # (B, R)
     rows = (valid > 0).nonzero().squeeze(-1)
     out[rows, valid[rows] - 1] = scores[rows].float()
     return out
@@ -289,6 +289,7 @@ class RewardModelWorker(Worker):
                 self._warned_no_raw_prompt = True
             inputs = retokenize_for_reward_model(conversations(data, self.input_tokenizer), self.tokenizer,
                                                  cfg.max_length)
+            inputs = inputs.to(data.batch["input_ids"].device)  # made from token lists, on the CPU
         else:
             inputs = data.select(batch_keys=["input_ids", "attention_mask", "position_ids"],
                                  non_tensor_batch_keys=[], meta_info_keys=[])

@@ -65,7 +65,7 @@ def micro_batches(data: DataProto, size: int, max_token_len: int | None) -> list
 
 
 def _all_reduce_sum(value: float) -> float:
-    total = torch.tensor([value], dtype=torch.float64)
+    total = torch.tensor([value], dtype=torch.float64, device="cpu")  # a Python float: gloo reduces it
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(total)
     return float(total.item())
@@ -137,7 +137,9 @@ class SFTWorker(Worker):
         module = self.engine.module
         module.eval()
         size = self.config.data.micro_batch_size_per_gpu
-        sums, counts = torch.zeros(len(data), dtype=torch.float64), torch.zeros(len(data), dtype=torch.float64)
+        device = data.batch["input_ids"].device
+        sums = torch.zeros(len(data), dtype=torch.float64, device=device)  # (rows,)
+        counts = torch.zeros(len(data), dtype=torch.float64, device=device)  # (rows,)
         with torch.no_grad():
             for start in range(0, len(data), size):
                 rows = slice(start, start + size)

@@ -55,7 +55,7 @@ class MetricSums:
         names = sorted(self.weighted)
         shares = sorted(self.shares)
         flat = [v for n in names for v in self.weighted[n]] + [self.shares[n] for n in shares]
-        totals = torch.tensor(flat, dtype=torch.float64)
+        totals = torch.tensor(flat, dtype=torch.float64, device="cpu")  # Python floats: gloo reduces them
         world = 1
         if dist.is_initialized() and dist.get_world_size() > 1 and totals.numel():
             dist.all_reduce(totals)
@@ -76,7 +76,7 @@ MicroStep = Callable[[DataProto, dict, MetricSums], torch.Tensor]
 def global_batch_info(mini_batch: DataProto) -> dict:
     """Token and sequence totals of a mini-batch over all ranks (the normalisers of `agg_loss`)."""
     mask = mini_batch.batch["response_mask"]
-    totals = torch.tensor([float(mask.sum()), float(len(mini_batch))], dtype=torch.float64)
+    totals = torch.tensor([float(mask.sum()), float(len(mini_batch))], dtype=torch.float64, device="cpu")
     world = 1
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(totals)
@@ -97,9 +97,13 @@ def run_updates(engine: FSDPEngine, data: DataProto, plan: BatchingPlan, micro_s
             f"train_batch_size x rollout.n must be a multiple of ppo_mini_batch_size x rollout.n"
         )
     metrics: dict[str, list[float]] = defaultdict(list)
-    generator = torch.Generator().manual_seed(plan.seed)
+    # The shuffle is drawn on the CPU whatever the device, so a seed gives the same order on CPU and GPU
+    # (row indices are CPU tensors anyway: DataProto.select_rows also indexes its numpy columns with them).
+    generator = torch.Generator(device="cpu").manual_seed(plan.seed)
     for _ in range(plan.epochs):
-        rows = data.select_rows(torch.randperm(len(data), generator=generator)) if plan.shuffle else data
+        rows = data
+        if plan.shuffle:
+            rows = data.select_rows(torch.randperm(len(data), generator=generator, device="cpu"))
         for mini in rows.split(plan.mini_batch_rows):
             info = global_batch_info(mini)
             sums = MetricSums()

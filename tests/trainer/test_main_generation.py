@@ -77,3 +77,38 @@ def test_config_errors_name_the_keys(arithmetic_parquet, tiny_model_dir, tmp_pat
         main_generation.check_config(compose_generation(base + ["data.n_samples=4", "rollout.do_sample=false"]))
     config = main_generation.check_config(compose_generation(base + ["data.n_samples=4", "rollout.top_k=5"]))
     assert (config.n, config.top_k, config.response_length) == (4, 5, 256)
+
+
+@pytest.mark.gpu
+def test_greedy_generation_on_the_gpu_equals_model_generate_and_main_eval_scores_it(arithmetic_parquet,
+                                                                                    tiny_model_dir, tmp_path):
+    config = compose_generation([
+        f"data.path={arithmetic_parquet}", f"model.path={tiny_model_dir}", "data.n_samples=1",
+        f"data.output_path={tmp_path / 'greedy.parquet'}", "rollout.do_sample=false",
+        "rollout.response_length=12", "rollout.prompt_length=128", "trainer.device=cuda",
+    ])
+    output = main_generation.run_generation(config)
+    got = pq.read_table(output).column("responses").to_pylist()
+    # reference: model.generate on the same GPU, greedy, for the first prompt
+    tokenizer = load_tokenizer(tiny_model_dir)
+    model = load_causal_lm(tiny_model_dir).eval().to("cuda")
+    messages = pq.read_table(arithmetic_parquet).column("prompt").to_pylist()[0]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+    input_ids = torch.tensor([ids["input_ids"]], device="cuda")
+    with torch.no_grad():
+        ref = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
+                             max_new_tokens=12, pad_token_id=0, eos_token_id=3)[0, input_ids.shape[1]:]
+    assert got[0] == [tokenizer.decode(ref, skip_special_tokens=True)]
+    # main_eval reads the file as it reads one written on the CPU: an untrained model writes no answer tag
+    printed = subprocess.run([sys.executable, "-m", "hybridrl.trainer.main_eval", f"data.path={output}"],
+                             check=True, capture_output=True, text=True).stdout
+    assert "arithmetic/mean@1: 0.0000" in printed
+
+
+def test_device_is_checked(arithmetic_parquet, tiny_model_dir, tmp_path):
+    base = [f"data.path={arithmetic_parquet}", f"model.path={tiny_model_dir}", f"data.output_path={tmp_path}/o.parquet"]
+    with pytest.raises(ValueError, match="trainer.device must be cpu or cuda"):
+        main_generation.check_config(compose_generation(base + ["trainer.device=tpu"]))
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="torch sees no GPU"):
+            main_generation.check_config(compose_generation(base + ["trainer.device=cuda"]))

@@ -84,3 +84,17 @@ def test_a_failing_run_ends_clean_too(arithmetic_data, tiny_model_dir, tmp_path,
         run_ppo(ppo_config(*overrides, *LOCAL, f"custom_reward_function.path={FIXTURES / 'digit_reward.py'}",
                            "custom_reward_function.name=always_raises", "reward_model.launch_reward_fn_async=true"))
     assert_clean()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("estimator", [[], GAE], ids=["grpo", "gae"])
+def test_a_run_on_the_gpu_with_the_local_backend(arithmetic_data, tiny_model_dir, tmp_path, no_dist_env, estimator):
+    # GRPO with a reference policy, or GAE with a critic: every model stage, on cuda:0 in this process
+    overrides = [o for o in tiny_run_overrides(arithmetic_data, tiny_model_dir, tmp_path)
+                 if not (estimator and o.startswith("algorithm.adv_estimator"))]
+    steps = run_ppo(ppo_config(*overrides, *LOCAL, *estimator, "trainer.device=cuda"))
+    assert_clean()
+    step = steps[-1]
+    for key in ("actor/pg_loss", "actor/entropy", "critic/score/mean", "rollout/log_prob_diff_max"):
+        assert math.isfinite(step[key]), key
+    assert step["rollout/log_prob_diff_max"] < 1e-2  # the rollout and the actor score the same tokens alike

@@ -128,6 +128,16 @@ def test_token_budget_micro_batches_do_not_change_the_update(local_run, sft_data
                                                                     abs=1e-5)
 
 
+@pytest.mark.gpu
+def test_a_local_run_on_the_gpu_starts_from_the_cpu_runs_loss_and_learns(local_run, sft_data, tiny_model_dir,
+                                                                         tmp_path):
+    run_sft(sft_config(sft_data, tiny_model_dir, tmp_path, "trainer.device=cuda"))
+    gpu, cpu = read_metrics(tmp_path), read_metrics(local_run)
+    # step 1's loss is the starting model's on the same rows: fp32 on either device
+    assert gpu[1]["train/loss"] == pytest.approx(cpu[1]["train/loss"], rel=1e-4)
+    assert gpu[4]["train/loss"] < gpu[1]["train/loss"] and gpu[4]["val/loss"] < gpu[2]["val/loss"]
+
+
 @pytest.mark.ray
 def test_two_ray_ranks_match_one_local_rank(local_run, sft_data, tiny_model_dir, tmp_path):
     import ray

@@ -122,3 +122,15 @@ def test_half_precision_inputs_are_reduced_in_fp32():
 def test_logprobs_reject_mismatched_labels():
     with pytest.raises(ValueError, match="labels shape"):
         logprobs_from_logits(torch.zeros(2, 3, 5), torch.zeros(2, 4, dtype=torch.long))
+
+
+def test_logits_helpers_compute_on_their_inputs_device():
+    # on `meta` (shapes without data): a helper that made a CPU tensor would fail to mix it with the inputs
+    # or return it, as it would with inputs on a GPU
+    logits = torch.empty(2, 5, 7, device="meta")  # (batch, seq, vocab)
+    labels = torch.empty(2, 5, dtype=torch.long, device="meta")
+    mask = torch.empty(2, 5, device="meta")
+    outputs = [logprobs_from_logits(logits, labels, chunk_rows=3), entropy_from_logits(logits, chunk_rows=3),
+               masked_sum(labels.float(), mask), masked_mean(labels.float(), mask, axis=-1)]
+    assert [t.device.type for t in outputs] == ["meta"] * 4
+    assert [tuple(t.shape) for t in outputs] == [(2, 5), (2, 5), (), (2,)]

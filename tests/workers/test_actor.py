@@ -117,6 +117,36 @@ def test_old_log_probs_from_the_update_give_the_two_pass_update(tiny_model_dir, 
         assert fused_metrics["actor/entropy"][0] == pytest.approx(two_metrics["actor/entropy"][0], rel=1e-5)
 
 
+def _updates_under_a_meta_default(rank, world_size, model_dir):
+    """Log-probs and updates, first plainly and then under torch.device("meta"), from the same start."""
+    config = ActorConfig(use_kl_loss=True, entropy_coeff=0.01)
+    data = rollout_batch(rows=8)
+    shuffled = BatchingPlan(mini_batch_rows=4, micro_batch_rows=3, epochs=2, shuffle=True, seed=1)
+    results = []
+    for default_device in ("cpu", "meta"):
+        torch.manual_seed(0)
+        actor = PPOActor(config, FSDPEngine(load_causal_lm(model_dir), FSDPConfig(), OptimConfig(lr=1e-4)))
+        actor.update_policy(data, shuffled)  # the optimizer makes its state here, outside the meta default
+        with torch.device(default_device):
+            log_probs, entropy = actor.compute_log_prob(data, 3, None, calculate_entropy=True)
+            fused_metrics, old_log_probs = actor.update_policy_fused(
+                data, BatchingPlan(mini_batch_rows=8, max_token_len=60))
+            metrics = actor.update_policy(data, shuffled)
+        results.append((log_probs, entropy, old_log_probs, fused_metrics, metrics))
+    return results
+
+
+def test_log_probs_and_updates_make_their_tensors_on_the_inputs_device(tiny_model_dir):
+    # No GPU here: under torch.device("meta") a tensor made without naming a device (an index, a mask, a
+    # buffer to scatter into) lands on meta and fails the first time it meets an input or is read, as a
+    # CPU tensor beside CUDA ones does. The results must be those of the same run without it.
+    [(plain, on_meta_default)] = run_on_ranks(_updates_under_a_meta_default, 1, str(tiny_model_dir))
+    for expected, got in zip(plain[:3], on_meta_default[:3], strict=True):
+        assert got.device.type == "cpu"
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    assert on_meta_default[3:] == plain[3:]  # the metrics of both updates
+
+
 def _fused_refuses(rank, world_size, model_dir):
     actor = PPOActor(ActorConfig(), FSDPEngine(load_causal_lm(model_dir), FSDPConfig(), OptimConfig()))
     data = rollout_batch(rows=8)

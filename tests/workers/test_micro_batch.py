@@ -7,9 +7,16 @@ import random
 
 import pytest
 import torch
+from batches import rollout_batch
 
 from hybridrl.protocol import DataProto
-from hybridrl.workers.micro_batch import cheapest_cuts, make_micro_batches
+from hybridrl.workers.micro_batch import (
+    MicroBatch,
+    cheapest_cuts,
+    make_micro_batches,
+    restore_order,
+    trim_columns,
+)
 
 
 def cost(sorted_lengths: list[int], cuts: list[tuple[int, int]]) -> int:
@@ -69,3 +76,30 @@ def test_dynamic_micro_batches_hold_every_row_once_within_the_budget():
         assert len(mb.indices) * max(lengths[i] for i in mb.indices) <= 64
         assert mb.data.batch["input_ids"][:, 0].tolist() == mb.indices  # the rows are the indexed ones
     assert {tuple(sorted(lengths[i] for i in mb.indices)) for mb in micro} >= {(4, 5, 6, 7)}  # short ones together
+
+
+# ----- device: what micro-batching makes follows its inputs' device -----------------------------------------
+# There is no GPU here. Two stand-ins say where a tensor went instead: inputs on `meta` (shapes only; a CPU
+# tensor made beside them shows up on the CPU, or fails to mix), and, for code that reads values, CPU inputs
+# under `torch.device("meta")`, where every tensor made without naming a device lands on meta and fails the
+# first time its values are read or it meets an input.
+def test_restore_order_scatters_rows_back_on_the_parts_device():
+    batches = [MicroBatch(right_padded([1, 1], 2), [2, 0]), MicroBatch(right_padded([1], 2), [1]),
+               MicroBatch(right_padded([1], 2), [])]  # the last: a dummy pass, its output dropped
+    parts = [torch.tensor([[20.0], [0.0]]), torch.tensor([[10.0]]), torch.tensor([[99.0]])]
+    assert restore_order(parts, batches, 3).tolist() == [[0.0], [10.0], [20.0]]
+    on_meta = restore_order([p.to("meta") for p in parts], batches, 3)
+    assert on_meta.device.type == "meta" and on_meta.shape == (3, 1)
+
+
+def test_micro_batching_makes_every_tensor_on_its_inputs_device():
+    data = rollout_batch(rows=8)  # CPU tensors; width 22 = 10 prompt + 12 response columns
+    with torch.device("meta"):
+        fixed = make_micro_batches(data, micro_batch_size=3)
+        dynamic = make_micro_batches(data, max_token_len=44)
+        trimmed = [trim_columns(mb.data, response_length=12) for mb in fixed]
+        restored = restore_order([mb.data.batch["responses"] for mb in fixed], fixed, len(data))
+    devices = {t.device.type for mb in fixed + dynamic for t in mb.data.batch.values()}
+    devices |= {t.device.type for tr in trimmed for t in (tr.input_ids, tr.attention_mask, tr.position_ids)}
+    assert devices == {"cpu"}
+    assert torch.equal(restored, data.batch["responses"])

@@ -177,6 +177,10 @@ def test_placement_on_the_last_valid_response_token():
     assert got.tolist() == [[0, 0, 0.5, 0], [-2.0, 0, 0, 0], [0, 0, 0, 0]]
     # Last real column of a left-padded, a right-padded and a both-sides-padded row.
     assert last_valid_index(torch.tensor([[0, 0, 1, 1], [1, 1, 0, 0], [0, 1, 1, 0]])).tolist() == [3, 1, 2]
+    # made on the inputs' device: under torch.device("meta") a tensor made without naming one lands on meta
+    with torch.device("meta"):
+        placed = place_on_last_response_token(torch.tensor([0.5, -2.0, 7.0], device="cpu"), mask, 4)
+    assert placed.device.type == "cpu" and placed.tolist() == got.tolist()
 
 
 def test_same_tokenization_needs_the_same_vocabulary_and_chat_template(tiny_model_dir, tiny_llama_dir,

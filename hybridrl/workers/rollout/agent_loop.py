@@ -195,7 +195,7 @@ class AgentLoop:
         turn = 0
         while any(t.state is AgentState.GENERATING for t in trajectories):
             self._model_turn([t for t in trajectories if t.state is AgentState.GENERATING], prompts.meta_info,
-                             turn, stop_ids)
+                             turn, stop_ids, input_ids.device)
             self._tool_turn([t for t in trajectories if t.state is AgentState.CALLING_TOOLS])
             turn += 1
         self._close_instances(trajectories)
@@ -243,13 +243,14 @@ class AgentLoop:
 
     # ----- the model's turn ---------------------------------------------------------------------------
     def _model_turn(self, active: list[Trajectory], meta_info: Mapping[str, Any], turn: int,
-                    stop_ids: set[int]) -> None:
+                    stop_ids: set[int], device: torch.device) -> None:
         limit = self.config.response_length
         rooms = [t.room(limit) for t in active]
         context = max(len(t.prompt_ids) + len(t.response_ids) for t in active)
         columns = [left_pad(t.prompt_ids + t.response_ids, context, self.pad_token_id) for t in active]
         batch = DataProto.from_dict({key: torch.stack([c[k] for c in columns])  # each (active, context)
                                      for k, key in enumerate(("input_ids", "attention_mask", "position_ids"))})
+        batch.to(device)  # built from token lists on the CPU; the engine generates on the prompts' device
         batch.meta_info = {k: v for k, v in meta_info.items() if k in CALL_OVERRIDES}
         batch.meta_info.update(n=1, response_length=max(rooms))
         if meta_info.get("seed") is not None:
@@ -387,19 +388,22 @@ class AgentLoop:
 
     # ----- the output ---------------------------------------------------------------------------------
     def _assemble(self, prompts: DataProto, trajectories: list[Trajectory], n: int) -> DataProto:
-        rows, width = len(trajectories), self.config.response_length
-        responses = torch.full((rows, width), self.pad_token_id, dtype=torch.long)  # (B*n, R)
-        model_mask = torch.zeros(rows, width, dtype=torch.long)
-        log_probs = torch.zeros(rows, width, dtype=torch.float32)
-        for i, t in enumerate(trajectories):
-            length = len(t.response_ids)
-            responses[i, :length] = torch.tensor(t.response_ids, dtype=torch.long)
-            model_mask[i, :length] = torch.tensor(t.model_mask, dtype=torch.long)
-            log_probs[i, :length] = torch.tensor(t.log_probs, dtype=torch.float32)
-        lengths = torch.tensor([len(t.response_ids) for t in trajectories])
+        width, device = self.config.response_length, prompts.batch["input_ids"].device
+
+        def padded(rows: list[list], fill: float) -> list[list]:  # each row right-padded to the response width
+            return [list(row) + [fill] * (width - len(row)) for row in rows]
+
+        # one tensor per column, made on the prompts' device from the trajectories' Python lists
+        responses = torch.tensor(padded([t.response_ids for t in trajectories], self.pad_token_id),
+                                 dtype=torch.long, device=device)  # (B*n, R)
+        model_mask = torch.tensor(padded([t.model_mask for t in trajectories], 0), dtype=torch.long,
+                                  device=device)  # (B*n, R)
+        log_probs = torch.tensor(padded([t.log_probs for t in trajectories], 0.0), dtype=torch.float32,
+                                 device=device)  # (B*n, R)
+        lengths = torch.tensor([len(t.response_ids) for t in trajectories], device=device)  # (B*n,)
         inputs = prompts.select(batch_keys=list(prompts.batch.keys()), non_tensor_batch_keys=[
             key for key in prompts.non_tensor_batch if key not in AGENT_INPUT_COLUMNS])
-        output = assemble_output(inputs, responses.to(prompts.batch["input_ids"].device), lengths, log_probs, n)
+        output = assemble_output(inputs, responses, lengths, log_probs, n)
         mask = model_mask.to(output.batch["response_mask"])
         output.batch["response_mask"] = mask
         output.batch["rollout_log_probs"] = torch.where(mask.bool(), output.batch["rollout_log_probs"], 0.0)

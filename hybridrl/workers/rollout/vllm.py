@@ -237,6 +237,8 @@ class VLLMRollout(BaseRollout):
                 [step[token].logprob for step, token in zip(completion.logprobs, ids, strict=False)]
             )
             lengths[i] = len(ids)
+        # vLLM hands back Python lists: the tensors above are filled on the CPU, then join the prompts' device
+        responses, lengths, log_probs = (x.to(input_ids.device) for x in (responses, lengths, log_probs))
         return assemble_output(prompts, responses, lengths, log_probs, params.n)
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -324,6 +324,24 @@ def test_real_hf_engine_samples_every_turn_with_consistent_log_probs(tiny_model,
     greedy.close()
 
 
+def test_turns_and_the_output_are_made_on_the_prompts_device(tiny_model, tiny_tokenizer):
+    # No GPU here: under torch.device("meta") a tensor made without naming a device lands on meta and fails
+    # the first time it meets a prompt or model tensor or its values are read, as a CPU tensor beside CUDA
+    # ones does. The calculator turns make the loop build each turn's batch and the output itself.
+    config = RolloutConfig(response_length=24, n=2, multi_turn={"enable": True})
+    loop = AgentLoop(HFRollout(tiny_model, config, tiny_tokenizer), tiny_tokenizer, config,
+                     {"calculator": CalculatorTool({}, None)})
+    prompts = chat_prompts(tiny_tokenizer, ["What is 1 + 2?", "hello"])
+    prompts.meta_info["seed"] = 5
+    expected = loop.generate_sequences(prompts.select(deepcopy=True))
+    with torch.device("meta"):
+        got = loop.generate_sequences(prompts.select(deepcopy=True))
+    loop.close()
+    assert {t.device.type for t in got.batch.values()} == {"cpu"}
+    for key, value in expected.batch.items():
+        assert torch.equal(got.batch[key], value), key
+
+
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm runs in its own venv (requirements-vllm.txt)")
 def test_real_vllm_engine_samples_every_turn_with_consistent_log_probs(tiny_model, tiny_model_dir, tiny_tokenizer):
     config = RolloutConfig(name="vllm", response_length=24, prompt_length=40, n=2, multi_turn={"enable": True})

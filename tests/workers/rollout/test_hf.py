@@ -129,6 +129,22 @@ def test_seeded_sampling_is_reproducible(tiny_model, tiny_tokenizer):
     assert torch.equal(first, again)
 
 
+def test_decoding_makes_every_tensor_on_the_prompts_device(tiny_model, tiny_tokenizer):
+    # No GPU here: under torch.device("meta") a tensor made without naming a device lands on meta, and
+    # fails the first time it meets a prompt or model tensor or its values are read, as a CPU tensor
+    # fails beside CUDA ones. A third of the vocabulary stops a row, so the loop drops finished rows too.
+    rollout = engine(tiny_model, tiny_tokenizer, response_length=10, n=2, stop_token_ids=list(range(4, 170)))
+    expected = rollout.generate_sequences(make_prompts(tiny_tokenizer, seed=3))
+    prompts = make_prompts(tiny_tokenizer, seed=3)
+    with torch.device("meta"):
+        got = rollout.generate_sequences(prompts)
+    assert {t.device.type for t in got.batch.values()} == {"cpu"}
+    lengths = got.batch["response_mask"].sum(-1)
+    assert lengths.min() < lengths.max()  # the first rows to stop left the batch while others went on
+    for key in ("responses", "response_mask", "rollout_log_probs"):
+        torch.testing.assert_close(got.batch[key], expected.batch[key], rtol=0, atol=0, msg=key)
+
+
 def test_validate_uses_val_kwargs_and_greedy_forces_one_sample(tiny_model, tiny_tokenizer):
     rollout = engine(tiny_model, tiny_tokenizer, response_length=8, n=4, val_kwargs={"n": 2, "do_sample": True,
                                                                                   "temperature": 1.0})

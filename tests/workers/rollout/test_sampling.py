@@ -72,3 +72,13 @@ def test_resolve_overrides_and_stop_ids():
     assert ignoring.stop_token_ids == (7,)
     with pytest.raises(ValueError, match="top_p"):
         resolve_sampling_params(config, {"top_p": 0.0}, [3])
+
+
+@pytest.mark.parametrize("greedy,top_k,top_p", [(True, 0, 1.0), (False, 0, 1.0), (False, 2, 0.8)])
+def test_sampling_computes_on_the_logits_device(greedy, top_k, top_p):
+    # on `meta`: a mask, index or sample made on the CPU would fail to mix with the logits, as on a GPU
+    params = SamplingParams(greedy=greedy, temperature=0.7, top_k=top_k, top_p=top_p, n=1, response_length=4,
+                            stop_token_ids=(3,), seed=None)
+    tokens, log_probs = sample_tokens(torch.empty(6, 11, device="meta"), params, generator=None)  # (rows, vocab)
+    assert (tokens.device.type, log_probs.device.type) == ("meta", "meta")
+    assert tokens.shape == log_probs.shape == (6,)
