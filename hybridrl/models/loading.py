@@ -202,8 +202,11 @@ def padding_side(tokenizer: PreTrainedTokenizerBase, side: str) -> Iterator[PreT
 
 
 def _pretrained_kwargs(
-    dtype: str | torch.dtype, attn_implementation: str | None, trust_remote_code: bool
+    dtype: str | torch.dtype, attn_implementation: str | None, trust_remote_code: bool,
+    override_config: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
+    # verl picks the attention through model.override_config; that choice wins over the caller's default
+    attn_implementation = (override_config or {}).get("attn_implementation", attn_implementation)
     kwargs: dict[str, Any] = {
         "dtype": resolve_dtype(dtype),
         "trust_remote_code": trust_remote_code,
@@ -247,8 +250,7 @@ def load_causal_lm(
     config = load_model_config(
         model_dir, override_config=override_config, trust_remote_code=trust_remote_code
     )
-    attn_implementation = (override_config or {}).get("attn_implementation", attn_implementation)
-    kwargs = _pretrained_kwargs(dtype, attn_implementation, trust_remote_code)
+    kwargs = _pretrained_kwargs(dtype, attn_implementation, trust_remote_code, override_config)
     model = AutoModelForCausalLM.from_pretrained(model_dir, config=config, **kwargs)
     return _finish(model, gradient_checkpointing)
 
@@ -280,8 +282,7 @@ def load_value_model(
     )
     config.num_labels = 1
     config.classifier_dropout = 0.0
-    attn_implementation = (override_config or {}).get("attn_implementation", attn_implementation)
-    kwargs = _pretrained_kwargs(dtype, attn_implementation, trust_remote_code)
+    kwargs = _pretrained_kwargs(dtype, attn_implementation, trust_remote_code, override_config)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(head_init_seed)
         model = AutoModelForTokenClassification.from_pretrained(model_dir, config=config, **kwargs)
