@@ -2,6 +2,7 @@
 TRL's GRPOTrainer from the same SFT model beside it.
 
     python benchmarks/learning.py [--seeds 0,1,2,3] [--threads 1,2] [--jobs 1] [--no-trl]
+                                  [--override KEY=VALUE ...] [--name learning]
 
 Machines of the project's kind differ in CPU (Intel with AMX, AMD with AVX512_BF16), and their kernels sum
 floating-point numbers in another order, so one run's figure says little: the same recipe once gave 0.52
@@ -16,7 +17,11 @@ two optimizer steps of 64 samples each (hybridrl's ppo_mini_batch_size=8 prompts
 AdamW wd 0.01, clip 1.0, no KL, token-mean loss, temperature 1, 64 tokens; held-out greedy accuracy on
 the same 500 problems every 10 generation steps.
 
-Writes `benchmarks/results/learning.md` and `learning.png`: for every run the SFT accuracy, the accuracy
+`--override KEY=VALUE` (repeatable) adds a Hydra override to every quickstart's GRPO run, e.g. the bf16
+settings `actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=auto` and
+`actor_rollout_ref.rollout.dtype=auto`; give such a run its own `--workdir` and `--name`.
+
+Writes `benchmarks/results/<name>.md` and `<name>.png` (default name `learning`): for every run the SFT accuracy, the accuracy
 after GRPO and the gain, their min and mean, and TRL's, with the samples each needed to gain 10 points.
 The last line printed is `min gain: <points>`.
 """
@@ -27,6 +32,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -55,7 +61,7 @@ def thread_env(threads: int) -> dict[str, str]:
 
 
 # ----- hybridrl: the quickstart itself ------------------------------------------------------------------
-def run_hybridrl(workdir: Path, seed: int, threads: int) -> dict:
+def run_hybridrl(workdir: Path, seed: int, threads: int, overrides: tuple[str, ...] = ()) -> dict:
     out = run_dir(workdir, seed, threads)
     result_file = out / "hybridrl.json"
     if result_file.exists():
@@ -64,7 +70,7 @@ def run_hybridrl(workdir: Path, seed: int, threads: int) -> dict:
     start = time.perf_counter()
     with (out / "quickstart.log").open("w") as log:
         subprocess.run([sys.executable, "-m", "hybridrl.quickstart", "--workdir", str(out), "--seed", str(seed),
-                        "--threads", str(threads), f"--steps={STEPS}"],
+                        "--threads", str(threads), f"--steps={STEPS}", *overrides],
                        check=True, env=thread_env(threads), stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     history = [json.loads(line) for line in (out / "grpo" / "metrics.jsonl").read_text().splitlines()]
     result = {
@@ -134,14 +140,14 @@ def cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
-def report(runs: list[tuple[int, int, dict, dict | None]]) -> str:
+def report(runs: list[tuple[int, int, dict, dict | None]], command: str = "python benchmarks/learning.py") -> str:
     def fmt(x: float | None) -> str:
         return "never" if x is None else f"{x:,}"
 
     lines = [
         "# Learning over seeds and thread counts",
         "",
-        f"CPU: {cpu_name()}; torch threads per process as given; command: `python benchmarks/learning.py`.",
+        f"CPU: {cpu_name()}; torch threads per process as given; command: `{command}`.",
         f"Held-out greedy accuracy on the 500 test problems; GRPO {STEPS} steps of {PROMPTS} prompts x "
         f"{SAMPLES_PER_PROMPT} samples. 'samples to +{TARGET_GAIN * 100:.0f}' counts generated samples up to "
         f"the first evaluation (every {EVAL_EVERY} steps) at least {TARGET_GAIN * 100:.0f} points above the start.",
@@ -200,6 +206,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="runs at once (their threads share the cores)")
     parser.add_argument("--workdir", default="runs/learning")
     parser.add_argument("--no-trl", action="store_true", help="leave TRL out")
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="Hydra override for every quickstart's GRPO run (repeatable)")
+    parser.add_argument("--name", default="learning", help="results file stem under benchmarks/results/")
     parser.add_argument("--trl-python", default=str(TRL_PYTHON), help="python of the TRL venv")
     parser.add_argument("--trl-run", help=argparse.SUPPRESS)  # internal: one TRL run, inside the TRL venv
     args = parser.parse_args()
@@ -215,7 +224,7 @@ def main() -> None:
 
     def one(seed_threads: tuple[int, int]) -> tuple[int, int, dict, dict | None]:
         seed, threads = seed_threads
-        ours = run_hybridrl(workdir, seed, threads)
+        ours = run_hybridrl(workdir, seed, threads, tuple(args.override))
         trl = run_trl_in_venv(workdir, seed, threads, Path(args.trl_python)) if with_trl else None
         print(f"seed {seed} threads {threads}: {ours['curve'][0][1]:.3f} -> {ours['curve'][-1][1]:.3f}"
               + (f" (TRL {trl['curve'][-1][1]:.3f})" if trl else ""), flush=True)
@@ -223,10 +232,10 @@ def main() -> None:
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         runs = list(pool.map(one, plan))
-    text = report(runs)
+    text = report(runs, shlex.join(["python", "benchmarks/learning.py", *sys.argv[1:]]))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "learning.md").write_text(text)
-    plot(runs, RESULTS / "learning.png")
+    (RESULTS / f"{args.name}.md").write_text(text)
+    plot(runs, RESULTS / f"{args.name}.png")
     print(text)
     print(f"min gain: {min(r[2]['curve'][-1][1] - r[2]['curve'][0][1] for r in runs) * 100:.1f}")
 
