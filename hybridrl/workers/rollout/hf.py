@@ -7,7 +7,7 @@ has gathered) and it can do three things `generate` does not:
 - prefill each prompt once and copy its KV cache n times (`generate` prefills all B*n rows);
 - keep keys/values in a cache preallocated for prompt + response and written in place
   (`kv_cache.PreallocatedCache`), where `generate`'s `DynamicCache` re-copies the whole cache with
-  `torch.cat` on every step;
+  `torch.cat` on every step (on a CPU attention reads its whole contiguous buffers, masked);
 - drop finished rows from the batch and the cache once an eighth of the batch has finished, so they
   stop costing compute (dropping copies the survivors' cache, so it is batched rather than per row);
 - run in `rollout.dtype` on a copy of the weights cast once per call (autocast would re-cast
@@ -161,7 +161,9 @@ class HFRollout(BaseRollout):
         num_layers = getattr(config, "num_hidden_layers", None)
         if num_layers is None or any(t != "full_attention" for t in layer_types):
             return DynamicCache()
-        return PreallocatedCache(num_layers, max_len)
+        # On a CPU attention reads the whole buffers: strided prefix views cost a copy in torch's CPU
+        # batched matmul (kv_cache's docstring has the measurements); elsewhere it reads the prefix.
+        return PreallocatedCache(num_layers, max_len, full_width=self._device().type == "cpu")
 
     def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
                  cache: Cache) -> torch.Tensor:

@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from hybridrl.models.attention import GROUPED_EAGER
 from hybridrl.workers.rollout.kv_cache import PreallocatedCache, PreallocatedLayer
 
 from .helpers import make_prompts
@@ -35,28 +36,40 @@ def decode(model, cache, prompts, steps: int, drop_at: dict[int, list[int]] | No
     return outputs
 
 
-def test_logits_equal_dynamic_cache(tiny_model, tiny_tokenizer):
+@pytest.fixture(params=["sdpa", "eager", GROUPED_EAGER])
+def attention(request, tiny_model):
+    """The shared tiny model switched to one attention implementation for the test, then switched back."""
+    before = tiny_model.config._attn_implementation
+    tiny_model.set_attn_implementation(request.param)
+    yield request.param
+    tiny_model.set_attn_implementation(before)
+
+
+@pytest.mark.parametrize("full_width", [False, True])
+def test_logits_equal_dynamic_cache(tiny_model, tiny_tokenizer, attention, full_width):
     prompts = make_prompts(tiny_tokenizer, length=16)  # 4 left-padded prompts of different lengths
     layers = tiny_model.config.num_hidden_layers
-    ours = decode(tiny_model, PreallocatedCache(layers, max_len=16 + 10), prompts, steps=10)
+    ours = decode(tiny_model, PreallocatedCache(layers, max_len=16 + 10, full_width=full_width), prompts, steps=10)
     reference = decode(tiny_model, DynamicCache(), prompts, steps=10)
     assert len(ours) == len(reference) == 11
     for step, (a, b) in enumerate(zip(ours, reference, strict=True)):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0, msg=f"step {step}")
 
 
-def test_dropping_rows_keeps_the_right_rows(tiny_model, tiny_tokenizer):
+@pytest.mark.parametrize("full_width", [False, True])
+def test_dropping_rows_keeps_the_right_rows(tiny_model, tiny_tokenizer, full_width):
     prompts = make_prompts(tiny_tokenizer, length=16)
     layers = tiny_model.config.num_hidden_layers
     # before step 3 rows 0 and 2 finish (keep 1, 3); before step 6 the old row 3 finishes (keep index 0)
     drops = {3: [1, 3], 6: [0]}
-    ours = decode(tiny_model, PreallocatedCache(layers, max_len=26), prompts, steps=8, drop_at=drops)
+    ours = decode(tiny_model, PreallocatedCache(layers, max_len=26, full_width=full_width), prompts, steps=8,
+                  drop_at=drops)
     reference = decode(tiny_model, DynamicCache(), prompts, steps=8, drop_at=drops)
     assert [o.shape[0] for o in ours] == [4, 4, 4, 4, 2, 2, 2, 1, 1]
     for a, b in zip(ours, reference, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
     # the survivor is prompt 1: its logits match an undisturbed run's row 1 at every step
-    undisturbed = decode(tiny_model, PreallocatedCache(layers, max_len=26), prompts, steps=8)
+    undisturbed = decode(tiny_model, PreallocatedCache(layers, max_len=26, full_width=full_width), prompts, steps=8)
     survivor_row = [1, 1, 1, 1, 0, 0, 0, 0, 0]  # prompt 1's row in the shrinking batch, output by output
     for a, b, row in zip(ours, undisturbed, survivor_row, strict=True):
         torch.testing.assert_close(a[row], b[1], atol=1e-5, rtol=0)
@@ -78,6 +91,20 @@ def test_layer_writes_in_place_selects_and_repeats_rows():
     assert layer.keys.shape == (2, 1, 5, 1)  # fresh buffers keep the full length for later steps
     keys, _ = layer.update(torch.tensor([3.0, 13.0]).reshape(2, 1, 1, 1), torch.zeros(2, 1, 1, 1))
     assert keys.flatten(1).tolist() == [[0, 1, 2, 3], [10, 11, 12, 13]]
+
+
+def test_full_width_layer_shows_the_whole_buffer_with_zeros_where_unwritten():
+    layer = PreallocatedLayer(max_len=5, full_width=True)
+    assert layer.get_mask_sizes(query_length=2) == (5, 0)  # the mask covers what attention will read
+    first = torch.tensor([[1.0, 2.0], [11.0, 12.0]]).reshape(2, 1, 2, 1)  # (rows=2, H=1, q=2, D=1)
+    keys, values = layer.update(first, -first)
+    assert keys.shape == values.shape == (2, 1, 5, 1) and layer.get_seq_length() == 2
+    assert keys.flatten(1).tolist() == [[1, 2, 0, 0, 0], [11, 12, 0, 0, 0]]
+    layer.batch_repeat_interleave(2)
+    layer.batch_select_indices(torch.tensor([3]))
+    keys, values = layer.update(torch.tensor([13.0]).reshape(1, 1, 1, 1), torch.tensor([-13.0]).reshape(1, 1, 1, 1))
+    assert keys.flatten(1).tolist() == [[11, 12, 13, 0, 0]] and torch.equal(values, -keys)
+    assert keys.is_contiguous() and layer.get_mask_sizes(query_length=1) == (5, 0)
 
 
 def test_overflow_names_the_fix():
