@@ -2,6 +2,7 @@
 
     python3 -m venv benchmarks/.venv-trl && benchmarks/.venv-trl/bin/pip install -r benchmarks/requirements-trl.txt
     benchmarks/.venv-trl/bin/python benchmarks/grpo_vs_trl.py [--quick] [--sizes 1m,10m,50m]
+    python benchmarks/grpo_vs_trl.py --device cuda [--sizes 10m,50m,400m,1b]   (one GPU; TRL and its deps installed)
 
 Identical work per size: the same model directory (a tiny Qwen2 from hybridrl's factory; the 1m one
 warm-started by SFT so held-out accuracy means something), the same tokenizer object type, the same
@@ -61,6 +62,7 @@ class Workload:
     prompt_length: int = 40
     seed: int = 1
     dtype: str = "float32"  # compute dtype: hybridrl's param_dtype and rollout.dtype, TRL's bf16 flag
+    device: str = "cpu"  # hybridrl's trainer.device; TRL's use_cpu=(device == "cpu")
 
     @property
     def tag(self) -> str:
@@ -92,7 +94,7 @@ def run_hybridrl(w: Workload, backend: str, workdir: Path) -> dict:
         f"{actor}.ppo_epochs=1", f"{actor}.optim.lr={w.lr}", f"{actor}.use_kl_loss=false",
         f"{actor}.loss_agg_mode=token-mean", f"{actor}.entropy_coeff=0.0", "algorithm.use_kl_in_reward=false",
         f"{actor}.fsdp_config.mixed_precision.param_dtype={w.dtype}", f"actor_rollout_ref.rollout.dtype={w.dtype}",
-        f"trainer.backend={backend}", f"trainer.n_gpus_per_node={ranks}",
+        f"trainer.backend={backend}", f"trainer.n_gpus_per_node={ranks}", f"trainer.device={w.device}",
         f"trainer.total_training_steps={w.steps}", f"trainer.test_freq={w.steps if w.evaluate else -1}",
         f"trainer.val_before_train={str(w.evaluate).lower()}", "trainer.save_freq=-1",
         f"trainer.default_local_dir={workdir}", "trainer.resume_mode=disable", "trainer.logger=[console]",
@@ -146,7 +148,7 @@ def trl_trainer(w: Workload, workdir: Path, callbacks: list | None = None, **ove
     train = datasets.Dataset.from_parquet(f"{w.data}/train.parquet", columns=columns)
     tokenizer = load_tokenizer(w.model, padding_side="left")
     settings = dict(
-        output_dir=str(workdir), use_cpu=True, bf16=w.dtype == "bfloat16", report_to="none", save_strategy="no",
+        output_dir=str(workdir), use_cpu=w.device == "cpu", bf16=w.dtype == "bfloat16", report_to="none", save_strategy="no",
         logging_steps=1, disable_tqdm=True, seed=w.seed, max_steps=w.steps,
         per_device_train_batch_size=w.micro_batch, gradient_accumulation_steps=w.samples // w.micro_batch,
         num_generations=w.n, max_completion_length=w.response_length, temperature=1.0, top_p=1.0, top_k=0,
@@ -337,9 +339,14 @@ PLAN = {
     False: {"1m": (16, 20, 2), "10m": (16, 6, 2), "50m": (8, 3, 1)},
     True: {"1m": (16, 4, 1), "10m": (8, 3, 1), "50m": (4, 2, 1)},
 }
+# On one GPU (--device cuda): 32 prompts x 8 samples per step at every size, up to the 1.5B layout.
+PLAN_GPU = {
+    False: {size: (32, 8, 2) for size in ("10m", "50m", "400m", "1b")},
+    True: {size: (32, 3, 1) for size in ("10m", "50m", "400m", "1b")},
+}
 
 
-def prepare(workdir: Path, sizes: list[str], quick: bool) -> list[Workload]:
+def prepare(workdir: Path, sizes: list[str], quick: bool, device: str = "cpu") -> list[Workload]:
     """Data, models and per-size workloads. The 1m model is warm-started by SFT (skipped with --quick)."""
     from hybridrl.models.tiny import build_tiny_model
     from hybridrl.quickstart import prepare_data, warm_start
@@ -353,10 +360,13 @@ def prepare(workdir: Path, sizes: list[str], quick: bool) -> list[Workload]:
         model, start = base, "untrained"
         if size == "1m" and not quick:
             model, start = warm_start(workdir, data, base), "SFT warm start"
-        prompts, steps, warmup = PLAN[quick][size]
+        plan = (PLAN if device == "cpu" else PLAN_GPU)[quick]
+        if size not in plan:
+            raise SystemExit(f"--sizes: no plan for {size} on {device}; choose from {', '.join(plan)}")
+        prompts, steps, warmup = plan[size]
         workloads.append(Workload(size=size, model=str(model), start=start, data=str(data), prompts=prompts,
                                   n=8, response_length=32 if quick else 64, steps=steps, warmup=warmup,
-                                  evaluate=size == "1m"))
+                                  evaluate=size == "1m", device=device))
     return workloads
 
 
@@ -437,8 +447,11 @@ def chart(rows: list[dict], out_png: Path, title: str) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1m and 10m, untrained, a few short steps (< 5 min)")
-    parser.add_argument("--sizes", help="comma-separated tiny sizes (default 1m,10m,50m; 1m,10m with --quick)")
-    parser.add_argument("--runners", default=",".join(RUNNERS), help=f"subset of {','.join(RUNNERS)}")
+    parser.add_argument("--sizes", help="comma-separated tiny sizes (default 1m,10m,50m; 1m,10m with --quick; "
+                        "10m,50m,400m,1b with --device cuda)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: one GPU, hybridrl on its local backend (default runners trl,hybridrl-local)")
+    parser.add_argument("--runners", default=None, help=f"subset of {','.join(RUNNERS)}")
     parser.add_argument("--dtypes", default="float32,bfloat16",
                         help="compute dtypes to run each framework in (TRL: bf16=True for bfloat16)")
     parser.add_argument("--workdir", default="runs/bench_grpo_vs_trl", help="data, models and per-run logs")
@@ -450,12 +463,21 @@ def main(argv: list[str] | None = None) -> None:
     if args.run_one:
         run_one(args.run_one, Workload(**json.loads(args.workload)), Path(args.result))
         return
-    sizes = (args.sizes or ("1m,10m" if args.quick else "1m,10m,50m")).split(",")
-    runners = args.runners.split(",")
+    gpu = args.device == "cuda"
+    default_sizes = "10m,50m,400m,1b" if gpu else ("1m,10m" if args.quick else "1m,10m,50m")
+    sizes = (args.sizes or default_sizes).split(",")
+    runners = (args.runners or ("trl,hybridrl-local" if gpu else ",".join(RUNNERS))).split(",")
+    if gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("--device cuda: torch sees no GPU")
+    if gpu and args.out == str(RESULTS / "grpo_vs_trl"):
+        args.out = str(RESULTS / "grpo_vs_trl_gpu")
     workdir = Path(args.workdir).resolve()
     (workdir / "logs").mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    workloads = prepare(workdir, sizes, args.quick)
+    workloads = prepare(workdir, sizes, args.quick, args.device)
     rows = []
     for size_workload in workloads:
         for dtype in args.dtypes.split(","):
@@ -470,14 +492,14 @@ def main(argv: list[str] | None = None) -> None:
 
     load = os.getloadavg()[0]
     header = (
-        f"GRPO, hybridrl vs TRL {_version('trl')} GRPOTrainer on a {machine()} "
+        f"GRPO, hybridrl vs TRL {_version('trl')} GRPOTrainer on a {machine(args.device)} "
         f"(torch {torch.__version__}, transformers {_version('transformers')}, {torch.get_num_threads()} torch "
         f"threads per process by default, Ray workers 1 each), {'--quick, ' if args.quick else ''}"
         f"{time.strftime('%Y-%m-%d')}, 1-min load average at the end {load:.1f}. Per step: "
         + "; ".join(f"{w.size}: {w.prompts} prompts x {w.n} samples x {w.response_length} tokens" for w in workloads)
         + ". Temperature 1.0, lr 5e-5, no KL, 1 PPO epoch, 1 optimizer step per step, token-mean loss "
         "(TRL loss_type=dapo). dtype: the compute dtype (hybridrl: fsdp_config.mixed_precision.param_dtype and "
-        "rollout.dtype, fp32 master weights; TRL: bf16=True, torch's CPU autocast). s/step: median wall time from "
+        "rollout.dtype, fp32 master weights; TRL: bf16=True, torch's autocast). s/step: median wall time from "
         "one optimizer step to the next (metrics and logging included), over the timed steps: those after the "
         "warm-up steps, less hybridrl's first and validated last step. tokens/s counts response tokens. Both "
         "take the old log-probs from the update's forward pass on these fully on-policy steps (hybridrl: "
@@ -487,7 +509,8 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".md").write_text(text + "\n")
-    chart(rows, out.with_suffix(".png"), f"GRPO on {os.cpu_count()} CPU cores: hybridrl vs TRL")
+    chart(rows, out.with_suffix(".png"), f"GRPO on {machine(args.device) if gpu else f'{os.cpu_count()} CPU cores'}: "
+          "hybridrl vs TRL")
     print(text)
     print(f"(benchmark took {(time.perf_counter() - started) / 60:.1f} min; table in {out.with_suffix('.md')})")
     ratios = ratio_vs_trl(rows)
@@ -497,8 +520,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"speedup vs TRL: {min(ratio for ratio, _ in ratios.values()):.2f}x")
 
 
-def machine() -> str:
-    """This machine in a few words, for the tables' headers (Linux's /proc)."""
+def machine(device: str = "cpu") -> str:
+    """This machine in a few words, for the tables' headers (Linux's /proc; the GPU's name on cuda)."""
+    if device == "cuda":
+        import torch
+
+        props = torch.cuda.get_device_properties(0)
+        return f"{props.name} ({props.total_memory / 2**30:.0f} GiB), torch {torch.__version__}"
     info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),
                  "unknown CPU")

@@ -78,6 +78,14 @@ SIZES.add(
 SIZES.add(
     "50m", TinySpec(hidden_size=512, num_layers=12, num_heads=8, num_kv_heads=4, intermediate_size=2048)
 )
+# Qwen2.5-0.5B's and Qwen2.5-1.5B's layer layouts (with the small tokenizer's vocabulary: 358M and 1.31B
+# parameters), for GPU benchmarks; random weights, as every preset.
+SIZES.add(
+    "400m", TinySpec(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864)
+)
+SIZES.add(
+    "1b", TinySpec(hidden_size=1536, num_layers=28, num_heads=12, num_kv_heads=2, intermediate_size=8960)
+)
 
 
 @dataclass(frozen=True)
