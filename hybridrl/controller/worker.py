@@ -139,6 +139,8 @@ class Worker:
             "rank": self.rank,
             "world_size": self.world_size,
             "num_threads": torch.get_num_threads(),
+            "device": str(self.device),
+            "backend": dist.get_backend() if dist.is_initialized() else None,
         }
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
