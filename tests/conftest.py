@@ -1,7 +1,8 @@
 """Shared pytest fixtures.
 
 Offline by construction: the environment variables below are set before any test module imports
-transformers or huggingface_hub (both read them at import time), so no test can reach the Hub.
+transformers or huggingface_hub (both read them at import time), so no test can reach the Hub. The
+device is pinned to the CPU the same way (`hybridrl.utils.device.DEVICE_ENV`; see below).
 
 Fixtures for model-backed tests (session-scoped: built once per test session, ~1-2 s each):
 
@@ -22,6 +23,12 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# The suite computes on the CPU on any machine: code that builds engines or workers in the test process
+# (no launcher to hand it trainer.device) would otherwise take the fallback, cuda where a GPU is visible.
+# Runs that name trainer.device=cuda (the tests marked `gpu`) still get it: their launchers set it.
+from hybridrl.utils.device import DEVICE_ENV  # noqa: E402  (imports torch, not transformers)
+
+os.environ.setdefault(DEVICE_ENV, "cpu")
 
 from pathlib import Path  # noqa: E402
 

@@ -3,9 +3,10 @@
 Same API as RayWorkerGroup, no Ray: a breakpoint inside a worker method stops the driver itself, so a
 whole PPO step can be stepped through in an ordinary debugger.
 
-The rank's torch.distributed coordinates are environment variables of the driver process itself, and
-its process group is the driver's. `shutdown` puts both back as they were before the group started, so
-a second run in the same process starts afresh and a child process inherits nothing of the first.
+The rank's torch.distributed coordinates and its device type (`hybridrl.utils.device`) are environment
+variables of the driver process itself, and its process group is the driver's. `shutdown` puts both back
+as they were before the group started, so a second run in the same process starts afresh and a child
+process inherits nothing of the first.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch.distributed as dist
 
 from hybridrl.controller.worker import free_port
 from hybridrl.controller.worker_group import ClassWithInitArgs, WorkerGroup
+from hybridrl.utils.device import DEVICE_ENV, device_env, resolve_device_type
 
 DIST_ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -47,7 +49,8 @@ class _Release:
     (`spawn` copies the group), so whichever shuts down first undoes it, and only once."""
 
     def __init__(self) -> None:
-        self.saved_env: dict[str, str | None] | None = {key: os.environ.get(key) for key in DIST_ENV_KEYS}
+        self.saved_env: dict[str, str | None] | None = {key: os.environ.get(key)
+                                                         for key in (*DIST_ENV_KEYS, DEVICE_ENV)}
         # a group nested inside another (same process group) must leave the outer one's group open
         self.owns_process_group = not dist.is_initialized()
 
@@ -61,12 +64,18 @@ class _Release:
 
 
 class LocalWorkerGroup(WorkerGroup):
-    """One rank, built and run in the calling process."""
+    """One rank, built and run in the calling process.
 
-    def __init__(self, cls_with_init: ClassWithInitArgs) -> None:
+    device: the rank's device type, `trainer.device` (cpu / cuda / auto); None keeps this process's own
+    (`hybridrl.utils.device.device_type`), e.g. inside a test's CPU-pinned rank.
+    """
+
+    def __init__(self, cls_with_init: ClassWithInitArgs, device: str | None = None) -> None:
         self._release = _Release()
         try:
             _set_single_rank_env()
+            if device is not None:
+                os.environ.update(device_env(resolve_device_type(device)))
             self.worker = cls_with_init.build()
         except BaseException:
             self._release()

@@ -11,6 +11,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from hybridrl.controller.ray_resources import RayResourcePool, register_torch_module_reducers
 from hybridrl.controller.worker import NUM_THREADS_ENV, free_port
 from hybridrl.controller.worker_group import ClassWithInitArgs, WorkerGroup
+from hybridrl.utils.device import device_env
 
 
 class RayClassWithInitArgs(ClassWithInitArgs):
@@ -31,6 +32,20 @@ def _master_address() -> tuple[str, int]:
     """Runs in rank 0's bundle: the address other ranks use to reach it."""
     ip = ray.util.get_node_ip_address()
     return ip, free_port(ip)
+
+
+def rank_environment(pool: RayResourcePool, rank: int, local_rank: int, n_local: int,
+                     master: tuple[str, int], threads: int) -> dict[str, str]:
+    """What one rank's actor finds in its environment: its torch.distributed coordinates, its share of
+    CPU threads and its device type. GPU bundles are what trainer.device=cuda reserves; without them the
+    ranks compute on the CPU, even on a node whose GPUs torch could see."""
+    return {
+        "RANK": str(rank), "WORLD_SIZE": str(pool.world_size),
+        "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(n_local),
+        "MASTER_ADDR": master[0], "MASTER_PORT": str(master[1]),
+        NUM_THREADS_ENV: str(threads), "OMP_NUM_THREADS": str(threads),
+        **device_env("cuda" if pool.use_gpu else "cpu"),
+    }
 
 
 class RayWorkerGroup(WorkerGroup):
@@ -59,12 +74,7 @@ class RayWorkerGroup(WorkerGroup):
         workers, rank = [], 0
         for group, n_local in zip(groups, pool.process_on_nodes, strict=True):
             for local_rank in range(n_local):
-                env = {
-                    "RANK": str(rank), "WORLD_SIZE": str(pool.world_size),
-                    "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(n_local),
-                    "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
-                    NUM_THREADS_ENV: str(threads), "OMP_NUM_THREADS": str(threads),
-                }
+                env = rank_environment(pool, rank, local_rank, n_local, (master_addr, master_port), threads)
                 runtime_env = dict(options.get("runtime_env", {}))
                 runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **env}
                 actor = remote_cls.options(

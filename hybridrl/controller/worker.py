@@ -1,8 +1,9 @@
 """Worker: the base class of every SPMD rank (actor, critic, reference, reward model).
 
 A worker group starts one process per rank and gives it the standard torch.distributed environment
-(MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK). The base class reads it, sets the rank's share
-of CPU threads, and joins the group's process group: gloo on CPU, gloo + nccl where CUDA is present.
+(MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK) and its device type (`hybridrl.utils.device`).
+The base class reads them, sets the rank's share of CPU threads, and joins the group's process group:
+gloo on CPU, gloo + nccl on CUDA.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch.distributed as dist
 
 from hybridrl.controller.decorator import Dispatch, register
 from hybridrl.utils import memory
+from hybridrl.utils.device import device_type, distributed_backend, local_device
 from hybridrl.utils.flops import ModelPass, device_peak_flops
 
 # Set by the worker group: how many intra-op threads this rank should use.
@@ -60,11 +62,6 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def distributed_backend() -> str:
-    # gloo serves CPU tensors (always present: offloaded state, CPU collectives); nccl serves CUDA ones.
-    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
-
-
 def init_distributed(env: DistEnv) -> None:
     """Join the group's process group once per process (colocated roles share it)."""
     if dist.is_initialized():
@@ -74,8 +71,8 @@ def init_distributed(env: DistEnv) -> None:
                 f"{dist.get_world_size()}, but a worker asked for rank {env.rank} of {env.world_size}"
             )
         return
-    if torch.cuda.is_available():
-        torch.cuda.set_device(env.local_rank)
+    if device_type() == "cuda":
+        torch.cuda.set_device(local_device(env.local_rank))
     dist.init_process_group(
         backend=distributed_backend(),
         init_method=f"tcp://{env.master_addr}:{env.master_port}",
@@ -108,7 +105,8 @@ class Worker:
 
     @property
     def device(self) -> torch.device:
-        return torch.device("cuda", self.local_rank) if torch.cuda.is_available() else torch.device("cpu")
+        """Where this rank computes: the CPU, or its CUDA device (`hybridrl.utils.device.cuda_index`)."""
+        return local_device(self.local_rank)
 
     def measure_peak_flops(self, dtypes: Iterable[torch.dtype]) -> None:
         """Measure this process's peak FLOP/s in each dtype once (`device_peak_flops` caches it).
@@ -121,7 +119,7 @@ class Worker:
         """
         dtypes = list(dtypes)
         turns = 1
-        if not torch.cuda.is_available() and dist.is_initialized() and self.world_size > 1:
+        if device_type() == "cpu" and dist.is_initialized() and self.world_size > 1:
             most = torch.tensor([self.dist_env.local_world_size], device="cpu")  # a count: gloo reduces it
             dist.all_reduce(most, op=dist.ReduceOp.MAX)
             turns = int(most.item())
@@ -141,6 +139,8 @@ class Worker:
             "rank": self.rank,
             "world_size": self.world_size,
             "num_threads": torch.get_num_threads(),
+            "device": str(self.device),
+            "backend": dist.get_backend() if dist.is_initialized() else None,
         }
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

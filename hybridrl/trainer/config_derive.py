@@ -9,10 +9,9 @@ model directory), so the driver and the workers load the same tokenizer.
 
 from __future__ import annotations
 
-import torch
-
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
 from hybridrl.utils.config import ConfigError
+from hybridrl.utils.device import resolve_device_type
 
 
 def require(ok: bool, message: str) -> None:
@@ -22,8 +21,7 @@ def require(ok: bool, message: str) -> None:
 
 def fill_derived(config: PPOTrainerConfig) -> None:
     """Settings that follow another key: one meaning per name, whether the config came from YAML or Python."""
-    if config.trainer.device == "auto":
-        config.trainer.device = "cuda" if torch.cuda.is_available() else "cpu"
+    config.trainer.device = resolve_device_type(config.trainer.device)
     n = config.actor_rollout_ref.rollout.n
     for key, node in (("actor_rollout_ref.actor", config.actor_rollout_ref.actor), ("critic", config.critic)):
         require(node.rollout_n in (None, n), f"{key}.rollout_n ({node.rollout_n}) disagrees with "

@@ -21,6 +21,7 @@ from hybridrl.controller.decorator import on_device, to_cpu
 from hybridrl.data.rl_dataset import RLHFDataset, collate_fn
 from hybridrl.models.loading import load_causal_lm, load_tokenizer
 from hybridrl.protocol import DataProto
+from hybridrl.utils.device import local_device, pinned
 from hybridrl.workers.config import to_dataclass
 from hybridrl.workers.rollout import BaseRollout, RolloutConfig, build_rollout
 
@@ -81,14 +82,16 @@ def run_generation(config: DictConfig) -> Path:
         {"prompt_key": config.data.prompt_key, "max_prompt_length": rollout_config.prompt_length,
          "truncation": config.data.truncation},
     )
-    module = None
-    if rollout_config.name == "hf":
-        module = load_causal_lm(model_path, dtype=rollout_config.dtype,
-                                trust_remote_code=config.model.trust_remote_code).to(config.trainer.device)
-    engine = build_rollout(rollout_config, module=module, tokenizer=tokenizer, model_path=model_path)
-    with torch.no_grad():
-        responses = generate_responses(engine, dataset, config.data.batch_size, tokenizer,
-                                       device=config.trainer.device)
+    # This process is its own single worker: its device is trainer.device, as a worker group's would be
+    # (`auto` dtypes and the vLLM engine ask `hybridrl.utils.device`).
+    with pinned(config.trainer.device), torch.no_grad():
+        device = local_device()
+        module = None
+        if rollout_config.name == "hf":
+            module = load_causal_lm(model_path, dtype=rollout_config.dtype,
+                                    trust_remote_code=config.model.trust_remote_code).to(device)
+        engine = build_rollout(rollout_config, module=module, tokenizer=tokenizer, model_path=model_path)
+        responses = generate_responses(engine, dataset, config.data.batch_size, tokenizer, device=device)
     table = pq.read_table(Path(config.data.path).expanduser())
     if "responses" in table.column_names:
         table = table.drop_columns(["responses"])

@@ -20,14 +20,15 @@ def build_worker_group(config: DictConfig) -> tuple[WorkerGroup, object | None]:
     """The SFT worker group and, under Ray (already started), its resource pool (to release afterwards)."""
     trainer = config.trainer
     if trainer.backend == "local":
-        return create_worker_group("local", ClassWithInitArgs(SFTWorker, config)), None
+        return create_worker_group("local", ClassWithInitArgs(SFTWorker, config), device=trainer.device), None
     from hybridrl.controller.ray import RayClassWithInitArgs
     from hybridrl.controller.ray_resources import RayResourcePool
 
     pool = RayResourcePool(process_on_nodes=[trainer.n_gpus_per_node] * trainer.nnodes,
                            use_gpu=trainer.device == "cuda")
     try:
-        return create_worker_group("ray", RayClassWithInitArgs(SFTWorker, config), resource_pool=pool), pool
+        return create_worker_group("ray", RayClassWithInitArgs(SFTWorker, config), resource_pool=pool,
+                                   device=trainer.device), pool
     except BaseException:
         pool.remove()
         raise

@@ -86,7 +86,8 @@ class WorkerGroups:
                                    use_gpu=config.trainer.device == "cuda", name_prefix="global_pool",
                                    cpus_per_process=config.ray_init.cpus_per_worker)
         try:
-            processes = create_worker_group(backend, create_colocated_worker_cls(classes), pool)
+            processes = create_worker_group(backend, create_colocated_worker_cls(classes), pool,
+                                            device=config.trainer.device)
         except BaseException:
             if pool is not None:
                 pool.remove()

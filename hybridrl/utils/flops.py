@@ -26,6 +26,8 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
+from hybridrl.utils.device import device_type as process_device_type
+
 # FLOPs per parameter per token (Kaplan et al. 2020, section 2.1)
 FORWARD_FLOPS_PER_PARAM = 2
 TRAIN_FLOPS_PER_PARAM = 6
@@ -125,8 +127,7 @@ def device_peak_flops(dtype: torch.dtype) -> float:
     CUDA: the datasheet figure of a known GPU, else a measured one; CPU: measured with the current
     torch thread count (a rank's share of the cores).
     """
-    device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    return _cached_peak(device_type, dtype, torch.get_num_threads())
+    return _cached_peak(process_device_type(), dtype, torch.get_num_threads())
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from hybridrl.utils.device import cuda_in_use
+
 GIB = 1024**3
 
 
@@ -43,7 +45,7 @@ def process_memory() -> ProcessMemory:
     """The calling process's peaks. CUDA is read only when this process already uses it, so a CPU run
     (or a driver that never touches the GPU) does not create a CUDA context just to report zero."""
     allocated = reserved = None
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if cuda_in_use():
         allocated = torch.cuda.max_memory_allocated() / GIB
         reserved = torch.cuda.max_memory_reserved() / GIB
     return ProcessMemory(socket.gethostname(), os.getpid(), peak_rss_gb(), allocated, reserved)

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import torch
 
+from hybridrl.utils.device import device_type as process_device_type
+
 AUTO = "auto"
 
 
 def native_bf16(device_type: str | None = None) -> bool:
-    """Whether `device_type` ("cpu" / "cuda"; default: cuda when present) multiplies bf16 natively."""
-    device_type = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
+    """Whether `device_type` ("cpu" / "cuda"; default: this process's, `hybridrl.utils.device`) multiplies
+    bf16 natively."""
+    device_type = device_type or process_device_type()
     if device_type == "cuda":
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     cpu = getattr(torch, "cpu", None)

@@ -56,6 +56,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.fsdp import FSDPModule
 
 from hybridrl.models.hf_export import save_hf_model
+from hybridrl.utils.device import device_type
 from hybridrl.workers.config import CheckpointConfig, to_dataclass
 
 logger = logging.getLogger(__name__)
@@ -148,7 +149,7 @@ def get_rng_state() -> dict[str, Any]:
         "numpy": (torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss)),
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available():
+    if device_type() == "cuda":  # a CPU rank on a GPU machine leaves CUDA (and its contexts) alone
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
@@ -158,7 +159,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
     keys, pos, has_gauss, gauss = state["numpy"]
     np.random.set_state(("MT19937", keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
+    if "cuda" in state and device_type() == "cuda":
         torch.cuda.set_rng_state_all(state["cuda"])
 
 

@@ -74,3 +74,58 @@ def test_shutdown_closes_the_process_group_and_restores_the_env(local_env, monke
     with pytest.raises(RuntimeError, match="no such model"):
         create_worker_group("local", ClassWithInitArgs(FailingWorker))
     assert not dist.is_initialized() and "RANK" not in os.environ
+
+
+def pretend_a_gpu(monkeypatch) -> None:
+    """torch says a GPU is there (none is); touching it for real would raise, as CUDA does on a CPU build."""
+    import torch
+
+    def no_cuda(*args, **kwargs):
+        raise AssertionError("a CPU rank touched CUDA")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", no_cuda)
+
+
+@pytest.mark.parametrize("via", ["argument", "inherited"])
+def test_device_cpu_on_a_gpu_machine_keeps_the_rank_on_the_cpu_and_gloo(local_env, monkeypatch, via):
+    # trainer.device=cpu reaches the rank as the launcher's DEVICE_ENV; torch seeing a GPU changes nothing
+    import torch
+    import torch.distributed as dist
+
+    from hybridrl.utils.device import DEVICE_ENV
+
+    pretend_a_gpu(monkeypatch)
+    if via == "argument":
+        monkeypatch.delenv(DEVICE_ENV, raising=False)  # else: the CPU-pinned environment of a test rank
+    wg = LocalWorkerGroup(ClassWithInitArgs(ScaleWorker, scale=2.0), device="cpu" if via == "argument" else None)
+    try:
+        (info,) = wg.process_info()
+        assert (info["device"], info["backend"], dist.get_backend()) == ("cpu", "gloo", "gloo")
+        assert wg.worker.device == torch.device("cpu")
+        check_dp_compute_proto_keeps_order(wg, scale=2.0)
+    finally:
+        wg.shutdown()
+    if via == "argument":
+        assert DEVICE_ENV not in os.environ  # the group's device goes with it
+
+
+def test_device_cuda_reaches_the_rank(local_env, monkeypatch):
+    # no GPU here: the rank gets as far as asking for its CUDA device, which is what this checks
+    import torch
+
+    from hybridrl.utils.device import DEVICE_ENV
+
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: asked.append(index) or _stop())
+    with pytest.raises(RuntimeError, match="stop here"):
+        LocalWorkerGroup(ClassWithInitArgs(ScaleWorker, scale=2.0), device="cuda")
+    assert asked == [torch.device("cuda", 0)]
+    assert os.environ.get(DEVICE_ENV) == "cpu"  # the failed group put the test's own setting back
+
+
+def _stop():
+    raise RuntimeError("stop here")

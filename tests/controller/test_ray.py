@@ -50,6 +50,8 @@ def test_two_ranks_form_a_gloo_process_group(group):
     assert [i["rank"] for i in infos] == [0, 1]
     assert len({i["pid"] for i in infos}) == 2
     assert all(i["num_threads"] == 1 for i in infos)  # one CPU per rank -> one intra-op thread
+    # a CPU pool's ranks compute on the CPU over gloo, whatever GPUs the node has (the launcher says so)
+    assert all(i["device"] == "cpu" and i["backend"] == "gloo" for i in infos)
 
 
 def test_dp_compute_proto_on_seven_rows_returns_seven_in_order(group):

@@ -98,3 +98,26 @@ def test_a_run_on_the_gpu_with_the_local_backend(arithmetic_data, tiny_model_dir
     for key in ("actor/pg_loss", "actor/entropy", "critic/score/mean", "rollout/log_prob_diff_max"):
         assert math.isfinite(step[key]), key
     assert step["rollout/log_prob_diff_max"] < 1e-2  # the rollout and the actor score the same tokens alike
+
+
+def test_device_cpu_keeps_every_stage_on_the_cpu_where_torch_sees_a_gpu(arithmetic_data, tiny_model_dir, tmp_path,
+                                                                       no_dist_env, monkeypatch):
+    # torch reports a GPU (none is here); trainer.device=cpu must still reach the worker, its engines and
+    # its process group, so nothing asks CUDA for a device
+    import torch
+
+    from hybridrl.utils.device import DEVICE_ENV
+
+    def no_cuda(*args, **kwargs):
+        raise AssertionError("a CPU run touched CUDA")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", no_cuda)
+    monkeypatch.setattr(torch.cuda, "current_device", no_cuda)
+    monkeypatch.delenv(DEVICE_ENV, raising=False)  # only trainer.device says cpu, not the suite's pin
+    steps = run_ppo(ppo_config(*tiny_run_overrides(arithmetic_data, tiny_model_dir, tmp_path), *LOCAL,
+                               "trainer.device=cpu"))
+    assert_clean()
+    assert math.isfinite(steps[-1]["actor/pg_loss"])
+    assert DEVICE_ENV not in os.environ  # the local group's device went with it

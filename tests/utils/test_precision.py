@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from hybridrl.models.loading import resolve_dtype
+from hybridrl.utils.device import DEVICE_ENV
 from hybridrl.utils.precision import auto_dtype, native_bf16
 
 
@@ -19,12 +20,12 @@ def cpu_flags() -> set[str]:
     pytest.skip("/proc/cpuinfo lists no flags")
 
 
-def test_auto_is_bf16_exactly_where_the_cpu_multiplies_bf16_natively():
+def test_auto_is_bf16_exactly_where_the_cpu_multiplies_bf16_natively(monkeypatch):
     # the kernel's own CPUID report, independent of torch's probe
     native = bool(cpu_flags() & {"amx_bf16", "avx512_bf16"})
     assert native_bf16("cpu") is native
-    if not torch.cuda.is_available():
-        assert auto_dtype() == resolve_dtype("auto") == (torch.bfloat16 if native else torch.float32)
+    monkeypatch.setenv(DEVICE_ENV, "cpu")  # a CPU process: `auto` asks the CPU, on any machine
+    assert auto_dtype() == resolve_dtype("auto") == (torch.bfloat16 if native else torch.float32)
 
 
 def test_named_dtypes_resolve_as_before():

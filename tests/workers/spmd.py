@@ -1,6 +1,8 @@
 """Run a function on N real gloo ranks (spawned processes) and collect each rank's return value.
 
-For engine-level tests that need torch.distributed but not the Ray machinery around it.
+For engine-level tests that need torch.distributed but not the Ray machinery around it. The ranks
+compute on the CPU (gloo) whether or not the machine has a GPU: the helper pins the device as a worker
+group's launcher would, so engines, meshes and workers built inside agree with the gloo group.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from hybridrl.controller.worker import free_port
+from hybridrl.utils.device import device_env
 
 
 def _entry(rank: int, world_size: int, port: int, out_dir: str, fn: Callable, args: tuple) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), **device_env("cpu"))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:

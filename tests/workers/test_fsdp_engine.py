@@ -70,3 +70,20 @@ def test_lr_schedules():
     assert math.isclose(lr_lambda(10, 2, 10, "cosine", 0.1, 0.5), 0.1)
     with pytest.raises(ValueError, match="warmup_style"):
         lr_lambda(5, 0, 10, "linear-ish", 0.0, 0.5)
+
+
+def _engine_on_a_gpu_machine_pinned_to_cpu(rank, world_size, model_dir):
+    # torch says a GPU is there; this rank's launcher (the spmd helper) said cpu
+    torch.cuda.is_available = lambda: True
+    torch.cuda.device_count = lambda: world_size
+    engine = FSDPEngine(load_causal_lm(model_dir), FSDPConfig(), OptimConfig(lr=1e-3))
+    logits = engine.module(input_ids=torch.arange(10).view(1, 10)).logits
+    logits.float().pow(2).mean().backward()
+    engine.clip_and_step()
+    devices = {p.device.type for p in engine.module.parameters()}
+    return str(engine.device), engine.mesh.device_type, devices, torch.distributed.get_backend()
+
+
+def test_an_engine_pinned_to_cpu_stays_there_where_torch_sees_a_gpu(tiny_model_dir):
+    results = run_on_ranks(_engine_on_a_gpu_machine_pinned_to_cpu, 2, str(tiny_model_dir))
+    assert results == [("cpu", "cpu", {"cpu"}, "gloo")] * 2

@@ -27,6 +27,8 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from hybridrl.models.loading import resolve_dtype
+from hybridrl.utils.device import device_type as process_device_type
+from hybridrl.utils.device import local_device
 from hybridrl.workers.config import FSDPConfig, OptimConfig
 
 
@@ -47,8 +49,7 @@ def build_device_mesh(world_size: int, fsdp_size: int = -1) -> DeviceMesh:
             f"fsdp_config.fsdp_size={fsdp_size} must be -1 or the world size ({world_size}); "
             f"hybrid sharding is not supported yet"
         )
-    device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    return init_device_mesh(device_type, (size,), mesh_dim_names=("fsdp",))
+    return init_device_mesh(process_device_type(), (size,), mesh_dim_names=("fsdp",))
 
 
 def shard_model(model: nn.Module, mesh: DeviceMesh, config: FSDPConfig) -> nn.Module:
@@ -124,8 +125,7 @@ class FSDPEngine:
     def __init__(self, model: nn.Module, fsdp_config: FSDPConfig, optim_config: OptimConfig | None = None,
                  grad_clip: float | None = 1.0) -> None:
         self.config = fsdp_config
-        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else \
-            torch.device("cpu")
+        self.device = local_device()  # the rank's device, from the LOCAL_RANK its launcher set
         self.mesh = build_device_mesh(dist.get_world_size(), fsdp_config.fsdp_size)
         self.module = shard_model(model.to(self.device), self.mesh, fsdp_config)
         self.grad_clip = grad_clip

@@ -42,6 +42,7 @@ from torch import nn
 
 from hybridrl.protocol import DataProto
 from hybridrl.utils.config import to_dataclass
+from hybridrl.utils.device import device_type
 from hybridrl.workers.rollout.base import (
     ROLLOUT_ENGINES,
     BaseRollout,
@@ -137,7 +138,7 @@ class VLLMRollout(BaseRollout):
         self.vllm = import_vllm()
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_QuietReload())
         self.config = config = to_dataclass(RolloutConfig, config)
-        on_gpu = torch.cuda.is_available()
+        on_gpu = device_type() == "cuda"
         self.sleep_mode = config.free_cache_engine and on_gpu  # CPU builds lack it
         max_model_len = config.prompt_length + config.response_length
         memory: dict[str, Any] = {"gpu_memory_utilization": config.gpu_memory_utilization}
