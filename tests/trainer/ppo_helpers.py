@@ -28,6 +28,9 @@ def tiny_run_overrides(data: Path, model: Path, run_dir: Path) -> list[str]:
         f"custom_reward_function.path={FIXTURES / 'digit_reward.py'}",
         f"trainer.default_local_dir={run_dir}", "trainer.logger=[console,file]", "trainer.test_freq=-1",
         "trainer.val_before_train=false",
+        # CPU on any machine, so a GPU machine runs the same tests; the gpu-marked ones add trainer.device=cuda
+        # after these (the later override wins).
+        "trainer.device=cpu",
     ]
 
 
