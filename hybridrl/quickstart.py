@@ -6,8 +6,9 @@
    an imperfect teacher that often forgets the minus sign of a negative result;
 2. builds a ~1M-parameter Qwen2-style model and tokenizer offline;
 3. warm-starts it with SFT on the worked answers (cached: a second run reuses it), which copies the slip;
-4. trains it with GRPO, 2 worker processes under Ray, validating on held-out problems: the reward checks
-   the exact result, so the model learns to do better than its teacher;
+4. trains it with GRPO, 2 worker processes under Ray, in bf16 where the CPU multiplies it natively
+   (`PRECISION`), validating on held-out problems: the reward checks the exact result, so the model
+   learns to do better than its teacher;
 5. prints a summary (held-out accuracy before and after, time per step) and writes `curves.png`.
 
 Every stage is the project's ordinary entry point, driven through its Hydra config.
@@ -27,6 +28,12 @@ from hydra import compose, initialize_config_dir
 
 CONFIG_DIR = str(Path(__file__).parent / "trainer" / "config")
 ACCURACY_KEY = "val-core/arithmetic/reward/mean@1"
+# GRPO computes in bf16 where the CPU multiplies it natively (AMX, AVX512_BF16), fp32 elsewhere; master
+# weights and optimizer state stay fp32. Measured on a 2-core AMD EPYC (AVX512_BF16), 2026-11-25: 1.02-1.07 s
+# per GRPO step against 1.31 in fp32, and every run of seeds 0-3 x 1,2 threads gained +0.144 to +0.254
+# (fp32: +0.136 to +0.258; benchmarks/results/learning_bf16.md). Overrides on the command line win.
+PRECISION = ["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=auto",
+             "actor_rollout_ref.rollout.dtype=auto"]
 
 
 def _compose(config_name: str, overrides: list[str]):
@@ -167,6 +174,11 @@ def with_threads(threads: int | None, grpo_overrides: list[str]) -> list[str]:
     return grpo_overrides
 
 
+def grpo_run_overrides(threads: int | None, extra: list[str]) -> list[str]:
+    """The GRPO run's own overrides: `PRECISION`, then the command line's (which win), with `threads`."""
+    return with_threads(threads, [*PRECISION, *extra])
+
+
 def write_summary(workdir: Path, summary: dict, start: float, title: str) -> None:
     """Add the run's minutes and trained model to `summary`, write it to `workdir/summary.json`, print it."""
     summary["total minutes"] = round((time.perf_counter() - start) / 60, 1)
@@ -191,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     workdir = Path(args.workdir).expanduser().resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    grpo_overrides = with_threads(args.threads, list(args.overrides))
+    grpo_overrides = grpo_run_overrides(args.threads, args.overrides)
     start = time.perf_counter()
     print("[1/4] task data and [2/4] tiny model", flush=True)
     data = prepare_data(workdir, args.seed)

@@ -38,3 +38,16 @@ def test_another_seed_rebuilds_the_base_model(tmp_path):
     assert (base / "model.safetensors").read_bytes() == weights
     quickstart.prepare_base_model(tmp_path, seed=1)
     assert (base / "model.safetensors").read_bytes() != weights
+
+
+def test_grpo_computes_in_auto_precision_and_the_command_line_wins():
+    import hybridrl.trainer.ppo_config  # noqa: F401 - registers the schema with Hydra's ConfigStore
+
+    default = quickstart._compose("ppo_trainer", quickstart.grpo_run_overrides(None, []))
+    assert default.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype == "auto"
+    assert default.actor_rollout_ref.rollout.dtype == "auto"
+    fp32 = quickstart._compose("ppo_trainer", quickstart.grpo_run_overrides(None, [
+        "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=float32",
+        "actor_rollout_ref.rollout.dtype=float32"]))
+    assert fp32.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype == "float32"
+    assert fp32.actor_rollout_ref.rollout.dtype == "float32"
