@@ -353,6 +353,10 @@ def prepare(workdir: Path, sizes: list[str], quick: bool, device: str = "cpu") -
 
     data = prepare_data(workdir)
     workloads = []
+    plan = (PLAN if device == "cpu" else PLAN_GPU)[quick]
+    unplanned = [size for size in sizes if size not in plan]
+    if unplanned:  # before building anything: a 1b model takes minutes and gigabytes to write
+        raise SystemExit(f"--sizes: no plan for {', '.join(unplanned)} on {device}; choose from {', '.join(plan)}")
     for size in sizes:
         base = workdir / f"base_{size}"
         if not (base / "config.json").exists():
@@ -360,9 +364,6 @@ def prepare(workdir: Path, sizes: list[str], quick: bool, device: str = "cpu") -
         model, start = base, "untrained"
         if size == "1m" and not quick:
             model, start = warm_start(workdir, data, base), "SFT warm start"
-        plan = (PLAN if device == "cpu" else PLAN_GPU)[quick]
-        if size not in plan:
-            raise SystemExit(f"--sizes: no plan for {size} on {device}; choose from {', '.join(plan)}")
         prompts, steps, warmup = plan[size]
         workloads.append(Workload(size=size, model=str(model), start=start, data=str(data), prompts=prompts,
                                   n=8, response_length=32 if quick else 64, steps=steps, warmup=warmup,
