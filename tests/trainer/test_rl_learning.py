@@ -8,7 +8,8 @@ model, scored by the task's scorer) and compared with the trainer's own validati
 
 Measured on an AMD EPYC from the seed-0 SFT model (0.724 on the 500 held-out problems), 30 steps:
 GRPO 0.982, RLOO 0.980, GAE with 5 critic warm-up steps 0.974; the sign slips fall from 129 to 0 while
-the ~10 digit slips stay. Over seeds 0-3 x 1 and 2 threads GRPO gained +0.136 to +0.258
+the ~10 digit slips stay. The test runs 20 steps (the suite's time budget): GRPO 0.982, RLOO 0.984, GAE
+0.970 from the same model (2026-11-25), a gain of +0.246 or more against the +0.10 asked. Over seeds 0-3 x 1 and 2 threads GRPO gained +0.136 to +0.258
 (benchmarks/results/learning.md), so MARGIN is the smallest gain the recipe promises, not one run's.
 """
 
@@ -24,7 +25,7 @@ from hybridrl.trainer.main_ppo import run_ppo
 # Longer hang limit than the suite's 600 s: the shared SFT fixture may run in this module's first setup.
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(1800)]
 
-STEPS = 30
+STEPS = 20  # the quickstart trains 30; every estimator has its +10 points by step 20
 MARGIN = 0.10  # the quickstart's promise; measured minimum over seeds and threads +0.136
 
 
