@@ -150,7 +150,9 @@ def get_rng_state() -> dict[str, Any]:
         "torch": torch.get_rng_state(),
     }
     if device_type() == "cuda":  # a CPU rank on a GPU machine leaves CUDA (and its contexts) alone
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        # The rank's own device only (the one init_distributed selected): `get_rng_state_all` would open a
+        # CUDA context on every GPU the process can see, and the local backend sees all of the node's.
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
@@ -160,7 +162,12 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state(("MT19937", keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and device_type() == "cuda":
-        torch.cuda.set_rng_state_all(state["cuda"])
+        cuda_state = state["cuda"]
+        if isinstance(cuda_state, list | tuple):  # checkpoints written before one device per rank
+            index = torch.cuda.current_device()
+            cuda_state = cuda_state[index] if index < len(cuda_state) else None
+        if cuda_state is not None:
+            torch.cuda.set_rng_state(cuda_state)
 
 
 def _extra_file(path: Path, world_size: int, rank: int) -> Path:
