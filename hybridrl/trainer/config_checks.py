@@ -22,6 +22,7 @@ from hybridrl.trainer.config_ranges import range_errors
 from hybridrl.trainer.config_support import offload_errors, unsupported_errors
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
 from hybridrl.utils.config import ConfigError, added_keys, unknown_key_message
+from hybridrl.utils.precision import AUTO
 
 __all__ = ["ConfigError", "batch_plan", "validate_config", "world_size"]
 from hybridrl.workers.rollout import ROLLOUT_ENGINES
@@ -83,12 +84,15 @@ def _check_placement(config: PPOTrainerConfig) -> None:
     _check_dtype("actor_rollout_ref.rollout.dtype", arr.rollout.dtype)
 
 
-def _check_dtype(key: str, value: str) -> None:
+def _check_dtype(key: str, value: str | None) -> None:
+    if value is None or value == AUTO:
+        return  # device-dependent: the workers resolve them on their own device, the driver need not ask it
     try:
         resolve_dtype(value)
     except (KeyError, ValueError):
         raise ConfigError(f"{key}={value!r} is not a dtype: use float32, bfloat16, float16 or auto (bf16 where "
-                          f"the device multiplies it natively, fp32 elsewhere)") from None
+                          f"the device multiplies it natively, fp32 elsewhere), or leave it unset (null: bf16 on a "
+                          f"bf16 GPU, fp32 on a CPU)") from None
 
 
 def _check_names(config: PPOTrainerConfig) -> None:

@@ -35,9 +35,10 @@ class OptimConfig:
 @dataclass
 class MixedPrecisionConfig:
     # Compute dtype of forward/backward: float32 | bfloat16 | auto (bf16 where the device multiplies it
-    # natively: AMX or AVX512_BF16 CPUs, bf16 GPUs; fp32 elsewhere). The sharded master weights and the
-    # optimizer state stay in the loaded dtype (fp32).
-    param_dtype: str = "float32"
+    # natively: AMX or AVX512_BF16 CPUs, bf16 GPUs; fp32 elsewhere) | null, the default: the device's
+    # (bf16 on a bf16 GPU, as verl; fp32 on a CPU). The sharded master weights and the optimizer state
+    # stay in the loaded dtype (fp32).
+    param_dtype: str | None = None
     # dtype of the gradient reduce-scatter across ranks.
     reduce_dtype: str = "float32"
 

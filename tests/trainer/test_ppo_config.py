@@ -194,3 +194,13 @@ def test_open_dicts_take_plus_added_keys():
     assert config.reward_model.reward_kwargs == {"format_score": 0.1}
     assert config.reward_model.model.override_config == {"num_labels": 1}
     assert config.data.apply_chat_template_kwargs == {"enable_thinking": False}
+
+
+def test_dtype_keys_default_to_unset_the_devices_own_and_pass_the_checks():
+    from hybridrl.trainer.config_checks import _check_dtype
+
+    cfg = ppo_config()
+    for node in (cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.ref, cfg.critic.model):
+        assert node.fsdp_config.mixed_precision.param_dtype is None  # bf16 on a bf16 GPU, fp32 on a CPU
+    assert cfg.actor_rollout_ref.rollout.dtype is None
+    _check_dtype("actor_rollout_ref.rollout.dtype", None)  # unset is valid

@@ -40,3 +40,16 @@ def test_half_precision_on_a_cpu_runs_eager_attention_and_everything_else_sdpa()
     assert default_attention(torch.bfloat16, "cpu") == default_attention(torch.float16, "cpu") == "grouped_eager"
     assert default_attention(torch.float32, "cpu") == "sdpa"
     assert default_attention(torch.bfloat16, "cuda") == default_attention(torch.float32, "cuda") == "sdpa"
+
+
+@pytest.mark.parametrize("device, bf16_gpu, expected", [
+    ("cpu", True, torch.float32),  # CPU defaults stay fp32 whatever the CPU (recipes opt in with `auto`)
+    ("cuda", True, torch.bfloat16),  # verl's default compute dtype on a GPU
+    ("cuda", False, torch.float32),  # a GPU without bf16 (pre-Ampere)
+])
+def test_an_unset_dtype_is_the_devices_default(monkeypatch, device, bf16_gpu, expected):
+    monkeypatch.setenv(DEVICE_ENV, device)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: bf16_gpu)
+    assert resolve_dtype(None) is expected
+

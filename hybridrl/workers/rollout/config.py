@@ -145,9 +145,10 @@ class RolloutConfig:
     n: int = 1
     # False decodes greedily
     do_sample: bool = True
-    # compute dtype of generation: float32 | bfloat16 | auto (as fsdp_config.mixed_precision.param_dtype);
-    # float32 keeps rollout and trainer log-probs within ~1e-5 on CPU
-    dtype: str = "float32"
+    # compute dtype of generation: float32 | bfloat16 | auto (as fsdp_config.mixed_precision.param_dtype) |
+    # null, the default: the device's (bf16 on a bf16 GPU, as verl; fp32 on a CPU, where rollout and
+    # trainer log-probs agree within ~1e-5)
+    dtype: str | None = None
     # seed of the sampler's torch.Generator (the worker adds its rank); same seed, same samples
     seed: int = 0
     # keep generating past EOS (stop_token_ids still stop)

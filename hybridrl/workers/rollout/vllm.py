@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hybridrl.models.loading import resolve_dtype
 from hybridrl.protocol import DataProto
 from hybridrl.utils.config import to_dataclass
 from hybridrl.utils.device import device_type
@@ -145,8 +146,6 @@ class VLLMRollout(BaseRollout):
         if not on_gpu:
             from transformers import AutoConfig
 
-            from hybridrl.models.loading import resolve_dtype
-
             hf_config = AutoConfig.from_pretrained(str(model_path))
             memory = {"kv_cache_memory_bytes": cpu_kv_cache_bytes(hf_config, resolve_dtype(config.dtype),
                                                                   max_model_len)}
@@ -160,7 +159,8 @@ class VLLMRollout(BaseRollout):
         try:
             self.llm = self.vllm.LLM(
                 model=str(model_path),
-                dtype=config.dtype,
+                # hybridrl's meaning of the key (vLLM's own "auto" would mean the checkpoint's dtype)
+                dtype=str(resolve_dtype(config.dtype)).removeprefix("torch."),
                 seed=config.seed,
                 tensor_parallel_size=config.tensor_model_parallel_size,
                 enforce_eager=config.enforce_eager,
