@@ -175,8 +175,19 @@ def with_threads(threads: int | None, grpo_overrides: list[str]) -> list[str]:
 
 
 def grpo_run_overrides(threads: int | None, extra: list[str]) -> list[str]:
-    """The GRPO run's own overrides: `PRECISION`, then the command line's (which win), with `threads`."""
-    return with_threads(threads, [*PRECISION, *extra])
+    """The GRPO run's own overrides: `PRECISION`, then the command line's (which win), with `threads`.
+
+    `trainer.backend=local` runs one rank in this process, so it brings `trainer.n_gpus_per_node=1` (the
+    recipe's 2 would be refused) unless the command line names a count itself."""
+    one_rank = (["trainer.n_gpus_per_node=1"] if "trainer.backend=local" in extra
+                and not any(o.startswith("trainer.n_gpus_per_node=") for o in extra) else [])
+    return with_threads(threads, [*PRECISION, *one_rank, *extra])
+
+
+def sft_run_overrides(extra: list[str]) -> list[str]:
+    """SFT's recipe plus the command line's `trainer.device`: the warm start computes where GRPO does
+    (a GPU user's SFT would otherwise run on the CPU, sft_trainer.yaml's default)."""
+    return [*SFT_OVERRIDES, *(o for o in extra if o.startswith("trainer.device="))]
 
 
 def write_summary(workdir: Path, summary: dict, start: float, title: str) -> None:
@@ -209,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     data = prepare_data(workdir, args.seed)
     base = prepare_base_model(workdir, args.seed)
     print("[3/4] SFT warm start on the teacher's worked answers", flush=True)
-    model = warm_start(workdir, data, base, args.seed)
+    model = warm_start(workdir, data, base, args.seed, sft_run_overrides(args.overrides))
     print(f"[4/4] GRPO, {args.steps} steps, held-out greedy accuracy every 10 (log: {workdir / 'grpo'})", flush=True)
     history = train_grpo(workdir, data, model, args.steps, grpo_overrides, args.seed)
     write_summary(workdir, summarize(history, workdir / "curves.png"), start, "quickstart")

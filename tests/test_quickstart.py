@@ -51,3 +51,19 @@ def test_grpo_computes_in_auto_precision_and_the_command_line_wins():
         "actor_rollout_ref.rollout.dtype=float32"]))
     assert fp32.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype == "float32"
     assert fp32.actor_rollout_ref.rollout.dtype == "float32"
+
+
+def test_a_gpu_run_trains_sft_there_too_and_the_local_backend_gets_one_rank():
+    import hybridrl.trainer.ppo_config  # noqa: F401 - the schemas, registered with Hydra's ConfigStore
+    import hybridrl.trainer.sft_config  # noqa: F401
+
+    cli = ["trainer.backend=local", "trainer.device=cuda"]
+    grpo = quickstart._compose("ppo_trainer", quickstart.grpo_run_overrides(None, cli))
+    assert (grpo.trainer.backend, grpo.trainer.n_gpus_per_node, grpo.trainer.device) == ("local", 1, "cuda")
+    sft = quickstart._compose("sft_trainer", quickstart.sft_run_overrides(cli))
+    assert sft.trainer.device == "cuda" and sft.trainer.total_training_steps == 1200
+    # the CPU recipe is unchanged (its cached SFT model stays valid), and a count named on the command line wins
+    assert quickstart.sft_run_overrides([]) == quickstart.SFT_OVERRIDES
+    assert quickstart._compose("ppo_trainer", quickstart.grpo_run_overrides(None, [])).trainer.n_gpus_per_node == 2
+    two = quickstart.grpo_run_overrides(None, [*cli, "trainer.n_gpus_per_node=2"])
+    assert "trainer.n_gpus_per_node=1" not in two

@@ -121,3 +121,28 @@ def test_device_cpu_keeps_every_stage_on_the_cpu_where_torch_sees_a_gpu(arithmet
     assert_clean()
     assert math.isfinite(steps[-1]["actor/pg_loss"])
     assert DEVICE_ENV not in os.environ  # the local group's device went with it
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_run_scored_by_a_reward_model(arithmetic_data, tiny_model_dir, tmp_path, no_dist_env, device):
+    # a model-based reward beside the rule-based one: the reward model's worker scores every response
+    import torch
+
+    from hybridrl.models.loading import load_tokenizer, load_value_model
+
+    rm_dir = tmp_path / "rm"
+    model = load_value_model(tiny_model_dir)
+    with torch.no_grad():
+        model.score.weight.copy_(torch.randn(model.score.weight.shape, generator=torch.Generator().manual_seed(1)))
+    model.save_pretrained(rm_dir)
+    load_tokenizer(tiny_model_dir).save_pretrained(rm_dir)
+    steps = run_ppo(ppo_config(*tiny_run_overrides(arithmetic_data, tiny_model_dir, tmp_path / "run"), *LOCAL,
+                               "reward_model.enable=true", f"reward_model.model.path={rm_dir}",
+                               f"trainer.device={device}"))
+    assert_clean()
+    step = steps[-1]
+    assert step["timing_s/reward"] > 0
+    for key in ("actor/pg_loss", "critic/score/mean", "critic/rewards/mean"):
+        assert math.isfinite(step[key]), key
+    # the score is the model's (a real number per response), not the rule-based reward's few values
+    assert step["critic/score/max"] > step["critic/score/min"]

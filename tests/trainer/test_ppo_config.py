@@ -19,13 +19,22 @@ from hybridrl.trainer.ppo_config import PPOTrainerConfig
 BASE = ["data.train_files=x.parquet", "actor_rollout_ref.model.path=some/model"]
 
 
+@pytest.fixture
+def no_gpu(monkeypatch):
+    """torch sees no GPU, also on a machine that has one: what `auto` resolves to and what `cuda` is refused
+    with are the CPU machine's."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
 def checked(*overrides: str):
     config = OmegaConf.to_object(ppo_config(*BASE, *overrides))
     validate_config(config)
     return config
 
 
-def test_defaults_are_valid_and_resolve_the_lengths():
+def test_defaults_are_valid_and_resolve_the_lengths(no_gpu):
     config = checked()
     rollout = config.actor_rollout_ref.rollout
     assert (rollout.prompt_length, rollout.response_length) == (40, 64)  # interpolated from data.*
@@ -72,7 +81,7 @@ def test_the_model_path_is_required():
          r"critic.model.fsdp_config.mixed_precision.param_dtype='half-ish' is not a dtype"),
     ],
 )
-def test_impossible_settings_fail_naming_the_keys(overrides, message):
+def test_impossible_settings_fail_naming_the_keys(overrides, message, no_gpu):
     with pytest.raises(ConfigError, match=message):
         checked(*overrides)
 
