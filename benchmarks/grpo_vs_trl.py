@@ -2,7 +2,8 @@
 
     python3 -m venv benchmarks/.venv-trl && benchmarks/.venv-trl/bin/pip install -r benchmarks/requirements-trl.txt
     benchmarks/.venv-trl/bin/python benchmarks/grpo_vs_trl.py [--quick] [--sizes 1m,10m,50m]
-    python benchmarks/grpo_vs_trl.py --device cuda [--sizes 10m,50m,400m,1b]   (one GPU; TRL and its deps installed)
+    python benchmarks/grpo_vs_trl.py --device cuda [--sizes 10m,50m,400m,1b]   (one GPU; TRL and its deps installed;
+        runners trl, hybridrl-local and hybridrl-local-graphs: the last decodes with CUDA graphs)
 
 Identical work per size: the same model directory (a tiny Qwen2 from hybridrl's factory; the 1m one
 warm-started by SFT so held-out accuracy means something), the same tokenizer object type, the same
@@ -38,7 +39,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 ACCURACY_KEY = "val-core/arithmetic/reward/mean@1"
-RUNNERS = ("trl", "hybridrl-local", "hybridrl-ray")
+RUNNERS = ("trl", "hybridrl-local", "hybridrl-ray", "hybridrl-local-graphs")
+# hybridrl-local-graphs: the local backend with rollout.enforce_eager=false, CUDA-graph decoding (GPU only)
+GRAPHS = "-graphs"
 DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 HISTORY_KEYS = ("timing_s/", "perf/", "response_length/", "prompt_length/")
 
@@ -74,7 +77,7 @@ class Workload:
 
 
 # ----- running one framework (inside a subprocess) ------------------------------------------------------
-def run_hybridrl(w: Workload, backend: str, workdir: Path) -> dict:
+def run_hybridrl(w: Workload, backend: str, workdir: Path, graphs: bool = False) -> dict:
     """hybridrl's own entry point on the composed config; per-step wall times between its step logs."""
     from hydra import compose, initialize_config_dir
 
@@ -98,6 +101,7 @@ def run_hybridrl(w: Workload, backend: str, workdir: Path) -> dict:
         f"trainer.total_training_steps={w.steps}", f"trainer.test_freq={w.steps if w.evaluate else -1}",
         f"trainer.val_before_train={str(w.evaluate).lower()}", "trainer.save_freq=-1",
         f"trainer.default_local_dir={workdir}", "trainer.resume_mode=disable", "trainer.logger=[console]",
+        f"actor_rollout_ref.rollout.enforce_eager={str(not graphs).lower()}",
     ]
     config_dir = str(REPO / "hybridrl" / "trainer" / "config")
     with initialize_config_dir(config_dir=config_dir, version_base=None):
@@ -231,7 +235,8 @@ def run_one(runner: str, w: Workload, out: Path) -> None:
         if runner == "trl":
             result = run_trl(w, Path(tmp))
         else:
-            result = run_hybridrl(w, runner.removeprefix("hybridrl-"), Path(tmp))
+            backend = runner.removeprefix("hybridrl-").removesuffix(GRAPHS)
+            result = run_hybridrl(w, backend, Path(tmp), graphs=runner.endswith(GRAPHS))
     out.write_text(json.dumps(result))
 
 
@@ -451,7 +456,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", help="comma-separated tiny sizes (default 1m,10m,50m; 1m,10m with --quick; "
                         "10m,50m,400m,1b with --device cuda)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                        help="cuda: one GPU, hybridrl on its local backend (default runners trl,hybridrl-local)")
+                        help="cuda: one GPU, hybridrl on its local backend (default runners trl,hybridrl-local,"
+                        "hybridrl-local-graphs)")
     parser.add_argument("--runners", default=None, help=f"subset of {','.join(RUNNERS)}")
     parser.add_argument("--dtypes", default="float32,bfloat16",
                         help="compute dtypes to run each framework in (TRL: bf16=True for bfloat16)")
@@ -467,7 +473,10 @@ def main(argv: list[str] | None = None) -> None:
     gpu = args.device == "cuda"
     default_sizes = "10m,50m,400m,1b" if gpu else ("1m,10m" if args.quick else "1m,10m,50m")
     sizes = (args.sizes or default_sizes).split(",")
-    runners = (args.runners or ("trl,hybridrl-local" if gpu else ",".join(RUNNERS))).split(",")
+    runners = (args.runners or ("trl,hybridrl-local,hybridrl-local-graphs" if gpu
+                                else "trl,hybridrl-local,hybridrl-ray")).split(",")
+    if not gpu and any(r.endswith(GRAPHS) for r in runners):
+        raise SystemExit("--runners: hybridrl-local-graphs decodes with CUDA graphs; it needs --device cuda")
     if gpu:
         import torch
 

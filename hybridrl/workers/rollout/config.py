@@ -169,10 +169,13 @@ class RolloutConfig:
     # recomputed ones) when True. On by default, unlike verl: the metric is what catches a rollout engine
     # that samples from stale weights (see hybridrl/workers/rollout/metrics.py).
     calculate_log_probs: bool = True
-    # vLLM only: memory share of the KV cache, tensor parallel size, eager mode, sleep between phases
+    # vLLM only: memory share of the KV cache, tensor parallel size
     gpu_memory_utilization: float = 0.5
     tensor_model_parallel_size: int = 1
+    # false: CUDA graphs for decoding, vLLM's own and, on a GPU, the hf engine's (one graph per step,
+    # hybridrl/workers/rollout/static_decode.py; the hf engine on a CPU always decodes eagerly)
     enforce_eager: bool = True
+    # vLLM only: sleep between phases
     free_cache_engine: bool = True
 
     def __post_init__(self) -> None:

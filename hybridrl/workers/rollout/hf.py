@@ -14,7 +14,9 @@ has gathered) and it can do three things `generate` does not:
   activations around every matmul; measured 1.3x slower than the copy for a 47M model in bf16);
 - decode with the attention that is fastest in that dtype (`attention_for_decoding`: grouped eager on
   a CPU in half precision, where torch's fused CPU kernel is slow for one query token);
-- stop as soon as every row has finished, and return the sampler's log-probs for free.
+- stop as soon as every row has finished, and return the sampler's log-probs for free;
+- on a GPU with `rollout.enforce_eager=false`, replay each decoding step as a CUDA graph
+  (`static_decode`: fixed shapes, no row dropping), since there a step's time is kernel launches.
 
 Measured against `model.generate` in benchmarks/rollout_bench.py (results in benchmarks/results/).
 
@@ -47,6 +49,7 @@ from hybridrl.workers.rollout.base import (
 from hybridrl.workers.rollout.config import RolloutConfig
 from hybridrl.workers.rollout.kv_cache import PreallocatedCache
 from hybridrl.workers.rollout.sampling import SamplingParams, resolve_sampling_params, sample_tokens
+from hybridrl.workers.rollout.static_decode import decode_static
 
 if TYPE_CHECKING:
     from hybridrl.workers.engine.fsdp import FSDPEngine
@@ -154,16 +157,26 @@ class HFRollout(BaseRollout):
             )
         return assemble_output(prompts, responses, lengths, log_probs, params.n)
 
-    def _new_cache(self, max_len: int) -> Cache:
-        """A preallocated cache for plain full-attention decoders, transformers' own otherwise."""
+    def _full_attention(self) -> bool:
+        """A plain decoder whose every layer attends to every earlier position (no sliding windows)."""
         config = getattr(self.module, "config", None)
         layer_types = getattr(config, "layer_types", None) or ["full_attention"]
-        num_layers = getattr(config, "num_hidden_layers", None)
-        if num_layers is None or any(t != "full_attention" for t in layer_types):
+        return getattr(config, "num_hidden_layers", None) is not None and \
+            all(t == "full_attention" for t in layer_types)
+
+    def _graphed_decoding(self) -> bool:
+        """`enforce_eager=false` on a GPU: decode with `static_decode` and a CUDA graph per step. On a CPU
+        the eager loop stays (it drops finished rows, and there are no launches to save)."""
+        return not self.config.enforce_eager and self._device().type == "cuda" and self._full_attention()
+
+    def _new_cache(self, max_len: int) -> Cache:
+        """A preallocated cache for plain full-attention decoders, transformers' own otherwise."""
+        if not self._full_attention():
             return DynamicCache()
         # On a CPU attention reads the whole buffers: strided prefix views cost a copy in torch's CPU
         # batched matmul (kv_cache's docstring has the measurements); elsewhere it reads the prefix.
-        return PreallocatedCache(num_layers, max_len, full_width=self._device().type == "cpu")
+        return PreallocatedCache(self.module.config.num_hidden_layers, max_len,
+                                 full_width=self._device().type == "cpu")
 
     def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
                  cache: Cache) -> torch.Tensor:
@@ -187,6 +200,9 @@ class HFRollout(BaseRollout):
         generator: torch.Generator,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The sampling loop. Returns responses (B*n, R), lengths (B*n,), log-probs (B*n, R)."""
+        if self._graphed_decoding():
+            return decode_static(self.module, input_ids, attention_mask, position_ids, params, generator,
+                                 self.pad_token_id, self.dtype, capture=input_ids.device.type == "cuda")
         n, width = params.n, params.response_length
         rows, prompt_len = input_ids.shape[0] * n, input_ids.shape[1]
         device = input_ids.device

@@ -1,0 +1,267 @@
+"""The HF rollout's decoding loop with static shapes, replayed as a CUDA graph on a GPU.
+
+`actor_rollout_ref.rollout.enforce_eager=false` (the key verl gives vLLM) turns it on for `rollout.name=hf`
+on a GPU. Why: decoding one token at a time, the eager loop's time on a GPU is Python and kernel
+launches, not arithmetic. On an H100 (2026-11-25, benchmarks/results/grpo_vs_trl_gpu.md) a step took
+~33 ms for a 10-layer model and ~51 ms for a 28-layer 1.5B one, whose weights take under 1 ms to read.
+A CUDA graph records one step's kernels once per `generate_sequences` call and launches them all with
+one call per step.
+
+A graph replays the same kernels on the same memory, so everything a step reads or writes has a fixed
+address and shape:
+
+- the step runs the module through `hook_free_view`: the same Parameter objects without their forward
+  hooks (FSDP2's root hook makes its all-gather streams wait on the current stream, which a capture
+  cannot record, and the parameters are already gathered for the whole generation);
+- keys and values live in a `SlotCache`: (rows, kv_heads, max_len, head_dim) buffers, zeroed, written at
+  the positions held in a device tensor the loop advances in place;
+- the attention mask is an additive (rows, 1, 1, max_len) tensor whose response columns open one per
+  step (transformers passes a 4-D mask to attention as it is), and position ids are a (rows, 1) tensor;
+- no row leaves the batch: finished rows keep decoding (their tokens are padded over afterwards), and
+  whether every row has finished is asked every `STOP_CHECK_EVERY` steps, since each ask waits for the
+  GPU.
+
+Sampling stays outside the graph (its generator advances in eager mode as in the eager loop). On a CPU
+the same loop runs without a graph (`capture=False`): that is how the tests check it against the eager
+loop, and why the HF rollout never picks it there (the eager loop drops finished rows, which is faster
+on a CPU).
+
+Not yet measured on a GPU: the speed, and whether every model's forward captures (a forward that
+synchronises with the host cannot be captured: the capture error is logged once and the loop goes on
+without a graph).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from hybridrl.workers.rollout.sampling import SamplingParams, sample_tokens
+
+logger = logging.getLogger(__name__)
+
+# How often (in steps) the loop asks whether every row has finished: each ask waits for the GPU, which
+# stops the host from queueing the next steps while the current ones run.
+STOP_CHECK_EVERY = 8
+_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs",
+               "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called", "_backward_hooks",
+               "_backward_pre_hooks")
+
+
+def hook_free_view(module: nn.Module) -> nn.Module:
+    """A copy of `module`'s tree that holds the same Parameter and buffer objects, with no forward or
+    backward hooks and, for FSDP2-wrapped modules, the model's own class.
+
+    Nothing is copied but the module objects: updating or casting a parameter in place (as
+    `weights_in_dtype` does) shows in both. Take the view while the parameters are gathered (FSDP2
+    registers the unsharded parameters on the modules when it gathers them).
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    cls = type(module)
+    if issubclass(cls, FSDPModule):  # FSDP2 made the class FSDP<Model>(FSDPModule, Model)
+        cls = next(c for c in cls.__mro__ if issubclass(c, nn.Module) and not issubclass(c, FSDPModule))
+    view = cls.__new__(cls)
+    state = dict(module.__dict__)
+    state["_parameters"] = dict(module._parameters)
+    state["_buffers"] = dict(module._buffers)
+    state["_modules"] = {name: None if child is None else hook_free_view(child)
+                         for name, child in module._modules.items()}
+    for name in _HOOK_DICTS:
+        if name in state:
+            state[name] = type(state[name])()
+    view.__dict__.update(state)
+    return view
+
+
+class SlotLayer(CacheLayerMixin):
+    """One layer's keys and values in fixed zeroed buffers, written at the owning cache's `slots`.
+
+    Attention reads the whole buffers; the unwritten slots are zero (garbage could hold NaN, which
+    survives a mask) and masked out by the loop's additive mask.
+    """
+
+    is_sliding = False
+    is_compileable = False
+
+    def __init__(self, owner: SlotCache) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        rows, heads, _, k_dim = key_states.shape
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.keys = key_states.new_zeros(rows, heads, self.owner.max_len, k_dim)  # (rows, H, max_len, Dk)
+        self.values = value_states.new_zeros(rows, heads, self.owner.max_len, value_states.shape[-1])
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object,
+               **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write (rows, H, q, D) states at the q positions in `owner.slots`; return the whole buffers."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.keys.index_copy_(2, self.owner.slots, key_states)
+        self.values.index_copy_(2, self.owner.slots, value_states)
+        return self.keys, self.values  # (rows, H, max_len, D)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner.max_len, 0
+
+    def get_seq_length(self) -> int:
+        return self.owner.length
+
+    def get_max_length(self) -> int:
+        return self.owner.max_len
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self.is_initialized:
+            self.keys = self.keys.repeat_interleave(repeats, dim=0)
+            self.values = self.values.repeat_interleave(repeats, dim=0)
+
+    def reset(self) -> None:
+        if self.is_initialized:
+            self.keys.zero_()
+            self.values.zero_()
+
+
+class SlotCache(Cache):
+    """A transformers `Cache` of `num_layers` `SlotLayer`s, `max_len` positions each.
+
+    `slots` (a long tensor of positions, one per query token) says where the next forward writes; the
+    loop points it at `arange(P)` for the prefill and then at one (1,) tensor it fills in place, so a
+    captured step writes wherever that tensor says at replay. `length` is the number of positions
+    written, kept by the loop for transformers' bookkeeping (no captured kernel depends on it).
+    """
+
+    def __init__(self, num_layers: int, max_len: int) -> None:
+        self.max_len = max_len
+        self.length = 0
+        self.slots = torch.zeros(0, dtype=torch.long)
+        super().__init__(layers=[SlotLayer(self) for _ in range(num_layers)])
+
+
+def prefill_mask(attention_mask: torch.Tensor, max_len: int, dtype: torch.dtype) -> torch.Tensor:
+    """Additive (B, 1, P, max_len) mask for the prompts: query i sees the prompt's tokens at j <= i.
+
+    Masked entries hold the dtype's most negative finite value, not -inf, as transformers' own masks
+    do: a left-padding query that sees nothing then gets a uniform softmax instead of NaN.
+    """
+    batch, prompt_len = attention_mask.shape
+    device = attention_mask.device
+    causal = torch.ones(prompt_len, prompt_len, dtype=torch.bool, device=device).tril()  # (P, P)
+    seen = causal[None] & attention_mask.bool()[:, None, :]  # (B, P, P)
+    mask = torch.full((batch, 1, prompt_len, max_len), torch.finfo(dtype).min, dtype=dtype, device=device)
+    mask[:, 0, :, :prompt_len].masked_fill_(seen, 0.0)
+    return mask
+
+
+class _GraphedStep:
+    """`run` (a step over fixed buffers) recorded once as a CUDA graph; `replay` launches it again."""
+
+    def __init__(self, run: Callable[[], torch.Tensor], device: torch.device) -> None:
+        current = torch.cuda.current_stream(device)
+        warmup = torch.cuda.Stream(device)
+        warmup.wait_stream(current)
+        with torch.cuda.stream(warmup):
+            run()  # lazy initialisations (library handles, allocator blocks) happen outside the capture
+        current.wait_stream(warmup)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.output = run()
+
+    def replay(self) -> torch.Tensor:
+        self.graph.replay()
+        return self.output
+
+
+def decode_static(
+    module: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    pad_token_id: int,
+    compute_dtype: torch.dtype,
+    capture: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The sampling loop over fixed buffers. Returns responses (B*n, R), lengths (B*n,), log-probs (B*n, R).
+
+    `module` is a full-attention causal LM with its weights in `compute_dtype` (the caller's
+    `weights_in_dtype`), run under no_grad. `capture`: replay each decoding step as a CUDA graph.
+    """
+    n, width = params.n, params.response_length
+    batch, prompt_len = input_ids.shape
+    rows, max_len = batch * n, prompt_len + width
+    device = input_ids.device
+    model = hook_free_view(module)
+    cache = SlotCache(module.config.num_hidden_layers, max_len)
+
+    def forward(ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                    use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1, :]  # (rows, V)
+
+    # Prefill each prompt once, then give each of its n samples a copy of the cache.
+    cache.slots = torch.arange(prompt_len, device=device)
+    logits = forward(input_ids, prefill_mask(attention_mask, max_len, compute_dtype), position_ids)  # (B, V)
+    cache.length = prompt_len
+    if n > 1:
+        cache.batch_repeat_interleave(n)
+        logits = logits.repeat_interleave(n, dim=0)  # (B*n, V)
+    # The fixed inputs of every decoding step: the token fed, its position, the slot it is written at,
+    # and each row's mask over all max_len slots (the prompt's columns now, a response column per step).
+    step_tokens = torch.zeros(rows, 1, dtype=input_ids.dtype, device=device)
+    step_positions = position_ids[:, -1:].repeat_interleave(n, dim=0) + 1  # (B*n, 1)
+    cache.slots = torch.zeros(1, dtype=torch.long, device=device)
+    step_mask = torch.full((rows, 1, 1, max_len), torch.finfo(compute_dtype).min, dtype=compute_dtype, device=device)
+    step_mask[:, 0, 0, :prompt_len].masked_fill_(attention_mask.bool().repeat_interleave(n, dim=0), 0.0)
+
+    def step() -> torch.Tensor:
+        return forward(step_tokens, step_mask, step_positions)
+
+    responses = torch.full((rows, width), pad_token_id, dtype=input_ids.dtype, device=device)
+    log_probs = torch.zeros(rows, width, dtype=torch.float32, device=device)
+    lengths = torch.full((rows,), width, dtype=torch.long, device=device)
+    stop_ids = torch.tensor(params.stop_token_ids, dtype=input_ids.dtype, device=device)
+    finished = torch.zeros(rows, dtype=torch.bool, device=device)
+    graphed: _GraphedStep | None = None
+    for t in range(width):
+        tokens, token_log_probs = sample_tokens(logits, params, generator)  # (rows,), (rows,)
+        responses[:, t] = tokens
+        log_probs[:, t] = token_log_probs
+        if t == width - 1:
+            break
+        stopping = torch.isin(tokens, stop_ids) & ~finished
+        lengths = torch.where(stopping, t + 1, lengths)  # the stop token itself is part of the response
+        finished |= stopping
+        if (t + 1) % STOP_CHECK_EVERY == 0 and bool(finished.all()):
+            break
+        step_tokens.copy_(tokens[:, None])
+        cache.slots.fill_(prompt_len + t)
+        step_mask[:, 0, 0, prompt_len + t] = 0.0
+        if t > 0:
+            step_positions.add_(1)
+        if capture and graphed is None:
+            graphed = _capture(step, device)
+            capture = graphed is not None
+        logits = graphed.replay() if graphed is not None else step()
+        cache.length = prompt_len + t + 1
+    after_stop = torch.arange(width, device=device)[None, :] >= lengths[:, None]  # (B*n, R)
+    responses.masked_fill_(after_stop, pad_token_id)
+    return responses, lengths, log_probs
+
+
+def _capture(step: Callable[[], torch.Tensor], device: torch.device) -> _GraphedStep | None:
+    """The step as a CUDA graph, or None (logged) where its forward cannot be captured."""
+    try:
+        return _GraphedStep(step, device)
+    except RuntimeError as error:
+        logger.warning("rollout: capturing the decoding step as a CUDA graph failed (%s); this generation "
+                       "decodes without one (rollout.enforce_eager=true skips the attempt)", error)
+        torch.cuda.synchronize(device)
+        return None
