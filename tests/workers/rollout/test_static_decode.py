@@ -99,6 +99,41 @@ def test_slot_cache_writes_where_its_slots_tensor_points():
     assert cache.layers[0].get_mask_sizes(1) == (5, 0)
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_a_decoding_step_traces_as_one_graph_without_host_work(tiny_model_dir, attention):
+    # A CUDA graph records device work only: a step that branched on a tensor's value or read one back
+    # on the host could not be captured. torch.compile's tracer breaks its graph at exactly such places,
+    # so one graph with no break, here on the CPU, says the GPU capture will meet none.
+    from hybridrl.models.loading import load_causal_lm
+
+    model = load_causal_lm(tiny_model_dir, dtype="float32").eval()
+    model.set_attn_implementation(attention)
+    prompt_len, max_len, rows = 8, 16, 4
+    attention_mask = torch.ones(rows, prompt_len, dtype=torch.long)
+    attention_mask[0, :3] = 0
+    positions = (attention_mask.cumsum(1) - 1).clamp(min=0)
+    cache, view = SlotCache(model.config.num_hidden_layers, max_len), hook_free_view(model)
+    with torch.no_grad():
+        cache.slots = torch.arange(prompt_len)
+        view(input_ids=torch.randint(4, 500, (rows, prompt_len)), position_ids=positions, past_key_values=cache,
+             attention_mask=prefill_mask(attention_mask, max_len, torch.float32), use_cache=True)
+        cache.slots = torch.full((1,), prompt_len)
+        step_mask = prefill_mask(attention_mask, max_len, torch.float32)[:, :, -1:].clone()
+        step_mask[..., prompt_len] = 0.0
+
+        def step():
+            return view(input_ids=torch.zeros(rows, 1, dtype=torch.long), attention_mask=step_mask,
+                        position_ids=positions[:, -1:] + 1, past_key_values=cache, use_cache=True,
+                        logits_to_keep=1).logits
+
+        try:
+            explained = torch._dynamo.explain(step)()
+        finally:
+            torch._dynamo.reset()  # no compiled code or guards left behind for later tests
+    assert explained.graph_break_count == 0, [b.reason for b in explained.break_reasons]
+    assert explained.graph_count == 1
+
+
 def _fsdp_static_equals_eager(rank, world_size, model_dir):
     from hybridrl.models.loading import load_causal_lm, load_tokenizer
     from hybridrl.workers.config import FSDPConfig, OptimConfig
