@@ -462,7 +462,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtypes", default="float32,bfloat16",
                         help="compute dtypes to run each framework in (TRL: bf16=True for bfloat16)")
     parser.add_argument("--workdir", default="runs/bench_grpo_vs_trl", help="data, models and per-run logs")
-    parser.add_argument("--out", default=str(RESULTS / "grpo_vs_trl"), help="writes OUT.md and OUT.png")
+    parser.add_argument("--out", default=str(RESULTS / "grpo_vs_trl"), help="writes OUT.md and OUT.png (after "
+                        "every run, so a run stopped part-way leaves the table so far)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="take a run's row from WORKDIR/logs/RUNNER-SIZE-DTYPE.row.json where an earlier "
+                        "invocation left one, instead of running it again (to split a benchmark over sessions)")
     parser.add_argument("--run-one", choices=RUNNERS, help=argparse.SUPPRESS)
     parser.add_argument("--workload", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -493,13 +497,33 @@ def main(argv: list[str] | None = None) -> None:
         for dtype in args.dtypes.split(","):
             w = dataclasses.replace(size_workload, dtype=dtype)
             for runner in runners:  # the frameworks alternate on each workload
-                row = measure(runner, w, workdir / "logs")
-                row["params"] = count_params(w.model)
+                saved = workdir / "logs" / f"{runner}-{w.tag}.row.json"
+                if args.reuse and saved.exists():
+                    row = json.loads(saved.read_text())
+                    print(f"{w.size:>4} {dtype:<9} {runner:<15} reused {saved}", flush=True)
+                else:
+                    row = measure(runner, w, workdir / "logs")
+                    row["params"] = count_params(w.model)
+                    saved.write_text(json.dumps(row))
                 rows.append(row)
                 print(f"{w.size:>4} {dtype:<9} {runner:<15} {row['step_s']:7.2f} s/step "
                       f"{row['samples_per_s']:7.1f} samples/s (run took {row['wall_s']:.0f}s)", flush=True)
+                # the table so far, so that a run stopped part-way (a lease's time limit) still leaves one
+                text = write_report(rows, workloads, args)
+    print(text)
+    print(f"(benchmark took {(time.perf_counter() - started) / 60:.1f} min; table in {Path(args.out).with_suffix('.md')})")
+    ratios = ratio_vs_trl(rows)
+    if ratios:
+        print("samples/s of hybridrl's faster backend over TRL's, per size: "
+              + ", ".join(f"{size} {ratio:.2f}x ({runner})" for size, (ratio, runner) in ratios.items()))
+        print(f"speedup vs TRL: {min(ratio for ratio, _ in ratios.values()):.2f}x")
+
+
+def write_report(rows: list[dict], workloads: list[Workload], args: argparse.Namespace) -> str:
+    """Write OUT.md and OUT.png for `rows`; return the table's text."""
     import torch
 
+    gpu = args.device == "cuda"
     load = os.getloadavg()[0]
     header = (
         f"GRPO, hybridrl vs TRL {_version('trl')} GRPOTrainer on a {machine(args.device)} "
@@ -521,13 +545,7 @@ def main(argv: list[str] | None = None) -> None:
     out.with_suffix(".md").write_text(text + "\n")
     chart(rows, out.with_suffix(".png"), f"GRPO on {machine(args.device) if gpu else f'{os.cpu_count()} CPU cores'}: "
           "hybridrl vs TRL")
-    print(text)
-    print(f"(benchmark took {(time.perf_counter() - started) / 60:.1f} min; table in {out.with_suffix('.md')})")
-    ratios = ratio_vs_trl(rows)
-    if ratios:
-        print("samples/s of hybridrl's faster backend over TRL's, per size: "
-              + ", ".join(f"{size} {ratio:.2f}x ({runner})" for size, (ratio, runner) in ratios.items()))
-        print(f"speedup vs TRL: {min(ratio for ratio, _ in ratios.values()):.2f}x")
+    return text
 
 
 def machine(device: str = "cpu") -> str:
