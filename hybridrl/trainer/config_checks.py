@@ -22,6 +22,7 @@ from hybridrl.trainer.config_ranges import range_errors
 from hybridrl.trainer.config_support import offload_errors, unsupported_errors
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
 from hybridrl.utils.config import ConfigError, added_keys, unknown_key_message
+from hybridrl.utils.device import device_setting_problem
 from hybridrl.utils.precision import AUTO
 
 __all__ = ["ConfigError", "batch_plan", "validate_config", "world_size"]
@@ -55,9 +56,8 @@ def validate_config(config: PPOTrainerConfig) -> None:
 def _check_placement(config: PPOTrainerConfig) -> None:
     t = config.trainer
     _require(t.backend in ("ray", "local"), f"trainer.backend must be 'ray' or 'local', got {t.backend!r}")
-    _require(t.device in ("cpu", "cuda"), f"trainer.device must be 'cpu' or 'cuda', got {t.device!r}")
-    _require(t.device == "cpu" or torch.cuda.is_available(),
-             "trainer.device=cuda but torch sees no GPU; set trainer.device=cpu")
+    device_problem = device_setting_problem(t.device)
+    _require(device_problem is None, device_problem)
     _require(t.nnodes >= 1 and t.n_gpus_per_node >= 1,
              f"trainer.nnodes ({t.nnodes}) and trainer.n_gpus_per_node ({t.n_gpus_per_node}) must be >= 1")
     _require(config.ray_init.cpus_per_worker >= 1,

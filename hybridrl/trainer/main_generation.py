@@ -21,7 +21,7 @@ from hybridrl.controller.decorator import on_device, to_cpu
 from hybridrl.data.rl_dataset import RLHFDataset, collate_fn
 from hybridrl.models.loading import load_causal_lm, load_tokenizer
 from hybridrl.protocol import DataProto
-from hybridrl.utils.device import local_device, pinned
+from hybridrl.utils.device import device_setting_problem, local_device, pinned, resolve_device_type
 from hybridrl.workers.config import to_dataclass
 from hybridrl.workers.rollout import BaseRollout, RolloutConfig, build_rollout
 
@@ -37,10 +37,10 @@ def check_config(config: DictConfig) -> RolloutConfig:
             f"main_generation runs on one rank in this process for now; got trainer.nnodes x "
             f"trainer.n_gpus_per_node = {ranks}. Set both to 1."
         )
-    if config.trainer.device not in ("cpu", "cuda"):
-        raise ValueError(f"trainer.device must be cpu or cuda, got {config.trainer.device!r}")
-    if config.trainer.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("trainer.device=cuda but torch sees no GPU; set trainer.device=cpu")
+    config.trainer.device = resolve_device_type(config.trainer.device)
+    device_problem = device_setting_problem(config.trainer.device)
+    if device_problem is not None:
+        raise ValueError(device_problem)
     rollout = to_dataclass(RolloutConfig, OmegaConf.merge(config.rollout, {"n": config.data.n_samples}))
     if rollout.n > 1 and (not rollout.do_sample or rollout.temperature == 0):
         raise ValueError(

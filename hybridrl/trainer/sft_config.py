@@ -105,7 +105,7 @@ class TrainerSchema:
     n_gpus_per_node: int = 1
     # Nodes of the Ray cluster to use.
     nnodes: int = 1
-    # cpu, or cuda where GPUs are present.
+    # cpu, cuda (needs a GPU torch can see), or auto: cuda where torch sees a GPU, else cpu.
     device: str = "cpu"
     # ray: ranks in Ray actors; local: one rank in this process (for debugging).
     backend: str = "ray"

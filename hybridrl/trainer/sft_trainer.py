@@ -26,6 +26,7 @@ from hybridrl.trainer.divergence import DivergenceGuard, TrainingDivergedError
 from hybridrl.trainer.run_config import report_config_changes, write_run_config
 from hybridrl.trainer.sft_config import SFTSchema
 from hybridrl.utils.config import added_keys, unknown_key_message
+from hybridrl.utils.device import device_setting_problem, resolve_device_type
 from hybridrl.utils.tracking import StepProgress, rewind_metrics_file
 from hybridrl.workers.checkpoint import (
     CheckpointError,
@@ -59,7 +60,9 @@ def validate_config(config: DictConfig) -> DictConfig:
     data, trainer, optim = checked.data, checked.trainer, checked.optim
     world = trainer.n_gpus_per_node * trainer.nnodes
     _require(trainer.backend in ("ray", "local"), f"trainer.backend must be ray or local, got {trainer.backend!r}")
-    _require(trainer.device in ("cpu", "cuda"), f"trainer.device must be cpu or cuda, got {trainer.device!r}")
+    trainer.device = resolve_device_type(trainer.device)
+    device_problem = device_setting_problem(trainer.device)
+    _require(device_problem is None, device_problem)
     _require(trainer.backend == "ray" or world == 1,
              f"trainer.backend=local runs one rank, but trainer.n_gpus_per_node x nnodes = {world}; "
              "set trainer.n_gpus_per_node=1 or use trainer.backend=ray")

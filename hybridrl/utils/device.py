@@ -34,6 +34,16 @@ def resolve_device_type(setting: str) -> str:
     return setting
 
 
+def device_setting_problem(setting: str, key: str = "trainer.device") -> str | None:
+    """What is wrong with `setting` (a `trainer.device` after `resolve_device_type`) here, or None: the one
+    check behind every entry point's config validation."""
+    if setting not in DEVICE_TYPES:
+        return f"{key} must be 'cpu', 'cuda' or 'auto', got {setting!r}"
+    if setting == "cuda" and not torch.cuda.is_available():
+        return f"{key}=cuda but torch sees no GPU; set {key}=cpu (or {AUTO}: cuda where a GPU is visible)"
+    return None
+
+
 def device_type() -> str:
     """This process's device type: `DEVICE_ENV` as its launcher set it, else the fallback (module doc)."""
     value = os.environ.get(DEVICE_ENV)

@@ -105,10 +105,13 @@ def test_greedy_generation_on_the_gpu_equals_model_generate_and_main_eval_scores
     assert "arithmetic/mean@1: 0.0000" in printed
 
 
-def test_device_is_checked(arithmetic_parquet, tiny_model_dir, tmp_path):
+def test_device_is_checked(arithmetic_parquet, tiny_model_dir, tmp_path, monkeypatch):
     base = [f"data.path={arithmetic_parquet}", f"model.path={tiny_model_dir}", f"data.output_path={tmp_path}/o.parquet"]
-    with pytest.raises(ValueError, match="trainer.device must be cpu or cuda"):
+    with pytest.raises(ValueError, match="trainer.device must be 'cpu', 'cuda' or 'auto', got 'tpu'"):
         main_generation.check_config(compose_generation(base + ["trainer.device=tpu"]))
-    if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="torch sees no GPU"):
-            main_generation.check_config(compose_generation(base + ["trainer.device=cuda"]))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a machine without a GPU
+    with pytest.raises(ValueError, match="trainer.device=cuda but torch sees no GPU; set trainer.device=cpu"):
+        main_generation.check_config(compose_generation(base + ["trainer.device=cuda"]))
+    config = compose_generation(base + ["trainer.device=auto"])
+    main_generation.check_config(config)
+    assert config.trainer.device == "cpu"  # auto resolved where the run will use it

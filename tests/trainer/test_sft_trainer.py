@@ -166,6 +166,17 @@ def test_bad_settings_name_the_key(sft_data, tiny_model_dir, tmp_path, override,
         validate_config(config)
 
 
+def test_the_device_is_checked_and_auto_resolved(sft_data, tiny_model_dir, tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a machine without a GPU
+    with pytest.raises(ValueError, match="trainer.device=cuda but torch sees no GPU; set trainer.device=cpu"):
+        validate_config(sft_config(sft_data, tiny_model_dir, tmp_path, "trainer.device=cuda"))
+    with pytest.raises(ValueError, match="trainer.device must be 'cpu', 'cuda' or 'auto', got 'gpu'"):
+        validate_config(sft_config(sft_data, tiny_model_dir, tmp_path, "trainer.device=gpu"))
+    assert validate_config(sft_config(sft_data, tiny_model_dir, tmp_path, "trainer.device=auto")).trainer.device == "cpu"
+
+
 def test_local_backend_refuses_two_ranks(sft_data, tiny_model_dir, tmp_path):
     with pytest.raises(ValueError, match="trainer.n_gpus_per_node=1 or use trainer.backend=ray"):
         validate_config(sft_config(sft_data, tiny_model_dir, tmp_path, "trainer.n_gpus_per_node=2"))
