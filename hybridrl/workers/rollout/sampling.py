@@ -126,5 +126,22 @@ def sample_tokens(
         tokens = torch.argmax(logits, dim=-1)  # (rows,), on the raw logits as model.generate does
     else:
         log_probs = processed_log_probs(logits, params.temperature, params.top_k, params.top_p)
-        tokens = torch.multinomial(log_probs.exp(), 1, generator=generator).squeeze(-1)  # (rows,)
+        tokens = draw_tokens(log_probs.exp(), generator)  # (rows,)
     return tokens, log_probs.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def draw_tokens(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row of (rows, vocab) probabilities, by inverting each row's CDF at one uniform draw.
+
+    The distribution of `torch.multinomial(probs, 1)`, at a fraction of its cost on a CPU, where
+    multinomial draws an exponential variate for every vocabulary entry: 256 rows x Qwen2.5's 151,936
+    tokens took 853 ms there against 61 ms this way (2-core AMD EPYC, 2 threads, 2026-11-25).
+    The uniform u is scaled to each row's total mass and kept strictly below it; the first index whose
+    cumulative mass exceeds u then always has non-zero probability (a filtered-out token adds nothing to
+    the cumulative sum, so an earlier index exceeds u first).
+    """
+    cdf = probs.cumsum(dim=-1)  # (rows, vocab)
+    total = cdf[:, -1:]  # (rows, 1)
+    uniform = torch.rand(total.shape, generator=generator, device=probs.device, dtype=cdf.dtype)
+    below_total = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, below_total, right=True).squeeze(-1)  # (rows,)

@@ -50,6 +50,29 @@ def test_samples_follow_the_filtered_distribution():
     assert torch.allclose(log_probs[tokens == 0], torch.tensor(math.log(0.625)))
 
 
+def test_draw_tokens_follows_the_probabilities_and_never_draws_a_zero():
+    from hybridrl.workers.rollout.sampling import draw_tokens
+
+    # zeros at the ends and in the middle (what top-k / top-p leave), unnormalised rows
+    probs = torch.tensor([0.0, 0.2, 0.0, 0.5, 0.3, 0.0]) * 3.0
+    generator = torch.Generator().manual_seed(1)
+    tokens = draw_tokens(probs.expand(60000, 6), generator)
+    freq = torch.bincount(tokens, minlength=6).float() / 60000
+    # binomial std at n = 60000 is <= 0.0021
+    torch.testing.assert_close(freq, probs / probs.sum(), atol=0.01, rtol=0)
+    assert freq[[0, 2, 5]].sum() == 0
+    # a row with all its mass on one token, first or last, always gives that token
+    one_hot = torch.eye(5)[[0, 4, 2]]
+    for _ in range(50):
+        assert draw_tokens(one_hot, generator).tolist() == [0, 4, 2]
+    # the largest uniform below 1 still lands on a token with mass (u is kept below the row's total)
+    import unittest.mock as mock
+
+    edge = torch.tensor([[0.25, 0.75, 0.0, 0.0]], dtype=torch.float32)
+    with mock.patch("torch.rand", lambda *a, **k: torch.full((1, 1), 1 - 2**-24)):
+        assert draw_tokens(edge, None).tolist() == [1]
+
+
 def test_greedy_takes_argmax_with_plain_log_probs():
     params = SamplingParams(greedy=True, temperature=0.5, top_k=1, top_p=0.1, n=1, response_length=1,
                             stop_token_ids=(), seed=None)
