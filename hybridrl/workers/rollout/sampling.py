@@ -144,4 +144,11 @@ def draw_tokens(probs: torch.Tensor, generator: torch.Generator | None) -> torch
     total = cdf[:, -1:]  # (rows, 1)
     uniform = torch.rand(total.shape, generator=generator, device=probs.device, dtype=cdf.dtype)
     below_total = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, below_total, right=True).squeeze(-1)  # (rows,)
+    tokens = torch.searchsorted(cdf, below_total, right=True).squeeze(-1)  # (rows,)
+    # NaN or inf probabilities (a diverged model) would index past the vocabulary. On a CPU asking costs
+    # nothing and the error says why; on a GPU it would wait for every step, so the index is kept in range
+    # and the NaN log-probs reach the trainer's divergence guard instead.
+    if probs.device.type == "cpu" and not bool((torch.isfinite(total) & (total > 0)).all()):
+        raise ValueError("sampling: a row's next-token probabilities are NaN, infinite or all zero; the model's "
+                         "logits are not finite (its weights may have diverged)")
+    return tokens.clamp_(max=probs.shape[-1] - 1)

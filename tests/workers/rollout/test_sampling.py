@@ -71,6 +71,9 @@ def test_draw_tokens_follows_the_probabilities_and_never_draws_a_zero():
     edge = torch.tensor([[0.25, 0.75, 0.0, 0.0]], dtype=torch.float32)
     with mock.patch("torch.rand", lambda *a, **k: torch.full((1, 1), 1 - 2**-24)):
         assert draw_tokens(edge, None).tolist() == [1]
+    # a diverged model's NaN probabilities stop sampling with the reason, not an index error later
+    with pytest.raises(ValueError, match="not finite"):
+        draw_tokens(torch.tensor([[0.5, 0.5], [float("nan"), 0.5]]), generator)
 
 
 def test_greedy_takes_argmax_with_plain_log_probs():
