@@ -170,7 +170,9 @@ class _GraphedStep:
             run()  # lazy initialisations (library handles, allocator blocks) happen outside the capture
         current.wait_stream(warmup)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        # thread_local: another thread of this process (the driver's background reward scoring, say) may
+        # keep using CUDA while this one captures
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
             self.output = run()
 
     def replay(self) -> torch.Tensor:
