@@ -520,7 +520,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def write_report(rows: list[dict], workloads: list[Workload], args: argparse.Namespace) -> str:
-    """Write OUT.md and OUT.png for `rows`; return the table's text."""
+    """Write the table and its chart for `rows` at `--out` (.md and .png); return the table's text."""
     import torch
 
     gpu = args.device == "cuda"
