@@ -210,7 +210,8 @@ def decode_static(
 
     # Prefill each prompt once, then give each of its n samples a copy of the cache.
     cache.slots = torch.arange(prompt_len, device=device)
-    logits = forward(input_ids, prefill_mask(attention_mask, max_len, compute_dtype), position_ids)  # (B, V)
+    prompt_mask = prefill_mask(attention_mask, max_len, compute_dtype)  # (B, 1, P, max_len)
+    logits = forward(input_ids, prompt_mask, position_ids)  # (B, V)
     cache.length = prompt_len
     if n > 1:
         cache.batch_repeat_interleave(n)
@@ -220,8 +221,8 @@ def decode_static(
     step_tokens = torch.zeros(rows, 1, dtype=input_ids.dtype, device=device)
     step_positions = position_ids[:, -1:].repeat_interleave(n, dim=0) + 1  # (B*n, 1)
     cache.slots = torch.zeros(1, dtype=torch.long, device=device)
-    step_mask = torch.full((rows, 1, 1, max_len), torch.finfo(compute_dtype).min, dtype=compute_dtype, device=device)
-    step_mask[:, 0, 0, :prompt_len].masked_fill_(attention_mask.bool().repeat_interleave(n, dim=0), 0.0)
+    # the prompt's last query sees every prompt token and nothing beyond: each step starts from its row
+    step_mask = prompt_mask[:, :, -1:].repeat_interleave(n, dim=0)  # (B*n, 1, 1, max_len), a new buffer
 
     def step() -> torch.Tensor:
         return forward(step_tokens, step_mask, step_positions)
