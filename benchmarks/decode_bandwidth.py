@@ -29,11 +29,10 @@ from pathlib import Path
 
 import torch
 from grpo_vs_trl import machine
+from rollout_bench import make_prompts
 
-from hybridrl.data.rl_dataset import left_pad
 from hybridrl.models.loading import load_causal_lm, load_tokenizer, resolve_dtype
 from hybridrl.models.tiny import build_tiny_model
-from hybridrl.protocol import DataProto
 from hybridrl.workers.rollout import HFRollout
 
 RESULTS = Path(__file__).parent / "results"
@@ -59,13 +58,6 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def prompts_for(tokenizer, count: int, length: int, device: torch.device) -> DataProto:
-    texts = [f"What is {i * 37 % 100} + {i * 53 % 1000}? Answer digit by digit." for i in range(count)]
-    rows = [left_pad(tokenizer(t)["input_ids"][:length], length, tokenizer.pad_token_id) for t in texts]
-    ids, mask, pos = (torch.stack(col) for col in zip(*rows, strict=True))
-    return DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": pos}).to(device)
-
-
 def kv_bytes_per_step(config, rows: int, prompt_len: int, new_tokens: int, dtype: torch.dtype,
                       whole_buffers: bool) -> float:
     """Mean bytes of keys and values attention reads per decoding step, over the steps."""
@@ -82,7 +74,7 @@ def bench(size: str, args, device: torch.device, workdir: Path) -> list[dict]:
     model = load_causal_lm(model_dir, dtype="float32").eval().to(device)
     dtype = resolve_dtype(args.dtype)
     weight_bytes = sum(p.numel() for p in model.parameters()) * dtype.itemsize
-    prompts = prompts_for(tokenizer, args.prompts, args.prompt_length, device)
+    prompts = make_prompts(tokenizer, args.prompts, args.prompt_length).to(device)
     rows = args.prompts * args.n
     variants = {"eager": True, "cuda graphs": False} if device.type == "cuda" else {"eager": True}
     out, greedy = [], {}
