@@ -4,7 +4,8 @@ The engine calls the module's forward itself instead of `model.generate`, so it 
 the worker hands it (a plain `PreTrainedModel` or an FSDP2-wrapped one whose parameters the worker
 has gathered) and it can do three things `generate` does not:
 
-- prefill each prompt once and copy its KV cache n times (`generate` prefills all B*n rows);
+- prefill each prompt once and copy its KV cache n times (`generate` prefills all B*n rows), without
+  the padding columns every prompt of the batch shares (`drop_shared_left_padding`);
 - keep keys/values in a cache preallocated for prompt + response and written in place
   (`kv_cache.PreallocatedCache`), where `generate`'s `DynamicCache` re-copies the whole cache with
   `torch.cat` on every step (on a CPU attention reads its whole contiguous buffers, masked);
@@ -151,6 +152,8 @@ class HFRollout(BaseRollout):
         generator = self.generator
         if params.seed is not None:
             generator = torch.Generator(device=input_ids.device).manual_seed(params.seed)
+        # the output keeps the prompts as given; only the decoding skips their shared padding
+        input_ids, attention_mask, position_ids = drop_shared_left_padding(input_ids, attention_mask, position_ids)
         with self._generation_mode():
             responses, lengths, log_probs = self._decode(
                 input_ids, attention_mask, position_ids, params, generator
@@ -249,6 +252,23 @@ class HFRollout(BaseRollout):
         after_stop = torch.arange(width, device=device)[None, :] >= lengths[:, None]  # (B*n, R)
         responses.masked_fill_(after_stop, self.pad_token_id)
         return responses, lengths, log_probs
+
+
+def drop_shared_left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The (B, P) prompt tensors without their leading columns that are padding in every row.
+
+    Datasets pad prompts to `data.max_prompt_length`, often far beyond the longest prompt of a batch (verl's
+    GSM8K recipes pad to 512 or 1024 for prompts of ~100-200 tokens). Those columns are masked out, yet
+    the prefill would compute them and every decoding step would read their cache slots. Position ids
+    come from each row's own mask, so they are unchanged; prompts are left-padded (`check_prompts`), so
+    every row's last column is kept.
+    """
+    seen = attention_mask.bool().any(dim=0)  # (P,)
+    first = int(seen.int().argmax())  # the first column any row attends (one host sync per call)
+    if first == 0:
+        return input_ids, attention_mask, position_ids
+    return input_ids[:, first:], attention_mask[:, first:], position_ids[:, first:]
 
 
 @contextlib.contextmanager

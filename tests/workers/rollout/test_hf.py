@@ -224,3 +224,38 @@ def test_half_precision_decoding_on_cpu_runs_eager_attention_and_restores_sdpa(t
     with pytest.raises(RuntimeError), attention_for_decoding(tiny_model, torch.bfloat16):
         raise RuntimeError("the implementation comes back on an error too")
     assert tiny_model.config._attn_implementation == "sdpa"
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_padding_every_prompt_shares_changes_nothing_but_the_prompt_columns(static, tiny_model, tiny_tokenizer):
+    # the same prompts left-padded to 16 and to 48 columns: 32+ leading columns are padding in every row
+    short, long = (make_prompts(tiny_tokenizer, length=width, seed=11) for width in (16, 48))
+    rollout = engine(tiny_model, tiny_tokenizer, response_length=10, n=2, enforce_eager=not static)
+    if static:
+        rollout._graphed_decoding = lambda: True  # the static loop, without a graph on the CPU
+    widths, decode = [], rollout._decode
+    rollout._decode = lambda input_ids, *args: widths.append(input_ids.shape[1]) or decode(input_ids, *args)
+    out_short, out_long = (rollout.generate_sequences(p).batch for p in (short, long))
+    longest = int(short.batch["attention_mask"].sum(1).max())
+    assert widths == [longest, longest]  # both decode the longest prompt's columns only
+    assert out_long["prompts"].shape == (8, 48)
+    assert torch.equal(out_long["prompts"], long.batch["input_ids"].repeat_interleave(2, dim=0))
+    assert torch.equal(out_long["responses"], out_short["responses"])
+    assert torch.equal(out_long["response_mask"], out_short["response_mask"])
+    torch.testing.assert_close(out_long["rollout_log_probs"], out_short["rollout_log_probs"], atol=1e-5, rtol=0)
+    # the layout is the padded one: the sampled log-probs are the full forward's over all 48 + 10 columns
+    expected = full_forward_log_probs(tiny_model, DataProto(batch=out_long)) * out_long["response_mask"]
+    torch.testing.assert_close(out_long["rollout_log_probs"], expected, atol=1e-5, rtol=0)
+
+
+def test_drop_shared_left_padding_keeps_every_attended_column():
+    from hybridrl.workers.rollout.hf import drop_shared_left_padding
+
+    mask = torch.tensor([[0, 0, 0, 1, 1], [0, 0, 1, 1, 1]])
+    ids = torch.arange(10).view(2, 5)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    trimmed = drop_shared_left_padding(ids, mask, positions)
+    assert [t.tolist() for t in trimmed] == [[[2, 3, 4], [7, 8, 9]], [[0, 1, 1], [1, 1, 1]], [[0, 0, 1], [0, 1, 2]]]
+    unpadded = torch.ones(2, 3, dtype=torch.long)
+    assert all(a is b for a, b in zip(drop_shared_left_padding(unpadded, unpadded, unpadded), [unpadded] * 3,
+                                      strict=True))
