@@ -16,6 +16,9 @@ keys/values at the current length. What attention reads depends on `full_width`:
   reads `max_len` positions where it needs the written ones, but reads them in place: 5,168 tokens/s
   in the same run (the two alternated in one process, medians of 5); identical tokens. In fp32 with sdpa
   the two were equal (519 vs 514 tokens/s on a busy machine). The HF rollout uses it on the CPU.
+  So that reading the whole buffers does not mean reading every position the longest response could
+  reach from the first step on, a full-width layer starts as wide as the prompt plus `FULL_WIDTH_GROWTH`
+  positions and grows (a copy of the written positions) when a write would overflow it.
 
 Finished rows leave with `batch_select_indices`, which copies only the surviving rows.
 
@@ -28,6 +31,9 @@ from __future__ import annotations
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
+
+# The least a full-width cache grows by when a write overflows it (it also grows by a quarter of its width).
+FULL_WIDTH_GROWTH = 64
 
 
 class PreallocatedLayer(CacheLayerMixin):
@@ -45,6 +51,17 @@ class PreallocatedLayer(CacheLayerMixin):
         self.max_len = max_len
         self.full_width = full_width
         self.length = 0  # positions written so far, the same for every row
+        self.capacity = 0  # positions the buffers hold now: max_len, or less while a full width grows
+
+    def _capacity_for(self, end: int) -> int:
+        """The buffers' width once `end` positions are written. A prefix view reads only what is written,
+        so its buffers hold max_len from the start; the full width grows in steps of at least
+        `FULL_WIDTH_GROWTH` positions (or a quarter of its width), as needed."""
+        if not self.full_width:
+            return self.max_len
+        if end <= self.capacity:
+            return self.capacity
+        return min(self.max_len, end + max(FULL_WIDTH_GROWTH, self.capacity // 4))
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         rows, heads, _, k_dim = key_states.shape
@@ -52,9 +69,19 @@ class PreallocatedLayer(CacheLayerMixin):
         # A prefix view never shows an unwritten slot, so empty is enough there. The full width shows them:
         # they must be zeros, since garbage could hold NaN, and NaN survives the mask (NaN - inf, 0 * NaN).
         new = key_states.new_zeros if self.full_width else key_states.new_empty
-        self.keys = new(rows, heads, self.max_len, k_dim)  # (rows, H, max_len, Dk)
-        self.values = new(rows, heads, self.max_len, value_states.shape[-1])
+        self.capacity = self._capacity_for(key_states.shape[-2])
+        self.keys = new(rows, heads, self.capacity, k_dim)  # (rows, H, capacity, Dk)
+        self.values = new(rows, heads, self.capacity, value_states.shape[-1])
         self.is_initialized = True
+
+    def _grow(self, capacity: int) -> None:
+        """Move the written positions into zeroed buffers `capacity` wide."""
+        for name in ("keys", "values"):
+            old = getattr(self, name)
+            grown = old.new_zeros(*old.shape[:2], capacity, old.shape[-1])
+            grown[:, :, : self.length] = old[:, :, : self.length]
+            setattr(self, name, grown)
+        self.capacity = capacity
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
@@ -69,17 +96,21 @@ class PreallocatedLayer(CacheLayerMixin):
                 f"PreallocatedLayer holds {self.max_len} positions; writing {start}..{end} overflows it "
                 "(build the cache with max_len >= prompt length + response length)"
             )
+        if end > self.capacity:
+            self._grow(self._capacity_for(end))
         self.keys[:, :, start:end] = key_states
         self.values[:, :, start:end] = value_states
         self.length = end
         if self.full_width:
-            return self.keys, self.values  # (rows, H, max_len, D)
+            return self.keys, self.values  # (rows, H, capacity, D)
         return self.keys[:, :, :end], self.values[:, :, :end]  # (rows, H, end, D) views, no copy
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         """(kv_length, kv_offset) for the mask builder: what attention will read after this update (the
-        whole buffer with `full_width`, else the written positions plus the query)."""
-        return (self.max_len if self.full_width else self.length + query_length), 0
+        whole buffer with `full_width`, grown for the query if need be; else the written positions plus
+        the query)."""
+        end = self.length + query_length
+        return (self._capacity_for(end) if self.full_width else end), 0
 
     def get_seq_length(self) -> int:
         return self.length

@@ -7,6 +7,7 @@ import torch
 from transformers import DynamicCache
 
 from hybridrl.models.attention import GROUPED_EAGER
+from hybridrl.workers.rollout import kv_cache
 from hybridrl.workers.rollout.kv_cache import PreallocatedCache, PreallocatedLayer
 
 from .helpers import make_prompts
@@ -112,3 +113,37 @@ def test_overflow_names_the_fix():
     layer.update(torch.zeros(1, 1, 3, 2), torch.zeros(1, 1, 3, 2))
     with pytest.raises(ValueError, match="max_len >= prompt length \\+ response length"):
         layer.update(torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2))
+
+
+def test_growing_full_width_equals_dynamic_cache(tiny_model, tiny_tokenizer, attention, monkeypatch):
+    # grow by 3 positions at a time: the 12 steps cross several growths, one right after a row drop
+    monkeypatch.setattr(kv_cache, "FULL_WIDTH_GROWTH", 3)
+    prompts = make_prompts(tiny_tokenizer, length=16)
+    layers = tiny_model.config.num_hidden_layers
+    cache = PreallocatedCache(layers, max_len=16 + 12, full_width=True)
+    drops = {4: [0, 2, 3]}
+    ours = decode(tiny_model, cache, prompts, steps=12, drop_at=drops)
+    reference = decode(tiny_model, DynamicCache(), prompts, steps=12, drop_at=drops)
+    for step, (a, b) in enumerate(zip(ours, reference, strict=True)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0, msg=f"step {step}")
+    assert cache.layers[0].keys.shape[2] == 28  # grown to max_len, never beyond
+
+
+def test_full_width_layer_grows_as_written_and_says_so_before_the_write(monkeypatch):
+    monkeypatch.setattr(kv_cache, "FULL_WIDTH_GROWTH", 2)
+    layer = PreallocatedLayer(max_len=20, full_width=True)
+    prompt = torch.arange(1.0, 5.0).reshape(1, 1, 4, 1)  # (rows=1, H=1, q=4, D=1): positions 1..4
+    assert layer.get_mask_sizes(query_length=4) == (6, 0)  # 4 written + 2 spare
+    keys, _ = layer.update(prompt, prompt)
+    assert keys.flatten().tolist() == [1, 2, 3, 4, 0, 0]
+    widths = []
+    for position in range(5, 12):
+        predicted = layer.get_mask_sizes(query_length=1)[0]
+        keys, values = layer.update(torch.full((1, 1, 1, 1), float(position)), torch.zeros(1, 1, 1, 1))
+        assert keys.shape[2] == predicted and keys.is_contiguous()
+        widths.append(predicted)
+    # a write past the width grows it by max(2, width // 4) beyond the write: 6 -> 9 -> 12
+    assert widths == [6, 6, 9, 9, 9, 12, 12]
+    assert keys.flatten().tolist() == [*range(1, 12), 0]  # every written position kept, zeros beyond
+    big = PreallocatedLayer(max_len=8, full_width=True)
+    assert big.get_mask_sizes(query_length=7) == (8, 0)  # never wider than max_len
