@@ -269,12 +269,23 @@ class TensorboardLogger:
             directory = Path("tensorboard_log") / project_name / experiment_name
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
+        self._writer_cls = SummaryWriter
         self._writer = SummaryWriter(log_dir=str(directory))
 
     def log(self, data: Mapping[str, float], step: int) -> None:
         for key, value in data.items():
             self._writer.add_scalar(key, value, global_step=step)
         self._writer.flush()
+
+    def rewind(self, keep_through: int) -> None:
+        """Hide the events of steps after `keep_through` (-1: all) that earlier runs wrote to this directory.
+
+        A new event file starts with TensorBoard's purge marker (SummaryWriter's `purge_step`): readers
+        drop the earlier events at or after that step, so a resumed run's steps are drawn once, with the
+        resumed run's values. The event files themselves are left as they are.
+        """
+        self._writer.close()
+        self._writer = self._writer_cls(log_dir=str(self.directory), purge_step=keep_through + 1)
 
     def finish(self) -> None:
         self._writer.close()
@@ -414,9 +425,13 @@ class Tracking:
         """Before a resumed run logs: keep metrics.jsonl's lines up to step `keep_through` (-1: none).
 
         The other lines (steps a killed run logged after its last checkpoint) move to
-        `metrics.jsonl.rolled_back`, with a warning. Other backends keep what they received: wandb,
-        MLflow and tensorboard draw a step logged again as a second point at that step.
+        `metrics.jsonl.rolled_back`, with a warning. TensorBoard readers hide the events of those steps
+        (`TensorboardLogger.rewind`). wandb and MLflow keep what they received: a step logged again is
+        a second point at that step there.
         """
+        tensorboard = self.loggers.get("tensorboard")
+        if isinstance(tensorboard, TensorboardLogger):
+            tensorboard.rewind(keep_through)
         file_logger = self.loggers.get("file")
         if isinstance(file_logger, FileLogger):
             moved = file_logger.rewind(keep_through)

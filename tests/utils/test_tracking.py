@@ -206,3 +206,19 @@ def test_progress_bar_shows_the_chosen_metrics():
     text = out.getvalue()
     assert "SFT:" in text and "1/600" in text
     assert "loss=4.1876" in text and "step_s=0.20" in text and "score" not in text
+
+
+def test_tensorboard_hides_the_steps_a_resumed_run_logs_again(tmp_path, monkeypatch):
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    monkeypatch.delenv("TENSORBOARD_DIR", raising=False)
+    with Tracking("proj", "exp", "tensorboard", log_dir=tmp_path) as tracker:  # killed after step 4
+        for step in range(1, 5):
+            tracker.log({"critic/score/mean": float(step)}, step=step)
+    with Tracking("proj", "exp", "tensorboard", log_dir=tmp_path) as tracker:  # resumed from step 2's checkpoint
+        tracker.rewind(2)
+        for step in (3, 4, 5):
+            tracker.log({"critic/score/mean": 10.0 * step}, step=step)
+    acc = event_accumulator.EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("critic/score/mean")] == [(1, 1.0), (2, 2.0), (3, 30.0),
+                                                                              (4, 40.0), (5, 50.0)]
