@@ -48,6 +48,7 @@ from hybridrl.workers.rollout.base import (
     eos_token_ids,
 )
 from hybridrl.workers.rollout.config import RolloutConfig
+from hybridrl.workers.rollout.decode_outputs import DecodeOutputs
 from hybridrl.workers.rollout.kv_cache import PreallocatedCache
 from hybridrl.workers.rollout.sampling import SamplingParams, resolve_sampling_params, sample_tokens
 from hybridrl.workers.rollout.static_decode import decode_static
@@ -220,21 +221,17 @@ class HFRollout(BaseRollout):
             [attention_mask.repeat_interleave(n, dim=0), attention_mask.new_ones(rows, width)], dim=1
         )  # (B*n, P+R)
         next_position = position_ids[:, -1].repeat_interleave(n) + 1  # (B*n,)
-        responses = torch.full((rows, width), self.pad_token_id, dtype=input_ids.dtype, device=device)
-        log_probs = torch.zeros(rows, width, dtype=torch.float32, device=device)
-        lengths = torch.full((rows,), width, dtype=torch.long, device=device)
-        stop_ids = torch.tensor(params.stop_token_ids, dtype=input_ids.dtype, device=device)
+        out = DecodeOutputs.allocate(rows, width, params, self.pad_token_id, input_ids.dtype, device)
         active = torch.arange(rows, device=device)  # output row of each row still in the batch
         finished = torch.zeros(rows, dtype=torch.bool, device=device)  # stopped, not yet dropped
         for step in range(width):
             tokens, token_log_probs = sample_tokens(logits, params, generator)  # (A,), (A,)
-            responses[active, step] = tokens  # finished rows write too; padding fixes them at the end
-            log_probs[active, step] = token_log_probs
+            out.record(active, step, tokens, token_log_probs)
             if step == width - 1:
                 break
-            done = torch.isin(tokens, stop_ids) & ~finished  # (A,) rows stopping at this step
+            done = out.is_stop(tokens) & ~finished  # (A,) rows stopping at this step
             if bool(done.any()):
-                lengths[active[done]] = step + 1  # the stop token itself is part of the response
+                out.lengths[active[done]] = step + 1  # the stop token itself is part of the response
                 finished |= done
                 stopped = int(finished.sum())
                 if stopped == finished.numel():
@@ -249,9 +246,7 @@ class HFRollout(BaseRollout):
                 tokens[:, None], mask[:, : prompt_len + step + 1], next_position[:, None], cache
             )  # (A, V)
             next_position = next_position + 1
-        after_stop = torch.arange(width, device=device)[None, :] >= lengths[:, None]  # (B*n, R)
-        responses.masked_fill_(after_stop, self.pad_token_id)
-        return responses, lengths, log_probs
+        return out.finish()
 
 
 def drop_shared_left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor

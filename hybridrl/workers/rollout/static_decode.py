@@ -40,6 +40,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from hybridrl.workers.rollout.decode_outputs import DecodeOutputs
 from hybridrl.workers.rollout.sampling import SamplingParams, sample_tokens
 
 logger = logging.getLogger(__name__)
@@ -227,20 +228,17 @@ def decode_static(
     def step() -> torch.Tensor:
         return forward(step_tokens, step_mask, step_positions)
 
-    responses = torch.full((rows, width), pad_token_id, dtype=input_ids.dtype, device=device)
-    log_probs = torch.zeros(rows, width, dtype=torch.float32, device=device)
-    lengths = torch.full((rows,), width, dtype=torch.long, device=device)
-    stop_ids = torch.tensor(params.stop_token_ids, dtype=input_ids.dtype, device=device)
+    out = DecodeOutputs.allocate(rows, width, params, pad_token_id, input_ids.dtype, device)
     finished = torch.zeros(rows, dtype=torch.bool, device=device)
     graphed: _GraphedStep | None = None
     for t in range(width):
         tokens, token_log_probs = sample_tokens(logits, params, generator)  # (rows,), (rows,)
-        responses[:, t] = tokens
-        log_probs[:, t] = token_log_probs
+        out.record(slice(None), t, tokens, token_log_probs)
         if t == width - 1:
             break
-        stopping = torch.isin(tokens, stop_ids) & ~finished
-        lengths = torch.where(stopping, t + 1, lengths)  # the stop token itself is part of the response
+        stopping = out.is_stop(tokens) & ~finished
+        # the stop token itself is part of the response; no host sync, unlike indexing by the stopped rows
+        out.lengths = torch.where(stopping, t + 1, out.lengths)
         finished |= stopping
         if (t + 1) % STOP_CHECK_EVERY == 0 and bool(finished.all()):
             break
@@ -254,9 +252,7 @@ def decode_static(
             capture = graphed is not None
         logits = graphed.replay() if graphed is not None else step()
         cache.length = prompt_len + t + 1
-    after_stop = torch.arange(width, device=device)[None, :] >= lengths[:, None]  # (B*n, R)
-    responses.masked_fill_(after_stop, pad_token_id)
-    return responses, lengths, log_probs
+    return out.finish()
 
 
 def _capture(step: Callable[[], torch.Tensor], device: torch.device) -> _GraphedStep | None:
