@@ -15,6 +15,7 @@ builds engines itself): cuda when torch sees a GPU, else cpu.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -59,8 +60,10 @@ def cuda_index(local_rank: int) -> int:
     """The CUDA device index a rank with `local_rank` (its position on its node) computes on.
 
     The index counts the devices this process can see, not the node's. A process that sees one GPU uses
-    it (index 0): Ray narrows CUDA_VISIBLE_DEVICES so each GPU actor sees only its own. A process that
-    sees several takes the one at its local rank: the local backend's single rank (local rank 0) and
+    it (index 0): Ray narrows CUDA_VISIBLE_DEVICES so each GPU actor sees only its own. A Ray actor that
+    sees several (Ray leaves them all visible under RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES) takes the
+    GPU Ray assigned it (`ray_assigned_gpu`), which need not be the one at its local rank. Any other process
+    that sees several takes the one at its local rank: the local backend's single rank (local rank 0) and
     launchers such as torchrun leave every GPU of the node visible. A local rank beyond the visible
     devices means more ranks on the node than GPUs: it raises here, where NCCL would later refuse two
     ranks on one device with a less telling message.
@@ -72,10 +75,36 @@ def cuda_index(local_rank: int) -> int:
                            f"set trainer.device=cpu or give the workers GPUs")
     if count == 1:
         return 0
+    assigned = ray_assigned_gpu()
+    if assigned is not None:
+        return visible_index(assigned)
     if local_rank >= count:
         raise RuntimeError(f"local rank {local_rank} has no GPU of its own: this process sees {count} GPUs; "
                            f"lower trainer.n_gpus_per_node to at most the GPUs per node")
     return local_rank
+
+
+def ray_assigned_gpu() -> str | None:
+    """The id of the one GPU Ray assigned this process, where it is a Ray actor that holds exactly one;
+    else None (the driver, CPU actors, processes that never imported ray)."""
+    ray = sys.modules.get("ray")  # a process that never imported ray is not a Ray actor
+    if ray is None or not ray.is_initialized():
+        return None
+    ids = ray.get_gpu_ids()
+    return str(ids[0]) if len(ids) == 1 else None
+
+
+def visible_index(gpu_id: str) -> int:
+    """The index torch gives the GPU with node id `gpu_id`: its position in CUDA_VISIBLE_DEVICES when that
+    is set, else the id itself."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if not visible:
+        return int(gpu_id)
+    ids = [part.strip() for part in visible.split(",")]
+    if gpu_id not in ids:
+        raise RuntimeError(f"Ray assigned this actor GPU {gpu_id}, which CUDA_VISIBLE_DEVICES={visible!r} hides "
+                           f"from it; unset CUDA_VISIBLE_DEVICES in the actors' environment")
+    return ids.index(gpu_id)
 
 
 def local_device(local_rank: int | None = None) -> torch.device:

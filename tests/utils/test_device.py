@@ -109,3 +109,17 @@ def test_every_module_asks_the_owner_instead_of_torch():
                 if "torch.cuda.is_available()" in path.read_text()
                 and str(path.relative_to(package)) not in allowed]
     assert deciders == []
+
+
+def test_a_gpu_id_maps_to_its_place_among_the_visible_devices(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert device.visible_index("3") == 3  # every GPU visible: torch's index is the node's id
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4, 6,7")
+    assert [device.visible_index(i) for i in ("4", "6", "7")] == [0, 1, 2]
+    with pytest.raises(RuntimeError, match="GPU 5, which CUDA_VISIBLE_DEVICES='4, 6,7' hides"):
+        device.visible_index("5")
+
+
+def test_a_process_that_is_no_ray_actor_has_no_assigned_gpu(monkeypatch):
+    monkeypatch.delitem(__import__("sys").modules, "ray", raising=False)
+    assert device.ray_assigned_gpu() is None
