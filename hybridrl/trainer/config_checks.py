@@ -15,7 +15,7 @@ import torch
 
 from hybridrl.algos import get_adv_estimator_spec, get_kl_controller, get_policy_loss_fn, kl_penalty
 from hybridrl.algos.policy_loss import applies_rollout_is_weights
-from hybridrl.models.loading import resolve_dtype
+from hybridrl.models.loading import DTYPES, resolve_dtype
 from hybridrl.rewards.managers import REWARD_MANAGERS
 from hybridrl.trainer.config_derive import fill_derived
 from hybridrl.trainer.config_ranges import range_errors
@@ -90,9 +90,10 @@ def _check_dtype(key: str, value: str | None) -> None:
     try:
         resolve_dtype(value)
     except (KeyError, ValueError):
-        raise ConfigError(f"{key}={value!r} is not a dtype: use float32, bfloat16, float16 or auto (bf16 where "
-                          f"the device multiplies it natively, fp32 elsewhere), or leave it unset (null: bf16 on a "
-                          f"bf16 GPU, fp32 on a CPU)") from None
+        names = ", ".join(DTYPES.names())
+        raise ConfigError(f"{key}={value!r} is not a dtype: use one of {names}, or {AUTO} (bf16 where the device "
+                          f"multiplies it natively, fp32 elsewhere), or leave it unset (null: bf16 on a bf16 GPU, "
+                          f"fp32 on a CPU)") from None
 
 
 def _check_names(config: PPOTrainerConfig) -> None:
