@@ -173,3 +173,28 @@ def batch_plan(config: PPOTrainerConfig) -> dict[str, int]:
         "micro-batches per rank per mini-batch": math.ceil(mini_rows_per_rank / micro)
         if not arr.actor.use_dynamic_bsz else -1,
     }
+
+
+# Keys whose value may be a 'lower_upper' string ("0.5_5.0"). Hydra's command-line grammar, like Python,
+# takes '_' between digits as a digit separator, so unquoted bounds made of plain numbers become one
+# number: 1_5 -> 15, 0.5_5 -> 0.55, 1_5.0 -> 15.0.
+BOUNDS_KEYS = ("rollout_is_threshold", "rollout_rs_threshold")
+
+
+def bounds_read_as_numbers(overrides: list[str]) -> list[str]:
+    """One message per command-line override of a `BOUNDS_KEYS` key whose text holds '_' but which Hydra
+    parsed as a number (the config never sees the '_', so only the raw override can tell)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    problems = []
+    for line in overrides:
+        override = parser.parse_override(line)
+        key, text = override.key_or_group, line.split("=", 1)[-1]
+        value = override.value()
+        if key.rsplit(".", 1)[-1] in BOUNDS_KEYS and "_" in text and isinstance(value, (int, float)) \
+                and not isinstance(value, bool):
+            problems.append(f"{key}={text} reached the config as the number {value!r}: on the command line '_' "
+                            f"between digits is a digit separator. For lower_upper bounds quote the value "
+                            f"({key}='{text}')")
+    return problems

@@ -12,8 +12,9 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from hybridrl.controller.lifecycle import ray_for_backend, sigterm_raises_exit
-from hybridrl.trainer.config_checks import batch_plan, validate_config
+from hybridrl.trainer.config_checks import batch_plan, bounds_read_as_numbers, validate_config
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
+from hybridrl.utils.config import ConfigError
 
 
 def print_dry_run(config: PPOTrainerConfig) -> None:
@@ -84,6 +85,11 @@ def run_ppo(cfg: DictConfig) -> list[dict[str, float]]:
 
 @hydra.main(config_path="config", config_name="ppo_trainer", version_base=None)
 def main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    misread = bounds_read_as_numbers(list(HydraConfig.get().overrides.task))
+    if misread:
+        raise ConfigError("; ".join(misread))
     run_ppo(cfg)
 
 

@@ -214,3 +214,33 @@ def test_dtype_keys_default_to_unset_the_devices_own_and_pass_the_checks():
         assert node.fsdp_config.mixed_precision.param_dtype is None  # bf16 on a bf16 GPU, fp32 on a CPU
     assert cfg.actor_rollout_ref.rollout.dtype is None
     _check_dtype("actor_rollout_ref.rollout.dtype", None)  # unset is valid
+
+
+def test_bounds_that_the_command_line_turns_into_one_number_are_named():
+    from hybridrl.trainer.config_checks import bounds_read_as_numbers
+
+    key = "algorithm.rollout_correction.rollout_is_threshold"
+    problems = bounds_read_as_numbers([f"{key}=1_5", f"{key}=0.5_5", "algorithm.rollout_correction.rollout_rs_threshold=1_5.0"])
+    assert [p.split(" reached")[0] for p in problems] == [f"{key}=1_5", f"{key}=0.5_5",
+                                                          "algorithm.rollout_correction.rollout_rs_threshold=1_5.0"]
+    assert "as the number 15:" in problems[0] and "as the number 0.55:" in problems[1] and "number 15.0:" in problems[2]
+    assert f"({key}='0.5_5')" in problems[1]  # the fix: quote it
+    # kept as written: quoted, a lower bound with a decimal point, one plain number, other keys' separators
+    fine = [f"{key}='0.5_5'", f"{key}=0.5_5.0", f"{key}=2.0", "data.train_batch_size=1_024"]
+    assert bounds_read_as_numbers(fine) == []
+
+
+@pytest.mark.parametrize(("value", "misread"), [("0.5_5", True), ("'0.5_5'", False)])
+def test_the_entry_point_stops_before_training_on_bounds_read_as_a_number(value, misread):
+    import subprocess
+    import sys
+
+    key = "algorithm.rollout_correction.rollout_is_threshold"
+    result = subprocess.run([sys.executable, "-m", "hybridrl.trainer.main_ppo", *BASE, f"{key}={value}",
+                             "algorithm.rollout_correction.rollout_is=token", "trainer.dry_run=true"],
+                            capture_output=True, text=True, timeout=120)
+    if misread:
+        assert result.returncode != 0 and f"{key}=0.5_5 reached the config as the number 0.55" in result.stderr
+    else:
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert "rollout_is_threshold: '0.5_5'" in result.stdout  # the dry run prints the checked config, a string
