@@ -5,7 +5,8 @@ the worker hands it (a plain `PreTrainedModel` or an FSDP2-wrapped one whose par
 has gathered) and it can do three things `generate` does not:
 
 - prefill each prompt once and copy its KV cache n times (`generate` prefills all B*n rows), without
-  the padding columns every prompt of the batch shares (`drop_shared_left_padding`);
+  the padding columns every prompt of the batch shares (`micro_batch.trim_columns`, as the actor's passes
+  trim theirs): datasets pad to `data.max_prompt_length`, often far beyond a batch's longest prompt;
 - keep keys/values in a cache preallocated for prompt + response and written in place
   (`kv_cache.PreallocatedCache`), where `generate`'s `DynamicCache` re-copies the whole cache with
   `torch.cat` on every step (on a CPU attention reads its whole contiguous buffers, masked);
@@ -40,6 +41,7 @@ from hybridrl.models.attention import GROUPED_EAGER, default_attention
 from hybridrl.models.loading import resolve_dtype
 from hybridrl.protocol import DataProto
 from hybridrl.utils.config import to_dataclass
+from hybridrl.workers.micro_batch import trim_columns
 from hybridrl.workers.rollout.base import (
     ROLLOUT_ENGINES,
     BaseRollout,
@@ -153,8 +155,10 @@ class HFRollout(BaseRollout):
         generator = self.generator
         if params.seed is not None:
             generator = torch.Generator(device=input_ids.device).manual_seed(params.seed)
-        # the output keeps the prompts as given; only the decoding skips their shared padding
-        input_ids, attention_mask, position_ids = drop_shared_left_padding(input_ids, attention_mask, position_ids)
+        # the output keeps the prompts as given; only the decoding skips their shared padding (prompts are
+        # left-padded, check_prompts: every row's last column is kept, and position ids are each row's own)
+        trimmed = trim_columns(prompts, response_length=0)
+        input_ids, attention_mask, position_ids = trimmed.input_ids, trimmed.attention_mask, trimmed.position_ids
         with self._generation_mode():
             responses, lengths, log_probs = self._decode(
                 input_ids, attention_mask, position_ids, params, generator
@@ -247,23 +251,6 @@ class HFRollout(BaseRollout):
             )  # (A, V)
             next_position = next_position + 1
         return out.finish()
-
-
-def drop_shared_left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
-                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The (B, P) prompt tensors without their leading columns that are padding in every row.
-
-    Datasets pad prompts to `data.max_prompt_length`, often far beyond the longest prompt of a batch (verl's
-    GSM8K recipes pad to 512 or 1024 for prompts of ~100-200 tokens). Those columns are masked out, yet
-    the prefill would compute them and every decoding step would read their cache slots. Position ids
-    come from each row's own mask, so they are unchanged; prompts are left-padded (`check_prompts`), so
-    every row's last column is kept.
-    """
-    seen = attention_mask.bool().any(dim=0)  # (P,)
-    first = int(seen.int().argmax())  # the first column any row attends (one host sync per call)
-    if first == 0:
-        return input_ids, attention_mask, position_ids
-    return input_ids[:, first:], attention_mask[:, first:], position_ids[:, first:]
 
 
 @contextlib.contextmanager

@@ -248,14 +248,21 @@ def test_padding_every_prompt_shares_changes_nothing_but_the_prompt_columns(stat
     torch.testing.assert_close(out_long["rollout_log_probs"], expected, atol=1e-5, rtol=0)
 
 
-def test_drop_shared_left_padding_keeps_every_attended_column():
-    from hybridrl.workers.rollout.hf import drop_shared_left_padding
+def test_prompt_trim_keeps_every_attended_column():
+    # what generate_sequences decodes from: the actor's column trim, over prompts alone (no response columns)
+    from hybridrl.workers.micro_batch import trim_columns
+
+    def prompt_batch(ids, mask, positions):
+        return DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": positions})
 
     mask = torch.tensor([[0, 0, 0, 1, 1], [0, 0, 1, 1, 1]])
     ids = torch.arange(10).view(2, 5)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    trimmed = drop_shared_left_padding(ids, mask, positions)
+    trimmed = trim_columns(prompt_batch(ids, mask, positions), response_length=0)
+    trimmed = (trimmed.input_ids, trimmed.attention_mask, trimmed.position_ids)
     assert [t.tolist() for t in trimmed] == [[[2, 3, 4], [7, 8, 9]], [[0, 1, 1], [1, 1, 1]], [[0, 0, 1], [0, 1, 2]]]
     unpadded = torch.ones(2, 3, dtype=torch.long)
-    assert all(a is b for a, b in zip(drop_shared_left_padding(unpadded, unpadded, unpadded), [unpadded] * 3,
-                                      strict=True))
+    kept = trim_columns(prompt_batch(unpadded, unpadded, unpadded), response_length=0)
+    # nothing to drop: the same memory, not a copy
+    assert all(t.data_ptr() == unpadded.data_ptr() and torch.equal(t, unpadded)
+               for t in (kept.input_ids, kept.attention_mask, kept.position_ids))
