@@ -269,7 +269,6 @@ class TensorboardLogger:
             directory = Path("tensorboard_log") / project_name / experiment_name
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
-        self._writer_cls = SummaryWriter
         self._writer = SummaryWriter(log_dir=str(directory))
 
     def log(self, data: Mapping[str, float], step: int) -> None:
@@ -285,7 +284,7 @@ class TensorboardLogger:
         resumed run's values. The event files themselves are left as they are.
         """
         self._writer.close()
-        self._writer = self._writer_cls(log_dir=str(self.directory), purge_step=keep_through + 1)
+        self._writer = type(self._writer)(log_dir=str(self.directory), purge_step=keep_through + 1)
 
     def finish(self) -> None:
         self._writer.close()
