@@ -6,11 +6,14 @@ losses come from `hybridrl.algos` by name; the batching loop from `update_loop`.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 
 from hybridrl.algos import agg_loss, compute_pg_loss, kl_penalty
 from hybridrl.algos.config_args import policy_loss_settings
+from hybridrl.models.shared_prompt import prompt_groups, shared_prompt_forward, supports_shared_prompt
 from hybridrl.protocol import DataProto
 from hybridrl.utils.torch_functional import entropy_from_logits, logprobs_from_logits, masked_sum
 from hybridrl.workers.config import ActorConfig
@@ -18,15 +21,24 @@ from hybridrl.workers.engine.fsdp import FSDPEngine
 from hybridrl.workers.micro_batch import make_micro_batches, restore_order, trim_columns
 from hybridrl.workers.update_loop import BatchingPlan, MetricSums, run_updates
 
+logger = logging.getLogger(__name__)
 
-def response_logits(module: torch.nn.Module, micro: DataProto) -> torch.Tensor:
+
+def response_logits(module: torch.nn.Module, micro: DataProto, share_prompts: bool = False) -> torch.Tensor:
     """Logits that predict each response token, (rows, kept_response_len, vocab).
 
     Padding columns shared by all rows are trimmed first; only the response positions go through the
-    LM head (`logits_to_keep`).
+    LM head (`logits_to_keep`). With `share_prompts`, rows with equal prompts compute their prompt once
+    (`hybridrl.models.shared_prompt`: the same logits, from fewer tokens).
     """
     response_length = micro.batch["responses"].shape[-1]
     trimmed = trim_columns(micro, response_length)
+    start = trimmed.response_start
+    if share_prompts and trimmed.response_kept > 0 and trimmed.position_ids.dim() == 2:
+        prompt_of_row, first_rows = prompt_groups(trimmed.input_ids[:, :start], trimmed.attention_mask[:, :start])
+        if len(first_rows) < len(prompt_of_row):  # some prompt is there more than once
+            return shared_prompt_forward(module, trimmed.input_ids, trimmed.attention_mask, trimmed.position_ids,
+                                         start, trimmed.response_kept, prompt_of_row, first_rows)
     output = module(
         input_ids=trimmed.input_ids,
         attention_mask=trimmed.attention_mask,
@@ -47,17 +59,39 @@ def temperature_of(data: DataProto) -> float:
     return float(data.meta_info["temperature"])
 
 
-class PPOActor:
-    """compute_log_prob and update_policy for an actor or a reference policy (engine without optimizer)."""
+def prompt_group_ids(data: DataProto) -> torch.Tensor:
+    """(rows,) ids equal for rows whose prompt columns are equal (the GRPO/RLOO group of n responses)."""
+    prompt_len = data.batch["input_ids"].shape[-1] - data.batch["responses"].shape[-1]
+    return prompt_groups(data.batch["input_ids"][:, :prompt_len], data.batch["attention_mask"][:, :prompt_len])[0]
 
-    def __init__(self, config: ActorConfig, engine: FSDPEngine) -> None:
+
+class PPOActor:
+    """compute_log_prob and update_policy for an actor or a reference policy (engine without optimizer).
+
+    share_prompts (`actor_rollout_ref.model.share_prompt_forward`): micro-batches hold whole groups of
+    rows with one prompt, and each forward computes a shared prompt once. Models that cannot
+    (`supports_shared_prompt`: sliding windows, attention other than sdpa/eager/grouped_eager) run padded
+    passes, with a warning.
+    """
+
+    def __init__(self, config: ActorConfig, engine: FSDPEngine, share_prompts: bool = False) -> None:
         self.config = config
         self.engine = engine
+        self.share_prompts = share_prompts and supports_shared_prompt(engine.module)
+        if share_prompts and not self.share_prompts:
+            logger.warning(
+                "actor_rollout_ref.model.share_prompt_forward=true, but %s (attention %r) cannot share prompts in "
+                "one forward (full attention with sdpa, eager or grouped_eager only): every row computes its "
+                "prompt", type(engine.module).__name__,
+                getattr(getattr(engine.module, "config", None), "_attn_implementation", None))
+
+    def _group_ids(self, data: DataProto) -> torch.Tensor | None:
+        return prompt_group_ids(data) if self.share_prompts else None
 
     def _log_probs(self, micro: DataProto, temperature: float, with_entropy: bool):
         """Per-token log-probs (and entropies) of the responses, zero-padded to response_length."""
         response_length = micro.batch["responses"].shape[-1]
-        logits = response_logits(self.engine.module, micro) / temperature  # (rows, kept, vocab)
+        logits = response_logits(self.engine.module, micro, self.share_prompts) / temperature  # (rows, kept, vocab)
         kept = logits.shape[1]
         log_probs = logprobs_from_logits(logits, micro.batch["responses"][:, :kept])  # (rows, kept)
         mask = micro.batch["response_mask"].to(log_probs.dtype)  # (rows, response_len)
@@ -73,7 +107,7 @@ class PPOActor:
         """Log-probs (rows, response_len) of `data`'s responses, in row order; entropies if asked."""
         self.engine.module.eval()
         temperature = temperature_of(data)
-        micro_batches = make_micro_batches(data, micro_batch_rows, max_token_len)
+        micro_batches = make_micro_batches(data, micro_batch_rows, max_token_len, self._group_ids(data))
         outputs = [self._log_probs(mb.data, temperature, calculate_entropy) for mb in micro_batches]
         log_probs = restore_order([o[0] for o in outputs], micro_batches, len(data))
         entropy = restore_order([o[1] for o in outputs], micro_batches, len(data)) if calculate_entropy else None
@@ -143,4 +177,4 @@ class PPOActor:
                 sums.add(name, float(value), tokens)
             return loss
 
-        return run_updates(self.engine, data, plan, micro_step, prefix="actor")
+        return run_updates(self.engine, data, plan, micro_step, prefix="actor", group_ids_of=self._group_ids)

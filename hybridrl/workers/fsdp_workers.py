@@ -112,7 +112,7 @@ class ActorRolloutRefWorker(Worker):
                 model, cfg.actor.fsdp_config.mixed_precision.param_dtype, cfg.actor.ppo_epochs,
                 infer="actor_infer", train="actor"))
             engine = FSDPEngine(model, cfg.actor.fsdp_config, cfg.actor.optim, cfg.actor.grad_clip)
-            self.actor = PPOActor(cfg.actor, engine)
+            self.actor = PPOActor(cfg.actor, engine, share_prompts=cfg.model.share_prompt_forward)
             self.checkpoint_manager = CheckpointManager(engine, self.tokenizer, cfg.actor.checkpoint)
         if self.is_rollout:
             rollout_cfg = dataclasses.replace(cfg.rollout, seed=cfg.rollout.seed + self.rank)
@@ -137,7 +137,8 @@ class ActorRolloutRefWorker(Worker):
             model = load_model_for(cfg.model, False, ref_dtype, self.device.type)
             self.passes["ref"] = ModelPass(matmul_params(model), FORWARD_FLOPS_PER_PARAM, 1,
                                            device_peak_flops(resolve_dtype(ref_dtype)))
-            self.ref = PPOActor(cfg.actor, FSDPEngine(model, cfg.ref.fsdp_config))
+            self.ref = PPOActor(cfg.actor, FSDPEngine(model, cfg.ref.fsdp_config),
+                                share_prompts=cfg.model.share_prompt_forward)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def model_passes(self) -> dict[str, ModelPass]:

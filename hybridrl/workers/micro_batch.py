@@ -78,8 +78,14 @@ def make_micro_batches(
     data: DataProto,
     micro_batch_size: int | None = None,
     max_token_len: int | None = None,
+    group_ids: torch.Tensor | None = None,
 ) -> list[MicroBatch]:
     """Cut `data` into micro-batches of similar-length rows.
+
+    `group_ids` (rows,): rows with the same id stay next to each other in the order that is cut (groups
+    ordered by their longest row, rows by length within a group), so a micro-batch holds whole groups
+    where its size allows: the actor passes rows that share a prompt, which it then computes once
+    (`hybridrl.models.shared_prompt`).
 
     Fixed size (`micro_batch_size` rows) or dynamic (`max_token_len`: rows x padded width of each
     micro-batch stays within the budget, which is what a padded forward pass costs, and the cuts fall
@@ -90,7 +96,14 @@ def make_micro_batches(
     if (micro_batch_size is None) == (max_token_len is None):
         raise ValueError("give exactly one of micro_batch_size (fixed) or max_token_len (dynamic batch size)")
     lengths = data.batch["attention_mask"].sum(dim=-1).tolist()
-    order = sorted(range(len(data)), key=lambda i: lengths[i])
+    if group_ids is None:
+        order = sorted(range(len(data)), key=lambda i: lengths[i])
+    else:
+        group_of = group_ids.tolist()
+        longest: dict[int, int] = {}
+        for group, length in zip(group_of, lengths, strict=True):
+            longest[group] = max(longest.get(group, 0), length)
+        order = sorted(range(len(data)), key=lambda i: (longest[group_of[i]], group_of[i], lengths[i]))
     if micro_batch_size is not None:
         if micro_batch_size <= 0:
             raise ValueError(f"micro batch size must be positive, got {micro_batch_size}")

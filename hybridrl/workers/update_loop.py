@@ -85,11 +85,13 @@ def global_batch_info(mini_batch: DataProto) -> dict:
 
 
 def run_updates(engine: FSDPEngine, data: DataProto, plan: BatchingPlan, micro_step: MicroStep,
-                prefix: str) -> dict[str, list[float]]:
+                prefix: str, group_ids_of: Callable[[DataProto], torch.Tensor | None] | None = None,
+                ) -> dict[str, list[float]]:
     """Run the epochs x mini-batches x micro-batches loop; return per-mini-batch metrics by name.
 
     micro_step(micro_batch, global_batch_info, sums) returns the micro-batch's loss (a share of the
     mini-batch loss); the loop back-propagates it with gradient sync only on the last micro-batch.
+    group_ids_of(mini_batch), when given, names the rows that `make_micro_batches` keeps together.
     """
     if len(data) % plan.mini_batch_rows:
         raise ValueError(
@@ -107,7 +109,8 @@ def run_updates(engine: FSDPEngine, data: DataProto, plan: BatchingPlan, micro_s
         for mini in rows.split(plan.mini_batch_rows):
             info = global_batch_info(mini)
             sums = MetricSums()
-            micro_batches = make_micro_batches(mini, plan.micro_batch_rows, plan.max_token_len)
+            group_ids = group_ids_of(mini) if group_ids_of is not None else None
+            micro_batches = make_micro_batches(mini, plan.micro_batch_rows, plan.max_token_len, group_ids)
             for i, micro in enumerate(micro_batches):
                 with engine.gradient_sync(i == len(micro_batches) - 1):
                     micro_step(micro.data, info, sums).backward()

@@ -8,7 +8,8 @@ from hybridrl.protocol import DataProto
 
 
 def rollout_batch(rows: int = 8, prompt_len: int = 10, response_len: int = 12, seed: int = 0,
-                  vocab: int = 300) -> DataProto:
+                  vocab: int = 300, group_size: int = 1) -> DataProto:
+    """`group_size` consecutive rows share a prompt (the first row's), as rollout.n samples do."""
     g = torch.Generator().manual_seed(seed)
     prompt_lengths = torch.randint(3, prompt_len + 1, (rows,), generator=g)
     response_lengths = torch.randint(1, response_len + 1, (rows,), generator=g)
@@ -22,6 +23,8 @@ def rollout_batch(rows: int = 8, prompt_len: int = 10, response_len: int = 12, s
         prompt_mask[i, prompt_len - p:] = 1
         responses[i, :r] = torch.randint(4, vocab, (r,), generator=g)
         response_mask[i, :r] = 1
+    first = torch.arange(rows) // group_size * group_size  # the row whose prompt each row repeats
+    prompts, prompt_mask = prompts[first], prompt_mask[first]
     attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     scores = torch.randn(rows, generator=g)

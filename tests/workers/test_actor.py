@@ -7,9 +7,10 @@ from batches import reference_log_probs, rollout_batch
 from spmd import run_on_ranks
 
 from hybridrl.models.loading import load_causal_lm
-from hybridrl.workers.actor import PPOActor
+from hybridrl.workers.actor import PPOActor, prompt_group_ids
 from hybridrl.workers.config import ActorConfig, FSDPConfig, MixedPrecisionConfig, OptimConfig
 from hybridrl.workers.engine.fsdp import FSDPEngine
+from hybridrl.workers.micro_batch import make_micro_batches
 from hybridrl.workers.update_loop import BatchingPlan
 
 AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
@@ -235,3 +236,56 @@ def test_a_bf16_update_keeps_fp32_master_weights_and_fp32_log_probs(tiny_model_d
     for name, weight in after.items():
         assert weight.dtype == torch.float32, name  # the sharded master copy the optimizer steps
     assert any(not torch.equal(before[n], after[n]) for n in after)  # the update reached the fp32 weights
+
+
+def _shared_and_padded(rank, world_size, model_dir, plan_kwargs):
+    """Log-probs and one update's gradients with prompts computed once per group, and padded."""
+    out = {}
+    for share in (False, True):
+        torch.manual_seed(0)
+        engine = GradRecordingEngine(load_causal_lm(model_dir), FSDPConfig(), OptimConfig(lr=1e-4))
+        actor = PPOActor(ActorConfig(use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.01), engine,
+                         share_prompts=share)
+        assert actor.share_prompts == share
+        data = rollout_batch(rows=16, group_size=4).chunk(world_size)[rank]
+        log_probs, entropy = actor.compute_log_prob(data, 3, None, calculate_entropy=True)
+        metrics = actor.update_policy(data, BatchingPlan(mini_batch_rows=len(data), **plan_kwargs))
+        out[share] = (log_probs, entropy, engine.recorded, metrics)
+    return out
+
+
+@pytest.mark.parametrize("world_size,plan_kwargs", [
+    (1, {"micro_batch_rows": 6}),  # a group of 4 split over two micro-batches, others whole
+    (2, {"max_token_len": 80, "shuffle": True, "seed": 1}),
+])
+def test_prompts_computed_once_per_group_give_the_padded_log_probs_and_gradients(tiny_model_dir, world_size,
+                                                                                 plan_kwargs):
+    for rank in run_on_ranks(_shared_and_padded, world_size, str(tiny_model_dir), plan_kwargs):
+        (log_probs, entropy, grads, metrics), (shared_lp, shared_entropy, shared_grads, shared_metrics) = \
+            rank[False], rank[True]
+        torch.testing.assert_close(shared_lp, log_probs, rtol=0, atol=1e-5)
+        torch.testing.assert_close(shared_entropy, entropy, rtol=0, atol=1e-5)
+        for name, grad in grads.items():
+            torch.testing.assert_close(shared_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+        assert shared_metrics["actor/pg_loss"][0] == pytest.approx(metrics["actor/pg_loss"][0], rel=1e-5)
+
+
+def _packed_widths(rank, world_size, model_dir):
+    data = rollout_batch(rows=16, group_size=4)
+    model = load_causal_lm(model_dir)
+    actor = PPOActor(ActorConfig(), FSDPEngine(model, FSDPConfig()), share_prompts=True)
+    shapes = []
+    model.register_forward_pre_hook(lambda module, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)),
+                                    with_kwargs=True)
+    actor.compute_log_prob(data, 8, None)
+    prompts = data.batch["input_ids"][:, :10]
+    prompts_per_micro_batch = [len({tuple(prompts[i].tolist()) for i in micro.indices})
+                               for micro in make_micro_batches(data, 8, None, prompt_group_ids(data))]
+    return shapes, prompts_per_micro_batch
+
+
+def test_micro_batches_keep_a_groups_rows_together_and_its_prompt_is_computed_once(tiny_model_dir):
+    shapes, prompts_per_micro_batch = run_on_ranks(_packed_widths, 1, str(tiny_model_dir))[0]
+    # 4 groups of 4 rows in micro-batches of 8: each holds two whole groups, one packed row each
+    assert prompts_per_micro_batch == [2, 2]
+    assert len(shapes) == 2 and all(rows == 1 for rows, _ in shapes)
