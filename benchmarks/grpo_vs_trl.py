@@ -39,9 +39,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 ACCURACY_KEY = "val-core/arithmetic/reward/mean@1"
-RUNNERS = ("trl", "hybridrl-local", "hybridrl-ray", "hybridrl-local-graphs")
+RUNNERS = ("trl", "hybridrl-local", "hybridrl-ray", "hybridrl-local-graphs", "hybridrl-local-padded")
 # hybridrl-local-graphs: the local backend with rollout.enforce_eager=false, CUDA-graph decoding (GPU only)
 GRAPHS = "-graphs"
+# hybridrl-local-padded: the local backend with actor_rollout_ref.model.share_prompt_forward=false, every row
+# computing its own copy of its prompt in the update (what that sharing saves, measured in the same run)
+PADDED = "-padded"
 DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 HISTORY_KEYS = ("timing_s/", "perf/", "response_length/", "prompt_length/")
 
@@ -77,7 +80,7 @@ class Workload:
 
 
 # ----- running one framework (inside a subprocess) ------------------------------------------------------
-def run_hybridrl(w: Workload, backend: str, workdir: Path, graphs: bool = False) -> dict:
+def run_hybridrl(w: Workload, backend: str, workdir: Path, graphs: bool = False, share_prompts: bool = True) -> dict:
     """hybridrl's own entry point on the composed config; per-step wall times between its step logs."""
     from hydra import compose, initialize_config_dir
 
@@ -102,6 +105,7 @@ def run_hybridrl(w: Workload, backend: str, workdir: Path, graphs: bool = False)
         f"trainer.val_before_train={str(w.evaluate).lower()}", "trainer.save_freq=-1",
         f"trainer.default_local_dir={workdir}", "trainer.resume_mode=disable", "trainer.logger=[console]",
         f"actor_rollout_ref.rollout.enforce_eager={str(not graphs).lower()}",
+        f"actor_rollout_ref.model.share_prompt_forward={str(share_prompts).lower()}",
     ]
     config_dir = str(REPO / "hybridrl" / "trainer" / "config")
     with initialize_config_dir(config_dir=config_dir, version_base=None):
@@ -235,8 +239,9 @@ def run_one(runner: str, w: Workload, out: Path) -> None:
         if runner == "trl":
             result = run_trl(w, Path(tmp))
         else:
-            backend = runner.removeprefix("hybridrl-").removesuffix(GRAPHS)
-            result = run_hybridrl(w, backend, Path(tmp), graphs=runner.endswith(GRAPHS))
+            backend = runner.removeprefix("hybridrl-").removesuffix(GRAPHS).removesuffix(PADDED)
+            result = run_hybridrl(w, backend, Path(tmp), graphs=runner.endswith(GRAPHS),
+                                  share_prompts=not runner.endswith(PADDED))
     out.write_text(json.dumps(result))
 
 
@@ -395,7 +400,7 @@ def ratio_vs_trl(rows: list[dict]) -> dict[str, tuple[float, str]]:
     out = {}
     for size in dict.fromkeys(r["size"] for r in rows):
         trl = fastest_trl(rows, size)
-        ours = [r for r in rows if r["size"] == size and r["runner"] != "trl"]
+        ours = [r for r in rows if r["size"] == size and r["runner"] != "trl" and not r["runner"].endswith(PADDED)]
         if trl and ours:
             best = max(ours, key=lambda r: r["samples_per_s"])
             out[size] = (best["samples_per_s"] / trl["samples_per_s"], f"{best['runner']} {best['dtype']} vs "
