@@ -167,7 +167,9 @@ AttentionInterface.register(SHARED_PROMPT, shared_prompt_attention)  # no mask f
 
 
 def supports_shared_prompt(module: nn.Module) -> bool:
-    """A transformers decoder with full attention in every layer, running one of SUPPORTED_ATTENTION."""
+    """A transformers decoder with full attention in every layer, running one of SUPPORTED_ATTENTION,
+    without gradient checkpointing (its backward recomputes each layer after the attention is switched
+    back, and would attend across the packed sequence)."""
     config = getattr(module, "config", None)
     layer_types = getattr(config, "layer_types", None) or ["full_attention"]
     return (
@@ -175,6 +177,7 @@ def supports_shared_prompt(module: nn.Module) -> bool:
         and hasattr(module, "set_attn_implementation")
         and all(t == "full_attention" for t in layer_types)
         and not getattr(config, "use_sliding_window", False)
+        and not getattr(module, "is_gradient_checkpointing", False)
     )
 
 

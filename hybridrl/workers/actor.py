@@ -70,8 +70,8 @@ class PPOActor:
 
     share_prompts (`actor_rollout_ref.model.share_prompt_forward`): micro-batches hold whole groups of
     rows with one prompt, and each forward computes a shared prompt once. Models that cannot
-    (`supports_shared_prompt`: sliding windows, attention other than sdpa/eager/grouped_eager) run padded
-    passes, with a warning.
+    (`supports_shared_prompt`: sliding windows, attention other than sdpa/eager/grouped_eager, gradient
+    checkpointing) run padded passes, with a warning.
     """
 
     def __init__(self, config: ActorConfig, engine: FSDPEngine, share_prompts: bool = False) -> None:
@@ -81,8 +81,8 @@ class PPOActor:
         if share_prompts and not self.share_prompts:
             logger.warning(
                 "actor_rollout_ref.model.share_prompt_forward=true, but %s (attention %r) cannot share prompts in "
-                "one forward (full attention with sdpa, eager or grouped_eager only): every row computes its "
-                "prompt", type(engine.module).__name__,
+                "one forward (full attention with sdpa, eager or grouped_eager, without gradient checkpointing, "
+                "only): every row computes its prompt", type(engine.module).__name__,
                 getattr(getattr(engine.module, "config", None), "_attn_implementation", None))
 
     def _group_ids(self, data: DataProto) -> torch.Tensor | None:

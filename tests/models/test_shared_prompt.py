@@ -43,15 +43,17 @@ def test_prompt_groups_number_equal_prompts_by_first_appearance():
     assert group.tolist() == [0, 1] and first.tolist() == [0, 1]
 
 
-@pytest.mark.parametrize("attention", ["eager", "sdpa", GROUPED_EAGER])
-def test_logits_and_gradients_equal_the_padded_forward(tiny_model_dir, attention):
+@pytest.mark.parametrize("attention,arch", [("eager", "qwen2"), ("sdpa", "qwen2"), (GROUPED_EAGER, "qwen2"),
+                                            ("sdpa", "llama")])
+def test_logits_and_gradients_equal_the_padded_forward(tiny_model_dir, tiny_llama_dir, attention, arch):
+    model_dir = tiny_model_dir if arch == "qwen2" else tiny_llama_dir
     ids, mask, positions, valid = _grouped_rows()
     prompt_len, response_len = 9, 7
     group, first = prompt_groups(ids[:, :prompt_len], mask[:, :prompt_len])
     assert group.tolist() == [0] * 4 + [1] * 4 + [2] * 4
     results = []
     for shared in (False, True):
-        model = load_causal_lm(tiny_model_dir, attn_implementation=attention)
+        model = load_causal_lm(model_dir, attn_implementation=attention)
         if shared:
             logits = shared_prompt_forward(model, ids, mask, positions, prompt_len, response_len, group, first)
         else:
@@ -99,6 +101,8 @@ def test_padding_queries_stay_finite_and_real_ones_never_see_padding():
 
 def test_models_that_cannot_share_are_recognised(tmp_path, tiny_model_dir):
     assert supports_shared_prompt(load_causal_lm(tiny_model_dir, attn_implementation=GROUPED_EAGER))
+    # recomputing a layer in backward would run the model's own attention over the packed sequence
+    assert not supports_shared_prompt(load_causal_lm(tiny_model_dir, gradient_checkpointing=True))
     windowed = build_tiny_model(tmp_path / "windowed", size="1m")
     model = load_causal_lm(windowed, override_config={"use_sliding_window": True, "sliding_window": 4,
                                                       "max_window_layers": 0})
