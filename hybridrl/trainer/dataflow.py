@@ -42,16 +42,39 @@ def attach_responses(batch: DataProto, generated: DataProto) -> DataProto:
     return batch.repeat(n, interleave=True).union(generated)
 
 
-def balance_batch(batch: DataProto, world_size: int) -> dict[str, float]:
+def balance_batch(batch: DataProto, world_size: int, keep_groups: bool = False) -> dict[str, float]:
     """Reorder rows so each data-parallel rank's contiguous chunk holds a similar number of tokens.
 
     Ranks work in lockstep (FSDP collectives), so the step takes as long as the busiest rank.
+    `keep_groups`: the rows of a prompt (one `uid`) go to one rank together, so that rank computes the
+    prompt once (`actor_rollout_ref.model.share_prompt_forward`); whole groups are balanced by their
+    tokens, where the groups are of one size and divide evenly among the ranks (otherwise rows are).
     """
     lengths = batch.batch["attention_mask"].sum(dim=-1).tolist()  # (batch,) real tokens
-    partitions = get_seqlen_balanced_partitions(lengths, k_partitions=world_size, equal_size=True)
+    groups = _equal_groups(batch, world_size) if keep_groups and world_size > 1 else None
+    if groups is not None:
+        group_tokens = [sum(lengths[i] for i in rows) for rows in groups]
+        chosen = get_seqlen_balanced_partitions(group_tokens, k_partitions=world_size, equal_size=True)
+        partitions = [[i for g in sorted(part) for i in groups[g]] for part in chosen]
+    else:
+        partitions = get_seqlen_balanced_partitions(lengths, k_partitions=world_size, equal_size=True)
     order = torch.tensor([i for part in partitions for i in sorted(part)])
     batch.reorder(order)
     return log_seqlen_unbalance(lengths, partitions, prefix="global_seqlen")
+
+
+def _equal_groups(batch: DataProto, world_size: int) -> list[list[int]] | None:
+    """Row indices of each `uid` in order of appearance, if every group has the same number of rows and
+    the groups divide evenly among `world_size` ranks; else None."""
+    if "uid" not in batch.non_tensor_batch:
+        return None
+    rows_of: dict[object, list[int]] = {}
+    for i, uid in enumerate(batch.non_tensor_batch["uid"]):
+        rows_of.setdefault(uid, []).append(i)
+    groups = list(rows_of.values())
+    if len({len(g) for g in groups}) != 1 or len(groups) % world_size:
+        return None
+    return groups
 
 
 def sequence_scores(batch: DataProto) -> torch.Tensor:

@@ -241,7 +241,8 @@ class PPOTrainer:
 
     def _balance(self, batch: DataProto, metrics: dict) -> None:
         if self.config.trainer.balance_batch:
-            metrics.update(dataflow.balance_batch(batch, self.groups.world_size))
+            keep_groups = self.config.actor_rollout_ref.model.share_prompt_forward  # a group's prompt once per rank
+            metrics.update(dataflow.balance_batch(batch, self.groups.world_size, keep_groups))
 
     def _recompute(self, batch: DataProto, metrics: dict, timing: dict) -> None:
         """5. The actor's log-probs of its own samples (unless the update gives them), the reference's, and
