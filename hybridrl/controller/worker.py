@@ -20,6 +20,7 @@ from hybridrl.controller.decorator import Dispatch, register
 from hybridrl.utils import memory
 from hybridrl.utils.device import device_type, distributed_backend, local_device
 from hybridrl.utils.flops import ModelPass, device_peak_flops
+from hybridrl.utils.host_memory import keep_freed_memory
 
 # Set by the worker group: how many intra-op threads this rank should use.
 NUM_THREADS_ENV = "HYBRIDRL_NUM_THREADS"
@@ -89,6 +90,7 @@ class Worker:
         threads = os.environ.get(NUM_THREADS_ENV)
         if threads:
             torch.set_num_threads(int(threads))
+        keep_freed_memory()  # activations reuse freed heap pages instead of faulting in fresh ones
         init_distributed(self.dist_env)
 
     @property
