@@ -11,13 +11,14 @@ step that way, and ~5,000 with the settings below (benchmarks/README.md, "Host m
 MALLOC_TRIM_THRESHOLD_ environment variables set at start-up): blocks up to 32 MiB come from the heap,
 and freed memory stays there unless over 1 GiB of it is free at the top. The cost is a resident size that
 stays near the process's peak instead of shrinking between passes. Other C libraries (musl) and other
-systems are left alone.
+systems are left alone, and so is a process started with HYBRIDRL_KEEP_FREED_MEMORY=0.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import sys
 
 # mallopt parameter numbers (glibc's malloc.h)
@@ -27,6 +28,8 @@ M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 32 * 1024 * 1024
 TRIM_THRESHOLD = 1024 * 1024 * 1024
 
+KEEP_ENV = "HYBRIDRL_KEEP_FREED_MEMORY"
+
 _applied = False
 
 
@@ -35,7 +38,7 @@ def keep_freed_memory() -> bool:
     global _applied
     if _applied:
         return True
-    if not sys.platform.startswith("linux"):
+    if not sys.platform.startswith("linux") or os.environ.get(KEEP_ENV, "1") == "0":
         return False
     name = ctypes.util.find_library("c")
     try:
