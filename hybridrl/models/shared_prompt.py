@@ -38,6 +38,8 @@ SHARED_PROMPT = "hybridrl_shared_prompt"
 # The model attentions this module can run both parts with (others take arbitrary masks differently).
 SUPPORTED_ATTENTION = ("sdpa", "eager", GROUPED_EAGER)
 LAYOUT_KWARG = "shared_prompt_layout"
+# the attention each model in shared_prompt_mode had before (by id: the block holds the module alive)
+_base_of_mode: dict[int, str] = {}
 
 
 def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -167,9 +169,7 @@ AttentionInterface.register(SHARED_PROMPT, shared_prompt_attention)  # no mask f
 
 
 def supports_shared_prompt(module: nn.Module) -> bool:
-    """A transformers decoder with full attention in every layer, running one of SUPPORTED_ATTENTION,
-    without gradient checkpointing (its backward recomputes each layer after the attention is switched
-    back, and would attend across the packed sequence)."""
+    """A transformers decoder with full attention in every layer, running one of SUPPORTED_ATTENTION."""
     config = getattr(module, "config", None)
     layer_types = getattr(config, "layer_types", None) or ["full_attention"]
     return (
@@ -177,18 +177,28 @@ def supports_shared_prompt(module: nn.Module) -> bool:
         and hasattr(module, "set_attn_implementation")
         and all(t == "full_attention" for t in layer_types)
         and not getattr(config, "use_sliding_window", False)
-        and not getattr(module, "is_gradient_checkpointing", False)
     )
 
 
 @contextlib.contextmanager
-def _attention(module: nn.Module, name: str) -> Iterator[None]:
+def shared_prompt_mode(module: nn.Module) -> Iterator[None]:
+    """The model's attention is `SHARED_PROMPT` for the block (from the model's own, which comes back after).
+
+    `shared_prompt_forward` switches for its own call; a block around forward *and* backward is needed
+    where the backward runs a layer's forward again (gradient checkpointing), and then every forward in
+    it must be a `shared_prompt_forward`.
+    """
     current = module.config._attn_implementation
-    module.set_attn_implementation(name)
+    if current == SHARED_PROMPT:
+        yield
+        return
+    module.set_attn_implementation(SHARED_PROMPT)
+    _base_of_mode[id(module)] = current
     try:
         yield
     finally:
         module.set_attn_implementation(current)
+        del _base_of_mode[id(module)]
 
 
 def shared_prompt_forward(
@@ -212,8 +222,10 @@ def shared_prompt_forward(
         raise ValueError("shared_prompt_forward needs at least one response column")
     p, r = response_start, response_kept
     rows, u = input_ids.shape[0], unique_rows.shape[0]
-    layout = SharedPromptLayout(prompt_of_row, attention_mask[unique_rows, :p], attention_mask[:, p:],
-                                module.config._attn_implementation)
+    base = module.config._attn_implementation
+    if base == SHARED_PROMPT:  # inside shared_prompt_mode: the model's own is the one it switched from
+        base = _base_of_mode[id(module)]
+    layout = SharedPromptLayout(prompt_of_row, attention_mask[unique_rows, :p], attention_mask[:, p:], base)
     packed_ids = torch.cat([input_ids[unique_rows, :p].reshape(-1), input_ids[:, p:].reshape(-1)])[None]
     packed_positions = torch.cat([position_ids[unique_rows, :p].reshape(-1), position_ids[:, p:].reshape(-1)])[None]
     # logits at a prompt's last column predict the first response token; a response column predicts the next
@@ -221,7 +233,7 @@ def shared_prompt_forward(
     first = prompt_of_row * p + (p - 1)  # (B,)
     rest = u * p + torch.arange(rows, device=device)[:, None] * r + torch.arange(r - 1, device=device)  # (B, R-1)
     keep = torch.cat([first[:, None], rest], dim=1).reshape(-1)  # (B*R,)
-    with _attention(module, SHARED_PROMPT):
+    with shared_prompt_mode(module):
         output = module(input_ids=packed_ids, position_ids=packed_positions, use_cache=False,
                         logits_to_keep=keep, **{LAYOUT_KWARG: layout})
     expected = getattr(module.config, "num_hidden_layers", None)

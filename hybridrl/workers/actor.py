@@ -6,6 +6,7 @@ losses come from `hybridrl.algos` by name; the batching loop from `update_loop`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
@@ -13,7 +14,12 @@ import torch.nn.functional as F
 
 from hybridrl.algos import agg_loss, compute_pg_loss, kl_penalty
 from hybridrl.algos.config_args import policy_loss_settings
-from hybridrl.models.shared_prompt import prompt_groups, shared_prompt_forward, supports_shared_prompt
+from hybridrl.models.shared_prompt import (
+    prompt_groups,
+    shared_prompt_forward,
+    shared_prompt_mode,
+    supports_shared_prompt,
+)
 from hybridrl.protocol import DataProto
 from hybridrl.utils.torch_functional import entropy_from_logits, logprobs_from_logits, masked_sum
 from hybridrl.workers.config import ActorConfig
@@ -24,19 +30,27 @@ from hybridrl.workers.update_loop import BatchingPlan, MetricSums, run_updates
 logger = logging.getLogger(__name__)
 
 
-def response_logits(module: torch.nn.Module, micro: DataProto, share_prompts: bool = False) -> torch.Tensor:
+def response_logits(module: torch.nn.Module, micro: DataProto, share_prompts: bool = False,
+                    always_packed: bool = False) -> torch.Tensor:
     """Logits that predict each response token, (rows, kept_response_len, vocab).
 
     Padding columns shared by all rows are trimmed first; only the response positions go through the
     LM head (`logits_to_keep`). With `share_prompts`, rows with equal prompts compute their prompt once
-    (`hybridrl.models.shared_prompt`: the same logits, from fewer tokens).
+    (`hybridrl.models.shared_prompt`: the same logits, from fewer tokens); `always_packed` takes that path
+    even where every prompt is distinct (the model is held in `shared_prompt_mode`).
     """
     response_length = micro.batch["responses"].shape[-1]
     trimmed = trim_columns(micro, response_length)
     start = trimmed.response_start
-    if share_prompts and trimmed.response_kept > 0 and trimmed.position_ids.dim() == 2:
+    packable = trimmed.response_kept > 0 and trimmed.position_ids.dim() == 2
+    if always_packed and not packable:
+        raise RuntimeError(
+            "a micro-batch without response tokens (or with multi-dimensional position ids) cannot run as a "
+            "shared-prompt pass under gradient checkpointing; set actor_rollout_ref.model.share_prompt_forward=false"
+        )
+    if share_prompts and packable:
         prompt_of_row, first_rows = prompt_groups(trimmed.input_ids[:, :start], trimmed.attention_mask[:, :start])
-        if len(first_rows) < len(prompt_of_row):  # some prompt is there more than once
+        if always_packed or len(first_rows) < len(prompt_of_row):  # some prompt is there more than once
             return shared_prompt_forward(module, trimmed.input_ids, trimmed.attention_mask, trimmed.position_ids,
                                          start, trimmed.response_kept, prompt_of_row, first_rows)
     output = module(
@@ -70,8 +84,9 @@ class PPOActor:
 
     share_prompts (`actor_rollout_ref.model.share_prompt_forward`): micro-batches hold whole groups of
     rows with one prompt, and each forward computes a shared prompt once. Models that cannot
-    (`supports_shared_prompt`: sliding windows, attention other than sdpa/eager/grouped_eager, gradient
-    checkpointing) run padded passes, with a warning.
+    (`supports_shared_prompt`: sliding windows, attention other than sdpa/eager/grouped_eager) run padded
+    passes, with a warning. Under gradient checkpointing the backward runs each layer's forward again,
+    so the model stays in `shared_prompt_mode` for a whole update and every pass is packed.
     """
 
     def __init__(self, config: ActorConfig, engine: FSDPEngine, share_prompts: bool = False) -> None:
@@ -81,9 +96,12 @@ class PPOActor:
         if share_prompts and not self.share_prompts:
             logger.warning(
                 "actor_rollout_ref.model.share_prompt_forward=true, but %s (attention %r) cannot share prompts in "
-                "one forward (full attention with sdpa, eager or grouped_eager, without gradient checkpointing, "
-                "only): every row computes its prompt", type(engine.module).__name__,
+                "one forward (full attention with sdpa, eager or grouped_eager only): every row computes its "
+                "prompt", type(engine.module).__name__,
                 getattr(getattr(engine.module, "config", None), "_attn_implementation", None))
+
+        # checkpointed layers run their forward again in backward: keep the packed attention until then
+        self.hold_packed = self.share_prompts and bool(getattr(engine.module, "is_gradient_checkpointing", False))
 
     def _group_ids(self, data: DataProto) -> torch.Tensor | None:
         return prompt_group_ids(data) if self.share_prompts else None
@@ -91,7 +109,7 @@ class PPOActor:
     def _log_probs(self, micro: DataProto, temperature: float, with_entropy: bool):
         """Per-token log-probs (and entropies) of the responses, zero-padded to response_length."""
         response_length = micro.batch["responses"].shape[-1]
-        logits = response_logits(self.engine.module, micro, self.share_prompts) / temperature  # (rows, kept, vocab)
+        logits = response_logits(self.engine.module, micro, self.share_prompts, self.hold_packed) / temperature  # (rows, kept, vocab)
         kept = logits.shape[1]
         log_probs = logprobs_from_logits(logits, micro.batch["responses"][:, :kept])  # (rows, kept)
         mask = micro.batch["response_mask"].to(log_probs.dtype)  # (rows, response_len)
@@ -177,4 +195,6 @@ class PPOActor:
                 sums.add(name, float(value), tokens)
             return loss
 
-        return run_updates(self.engine, data, plan, micro_step, prefix="actor", group_ids_of=self._group_ids)
+        held = shared_prompt_mode(self.engine.module) if self.hold_packed else contextlib.nullcontext()
+        with held:
+            return run_updates(self.engine, data, plan, micro_step, prefix="actor", group_ids_of=self._group_ids)

@@ -1,5 +1,7 @@
 """A forward pass that computes each shared prompt once gives the padded pass's logits and gradients."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -9,6 +11,7 @@ from hybridrl.models.shared_prompt import (
     SharedPromptLayout,
     prompt_groups,
     shared_prompt_forward,
+    shared_prompt_mode,
     supports_shared_prompt,
 )
 from hybridrl.models.tiny import build_tiny_model
@@ -101,9 +104,26 @@ def test_padding_queries_stay_finite_and_real_ones_never_see_padding():
 
 def test_models_that_cannot_share_are_recognised(tmp_path, tiny_model_dir):
     assert supports_shared_prompt(load_causal_lm(tiny_model_dir, attn_implementation=GROUPED_EAGER))
-    # recomputing a layer in backward would run the model's own attention over the packed sequence
-    assert not supports_shared_prompt(load_causal_lm(tiny_model_dir, gradient_checkpointing=True))
     windowed = build_tiny_model(tmp_path / "windowed", size="1m")
     model = load_causal_lm(windowed, override_config={"use_sliding_window": True, "sliding_window": 4,
                                                       "max_window_layers": 0})
     assert not supports_shared_prompt(model)
+
+
+def test_under_gradient_checkpointing_the_mode_held_through_backward_gives_the_padded_gradients(tiny_model_dir):
+    ids, mask, positions, valid = _grouped_rows()
+    group, first = prompt_groups(ids[:, :9], mask[:, :9])
+    grads = []
+    for shared in (False, True):
+        model = load_causal_lm(tiny_model_dir, gradient_checkpointing=True)
+        model.train()
+        with shared_prompt_mode(model) if shared else contextlib.nullcontext():
+            if shared:
+                logits = shared_prompt_forward(model, ids, mask, positions, 9, 7, group, first)
+            else:
+                logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, 8:-1]
+            (logits.logsumexp(-1) * valid).sum().backward()  # recomputes every layer's forward
+        assert model.config._attn_implementation == "sdpa"
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-4, atol=1e-6, msg=name)

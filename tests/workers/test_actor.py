@@ -238,12 +238,13 @@ def test_a_bf16_update_keeps_fp32_master_weights_and_fp32_log_probs(tiny_model_d
     assert any(not torch.equal(before[n], after[n]) for n in after)  # the update reached the fp32 weights
 
 
-def _shared_and_padded(rank, world_size, model_dir, plan_kwargs):
+def _shared_and_padded(rank, world_size, model_dir, plan_kwargs, checkpointing=False):
     """Log-probs and one update's gradients with prompts computed once per group, and padded."""
     out = {}
     for share in (False, True):
         torch.manual_seed(0)
-        engine = GradRecordingEngine(load_causal_lm(model_dir), FSDPConfig(), OptimConfig(lr=1e-4))
+        model = load_causal_lm(model_dir, gradient_checkpointing=checkpointing)
+        engine = GradRecordingEngine(model, FSDPConfig(), OptimConfig(lr=1e-4))
         actor = PPOActor(ActorConfig(use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.01), engine,
                          share_prompts=share)
         assert actor.share_prompts == share
@@ -254,13 +255,14 @@ def _shared_and_padded(rank, world_size, model_dir, plan_kwargs):
     return out
 
 
-@pytest.mark.parametrize("world_size,plan_kwargs", [
-    (1, {"micro_batch_rows": 6}),  # a group of 4 split over two micro-batches, others whole
-    (2, {"max_token_len": 80, "shuffle": True, "seed": 1}),
+@pytest.mark.parametrize("world_size,plan_kwargs,checkpointing", [
+    (1, {"micro_batch_rows": 6}, False),  # a group of 4 split over two micro-batches, others whole
+    (2, {"max_token_len": 80, "shuffle": True, "seed": 1}, False),
+    (1, {"micro_batch_rows": 6}, True),  # backward recomputes each layer: the packed attention is held
 ])
 def test_prompts_computed_once_per_group_give_the_padded_log_probs_and_gradients(tiny_model_dir, world_size,
-                                                                                 plan_kwargs):
-    for rank in run_on_ranks(_shared_and_padded, world_size, str(tiny_model_dir), plan_kwargs):
+                                                                                 plan_kwargs, checkpointing):
+    for rank in run_on_ranks(_shared_and_padded, world_size, str(tiny_model_dir), plan_kwargs, checkpointing):
         (log_probs, entropy, grads, metrics), (shared_lp, shared_entropy, shared_grads, shared_metrics) = \
             rank[False], rank[True]
         torch.testing.assert_close(shared_lp, log_probs, rtol=0, atol=1e-5)
