@@ -89,6 +89,18 @@ def achieved_flops(history: list[dict], warmup: int, params: int) -> dict[str, f
     return out
 
 
+def shared_prompt_share(history: list[dict], warmup: int, prompts: int) -> float:
+    """Median share of a step's real tokens that the update computes when each prompt is computed once
+    per group (actor_rollout_ref.model.share_prompt_forward, on by default): prompts x mean prompt length
+    + samples x mean response length, over all real tokens."""
+    shares = []
+    for m in history[warmup:]:
+        prompt, response, total = m["prompt_length/mean"], m["response_length/mean"], m["perf/total_num_tokens"]
+        samples = total / (prompt + response)
+        shares.append((prompts * prompt + samples * response) / total)
+    return statistics.median(shares)
+
+
 # ----- Ray transfer: the step's three worker calls, with its tensor shapes, on no-op workers ---------------
 def ray_transfer_seconds(w: bench.Workload, calls: int = 5) -> dict[str, float]:
     """call -> median seconds of a no-op round trip through hybridrl's Ray worker group (2 ranks)."""
@@ -171,6 +183,7 @@ def step_payloads(w: bench.Workload) -> dict[str, tuple]:
 # ----- report ---------------------------------------------------------------------------------------------
 def breakdown_table(runs: dict[str, dict], peaks: dict[str, float], transfer: dict[str, float] | None,
                     header: str, dtype: str = "float32") -> str:
+    """The table; a run with `computed_share` adds what its update executes over the tokens it computes."""
     backends = list(runs)
     lines = [header, "", "| stage | " + " | ".join(f"{b}: s (% of step) | {b}: GFLOP/s (% of peak)"
                                                    for b in backends) + " |",
@@ -189,6 +202,13 @@ def breakdown_table(runs: dict[str, dict], peaks: dict[str, float], transfer: di
         label = {"overhead": "overhead (step - stages)", "step": "**step total**"}.get(stage, stage)
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines.append("")
+    computed = [(b, r["computed_share"], r["flops"]["update_actor"]) for b, r in runs.items()
+                if r.get("computed_share") and "update_actor" in r["flops"]]
+    if computed:
+        lines.append("The update computes each prompt once per group (share_prompt_forward): "
+                     + "; ".join(f"{b} {100 * share:.0f}% of the real tokens, so it executes "
+                                 f"{share * flops / 1e9:.1f} GFLOP/s ({100 * share * flops / peaks[b]:.0f}% of peak)"
+                                 for b, share, flops in computed) + ".")
     lines.append(f"Peak {dtype} matmul (2048 x 2048, best of 6) in this run: "
                  + ", ".join(f"{b} {peaks[b] / 1e9:.1f} GFLOP/s" for b in backends) + ".")
     if transfer:
@@ -258,7 +278,8 @@ def main(argv: list[str] | None = None) -> None:
         row = bench.measure(f"hybridrl-{backend}", w, workdir / "logs")
         history = row["raw"]["history"]
         runs[backend] = {"stages": median_stages(history, w.warmup),
-                         "flops": achieved_flops(history, w.warmup, params)}
+                         "flops": achieved_flops(history, w.warmup, params),
+                         "computed_share": shared_prompt_share(history, w.warmup, w.prompts)}
         print(f"{backend}: {runs[backend]['stages']['step']:.2f} s/step", flush=True)
     transfer = ray_transfer_seconds(w) if "ray" in runs else None
     peaks_after = {1: matmul_peak(1, dtype), 2: matmul_peak(2, dtype)}
