@@ -5,7 +5,7 @@ many times a second. glibc's malloc serves such blocks with mmap and returns the
 freed (above its mmap threshold), and trims the top of its heap whenever more than the trim threshold
 is free, so the next tensor of that size touches fresh pages again: each 4 KiB page is a page fault
 and is zeroed by the kernel. A 50M-parameter bf16 update of 128 rows took ~200,000 page faults per
-step that way, and ~5,000 with the settings below (benchmarks/README.md, "Host memory").
+step that way, and ~2,000 with the settings below (benchmarks/README.md, "Host memory").
 
 `keep_freed_memory` raises both thresholds with `mallopt` (what the MALLOC_MMAP_THRESHOLD_ and
 MALLOC_TRIM_THRESHOLD_ environment variables set at start-up): blocks up to 32 MiB come from the heap,
