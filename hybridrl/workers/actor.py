@@ -99,7 +99,6 @@ class PPOActor:
                 "one forward (full attention with sdpa, eager or grouped_eager only): every row computes its "
                 "prompt", type(engine.module).__name__,
                 getattr(getattr(engine.module, "config", None), "_attn_implementation", None))
-
         # checkpointed layers run their forward again in backward: keep the packed attention until then
         self.hold_packed = self.share_prompts and bool(getattr(engine.module, "is_gradient_checkpointing", False))
 
@@ -109,7 +108,8 @@ class PPOActor:
     def _log_probs(self, micro: DataProto, temperature: float, with_entropy: bool):
         """Per-token log-probs (and entropies) of the responses, zero-padded to response_length."""
         response_length = micro.batch["responses"].shape[-1]
-        logits = response_logits(self.engine.module, micro, self.share_prompts, self.hold_packed) / temperature  # (rows, kept, vocab)
+        logits = response_logits(self.engine.module, micro, self.share_prompts, self.hold_packed)
+        logits = logits / temperature  # (rows, kept, vocab)
         kept = logits.shape[1]
         log_probs = logprobs_from_logits(logits, micro.batch["responses"][:, :kept])  # (rows, kept)
         mask = micro.batch["response_mask"].to(log_probs.dtype)  # (rows, response_len)
