@@ -57,6 +57,13 @@ def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[
     return rank[inverse], first_row[by_appearance]
 
 
+def _earlier_real_keys(mask: torch.Tensor) -> torch.Tensor:
+    """(N, L) 1 on real tokens -> (N, L, L) True where query i attends key j: j <= i and j is real, or j = i."""
+    width = mask.shape[1]
+    causal = torch.ones(width, width, dtype=torch.bool, device=mask.device).tril()
+    return (causal & mask[:, None, :]) | torch.eye(width, dtype=torch.bool, device=mask.device)
+
+
 class SharedPromptLayout:
     """Where each part lies in the packed sequence, and the masks of both parts (built once per call and
     dtype, then read by every layer). A plain class, not a dataclass: FSDP's input casting walks
@@ -94,14 +101,9 @@ class SharedPromptLayout:
         key = torch.bool if self.base_attention == "sdpa" else dtype
         if key not in self._masks:
             device = self.prompt_mask.device
-            p, r = self.prompt_width, self.response_width
-            causal_p = torch.ones(p, p, dtype=torch.bool, device=device).tril()
-            eye_p = torch.eye(p, dtype=torch.bool, device=device)
-            prompt = (causal_p & self.prompt_mask[:, None, :]) | eye_p  # (U, P, P)
-            causal_r = torch.ones(r, r, dtype=torch.bool, device=device).tril()
-            eye_r = torch.eye(r, dtype=torch.bool, device=device)
-            own = (causal_r & self.response_mask[:, None, :]) | eye_r  # (B, R, R)
-            shared = self.prompt_mask[self.prompt_of_row][:, None, :].expand(-1, r, -1)  # (B, R, P)
+            prompt = _earlier_real_keys(self.prompt_mask)  # (U, P, P)
+            own = _earlier_real_keys(self.response_mask)  # (B, R, R)
+            shared = self.prompt_mask[self.prompt_of_row][:, None, :].expand(-1, self.response_width, -1)  # (B, R, P)
             response = torch.cat([shared, own], dim=-1)  # (B, R, P + R)
             prompt, response = prompt[:, None], response[:, None]
             if key is not torch.bool:
