@@ -53,7 +53,7 @@ from hybridrl.workers.rollout.config import RolloutConfig
 from hybridrl.workers.rollout.decode_outputs import DecodeOutputs
 from hybridrl.workers.rollout.kv_cache import PreallocatedCache
 from hybridrl.workers.rollout.sampling import SamplingParams, resolve_sampling_params, sample_tokens
-from hybridrl.workers.rollout.static_decode import decode_static
+from hybridrl.workers.rollout.static_decode import decode_static, hook_free_view
 
 if TYPE_CHECKING:
     from hybridrl.workers.engine.fsdp import FSDPEngine
@@ -186,10 +186,10 @@ class HFRollout(BaseRollout):
         return PreallocatedCache(self.module.config.num_hidden_layers, max_len,
                                  full_width=self._device().type == "cpu")
 
-    def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
+    def _forward(self, model: nn.Module, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
                  cache: Cache) -> torch.Tensor:
         """Next-token logits (rows, vocab) for the last column of `input_ids`, appending to `cache`."""
-        out = self.module(
+        out = model(
             input_ids=input_ids,
             attention_mask=mask,
             position_ids=positions,
@@ -215,8 +215,9 @@ class HFRollout(BaseRollout):
         rows, prompt_len = input_ids.shape[0] * n, input_ids.shape[1]
         device = input_ids.device
         cache = self._new_cache(prompt_len + width)
+        model = decoding_module(self.module)
         # Prefill each prompt once, then give each of its n samples a copy of the cache.
-        logits = self._forward(input_ids, attention_mask, position_ids, cache)  # (B, V)
+        logits = self._forward(model, input_ids, attention_mask, position_ids, cache)  # (B, V)
         if n > 1:
             cache.batch_repeat_interleave(n)
             logits = logits.repeat_interleave(n, dim=0)  # (B*n, V)
@@ -247,10 +248,26 @@ class HFRollout(BaseRollout):
                     active, tokens, mask, next_position = active[keep], tokens[keep], mask[keep], next_position[keep]
                     finished = finished[keep]
             logits = self._forward(
-                tokens[:, None], mask[:, : prompt_len + step + 1], next_position[:, None], cache
+                model, tokens[:, None], mask[:, : prompt_len + step + 1], next_position[:, None], cache
             )  # (A, V)
             next_position = next_position + 1
         return out.finish()
+
+
+def decoding_module(module: nn.Module) -> nn.Module:
+    """What the eager loop calls: for an FSDP2-wrapped module (parameters gathered by the caller), a view
+    of it without FSDP's hooks (`static_decode.hook_free_view`); any other module as it is.
+
+    With the parameters already gathered for the whole generation, FSDP's pre/post-forward hooks on every
+    wrapped layer find nothing to do, but they still run at every step. 50M Qwen2, 64 rows x 64 tokens,
+    bf16, 2 threads, AMD EPYC, alternating processes: the FSDP-wrapped model decoded ~8% slower than the
+    same model unwrapped (1.70-1.86 s vs 1.60-1.70 s).
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    if any(isinstance(m, FSDPModule) for m in module.modules()):
+        return hook_free_view(module)
+    return module
 
 
 @contextlib.contextmanager

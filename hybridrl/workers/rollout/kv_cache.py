@@ -18,7 +18,11 @@ keys/values at the current length. What attention reads depends on `full_width`:
   the two were equal (519 vs 514 tokens/s on a busy machine). The HF rollout uses it on the CPU.
   So that reading the whole buffers does not mean reading every position the longest response could
   reach from the first step on, a full-width layer starts as wide as the prompt plus `FULL_WIDTH_GROWTH`
-  positions and grows (a copy of the written positions) when a write would overflow it.
+  positions and grows (a copy of the written positions) when a write would overflow it. Decoding reads
+  the cache from memory at every step (a 50M model's cache outgrows a 32 MiB L3), so the width matters:
+  64 new tokens after 33-token prompts, bf16, 2 threads, AMD EPYC, the three growths alternated in one
+  process (6 rounds, medians): 50M, 64 rows, growth 64 (the whole width from the start) 1.68 s, 32
+  1.60 s, 16 1.52 s; 10M, 128 rows, 1.12 / 1.04 / 1.05 s. Every round ranked 16 and 32 ahead of 64.
 
 Finished rows leave with `batch_select_indices`, which copies only the surviving rows.
 
@@ -33,7 +37,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 # The least a full-width cache grows by when a write overflows it (it also grows by a quarter of its width).
-FULL_WIDTH_GROWTH = 64
+FULL_WIDTH_GROWTH = 16
 
 
 class PreallocatedLayer(CacheLayerMixin):

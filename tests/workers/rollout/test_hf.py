@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from spmd import run_on_ranks
 
 from hybridrl.protocol import DataProto
 from hybridrl.workers.rollout import HFRollout, RolloutConfig, build_rollout
@@ -266,3 +267,35 @@ def test_prompt_trim_keeps_every_attended_column():
     # nothing to drop: the same memory, not a copy
     assert all(t.data_ptr() == unpadded.data_ptr() and torch.equal(t, unpadded)
                for t in (kept.input_ids, kept.attention_mask, kept.position_ids))
+
+
+def _fsdp_decoding_skips_the_hooks(rank, world_size, model_dir):
+    from torch.distributed.fsdp import FSDPModule
+
+    from hybridrl.models.loading import load_causal_lm, load_tokenizer
+    from hybridrl.workers.config import FSDPConfig, OptimConfig
+    from hybridrl.workers.engine.fsdp import FSDPEngine
+    from hybridrl.workers.rollout.hf import decoding_module
+
+    plain = load_causal_lm(model_dir)
+    engine = FSDPEngine(load_causal_lm(model_dir), FSDPConfig(), OptimConfig(lr=1e-3))
+    tokenizer = load_tokenizer(model_dir)
+    prompts = make_prompts(tokenizer, length=16)
+    config = {"response_length": 12, "n": 2, "seed": 5, "stop_token_ids": list(range(4, 60))}
+    assert decoding_module(plain) is plain
+    pre_forward_calls = []
+    with engine.summon_full_params():
+        view = decoding_module(engine.module)
+        assert not any(isinstance(m, FSDPModule) for m in view.modules())
+        assert all(a is b for a, b in zip(view.parameters(), engine.module.parameters(), strict=True))
+        engine.module.model.layers[0].register_forward_pre_hook(lambda *args: pre_forward_calls.append(1))
+        wrapped = HFRollout(engine.module, config, tokenizer).generate_sequences(prompts).batch
+    expected = HFRollout(plain, config, tokenizer).generate_sequences(prompts).batch
+    return {"calls": len(pre_forward_calls), "same_tokens": torch.equal(wrapped["responses"], expected["responses"]),
+            "log_prob_gap": (wrapped["rollout_log_probs"] - expected["rollout_log_probs"]).abs().max().item()}
+
+
+def test_an_fsdp_wrapped_actor_decodes_without_its_hooks_and_as_the_plain_model(tiny_model_dir):
+    out = run_on_ranks(_fsdp_decoding_skips_the_hooks, 1, str(tiny_model_dir))[0]
+    assert out["calls"] == 0  # a hook on the wrapped layer never fired: the loop ran the hook-free view
+    assert out["same_tokens"] and out["log_prob_gap"] <= 1e-5
