@@ -16,6 +16,8 @@ has gathered) and it can do three things `generate` does not:
   activations around every matmul; measured 1.3x slower than the copy for a 47M model in bf16);
 - decode with the attention that is fastest in that dtype (`attention_for_decoding`: grouped eager on
   a CPU in half precision, where torch's fused CPU kernel is slow for one query token);
+- call an FSDP-wrapped actor's layers without FSDP's per-layer hooks (`decoding_module`: the parameters
+  are gathered once for the whole generation, so the hooks have nothing to do at each step);
 - stop as soon as every row has finished, and return the sampler's log-probs for free;
 - on a GPU with `rollout.enforce_eager=false`, replay each decoding step as a CUDA graph
   (`static_decode`: fixed shapes, no row dropping), since there a step's time is kernel launches.
