@@ -301,10 +301,10 @@ def _smaps_kb(pid: int, field: str) -> int:
     return 0
 
 
-def measure(runner: str, w: Workload, logdir: Path) -> dict:
+def measure(runner: str, w: Workload, logdir: Path, suffix: str = "") -> dict:
     """Run one framework on one workload in a fresh process; summarise its steps after warm-up."""
-    out = logdir / f"{runner}-{w.tag}.json"
-    log = logdir / f"{runner}-{w.tag}.log"
+    out = logdir / f"{runner}-{w.tag}{suffix}.json"
+    log = logdir / f"{runner}-{w.tag}{suffix}.log"
     # A child inheriting torch.distributed's rank variables (TRL through accelerate) would try to join
     # that group. hybridrl's runs restore them when they end (the SFT warm start in this process among
     # them); they are dropped here too for a parent started by a launcher such as torchrun.
@@ -330,6 +330,7 @@ def measure(runner: str, w: Workload, logdir: Path) -> dict:
     return {
         "runner": runner, "size": w.size, "dtype": w.dtype, "start": w.start, "steps": len(raw["step_s"]), "timed": len(kept),
         "step_s": step_s,
+        "kept": [list(step) for step in kept],
         "tokens_per_s": statistics.median(t / s for s, t in kept),
         "samples_per_s": w.samples / step_s,
         "root_rss_gb": memory.peak_root_rss_kb / 2**20,
@@ -409,6 +410,30 @@ def ratio_vs_trl(rows: list[dict]) -> dict[str, tuple[float, str]]:
     return out
 
 
+def merge_rounds(rounds: list[dict], w: Workload) -> dict:
+    """One row from a runner's alternating rounds on one workload: medians over every round's timed steps
+    pooled (so a round the machine ran slow moves the median by its steps' share, not by a whole row), the
+    largest memory peaks, the median held-out accuracy after training; `round_step_s` keeps each round's
+    own median."""
+    if len(rounds) == 1:
+        return rounds[0]
+    kept = [step for r in rounds for step in r["kept"]]
+    step_s = statistics.median(s for s, _ in kept)
+    accs = [r["acc_after"] for r in rounds if r["acc_after"] is not None]
+    return {
+        **rounds[0],
+        "timed": len(kept), "kept": kept, "step_s": step_s,
+        "tokens_per_s": statistics.median(t / s for s, t in kept),
+        "samples_per_s": w.samples / step_s,
+        "root_rss_gb": max(r["root_rss_gb"] for r in rounds),
+        "tree_pss_gb": max(r["tree_pss_gb"] for r in rounds),
+        "acc_after": statistics.median(accs) if accs else None,
+        "wall_s": sum(r["wall_s"] for r in rounds),
+        "round_step_s": [r["step_s"] for r in rounds],
+        "raw": [r["raw"] for r in rounds],
+    }
+
+
 def table(rows: list[dict], workloads: list[Workload], header: str) -> str:
     lines = [header, "",
              "| size (params, start) | framework | dtype | steps (timed) | s/step | gen tokens/s | samples/s "
@@ -420,9 +445,12 @@ def table(rows: list[dict], workloads: list[Workload], header: str) -> str:
         trl = fastest_trl(rows, r["size"])
         vs = f"{r['samples_per_s'] / trl['samples_per_s']:.2f}x" if trl else "-"
         acc = f"{r['acc_before']:.3f} -> {r['acc_after']:.3f}" if r["acc_before"] is not None else "-"
+        per_round = r.get("round_step_s")
+        step_cell = f"{r['step_s']:.2f}" + (f" ({', '.join(f'{x:.2f}' for x in per_round)})" if per_round else "")
+        steps_cell = f"{len(per_round)} x {r['steps']}" if per_round else f"{r['steps']}"
         lines.append(
-            f"| {w.size} ({r['params'] / 1e6:.1f}M, {w.start}) | {r['runner']} | {r['dtype']} | {r['steps']} ({r['timed']}) "
-            f"| {r['step_s']:.2f} | {r['tokens_per_s']:.0f} | {r['samples_per_s']:.1f} | {vs} "
+            f"| {w.size} ({r['params'] / 1e6:.1f}M, {w.start}) | {r['runner']} | {r['dtype']} | {steps_cell} ({r['timed']}) "
+            f"| {step_cell} | {r['tokens_per_s']:.0f} | {r['samples_per_s']:.1f} | {vs} "
             f"| {r['root_rss_gb']:.2f} | {r['tree_pss_gb']:.2f} | {acc} |")
     return "\n".join(lines)
 
@@ -473,10 +501,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reuse", action="store_true",
                         help="take a run's row from WORKDIR/logs/RUNNER-SIZE-DTYPE.row.json where an earlier "
                         "invocation left one, instead of running it again (to split a benchmark over sessions)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every framework this many times on each workload, alternating (trl, hybridrl, "
+                        "trl, hybridrl, ...), and report medians over all rounds' timed steps: this machine's "
+                        "speed drifts by 10-20%% within minutes, more than one run can average out")
     parser.add_argument("--run-one", choices=RUNNERS, help=argparse.SUPPRESS)
     parser.add_argument("--workload", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds must be at least 1, got {args.rounds}")
     if args.run_one:
         run_one(args.run_one, Workload(**json.loads(args.workload)), Path(args.result))
         return
@@ -502,20 +536,32 @@ def main(argv: list[str] | None = None) -> None:
     for size_workload in workloads:
         for dtype in args.dtypes.split(","):
             w = dataclasses.replace(size_workload, dtype=dtype)
-            for runner in runners:  # the frameworks alternate on each workload
-                saved = workdir / "logs" / f"{runner}-{w.tag}.row.json"
-                if args.reuse and saved.exists():
-                    row = json.loads(saved.read_text())
-                    print(f"{w.size:>4} {dtype:<9} {runner:<15} reused {saved}", flush=True)
-                else:
-                    row = measure(runner, w, workdir / "logs")
+            done: dict[str, list[dict]] = {}
+            first = len(rows)
+            for round_index in range(args.rounds):
+                for runner in runners:  # the frameworks alternate on each workload, round after round
+                    saved = workdir / "logs" / f"{runner}-{w.tag}.row.json"
+                    if args.reuse and saved.exists():
+                        if round_index == 0:
+                            done[runner] = [json.loads(saved.read_text())]
+                            print(f"{w.size:>4} {dtype:<9} {runner:<15} reused {saved}", flush=True)
+                        continue
+                    suffix = f"-round{round_index + 1}" if args.rounds > 1 else ""
+                    row = measure(runner, w, workdir / "logs", suffix)
                     row["params"] = count_params(w.model)
-                    saved.write_text(json.dumps(row))
-                rows.append(row)
-                print(f"{w.size:>4} {dtype:<9} {runner:<15} {row['step_s']:7.2f} s/step "
-                      f"{row['samples_per_s']:7.1f} samples/s (run took {row['wall_s']:.0f}s)", flush=True)
-                # the table so far, so that a run stopped part-way (a lease's time limit) still leaves one
-                text = write_report(rows, workloads, args)
+                    done.setdefault(runner, []).append(row)
+                    merged = merge_rounds(done[runner], w)
+                    if round_index == args.rounds - 1:
+                        saved.write_text(json.dumps(merged))
+                    print(f"{w.size:>4} {dtype:<9} {runner:<15} {row['step_s']:7.2f} s/step "
+                          f"{row['samples_per_s']:7.1f} samples/s (run took {row['wall_s']:.0f}s"
+                          + (f", round {round_index + 1} of {args.rounds}" if args.rounds > 1 else "") + ")",
+                          flush=True)
+                    # the table so far, so that a run stopped part-way (a lease's time limit) still leaves one
+                    rows[first:] = [merge_rounds(done[r], w) for r in runners if r in done]
+                    text = write_report(rows, workloads, args)
+            rows[first:] = [merge_rounds(done[r], w) for r in runners if r in done]
+            text = write_report(rows, workloads, args)
     print(text)
     print(f"(benchmark took {(time.perf_counter() - started) / 60:.1f} min; table in {Path(args.out).with_suffix('.md')})")
     ratios = ratio_vs_trl(rows)
@@ -541,7 +587,10 @@ def write_report(rows: list[dict], workloads: list[Workload], args: argparse.Nam
         "(TRL loss_type=dapo). dtype: the compute dtype (hybridrl: fsdp_config.mixed_precision.param_dtype and "
         "rollout.dtype, fp32 master weights; TRL: bf16=True, torch's autocast). s/step: median wall time from "
         "one optimizer step to the next (metrics and logging included), over the timed steps: those after the "
-        "warm-up steps, less hybridrl's first and validated last step. tokens/s counts response tokens. Both "
+        "warm-up steps, less hybridrl's first and validated last step"
+        + (f"; each framework ran {args.rounds} times on each workload, alternating with the others, and the "
+           "medians are over every round's timed steps (each round's own median in brackets)" if args.rounds > 1 else "")
+        + ". tokens/s counts response tokens. Both "
         "take the old log-probs from the update's forward pass on these fully on-policy steps (hybridrl: "
         "actor.fuse_old_log_prob). vs TRL's fastest: samples/s over TRL's faster dtype at that size."
     )
