@@ -87,3 +87,37 @@ def _engine_on_a_gpu_machine_pinned_to_cpu(rank, world_size, model_dir):
 def test_an_engine_pinned_to_cpu_stays_there_where_torch_sees_a_gpu(tiny_model_dir):
     results = run_on_ranks(_engine_on_a_gpu_machine_pinned_to_cpu, 2, str(tiny_model_dir))
     assert results == [("cpu", "cpu", {"cpu"}, "gloo")] * 2
+
+
+def _accumulate(rank, world_size, model_dir):
+    """Three micro-batches of one global batch through gradient_sync, against the whole batch at once."""
+    from torch.distributed.tensor import DTensor
+
+    ids = torch.randint(0, 300, (6, 10), generator=torch.Generator().manual_seed(2)).chunk(world_size)[rank]
+    grads, gathered_between = {}, []
+    for split in (1, 3):
+        torch.manual_seed(0)
+        engine = FSDPEngine(load_causal_lm(model_dir), FSDPConfig(), OptimConfig(lr=1e-3))
+        parts = ids.chunk(split)
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            with engine.gradient_sync(last):
+                loss = engine.module(input_ids=part).logits.float().logsumexp(-1).sum() / ids.numel()
+                loss.backward()
+            if split == 3:  # between micro-batches: still gathered (a plain tensor) or resharded (a DTensor)?
+                weight = engine.module.model.layers[0].self_attn.q_proj.weight
+                gathered_between.append(not isinstance(weight, DTensor))
+        grads[split] = {name: p.grad.full_tensor().clone() for name, p in engine.module.named_parameters()}
+    return {"gathered_between": gathered_between, "grads": grads}
+
+
+def test_one_rank_keeps_its_parameters_gathered_through_an_accumulation(tiny_model_dir):
+    one = run_on_ranks(_accumulate, 1, str(tiny_model_dir))[0]
+    assert one["gathered_between"] == [True, True, False]  # resharded by the last micro-batch's backward
+    for name, grad in one["grads"][1].items():
+        torch.testing.assert_close(one["grads"][3][name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    # several ranks reshard after every micro-batch (holding would cost a gathered copy per rank)
+    two = run_on_ranks(_accumulate, 2, str(tiny_model_dir))
+    assert two[0]["gathered_between"] == [False, False, False]
+    for name, grad in two[0]["grads"][1].items():
+        torch.testing.assert_close(two[0]["grads"][3][name], grad, rtol=1e-4, atol=1e-6, msg=name)
