@@ -128,6 +128,8 @@ class FSDPEngine:
         self.device = local_device()  # the rank's device, from the LOCAL_RANK its launcher set
         self.mesh = build_device_mesh(dist.get_world_size(), fsdp_config.fsdp_size)
         self.module = shard_model(model.to(self.device), self.mesh, fsdp_config)
+        # every fully_shard unit (the decoder layers and the root), for switching their resharding
+        self.fsdp_modules = [m for m in self.module.modules() if isinstance(m, FSDPModule)]
         self.grad_clip = grad_clip
         self.optim_config = optim_config
         self.optimizer, self.lr_scheduler = (None, None)
@@ -148,8 +150,7 @@ class FSDPEngine:
         ranks, holding them would add a full gathered copy per rank between micro-batches, so they reshard
         as configured (`fsdp_config.reshard_after_forward`).
         """
-        hold = self.mesh.size() == 1
-        fsdp_modules = [m for m in self.module.modules() if isinstance(m, FSDPModule)] if hold else []
+        fsdp_modules = self.fsdp_modules if self.mesh.size() == 1 else []
         if isinstance(self.module, FSDPModule):
             self.module.set_requires_gradient_sync(enabled)
         for m in fsdp_modules:
@@ -199,15 +200,14 @@ class FSDPEngine:
         all-gather every layer again. With the parameters held unsharded, forwards need no collectives,
         so ranks may run different numbers of them (sequences finish at different steps).
         """
-        fsdp_modules = [m for m in self.module.modules() if isinstance(m, FSDPModule)]
-        for m in fsdp_modules:
+        for m in self.fsdp_modules:
             m.set_reshard_after_forward(False, recurse=False)
             m.unshard()
         try:
             with torch.no_grad():
                 yield self.module
         finally:
-            for m in fsdp_modules:
+            for m in self.fsdp_modules:
                 m.reshard()
                 m.set_reshard_after_forward(self.config.reshard_after_forward, recurse=False)
 
