@@ -173,8 +173,10 @@ class RolloutConfig:
     gpu_memory_utilization: float = 0.5
     tensor_model_parallel_size: int = 1
     # false: CUDA graphs for decoding, vLLM's own and, on a GPU, the hf engine's (one graph per step,
-    # hybridrl/workers/rollout/static_decode.py; the hf engine on a CPU always decodes eagerly)
-    enforce_eager: bool = True
+    # hybridrl/workers/rollout/static_decode.py; the hf engine on a CPU always decodes eagerly).
+    # null (default): each engine's measured best: graphs for hf on a GPU (1b decoding 25.7 -> 11.7 ms
+    # per step on an H200, benchmarks/results/decode_bandwidth_cuda.md), eager for vLLM as before
+    enforce_eager: bool | None = None
     # vLLM only: sleep between phases
     free_cache_engine: bool = True
 

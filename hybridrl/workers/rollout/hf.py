@@ -177,7 +177,7 @@ class HFRollout(BaseRollout):
     def _graphed_decoding(self) -> bool:
         """`enforce_eager=false` on a GPU: decode with `static_decode` and a CUDA graph per step. On a CPU
         the eager loop stays (it drops finished rows, and there are no launches to save)."""
-        return not self.config.enforce_eager and self._device().type == "cuda" and self._full_attention()
+        return self.config.enforce_eager is not True and self._device().type == "cuda" and self._full_attention()
 
     def _new_cache(self, max_len: int) -> Cache:
         """A preallocated cache for plain full-attention decoders, transformers' own otherwise."""

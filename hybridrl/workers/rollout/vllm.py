@@ -163,7 +163,7 @@ class VLLMRollout(BaseRollout):
                 dtype=str(resolve_dtype(config.dtype)).removeprefix("torch."),
                 seed=config.seed,
                 tensor_parallel_size=config.tensor_model_parallel_size,
-                enforce_eager=config.enforce_eager,
+                enforce_eager=True if config.enforce_eager is None else config.enforce_eager,  # null: eager, as before
                 max_model_len=max_model_len,
                 enable_sleep_mode=self.sleep_mode,
                 logprobs_mode="processed_logprobs",

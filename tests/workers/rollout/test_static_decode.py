@@ -60,6 +60,18 @@ def test_without_stops_the_samples_are_the_eager_loops(tiny_model, tiny_tokenize
     torch.testing.assert_close(static["rollout_log_probs"], eager["rollout_log_probs"], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize(("enforce_eager", "device", "graphed"), [
+    (None, "cuda", True), (False, "cuda", True), (True, "cuda", False),  # null: graphs on a GPU (measured faster)
+    (None, "cpu", False), (False, "cpu", False),  # a CPU always decodes eagerly
+])
+def test_which_loop_decodes(enforce_eager, device, graphed, tiny_model, tiny_tokenizer, monkeypatch):
+    config = {} if enforce_eager is None else {"enforce_eager": enforce_eager}
+    rollout = HFRollout(tiny_model, config, tiny_tokenizer)
+    assert rollout.config.enforce_eager is enforce_eager
+    monkeypatch.setattr(rollout, "_device", lambda: torch.device(device))
+    assert rollout._graphed_decoding() is graphed
+
+
 def test_hook_free_view_shares_the_parameters_and_drops_the_hooks(tiny_model):
     calls = []
     handle = tiny_model.model.layers[0].register_forward_pre_hook(lambda *args: calls.append(1))
@@ -168,7 +180,7 @@ def _as_proto(batch):
 
 
 @pytest.mark.gpu
-def test_on_the_gpu_the_graphed_loop_equals_the_eager_one(tiny_model_dir, tiny_tokenizer):
+def test_on_the_gpu_the_graphed_loop_equals_the_eager_one(tiny_model_dir, tiny_tokenizer, caplog):
     from hybridrl.models.loading import load_causal_lm
 
     model = load_causal_lm(tiny_model_dir, dtype="float32").eval().to("cuda")
@@ -189,3 +201,5 @@ def test_on_the_gpu_the_graphed_loop_equals_the_eager_one(tiny_model_dir, tiny_t
     half = HFRollout(model, {**config, "dtype": "bfloat16", "enforce_eager": False},
                      tiny_tokenizer).generate_sequences(prompts).batch
     assert half["responses"].shape == (4, 24) and torch.isfinite(half["rollout_log_probs"]).all()
+    # a failed capture falls back to the eager loop, which would pass every check above
+    assert not [r for r in caplog.records if "CUDA graph failed" in r.getMessage()], caplog.text
