@@ -121,3 +121,17 @@ def test_one_rank_keeps_its_parameters_gathered_through_an_accumulation(tiny_mod
     assert two[0]["gathered_between"] == [False, False, False]
     for name, grad in two[0]["grads"][1].items():
         torch.testing.assert_close(two[0]["grads"][3][name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def _units(rank, world_size, model_dir):
+    from torch.distributed.fsdp import FSDPModule
+
+    engine = FSDPEngine(load_causal_lm(model_dir), FSDPConfig(), OptimConfig(lr=1e-3))
+    return [name for name, m in engine.module.named_modules() if isinstance(m, FSDPModule)]
+
+
+def test_one_rank_wraps_the_root_only_and_several_ranks_each_layer(tiny_model_dir):
+    # one rank has nothing to shard: per-layer units would only add hooks to every forward and backward
+    assert run_on_ranks(_units, 1, str(tiny_model_dir))[0] == [""]
+    layers = load_causal_lm(tiny_model_dir).config.num_hidden_layers
+    assert run_on_ranks(_units, 2, str(tiny_model_dir))[0] == ["", *(f"model.layers.{i}" for i in range(layers))]
