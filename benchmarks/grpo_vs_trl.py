@@ -490,8 +490,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", help="comma-separated tiny sizes (default 1m,10m,50m; 1m,10m with --quick; "
                         "10m,50m,400m,1b with --device cuda)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                        help="cuda: one GPU, hybridrl on its local backend (default runners trl,hybridrl-local,"
-                        "hybridrl-local-graphs)")
+                        help="cuda: one GPU, hybridrl on its local backend (default runners trl and "
+                        "hybridrl-local-graphs, the GPU default; hybridrl-local pins eager decoding)")
     parser.add_argument("--runners", default=None, help=f"subset of {','.join(RUNNERS)}")
     parser.add_argument("--dtypes", default="float32,bfloat16",
                         help="compute dtypes to run each framework in (TRL: bf16=True for bfloat16)")
@@ -517,7 +517,7 @@ def main(argv: list[str] | None = None) -> None:
     gpu = args.device == "cuda"
     default_sizes = "10m,50m,400m,1b" if gpu else ("1m,10m" if args.quick else "1m,10m,50m")
     sizes = (args.sizes or default_sizes).split(",")
-    runners = (args.runners or ("trl,hybridrl-local,hybridrl-local-graphs" if gpu
+    runners = (args.runners or ("trl,hybridrl-local-graphs" if gpu
                                 else "trl,hybridrl-local,hybridrl-ray")).split(",")
     if not gpu and any(r.endswith(GRAPHS) for r in runners):
         raise SystemExit("--runners: hybridrl-local-graphs decodes with CUDA graphs; it needs --device cuda")
