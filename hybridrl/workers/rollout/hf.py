@@ -15,7 +15,8 @@ has gathered) and it can do three things `generate` does not:
 - run in `rollout.dtype` on a copy of the weights cast once per call (autocast would re-cast
   activations around every matmul; measured 1.3x slower than the copy for a 47M model in bf16);
 - decode with the attention that is fastest in that dtype (`attention_for_decoding`: grouped eager on
-  a CPU in half precision, where torch's fused CPU kernel is slow for one query token);
+  a CPU in half precision, where torch's fused CPU kernel is slow for one query token, and sdpa
+  elsewhere, reading each key/value head of the cache in place);
 - call an FSDP-wrapped actor's layers without FSDP's per-layer hooks (`decoding_module`: the parameters
   are gathered once for the whole generation, so the hooks have nothing to do at each step);
 - stop as soon as every row has finished, and return the sampler's log-probs for free;
@@ -39,7 +40,7 @@ import torch
 from torch import nn
 from transformers import Cache, DynamicCache
 
-from hybridrl.models.attention import GROUPED_EAGER, default_attention
+from hybridrl.models.attention import GROUPED_EAGER, GROUPED_SDPA, decoding_attention
 from hybridrl.models.loading import resolve_dtype
 from hybridrl.protocol import DataProto
 from hybridrl.utils.config import to_dataclass
@@ -274,8 +275,9 @@ def decoding_module(module: nn.Module) -> nn.Module:
 
 @contextlib.contextmanager
 def attention_for_decoding(module: nn.Module, dtype: torch.dtype) -> Iterator[None]:
-    """For the block, the attention that decodes fastest in `dtype` here (`default_attention`): grouped
-    eager on a CPU in bf16/fp16, sdpa elsewhere; the model's own setting (the one its training passes use)
+    """For the block, the attention that decodes fastest in `dtype` here (`decoding_attention`): grouped
+    eager on a CPU in bf16/fp16, sdpa elsewhere, in its grouped form (no copies of the cache's key/value
+    heads, whatever the transformers version); the model's own setting (the one its training passes use)
     comes back when the block ends. Models other than transformers' sdpa/eager ones are left alone.
 
     Decoding one query token per step, torch's CPU sdpa kernel is slow in bf16 when no prompt is padded.
@@ -284,8 +286,8 @@ def attention_for_decoding(module: nn.Module, dtype: torch.dtype) -> Iterator[No
     left-padded from 15 to 40 tokens sdpa bf16 2,840, eager bf16 2,768, grouped_eager bf16 3,170.
     """
     current = getattr(getattr(module, "config", None), "_attn_implementation", None)
-    wanted = default_attention(dtype, next(module.parameters()).device.type)
-    switch = current in ("sdpa", "eager", GROUPED_EAGER) and wanted != current \
+    wanted = decoding_attention(dtype, next(module.parameters()).device.type)
+    switch = current in ("sdpa", "eager", GROUPED_EAGER, GROUPED_SDPA) and wanted != current \
         and hasattr(module, "set_attn_implementation")
     if switch:
         module.set_attn_implementation(wanted)

@@ -210,15 +210,15 @@ def test_half_precision_decoding_on_cpu_runs_eager_attention_and_restores_sdpa(t
         assert set(seen) == {"grouped_eager"}
         seen.clear()
         engine(tiny_model, tiny_tokenizer, response_length=4).generate_sequences(make_prompts(tiny_tokenizer, length=16))
-        assert set(seen) == {"sdpa"}  # fp32 decodes with sdpa, the faster kernel there
+        assert set(seen) == {"grouped_sdpa"}  # fp32 decodes with sdpa (grouped), the faster kernel there
     finally:
         hook.remove()
     assert tiny_model.config._attn_implementation == "sdpa"
-    # a model trained in bf16 on a CPU runs eager; an fp32 rollout over it decodes with sdpa
+    # a model trained in bf16 on a CPU runs eager; an fp32 rollout over it decodes with (grouped) sdpa
     tiny_model.set_attn_implementation("eager")
     try:
         with attention_for_decoding(tiny_model, torch.float32):
-            assert tiny_model.config._attn_implementation == "sdpa"
+            assert tiny_model.config._attn_implementation == "grouped_sdpa"
         assert tiny_model.config._attn_implementation == "eager"
     finally:
         tiny_model.set_attn_implementation("sdpa")

@@ -111,7 +111,7 @@ def test_slot_cache_writes_where_its_slots_tensor_points():
     assert cache.layers[0].get_mask_sizes(1) == (5, 0)
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("attention", ["sdpa", "eager", "grouped_sdpa"])  # grouped_sdpa: what a GPU decodes with
 def test_a_decoding_step_traces_as_one_graph_without_host_work(tiny_model_dir, attention):
     # A CUDA graph records device work only: a step that branched on a tensor's value or read one back
     # on the host could not be captured. torch.compile's tracer breaks its graph at exactly such places,
