@@ -135,3 +135,32 @@ def test_one_rank_wraps_the_root_only_and_several_ranks_each_layer(tiny_model_di
     assert run_on_ranks(_units, 1, str(tiny_model_dir))[0] == [""]
     layers = load_causal_lm(tiny_model_dir).config.num_hidden_layers
     assert run_on_ranks(_units, 2, str(tiny_model_dir))[0] == ["", *(f"model.layers.{i}" for i in range(layers))]
+
+
+def _two_adamw_steps(rank, world_size, model_dir):
+    torch.manual_seed(0)
+    engine = FSDPEngine(load_causal_lm(model_dir), FSDPConfig(), OptimConfig(lr=1e-2, weight_decay=0.1),
+                        grad_clip=None)
+    before = {name: p.full_tensor().clone() for name, p in engine.module.named_parameters()}
+    grads = []
+    for step in range(2):
+        ids = torch.randint(0, 300, (2, 8), generator=torch.Generator().manual_seed(step))
+        engine.module(input_ids=ids).logits.float().logsumexp(-1).mean().backward()
+        grads.append({name: p.grad.full_tensor().clone() for name, p in engine.module.named_parameters()})
+        engine.clip_and_step()
+    after = {name: p.full_tensor().clone() for name, p in engine.module.named_parameters()}
+    return engine.optimizer.defaults["fused"], before, grads, after
+
+
+def test_the_cpu_optimizer_is_adamw_fused_and_steps_as_adamw(tiny_model_dir):
+    fused, before, grads, after = run_on_ranks(_two_adamw_steps, 1, str(tiny_model_dir))[0]
+    assert fused is True  # torch's fused CPU kernel, not its per-op default
+    # the same two steps by torch's reference (single-tensor) AdamW on plain tensors
+    params = {name: torch.nn.Parameter(value.clone()) for name, value in before.items()}
+    reference = torch.optim.AdamW(params.values(), lr=1e-2, weight_decay=0.1, foreach=False)
+    for step_grads in grads:
+        for name, param in params.items():
+            param.grad = step_grads[name]
+        reference.step()
+    for name, param in params.items():
+        torch.testing.assert_close(after[name], param.detach(), rtol=1e-5, atol=1e-6, msg=name)

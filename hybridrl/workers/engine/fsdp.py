@@ -91,9 +91,20 @@ def lr_lambda(step: int, warmup_steps: int, total_steps: int, style: str, min_lr
 
 
 def build_optimizer(model: nn.Module, config: OptimConfig) -> tuple[torch.optim.Optimizer, Any]:
+    """AdamW over the (sharded) parameters, and the learning-rate schedule.
+
+    On a CPU AdamW runs its fused kernel (one pass over each parameter, state and gradient): torch's
+    default there steps each parameter with a chain of separate ops. 47.5M-parameter Qwen2 on one rank
+    (FSDP2 DTensor parameters), 2 threads on the 2-core AMD EPYC, median of 7 steps, two runs each:
+    default 86 / 118 ms, fused 23 / 24 ms per step (2026-11-26; the optimizer step was ~2.7% of that
+    model's GRPO step on the CPU). On a GPU torch's default (its multi-tensor path) stays: the fused
+    kernel there has not been measured against it.
+    """
+    params = list(model.parameters())
+    fused = bool(params) and all(p.device.type == "cpu" and p.is_floating_point() for p in params)
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=config.lr, betas=tuple(config.betas), eps=config.eps,
-        weight_decay=config.weight_decay,
+        params, lr=config.lr, betas=tuple(config.betas), eps=config.eps,
+        weight_decay=config.weight_decay, fused=fused or None,
     )
     total = config.total_training_steps
     if config.warmup_style == "cosine" and total <= 0:
