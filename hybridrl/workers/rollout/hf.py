@@ -20,7 +20,7 @@ has gathered) and it can do three things `generate` does not:
 - call an FSDP-wrapped actor's layers without FSDP's per-layer hooks (`decoding_module`: the parameters
   are gathered once for the whole generation, so the hooks have nothing to do at each step);
 - stop as soon as every row has finished, and return the sampler's log-probs for free;
-- on a GPU with `rollout.enforce_eager=false`, replay each decoding step as a CUDA graph
+- on a GPU, unless `rollout.enforce_eager=true`, replay each decoding step as a CUDA graph
   (`static_decode`: fixed shapes, no row dropping), since there a step's time is kernel launches.
 
 Measured against `model.generate` in benchmarks/rollout_bench.py (results in benchmarks/results/).
@@ -176,8 +176,8 @@ class HFRollout(BaseRollout):
             all(t == "full_attention" for t in layer_types)
 
     def _graphed_decoding(self) -> bool:
-        """`enforce_eager=false` on a GPU: decode with `static_decode` and a CUDA graph per step. On a CPU
-        the eager loop stays (it drops finished rows, and there are no launches to save)."""
+        """On a GPU, unless `enforce_eager=true`: decode with `static_decode` and a CUDA graph per step. On
+        a CPU the eager loop stays (it drops finished rows, and there are no launches to save)."""
         return self.config.enforce_eager is not True and self._device().type == "cuda" and self._full_attention()
 
     def _new_cache(self, max_len: int) -> Cache:
