@@ -150,7 +150,8 @@ class FSDPEngine:
         self.device = local_device()  # the rank's device, from the LOCAL_RANK its launcher set
         self.mesh = build_device_mesh(dist.get_world_size(), fsdp_config.fsdp_size)
         self.module = shard_model(model.to(self.device), self.mesh, fsdp_config)
-        # every fully_shard unit (the decoder layers and the root), for switching their resharding
+        # every fully_shard unit (the root, and with several ranks each decoder layer), for switching their
+        # resharding
         self.fsdp_modules = [m for m in self.module.modules() if isinstance(m, FSDPModule)]
         self.grad_clip = grad_clip
         self.optim_config = optim_config
