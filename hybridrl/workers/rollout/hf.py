@@ -19,6 +19,8 @@ has gathered) and it can do three things `generate` does not:
   elsewhere, reading each key/value head of the cache in place);
 - call an FSDP-wrapped actor's layers without FSDP's per-layer hooks (`decoding_module`: the parameters
   are gathered once for the whole generation, so the hooks have nothing to do at each step);
+- on a CPU in bf16, run every linear layer on a copy of its weight reordered once per call for oneDNN
+  (`packed_linear.prepacked_linears`: same outputs bit for bit, 1.1-1.2x faster generations at 2 threads);
 - stop as soon as every row has finished, and return the sampler's log-probs for free;
 - on a GPU, unless `rollout.enforce_eager=true`, replay each decoding step as a CUDA graph
   (`static_decode`: fixed shapes, no row dropping), since there a step's time is kernel launches.
@@ -42,6 +44,7 @@ from transformers import Cache, DynamicCache
 
 from hybridrl.models.attention import GROUPED_EAGER, GROUPED_SDPA, decoding_attention
 from hybridrl.models.loading import resolve_dtype
+from hybridrl.models.packed_linear import prepacked_linears
 from hybridrl.protocol import DataProto
 from hybridrl.utils.config import to_dataclass
 from hybridrl.workers.micro_batch import trim_columns
@@ -214,11 +217,25 @@ class HFRollout(BaseRollout):
         if self._graphed_decoding():
             return decode_static(self.module, input_ids, attention_mask, position_ids, params, generator,
                                  self.pad_token_id, self.dtype, capture=input_ids.device.type == "cuda")
+        model = decoding_module(self.module)
+        # the weights stay as they are for the whole call: on a CPU in bf16 each linear's is packed once
+        with prepacked_linears(model):
+            return self._decode_eagerly(model, input_ids, attention_mask, position_ids, params, generator)
+
+    def _decode_eagerly(
+        self,
+        model: nn.Module,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        params: SamplingParams,
+        generator: torch.Generator,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The eager sampling loop over `model` (`decoding_module`'s), dropping finished rows."""
         n, width = params.n, params.response_length
         rows, prompt_len = input_ids.shape[0] * n, input_ids.shape[1]
         device = input_ids.device
         cache = self._new_cache(prompt_len + width)
-        model = decoding_module(self.module)
         # Prefill each prompt once, then give each of its n samples a copy of the cache.
         logits = self._forward(model, input_ids, attention_mask, position_ids, cache)  # (B, V)
         if n > 1:

@@ -1,0 +1,84 @@
+"""prepacked_linears: a bf16 CPU model's linears run on oneDNN packs of their weights with the outputs of
+F.linear, only while weights are fixed and no gradient is wanted, and are left as they were afterwards."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hybridrl.models.loading import load_causal_lm
+from hybridrl.models.packed_linear import packing_supported, prepacked_linears
+
+needs_onednn_bf16 = pytest.mark.skipif(
+    not packing_supported(torch.zeros(2, 2, dtype=torch.bfloat16)),
+    reason="this CPU build has no oneDNN bf16 linear (torch.ops.mkldnn._linear_pointwise)")
+
+
+def _linears(model: nn.Module) -> list[nn.Linear]:
+    return [m for m in model.modules() if isinstance(m, nn.Linear)]
+
+
+@needs_onednn_bf16
+def test_a_bf16_model_gives_the_same_logits_packed_for_decoding_and_prefill_shapes(tiny_model_dir):
+    model = load_causal_lm(tiny_model_dir, dtype="bfloat16").eval()
+    g = torch.Generator().manual_seed(0)
+    for rows, columns in [(1, 1), (24, 1), (7, 13)]:  # a decoding step's shapes and a prefill's
+        ids = torch.randint(5, 200, (rows, columns), generator=g)
+        with torch.no_grad():
+            plain = model(input_ids=ids).logits
+            with prepacked_linears(model) as packed:
+                assert packed == len(_linears(model))  # every projection and the LM head
+                assert all("forward" in m.__dict__ for m in _linears(model))
+                inside = model(input_ids=ids).logits
+        assert torch.equal(inside, plain)  # the same oneDNN arithmetic, bit for bit
+    assert not any("forward" in m.__dict__ for m in _linears(model))  # every class forward is back
+
+
+@needs_onednn_bf16
+def test_gradients_a_replaced_weight_and_an_updated_weight_bypass_the_pack():
+    linear = nn.Linear(16, 8).to(torch.bfloat16)
+    x = torch.randn(5, 16, dtype=torch.bfloat16)
+    with prepacked_linears(linear) as packed:
+        assert packed == 1
+        # a gradient is wanted: autograd's linear runs, and its gradient is F.linear's
+        x_grad = x.clone().requires_grad_()
+        linear(x_grad).float().sum().backward()
+        expected = x.clone().requires_grad_()
+        F.linear(expected, linear.weight, linear.bias).float().sum().backward()
+        assert torch.equal(x_grad.grad, expected.grad)
+        with torch.no_grad():
+            linear.weight.mul_(2)  # in place: the pack is stale
+            assert torch.equal(linear(x), F.linear(x, linear.weight, linear.bias))
+            linear.weight.data = torch.randn(8, 16, dtype=torch.bfloat16)  # replaced: stale as well
+            assert torch.equal(linear(x), F.linear(x, linear.weight, linear.bias))
+            # an fp32 input is not what the bf16 pack takes: F.linear decides (and raises) as without a pack
+            with pytest.raises(RuntimeError):
+                linear(x.float())
+
+
+def test_fp32_weights_subclasses_and_patched_forwards_are_left_alone():
+    class Scaled(nn.Linear):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return 2 * super().forward(x)
+
+    fp32 = nn.Linear(4, 4)
+    subclass = Scaled(4, 4).to(torch.bfloat16)
+    patched = nn.Linear(4, 4).to(torch.bfloat16)
+
+    def own_forward(x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    patched.forward = own_forward
+    with prepacked_linears(nn.ModuleList([fp32, subclass, patched])) as packed:
+        assert packed == 0
+        assert "forward" not in fp32.__dict__ and "forward" not in subclass.__dict__
+        assert patched.forward is own_forward
+    assert patched.forward is own_forward  # someone else's patch survives the block
+
+
+@needs_onednn_bf16
+def test_forwards_come_back_when_the_block_raises():
+    linear = nn.Linear(4, 4).to(torch.bfloat16)
+    with pytest.raises(ValueError), prepacked_linears(linear):
+        raise ValueError("boom")
+    assert "forward" not in linear.__dict__
