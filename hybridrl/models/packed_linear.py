@@ -1,24 +1,34 @@
-"""Linear layers whose weights are reordered once for oneDNN, for CPU inference in bf16 with fixed weights.
+"""Linear layers whose weights are reordered once for oneDNN, for CPU inference with fixed weights.
 
-`F.linear` on a CPU in bf16 hands oneDNN a plain row-major weight at every call. oneDNN's own blocked
-layout for it (`torch.ops.mkldnn._reorder_linear_weight`, the op inductor's freezing pass packs weights
-with) can be made once and then fed to `torch.ops.mkldnn._linear_pointwise`, the linear inductor calls
-on it. Same arithmetic: the outputs are equal bit for bit (tests/models/test_packed_linear.py), but the
-packed kernel splits the few rows of a decoding step across threads where the plain one barely does.
+`F.linear` on a CPU hands its weight to a library at every call as it is: in bf16 to oneDNN as a plain
+row-major matrix, in fp32 to MKL's sgemm. oneDNN's own blocked layout for the weight
+(`torch.ops.mkldnn._reorder_linear_weight`, the op inductor's freezing pass packs weights with) can be
+made once and then fed to `torch.ops.mkldnn._linear_pointwise`, the linear inductor calls on it.
+In bf16 the arithmetic is the same: the outputs are equal bit for bit (tests/models/test_packed_linear.py),
+but the packed kernel splits the few rows of a decoding step across threads where the plain one barely
+does. In fp32 oneDNN replaces MKL, which on this AMD EPYC runs at less than half the rate oneDNN reaches;
+the outputs are fp32 sums in another order (within 3e-4 of an fp64 product where MKL's are within 8e-5,
+2048 x 2048 x 2048, entries of size ~45).
 
-Measured on a 2-core AMD EPYC with AVX512_BF16 (2026-11-26, torch 2.13.0+cpu), bf16, median of 100
-calls, microseconds, plain -> packed (the pack itself: 70-600 us, once):
+Measured on a 2-core AMD EPYC with AVX512_BF16 (2026-11-26, torch 2.13.0+cpu), median of 100 calls,
+microseconds, plain -> packed (the pack itself: 70-600 us, once):
 
-    rows x in x out       2 threads     1 thread
-    64 x 512 x 2048       285 -> 153    326 -> 283
-    64 x 2048 x 512       217 -> 157    324 -> 280
-    128 x 256 x 1024      150 -> 83     161 -> 147
-    128 x 256 x 256        54 -> 31      52 -> 45
+    rows x in x out       bf16, 2 threads   bf16, 1 thread   fp32, 2 threads
+    64 x 512 x 2048       285 -> 153        326 -> 283       932 -> 281
+    64 x 2048 x 512       217 -> 157        324 -> 280
+    128 x 256 x 1024      150 -> 83         161 -> 147       497 -> 151
+    128 x 256 x 256        54 -> 31          52 -> 45
 
-Whole generations (hybridrl's HF engine, 128 x 64 tokens at 10m, 64 x 64 at 50m, alternating, same
-tokens and log-probs): 10m 1.09x faster at 2 threads, 1.05x at 1; 50m 1.23x at 2, 1.10x at 1. The
-same packing inside a training step (forward packed per call, backward as torch's) gained nothing
-(50m, 32 x 104 tokens: 1.01x), so training and log-prob passes keep `F.linear`.
+Whole generations (hybridrl's HF engine, 128 x 64 tokens at 10m, 64 x 64 at 50m, alternating, the same
+tokens; bf16 the same log-probs, fp32 log-probs within 3e-6), packed over plain:
+
+    size   bf16 2 threads   bf16 1 thread   fp32 2 threads   fp32 1 thread
+    10m    1.09x            1.05x           1.31x            1.57x
+    50m    1.23x            1.10x           1.81x            1.88x
+
+The same packing inside a bf16 training step (forward packed per call, backward as torch's) gained
+nothing (50m, 32 x 104 tokens: 1.01x), so training and log-prob passes keep `F.linear`. Only on x86-64,
+the only CPUs it was measured on; not measured on an Intel CPU, where MKL is at home.
 
 Only for weights that stay fixed while the block runs: a generation's, after the engine has gathered
 and cast them. A call that needs gradients, or whose weight is no longer the one packed (replaced or
@@ -28,6 +38,7 @@ modified in place), runs `F.linear` as usual instead of a stale pack.
 from __future__ import annotations
 
 import contextlib
+import platform
 from collections.abc import Iterator
 
 import torch
@@ -36,18 +47,20 @@ from torch import nn
 
 
 def packing_supported(weight: torch.Tensor) -> bool:
-    """Whether `weight` can run packed: a plain 2-D bf16 CPU tensor, with oneDNN and its bf16 kernels here."""
+    """Whether `weight` can run packed: a plain 2-D bf16 or fp32 tensor on an x86-64 CPU, with oneDNN (and
+    its bf16 kernels, for bf16) in this torch build."""
     ops = torch.ops.mkldnn
     return (
         type(weight.data) is torch.Tensor  # not a DTensor or another subclass
         and weight.dim() == 2
         and weight.device.type == "cpu"
-        and weight.dtype == torch.bfloat16
+        and weight.dtype in (torch.bfloat16, torch.float32)
+        and platform.machine().lower() in ("x86_64", "amd64")
         and torch.backends.mkldnn.is_available()
         and torch.backends.mkldnn.enabled
         and hasattr(ops, "_reorder_linear_weight")
         and hasattr(ops, "_linear_pointwise")
-        and ops._is_mkldnn_bf16_supported()
+        and (weight.dtype != torch.bfloat16 or ops._is_mkldnn_bf16_supported())
     )
 
 
@@ -65,7 +78,7 @@ class _PackedForward:
         stale = (weight.data_ptr(), weight._version) != self.source
         needs_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                                   or (bias is not None and bias.requires_grad))
-        if stale or needs_grad or x.dtype != torch.bfloat16 or x.device.type != "cpu":
+        if stale or needs_grad or x.dtype != weight.dtype or x.device.type != "cpu":
             return F.linear(x, weight, bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
 
@@ -75,9 +88,8 @@ def prepacked_linears(module: nn.Module) -> Iterator[int]:
     """Within the block, every `nn.Linear` of `module` with its class's own forward and a packable weight
     (`packing_supported`) runs on a pack of that weight; yields how many do. On exit they are as before.
 
-    The pack is a copy: the block holds one more copy of those weights (a generation already holds the
-    compute-dtype copy it decodes with). A module whose forward was replaced on the instance by someone
-    else is left alone.
+    The pack is a copy: the block holds one more copy of those weights. A module whose forward was
+    replaced on the instance by someone else is left alone.
     """
     patched: list[nn.Linear] = []
     try:

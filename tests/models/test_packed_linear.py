@@ -1,5 +1,6 @@
-"""prepacked_linears: a bf16 CPU model's linears run on oneDNN packs of their weights with the outputs of
-F.linear, only while weights are fixed and no gradient is wanted, and are left as they were afterwards."""
+"""prepacked_linears: a CPU model's linears run on oneDNN packs of their weights, with F.linear's outputs
+(bf16: bit for bit; fp32: to fp32 rounding), only while weights are fixed and no gradient is wanted, and
+are left as they were afterwards."""
 
 import pytest
 import torch
@@ -56,12 +57,29 @@ def test_gradients_a_replaced_weight_and_an_updated_weight_bypass_the_pack():
                 linear(x.float())
 
 
-def test_fp32_weights_subclasses_and_patched_forwards_are_left_alone():
+needs_onednn_fp32 = pytest.mark.skipif(not packing_supported(torch.zeros(2, 2)),
+                                       reason="packs are made on x86-64 CPUs with oneDNN only")
+
+
+@needs_onednn_fp32
+def test_an_fp32_model_gives_its_logits_to_fp32_rounding_packed(tiny_model_dir):
+    model = load_causal_lm(tiny_model_dir, dtype="float32").eval()
+    ids = torch.randint(5, 200, (6, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        plain = model(input_ids=ids).logits
+        with prepacked_linears(model) as packed:
+            assert packed == len(_linears(model))
+            inside = model(input_ids=ids).logits
+    # oneDNN's fp32 sums in place of MKL's: another order, the same precision (not bf16's ~1e-2)
+    torch.testing.assert_close(inside, plain, rtol=0, atol=1e-5)
+
+
+def test_half_weights_subclasses_and_patched_forwards_are_left_alone():
     class Scaled(nn.Linear):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return 2 * super().forward(x)
 
-    fp32 = nn.Linear(4, 4)
+    fp16 = nn.Linear(4, 4).to(torch.float16)  # no packed fp16 linear is made: F.linear as before
     subclass = Scaled(4, 4).to(torch.bfloat16)
     patched = nn.Linear(4, 4).to(torch.bfloat16)
 
@@ -69,9 +87,9 @@ def test_fp32_weights_subclasses_and_patched_forwards_are_left_alone():
         return x
 
     patched.forward = own_forward
-    with prepacked_linears(nn.ModuleList([fp32, subclass, patched])) as packed:
+    with prepacked_linears(nn.ModuleList([fp16, subclass, patched])) as packed:
         assert packed == 0
-        assert "forward" not in fp32.__dict__ and "forward" not in subclass.__dict__
+        assert "forward" not in fp16.__dict__ and "forward" not in subclass.__dict__
         assert patched.forward is own_forward
     assert patched.forward is own_forward  # someone else's patch survives the block
 

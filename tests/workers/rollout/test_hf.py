@@ -198,33 +198,37 @@ def test_bf16_rollout_casts_a_copy_and_restores_fp32_weights(tiny_model, tiny_mo
     assert 0 < diff < 0.1, diff  # > 0: the rollout really ran in bf16
 
 
-def test_bf16_decoding_on_cpu_runs_packed_linears_and_samples_what_plain_ones_do(tiny_model, tiny_tokenizer,
-                                                                                 monkeypatch):
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_decoding_on_cpu_runs_packed_linears_and_samples_what_plain_ones_do(dtype, tiny_model, tiny_tokenizer,
+                                                                            monkeypatch):
     import contextlib
 
     from hybridrl.models.packed_linear import packing_supported
     from hybridrl.workers.rollout import hf
 
-    if not packing_supported(torch.zeros(2, 2, dtype=torch.bfloat16)):
-        pytest.skip("this CPU build has no oneDNN bf16 linear")
+    if not packing_supported(torch.zeros(2, 2, dtype=getattr(torch, dtype))):
+        pytest.skip(f"no oneDNN {dtype} linear here (x86-64 CPUs with oneDNN only)")
     prompts = make_prompts(tiny_tokenizer, length=16)
     down_proj = tiny_model.model.layers[0].mlp.down_proj
     packed_calls = []
     hook = down_proj.register_forward_pre_hook(lambda m, args: packed_calls.append("forward" in m.__dict__))
     try:
-        packed = engine(tiny_model, tiny_tokenizer, response_length=12, n=3, dtype="bfloat16", seed=7)
+        packed = engine(tiny_model, tiny_tokenizer, response_length=12, n=3, dtype=dtype, seed=7)
         packed = packed.generate_sequences(prompts).batch
         assert packed_calls and all(packed_calls)  # the prefill and every step ran on the pack
         monkeypatch.setattr(hf, "prepacked_linears", lambda module: contextlib.nullcontext(0))
         packed_calls.clear()
-        plain = engine(tiny_model, tiny_tokenizer, response_length=12, n=3, dtype="bfloat16", seed=7)
+        plain = engine(tiny_model, tiny_tokenizer, response_length=12, n=3, dtype=dtype, seed=7)
         plain = plain.generate_sequences(prompts).batch
         assert packed_calls and not any(packed_calls)
     finally:
         hook.remove()
     assert not any("forward" in m.__dict__ for m in tiny_model.modules())  # nothing left patched
     assert torch.equal(packed["responses"], plain["responses"])
-    assert torch.equal(packed["rollout_log_probs"], plain["rollout_log_probs"])
+    if dtype == "bfloat16":  # the same arithmetic
+        assert torch.equal(packed["rollout_log_probs"], plain["rollout_log_probs"])
+    else:  # oneDNN's fp32 sums in place of MKL's
+        torch.testing.assert_close(packed["rollout_log_probs"], plain["rollout_log_probs"], rtol=0, atol=1e-5)
 
 
 def test_half_precision_decoding_on_cpu_runs_eager_attention_and_restores_sdpa(tiny_model, tiny_tokenizer):
