@@ -5,26 +5,26 @@ row-major matrix, in fp32 to MKL's sgemm. oneDNN's own blocked layout for the we
 (`torch.ops.mkldnn._reorder_linear_weight`, the op inductor's freezing pass packs weights with) can be
 made once and then fed to `torch.ops.mkldnn._linear_pointwise`, the linear inductor calls on it.
 In bf16 the arithmetic is the same: the outputs are equal bit for bit (tests/models/test_packed_linear.py),
-but the packed kernel splits the few rows of a decoding step across threads where the plain one barely
-does. In fp32 oneDNN replaces MKL, which on this AMD EPYC runs at less than half the rate oneDNN reaches;
+and a decoding step's few rows go through faster (the plain call's speed at 2 threads also varied between
+runs on this machine; the packed one's did not). In fp32 oneDNN replaces MKL, which on this AMD EPYC runs at less than half the rate oneDNN reaches;
 the outputs are fp32 sums in another order (within 3e-4 of an fp64 product where MKL's are within 8e-5,
 2048 x 2048 x 2048, entries of size ~45).
 
-Measured on a 2-core AMD EPYC with AVX512_BF16 (2026-11-26, torch 2.13.0+cpu), median of 100 calls,
-microseconds, plain -> packed (the pack itself: 70-600 us, once):
+Measured with benchmarks/packed_linear.py (results/packed_linear.md: a 2-core AMD EPYC with AVX512_BF16,
+torch 2.13.0+cpu, 2026-11-26), median of 100 calls, microseconds, plain -> packed (the pack itself: 95-1,150
+us, once per generation):
 
-    rows x in x out       bf16, 2 threads   bf16, 1 thread   fp32, 2 threads
-    64 x 512 x 2048       285 -> 153        326 -> 283       932 -> 281
-    64 x 2048 x 512       217 -> 157        324 -> 280
-    128 x 256 x 1024      150 -> 83         161 -> 147       497 -> 151
-    128 x 256 x 256        54 -> 31          52 -> 45
+    rows x in x out       bf16, 1 thread   bf16, 2 threads   fp32, 1 thread   fp32, 2 threads
+    128 x 256 x 1024      153 -> 143       83 -> 75          622 -> 280       491 -> 149
+    64 x 512 x 2048       313 -> 275       164 -> 146        1296 -> 540      991 -> 281
+    64 x 2048 x 512       312 -> 272       209 -> 149        1309 -> 543      763 -> 279
 
-Whole generations (hybridrl's HF engine, 128 x 64 tokens at 10m, 64 x 64 at 50m, alternating, the same
-tokens; bf16 the same log-probs, fp32 log-probs within 3e-6), packed over plain:
+Whole generations of the HF engine (16 prompts at 10m, 8 at 50m, x 8 samples x 64 tokens, alternating, the
+same tokens; bf16 the same log-probs, fp32 log-probs within 2.4e-6), packed over plain:
 
-    size   bf16 2 threads   bf16 1 thread   fp32 2 threads   fp32 1 thread
-    10m    1.09x            1.05x           1.31x            1.57x
-    50m    1.23x            1.10x           1.81x            1.88x
+    size   bf16 1 thread   bf16 2 threads   fp32 1 thread   fp32 2 threads
+    10m    1.01x           1.04x            1.59x           1.41x
+    50m    1.09x           1.20x            1.86x           2.01x
 
 The same packing inside a bf16 training step (forward packed per call, backward as torch's) gained
 nothing (50m, 32 x 104 tokens: 1.01x), so training and log-prob passes keep `F.linear`. Only on x86-64,

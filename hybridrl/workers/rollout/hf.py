@@ -20,8 +20,8 @@ has gathered) and it can do three things `generate` does not:
 - call an FSDP-wrapped actor's layers without FSDP's per-layer hooks (`decoding_module`: the parameters
   are gathered once for the whole generation, so the hooks have nothing to do at each step);
 - on an x86 CPU, run every linear layer on a copy of its weight reordered once per call for oneDNN
-  (`packed_linear.prepacked_linears`; bf16: the same outputs bit for bit, generations 1.05-1.23x faster;
-  fp32: oneDNN's sums in place of MKL's, generations 1.3-1.9x faster on an AMD EPYC);
+  (`packed_linear.prepacked_linears`; bf16: the same outputs bit for bit, generations 1.01-1.20x faster;
+  fp32: oneDNN's sums in place of MKL's, generations 1.4-2.0x faster on an AMD EPYC);
 - stop as soon as every row has finished, and return the sampler's log-probs for free;
 - on a GPU, unless `rollout.enforce_eager=true`, replay each decoding step as a CUDA graph
   (`static_decode`: fixed shapes, no row dropping), since there a step's time is kernel launches.
