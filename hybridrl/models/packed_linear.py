@@ -6,13 +6,13 @@ row-major matrix, in fp32 to MKL's sgemm. oneDNN's own blocked layout for the we
 made once and then fed to `torch.ops.mkldnn._linear_pointwise`, the linear inductor calls on it.
 In bf16 the arithmetic is the same: the outputs are equal bit for bit (tests/models/test_packed_linear.py),
 and a decoding step's few rows go through faster (the plain call's speed at 2 threads also varied between
-runs on this machine; the packed one's did not). In fp32 oneDNN replaces MKL, which on this AMD EPYC runs at less than half the rate oneDNN reaches;
-the outputs are fp32 sums in another order (within 3e-4 of an fp64 product where MKL's are within 8e-5,
-2048 x 2048 x 2048, entries of size ~45).
+runs on this machine; the packed one's did not). In fp32 oneDNN replaces MKL, which on this AMD EPYC
+runs at less than half the rate oneDNN reaches; the outputs are fp32 sums in another order (within 3e-4
+of an fp64 product where MKL's are within 8e-5, 2048 x 2048 x 2048, entries of size ~45).
 
-Measured with benchmarks/packed_linear.py (results/packed_linear.md: a 2-core AMD EPYC with AVX512_BF16,
-torch 2.13.0+cpu, 2026-11-26), median of 100 calls, microseconds, plain -> packed (the pack itself: 95-1,150
-us, once per generation):
+Measured with benchmarks/packed_linear.py (benchmarks/results/packed_linear.md: a 2-core AMD EPYC with
+AVX512_BF16, torch 2.13.0+cpu, 2026-11-26), median of 100 calls, microseconds, plain -> packed (the pack
+itself: 95-1,150 us, once per generation):
 
     rows x in x out       bf16, 1 thread   bf16, 2 threads   fp32, 1 thread   fp32, 2 threads
     128 x 256 x 1024      153 -> 143       83 -> 75          622 -> 280       491 -> 149
