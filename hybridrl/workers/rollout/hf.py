@@ -22,6 +22,10 @@ has gathered) and it can do three things `generate` does not:
 - on an x86 CPU, run every linear layer on a copy of its weight reordered once per call for oneDNN
   (`packed_linear.prepacked_linears`; bf16: the same outputs bit for bit, generations 1.01-1.20x faster;
   fp32: oneDNN's sums in place of MKL's, generations 1.4-2.0x faster on an AMD EPYC);
+- on a CPU, run each step after the prefill of a Llama-family model (Llama, Qwen2, Mistral) through
+  `fused_decoder.FusedDecoder`: the model's own modules and weights with stacked q/k/v and gate/up
+  projections and one mask per step for all layers; the same logits bit for bit, generations 1.13-1.40x
+  faster (1m-50m, bf16); other models step through their forward;
 - stop as soon as every row has finished, and return the sampler's log-probs for free;
 - on a GPU, unless `rollout.enforce_eager=true`, replay each decoding step as a CUDA graph
   (`static_decode`: fixed shapes, no row dropping), since there a step's time is kernel launches.
@@ -58,6 +62,7 @@ from hybridrl.workers.rollout.base import (
 )
 from hybridrl.workers.rollout.config import RolloutConfig
 from hybridrl.workers.rollout.decode_outputs import DecodeOutputs
+from hybridrl.workers.rollout.fused_decoder import FusedDecoder, fused_decoder
 from hybridrl.workers.rollout.kv_cache import PreallocatedCache
 from hybridrl.workers.rollout.sampling import SamplingParams, resolve_sampling_params, sample_tokens
 from hybridrl.workers.rollout.static_decode import decode_static, hook_free_view
@@ -221,7 +226,8 @@ class HFRollout(BaseRollout):
         model = decoding_module(self.module)
         # the weights stay as they are for the whole call: on a CPU each linear's is packed once
         with prepacked_linears(model):
-            return self._decode_eagerly(model, input_ids, attention_mask, position_ids, params, generator)
+            decoder = fused_decoder(model) if self._device().type == "cpu" and self._full_attention() else None
+            return self._decode_eagerly(model, input_ids, attention_mask, position_ids, params, generator, decoder)
 
     def _decode_eagerly(
         self,
@@ -231,8 +237,11 @@ class HFRollout(BaseRollout):
         position_ids: torch.Tensor,
         params: SamplingParams,
         generator: torch.Generator,
+        decoder: FusedDecoder | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The eager sampling loop over `model` (`decoding_module`'s), dropping finished rows."""
+        """The eager sampling loop over `model` (`decoding_module`'s), dropping finished rows. The prompts
+        are prefilled by the model's forward; each later step by `decoder` where given (`fused_decoder`: the
+        same logits with less around them), else by the model's forward too."""
         n, width = params.n, params.response_length
         rows, prompt_len = input_ids.shape[0] * n, input_ids.shape[1]
         device = input_ids.device
@@ -268,9 +277,11 @@ class HFRollout(BaseRollout):
                     cache.batch_select_indices(keep)
                     active, tokens, mask, next_position = active[keep], tokens[keep], mask[keep], next_position[keep]
                     finished = finished[keep]
-            logits = self._forward(
-                model, tokens[:, None], mask[:, : prompt_len + step + 1], next_position[:, None], cache
-            )  # (A, V)
+            seen = mask[:, : prompt_len + step + 1]  # (A, P+step+1): the prompt, the response so far, this token
+            if decoder is None:
+                logits = self._forward(model, tokens[:, None], seen, next_position[:, None], cache)  # (A, V)
+            else:
+                logits = decoder.step(tokens, next_position, cache, seen)  # (A, V)
             next_position = next_position + 1
         return out.finish()
 

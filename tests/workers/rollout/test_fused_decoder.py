@@ -1,0 +1,121 @@
+"""FusedDecoder: one decoding step computed over the model's weights equals transformers' forward, the HF
+engine takes it on a CPU, and it declines the models it cannot decode."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
+
+from hybridrl.models.attention import decoding_attention
+from hybridrl.models.loading import load_causal_lm
+from hybridrl.models.packed_linear import packing_supported, prepacked_linears
+from hybridrl.workers.rollout import HFRollout
+from hybridrl.workers.rollout import hf as hf_module
+from hybridrl.workers.rollout.fused_decoder import FusedDecoder, fused_decoder, unsupported_reason
+from hybridrl.workers.rollout.kv_cache import PreallocatedCache
+
+from .helpers import make_prompts
+
+STEPS = 6
+
+
+def _model(arch: str, dtype: torch.dtype, tiny_model, tiny_llama_dir) -> nn.Module:
+    model = tiny_model if arch == "qwen2" else load_causal_lm(tiny_llama_dir)
+    model = copy.deepcopy(model).to(dtype).eval()
+    model.set_attn_implementation(decoding_attention(dtype, "cpu"))  # what the engine decodes with
+    return model
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_each_step_gives_the_logits_and_cache_of_the_models_forward(arch, dtype, tiny_model, tiny_llama_dir,
+                                                                   tiny_tokenizer):
+    model = _model(arch, dtype, tiny_model, tiny_llama_dir)
+    prompts = make_prompts(tiny_tokenizer, length=16)  # left-padded: rows start at different columns
+    input_ids, mask, positions = (prompts.batch[k] for k in ("input_ids", "attention_mask", "position_ids"))
+    rows, prompt_len = input_ids.shape
+    mask = torch.cat([mask, mask.new_ones(rows, STEPS)], dim=1)
+    layers = model.config.num_hidden_layers
+    caches = [PreallocatedCache(layers, prompt_len + STEPS, full_width=True) for _ in range(2)]
+    # packed linears on both sides where this CPU has them, as in the engine's loop
+    with torch.no_grad(), prepacked_linears(model):
+        for cache in caches:
+            logits = model(input_ids=input_ids, attention_mask=mask[:, :prompt_len], position_ids=positions,
+                           past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        decoder = FusedDecoder(model)
+        position = positions[:, -1] + 1
+        for step in range(STEPS):
+            tokens = logits.argmax(-1)
+            seen = mask[:, : prompt_len + step + 1]
+            logits = model(input_ids=tokens[:, None], attention_mask=seen, position_ids=position[:, None],
+                           past_key_values=caches[0], use_cache=True, logits_to_keep=1).logits[:, -1]
+            fused = decoder.step(tokens, position, caches[1], seen)
+            assert fused.dtype == logits.dtype and fused.shape == (rows, model.config.vocab_size)
+            if packing_supported(torch.zeros(2, 2, dtype=dtype)):
+                # stacking [Wq; Wk; Wv] and [Wg; Wu] leaves each output element's sum as it was
+                assert torch.equal(fused, logits), f"step {step}"
+            else:
+                torch.testing.assert_close(fused, logits, rtol=1e-5, atol=1e-5 if dtype == torch.float32 else 2e-2)
+            position = position + 1
+    for ref, ours in zip(caches[0].layers, caches[1].layers, strict=True):
+        assert ours.length == ref.length == prompt_len + STEPS
+        torch.testing.assert_close(ours.keys, ref.keys, rtol=0, atol=0 if dtype == torch.bfloat16 else 1e-6)
+        torch.testing.assert_close(ours.values, ref.values, rtol=0, atol=0 if dtype == torch.bfloat16 else 1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_the_engine_decodes_with_it_on_a_cpu_and_samples_what_the_forward_does(dtype, tiny_model, tiny_tokenizer,
+                                                                                 monkeypatch):
+    steps = []
+    real_step = FusedDecoder.step
+    monkeypatch.setattr(FusedDecoder, "step", lambda self, *args: steps.append(1) or real_step(self, *args))
+    prompts = make_prompts(tiny_tokenizer, length=16)
+    # stop tokens 4..59: rows finish at different steps and leave the batch (and the cache) early
+    config = dict(response_length=12, n=3, dtype=dtype, seed=11, stop_token_ids=list(range(4, 60)))
+    fused = HFRollout(tiny_model, config, tiny_tokenizer).generate_sequences(prompts).batch
+    assert len(steps) >= 2, "the steps after the prefill run the fused decoder"
+    lengths = fused["response_mask"].sum(1)
+    assert int(lengths.max()) > 1 and int((lengths < 12).sum()) > 0
+
+    monkeypatch.setattr(hf_module, "fused_decoder", lambda model: None)  # every step through the forward
+    steps.clear()
+    forward = HFRollout(tiny_model, config, tiny_tokenizer).generate_sequences(prompts).batch
+    assert not steps
+    assert torch.equal(fused["responses"], forward["responses"])
+    assert torch.equal(fused["rollout_log_probs"], forward["rollout_log_probs"])
+
+
+def _qwen2(**overrides) -> Qwen2ForCausalLM:
+    config = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                  intermediate_size=64, vocab_size=64)
+    return Qwen2ForCausalLM(Qwen2Config(**{**config, **overrides})).eval()
+
+
+def test_it_declines_what_it_cannot_decode_and_says_why(tiny_model):
+    assert unsupported_reason(_qwen2()) is None and fused_decoder(_qwen2()) is not None
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, bos_token_id=0,
+                                      eos_token_id=0))
+    assert "model_type 'gpt2'" in unsupported_reason(gpt2) and fused_decoder(gpt2) is None
+
+    windowed = _qwen2(use_sliding_window=True, sliding_window=4, max_window_layers=0)
+    assert unsupported_reason(windowed) == "a sliding window"
+
+    flex = _qwen2()
+    flex.config._attn_implementation = "flex_attention"
+    assert "flex_attention" in unsupported_reason(flex)
+
+    class AdapterLinear(nn.Linear):  # what a LoRA or quantized projection looks like: its own forward
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return super().forward(x) * 2
+
+    wrapped = copy.deepcopy(tiny_model)
+    old = wrapped.model.layers[0].self_attn.q_proj
+    wrapped.model.layers[0].self_attn.q_proj = AdapterLinear(old.in_features, old.out_features)
+    assert "not a plain nn.Linear" in unsupported_reason(wrapped)
+    with pytest.raises(ValueError, match="FusedDecoder cannot decode this model: .*nn.Linear"):
+        FusedDecoder(wrapped)
