@@ -15,7 +15,12 @@ from hybridrl.models.loading import load_causal_lm
 from hybridrl.models.packed_linear import packing_supported, prepacked_linears
 from hybridrl.workers.rollout import HFRollout
 from hybridrl.workers.rollout import hf as hf_module
-from hybridrl.workers.rollout.fused_decoder import FusedDecoder, fused_decoder, unsupported_reason
+from hybridrl.workers.rollout.fused_decoder import (
+    FusedDecoder,
+    SharedPromptKV,
+    fused_decoder,
+    unsupported_reason,
+)
 from hybridrl.workers.rollout.kv_cache import PreallocatedCache
 
 from .helpers import make_prompts
@@ -119,3 +124,75 @@ def test_it_declines_what_it_cannot_decode_and_says_why(tiny_model):
     assert "not a plain nn.Linear" in unsupported_reason(wrapped)
     with pytest.raises(ValueError, match="FusedDecoder cannot decode this model: .*nn.Linear"):
         FusedDecoder(wrapped)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_shared_prompt_steps_give_the_logits_of_the_forward_over_per_sample_copies(arch, dtype, tiny_model,
+                                                                                  tiny_llama_dir, tiny_tokenizer):
+    model = _model(arch, dtype, tiny_model, tiny_llama_dir)
+    n = 3
+    prompts = make_prompts(tiny_tokenizer, length=16)
+    input_ids, prompt_mask, positions = (prompts.batch[k] for k in ("input_ids", "attention_mask", "position_ids"))
+    prompt_len = input_ids.shape[1]
+    rows = input_ids.shape[0] * n
+    mask = torch.cat([prompt_mask.repeat_interleave(n, 0), prompt_mask.new_ones(rows, STEPS)], dim=1)
+    layers = model.config.num_hidden_layers
+    copies = PreallocatedCache(layers, prompt_len + STEPS, full_width=True)  # the reference: n copies per prompt
+    once = PreallocatedCache(layers, prompt_len, full_width=True)
+    with torch.no_grad(), prepacked_linears(model):
+        for cache in (copies, once):
+            logits = model(input_ids=input_ids, attention_mask=prompt_mask, position_ids=positions,
+                           past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        copies.batch_repeat_interleave(n)
+        kv = SharedPromptKV(once, prompt_mask, n, STEPS, dtype)
+        decoder = FusedDecoder(model)
+        logits = logits.repeat_interleave(n, 0)
+        position = positions[:, -1].repeat_interleave(n) + 1
+        for step in range(STEPS):
+            tokens = logits.argmax(-1)
+            if step == 2:  # rows 1, 4 and 5 finished: the first prompt keeps 2 samples, the second none
+                keep = torch.tensor([i for i in range(mask.shape[0]) if i not in (1, 4, 5)])
+                copies.batch_select_indices(keep)
+                kv.select(keep)
+                tokens, mask, position = tokens[keep], mask[keep], position[keep]
+                assert kv.active.tolist() == [0, 2, 3] + list(range(6, rows))
+                x = torch.randn(len(keep), 2, 3, 5)
+                assert torch.equal(kv.by_row(kv.by_prompt(x)), x)
+            logits = model(input_ids=tokens[:, None], attention_mask=mask[:, : prompt_len + step + 1],
+                           position_ids=position[:, None], past_key_values=copies, use_cache=True,
+                           logits_to_keep=1).logits[:, -1]
+            shared = decoder.step_shared(tokens, position, kv)
+            assert shared.dtype == logits.dtype and shared.shape == logits.shape
+            # the same sums, split at the prompt's end: fp32 to rounding; bf16 within a few of its ulps
+            # (the prompt's and the response's part of each attention output are rounded apart)
+            tolerance = 1e-5 if dtype == torch.float32 else 3e-2
+            torch.testing.assert_close(shared.float(), logits.float(), rtol=0, atol=tolerance, msg=f"step {step}")
+            position = position + 1
+    assert kv.responses.layers[0].length == STEPS
+    assert once.layers[0].keys.shape[2] == prompt_len  # each prompt's keys stayed once, P wide
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_the_engine_shares_long_prompts_and_samples_the_models_log_probs(dtype, tiny_model, tiny_tokenizer,
+                                                                        monkeypatch):
+    from .helpers import full_forward_log_probs
+
+    calls = {"shared": 0}
+    real_step = FusedDecoder.step_shared
+    monkeypatch.setattr(FusedDecoder, "step_shared",
+                        lambda self, *args: calls.__setitem__("shared", calls["shared"] + 1) or real_step(self, *args))
+    prompts = make_prompts(tiny_tokenizer, length=16)
+    config = dict(response_length=12, n=3, dtype=dtype, seed=5, stop_token_ids=list(range(4, 60)))
+    monkeypatch.setattr(HFRollout, "share_prompt_kv_from", 10_000)  # prompts this short: per-sample copies
+    HFRollout(tiny_model, config, tiny_tokenizer).generate_sequences(prompts)
+    assert calls["shared"] == 0
+    monkeypatch.setattr(HFRollout, "share_prompt_kv_from", 1)
+    out = HFRollout(tiny_model, config, tiny_tokenizer).generate_sequences(prompts).batch
+    assert calls["shared"] >= 2
+    lengths = out["response_mask"].sum(1)
+    assert int((lengths < 12).sum()) > 0 and int(lengths.max()) > 3, "rows should leave the batch at different steps"
+    # the sampler's log-probs are the model's: one fp32 forward over prompt + response scores the same tokens
+    reference = full_forward_log_probs(tiny_model, type(prompts).from_dict(dict(out))) * out["response_mask"]
+    atol = 1e-4 if dtype == "float32" else 0.1  # bf16 decoding against the fp32 model keeps ~3 digits
+    torch.testing.assert_close(out["rollout_log_probs"], reference, rtol=0, atol=atol)
