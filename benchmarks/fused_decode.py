@@ -36,7 +36,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grpo_vs_trl import machine  # noqa: E402  (a sibling script, not a package)
+from grpo_vs_trl import machine, publish  # noqa: E402  (a sibling script, not a package)
 
 from hybridrl.data.rl_dataset import left_pad  # noqa: E402
 from hybridrl.models.loading import load_causal_lm, load_tokenizer  # noqa: E402
@@ -140,10 +140,7 @@ def main(argv: list[str] | None = None) -> None:
         f"weights (untrained models), the three settings alternating, median of {runs} run(s); speedups over "
         "forward. Log-prob gap: mean |sampled log-prob - the fp32 model's log-prob of the token|.",
         "", *table, ""])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    print(text)
-    print(f"(written to {args.out})")
+    publish(text, args.out)
 
 
 if __name__ == "__main__":

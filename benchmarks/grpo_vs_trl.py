@@ -620,6 +620,14 @@ def machine(device: str = "cpu") -> str:
     return f"{os.cpu_count()}-core {model}{' (' + ', '.join(isa) + ')' if isa else ''}, {memory_gb:.0f} GB RAM"
 
 
+def publish(text: str, out: Path) -> None:
+    """Write a benchmark's report to `out` (its folder made if need be) and print it."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(text)
+    print(f"(written to {out})")
+
+
 def _version(package: str) -> str:
     from importlib.metadata import PackageNotFoundError, version
 

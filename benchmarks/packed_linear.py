@@ -35,7 +35,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grpo_vs_trl import machine  # noqa: E402  (a sibling script, not a package)
+from grpo_vs_trl import machine, publish  # noqa: E402  (a sibling script, not a package)
 from rollout_bench import make_prompts  # noqa: E402
 
 from hybridrl.models.loading import load_causal_lm, load_tokenizer  # noqa: E402
@@ -150,10 +150,7 @@ def main(argv: list[str] | None = None) -> None:
         "", "One linear call (median of each of 3 alternating blocks of calls, then their median):", "", *linear,
         "", "One generation of the HF engine (8 samples x 64 tokens per prompt; 10m: 16 prompts, 50m: 8), "
         "packing on and off alternately, median of the runs:", "", *generation, ""])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    print(text)
-    print(f"(written to {args.out})")
+    publish(text, args.out)
 
 
 if __name__ == "__main__":

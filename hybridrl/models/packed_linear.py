@@ -64,6 +64,22 @@ def packing_supported(weight: torch.Tensor) -> bool:
     )
 
 
+class FixedLinear:
+    """`x @ weight.T + bias` for a weight that stays fixed while this object lives: over a oneDNN pack of
+    the weight where `packing_supported`, through `F.linear` elsewhere. For weights nobody else holds (a
+    stack of several layers' weights, say); a layer's own weight packs with `prepacked_linears`."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.bias = bias
+        self.packed = packing_supported(weight)
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight) if self.packed else weight
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed:
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+
 class _PackedForward:
     """A `nn.Linear`'s forward over the pack of its weight as it was when packed."""
 

@@ -100,3 +100,23 @@ def test_forwards_come_back_when_the_block_raises():
     with pytest.raises(ValueError), prepacked_linears(linear):
         raise ValueError("boom")
     assert "forward" not in linear.__dict__
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
+def test_a_fixed_linear_computes_f_linear_packed_where_it_can(dtype):
+    from hybridrl.models.packed_linear import FixedLinear
+
+    g = torch.Generator().manual_seed(3)
+    weight = (torch.randn(96, 64, generator=g) / 8).to(dtype)
+    bias = torch.randn(96, generator=g).to(dtype)
+    x = torch.randn(5, 64, generator=g).to(dtype)
+    for b in (bias, None):
+        fixed = FixedLinear(weight, b)
+        assert fixed.packed == packing_supported(weight)
+        assert fixed.packed == (dtype != torch.float16 and packing_supported(torch.zeros(2, 2, dtype=dtype)))
+        out, expected = fixed(x), F.linear(x, weight, b)
+        assert out.dtype == dtype and out.shape == (5, 96)
+        if dtype == torch.float32:  # oneDNN's fp32 sums where MKL's were
+            torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+        else:  # bf16: the same arithmetic packed; fp16: F.linear itself
+            assert torch.equal(out, expected)

@@ -27,9 +27,10 @@ bf16, 64 new tokens, the same tokens and log-probs from both (seconds, medians o
 
 `FusedDecoder.step_shared` does the same for the n samples of each prompt with the prompt's keys and
 values kept once (`SharedPromptKV`): attention reads each prompt's cache once for all its samples instead
-of once per sample. There each attention output is the prompt's part plus the response's part, each
-rounded to the compute dtype, so bf16 logits differ from the forward's by about one bf16 unit (fp32: by
-rounding). hf.py takes it for prompts of at least `SHARE_PROMPT_KV_FROM` columns (measurements there).
+of once per sample. Its attention is eager attention's arithmetic (scores, fp32 softmax, weighted sum)
+whatever the model's attention implementation, and each output is the prompt's part plus the response's
+part, each rounded to the compute dtype, so bf16 logits differ from the forward's by about one bf16 unit
+(fp32: by rounding). hf.py takes it for prompts of at least `SHARE_PROMPT_KV_FROM` columns (measurements there).
 
 `fused_decoder` returns None for anything else (another architecture, a wrapped projection such as a
 LoRA layer, another attention implementation, a sliding window); the loop then calls the model's forward.
@@ -43,31 +44,13 @@ from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from hybridrl.models.attention import GROUPED_EAGER, GROUPED_SDPA
-from hybridrl.models.packed_linear import packing_supported
+from hybridrl.models.packed_linear import FixedLinear
 from hybridrl.workers.rollout.kv_cache import PreallocatedCache
 
 FUSED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 # attention implementations by the kind of mask they take: additive float, or boolean (True = attend)
 ADDITIVE_MASK_ATTENTION = ("eager", GROUPED_EAGER)
 BOOLEAN_MASK_ATTENTION = ("sdpa", GROUPED_SDPA)
-
-
-class FixedLinear:
-    """`x @ weight.T + bias` for a weight that stays fixed while this object lives: run over a oneDNN pack
-    of the weight where `packing_supported`, through `F.linear` elsewhere."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        self.bias = bias
-        if packing_supported(weight):
-            self.weight = torch.ops.mkldnn._reorder_linear_weight(weight)
-            self.packed = True
-        else:
-            self.weight, self.packed = weight, False
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
 
 
 def _stacked(linears: list[nn.Linear]) -> FixedLinear:

@@ -82,8 +82,9 @@ class PreallocatedLayer(CacheLayerMixin):
         """Move the written positions into zeroed buffers `capacity` wide."""
         for name in ("keys", "values"):
             old = getattr(self, name)
-            grown = old.new_zeros(*old.shape[:2], capacity, old.shape[-1])
+            grown = old.new_empty(*old.shape[:2], capacity, old.shape[-1])
             grown[:, :, : self.length] = old[:, :, : self.length]
+            grown[:, :, self.length :].zero_()  # only the unwritten slots: the written ones were just copied
             setattr(self, name, grown)
         self.capacity = capacity
 
