@@ -42,6 +42,7 @@ per-row Python runs inside the loop.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -65,7 +66,12 @@ from hybridrl.workers.rollout.base import (
 )
 from hybridrl.workers.rollout.config import RolloutConfig
 from hybridrl.workers.rollout.decode_outputs import DecodeOutputs
-from hybridrl.workers.rollout.fused_decoder import FusedDecoder, SharedPromptKV, fused_decoder
+from hybridrl.workers.rollout.fused_decoder import (
+    FusedDecoder,
+    SharedPromptKV,
+    fused_decoder,
+    unsupported_reason,
+)
 from hybridrl.workers.rollout.kv_cache import PreallocatedCache
 from hybridrl.workers.rollout.sampling import SamplingParams, resolve_sampling_params, sample_tokens
 from hybridrl.workers.rollout.static_decode import decode_static, hook_free_view
@@ -77,6 +83,8 @@ if TYPE_CHECKING:
 # surviving row's cache; waiting for a batch of finished rows costs a little wasted compute instead.
 # For a 47M model, 256 rows x 64 steps: dropping at every finish 680 tok/s, at 1/16, 1/8 or 1/4 of
 # the batch 775-785 tok/s (single thread, CPU time).
+logger = logging.getLogger(__name__)
+
 DROP_FINISHED_SHARE = 0.125
 
 # Prompts (their columns after trimming the padding all share) at least this long keep their keys/values
@@ -242,7 +250,23 @@ class HFRollout(BaseRollout):
         # the weights stay as they are for the whole call: on a CPU each linear's is packed once
         with prepacked_linears(model):
             decoder = fused_decoder(model) if self._device().type == "cpu" and self._full_attention() else None
+            self._log_decoding_path(model, decoder)
             return self._decode_eagerly(model, input_ids, attention_mask, position_ids, params, generator, decoder)
+
+    def _log_decoding_path(self, model: nn.Module, decoder: FusedDecoder | None) -> None:
+        """Say once per engine which step the eager loop runs, and why not the fused one."""
+        if getattr(self, "_decoding_path_logged", False):
+            return
+        self._decoding_path_logged = True
+        name = type(model).__name__
+        if decoder is not None:
+            logger.info("HF rollout: %s decodes with the fused step (prompts' keys/values kept once for their "
+                        "samples from %s columns)", name, self.share_prompt_kv_from)
+        elif self._device().type != "cpu":
+            logger.info("HF rollout: %s decodes with its forward (the fused step is for CPUs)", name)
+        else:
+            reason = unsupported_reason(model) if self._full_attention() else "layers other than full attention"
+            logger.info("HF rollout: %s decodes with its forward, not the fused step: %s", name, reason)
 
     def _decode_eagerly(
         self,
@@ -256,7 +280,8 @@ class HFRollout(BaseRollout):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The eager sampling loop over `model` (`decoding_module`'s), dropping finished rows. The prompts
         are prefilled by the model's forward; each later step by `decoder` where given (`fused_decoder`: the
-        same logits with less around them), else by the model's forward too."""
+        same logits with less around them; over each prompt's keys/values kept once for its samples when
+        n > 1 and the prompts reach `share_prompt_kv_from` columns), else by the model's forward too."""
         n, width = params.n, params.response_length
         rows, prompt_len = input_ids.shape[0] * n, input_ids.shape[1]
         device = input_ids.device

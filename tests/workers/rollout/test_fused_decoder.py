@@ -196,3 +196,24 @@ def test_the_engine_shares_long_prompts_and_samples_the_models_log_probs(dtype, 
     reference = full_forward_log_probs(tiny_model, type(prompts).from_dict(dict(out))) * out["response_mask"]
     atol = 1e-4 if dtype == "float32" else 0.1  # bf16 decoding against the fp32 model keeps ~3 digits
     torch.testing.assert_close(out["rollout_log_probs"], reference, rtol=0, atol=atol)
+
+
+def test_the_engine_says_once_which_step_it_decodes_with_and_why(tiny_model, tiny_tokenizer, caplog):
+    prompts = make_prompts(tiny_tokenizer, length=16)
+    engine = HFRollout(tiny_model, dict(response_length=3, n=2), tiny_tokenizer)
+    with caplog.at_level("INFO", logger="hybridrl.workers.rollout.hf"):
+        engine.generate_sequences(prompts)
+        engine.generate_sequences(prompts)
+    said = [r.getMessage() for r in caplog.records if r.name == "hybridrl.workers.rollout.hf"]
+    assert said == ["HF rollout: Qwen2ForCausalLM decodes with the fused step (prompts' keys/values kept once "
+                    "for their samples from 32 columns)"]
+
+    wrapped = copy.deepcopy(tiny_model)
+    old = wrapped.model.layers[1].mlp.up_proj
+    wrapped.model.layers[1].mlp.up_proj = type("LoraLike", (nn.Linear,), {})(old.in_features, old.out_features)
+    caplog.clear()
+    with caplog.at_level("INFO", logger="hybridrl.workers.rollout.hf"):
+        HFRollout(wrapped, dict(response_length=3), tiny_tokenizer).generate_sequences(prompts)
+    said = [r.getMessage() for r in caplog.records if r.name == "hybridrl.workers.rollout.hf"]
+    assert len(said) == 1 and "decodes with its forward, not the fused step: " in said[0]
+    assert "not a plain nn.Linear" in said[0]
