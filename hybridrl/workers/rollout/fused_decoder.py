@@ -190,8 +190,7 @@ class SharedPromptKV:
 
     Attention over a prompt then reads its keys/values once for all its samples, in one matmul with the
     samples' queries stacked, where a cache repeated per sample reads them n times in n small matmuls:
-    the prompt's share of the cache traffic drops n-fold. 10m Qwen2, bf16, 16 prompts x 8 samples x 64
-    tokens, 2 threads, AMD EPYC: see hf.py's module docstring for the measurements.
+    the prompt's share of the cache traffic drops n-fold (measured: benchmarks/results/fused_decode.md).
     """
 
     def __init__(self, prompt: PreallocatedCache, prompt_mask: torch.Tensor, n: int, width: int,
@@ -200,6 +199,10 @@ class SharedPromptKV:
         (B, P) 0/1; width: the most response tokens a row can write."""
         self.prompt, self.n = prompt, n
         self.prompts, self.prompt_len = prompt_mask.shape
+        widths = {layer.keys.shape[2] for layer in prompt.layers}
+        if widths != {self.prompt_len}:
+            raise ValueError(f"SharedPromptKV needs the prompt cache exactly as wide as the prompts ({self.prompt_len} "
+                             f"columns); its layers are {sorted(widths)} wide: build it with max_len=prompt length")
         self.responses = PreallocatedCache(len(prompt.layers), width, full_width=True)
         self.active = torch.arange(self.prompts * n, device=prompt_mask.device)  # sample index of each row
         self.min_value = torch.finfo(dtype).min

@@ -217,3 +217,13 @@ def test_the_engine_says_once_which_step_it_decodes_with_and_why(tiny_model, tin
     said = [r.getMessage() for r in caplog.records if r.name == "hybridrl.workers.rollout.hf"]
     assert len(said) == 1 and "decodes with its forward, not the fused step: " in said[0]
     assert "not a plain nn.Linear" in said[0]
+
+
+def test_shared_prompt_kv_wants_a_prompt_cache_as_wide_as_the_prompts(tiny_model, tiny_tokenizer):
+    prompts = make_prompts(tiny_tokenizer, length=16)
+    wide = PreallocatedCache(tiny_model.config.num_hidden_layers, 16 + 8, full_width=True)
+    with torch.no_grad():
+        tiny_model(input_ids=prompts.batch["input_ids"], attention_mask=prompts.batch["attention_mask"],
+                   position_ids=prompts.batch["position_ids"], past_key_values=wide, use_cache=True)
+    with pytest.raises(ValueError, match=r"exactly as wide as the prompts \(16 columns\).*\[24\]"):
+        SharedPromptKV(wide, prompts.batch["attention_mask"], 2, 8, torch.float32)
