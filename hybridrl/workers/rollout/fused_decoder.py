@@ -38,6 +38,8 @@ LoRA layer, another attention implementation, a sliding window); the loop then c
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -129,12 +131,44 @@ class FusedDecoder:
              attention_mask: torch.Tensor) -> torch.Tensor:
         """tokens (A,), their positions (A,), `cache` (a transformers Cache the prompt was prefilled into),
         the 0/1 mask of each row over the written positions and this one (A, W) -> logits (A, V)."""
+        kv_length = cache.layers[0].get_mask_sizes(1)[0]
+        mask = self.step_mask(attention_mask, kv_length, self.base.embed_tokens.weight.dtype)
+
+        def attend(attn: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+            keys, values = cache.update(key[:, :, None], value[:, :, None], attn.layer_idx)  # (A, KVH, W, D)
+            out, _ = self.attention(attn, query[:, :, None], keys, values, mask, dropout=0.0, scaling=attn.scaling)
+            return out  # (A, 1, H, D)
+
+        return self._layers(tokens, positions, attend)
+
+    def step_shared(self, tokens: torch.Tensor, positions: torch.Tensor, kv: SharedPromptKV) -> torch.Tensor:
+        """`step` for rows that are samples of shared prompts: the rows of `kv.active`, each attending to
+        its prompt's keys/values (kept once per prompt) and its own response's -> logits (A, V)."""
+        mask = kv.step_mask()  # (A, 1, 1, P + W)
+        prompt_len, group = kv.prompt_len, self.heads // self.kv_heads
+
+        def attend(attn: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+            prompt = kv.prompt.layers[attn.layer_idx]  # (B, KVH, P, D) keys and values
+            # query heads g*R .. g*R+R-1 share key/value head g (R = group)
+            query = query.reshape(query.shape[0], self.kv_heads, group, self.head_dim)  # (A, KVH, R, D)
+            keys, values = kv.responses.update(key[:, :, None], value[:, :, None], attn.layer_idx)  # (A, KVH, W, D)
+            prompt_scores = kv.by_row(torch.matmul(kv.by_prompt(query), prompt.keys.transpose(2, 3)))
+            scores = torch.cat([prompt_scores, torch.matmul(query, keys.transpose(2, 3))], dim=-1)
+            scores = scores * attn.scaling + mask  # (A, KVH, R, P + W)
+            probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+            return torch.matmul(probs[..., prompt_len:], values) \
+                + kv.by_row(torch.matmul(kv.by_prompt(probs[..., :prompt_len]), prompt.values))  # (A, KVH, R, D)
+
+        return self._layers(tokens, positions, attend)
+
+    def _layers(self, tokens: torch.Tensor, positions: torch.Tensor,
+                attend: Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """The model over one token per row, with `attend(self_attn, query (A, H, D), key (A, KVH, D),
+        value (A, KVH, D))` giving each layer's attention output (A*H*D elements, heads in order)."""
         heads, kv_heads, head_dim = self.heads, self.kv_heads, self.head_dim
         rows = tokens.shape[0]
         x = self.base.embed_tokens(tokens)  # (A, hidden)
         cos, sin = self.base.rotary_emb(x, positions[:, None])  # (A, 1, D) each
-        kv_length = cache.layers[0].get_mask_sizes(1)[0]
-        mask = self.step_mask(attention_mask, kv_length, x.dtype)
         half = head_dim // 2
         for layer, qkv_proj, gate_up_proj in zip(self.base.layers, self.qkv, self.gate_up, strict=True):
             attn, mlp = layer.self_attn, layer.mlp
@@ -142,42 +176,7 @@ class FusedDecoder:
             qk = qkv[:, : heads + kv_heads]  # queries and keys take the rotary embedding, values do not
             rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
             qk = qk * cos + rotated * sin  # (A, H + KVH, D)
-            query = qk[:, :heads, None, :]  # (A, H, 1, D)
-            key, value = qk[:, heads:, None, :], qkv[:, heads + kv_heads:, None, :]  # (A, KVH, 1, D)
-            key, value = cache.update(key, value, attn.layer_idx)
-            out, _ = self.attention(attn, query, key, value, mask, dropout=0.0, scaling=attn.scaling)
-            x = x + attn.o_proj(out.reshape(rows, heads * head_dim))
-            gate, up = gate_up_proj(layer.post_attention_layernorm(x)).chunk(2, dim=-1)
-            x = x + mlp.down_proj(mlp.act_fn(gate) * up)
-        return self.model.lm_head(self.base.norm(x))  # (A, V)
-
-    def step_shared(self, tokens: torch.Tensor, positions: torch.Tensor, kv: SharedPromptKV) -> torch.Tensor:
-        """`step` for rows that are samples of shared prompts: the rows of `kv.active`, each attending to
-        its prompt's keys/values (kept once per prompt) and its own response's -> logits (A, V)."""
-        heads, kv_heads, head_dim = self.heads, self.kv_heads, self.head_dim
-        rows, group = tokens.shape[0], heads // kv_heads
-        x = self.base.embed_tokens(tokens)  # (A, hidden)
-        cos, sin = self.base.rotary_emb(x, positions[:, None])  # (A, 1, D) each
-        mask = kv.step_mask()  # (A, 1, 1, P + W)
-        prompt_len = kv.prompt_len
-        half = head_dim // 2
-        for layer, qkv_proj, gate_up_proj, prompt in zip(self.base.layers, self.qkv, self.gate_up,
-                                                          kv.prompt.layers, strict=True):
-            attn, mlp = layer.self_attn, layer.mlp
-            qkv = qkv_proj(layer.input_layernorm(x)).view(rows, heads + 2 * kv_heads, head_dim)
-            qk = qkv[:, : heads + kv_heads]
-            rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
-            qk = qk * cos + rotated * sin  # (A, H + KVH, D)
-            # query heads g*R .. g*R+R-1 share key/value head g (R = group)
-            query = qk[:, :heads].reshape(rows, kv_heads, group, head_dim)  # (A, KVH, R, D)
-            key, value = qk[:, heads:, None, :], qkv[:, heads + kv_heads:, None, :]  # (A, KVH, 1, D)
-            keys, values = kv.responses.update(key, value, attn.layer_idx)  # (A, KVH, W, D)
-            prompt_scores = kv.by_row(torch.matmul(kv.by_prompt(query), prompt.keys.transpose(2, 3)))
-            scores = torch.cat([prompt_scores, torch.matmul(query, keys.transpose(2, 3))], dim=-1)
-            scores = scores * attn.scaling + mask  # (A, KVH, R, P + W)
-            probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-            out = torch.matmul(probs[..., prompt_len:], values) \
-                + kv.by_row(torch.matmul(kv.by_prompt(probs[..., :prompt_len]), prompt.values))  # (A, KVH, R, D)
+            out = attend(attn, qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads:])
             x = x + attn.o_proj(out.reshape(rows, heads * head_dim))
             gate, up = gate_up_proj(layer.post_attention_layernorm(x)).chunk(2, dim=-1)
             x = x + mlp.down_proj(mlp.act_fn(gate) * up)
