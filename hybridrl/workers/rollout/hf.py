@@ -72,7 +72,7 @@ from hybridrl.workers.rollout.fused_decoder import (
     fused_decoder,
     unsupported_reason,
 )
-from hybridrl.workers.rollout.kv_cache import PreallocatedCache
+from hybridrl.workers.rollout.kv_cache import PreallocatedCache, cache_keyword
 from hybridrl.workers.rollout.sampling import SamplingParams, resolve_sampling_params, sample_tokens
 from hybridrl.workers.rollout.static_decode import decode_static, hook_free_view
 
@@ -101,7 +101,7 @@ class HFRollout(BaseRollout):
     """Generate with a causal LM's forward and a preallocated KV cache.
 
     Args:
-        module: the causal LM (its forward must accept `past_key_values`, `position_ids`,
+        module: the causal LM (its forward must accept a cache (`cache` or `past_key_values`), `position_ids`,
             `logits_to_keep`, as every transformers causal LM does). The engine reads its weights in
             place: updating the module updates the rollout.
         config: `actor_rollout_ref.rollout.*` (a RolloutConfig, dict or OmegaConf node).
@@ -228,7 +228,7 @@ class HFRollout(BaseRollout):
             input_ids=input_ids,
             attention_mask=mask,
             position_ids=positions,
-            past_key_values=cache,
+            **{cache_keyword(model): cache},
             use_cache=True,
             logits_to_keep=1,  # only the last position's logits: the prefill skips P-1 vocab projections
         )

@@ -33,8 +33,26 @@ It plugs into any transformers model through the public `Cache` / `CacheLayerMix
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
+from torch import nn
 from transformers.cache_utils import Cache, CacheLayerMixin
+
+
+def cache_keyword(model: nn.Module) -> str:
+    """The keyword `model`'s forward takes its KV cache by: `cache` in transformers 5.24 on, where
+    `past_key_values` is a deprecated alias due to go in 5.40 (after which a cache passed under the old
+    name would land in `**kwargs`, unused), `past_key_values` before and in models that know no other."""
+    return _cache_keyword_of(type(model))
+
+
+@functools.cache
+def _cache_keyword_of(model_class: type) -> str:
+    parameters = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
 
 # The least a full-width cache grows by when a write overflows it (it also grows by a quarter of its width).
 FULL_WIDTH_GROWTH = 16

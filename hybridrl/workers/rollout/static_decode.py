@@ -41,6 +41,7 @@ from torch import nn
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from hybridrl.workers.rollout.decode_outputs import DecodeOutputs
+from hybridrl.workers.rollout.kv_cache import cache_keyword
 from hybridrl.workers.rollout.sampling import SamplingParams, sample_tokens
 
 logger = logging.getLogger(__name__)
@@ -204,8 +205,10 @@ def decode_static(
     model = hook_free_view(module)
     cache = SlotCache(module.config.num_hidden_layers, max_len)
 
+    cache_argument = {cache_keyword(model): cache}
+
     def forward(ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, **cache_argument,
                     use_cache=True, logits_to_keep=1)
         return out.logits[:, -1, :]  # (rows, V)
 

@@ -147,3 +147,27 @@ def test_full_width_layer_grows_as_written_and_says_so_before_the_write(monkeypa
     assert keys.flatten().tolist() == [*range(1, 12), 0]  # every written position kept, zeros beyond
     big = PreallocatedLayer(max_len=8, full_width=True)
     assert big.get_mask_sizes(query_length=7) == (8, 0)  # never wider than max_len
+
+
+def test_the_cache_goes_by_the_keyword_the_models_forward_names(tiny_model, tiny_tokenizer):
+    import inspect
+    import warnings
+
+    from torch import nn
+
+    from hybridrl.workers.rollout import HFRollout
+    from hybridrl.workers.rollout.kv_cache import cache_keyword
+
+    class Renamed(nn.Module):  # transformers >= 5.24
+        def forward(self, input_ids, cache=None, **kwargs): ...
+
+    class Older(nn.Module):  # transformers before 5.24, and models that know no other name
+        def forward(self, input_ids, past_key_values=None, **kwargs): ...
+
+    assert cache_keyword(Renamed()) == "cache" and cache_keyword(Older()) == "past_key_values"
+    expected = "cache" if "cache" in inspect.signature(type(tiny_model).forward).parameters else "past_key_values"
+    assert cache_keyword(tiny_model) == expected
+    prompts = make_prompts(tiny_tokenizer, length=16)
+    with warnings.catch_warnings():  # the deprecated alias would warn (and, from 5.40, be dropped unused)
+        warnings.filterwarnings("error", message=".*past_key_values.*deprecated.*")
+        HFRollout(tiny_model, dict(response_length=4, n=2), tiny_tokenizer).generate_sequences(prompts)
