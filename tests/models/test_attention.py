@@ -1,10 +1,14 @@
 """grouped_eager computes eager attention's numbers without copying key/value heads."""
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, Qwen2ForCausalLM
 
 from hybridrl.models.attention import GROUPED_EAGER, GROUPED_SDPA, decoding_attention, default_attention
 from hybridrl.models.loading import load_causal_lm
+from hybridrl.workers.rollout.kv_cache import cache_keyword
+
+# the keyword transformers' causal LMs take their KV cache by, in the installed version
+CACHE = cache_keyword(Qwen2ForCausalLM)
 
 
 def _batch():
@@ -39,10 +43,10 @@ def test_grouped_eager_decodes_with_a_cache_as_eager_does(tiny_model_dir):
         model = load_causal_lm(tiny_model_dir, attn_implementation=implementation, dtype="bfloat16").eval()
         cache = DynamicCache()
         with torch.no_grad():
-            model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
+            model(input_ids=ids, attention_mask=mask, position_ids=positions, **{CACHE: cache}, use_cache=True)
             step_mask = torch.cat([mask, torch.ones(3, 1, dtype=torch.long)], dim=1)
             out = model(input_ids=ids[:, -1:], attention_mask=step_mask, position_ids=positions[:, -1:] + 1,
-                        past_key_values=cache, use_cache=True)
+                        **{CACHE: cache}, use_cache=True)
         logits.append(out.logits.float())
     # the same bf16 products summed in the same order: equal, not merely close
     torch.testing.assert_close(logits[1], logits[0], rtol=0, atol=0)
@@ -60,10 +64,10 @@ def test_grouped_sdpa_decodes_as_sdpa_and_is_sdpa_elsewhere(tiny_model_dir):
         grads = {n: p.grad for n, p in model.named_parameters()}
         cache = DynamicCache()
         with torch.no_grad():
-            model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
+            model(input_ids=ids, attention_mask=mask, position_ids=positions, **{CACHE: cache}, use_cache=True)
             step_mask = torch.cat([mask, torch.ones(3, 1, dtype=torch.long)], dim=1)
             step = model(input_ids=ids[:, -1:], attention_mask=step_mask, position_ids=positions[:, -1:] + 1,
-                         past_key_values=cache, use_cache=True).logits
+                         **{CACHE: cache}, use_cache=True).logits
         results.append((logits.detach(), grads, step))
     (logits, grads, step), (g_logits, g_grads, g_step) = results
     assert torch.equal(g_logits, logits)

@@ -41,11 +41,12 @@ from torch import nn
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 
-def cache_keyword(model: nn.Module) -> str:
-    """The keyword `model`'s forward takes its KV cache by: `cache` in transformers 5.24 on, where
-    `past_key_values` is a deprecated alias due to go in 5.40 (after which a cache passed under the old
-    name would land in `**kwargs`, unused), `past_key_values` before and in models that know no other."""
-    return _cache_keyword_of(type(model))
+def cache_keyword(model: nn.Module | type[nn.Module]) -> str:
+    """The keyword `model`'s forward (or a model class's) takes its KV cache by: `cache` in transformers
+    5.24 on, where `past_key_values` is a deprecated alias due to go in 5.40 (after which a cache passed
+    under the old name would land in `**kwargs`, unused), `past_key_values` before and in models that know
+    no other."""
+    return _cache_keyword_of(model if isinstance(model, type) else type(model))
 
 
 @functools.cache

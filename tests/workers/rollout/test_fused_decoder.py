@@ -21,9 +21,12 @@ from hybridrl.workers.rollout.fused_decoder import (
     fused_decoder,
     unsupported_reason,
 )
-from hybridrl.workers.rollout.kv_cache import PreallocatedCache
+from hybridrl.workers.rollout.kv_cache import PreallocatedCache, cache_keyword
 
 from .helpers import make_prompts
+
+# the keyword transformers' causal LMs take their KV cache by, in the installed version
+CACHE = cache_keyword(Qwen2ForCausalLM)
 
 STEPS = 6
 
@@ -50,14 +53,14 @@ def test_each_step_gives_the_logits_and_cache_of_the_models_forward(arch, dtype,
     with torch.no_grad(), prepacked_linears(model):
         for cache in caches:
             logits = model(input_ids=input_ids, attention_mask=mask[:, :prompt_len], position_ids=positions,
-                           past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+                           **{CACHE: cache}, use_cache=True, logits_to_keep=1).logits[:, -1]
         decoder = FusedDecoder(model)
         position = positions[:, -1] + 1
         for step in range(STEPS):
             tokens = logits.argmax(-1)
             seen = mask[:, : prompt_len + step + 1]
             logits = model(input_ids=tokens[:, None], attention_mask=seen, position_ids=position[:, None],
-                           past_key_values=caches[0], use_cache=True, logits_to_keep=1).logits[:, -1]
+                           **{CACHE: caches[0]}, use_cache=True, logits_to_keep=1).logits[:, -1]
             fused = decoder.step(tokens, position, caches[1], seen)
             assert fused.dtype == logits.dtype and fused.shape == (rows, model.config.vocab_size)
             if packing_supported(torch.zeros(2, 2, dtype=dtype)):
@@ -143,7 +146,7 @@ def test_shared_prompt_steps_give_the_logits_of_the_forward_over_per_sample_copi
     with torch.no_grad(), prepacked_linears(model):
         for cache in (copies, once):
             logits = model(input_ids=input_ids, attention_mask=prompt_mask, position_ids=positions,
-                           past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+                           **{CACHE: cache}, use_cache=True, logits_to_keep=1).logits[:, -1]
         copies.batch_repeat_interleave(n)
         kv = SharedPromptKV(once, prompt_mask, n, STEPS, dtype)
         decoder = FusedDecoder(model)
@@ -160,7 +163,7 @@ def test_shared_prompt_steps_give_the_logits_of_the_forward_over_per_sample_copi
                 x = torch.randn(len(keep), 2, 3, 5)
                 assert torch.equal(kv.by_row(kv.by_prompt(x)), x)
             logits = model(input_ids=tokens[:, None], attention_mask=mask[:, : prompt_len + step + 1],
-                           position_ids=position[:, None], past_key_values=copies, use_cache=True,
+                           position_ids=position[:, None], **{CACHE: copies}, use_cache=True,
                            logits_to_keep=1).logits[:, -1]
             shared = decoder.step_shared(tokens, position, kv)
             assert shared.dtype == logits.dtype and shared.shape == logits.shape
@@ -224,6 +227,6 @@ def test_shared_prompt_kv_wants_a_prompt_cache_as_wide_as_the_prompts(tiny_model
     wide = PreallocatedCache(tiny_model.config.num_hidden_layers, 16 + 8, full_width=True)
     with torch.no_grad():
         tiny_model(input_ids=prompts.batch["input_ids"], attention_mask=prompts.batch["attention_mask"],
-                   position_ids=prompts.batch["position_ids"], past_key_values=wide, use_cache=True)
+                   position_ids=prompts.batch["position_ids"], **{CACHE: wide}, use_cache=True)
     with pytest.raises(ValueError, match=r"exactly as wide as the prompts \(16 columns\).*\[24\]"):
         SharedPromptKV(wide, prompts.batch["attention_mask"], 2, 8, torch.float32)

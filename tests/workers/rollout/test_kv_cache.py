@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, Qwen2ForCausalLM
 
 from hybridrl.models.attention import GROUPED_EAGER
 from hybridrl.workers.rollout import kv_cache
-from hybridrl.workers.rollout.kv_cache import PreallocatedCache, PreallocatedLayer
+from hybridrl.workers.rollout.kv_cache import PreallocatedCache, PreallocatedLayer, cache_keyword
 
 from .helpers import make_prompts
+
+# the keyword transformers' causal LMs take their KV cache by, in the installed version
+CACHE = cache_keyword(Qwen2ForCausalLM)
 
 
 def decode(model, cache, prompts, steps: int, drop_at: dict[int, list[int]] | None = None) -> list[torch.Tensor]:
@@ -19,7 +22,7 @@ def decode(model, cache, prompts, steps: int, drop_at: dict[int, list[int]] | No
     ids, mask, pos = (prompts.batch[k] for k in ("input_ids", "attention_mask", "position_ids"))
     drop_at = drop_at or {}
     with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, **{CACHE: cache},
                        use_cache=True).logits[:, -1]  # (B, V)
         outputs = [logits]
         next_pos = pos[:, -1:] + 1  # (B, 1)
@@ -30,7 +33,7 @@ def decode(model, cache, prompts, steps: int, drop_at: dict[int, list[int]] | No
                 cache.batch_select_indices(keep)
                 token, mask, next_pos = token[keep], mask[keep], next_pos[keep]
             mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-            logits = model(input_ids=token, attention_mask=mask, position_ids=next_pos, past_key_values=cache,
+            logits = model(input_ids=token, attention_mask=mask, position_ids=next_pos, **{CACHE: cache},
                            use_cache=True).logits[:, -1]
             outputs.append(logits)
             next_pos = next_pos + 1
@@ -156,7 +159,6 @@ def test_the_cache_goes_by_the_keyword_the_models_forward_names(tiny_model, tiny
     from torch import nn
 
     from hybridrl.workers.rollout import HFRollout
-    from hybridrl.workers.rollout.kv_cache import cache_keyword
 
     class Renamed(nn.Module):  # transformers >= 5.24
         def forward(self, input_ids, cache=None, **kwargs): ...

@@ -9,11 +9,16 @@ from __future__ import annotations
 import pytest
 import torch
 from spmd import run_on_ranks
+from transformers import Qwen2ForCausalLM
 
 from hybridrl.workers.rollout import HFRollout
+from hybridrl.workers.rollout.kv_cache import cache_keyword
 from hybridrl.workers.rollout.static_decode import SlotCache, hook_free_view, prefill_mask
 
 from .helpers import full_forward_log_probs, make_prompts
+
+# the keyword transformers' causal LMs take their KV cache by, in the installed version
+CACHE = cache_keyword(Qwen2ForCausalLM)
 
 PAD = 0
 
@@ -127,7 +132,7 @@ def test_a_decoding_step_traces_as_one_graph_without_host_work(tiny_model_dir, a
     cache, view = SlotCache(model.config.num_hidden_layers, max_len), hook_free_view(model)
     with torch.no_grad():
         cache.slots = torch.arange(prompt_len)
-        view(input_ids=torch.randint(4, 500, (rows, prompt_len)), position_ids=positions, past_key_values=cache,
+        view(input_ids=torch.randint(4, 500, (rows, prompt_len)), position_ids=positions, **{CACHE: cache},
              attention_mask=prefill_mask(attention_mask, max_len, torch.float32), use_cache=True)
         cache.slots = torch.full((1,), prompt_len)
         step_mask = prefill_mask(attention_mask, max_len, torch.float32)[:, :, -1:].clone()
@@ -135,7 +140,7 @@ def test_a_decoding_step_traces_as_one_graph_without_host_work(tiny_model_dir, a
 
         def step():
             return view(input_ids=torch.zeros(rows, 1, dtype=torch.long), attention_mask=step_mask,
-                        position_ids=positions[:, -1:] + 1, past_key_values=cache, use_cache=True,
+                        position_ids=positions[:, -1:] + 1, **{CACHE: cache}, use_cache=True,
                         logits_to_keep=1).logits
 
         try:
