@@ -79,12 +79,12 @@ from hybridrl.workers.rollout.static_decode import decode_static, hook_free_view
 if TYPE_CHECKING:
     from hybridrl.workers.engine.fsdp import FSDPEngine
 
+logger = logging.getLogger(__name__)
+
 # Finished rows leave the batch once they are at least this share of it. Dropping copies every
 # surviving row's cache; waiting for a batch of finished rows costs a little wasted compute instead.
 # For a 47M model, 256 rows x 64 steps: dropping at every finish 680 tok/s, at 1/16, 1/8 or 1/4 of
 # the batch 775-785 tok/s (single thread, CPU time).
-logger = logging.getLogger(__name__)
-
 DROP_FINISHED_SHARE = 0.125
 
 # Prompts (their columns after trimming the padding all share) at least this long keep their keys/values
@@ -260,8 +260,9 @@ class HFRollout(BaseRollout):
         self._decoding_path_logged = True
         name = type(model).__name__
         if decoder is not None:
+            sharing = "never" if self.share_prompt_kv_from is None else f"from {self.share_prompt_kv_from} columns"
             logger.info("HF rollout: %s decodes with the fused step (prompts' keys/values kept once for their "
-                        "samples from %s columns)", name, self.share_prompt_kv_from)
+                        "samples %s)", name, sharing)
         elif self._device().type != "cpu":
             logger.info("HF rollout: %s decodes with its forward (the fused step is for CPUs)", name)
         else:
