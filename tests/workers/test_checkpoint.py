@@ -9,6 +9,7 @@ Three spawned runs share the work (each start costs a few seconds):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 from pathlib import Path
@@ -247,3 +248,35 @@ def test_bad_settings_name_the_field():
     with pytest.raises(CheckpointError, match="global_step_N directory"):
         resolve_resume_path("resume_path", "/tmp", "/tmp/some_dir")
     assert resolve_resume_path("disable", "/tmp") is None
+
+
+def _gloo_thread_count() -> int:
+    """Threads of this process named after gloo's worker loop: the loops themselves, and any OpenMP
+    worker one of them started (a new thread inherits its creator's name)."""
+    names = []
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):  # the thread ended while we looked
+            names.append((task / "comm").read_text().strip())
+    return names.count("pt_gloo_runloop")
+
+
+def _save_and_load_on_one_rank(rank, world_size, model_dir, root):
+    # as in a local-backend driver on 2 cores: every thread's parallel regions (gloo's too) take 2 threads
+    torch.set_num_threads(2)
+    engine = _engine(model_dir)
+    _train_step(engine)
+    before = _gloo_thread_count()
+    manager = CheckpointManager(engine, None, {"save_contents": ALL})
+    manager.save_checkpoint(Path(root) / "global_step_1" / "actor", global_step=1)
+    manager.load_checkpoint(Path(root) / "global_step_1" / "actor")
+    return {"before": before, "after": _gloo_thread_count(), "torch_threads": torch.get_num_threads()}
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads through Linux's /proc")
+def test_a_single_rank_checkpoint_leaves_no_openmp_team_on_gloo_threads(tiny_model_dir, tmp_path):
+    # On one rank DCP runs without its planning collectives. With them, gloo's worker thread copied the
+    # plan in an OpenMP parallel region and kept that team for as long as the group lived: more OpenMP
+    # threads than cores, and every later multi-threaded op of the process ran ~3x slower (2 cores).
+    result = run_on_ranks(_save_and_load_on_one_rank, 1, str(tiny_model_dir), str(tmp_path))[0]
+    assert result["before"] > 0  # the rank's gloo group runs its loops
+    assert result["after"] == result["before"], result
