@@ -136,9 +136,16 @@ def _dcp_without_collectives_on_one_rank() -> Iterator[dict[str, bool]]:
     if _world_size() > 1:
         yield {}
         return
-    with warnings.catch_warnings():  # DCP warns that it runs without a process group, which is the point
-        warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+    with _no_process_group_warning_silenced():
         yield {"no_dist": True}
+
+
+@contextlib.contextmanager
+def _no_process_group_warning_silenced() -> Iterator[None]:
+    """DCP called with `no_dist=True` warns that it runs without a process group: here that is the point."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+        yield
 
 
 def _write_json_durably(path: Path, payload: dict[str, Any]) -> None:
@@ -338,8 +345,7 @@ def read_full_model_state(path: str | Path) -> dict[str, torch.Tensor]:
     }
     if not state:
         raise CheckpointError(f"{path} holds no model tensors")
-    with warnings.catch_warnings():  # DCP warns that it runs without a process group, which is the point
-        warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+    with _no_process_group_warning_silenced():
         dcp.load(state, storage_reader=FileSystemReader(str(path)), no_dist=True)
     return {key[len(prefix):]: value for key, value in state.items()}
 
