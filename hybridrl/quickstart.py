@@ -17,11 +17,13 @@ Every stage is the project's ordinary entry point, driven through its Hydra conf
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -165,13 +167,25 @@ def _plot(steps: list[dict], validations: list[tuple[int, float]], out_png: Path
 
 
 def with_threads(threads: int | None, grpo_overrides: list[str]) -> list[str]:
-    """Compute with `threads` torch threads here (SFT runs in this process) and in each GRPO worker."""
+    """Give each GRPO worker `threads` CPUs (this process's own count is `torch_threads`'s job)."""
     if threads is not None:
-        import torch
-
-        torch.set_num_threads(threads)
         grpo_overrides.insert(0, f"ray_init.cpus_per_worker={threads}")
     return grpo_overrides
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Compute with `threads` torch threads in this process (SFT, and a local-backend GRPO, run here) and
+    give the caller its own count back: a notebook or test that calls `main` keeps its threads."""
+    import torch
+
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def grpo_run_overrides(threads: int | None, extra: list[str]) -> list[str]:
@@ -216,13 +230,15 @@ def main(argv: list[str] | None = None) -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     grpo_overrides = grpo_run_overrides(args.threads, args.overrides)
     start = time.perf_counter()
-    print("[1/4] task data and [2/4] tiny model", flush=True)
-    data = prepare_data(workdir, args.seed)
-    base = prepare_base_model(workdir, args.seed)
-    print("[3/4] SFT warm start on the teacher's worked answers", flush=True)
-    model = warm_start(workdir, data, base, args.seed, sft_run_overrides(args.overrides))
-    print(f"[4/4] GRPO, {args.steps} steps, held-out greedy accuracy every 10 (log: {workdir / 'grpo'})", flush=True)
-    history = train_grpo(workdir, data, model, args.steps, grpo_overrides, args.seed)
+    with torch_threads(args.threads):
+        print("[1/4] task data and [2/4] tiny model", flush=True)
+        data = prepare_data(workdir, args.seed)
+        base = prepare_base_model(workdir, args.seed)
+        print("[3/4] SFT warm start on the teacher's worked answers", flush=True)
+        model = warm_start(workdir, data, base, args.seed, sft_run_overrides(args.overrides))
+        print(f"[4/4] GRPO, {args.steps} steps, held-out greedy accuracy every 10 (log: {workdir / 'grpo'})",
+              flush=True)
+        history = train_grpo(workdir, data, model, args.steps, grpo_overrides, args.seed)
     write_summary(workdir, summarize(history, workdir / "curves.png"), start, "quickstart")
 
 

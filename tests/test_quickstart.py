@@ -67,3 +67,19 @@ def test_a_gpu_run_trains_sft_there_too_and_the_local_backend_gets_one_rank():
     assert quickstart._compose("ppo_trainer", quickstart.grpo_run_overrides(None, [])).trainer.n_gpus_per_node == 2
     two = quickstart.grpo_run_overrides(None, [*cli, "trainer.n_gpus_per_node=2"])
     assert "trainer.n_gpus_per_node=1" not in two
+
+
+def test_threads_given_to_main_apply_inside_and_the_callers_count_comes_back_even_on_error():
+    import pytest
+    import torch
+
+    caller = torch.get_num_threads()
+    wanted = 1 if caller != 1 else 2
+    with quickstart.torch_threads(wanted):
+        assert torch.get_num_threads() == wanted
+    assert torch.get_num_threads() == caller
+    with pytest.raises(RuntimeError, match="stage failed"), quickstart.torch_threads(wanted):
+        raise RuntimeError("stage failed")
+    assert torch.get_num_threads() == caller
+    with quickstart.torch_threads(None):  # no --threads: this process keeps its own count
+        assert torch.get_num_threads() == caller

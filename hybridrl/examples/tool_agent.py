@@ -25,6 +25,7 @@ from pathlib import Path
 from hybridrl.quickstart import (
     prepare_base_model,
     summarize,
+    torch_threads,
     train_grpo,
     warm_start,
     with_threads,
@@ -93,15 +94,16 @@ def main(argv: list[str] | None = None) -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     extra = with_threads(args.threads, [*GRPO_OVERRIDES, *args.overrides])
     start = time.perf_counter()
-    print("[1/4] task data and [2/4] tiny model", flush=True)
-    data = prepare_task(workdir, args.seed)
-    base = prepare_base_model(workdir, args.seed)
-    print("[3/4] multi-turn SFT on the teacher's conversations", flush=True)
-    sft_overrides = [*SFT_OVERRIDES, f"trainer.total_training_steps={args.sft_steps}", *args.sft]
-    model = warm_start(workdir, data, base, args.seed, sft_overrides,
-                       train_file="sft.parquet", val_file=None)
-    print(f"[4/4] GRPO with the calculator, {args.steps} steps (log: {workdir / 'grpo'})", flush=True)
-    history = train_grpo(workdir, data, model, args.steps, extra, args.seed)
+    with torch_threads(args.threads):
+        print("[1/4] task data and [2/4] tiny model", flush=True)
+        data = prepare_task(workdir, args.seed)
+        base = prepare_base_model(workdir, args.seed)
+        print("[3/4] multi-turn SFT on the teacher's conversations", flush=True)
+        sft_overrides = [*SFT_OVERRIDES, f"trainer.total_training_steps={args.sft_steps}", *args.sft]
+        model = warm_start(workdir, data, base, args.seed, sft_overrides,
+                           train_file="sft.parquet", val_file=None)
+        print(f"[4/4] GRPO with the calculator, {args.steps} steps (log: {workdir / 'grpo'})", flush=True)
+        history = train_grpo(workdir, data, model, args.steps, extra, args.seed)
     write_summary(workdir, tool_summary(history, workdir / "curves.png"), start, "tool agent")
 
 

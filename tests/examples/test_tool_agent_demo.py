@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from hybridrl.examples import tool_agent
 from hybridrl.trainer.run_config import read_run_config
@@ -17,11 +18,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def test_the_demo_runs_every_stage_and_writes_its_summary(tmp_path, monkeypatch):
+    threads = torch.get_num_threads()
     monkeypatch.setattr(tool_agent, "TASK", {**tool_agent.TASK, "train_size": 256, "test_size": 16})
     tool_agent.main(["--workdir", str(tmp_path), "--steps", "2", "--sft-steps", "20", "--threads", "1",
                      "--sft", "optim.lr=0.002",
                      "trainer.backend=local", "trainer.n_gpus_per_node=1", "trainer.test_freq=1", "data.train_batch_size=4",
                      "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=4"])
+    # --threads 1 held for the demo only: the rest of this process (the test session) keeps its count
+    assert torch.get_num_threads() == threads
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["training steps"] == 2
     for key in ("held-out accuracy before", "held-out accuracy after"):
