@@ -8,12 +8,16 @@
 #   OUT=/some/dir ONLY="tests decode profile" bash benchmarks/gpu_checks.sh   # ~4-5 minutes
 #   OUT=/some/dir ONLY=bf16 bash benchmarks/gpu_checks.sh                     # ~4 minutes
 #   OUT=/some/dir ONLY=fp32 bash benchmarks/gpu_checks.sh                     # ~6 minutes
+#   OUT=/some/dir ONLY=bf16mb bash benchmarks/gpu_checks.sh                   # ~4 minutes
 #
-# All of it takes ~14 minutes on an H200 (the per-part figures are estimates from the 2026-11-26 lease),
-# more than one 10-minute device call: split it with ONLY as above.
+# All of it takes ~18 minutes on an H200 (the per-part figures are estimates from the 2026-11-26 lease),
+# more than one 10-minute device call and more than a 15-minute lease: pick parts with ONLY. bf16mb is
+# the next question for the bf16 bar: the update ran at 4-10% of the card's bf16 rate in passes of 32
+# samples, host-bound, and passes of 128 cut the host work per sample by four (TRL's too).
 #
 # Parts: tests (every gpu-marked test), decode (decode_bandwidth.py eager vs graphs), profile
-# (profile_step.py at 1b, graphs, shared and padded prompts), bf16 and fp32 (grpo_vs_trl.py against TRL).
+# (profile_step.py at 1b, graphs, shared and padded prompts), bf16 and fp32 (grpo_vs_trl.py against TRL),
+# bf16mb (bf16 against TRL with both frameworks in passes of 128 samples).
 # Results land in $OUT: the tables, the profiles, and logs.tgz with every run's log.
 set -u
 OUT=$(mkdir -p "${OUT:-runs/gpu_checks}" && cd "${OUT:-runs/gpu_checks}" && pwd)
@@ -52,6 +56,12 @@ if wants bf16; then
     say "GRPO vs TRL, bf16, 1b and 400m"
     (cd benchmarks && timeout 300 python3 grpo_vs_trl.py --device cuda --sizes 1b,400m --dtypes bfloat16 \
         --workdir /tmp/gpu_checks --out "$OUT/grpo_vs_trl_gpu_bf16" 2>&1 | grep -E "s/step|speedup|Error|Traceback")
+fi
+if wants bf16mb; then
+    say "GRPO vs TRL, bf16, 1b and 400m, passes of 128 samples"
+    (cd benchmarks && timeout 300 python3 grpo_vs_trl.py --device cuda --sizes 1b,400m --dtypes bfloat16 \
+        --micro-batch 128 --workdir /tmp/gpu_checks --out "$OUT/grpo_vs_trl_gpu_bf16_mb128" 2>&1 \
+        | grep -E "s/step|speedup|Error|Traceback")
 fi
 if wants fp32; then
     say "GRPO vs TRL, fp32, 10m 50m 400m 1b"

@@ -65,6 +65,7 @@ class Workload:
     evaluate: bool  # held-out greedy accuracy before and after training
     lr: float = 5e-5
     micro_batch: int = 32  # samples per forward/backward pass (hybridrl's micro batch, TRL's device batch)
+    # (DEFAULT_MICRO_BATCH below mirrors it: a run at another size gets its own log and row files)
     prompt_length: int = 40
     seed: int = 1
     dtype: str = "float32"  # compute dtype: hybridrl's param_dtype and rollout.dtype, TRL's bf16 flag
@@ -72,11 +73,15 @@ class Workload:
 
     @property
     def tag(self) -> str:
-        return f"{self.size}-{self.dtype}"
+        micro = "" if self.micro_batch == DEFAULT_MICRO_BATCH else f"-mb{self.micro_batch}"
+        return f"{self.size}-{self.dtype}{micro}"
 
     @property
     def samples(self) -> int:
         return self.prompts * self.n
+
+
+DEFAULT_MICRO_BATCH = Workload.micro_batch
 
 
 # ----- running one framework (inside a subprocess) ------------------------------------------------------
@@ -351,6 +356,7 @@ PLAN = {
     False: {"1m": (16, 20, 2), "10m": (16, 6, 2), "50m": (8, 6, 2)},
     True: {"1m": (16, 4, 1), "10m": (8, 3, 1), "50m": (4, 2, 1)},
 }
+SAMPLES_PER_PROMPT = 8
 # On one GPU (--device cuda): 32 prompts x 8 samples per step at every size, up to the 1.5B layout.
 PLAN_GPU = {
     False: {size: (32, 8, 2) for size in ("10m", "50m", "400m", "1b")},
@@ -358,17 +364,24 @@ PLAN_GPU = {
 }
 
 
-def prepare(workdir: Path, sizes: list[str], quick: bool, device: str = "cpu") -> list[Workload]:
+def prepare(workdir: Path, sizes: list[str], quick: bool, device: str = "cpu",
+            micro_batch: int = DEFAULT_MICRO_BATCH) -> list[Workload]:
     """Data, models and per-size workloads. The 1m model is warm-started by SFT (skipped with --quick)."""
     from hybridrl.models.tiny import build_tiny_model
     from hybridrl.quickstart import prepare_data, warm_start
 
+    plan = (PLAN if device == "cpu" else PLAN_GPU)[quick]
+    # all checks before building anything: a 1b model takes minutes and gigabytes to write
+    unplanned = [size for size in sizes if size not in plan]
+    if unplanned:
+        raise SystemExit(f"--sizes: no plan for {', '.join(unplanned)} on {device}; choose from {', '.join(plan)}")
+    uneven = [f"{size} ({plan[size][0] * SAMPLES_PER_PROMPT})" for size in sizes
+              if micro_batch < 1 or plan[size][0] * SAMPLES_PER_PROMPT % micro_batch]
+    if uneven:
+        raise SystemExit(f"--micro-batch {micro_batch} must divide the samples per step of every size: "
+                         f"{', '.join(uneven)} (TRL accumulates whole micro-batches)")
     data = prepare_data(workdir)
     workloads = []
-    plan = (PLAN if device == "cpu" else PLAN_GPU)[quick]
-    unplanned = [size for size in sizes if size not in plan]
-    if unplanned:  # before building anything: a 1b model takes minutes and gigabytes to write
-        raise SystemExit(f"--sizes: no plan for {', '.join(unplanned)} on {device}; choose from {', '.join(plan)}")
     for size in sizes:
         base = workdir / f"base_{size}"
         if not (base / "config.json").exists():
@@ -378,8 +391,8 @@ def prepare(workdir: Path, sizes: list[str], quick: bool, device: str = "cpu") -
             model, start = warm_start(workdir, data, base), "SFT warm start"
         prompts, steps, warmup = plan[size]
         workloads.append(Workload(size=size, model=str(model), start=start, data=str(data), prompts=prompts,
-                                  n=8, response_length=32 if quick else 64, steps=steps, warmup=warmup,
-                                  evaluate=size == "1m", device=device))
+                                  n=SAMPLES_PER_PROMPT, response_length=32 if quick else 64, steps=steps,
+                                  warmup=warmup, evaluate=size == "1m", device=device, micro_batch=micro_batch))
     return workloads
 
 
@@ -501,6 +514,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reuse", action="store_true",
                         help="take a run's row from WORKDIR/logs/RUNNER-SIZE-DTYPE.row.json where an earlier "
                         "invocation left one, instead of running it again (to split a benchmark over sessions)")
+    parser.add_argument("--micro-batch", type=int, default=DEFAULT_MICRO_BATCH,
+                        help="samples per forward/backward pass, both frameworks (hybridrl's "
+                        "ppo_micro_batch_size_per_gpu and log_prob_micro_batch_size_per_gpu, TRL's "
+                        "per_device_train_batch_size with gradient accumulation over the step's samples); it "
+                        "must divide every size's prompts x samples. Fewer, larger passes cost less host work "
+                        "per sample: what an update bound by launching work (a GPU's, at small models) waits on")
     parser.add_argument("--rounds", type=int, default=1,
                         help="run every framework this many times on each workload, alternating (trl, hybridrl, "
                         "trl, hybridrl, ...), and report medians over all rounds' timed steps: this machine's "
@@ -531,7 +550,7 @@ def main(argv: list[str] | None = None) -> None:
     workdir = Path(args.workdir).resolve()
     (workdir / "logs").mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    workloads = prepare(workdir, sizes, args.quick, args.device)
+    workloads = prepare(workdir, sizes, args.quick, args.device, args.micro_batch)
     rows = []
     for size_workload in workloads:
         for dtype in args.dtypes.split(","):
@@ -583,7 +602,7 @@ def write_report(rows: list[dict], workloads: list[Workload], args: argparse.Nam
         f"threads per process by default, Ray workers 1 each), {'--quick, ' if args.quick else ''}"
         f"{time.strftime('%Y-%m-%d')}, 1-min load average at the end {load:.1f}. Per step: "
         + "; ".join(f"{w.size}: {w.prompts} prompts x {w.n} samples x {w.response_length} tokens" for w in workloads)
-        + ". Temperature 1.0, lr 5e-5, no KL, 1 PPO epoch, 1 optimizer step per step, token-mean loss "
+        + f", in forward/backward passes of {workloads[0].micro_batch} samples. Temperature 1.0, lr 5e-5, no KL, 1 PPO epoch, 1 optimizer step per step, token-mean loss "
         "(TRL loss_type=dapo). dtype: the compute dtype (hybridrl: fsdp_config.mixed_precision.param_dtype and "
         "rollout.dtype, fp32 master weights; TRL: bf16=True, torch's autocast). s/step: median wall time from "
         "one optimizer step to the next (metrics and logging included), over the timed steps: those after the "
