@@ -139,12 +139,22 @@ def encode_chat(
     return list(encoding["input_ids"]), mask
 
 
+# Encoded rows kept for the next epoch, up to this many tokens in all (ids int32 + mask uint8: ~320 MB at
+# most). Encoding renders the chat template 1 + 2 x (assistant turns) times and tokenises, ~0.2 ms a row
+# on the 2-core AMD EPYC: 400 steps of the quickstart's SFT (32 rows a step over 5000 chats) took 52.7 /
+# 52.9 s with the rows kept against 53.6 / 55.5 s without, alternating, and saved the same model bytes
+# (2026-11-27); its 1200 steps read each row ~8 times.
+ENCODED_CACHE_TOKENS = 64 * 2**20
+
+
 class SFTDataset(Dataset):
     """Chats from parquet files for SFT, with verl's keys; see the module docstring for layouts and outputs.
 
     `truncation` applies when a chat is longer than `max_length`: "error" makes the dataset refuse the
     files when it is built, naming every such row's file and row; "left" keeps the last `max_length`
-    tokens, "right" keeps the first.
+    tokens, "right" keeps the first. A row is encoded the first time it is read and kept (up to
+    `ENCODED_CACHE_TOKENS` tokens for the whole dataset; rows past that are encoded at every read), so
+    later epochs read the same ids without rendering and tokenising again.
     """
 
     def __init__(
@@ -187,6 +197,8 @@ class SFTDataset(Dataset):
         if truncation == "error":
             self._check_lengths()
         self._warn_if_turns_lack_eos()
+        self._encoded: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # index -> (ids, loss mask), unpadded
+        self._encoded_tokens = 0
 
     def chat_lengths(self) -> list[int]:
         """Every chat's token count (the ids `__getitem__` cuts or pads), tokenised in one batch."""
@@ -238,21 +250,36 @@ class SFTDataset(Dataset):
         return len(self.chats)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        ids, loss_mask = encode_chat(self.tokenizer, self.chats[index], **self.template_kwargs)
-        ids, loss_mask = self._fit(ids, loss_mask, index)
-        n_pad = self.max_length - len(ids)
-        input_ids = torch.tensor(
-            ids + [self.tokenizer.pad_token_id] * n_pad, dtype=torch.long
-        )  # (max_length,)
-        attention_mask = torch.tensor([1] * len(ids) + [0] * n_pad, dtype=torch.long)  # (max_length,)
+        ids, loss_mask = self._encode(index)
+        length = len(ids)
+        input_ids = torch.full((self.max_length,), self.tokenizer.pad_token_id, dtype=torch.long)
+        input_ids[:length] = ids
+        attention_mask = torch.zeros(self.max_length, dtype=torch.long)
+        attention_mask[:length] = 1
         # Positions count real tokens; padding repeats the last position (verl's convention).
         position_ids = torch.clamp(torch.cumsum(attention_mask, dim=0) - 1, min=0)  # (max_length,)
+        padded_loss_mask = torch.zeros(self.max_length, dtype=torch.long)
+        padded_loss_mask[:length] = loss_mask
         return {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
             "position_ids": position_ids,
-            "loss_mask": torch.tensor(loss_mask + [0] * n_pad, dtype=torch.long),  # (max_length,)
+            "loss_mask": padded_loss_mask,
         }
+
+    def _encode(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row `index`'s token ids and loss mask, fitted to max_length and unpadded: kept after the first read
+        while the dataset's kept tokens stay within ENCODED_CACHE_TOKENS."""
+        kept = self._encoded.get(index)
+        if kept is not None:
+            return kept
+        ids, loss_mask = encode_chat(self.tokenizer, self.chats[index], **self.template_kwargs)
+        ids, loss_mask = self._fit(ids, loss_mask, index)
+        encoded = torch.tensor(ids, dtype=torch.int32), torch.tensor(loss_mask, dtype=torch.uint8)
+        if self._encoded_tokens + len(ids) <= ENCODED_CACHE_TOKENS:
+            self._encoded[index] = encoded
+            self._encoded_tokens += len(ids)
+        return encoded
 
     def _fit(self, ids: list[int], loss_mask: list[int], index: int) -> tuple[list[int], list[int]]:
         """Cut a chat longer than max_length as `truncation` says."""

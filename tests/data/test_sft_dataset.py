@@ -212,3 +212,43 @@ def test_other_chat_templates_and_the_missing_eos_warning(
         tiny_tokenizer.decode(item["input_ids"][item["attention_mask"].bool()])
         == "user: 1+1\nassistant: 2 3\n"
     )
+
+
+def _padded_by_hand(tokenizer, chat: list[dict], max_length: int) -> dict[str, list[int]]:
+    ids, mask = encode_chat(tokenizer, chat)
+    pad = max_length - len(ids)
+    return {"input_ids": ids + [tokenizer.pad_token_id] * pad, "attention_mask": [1] * len(ids) + [0] * pad,
+            "position_ids": list(range(len(ids))) + [len(ids) - 1] * pad, "loss_mask": mask + [0] * pad}
+
+
+def test_a_row_is_encoded_once_and_every_read_gives_the_same_fresh_item(tiny_tokenizer, tmp_path, monkeypatch):
+    import hybridrl.data.sft_dataset as sft_dataset
+
+    rows = [{"prompt": f"{i}+{i}", "response": str(2 * i)} for i in range(3)]
+    dataset = SFTDataset(_write(rows, tmp_path / "sft.parquet"), tiny_tokenizer, max_length=24)
+    calls = []
+    real = sft_dataset.encode_chat
+    monkeypatch.setattr(sft_dataset, "encode_chat", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for _epoch in range(3):
+        for index, row in enumerate(rows):
+            item = dataset[index]
+            chat = [{"role": "user", "content": row["prompt"]}, {"role": "assistant", "content": row["response"]}]
+            assert {k: v.tolist() for k, v in item.items()} == _padded_by_hand(tiny_tokenizer, chat, 24)
+            assert all(v.dtype == torch.long for v in item.values())
+            item["input_ids"][:] = -1  # a consumer writing into an item must not change the next read
+    assert len(calls) == len(rows)  # the first epoch encoded each row; later reads reused it
+
+
+def test_rows_past_the_token_budget_are_encoded_at_every_read(tiny_tokenizer, tmp_path, monkeypatch):
+    import hybridrl.data.sft_dataset as sft_dataset
+
+    rows = [{"prompt": f"{i}+{i}", "response": str(2 * i)} for i in range(3)]
+    dataset = SFTDataset(_write(rows, tmp_path / "sft.parquet"), tiny_tokenizer, max_length=24)
+    first_length = int(dataset[0]["attention_mask"].sum())
+    monkeypatch.setattr(sft_dataset, "ENCODED_CACHE_TOKENS", first_length)  # room for row 0 only
+    calls = []
+    real = sft_dataset.encode_chat
+    monkeypatch.setattr(sft_dataset, "encode_chat", lambda *a, **k: calls.append(1) or real(*a, **k))
+    reads = [[dataset[i]["input_ids"].tolist() for i in range(3)] for _ in range(2)]
+    assert reads[0] == reads[1]
+    assert len(calls) == 4  # rows 1 and 2, twice each; row 0 was kept by its first read
