@@ -602,7 +602,8 @@ def write_report(rows: list[dict], workloads: list[Workload], args: argparse.Nam
         f"threads per process by default, Ray workers 1 each), {'--quick, ' if args.quick else ''}"
         f"{time.strftime('%Y-%m-%d')}, 1-min load average at the end {load:.1f}. Per step: "
         + "; ".join(f"{w.size}: {w.prompts} prompts x {w.n} samples x {w.response_length} tokens" for w in workloads)
-        + f", in forward/backward passes of {workloads[0].micro_batch} samples. Temperature 1.0, lr 5e-5, no KL, 1 PPO epoch, 1 optimizer step per step, token-mean loss "
+        + f", in forward/backward passes of {workloads[0].micro_batch} samples. Temperature 1.0, lr 5e-5, no KL, "
+        "1 PPO epoch, 1 optimizer step per step, token-mean loss "
         "(TRL loss_type=dapo). dtype: the compute dtype (hybridrl: fsdp_config.mixed_precision.param_dtype and "
         "rollout.dtype, fp32 master weights; TRL: bf16=True, torch's autocast). s/step: median wall time from "
         "one optimizer step to the next (metrics and logging included), over the timed steps: those after the "
