@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from hybridrl.data import sft_dataset
 from hybridrl.data.row_checks import DataError
 from hybridrl.data.sft_dataset import SFTDataset, encode_chat
 
@@ -221,14 +222,18 @@ def _padded_by_hand(tokenizer, chat: list[dict], max_length: int) -> dict[str, l
             "position_ids": list(range(len(ids))) + [len(ids) - 1] * pad, "loss_mask": mask + [0] * pad}
 
 
-def test_a_row_is_encoded_once_and_every_read_gives_the_same_fresh_item(tiny_tokenizer, tmp_path, monkeypatch):
-    import hybridrl.data.sft_dataset as sft_dataset
-
-    rows = [{"prompt": f"{i}+{i}", "response": str(2 * i)} for i in range(3)]
-    dataset = SFTDataset(_write(rows, tmp_path / "sft.parquet"), tiny_tokenizer, max_length=24)
-    calls = []
+def _count_encodings(monkeypatch) -> list[int]:
+    """A list that grows by one at every `encode_chat` call the dataset makes."""
+    calls: list[int] = []
     real = sft_dataset.encode_chat
     monkeypatch.setattr(sft_dataset, "encode_chat", lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+def test_a_row_is_encoded_once_and_every_read_gives_the_same_fresh_item(tiny_tokenizer, tmp_path, monkeypatch):
+    rows = [{"prompt": f"{i}+{i}", "response": str(2 * i)} for i in range(3)]
+    dataset = SFTDataset(_write(rows, tmp_path / "sft.parquet"), tiny_tokenizer, max_length=24)
+    calls = _count_encodings(monkeypatch)
     for _epoch in range(3):
         for index, row in enumerate(rows):
             item = dataset[index]
@@ -240,15 +245,11 @@ def test_a_row_is_encoded_once_and_every_read_gives_the_same_fresh_item(tiny_tok
 
 
 def test_rows_past_the_token_budget_are_encoded_at_every_read(tiny_tokenizer, tmp_path, monkeypatch):
-    import hybridrl.data.sft_dataset as sft_dataset
-
     rows = [{"prompt": f"{i}+{i}", "response": str(2 * i)} for i in range(3)]
     dataset = SFTDataset(_write(rows, tmp_path / "sft.parquet"), tiny_tokenizer, max_length=24)
     first_length = int(dataset[0]["attention_mask"].sum())
     monkeypatch.setattr(sft_dataset, "ENCODED_CACHE_TOKENS", first_length)  # room for row 0 only
-    calls = []
-    real = sft_dataset.encode_chat
-    monkeypatch.setattr(sft_dataset, "encode_chat", lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls = _count_encodings(monkeypatch)
     reads = [[dataset[i]["input_ids"].tolist() for i in range(3)] for _ in range(2)]
     assert reads[0] == reads[1]
     assert len(calls) == 4  # rows 1 and 2, twice each; row 0 was kept by its first read
