@@ -45,6 +45,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hybridrl.models.onednn_linear import is_plain_linear
+
 
 def packing_supported(weight: torch.Tensor) -> bool:
     """Whether `weight` can run packed: a plain 2-D bf16 or fp32 tensor on an x86-64 CPU, with oneDNN (and
@@ -101,8 +103,9 @@ class _PackedForward:
 
 @contextlib.contextmanager
 def prepacked_linears(module: nn.Module) -> Iterator[int]:
-    """Within the block, every `nn.Linear` of `module` with its class's own forward and a packable weight
-    (`packing_supported`) runs on a pack of that weight; yields how many do. On exit they are as before.
+    """Within the block, every plain `nn.Linear` of `module` (`is_plain_linear`: nn.Linear's own forward or
+    `OneDNNLinear`'s) with a packable weight (`packing_supported`) runs on a pack of that weight; yields how
+    many do. On exit they are as before.
 
     The pack is a copy: the block holds one more copy of those weights. A module whose forward was
     replaced on the instance by someone else is left alone.
@@ -110,8 +113,7 @@ def prepacked_linears(module: nn.Module) -> Iterator[int]:
     patched: list[nn.Linear] = []
     try:
         for sub in module.modules():
-            if (isinstance(sub, nn.Linear) and type(sub).forward is nn.Linear.forward
-                    and "forward" not in sub.__dict__ and packing_supported(sub.weight)):
+            if is_plain_linear(sub) and "forward" not in sub.__dict__ and packing_supported(sub.weight):
                 sub.forward = _PackedForward(sub)
                 patched.append(sub)
         yield len(patched)

@@ -164,3 +164,18 @@ def test_the_cpu_optimizer_is_adamw_fused_and_steps_as_adamw(tiny_model_dir):
         reference.step()
     for name, param in params.items():
         torch.testing.assert_close(after[name], param.detach(), rtol=1e-5, atol=1e-6, msg=name)
+
+
+def _linear_classes(rank, world_size, model_dir):
+    from torch import nn
+
+    engine = FSDPEngine(load_causal_lm(model_dir), FSDPConfig())
+    return sorted({type(m).__name__ for m in engine.module.modules() if isinstance(m, nn.Linear)})
+
+
+def test_an_engine_on_a_cpu_computes_its_linears_through_onednn(tiny_model_dir):
+    from hybridrl.models.onednn_linear import onednn_fp32_supported
+
+    if not onednn_fp32_supported():
+        pytest.skip("oneDNN fp32 linears need an x86-64 CPU and a torch build with oneDNN")
+    assert run_on_ranks(_linear_classes, 1, str(tiny_model_dir)) == [["OneDNNLinear"]]

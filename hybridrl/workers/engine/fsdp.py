@@ -28,6 +28,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from hybridrl.models.loading import resolve_dtype
+from hybridrl.models.onednn_linear import use_onednn_linears
 from hybridrl.utils.device import device_type as process_device_type
 from hybridrl.utils.device import local_device
 from hybridrl.workers.config import FSDPConfig, OptimConfig
@@ -149,6 +150,8 @@ class FSDPEngine:
         self.config = fsdp_config
         self.device = local_device()  # the rank's device, from the LOCAL_RANK its launcher set
         self.mesh = build_device_mesh(dist.get_world_size(), fsdp_config.fsdp_size)
+        if self.device.type == "cpu":
+            use_onednn_linears(model)  # fp32 linears through oneDNN, not MKL (hybridrl/models/onednn_linear.py)
         self.module = shard_model(model.to(self.device), self.mesh, fsdp_config)
         # every fully_shard unit (the root, and with several ranks each decoder layer), for switching their
         # resharding

@@ -46,6 +46,7 @@ from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from hybridrl.models.attention import GROUPED_EAGER, GROUPED_SDPA
+from hybridrl.models.onednn_linear import is_plain_linear
 from hybridrl.models.packed_linear import FixedLinear
 from hybridrl.workers.rollout.kv_cache import PreallocatedCache
 
@@ -66,8 +67,6 @@ def _stacked(linears: list[nn.Linear]) -> FixedLinear:
     return FixedLinear(weight, bias)
 
 
-def _plain_linear(module: object) -> bool:
-    return type(module) is nn.Linear
 
 
 def unsupported_reason(model: nn.Module) -> str | None:
@@ -81,7 +80,7 @@ def unsupported_reason(model: nn.Module) -> str | None:
     if getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True):
         return "a sliding window"
     base = getattr(model, "model", None)
-    if not (isinstance(getattr(base, "layers", None), nn.ModuleList) and _plain_linear(getattr(model, "lm_head", None))
+    if not (isinstance(getattr(base, "layers", None), nn.ModuleList) and is_plain_linear(getattr(model, "lm_head", None))
             and isinstance(getattr(base, "embed_tokens", None), nn.Embedding)
             and all(hasattr(base, name) for name in ("norm", "rotary_emb"))):
         return "not a (model.layers, lm_head) causal LM"
@@ -89,7 +88,7 @@ def unsupported_reason(model: nn.Module) -> str | None:
         attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
         projections = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj", "o_proj")] \
             + [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
-        if not all(_plain_linear(p) for p in projections):
+        if not all(is_plain_linear(p) for p in projections):
             return "a projection that is not a plain nn.Linear (a LoRA or quantized layer?)"
         if getattr(attn, "sliding_window", None) is not None:
             return "a sliding window"
