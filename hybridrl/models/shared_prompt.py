@@ -26,7 +26,9 @@ mask function, so no (U x P + B x R)^2 mask is ever made.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import functools
+import inspect
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -203,6 +205,23 @@ def shared_prompt_mode(module: nn.Module) -> Iterator[None]:
         del _base_of_mode[id(module)]
 
 
+@functools.cache
+def _head_takes_logits_to_keep(module_class: type) -> bool:
+    return "logits_to_keep" in inspect.signature(module_class.forward).parameters
+
+
+def head_on_kept_positions(module: nn.Module, keep: torch.Tensor | int) -> tuple[dict, Callable]:
+    """(extra forward kwargs, a function of the output's logits) that give the head's outputs at `keep` only
+    (a count of last columns, or column indices into the sequence): a causal LM computes its head there
+    alone (`logits_to_keep`); a head without that argument (a token-classification model: a critic's
+    values, one number per position) runs on every position and is indexed after."""
+    if _head_takes_logits_to_keep(type(module)):
+        return {"logits_to_keep": keep}, lambda logits: logits
+    if isinstance(keep, int):
+        return {}, lambda logits: logits[:, -keep:]
+    return {}, lambda logits: logits[:, keep]
+
+
 def shared_prompt_forward(
     module: nn.Module,
     input_ids: torch.Tensor,
@@ -214,7 +233,8 @@ def shared_prompt_forward(
     unique_rows: torch.Tensor,
 ) -> torch.Tensor:
     """Logits predicting each kept response token, (B, response_kept, vocab), as a padded forward pass over
-    `input_ids` (B, response_start + response_kept) would give them.
+    `input_ids` (B, response_start + response_kept) would give them; for a token-classification model
+    (a critic) its outputs at the same positions, (B, response_kept, labels).
 
     `prompt_of_row` (B,) numbers each row's prompt among the distinct ones; `unique_rows` (U,) is one row
     holding each distinct prompt, in that numbering. Columns before `response_start` are the prompt
@@ -235,14 +255,16 @@ def shared_prompt_forward(
     first = prompt_of_row * p + (p - 1)  # (B,)
     rest = u * p + torch.arange(rows, device=device)[:, None] * r + torch.arange(r - 1, device=device)  # (B, R-1)
     keep = torch.cat([first[:, None], rest], dim=1).reshape(-1)  # (B*R,)
+    head_kwargs, at_kept = head_on_kept_positions(module, keep)
     with shared_prompt_mode(module):
         output = module(input_ids=packed_ids, position_ids=packed_positions, use_cache=False,
-                        logits_to_keep=keep, **{LAYOUT_KWARG: layout})
+                        **head_kwargs, **{LAYOUT_KWARG: layout})
     expected = getattr(module.config, "num_hidden_layers", None)
     if expected is not None and layout.calls != expected:
         raise RuntimeError(
             f"{type(module).__name__}'s attention layers read the shared-prompt layout {layout.calls} times, "
             f"not once per layer ({expected}): this model does not pass the forward's keyword arguments to its "
-            f"attention. Set actor_rollout_ref.model.share_prompt_forward=false."
+            f"attention. Set actor_rollout_ref.model.share_prompt_forward=false (critic.model.share_prompt_forward "
+            f"for a critic)."
         )
-    return output.logits.view(rows, r, -1)
+    return at_kept(output.logits).view(rows, r, -1)

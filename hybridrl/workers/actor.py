@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from hybridrl.algos import agg_loss, compute_pg_loss, kl_penalty
 from hybridrl.algos.config_args import policy_loss_settings
 from hybridrl.models.shared_prompt import (
+    head_on_kept_positions,
     prompt_groups,
     shared_prompt_forward,
     shared_prompt_mode,
@@ -28,16 +29,19 @@ from hybridrl.workers.micro_batch import make_micro_batches, restore_order, trim
 from hybridrl.workers.update_loop import BatchingPlan, MetricSums, run_updates
 
 logger = logging.getLogger(__name__)
+SHARE_KEY = "actor_rollout_ref.model.share_prompt_forward"
 
 
 def response_logits(module: torch.nn.Module, micro: DataProto, share_prompts: bool = False,
-                    always_packed: bool = False) -> torch.Tensor:
-    """Logits that predict each response token, (rows, kept_response_len, vocab).
+                    always_packed: bool = False, share_key: str = SHARE_KEY) -> torch.Tensor:
+    """Logits that predict each response token, (rows, kept_response_len, vocab); for a token-classification
+    model (a critic) its outputs at the same positions, the one before each response token.
 
     Padding columns shared by all rows are trimmed first; only the response positions go through the
     LM head (`logits_to_keep`). With `share_prompts`, rows with equal prompts compute their prompt once
     (`hybridrl.models.shared_prompt`: the same logits, from fewer tokens); `always_packed` takes that path
-    even where every prompt is distinct (the model is held in `shared_prompt_mode`).
+    even where every prompt is distinct (the model is held in `shared_prompt_mode`). `share_key` is the
+    config key errors name.
     """
     response_length = micro.batch["responses"].shape[-1]
     trimmed = trim_columns(micro, response_length)
@@ -46,22 +50,35 @@ def response_logits(module: torch.nn.Module, micro: DataProto, share_prompts: bo
     if always_packed and not packable:
         raise RuntimeError(
             "a micro-batch without response tokens (or with multi-dimensional position ids) cannot run as a "
-            "shared-prompt pass under gradient checkpointing; set actor_rollout_ref.model.share_prompt_forward=false"
+            f"shared-prompt pass under gradient checkpointing; set {share_key}=false"
         )
     if share_prompts and packable:
         prompt_of_row, first_rows = prompt_groups(trimmed.input_ids[:, :start], trimmed.attention_mask[:, :start])
         if always_packed or len(first_rows) < len(prompt_of_row):  # some prompt is there more than once
             return shared_prompt_forward(module, trimmed.input_ids, trimmed.attention_mask, trimmed.position_ids,
                                          start, trimmed.response_kept, prompt_of_row, first_rows)
+    head_kwargs, at_kept = head_on_kept_positions(module, trimmed.response_kept + 1)
     output = module(
         input_ids=trimmed.input_ids,
         attention_mask=trimmed.attention_mask,
         position_ids=trimmed.position_ids,
         use_cache=False,
-        logits_to_keep=trimmed.response_kept + 1,
+        **head_kwargs,
     )
     # logits at column c predict token c + 1: the last kept+1 columns start one before the response
-    return output.logits[:, : trimmed.response_kept]
+    return at_kept(output.logits)[:, : trimmed.response_kept]
+
+
+def prompt_sharing(module: torch.nn.Module, asked: bool, share_key: str) -> bool:
+    """Whether `module`'s passes share prompts: `asked` (the value of `share_key`) and the model can; a
+    model that cannot runs padded passes, with a warning naming the key."""
+    able = supports_shared_prompt(module)
+    if asked and not able:
+        logger.warning(
+            "%s=true, but %s (attention %r) cannot share prompts in one forward (full attention with sdpa, "
+            "eager or grouped_eager only): every row computes its prompt", share_key, type(module).__name__,
+            getattr(getattr(module, "config", None), "_attn_implementation", None))
+    return asked and able
 
 
 def temperature_of(data: DataProto) -> float:
@@ -92,13 +109,7 @@ class PPOActor:
     def __init__(self, config: ActorConfig, engine: FSDPEngine, share_prompts: bool = False) -> None:
         self.config = config
         self.engine = engine
-        self.share_prompts = share_prompts and supports_shared_prompt(engine.module)
-        if share_prompts and not self.share_prompts:
-            logger.warning(
-                "actor_rollout_ref.model.share_prompt_forward=true, but %s (attention %r) cannot share prompts in "
-                "one forward (full attention with sdpa, eager or grouped_eager only): every row computes its "
-                "prompt", type(engine.module).__name__,
-                getattr(getattr(engine.module, "config", None), "_attn_implementation", None))
+        self.share_prompts = prompt_sharing(engine.module, share_prompts, SHARE_KEY)
         # checkpointed layers run their forward again in backward: keep the packed attention until then
         self.hold_packed = self.share_prompts and bool(getattr(engine.module, "is_gradient_checkpointing", False))
 

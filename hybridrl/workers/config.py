@@ -72,9 +72,10 @@ class ModelConfig:
     # Runs the same either way (hybridrl/trainer/config_support.py): padding-free kernels need
     # flash-attention (GPU); the actor always trims padding columns per micro-batch instead.
     use_remove_padding: bool = False
-    # hybridrl's key: the actor's and reference's log-prob and update passes compute a prompt shared by
-    # several rows (the rollout.n responses of a GRPO group) once, and every response attends to it
-    # (hybridrl/models/shared_prompt.py): the same log-probs and gradients from fewer tokens.
+    # hybridrl's key: the passes of this model (actor_rollout_ref.model: the actor's and the reference's;
+    # critic.model: the critic's) compute a prompt shared by several rows (the rollout.n responses of a
+    # group) once, and every response attends to it (hybridrl/models/shared_prompt.py): the same
+    # log-probs / values and gradients from fewer tokens.
     share_prompt_forward: bool = True
 
 

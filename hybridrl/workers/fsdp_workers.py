@@ -249,7 +249,7 @@ class CriticWorker(Worker):
         self.passes = forward_and_update_passes(model, dtype, self.config.ppo_epochs, infer="critic_infer",
                                                 train="critic")
         engine = FSDPEngine(model, model_cfg.fsdp_config, self.config.optim, self.config.grad_clip)
-        self.critic = PPOCritic(self.config, engine)
+        self.critic = PPOCritic(self.config, engine, share_prompts=model_cfg.share_prompt_forward)
         self.checkpoint_manager = CheckpointManager(engine, self.tokenizer, self.config.checkpoint)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
