@@ -6,79 +6,18 @@ losses come from `hybridrl.algos` by name; the batching loop from `update_loop`.
 
 from __future__ import annotations
 
-import contextlib
-import logging
-
 import torch
 import torch.nn.functional as F
 
 from hybridrl.algos import agg_loss, compute_pg_loss, kl_penalty
 from hybridrl.algos.config_args import policy_loss_settings
-from hybridrl.models.shared_prompt import (
-    head_on_kept_positions,
-    prompt_groups,
-    shared_prompt_forward,
-    shared_prompt_mode,
-    supports_shared_prompt,
-)
 from hybridrl.protocol import DataProto
 from hybridrl.utils.torch_functional import entropy_from_logits, logprobs_from_logits, masked_sum
 from hybridrl.workers.config import ActorConfig
 from hybridrl.workers.engine.fsdp import FSDPEngine
-from hybridrl.workers.micro_batch import make_micro_batches, restore_order, trim_columns
+from hybridrl.workers.micro_batch import make_micro_batches, restore_order
+from hybridrl.workers.response_pass import ACTOR_SHARE_KEY, PromptSharing
 from hybridrl.workers.update_loop import BatchingPlan, MetricSums, run_updates
-
-logger = logging.getLogger(__name__)
-SHARE_KEY = "actor_rollout_ref.model.share_prompt_forward"
-
-
-def response_logits(module: torch.nn.Module, micro: DataProto, share_prompts: bool = False,
-                    always_packed: bool = False, share_key: str = SHARE_KEY) -> torch.Tensor:
-    """Logits that predict each response token, (rows, kept_response_len, vocab); for a token-classification
-    model (a critic) its outputs at the same positions, the one before each response token.
-
-    Padding columns shared by all rows are trimmed first; only the response positions go through the
-    LM head (`logits_to_keep`). With `share_prompts`, rows with equal prompts compute their prompt once
-    (`hybridrl.models.shared_prompt`: the same logits, from fewer tokens); `always_packed` takes that path
-    even where every prompt is distinct (the model is held in `shared_prompt_mode`). `share_key` is the
-    config key errors name.
-    """
-    response_length = micro.batch["responses"].shape[-1]
-    trimmed = trim_columns(micro, response_length)
-    start = trimmed.response_start
-    packable = trimmed.response_kept > 0 and trimmed.position_ids.dim() == 2
-    if always_packed and not packable:
-        raise RuntimeError(
-            "a micro-batch without response tokens (or with multi-dimensional position ids) cannot run as a "
-            f"shared-prompt pass under gradient checkpointing; set {share_key}=false"
-        )
-    if share_prompts and packable:
-        prompt_of_row, first_rows = prompt_groups(trimmed.input_ids[:, :start], trimmed.attention_mask[:, :start])
-        if always_packed or len(first_rows) < len(prompt_of_row):  # some prompt is there more than once
-            return shared_prompt_forward(module, trimmed.input_ids, trimmed.attention_mask, trimmed.position_ids,
-                                         start, trimmed.response_kept, prompt_of_row, first_rows)
-    head_kwargs, at_kept = head_on_kept_positions(module, trimmed.response_kept + 1)
-    output = module(
-        input_ids=trimmed.input_ids,
-        attention_mask=trimmed.attention_mask,
-        position_ids=trimmed.position_ids,
-        use_cache=False,
-        **head_kwargs,
-    )
-    # logits at column c predict token c + 1: the last kept+1 columns start one before the response
-    return at_kept(output.logits)[:, : trimmed.response_kept]
-
-
-def prompt_sharing(module: torch.nn.Module, asked: bool, share_key: str) -> bool:
-    """Whether `module`'s passes share prompts: `asked` (the value of `share_key`) and the model can; a
-    model that cannot runs padded passes, with a warning naming the key."""
-    able = supports_shared_prompt(module)
-    if asked and not able:
-        logger.warning(
-            "%s=true, but %s (attention %r) cannot share prompts in one forward (full attention with sdpa, "
-            "eager or grouped_eager only): every row computes its prompt", share_key, type(module).__name__,
-            getattr(getattr(module, "config", None), "_attn_implementation", None))
-    return asked and able
 
 
 def temperature_of(data: DataProto) -> float:
@@ -88,12 +27,6 @@ def temperature_of(data: DataProto) -> float:
             "with (the worker sets it from actor_rollout_ref.rollout.temperature)"
         )
     return float(data.meta_info["temperature"])
-
-
-def prompt_group_ids(data: DataProto) -> torch.Tensor:
-    """(rows,) ids equal for rows whose prompt columns are equal (the GRPO/RLOO group of n responses)."""
-    prompt_len = data.batch["input_ids"].shape[-1] - data.batch["responses"].shape[-1]
-    return prompt_groups(data.batch["input_ids"][:, :prompt_len], data.batch["attention_mask"][:, :prompt_len])[0]
 
 
 class PPOActor:
@@ -109,17 +42,16 @@ class PPOActor:
     def __init__(self, config: ActorConfig, engine: FSDPEngine, share_prompts: bool = False) -> None:
         self.config = config
         self.engine = engine
-        self.share_prompts = prompt_sharing(engine.module, share_prompts, SHARE_KEY)
-        # checkpointed layers run their forward again in backward: keep the packed attention until then
-        self.hold_packed = self.share_prompts and bool(getattr(engine.module, "is_gradient_checkpointing", False))
+        self.prompt_sharing = PromptSharing(engine.module, share_prompts, ACTOR_SHARE_KEY)
 
-    def _group_ids(self, data: DataProto) -> torch.Tensor | None:
-        return prompt_group_ids(data) if self.share_prompts else None
+    @property
+    def share_prompts(self) -> bool:
+        return self.prompt_sharing.enabled
 
     def _log_probs(self, micro: DataProto, temperature: float, with_entropy: bool):
         """Per-token log-probs (and entropies) of the responses, zero-padded to response_length."""
         response_length = micro.batch["responses"].shape[-1]
-        logits = response_logits(self.engine.module, micro, self.share_prompts, self.hold_packed)
+        logits = self.prompt_sharing.outputs(micro)
         logits = logits / temperature  # (rows, kept, vocab)
         kept = logits.shape[1]
         log_probs = logprobs_from_logits(logits, micro.batch["responses"][:, :kept])  # (rows, kept)
@@ -136,7 +68,7 @@ class PPOActor:
         """Log-probs (rows, response_len) of `data`'s responses, in row order; entropies if asked."""
         self.engine.module.eval()
         temperature = temperature_of(data)
-        micro_batches = make_micro_batches(data, micro_batch_rows, max_token_len, self._group_ids(data))
+        micro_batches = make_micro_batches(data, micro_batch_rows, max_token_len, self.prompt_sharing.group_ids(data))
         outputs = [self._log_probs(mb.data, temperature, calculate_entropy) for mb in micro_batches]
         log_probs = restore_order([o[0] for o in outputs], micro_batches, len(data))
         entropy = restore_order([o[1] for o in outputs], micro_batches, len(data)) if calculate_entropy else None
@@ -206,6 +138,6 @@ class PPOActor:
                 sums.add(name, float(value), tokens)
             return loss
 
-        held = shared_prompt_mode(self.engine.module) if self.hold_packed else contextlib.nullcontext()
-        with held:
-            return run_updates(self.engine, data, plan, micro_step, prefix="actor", group_ids_of=self._group_ids)
+        with self.prompt_sharing.held():
+            return run_updates(self.engine, data, plan, micro_step, prefix="actor",
+                               group_ids_of=self.prompt_sharing.group_ids)

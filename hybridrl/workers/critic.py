@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from hybridrl.algos import compute_value_loss
-from hybridrl.models.shared_prompt import shared_prompt_mode
 from hybridrl.protocol import DataProto
 from hybridrl.utils.torch_functional import masked_sum
-from hybridrl.workers.actor import prompt_group_ids, prompt_sharing, response_logits
 from hybridrl.workers.config import CriticConfig
 from hybridrl.workers.engine.fsdp import FSDPEngine
 from hybridrl.workers.micro_batch import make_micro_batches, restore_order
+from hybridrl.workers.response_pass import PromptSharing
 from hybridrl.workers.update_loop import BatchingPlan, MetricSums, run_updates
 
 SHARE_KEY = "critic.model.share_prompt_forward"
@@ -30,17 +27,16 @@ class PPOCritic:
     def __init__(self, config: CriticConfig, engine: FSDPEngine, share_prompts: bool = False) -> None:
         self.config = config
         self.engine = engine
-        self.share_prompts = prompt_sharing(engine.module, share_prompts, SHARE_KEY)
-        # checkpointed layers run their forward again in backward: keep the packed attention until then
-        self.hold_packed = self.share_prompts and bool(getattr(engine.module, "is_gradient_checkpointing", False))
+        self.prompt_sharing = PromptSharing(engine.module, share_prompts, SHARE_KEY)
 
-    def _group_ids(self, data: DataProto) -> torch.Tensor | None:
-        return prompt_group_ids(data) if self.share_prompts else None
+    @property
+    def share_prompts(self) -> bool:
+        return self.prompt_sharing.enabled
 
     def _values(self, micro: DataProto) -> torch.Tensor:
         """V(s_t) for each response token t: the value head read at the position before it, (rows, R)."""
         response_length = micro.batch["responses"].shape[-1]
-        outputs = response_logits(self.engine.module, micro, self.share_prompts, self.hold_packed, SHARE_KEY)
+        outputs = self.prompt_sharing.outputs(micro)
         # fp32 whatever the compute dtype: returns and GAE are computed from these on the driver
         values = outputs[..., 0].float()  # (rows, kept)
         values = torch.nn.functional.pad(values, (0, response_length - values.shape[1]))
@@ -50,7 +46,7 @@ class PPOCritic:
     def compute_values(self, data: DataProto, micro_batch_rows: int | None,
                        max_token_len: int | None) -> torch.Tensor:
         self.engine.module.eval()
-        micro_batches = make_micro_batches(data, micro_batch_rows, max_token_len, self._group_ids(data))
+        micro_batches = make_micro_batches(data, micro_batch_rows, max_token_len, self.prompt_sharing.group_ids(data))
         return restore_order([self._values(mb.data) for mb in micro_batches], micro_batches, len(data))
 
     def update_critic(self, data: DataProto, plan: BatchingPlan) -> dict[str, list[float]]:
@@ -71,6 +67,6 @@ class PPOCritic:
             sums.add("vpred_mean", float(masked_sum(vpreds.detach(), mask)) / max(tokens, 1.0), tokens)
             return vf_loss
 
-        held = shared_prompt_mode(self.engine.module) if self.hold_packed else contextlib.nullcontext()
-        with held:
-            return run_updates(self.engine, data, plan, micro_step, prefix="critic", group_ids_of=self._group_ids)
+        with self.prompt_sharing.held():
+            return run_updates(self.engine, data, plan, micro_step, prefix="critic",
+                               group_ids_of=self.prompt_sharing.group_ids)

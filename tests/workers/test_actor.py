@@ -7,10 +7,11 @@ from batches import reference_log_probs, rollout_batch
 from spmd import run_on_ranks
 
 from hybridrl.models.loading import load_causal_lm
-from hybridrl.workers.actor import PPOActor, prompt_group_ids
+from hybridrl.workers.actor import PPOActor
 from hybridrl.workers.config import ActorConfig, FSDPConfig, MixedPrecisionConfig, OptimConfig
 from hybridrl.workers.engine.fsdp import FSDPEngine
 from hybridrl.workers.micro_batch import make_micro_batches
+from hybridrl.workers.response_pass import prompt_group_ids
 from hybridrl.workers.update_loop import BatchingPlan
 
 AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]

@@ -10,10 +10,10 @@ from spmd import run_on_ranks
 from test_actor import GradRecordingEngine
 
 from hybridrl.models.loading import load_value_model
-from hybridrl.workers.actor import prompt_sharing
 from hybridrl.workers.config import CriticConfig, FSDPConfig, OptimConfig
 from hybridrl.workers.critic import SHARE_KEY, PPOCritic
 from hybridrl.workers.engine.fsdp import FSDPEngine
+from hybridrl.workers.response_pass import PromptSharing
 from hybridrl.workers.update_loop import BatchingPlan
 
 
@@ -93,7 +93,7 @@ def test_a_model_that_cannot_share_prompts_runs_padded_and_warns_naming_the_crit
     torch.testing.assert_close(values, expected, rtol=0, atol=1e-5)
     model = load_value_model(str(tiny_model_dir), override_config=WINDOWED)
     with caplog.at_level("WARNING"):
-        assert not prompt_sharing(model, True, SHARE_KEY)
+        assert not PromptSharing(model, True, SHARE_KEY).enabled
     assert "critic.model.share_prompt_forward=true" in caplog.text
 
 

@@ -1,0 +1,105 @@
+"""One pass of a model over rollout rows, read at the response positions: the actor's and reference's
+log-probs and the critic's values.
+
+With prompt sharing (`actor_rollout_ref.model.share_prompt_forward` for the actor and reference,
+`critic.model.share_prompt_forward` for the critic) rows whose prompts are equal (the rollout.n
+responses of a group) compute their prompt once in each forward (`hybridrl.models.shared_prompt`), and
+micro-batches keep a group's rows together; otherwise each row runs padded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+
+import torch
+
+from hybridrl.models.shared_prompt import (
+    head_on_kept_positions,
+    prompt_groups,
+    shared_prompt_forward,
+    shared_prompt_mode,
+    supports_shared_prompt,
+)
+from hybridrl.protocol import DataProto
+from hybridrl.workers.micro_batch import trim_columns
+
+logger = logging.getLogger(__name__)
+ACTOR_SHARE_KEY = "actor_rollout_ref.model.share_prompt_forward"
+
+
+def response_logits(module: torch.nn.Module, micro: DataProto, share_prompts: bool = False,
+                    always_packed: bool = False, share_key: str = ACTOR_SHARE_KEY) -> torch.Tensor:
+    """Logits that predict each response token, (rows, kept_response_len, vocab); for a token-classification
+    model (a critic) its outputs at the same positions, the one before each response token.
+
+    Padding columns shared by all rows are trimmed first; only the response positions go through the
+    LM head (`logits_to_keep`). With `share_prompts`, rows with equal prompts compute their prompt once
+    (`hybridrl.models.shared_prompt`: the same logits, from fewer tokens); `always_packed` takes that path
+    even where every prompt is distinct (the model is held in `shared_prompt_mode`). `share_key` is the
+    config key errors name.
+    """
+    response_length = micro.batch["responses"].shape[-1]
+    trimmed = trim_columns(micro, response_length)
+    start = trimmed.response_start
+    packable = trimmed.response_kept > 0 and trimmed.position_ids.dim() == 2
+    if always_packed and not packable:
+        raise RuntimeError(
+            "a micro-batch without response tokens (or with multi-dimensional position ids) cannot run as a "
+            f"shared-prompt pass under gradient checkpointing; set {share_key}=false"
+        )
+    if share_prompts and packable:
+        prompt_of_row, first_rows = prompt_groups(trimmed.input_ids[:, :start], trimmed.attention_mask[:, :start])
+        if always_packed or len(first_rows) < len(prompt_of_row):  # some prompt is there more than once
+            return shared_prompt_forward(module, trimmed.input_ids, trimmed.attention_mask, trimmed.position_ids,
+                                         start, trimmed.response_kept, prompt_of_row, first_rows)
+    head_kwargs, at_kept = head_on_kept_positions(module, trimmed.response_kept + 1)
+    output = module(
+        input_ids=trimmed.input_ids,
+        attention_mask=trimmed.attention_mask,
+        position_ids=trimmed.position_ids,
+        use_cache=False,
+        **head_kwargs,
+    )
+    # logits at column c predict token c + 1: the last kept+1 columns start one before the response
+    return at_kept(output.logits)[:, : trimmed.response_kept]
+
+
+def prompt_group_ids(data: DataProto) -> torch.Tensor:
+    """(rows,) ids equal for rows whose prompt columns are equal (the GRPO/RLOO group of n responses)."""
+    prompt_len = data.batch["input_ids"].shape[-1] - data.batch["responses"].shape[-1]
+    return prompt_groups(data.batch["input_ids"][:, :prompt_len], data.batch["attention_mask"][:, :prompt_len])[0]
+
+
+class PromptSharing:
+    """Whether and how a worker's passes over `module` share prompts: asked for by the config key
+    `share_key` and possible for the model (`supports_shared_prompt`: full attention with sdpa, eager or
+    grouped_eager); a model that cannot runs padded passes, with a warning naming the key. Under gradient
+    checkpointing the backward runs each layer's forward again, so an update holds the model in
+    `shared_prompt_mode` throughout (`held`) and every pass is packed."""
+
+    def __init__(self, module: torch.nn.Module, asked: bool, share_key: str) -> None:
+        able = supports_shared_prompt(module)
+        if asked and not able:
+            logger.warning(
+                "%s=true, but %s (attention %r) cannot share prompts in one forward (full attention with sdpa, "
+                "eager or grouped_eager only): every row computes its prompt", share_key, type(module).__name__,
+                getattr(getattr(module, "config", None), "_attn_implementation", None))
+        self.module, self.share_key = module, share_key
+        self.enabled = asked and able
+        self.hold_packed = self.enabled and bool(getattr(module, "is_gradient_checkpointing", False))
+
+    def group_ids(self, data: DataProto) -> torch.Tensor | None:
+        """The rows `make_micro_batches` keeps together (None: no grouping)."""
+        return prompt_group_ids(data) if self.enabled else None
+
+    def outputs(self, micro: DataProto) -> torch.Tensor:
+        """`response_logits` of the micro-batch: (rows, kept_response_len, vocab or labels)."""
+        return response_logits(self.module, micro, self.enabled, self.hold_packed, self.share_key)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Around an update: the model stays in `shared_prompt_mode` where its layers are checkpointed."""
+        with shared_prompt_mode(self.module) if self.hold_packed else contextlib.nullcontext():
+            yield
