@@ -16,8 +16,10 @@ from hybridrl.utils.torch_functional import entropy_from_logits, logprobs_from_l
 from hybridrl.workers.config import ActorConfig
 from hybridrl.workers.engine.fsdp import FSDPEngine
 from hybridrl.workers.micro_batch import make_micro_batches, restore_order
-from hybridrl.workers.response_pass import ACTOR_SHARE_KEY, PromptSharing
+from hybridrl.workers.response_pass import PromptSharing
 from hybridrl.workers.update_loop import BatchingPlan, MetricSums, run_updates
+
+SHARE_KEY = "actor_rollout_ref.model.share_prompt_forward"
 
 
 def temperature_of(data: DataProto) -> float:
@@ -42,7 +44,7 @@ class PPOActor:
     def __init__(self, config: ActorConfig, engine: FSDPEngine, share_prompts: bool = False) -> None:
         self.config = config
         self.engine = engine
-        self.prompt_sharing = PromptSharing(engine.module, share_prompts, ACTOR_SHARE_KEY)
+        self.prompt_sharing = PromptSharing(engine.module, share_prompts, SHARE_KEY)
 
     @property
     def share_prompts(self) -> bool:

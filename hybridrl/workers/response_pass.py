@@ -26,11 +26,10 @@ from hybridrl.protocol import DataProto
 from hybridrl.workers.micro_batch import trim_columns
 
 logger = logging.getLogger(__name__)
-ACTOR_SHARE_KEY = "actor_rollout_ref.model.share_prompt_forward"
 
 
-def response_logits(module: torch.nn.Module, micro: DataProto, share_prompts: bool = False,
-                    always_packed: bool = False, share_key: str = ACTOR_SHARE_KEY) -> torch.Tensor:
+def response_logits(module: torch.nn.Module, micro: DataProto, share_prompts: bool, always_packed: bool,
+                    share_key: str) -> torch.Tensor:
     """Logits that predict each response token, (rows, kept_response_len, vocab); for a token-classification
     model (a critic) its outputs at the same positions, the one before each response token.
 
