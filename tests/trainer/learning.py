@@ -8,6 +8,7 @@ import torch
 
 from hybridrl.models.loading import load_causal_lm, load_tokenizer, padding_side
 from hybridrl.rewards.score import default_compute_score
+from hybridrl.rewards.score.arithmetic import extract_answer
 
 
 def greedy_answers(model_dir: Path, rows: list[dict]) -> list[str]:
@@ -36,3 +37,9 @@ def accuracy(rows: list[dict], texts: list[str]) -> float:
 def greedy_accuracy(model_dir: Path, rows: list[dict]) -> float:
     """Fraction of rows whose greedy answer the task's scorer accepts."""
     return accuracy(rows, greedy_answers(model_dir, rows))
+
+
+def sign_slips(rows: list[dict], texts: list[str]) -> int:
+    """Negative results answered right but for the minus sign (the quickstart's teacher drops it)."""
+    truths = [r["reward_model"]["ground_truth"] for r in rows]
+    return sum(int(truth) < 0 and extract_answer(text) == truth.lstrip("-") for truth, text in zip(truths, texts, strict=True))

@@ -28,12 +28,11 @@ at least) and also checks the mechanism: the sign slips mostly gone. The recipe 
 from __future__ import annotations
 
 import pytest
-from learning import accuracy, greedy_answers
+from learning import accuracy, greedy_answers, sign_slips
 from ppo_helpers import ppo_config
 
 from hybridrl.data.sft_dataset import read_parquet_rows
 from hybridrl.quickstart import PRECISION
-from hybridrl.rewards.score.arithmetic import extract_answer
 from hybridrl.trainer.main_ppo import run_ppo
 
 # Longer hang limit than the suite's 600 s: the shared SFT fixture may run in this module's first setup.
@@ -47,9 +46,7 @@ SLIPS_LEFT = 0.25  # at most this share of the SFT model's sign slips may remain
 def held_out(model_dir, rows: list[dict]) -> tuple[float, int]:
     """(greedy accuracy, sign slips: negative results answered right but for the minus sign)."""
     texts = greedy_answers(model_dir, rows)
-    truths = [r["reward_model"]["ground_truth"] for r in rows]
-    slips = sum(int(truth) < 0 and extract_answer(text) == truth.lstrip("-") for truth, text in zip(truths, texts, strict=True))
-    return accuracy(rows, texts), slips
+    return accuracy(rows, texts), sign_slips(rows, texts)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from learning import accuracy, greedy_answers
+from learning import accuracy, greedy_answers, sign_slips
 
 from hybridrl.data.sft_dataset import read_parquet_rows
 from hybridrl.rewards.score.arithmetic import extract_answer
@@ -42,6 +42,6 @@ def test_sft_teaches_the_task_and_copies_the_teachers_slip(quickstart_sft):
     negative = [(extract_answer(t), r["reward_model"]["ground_truth"]) for r, t in zip(held_out, texts, strict=True)
                 if int(r["reward_model"]["ground_truth"]) < 0]
     signed = sum(answer == truth for answer, truth in negative)
-    unsigned = sum(answer == truth.lstrip("-") for answer, truth in negative)
+    unsigned = sign_slips(held_out, texts)
     print(f"negative results: {signed} right, {unsigned} right but for the sign, of {len(negative)}")
     assert unsigned > 2 * signed  # the teacher drops the sign 70% of the time; SFT imitates that
