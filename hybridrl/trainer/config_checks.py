@@ -9,6 +9,7 @@ another key are filled in first (`config_derive`). `batch_plan` is the arithmeti
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
@@ -22,11 +23,13 @@ from hybridrl.trainer.config_ranges import range_errors
 from hybridrl.trainer.config_support import offload_errors, unsupported_errors
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
 from hybridrl.utils.config import ConfigError, added_keys, unknown_key_message
-from hybridrl.utils.device import device_setting_problem
-from hybridrl.utils.precision import AUTO
+from hybridrl.utils.device import device_setting_problem, resolve_device_type
+from hybridrl.utils.precision import AUTO, emulated_bf16_warning
 
 __all__ = ["ConfigError", "batch_plan", "validate_config", "world_size"]
 from hybridrl.workers.rollout import ROLLOUT_ENGINES
+
+logger = logging.getLogger(__name__)
 
 
 def _require(ok: bool, message: str) -> None:
@@ -79,12 +82,14 @@ def _check_placement(config: PPOTrainerConfig) -> None:
         _require(fsdp.fsdp_size in (-1, world_size(config)),
                  f"{key}.fsdp_config.fsdp_size={fsdp.fsdp_size} must be -1 or the world size "
                  f"({world_size(config)}); hybrid sharding is not supported, so leave it at -1")
-        _check_dtype(f"{key}.fsdp_config.mixed_precision.param_dtype", fsdp.mixed_precision.param_dtype)
+        _check_dtype(f"{key}.fsdp_config.mixed_precision.param_dtype", fsdp.mixed_precision.param_dtype, t.device)
         _check_dtype(f"{key}.fsdp_config.mixed_precision.reduce_dtype", fsdp.mixed_precision.reduce_dtype)
-    _check_dtype("actor_rollout_ref.rollout.dtype", arr.rollout.dtype)
+    _check_dtype("actor_rollout_ref.rollout.dtype", arr.rollout.dtype, t.device)
 
 
-def _check_dtype(key: str, value: str | None) -> None:
+def _check_dtype(key: str, value: str | None, compute_device: str | None = None) -> None:
+    """A dtype key's value must name a dtype; `compute_device` (trainer.device) where the key is a compute
+    dtype, for the warning about bf16 on a CPU that emulates it."""
     if value is None or value == AUTO:
         return  # device-dependent: the workers resolve them on their own device, the driver need not ask it
     try:
@@ -94,6 +99,9 @@ def _check_dtype(key: str, value: str | None) -> None:
         raise ConfigError(f"{key}={value!r} is not a dtype: use one of {names}, or {AUTO} (bf16 where the device "
                           f"multiplies it natively, fp32 elsewhere), or leave it unset (null: bf16 on a bf16 GPU, "
                           f"fp32 on a CPU)") from None
+    warning = compute_device and emulated_bf16_warning(key, value, resolve_device_type(compute_device))
+    if warning:
+        logger.warning(warning)
 
 
 def _check_names(config: PPOTrainerConfig) -> None:

@@ -8,6 +8,7 @@ strings per row) to `data.output_path`. It runs in this process on one rank; a w
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import hydra
@@ -22,8 +23,11 @@ from hybridrl.data.rl_dataset import RLHFDataset, collate_fn
 from hybridrl.models.loading import load_causal_lm, load_tokenizer
 from hybridrl.protocol import DataProto
 from hybridrl.utils.device import device_setting_problem, local_device, pinned, resolve_device_type
+from hybridrl.utils.precision import emulated_bf16_warning
 from hybridrl.workers.config import to_dataclass
 from hybridrl.workers.rollout import BaseRollout, RolloutConfig, build_rollout
+
+logger = logging.getLogger(__name__)
 
 # generation.yaml's `rollout` group: the dataclass is the one home of the rollout's defaults.
 ConfigStore.instance().store(group="rollout", name="schema", node=RolloutConfig)
@@ -42,6 +46,9 @@ def check_config(config: DictConfig) -> RolloutConfig:
     if device_problem is not None:
         raise ValueError(device_problem)
     rollout = to_dataclass(RolloutConfig, OmegaConf.merge(config.rollout, {"n": config.data.n_samples}))
+    warning = emulated_bf16_warning("rollout.dtype", rollout.dtype, config.trainer.device)
+    if warning:
+        logger.warning(warning)
     if rollout.n > 1 and (not rollout.do_sample or rollout.temperature == 0):
         raise ValueError(
             f"data.n_samples={rollout.n} needs sampling: set rollout.do_sample=true and rollout.temperature > 0 "

@@ -7,7 +7,13 @@ defaults stay what every recipe and test was measured with (the quickstart opts 
 Both CPU kinds this project runs on multiply bf16 about 4x faster than fp32 (2048^3 matmul, 2 threads:
 AMD EPYC with AVX512_BF16 429 vs 111 GFLOP/s, Intel Xeon with AMX 491 vs 122); a CPU without those
 instructions emulates bf16 and is slower in it than in fp32. A GPU qualifies when torch reports bf16
-support (Ampere and later). Master weights, optimizer state, gradient reduction and log-softmax stay
+support (Ampere and later).
+
+A third CPU kind runs this project too: AMD EPYCs with AVX2 and no AVX-512 (`torch.backends.cpu.
+get_cpu_capability()` says AVX2). There torch emulates bf16, and it is far slower than fp32 (2 threads,
+2026-11-27: a 2048^3 matmul 0.28 vs 67 GFLOP/s, a decoding step's 128 x 256 x 768 linear 7 vs 51), so
+`auto` picks fp32 there and a dtype key that names bf16 outright gets `emulated_bf16_warning`'s warning.
+Master weights, optimizer state, gradient reduction and log-softmax stay
 fp32 whatever the compute dtype (FSDP2's MixedPrecisionPolicy keeps the sharded parameters in their
 loaded dtype; `logprobs_from_logits` upcasts).
 """
@@ -19,6 +25,7 @@ import torch
 from hybridrl.utils.device import device_type as process_device_type
 
 AUTO = "auto"
+BF16_NAMES = ("bfloat16", "bf16")
 
 
 def native_bf16(device_type: str | None = None) -> bool:
@@ -42,3 +49,14 @@ def device_default_dtype(device_type: str | None = None) -> torch.dtype:
     device_type = device_type or process_device_type()
     return torch.bfloat16 if device_type == "cuda" and native_bf16("cuda") else torch.float32
 
+
+
+def emulated_bf16_warning(key: str, value: str | None, device_type: str) -> str | None:
+    """The warning for dtype key `key` set to bf16 by name (`value`) where the device (`device_type`, as
+    trainer.device resolved) emulates bf16, or None: a CPU without AVX512_BF16 or AMX runs it many times
+    slower than fp32 (module doc), which a user who asked for bf16 to go faster should hear at once."""
+    if value not in BF16_NAMES or device_type != "cpu" or native_bf16("cpu"):
+        return None
+    return (f"{key}={value} on a CPU without native bf16 (no AVX512_BF16 or AMX; torch's capability: "
+            f"{torch.backends.cpu.get_cpu_capability()}): torch emulates bf16 here, many times slower than fp32. "
+            f"Set {key}=auto (bf16 only where the CPU multiplies it natively) or float32")

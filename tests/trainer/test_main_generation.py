@@ -118,3 +118,17 @@ def test_device_is_checked(arithmetic_parquet, tiny_model_dir, tmp_path, monkeyp
     config = compose_generation(base + ["trainer.device=auto"])
     main_generation.check_config(config)
     assert config.trainer.device == "cpu"  # auto resolved where the run will use it
+
+
+def test_a_bf16_rollout_on_a_cpu_that_emulates_bf16_is_warned_about(arithmetic_parquet, tiny_model_dir, tmp_path,
+                                                                     monkeypatch, caplog):
+    from hybridrl.utils.precision import native_bf16
+
+    base = [f"data.path={arithmetic_parquet}", f"model.path={tiny_model_dir}", f"data.output_path={tmp_path}/o.parquet"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for dtype, warns in (("bfloat16", not native_bf16("cpu")), ("auto", False), ("float32", False)):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="hybridrl.trainer.main_generation"):
+            main_generation.check_config(compose_generation(base + ["trainer.device=cpu", f"rollout.dtype={dtype}"]))
+        warned = [r.getMessage() for r in caplog.records if "without native bf16" in r.getMessage()]
+        assert len(warned) == int(warns) and all(w.startswith("rollout.dtype=bfloat16") for w in warned), warned

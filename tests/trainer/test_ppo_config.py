@@ -42,6 +42,17 @@ def test_defaults_are_valid_and_resolve_the_lengths(no_gpu):
     assert config.critic.model.path == "some/model"
 
 
+def test_bf16_compute_keys_on_a_cpu_that_emulates_bf16_are_warned_about_once_each(no_gpu, caplog):
+    from hybridrl.utils.precision import native_bf16
+
+    rollout_key = "actor_rollout_ref.rollout.dtype"
+    with caplog.at_level("WARNING", logger="hybridrl.trainer.config_checks"):
+        checked("trainer.device=cpu", f"{rollout_key}=bfloat16",
+                "actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=bfloat16")  # not a compute dtype
+    warned = [r.getMessage() for r in caplog.records if "without native bf16" in r.getMessage()]
+    assert len(warned) == (0 if native_bf16("cpu") else 1) and all(w.startswith(rollout_key) for w in warned)
+
+
 def test_a_misspelt_key_names_the_key():
     with pytest.raises(ConfigCompositionException) as err:
         ppo_config(*BASE, "trainer.n_gpus_per_nod=2")

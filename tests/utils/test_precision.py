@@ -53,3 +53,20 @@ def test_an_unset_dtype_is_the_devices_default(monkeypatch, device, bf16_gpu, ex
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: bf16_gpu)
     assert resolve_dtype(None) is expected
 
+
+
+
+def test_bf16_named_on_a_cpu_that_emulates_it_gets_a_warning_naming_the_key():
+    from hybridrl.utils.precision import emulated_bf16_warning
+
+    native = bool(cpu_flags() & {"amx_bf16", "avx512_bf16"})
+    key = "actor_rollout_ref.rollout.dtype"
+    for name in ("bfloat16", "bf16"):
+        warning = emulated_bf16_warning(key, name, "cpu")
+        assert (warning is None) is native
+        if not native:
+            assert warning.startswith(f"{key}={name} on a CPU without native bf16") and f"{key}=auto" in warning
+    # never for the other values, nor on a GPU (torch.cuda reports its own bf16 support)
+    for name in ("auto", "float32", None):
+        assert emulated_bf16_warning(key, name, "cpu") is None
+    assert emulated_bf16_warning(key, "bf16", "cuda") is None
