@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import torch
-from grpo_vs_trl import machine
+from grpo_vs_trl import default_dtypes, machine
 from rollout_bench import make_prompts
 
 from hybridrl.models.loading import load_causal_lm, load_tokenizer, resolve_dtype
@@ -111,7 +111,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
     parser.add_argument("--sizes", default="10m,50m,400m,1b")
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", default=None,
+                        help="rollout.dtype (default bfloat16, or float32 on a CPU that emulates bf16)")
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=64)
@@ -121,6 +122,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: torch sees no GPU")
+    args.dtype = args.dtype or default_dtypes(args.device).split(",")[-1]
     device = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
     bandwidth = copy_bandwidth(device, gib=1.0 if device.type == "cuda" else 0.25)
     rows = []

@@ -6,7 +6,8 @@ step, and the fused step with each prompt's keys/values kept once for its sample
 
 What it compares (hybridrl/workers/rollout/fused_decoder.py and hf.py are the code under test): one
 `HFRollout.generate_sequences` call, 16 prompts x 8 samples x 64 new tokens, temperature 1, the same seed,
-rollout.dtype bf16 over the fp32 weights, three settings alternating in one process:
+rollout.dtype `--dtype` over the fp32 weights (default auto: bf16 where the CPU multiplies it natively, fp32
+on one that emulates it, see hybridrl/utils/precision.py), three settings alternating in one process:
 
 - forward: every step after the prefill through the model's forward (this script swaps
   `hf.fused_decoder` for one that declines);
@@ -39,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grpo_vs_trl import machine, publish  # noqa: E402  (a sibling script, not a package)
 
 from hybridrl.data.rl_dataset import left_pad  # noqa: E402
-from hybridrl.models.loading import load_causal_lm, load_tokenizer  # noqa: E402
+from hybridrl.models.loading import load_causal_lm, load_tokenizer, resolve_dtype  # noqa: E402
 from hybridrl.models.tiny import build_tiny_model  # noqa: E402
 from hybridrl.protocol import DataProto  # noqa: E402
 from hybridrl.workers.rollout import HFRollout, RolloutConfig  # noqa: E402
@@ -84,10 +85,10 @@ def generate(engine: HFRollout, prompts: DataProto, setting: str) -> tuple[float
         hf_engine.fused_decoder = real
 
 
-def rows_for(size: str, model_dir: Path, threads: int, repeats: list[int], runs: int) -> list[str]:
+def rows_for(size: str, model_dir: Path, threads: int, repeats: list[int], runs: int, dtype: str) -> list[str]:
     tokenizer = load_tokenizer(model_dir)
     model = load_causal_lm(model_dir, dtype=torch.float32)  # the trainer's fp32 weights; rollout.dtype casts
-    config = RolloutConfig(response_length=NEW_TOKENS, n=SAMPLES, temperature=1.0, dtype="bfloat16")
+    config = RolloutConfig(response_length=NEW_TOKENS, n=SAMPLES, temperature=1.0, dtype=dtype)
     engine = HFRollout(model, config, tokenizer)
     rows = []
     for repeat in repeats:
@@ -119,8 +120,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", default="1,2", help="torch thread counts to measure at")
     parser.add_argument("--repeats", default="1,4,12", help="how many times each prompt says its question")
     parser.add_argument("--runs", type=int, default=3, help="generations per setting and prompt length")
+    parser.add_argument("--dtype", default="auto", help="rollout.dtype: auto, bfloat16 or float32")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    dtype = str(resolve_dtype(args.dtype)).removeprefix("torch.")
     sizes, threads = args.sizes.split(","), [int(t) for t in args.threads.split(",")]
     repeats, runs = [int(r) for r in args.repeats.split(",")], args.runs
     if args.quick:
@@ -132,11 +135,11 @@ def main(argv: list[str] | None = None) -> None:
             model_dir = build_tiny_model(Path(tmp) / size, size=size)
             for t in threads:
                 torch.set_num_threads(t)
-                table += rows_for(size, model_dir, t, repeats, runs)
+                table += rows_for(size, model_dir, t, repeats, runs, dtype)
     text = "\n".join([
         f"HF engine decoding steps on a {machine('cpu')}, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}; "
         f"`{' '.join(['benchmarks/fused_decode.py', *(argv if argv is not None else sys.argv[1:])])}`.",
-        "", f"One generation, {PROMPTS} prompts x {SAMPLES} samples x {NEW_TOKENS} new tokens, bf16 over fp32 "
+        "", f"One generation, {PROMPTS} prompts x {SAMPLES} samples x {NEW_TOKENS} new tokens, {dtype} over fp32 "
         f"weights (untrained models), the three settings alternating, median of {runs} run(s); speedups over "
         "forward. Log-prob gap: mean |sampled log-prob - the fp32 model's log-prob of the token|.",
         "", *table, ""])

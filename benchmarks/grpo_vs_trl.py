@@ -506,8 +506,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="cuda: one GPU, hybridrl on its local backend (default runners trl and "
                         "hybridrl-local-graphs, the GPU default; hybridrl-local pins eager decoding)")
     parser.add_argument("--runners", default=None, help=f"subset of {','.join(RUNNERS)}")
-    parser.add_argument("--dtypes", default="float32,bfloat16",
-                        help="compute dtypes to run each framework in (TRL: bf16=True for bfloat16)")
+    parser.add_argument("--dtypes", default=None,
+                        help="compute dtypes to run each framework in (TRL: bf16=True for bfloat16); default "
+                        "float32,bfloat16, or float32 alone where the device emulates bf16")
     parser.add_argument("--workdir", default="runs/bench_grpo_vs_trl", help="data, models and per-run logs")
     parser.add_argument("--out", default=str(RESULTS / "grpo_vs_trl"), help="writes OUT.md and OUT.png (after "
                         "every run, so a run stopped part-way leaves the table so far)")
@@ -553,7 +554,7 @@ def main(argv: list[str] | None = None) -> None:
     workloads = prepare(workdir, sizes, args.quick, args.device, args.micro_batch)
     rows = []
     for size_workload in workloads:
-        for dtype in args.dtypes.split(","):
+        for dtype in (args.dtypes or default_dtypes(args.device)).split(","):
             w = dataclasses.replace(size_workload, dtype=dtype)
             done: dict[str, list[dict]] = {}
             first = len(rows)
@@ -623,6 +624,18 @@ def write_report(rows: list[dict], workloads: list[Workload], args: argparse.Nam
     return text
 
 
+def default_dtypes(device: str) -> str:
+    """float32 and bfloat16 where `device` multiplies bf16 natively; float32 alone where it emulates bf16 (a
+    CPU without AVX512_BF16 or AMX runs it many times slower than fp32: hybridrl/utils/precision.py)."""
+    from hybridrl.utils.precision import native_bf16
+
+    if native_bf16(device):
+        return "float32,bfloat16"
+    print(f"bfloat16 left out: this {device} emulates it (no AVX512_BF16 or AMX); naming it in the dtype flag "
+          "runs it anyway", flush=True)
+    return "float32"
+
+
 def machine(device: str = "cpu") -> str:
     """This machine in a few words, for the tables' headers (Linux's /proc; the GPU's name on cuda)."""
     if device == "cuda":
@@ -636,6 +649,8 @@ def machine(device: str = "cpu") -> str:
     flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
     isa = [name for flag, name in (("avx512f", "AVX-512"), ("avx512_bf16", "AVX512_BF16"), ("amx_tile", "AMX"))
            if flag in flags]
+    if not isa and "avx2" in flags:  # the AVX2-only kind, which emulates bf16 (hybridrl/utils/precision.py)
+        isa = ["AVX2, no AVX-512"]
     memory_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return f"{os.cpu_count()}-core {model}{' (' + ', '.join(isa) + ')' if isa else ''}, {memory_gb:.0f} GB RAM"
 

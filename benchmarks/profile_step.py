@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
     parser.add_argument("--size", default=None, help="a tiny preset (default 400m on cuda, 10m on cpu)")
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", default=None,
+                        help="compute dtype (default bfloat16, or float32 on a CPU that emulates bf16)")
     parser.add_argument("--steps", type=int, default=3, help="steps run; the last is recorded (at least 2)")
     parser.add_argument("--eager", action="store_true", help="decode without CUDA graphs")
     parser.add_argument("--padded", action="store_true", help="share_prompt_forward=false")
@@ -116,6 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workdir", default="runs/profile_step", help="data and models")
     parser.add_argument("--out", type=Path, default=None, help="default runs/profile_step/<size>-<dtype>.md")
     args = parser.parse_args(argv)
+    args.dtype = args.dtype or bench.default_dtypes(args.device).split(",")[-1]
     if args.steps < 2:
         raise SystemExit(f"--steps must be at least 2 (one to warm up, one to record), got {args.steps}")
     if args.device == "cuda" and not torch.cuda.is_available():

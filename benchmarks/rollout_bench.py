@@ -42,7 +42,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
-from grpo_vs_trl import machine  # noqa: E402  (benchmarks/ is this script's directory)
+from grpo_vs_trl import default_dtypes, machine  # noqa: E402  (benchmarks/ is this script's directory)
 
 from hybridrl.data.rl_dataset import left_pad  # noqa: E402
 from hybridrl.models.loading import load_causal_lm, load_tokenizer  # noqa: E402
@@ -230,8 +230,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs before the timed ones")
     parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--dtypes", default="float32,bfloat16",
-                        help="model and generation dtypes to compare, each on both engines (float32 required)")
+    parser.add_argument("--dtypes", default=None,
+                        help="model and generation dtypes to compare, each on both engines (float32 required; "
+                        "default float32,bfloat16, or float32 alone on a CPU that emulates bf16)")
     parser.add_argument("--no-vllm", dest="vllm", action="store_false",
                         help="leave the vLLM engine out (it is left out anyway where vllm is not installed)")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -246,7 +247,7 @@ def main() -> None:
         rows = [
             row
             for size in args.sizes.split(",")
-            for dtype in args.dtypes.split(",")
+            for dtype in (args.dtypes or default_dtypes("cpu")).split(",")
             for row in bench_size(size, dtype, Path(tmp), args)
         ]
     table, ratio, vllm_ratio = render(rows, args)
