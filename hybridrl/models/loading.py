@@ -33,7 +33,7 @@ from transformers import (
 )
 
 from hybridrl.models import attention  # noqa: F401 - registers attn_implementation='grouped_eager'
-from hybridrl.utils.precision import AUTO, auto_dtype, device_default_dtype
+from hybridrl.utils.precision import AUTO, BF16_NAMES, auto_dtype, device_default_dtype
 from hybridrl.utils.registry import Registry
 
 logger = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tok
 DTYPES: Registry[torch.dtype] = Registry("dtype")
 for _names, _dtype in (
     (("float32", "fp32"), torch.float32),
-    (("bfloat16", "bf16"), torch.bfloat16),
+    (BF16_NAMES, torch.bfloat16),
     (("float16", "fp16"), torch.float16),
 ):
     for _name in _names:

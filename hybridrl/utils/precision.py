@@ -7,15 +7,14 @@ defaults stay what every recipe and test was measured with (the quickstart opts 
 Both CPU kinds this project runs on multiply bf16 about 4x faster than fp32 (2048^3 matmul, 2 threads:
 AMD EPYC with AVX512_BF16 429 vs 111 GFLOP/s, Intel Xeon with AMX 491 vs 122); a CPU without those
 instructions emulates bf16 and is slower in it than in fp32. A GPU qualifies when torch reports bf16
-support (Ampere and later).
+support (Ampere and later). Master weights, optimizer state, gradient reduction and log-softmax stay
+fp32 whatever the compute dtype (FSDP2's MixedPrecisionPolicy keeps the sharded parameters in their
+loaded dtype; `logprobs_from_logits` upcasts).
 
 A third CPU kind runs this project too: AMD EPYCs with AVX2 and no AVX-512 (`torch.backends.cpu.
 get_cpu_capability()` says AVX2). There torch emulates bf16, and it is far slower than fp32 (2 threads,
 2026-11-27: a 2048^3 matmul 0.28 vs 67 GFLOP/s, a decoding step's 128 x 256 x 768 linear 7 vs 51), so
 `auto` picks fp32 there and a dtype key that names bf16 outright gets `emulated_bf16_warning`'s warning.
-Master weights, optimizer state, gradient reduction and log-softmax stay
-fp32 whatever the compute dtype (FSDP2's MixedPrecisionPolicy keeps the sharded parameters in their
-loaded dtype; `logprobs_from_logits` upcasts).
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ import torch
 from hybridrl.utils.device import device_type as process_device_type
 
 AUTO = "auto"
-BF16_NAMES = ("bfloat16", "bf16")
+BF16_NAMES = ("bfloat16", "bf16")  # what a dtype key may say for bf16 (hybridrl.models.loading.DTYPES)
 
 
 def native_bf16(device_type: str | None = None) -> bool:
@@ -48,7 +47,6 @@ def device_default_dtype(device_type: str | None = None) -> torch.dtype:
     """What an unset (null) compute dtype means: bf16 on a bf16 GPU, fp32 on a CPU or an older GPU."""
     device_type = device_type or process_device_type()
     return torch.bfloat16 if device_type == "cuda" and native_bf16("cuda") else torch.float32
-
 
 
 def emulated_bf16_warning(key: str, value: str | None, device_type: str) -> str | None:
