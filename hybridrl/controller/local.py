@@ -16,7 +16,6 @@ from typing import Any
 
 import torch.distributed as dist
 
-from hybridrl.controller.worker import free_port
 from hybridrl.controller.worker_group import ClassWithInitArgs, WorkerGroup
 from hybridrl.utils.device import DEVICE_ENV, device_env, resolve_device_type
 
@@ -26,7 +25,8 @@ DIST_ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER
 def _set_single_rank_env() -> None:
     # A driver that already joined a process group (a second local group) keeps its coordinates.
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    # 0: the rank binds a port of the OS's choosing when it starts its store; none is picked ahead (rendezvous.py)
+    os.environ.setdefault("MASTER_PORT", "0")
     for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}.items():
         if os.environ.setdefault(key, value) != value:
             raise RuntimeError(

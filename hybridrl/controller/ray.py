@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
+import uuid
 from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hybridrl.controller.ray_resources import RayResourcePool, register_torch_module_reducers
-from hybridrl.controller.worker import NUM_THREADS_ENV, free_port
+from hybridrl.controller.rendezvous import RENDEZVOUS_KEY_ENV, await_address
+from hybridrl.controller.worker import NUM_THREADS_ENV
 from hybridrl.controller.worker_group import ClassWithInitArgs, WorkerGroup
 from hybridrl.utils.device import device_env
 
@@ -25,13 +27,6 @@ class RayClassWithInitArgs(ClassWithInitArgs):
 
     def update_options(self, options: dict[str, Any]) -> None:
         self.actor_options.update(options)
-
-
-@ray.remote(num_cpus=0)
-def _master_address() -> tuple[str, int]:
-    """Runs in rank 0's bundle: the address other ranks use to reach it."""
-    ip = ray.util.get_node_ip_address()
-    return ip, free_port(ip)
 
 
 def rank_environment(pool: RayResourcePool, rank: int, local_rank: int, n_local: int,
@@ -65,16 +60,21 @@ class RayWorkerGroup(WorkerGroup):
 
     def _spawn(self, pool: RayResourcePool, cls_with_init: ClassWithInitArgs) -> list:
         groups = pool.get_placement_groups()
-        first_bundle = PlacementGroupSchedulingStrategy(groups[0], placement_group_bundle_index=0)
-        master_addr, master_port = ray.get(_master_address.options(scheduling_strategy=first_bundle).remote())
         share = 1.0 / pool.max_colocate_count
         threads = max(1, math.floor(pool.cpus_per_process * share))
         remote_cls = ray.remote(cls_with_init.cls)
         options = getattr(cls_with_init, "actor_options", {})
+        group_id = uuid.uuid4().hex[:8]
+        # Rank 0 binds its store on a port of the OS's choosing and announces it; the other ranks start
+        # once it has (rendezvous.py): no port is picked ahead of its bind, where another process could take it.
+        master = ("127.0.0.1", 0)
+        rendezvous_key = f"hybridrl/rendezvous/{self.name_prefix}/{group_id}"
         workers, rank = [], 0
         for group, n_local in zip(groups, pool.process_on_nodes, strict=True):
             for local_rank in range(n_local):
-                env = rank_environment(pool, rank, local_rank, n_local, (master_addr, master_port), threads)
+                env = rank_environment(pool, rank, local_rank, n_local, master, threads)
+                if rank == 0 and pool.world_size > 1:
+                    env[RENDEZVOUS_KEY_ENV] = rendezvous_key
                 runtime_env = dict(options.get("runtime_env", {}))
                 runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **env}
                 actor = remote_cls.options(
@@ -83,9 +83,15 @@ class RayWorkerGroup(WorkerGroup):
                     num_cpus=pool.cpus_per_process * share,
                     num_gpus=share if pool.use_gpu else 0,
                     runtime_env=runtime_env,
-                    name=f"{self.name_prefix}_{rank}_{master_port}",
+                    name=f"{self.name_prefix}_{rank}_{group_id}",
                 ).remote(*cls_with_init.args, **cls_with_init.kwargs)
                 workers.append(actor)
+                if rank == 0 and pool.world_size > 1:
+                    try:
+                        master = await_address(rendezvous_key, actor)
+                    except BaseException:
+                        ray.kill(actor)
+                        raise
                 rank += 1
         return workers
 

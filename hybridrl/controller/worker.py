@@ -1,8 +1,8 @@
 """Worker: the base class of every SPMD rank (actor, critic, reference, reward model).
 
 A worker group starts one process per rank and gives it the standard torch.distributed environment
-(MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK) and its device type (`hybridrl.utils.device`).
-The base class reads them, sets the rank's share of CPU threads, and joins the group's process group:
+(MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK; MASTER_PORT=0 on rank 0 lets it bind a port of
+the OS's choosing, see `rendezvous.py`) and its device type (`hybridrl.utils.device`). The base class reads them, sets the rank's share of CPU threads, and joins the group's process group:
 gloo on CPU, gloo + nccl on CUDA.
 """
 
@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from hybridrl.controller.decorator import Dispatch, register
+from hybridrl.controller.rendezvous import rank_store
 from hybridrl.utils import memory
 from hybridrl.utils.device import device_type, distributed_backend, local_device
 from hybridrl.utils.flops import ModelPass, device_peak_flops
@@ -56,13 +57,6 @@ class DistEnv:
         )
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def init_distributed(env: DistEnv) -> None:
     """Join the group's process group once per process (colocated roles share it)."""
     if dist.is_initialized():
@@ -76,7 +70,7 @@ def init_distributed(env: DistEnv) -> None:
         torch.cuda.set_device(local_device(env.local_rank))
     dist.init_process_group(
         backend=distributed_backend(),
-        init_method=f"tcp://{env.master_addr}:{env.master_port}",
+        store=rank_store(env),  # MASTER_PORT=0: rank 0 binds a port of the OS's choosing (rendezvous.py)
         rank=env.rank,
         world_size=env.world_size,
     )

@@ -23,16 +23,17 @@ def run_child(code: str) -> subprocess.Popen:
 
 
 def test_the_handler_is_installed_only_inside_the_block():
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-    with sigterm_raises_exit():
-        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-
-    def own(signum, frame):
-        pass
-
-    previous = signal.signal(signal.SIGTERM, own)
+    # from the default disposition, whatever an earlier test left (ray.init installs its own handler)
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
+        with sigterm_raises_exit():
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+        def own(signum, frame):
+            pass
+
+        signal.signal(signal.SIGTERM, own)
         with sigterm_raises_exit():  # a program's own handler is left alone
             assert signal.getsignal(signal.SIGTERM) is own
     finally:

@@ -11,11 +11,13 @@ from group_checks import (
     check_k_outputs_per_row_with_padding,
     check_other_dispatch_modes,
 )
-from workers_for_tests import ScaleWorker
+from ray.experimental.internal_kv import _internal_kv_get
+from workers_for_tests import FailsOnRankZero, ScaleWorker
 
 from hybridrl.controller import create_colocated_worker_cls
 from hybridrl.controller.ray import RayClassWithInitArgs, RayWorkerGroup
 from hybridrl.controller.ray_resources import RayResourcePool, ResourcePoolManager, init_ray
+from hybridrl.controller.rendezvous import RENDEZVOUS_KEY_ENV
 
 pytestmark = pytest.mark.ray
 
@@ -80,6 +82,31 @@ def test_colocated_roles_share_processes(pool, group):
     assert actor_pids == critic_pids and len(set(actor_pids)) == 2
     check_dp_compute_proto_keeps_order(roles["actor"], scale=2.0)
     check_dp_compute_proto_keeps_order(roles["critic"], scale=3.0)
+    wg.shutdown()
+
+
+def test_rank_zero_binds_its_own_port_and_the_others_learn_it(pool, group):
+    group.shutdown()  # free the pool's bundles
+    wg = RayWorkerGroup(pool, RayClassWithInitArgs(ScaleWorker, scale=1.0))
+    try:
+        env = wg.read_env(["MASTER_ADDR", "MASTER_PORT", RENDEZVOUS_KEY_ENV])
+        # rank 0 was given no port: it bound one of the OS's choosing and announced it for rank 1
+        assert env[0]["MASTER_PORT"] == "0" and env[0][RENDEZVOUS_KEY_ENV]
+        assert int(env[1]["MASTER_PORT"]) > 0 and env[1][RENDEZVOUS_KEY_ENV] is None
+        assert wg.all_reduce_ranks() == [3.0, 3.0]
+        assert _internal_kv_get(env[0][RENDEZVOUS_KEY_ENV]) is None  # the driver took the announcement away
+    finally:
+        wg.shutdown()
+
+
+def test_rank_zero_failing_before_it_binds_raises_its_error(pool, group):
+    group.shutdown()
+    start = time.monotonic()
+    with pytest.raises(Exception, match="no such model"):
+        RayWorkerGroup(pool, RayClassWithInitArgs(FailsOnRankZero))
+    assert time.monotonic() - start < 60  # its error, not a wait for an address that never comes
+    wg = RayWorkerGroup(pool, RayClassWithInitArgs(ScaleWorker, scale=1.0))  # the pool's bundles are free again
+    assert wg.all_reduce_ranks() == [3.0, 3.0]
     wg.shutdown()
 
 

@@ -22,6 +22,10 @@ class ScaleWorker(Worker):
         dist.all_reduce(value)
         return value.item()
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def read_env(self, keys: list[str]) -> dict[str, str | None]:
+        return {key: os.environ.get(key) for key in keys}
+
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def scale_rows(self, data: DataProto) -> DataProto:
         return self._scaled(data)
@@ -74,3 +78,12 @@ def rows(n: int) -> DataProto:
 
 def add_one(data: DataProto) -> DataProto:
     return DataProto.from_dict({"x": data.batch["x"] + 1})
+
+
+class FailsOnRankZero(ScaleWorker):
+    """Rank 0 fails before it joins the process group, as a worker whose model path is wrong would."""
+
+    def __init__(self) -> None:
+        if os.environ["RANK"] == "0":
+            raise RuntimeError("no such model")
+        super().__init__(scale=1.0)

@@ -19,15 +19,16 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from hybridrl.controller.worker import free_port
 from hybridrl.utils.device import device_env
 
 
-def _entry(rank: int, world_size: int, port: int, out_dir: str, fn: Callable, args: tuple) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), **device_env("cpu"))
+def _entry(rank: int, world_size: int, out_dir: str, fn: Callable, args: tuple) -> None:
+    # workers built inside read these; they find the process group below already joined
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0", RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_RANK=str(rank), **device_env("cpu"))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    # a file rendezvous: a port picked here and bound later could be taken in between by another test's gloo
+    dist.init_process_group("gloo", init_method=f"file://{out_dir}/rendezvous", rank=rank, world_size=world_size)
     try:
         result = ("ok", fn(rank, world_size, *args))
     except BaseException:  # report any failure to the parent instead of hanging it
@@ -42,7 +43,7 @@ def run_on_ranks(fn: Callable, world_size: int, *args) -> list:
     """fn(rank, world_size, *args) on every rank; fn and args must be picklable (module-level)."""
     with tempfile.TemporaryDirectory() as out_dir:
         try:
-            mp.start_processes(_entry, args=(world_size, free_port(), out_dir, fn, args), nprocs=world_size,
+            mp.start_processes(_entry, args=(world_size, out_dir, fn, args), nprocs=world_size,
                                join=True, start_method="spawn")
         except mp.ProcessExitedException as exit_error:
             # A rank that had already reported its result can still die while the process shuts down
