@@ -23,10 +23,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from hybridrl.controller.worker import free_port  # noqa: E402
 
-
-def step_times(rank: int, world: int, port: int, threads: int, model_dir: str, steps: int, out: str) -> None:
+def step_times(rank: int, world: int, rendezvous: str, threads: int, model_dir: str, steps: int, out: str) -> None:
     from hybridrl.models.loading import load_causal_lm, load_tokenizer
     from hybridrl.protocol import DataProto
     from hybridrl.workers.actor import PPOActor
@@ -36,7 +34,7 @@ def step_times(rank: int, world: int, port: int, threads: int, model_dir: str, s
     from hybridrl.workers.update_loop import BatchingPlan
 
     torch.set_num_threads(threads)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     tokenizer = load_tokenizer(model_dir)
     engine = FSDPEngine(load_causal_lm(model_dir), FSDPConfig(), OptimConfig(lr=1e-6))
     actor = PPOActor(ActorConfig(), engine)
@@ -82,9 +80,9 @@ def main() -> None:
     print(f"| ranks x threads per rank ({cores} cores) | seconds per step (median of {args.steps}) |")
     print("| --- | ---: |")
     for world, threads in layouts:
-        with tempfile.NamedTemporaryFile() as out:
-            mp.start_processes(step_times, args=(world, free_port(), threads, args.model, args.steps, out.name),
-                               nprocs=world, join=True, start_method="spawn")
+        with tempfile.NamedTemporaryFile() as out, tempfile.TemporaryDirectory() as rendezvous:
+            mp.start_processes(step_times, args=(world, f"{rendezvous}/store", threads, args.model, args.steps,
+                                                 out.name), nprocs=world, join=True, start_method="spawn")
             print(f"| {world} x {threads} | {float(Path(out.name).read_text()):.2f} |", flush=True)
 
 
