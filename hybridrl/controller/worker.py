@@ -2,8 +2,9 @@
 
 A worker group starts one process per rank and gives it the standard torch.distributed environment
 (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK; MASTER_PORT=0 on rank 0 lets it bind a port of
-the OS's choosing, see `rendezvous.py`) and its device type (`hybridrl.utils.device`). The base class reads them, sets the rank's share of CPU threads, and joins the group's process group:
-gloo on CPU, gloo + nccl on CUDA.
+the OS's choosing, see `rendezvous.py`) and its device type (`hybridrl.utils.device`). The base class
+reads them, sets the rank's share of CPU threads, and joins the group's process group: gloo on CPU,
+gloo + nccl on CUDA.
 """
 
 from __future__ import annotations
