@@ -28,6 +28,7 @@ from hybridrl.algos.advantage import (
     compute_rloo_vectorized_outcome_advantage,
 )
 from hybridrl.algos.aggregate import LOSS_AGG_REGISTRY, agg_loss, register_loss_agg_mode
+from hybridrl.algos.gdpo import compute_gdpo_outcome_advantage
 from hybridrl.algos.kl import (
     KL_PENALTY_REGISTRY,
     AdaptiveKLController,
@@ -51,6 +52,15 @@ from hybridrl.algos.policy_loss import (
     known_policy_loss_settings,
     register_policy_loss,
 )
+from hybridrl.algos.policy_loss_variants import (
+    compute_policy_loss_cispo,
+    compute_policy_loss_dppo_kl,
+    compute_policy_loss_dppo_tv,
+    compute_policy_loss_geo_mean,
+    compute_policy_loss_importance_sampling,
+    compute_policy_loss_sapo,
+    compute_policy_loss_topr,
+)
 from hybridrl.algos.value_loss import compute_entropy_loss, compute_value_loss
 
 __all__ = [
@@ -67,17 +77,25 @@ __all__ = [
     "compute_advantage",
     "compute_entropy_loss",
     "compute_gae_advantage_return",
+    "compute_gdpo_outcome_advantage",
     "compute_gpg_outcome_advantage",
     "compute_grpo_outcome_advantage",
     "compute_grpo_passk_outcome_advantage",
     "compute_grpo_vectorized_outcome_advantage",
     "compute_opo_outcome_advantage",
     "compute_pg_loss",
+    "compute_policy_loss_cispo",
     "compute_policy_loss_clip_cov",
+    "compute_policy_loss_dppo_kl",
+    "compute_policy_loss_dppo_tv",
     "compute_policy_loss_dro",
+    "compute_policy_loss_geo_mean",
     "compute_policy_loss_gpg",
     "compute_policy_loss_gspo",
+    "compute_policy_loss_importance_sampling",
     "compute_policy_loss_kl_cov",
+    "compute_policy_loss_sapo",
+    "compute_policy_loss_topr",
     "compute_policy_loss_vanilla",
     "compute_reinforce_plus_plus_baseline_outcome_advantage",
     "compute_reinforce_plus_plus_outcome_advantage",

@@ -41,6 +41,7 @@ INPUT_SOURCES = {
     "values": "the critic's value estimates (batch key 'values'; configure a critic under critic.*)",
     "index": "the per-sample prompt uid array (non_tensor_batch['uid']), one entry per response",
     "reward_baselines": "the greedy-decoding baseline reward per sample (batch key 'reward_baselines')",
+    "non_tensor_batch": "the batch's per-row extras (the reward function's extra outputs among them)",
     "gamma": "algorithm.gamma",
     "lam": "algorithm.lam",
 }
@@ -60,6 +61,7 @@ class AdvantageEstimator(str, Enum):
     GPG = "gpg"
     RLOO_VECTORIZED = "rloo_vectorized"
     GRPO_VECTORIZED = "grpo_vectorized"
+    GDPO = "gdpo"
 
 
 @dataclass(frozen=True)

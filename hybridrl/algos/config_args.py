@@ -15,8 +15,9 @@ from typing import Any
 _MISSING = object()
 
 # Actor-config fields that policy losses read, and those that live under `policy_loss`.
-ACTOR_LOSS_FIELDS = ("clip_ratio", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c")
-POLICY_LOSS_FIELDS = ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef", "dro_beta")
+ACTOR_LOSS_FIELDS = ("clip_ratio", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "tau_pos", "tau_neg")
+POLICY_LOSS_FIELDS = ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef", "dro_beta",
+                      "topr_negative_ratio_lower", "topr_negative_ratio_upper")
 
 
 def _lookup(config: Any, name: str) -> Any:
@@ -46,6 +47,17 @@ def config_value(config: Any, name: str, explicit: Any, owner: str) -> Any:
     if from_config in (_MISSING, None):
         raise ValueError(f"{owner} needs `{name}`: pass {name}=... or a config with a `{name}` field")
     return from_config
+
+
+def optional_config_value(config: Any, name: str, explicit: Any, owner: str) -> Any:
+    """As `config_value`, but a setting found in neither place is None instead of an error."""
+    check_config_object(config, owner)
+    from_config = None if config is None else _lookup(config, name)
+    if from_config is _MISSING:
+        from_config = None
+    if explicit is not None and from_config is not None and from_config != explicit:
+        raise ValueError(f"{owner}: {name}={explicit!r} was passed but config.{name} is {from_config!r}")
+    return explicit if explicit is not None else from_config
 
 
 def policy_loss_settings(config: Any) -> dict[str, Any]:

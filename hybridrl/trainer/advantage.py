@@ -45,7 +45,8 @@ def compute_advantage(
     """Set data.batch["advantages"] and ["returns"] (batch, response_len) from `adv_estimator`; returns data.
 
     gamma, lam and norm_adv_by_std_in_grpo come from the keywords or from `config` (verl's algorithm
-    config), else default to 1.0, 1.0 and True. `num_repeat` is accepted and unused, as in verl.
+    config), else default to 1.0, 1.0 and True; an estimator that takes `config` gets it too (gdpo reads
+    its reward keys there). `num_repeat` is accepted and unused, as in verl.
     """
     settings = _settings(config, gamma=gamma, lam=lam, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo)
     batch = data.batch
@@ -56,6 +57,9 @@ def compute_advantage(
         values=batch.get("values"),
         reward_baselines=batch.get("reward_baselines"),
         index=data.non_tensor_batch.get("uid"),
+        non_tensor_batch=data.non_tensor_batch,  # the reward function's extra outputs (gdpo's components)
+        batch=batch,
+        config=config,
         **settings,
     )
     batch["advantages"], batch["returns"] = advantages, returns

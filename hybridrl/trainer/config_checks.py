@@ -107,7 +107,12 @@ def _check_dtype(key: str, value: str | None, compute_device: str | None = None)
 def _check_names(config: PPOTrainerConfig) -> None:
     """Names looked up in registries: an unknown one raises listing the registered names."""
     algo, arr = config.algorithm, config.actor_rollout_ref
-    get_adv_estimator_spec(algo.adv_estimator)
+    spec = get_adv_estimator_spec(algo.adv_estimator)
+    reads_gdpo_keys = spec.accepts_any_input or {"config", "gdpo_reward_keys"} & set(spec.parameters)
+    for key in ("gdpo_reward_keys", "gdpo_reward_weights"):
+        _require(getattr(algo, key) is None or bool(reads_gdpo_keys),
+                 f"algorithm.{key} is set but algorithm.adv_estimator={algo.adv_estimator} does not read it: use "
+                 f"adv_estimator=gdpo, or leave {key} unset")
     loss = get_policy_loss_fn(arr.actor.policy_loss.loss_mode)
     _require(algo.rollout_correction.rollout_is is None or applies_rollout_is_weights(loss),
              f"algorithm.rollout_correction.rollout_is={algo.rollout_correction.rollout_is} needs a policy loss "

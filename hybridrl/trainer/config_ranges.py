@@ -77,6 +77,10 @@ RANGES: dict[str, Rule] = {
     "actor_rollout_ref.actor.policy_loss.kl_cov_ratio": Rule("in (0, 1]", lambda v: 0 < v <= 1),
     "actor_rollout_ref.actor.policy_loss.ppo_kl_coef": at_least(0),
     "actor_rollout_ref.actor.policy_loss.dro_beta": optional(above(0)),
+    "actor_rollout_ref.actor.tau_pos": above(0),
+    "actor_rollout_ref.actor.tau_neg": above(0),
+    "actor_rollout_ref.actor.policy_loss.topr_negative_ratio_lower": at_least(0),
+    "actor_rollout_ref.actor.policy_loss.topr_negative_ratio_upper": at_least(0),
     # reference policy and rollout
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": OPTIONAL_COUNT,
     "actor_rollout_ref.ref.log_prob_micro_batch_size": OPTIONAL_COUNT,
@@ -137,6 +141,8 @@ UNCHECKED: dict[str, str] = {
     "actor_rollout_ref.actor.entropy_coeff": "a negative coefficient penalises entropy, as in verl",
     "actor_rollout_ref.actor.data_loader_seed": ANY_SEED,
     "actor_rollout_ref.actor.policy_loss.clip_cov_lb": "a bound of a covariance window: any number",
+    "algorithm.gdpo_reward_weights": "any real weights (a negative one penalises its component); their count is "
+                                     "checked against gdpo_reward_keys when the advantages are computed",
     "actor_rollout_ref.actor.policy_loss.clip_cov_ub": "a bound of a covariance window: any number",
     "actor_rollout_ref.actor.optim.lr_warmup_steps": "a negative value derives it from lr_warmup_steps_ratio",
     "actor_rollout_ref.actor.optim.total_training_steps": "set by the trainer from the data size",

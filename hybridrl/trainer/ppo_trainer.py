@@ -303,7 +303,7 @@ class PPOTrainer:
         """7. Advantages and returns from the configured estimator, given every input the batch has."""
         algo = self.config.algorithm
         advantage.compute_advantage(batch, algo.adv_estimator, gamma=algo.gamma, lam=algo.lam,
-                                    norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo)
+                                    norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo, config=algo)
 
     def _update_critic(self, batch: DataProto, metrics: dict, timing: dict) -> None:
         if self.groups.critic is not None:

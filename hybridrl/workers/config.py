@@ -81,7 +81,8 @@ class ModelConfig:
 
 @dataclass
 class PolicyLossConfig:
-    # Registered policy loss: vanilla | gspo | gpg | clip_cov | kl_cov | dro (or one you register).
+    # Registered policy loss: vanilla | gspo | gpg | clip_cov | kl_cov | dro | importance_sampling | cispo |
+    # sapo | dppo_tv | dppo_kl | geo_mean | topr (or one you register; hybridrl/algos/policy_loss*.py).
     loss_mode: str = "vanilla"
     clip_cov_ratio: float = 0.0002
     clip_cov_lb: float = 1.0
@@ -90,6 +91,9 @@ class PolicyLossConfig:
     ppo_kl_coef: float = 0.1
     # Strength of dro's quadratic log-ratio penalty; the dro loss requires it to be > 0.
     dro_beta: float | None = None
+    # topr: the range a negative-advantage sequence's ratio is clipped to (its weight; positive ones get 1).
+    topr_negative_ratio_lower: float = 0.0
+    topr_negative_ratio_upper: float = 1.0
 
 
 @dataclass
@@ -120,8 +124,11 @@ class ActorConfig:
     clip_ratio: float = 0.2
     clip_ratio_low: float | None = None
     clip_ratio_high: float | None = None
-    # Dual-clip bound for negative advantages (Ye et al. 2020).
+    # Dual-clip bound for negative advantages (Ye et al. 2020); dppo_tv / dppo_kl truncate the ratio at it.
     clip_ratio_c: float = 3.0
+    # sapo's gate temperatures for positive / negative advantages (the paper's 1.0 / 1.05).
+    tau_pos: float = 1.0
+    tau_neg: float = 1.05
     # token-mean | token-sum | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm
     loss_agg_mode: str = "token-mean"
     entropy_coeff: float = 0.0

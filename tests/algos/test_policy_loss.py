@@ -21,7 +21,8 @@ from hybridrl.algos import (
 from hybridrl.algos.config_args import policy_loss_settings
 from hybridrl.workers.config import ActorConfig, PolicyLossConfig
 
-BUILT_IN = ["vanilla", "gspo", "gpg", "clip_cov", "kl_cov", "dro"]
+BUILT_IN = ["vanilla", "gspo", "gpg", "clip_cov", "kl_cov", "dro", "importance_sampling", "cispo", "sapo", "dppo_tv",
+            "dppo_kl", "geo_mean", "topr"]
 # one settings dict for every loss, as the actor passes it
 ACTOR_SETTINGS = {
     "clip_ratio": 0.2,
@@ -34,6 +35,10 @@ ACTOR_SETTINGS = {
     "kl_cov_ratio": 0.0002,
     "ppo_kl_coef": 1.0,
     "dro_beta": 0.1,
+    "tau_pos": 1.0,
+    "tau_neg": 1.05,
+    "topr_negative_ratio_lower": 0.0,
+    "topr_negative_ratio_upper": 1.0,
 }
 
 

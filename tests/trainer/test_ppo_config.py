@@ -91,6 +91,10 @@ def test_the_model_path_is_required():
                                                   r"of bf16, bfloat16, float16, float32, fp16, fp32, or auto"),
         (["critic.model.fsdp_config.mixed_precision.param_dtype=half-ish"],
          r"critic.model.fsdp_config.mixed_precision.param_dtype='half-ish' is not a dtype"),
+        # a GDPO key with an estimator that never reads it would be silently ignored
+        (["algorithm.adv_estimator=grpo", "algorithm.gdpo_reward_keys=[format_reward]"],
+         r"algorithm.gdpo_reward_keys is set but algorithm.adv_estimator=grpo does not read it"),
+        (["actor_rollout_ref.actor.tau_neg=0"], r"actor_rollout_ref.actor.tau_neg"),
     ],
 )
 def test_impossible_settings_fail_naming_the_keys(overrides, message, no_gpu):

@@ -4,6 +4,8 @@ GAE brings a critic, ReMax a greedy baseline, DAPO's filter_groups regenerates u
 only prompts whose samples differ, and KL in the reward goes through the controller.
 """
 
+import math
+
 import pytest
 from ppo_helpers import ppo_config, tiny_run_overrides
 
@@ -35,3 +37,26 @@ def test_one_step_per_estimator_family(arithmetic_data, tiny_model_dir, tmp_path
     assert step["training/global_step"] == 1
     assert expected_keys <= set(step), expected_keys - set(step)
     assert step["actor/grad_norm"] > 0  # the actor really updated
+
+
+@pytest.mark.parametrize("loss_mode", ["importance_sampling", "cispo", "sapo", "dppo_tv", "dppo_kl", "geo_mean", "topr"])
+def test_one_step_per_added_policy_loss(arithmetic_data, tiny_model_dir, tmp_path, loss_mode):
+    # two mini-batches per step, so the second one trains on a ratio that has moved away from 1
+    overrides = tiny_run_overrides(arithmetic_data, tiny_model_dir, tmp_path / "run")
+    history = run_ppo(ppo_config(*overrides, *LOCAL, f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}"))
+    step = history[-1]
+    assert step["actor/grad_norm"] > 0 and math.isfinite(step["actor/pg_loss"])
+    assert step["actor/old_log_prob_fused"] == 0.0  # the separate old log-prob pass ran
+
+
+def test_gdpo_step_normalises_each_reward_component(arithmetic_data, tiny_model_dir, tmp_path):
+    overrides = tiny_run_overrides(arithmetic_data, tiny_model_dir, tmp_path / "run")
+    overrides = [o for o in overrides if not o.startswith("algorithm.adv_estimator")]
+    gdpo = ["algorithm.adv_estimator=gdpo", "custom_reward_function.name=digit_components",
+            "algorithm.gdpo_reward_keys=[digit_share,brevity]", "algorithm.gdpo_reward_weights=[1.0,0.5]"]
+    step = run_ppo(ppo_config(*overrides, *LOCAL, *gdpo))[-1]
+    assert step["actor/grad_norm"] > 0
+    assert abs(step["critic/advantages/mean"]) < 1e-5  # whitened over the batch's valid tokens
+    with pytest.raises(ValueError, match="'length' .*algorithm.gdpo_reward_keys"):
+        run_ppo(ppo_config(*overrides, *LOCAL, *gdpo[:2], "algorithm.gdpo_reward_keys=[digit_share,length]",
+                           f"trainer.default_local_dir={tmp_path / 'missing'}"))

@@ -1,0 +1,99 @@
+"""GDPO: group-relative advantages computed per reward component, then combined.
+
+Group reward-Decoupled normalization Policy Optimization (https://arxiv.org/abs/2601.05242): when the
+reward is a sum of parts (format + accuracy, say), GRPO normalises the sum within each prompt's group,
+and a part with a large spread drowns the others. GDPO normalises every part within the group on its
+own, sums them with weights, and whitens the result over the batch's valid tokens:
+
+    A^k_i = (r^k_i - mean_g(r^k)) / (std_g(r^k) + eps)        for each component k (GRPO's A on r^k)
+    A_it  = whiten_batch(sum_k w_k A^k_i)                      on every valid token t of response i
+
+The components are the reward function's extra outputs: `compute_score` returns a dict such as
+{"score": 4.0, "format_reward": 1.0, "accuracy_reward": 3.0}; the reward manager puts each extra key in
+non_tensor_batch, and `algorithm.gdpo_reward_keys` names the ones GDPO combines
+(`algorithm.gdpo_reward_weights`: their weights, all 1 by default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from hybridrl.algos.adv_registry import AdvantageEstimator, register_adv_est
+from hybridrl.algos.advantage import Index, compute_grpo_outcome_advantage
+from hybridrl.algos.config_args import optional_config_value
+from hybridrl.utils.torch_functional import masked_whiten
+
+
+class GDPOInputError(ValueError, AssertionError):
+    """A GDPO input is missing or inconsistent. Both a ValueError (what hybridrl raises for bad input) and
+    an AssertionError (what verl raises for the same mistakes), so code written against either catches it."""
+
+
+def _component_scores(non_tensor_batch: Mapping[str, Any] | None, key: str, rows: int,
+                      device: torch.device) -> torch.Tensor:
+    """One reward component as a float tensor (rows,), with an error naming what is wrong."""
+    if non_tensor_batch is None or key not in non_tensor_batch:
+        available = sorted(non_tensor_batch) if non_tensor_batch is not None else []
+        raise GDPOInputError(
+            f"GDPO reward key {key!r} (algorithm.gdpo_reward_keys) is not among the batch's reward outputs "
+            f"{available}: the reward function must return a dict holding {key!r} for every row")
+    values = list(non_tensor_batch[key])
+    if len(values) != rows:
+        raise GDPOInputError(f"GDPO reward key {key!r} has {len(values)} values for {rows} rows")
+    for row, value in enumerate(values):
+        if value is None or isinstance(value, str | bytes):
+            raise GDPOInputError(f"GDPO reward key {key!r}: row {row} holds {value!r}, not a number; the reward "
+                                 f"function must return {key!r} for every row")
+    return torch.as_tensor(np.asarray(values, dtype=np.float32), device=device)
+
+
+@register_adv_est(AdvantageEstimator.GDPO)
+@torch.no_grad()
+def compute_gdpo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Index,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+    config: Any = None,
+    non_tensor_batch: Mapping[str, Any] | None = None,
+    batch: Any = None,
+    gdpo_reward_keys: Sequence[str] | None = None,
+    gdpo_reward_weights: Sequence[float] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GDPO advantages (module docstring); returns (advantages, advantages), (batch, response_len) each.
+
+    `gdpo_reward_keys` / `gdpo_reward_weights` come as keywords or from `config` (the algorithm config,
+    verl's way). Without reward keys the whole score is the one component (GRPO followed by batch
+    whitening), as in verl; with `config` given the keys are required. `batch` is accepted for verl's
+    call: the components are per-response numbers, so its prompt / attention layout is not needed.
+    """
+    keys = optional_config_value(config, "gdpo_reward_keys", gdpo_reward_keys, "gdpo")
+    weights = optional_config_value(config, "gdpo_reward_weights", gdpo_reward_weights, "gdpo")
+    rows = token_level_rewards.shape[0]
+    if config is not None and not keys:
+        raise GDPOInputError("GDPO requires algorithm.gdpo_reward_keys: the reward components (extra keys the "
+                             "reward function returns, e.g. ['format_reward', 'accuracy_reward']) it normalises")
+    if keys:
+        components = [_component_scores(non_tensor_batch, key, rows, token_level_rewards.device) for key in keys]
+    else:
+        components = [token_level_rewards.sum(dim=-1)]
+    if weights is None:
+        weights = [1.0] * len(components)
+    weights = list(weights)
+    if len(weights) != len(components):
+        raise GDPOInputError(f"algorithm.gdpo_reward_weights has {len(weights)} weight(s) for {len(components)} "
+                             f"reward key(s) {list(keys or [])}: give one weight per key, in the same order")
+    combined = torch.zeros(rows, dtype=torch.float32, device=token_level_rewards.device)
+    one_token = torch.ones(rows, 1, device=token_level_rewards.device)
+    for weight, scores in zip(weights, components, strict=True):
+        normalised, _ = compute_grpo_outcome_advantage(scores.float().unsqueeze(-1), one_token, index, epsilon,
+                                                       norm_adv_by_std_in_grpo)
+        combined = combined + float(weight) * normalised.squeeze(-1)
+    mask = response_mask.to(combined.dtype)
+    advantages = masked_whiten(combined.unsqueeze(-1) * mask, response_mask) * mask  # (batch, response_len)
+    return advantages, advantages

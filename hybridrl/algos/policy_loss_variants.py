@@ -1,0 +1,331 @@
+"""Policy losses beyond PPO's clipped ratio, registered under verl's names.
+
+Same contract as hybridrl/algos/policy_loss.py (signature, settings as keyword-only parameters whose
+defaults are the actor config's, `global_batch_info` for micro-batching, `rollout_is_weights`).
+With rho_t = pi(y_t) / pi_old(y_t), A_t the advantage, sg[.] a stop-gradient and eps_low / eps_high
+the actor's clip_ratio_low / clip_ratio_high:
+
+    importance_sampling  -rho_t A_t                                  (no clip)
+    cispo                -sg[clip(rho_t, 1 - eps_low, 1 + eps_high)] A_t log pi(y_t)
+    sapo                 -(4 / tau) sigmoid(tau (rho_t - 1)) A_t,      tau = tau_pos if A_t > 0 else tau_neg
+    dppo_tv / dppo_kl    -sg[min(rho_t, c)] A_t log pi(y_t) on tokens whose probability moved less than
+                         a divergence bound (total variation / binary KL), 0 elsewhere
+    geo_mean (GMPO)      -A_i exp(mean_t clip_sign(log rho_t)): one geometric-mean ratio per sequence
+    topr                 -sg[w_i] A_t log pi(y_t), w_i = 1 for a sequence with A_i >= 0, else the sequence
+                         ratio clipped to [lower, upper]
+
+At rho = 1 each one's per-token gradient is plain REINFORCE's, -A grad log pi, up to its aggregation
+(tests/algos/test_policy_loss_variants.py checks that and each loss's defining property by hand).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from hybridrl.algos.aggregate import agg_loss
+from hybridrl.algos.policy_loss import _apply_is_weights, _zero, register_policy_loss
+from hybridrl.utils.torch_functional import masked_mean
+
+Metrics = dict[str, torch.Tensor]
+
+
+def _bounds(name: str, clip_ratio: float, clip_ratio_low: float | None,
+            clip_ratio_high: float | None) -> tuple[float, float]:
+    """(low, high) from the actor's clip settings; both must be >= 0 (no upper limit on low)."""
+    low = clip_ratio if clip_ratio_low is None else clip_ratio_low
+    high = clip_ratio if clip_ratio_high is None else clip_ratio_high
+    if low < 0 or high < 0:
+        raise ValueError(f"the {name} policy loss needs clip_ratio_low and clip_ratio_high >= 0, got low={low}, "
+                         f"high={high}")
+    return low, high
+
+
+def _log_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> torch.Tensor:
+    return torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)  # exp() stays finite
+
+
+def _sequence_mean(values: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Per-row mean over valid tokens, (batch,); 0 for a row without any."""
+    mask = response_mask.to(values.dtype)
+    return (values * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)
+
+
+@register_policy_loss("importance_sampling")
+def compute_policy_loss_importance_sampling(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    *,
+    global_batch_info: Mapping[str, Any] | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, Metrics]:
+    """The unclipped importance-sampled surrogate L = -rho A, rho = pi / pi_old (Kakade & Langford's
+    conservative policy iteration objective; PPO without its clip). Its gradient is -rho A grad log pi:
+    nothing bounds it, so it suits data that stays near pi_old (one epoch, one mini-batch)."""
+    log_ratio = _log_ratio(log_prob, old_log_prob)
+    pg_losses = _apply_is_weights(-advantages * torch.exp(log_ratio), rollout_is_weights)
+    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **(global_batch_info or {}))
+    with torch.no_grad():
+        metrics = {"pg_clipfrac": _zero(loss), "pg_clipfrac_lower": _zero(loss),
+                   "ppo_kl": masked_mean(-log_ratio, response_mask)}
+    return loss, metrics
+
+
+@register_policy_loss("cispo")
+def compute_policy_loss_cispo(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    *,
+    clip_ratio: float = 0.2,
+    clip_ratio_low: float | None = None,
+    clip_ratio_high: float | None = None,
+    global_batch_info: Mapping[str, Any] | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, Metrics]:
+    """CISPO (MiniMax-M1, https://arxiv.org/abs/2506.13585): clip the importance weight, not the update.
+
+    L = -sg[clip(rho, 1 - eps_low, 1 + eps_high)] A log pi. PPO's clip zeroes the gradient of a token whose
+    ratio left the range (often the rare "fork" tokens of long reasoning); here every token keeps its
+    REINFORCE gradient, only its weight is bounded. The paper bounds only the top; a clip_ratio_low near 1
+    (the config takes values below 1) leaves the weight almost unbounded below. pg_clipfrac: share of
+    tokens whose weight was clipped.
+    """
+    low, high = _bounds("cispo", clip_ratio, clip_ratio_low, clip_ratio_high)
+    log_ratio = _log_ratio(log_prob, old_log_prob)
+    ratio = torch.exp(log_ratio).detach()  # (batch, response_len)
+    weight = torch.clamp(ratio, min=1 - low, max=1 + high)
+    pg_losses = _apply_is_weights(-weight * advantages * log_prob, rollout_is_weights)
+    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **(global_batch_info or {}))
+    with torch.no_grad():
+        metrics = {"pg_clipfrac": masked_mean((weight != ratio).float(), response_mask),
+                   "pg_clipfrac_lower": _zero(loss), "ppo_kl": masked_mean(-log_ratio, response_mask)}
+    return loss, metrics
+
+
+@register_policy_loss("sapo")
+def compute_policy_loss_sapo(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "seq-mean-token-mean",
+    *,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+    global_batch_info: Mapping[str, Any] | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, Metrics]:
+    """Soft Adaptive Policy Optimization (https://arxiv.org/abs/2511.20347): a smooth gate in place of
+    the hard clip.
+
+    L = -f_tau(rho) A with f_tau(r) = (4 / tau) sigmoid(tau (r - 1)); tau = tau_pos where A > 0, tau_neg
+    elsewhere (actor.tau_pos / actor.tau_neg, the paper's 1.0 / 1.05). At r = 1 the gate's slope is 1, so
+    the gradient is REINFORCE's; away from 1 it decays smoothly instead of dropping to 0, faster for
+    negative advantages (tau_neg > tau_pos). Aggregated per sequence ("seq-mean-token-mean") whatever
+    `loss_agg_mode` says, as the paper and verl do.
+    """
+    if tau_pos <= 0 or tau_neg <= 0:
+        raise ValueError(f"the sapo policy loss needs actor.tau_pos and actor.tau_neg > 0, got {tau_pos}, {tau_neg}")
+    log_ratio = _log_ratio(log_prob, old_log_prob)
+    ratio = torch.exp(log_ratio)  # (batch, response_len)
+    tau = torch.where(advantages > 0, torch.full_like(ratio, tau_pos), torch.full_like(ratio, tau_neg))
+    gate = torch.sigmoid(tau * (ratio - 1)) * (4 / tau)
+    pg_losses = _apply_is_weights(-gate * advantages, rollout_is_weights)
+    loss = agg_loss(pg_losses, response_mask, "seq-mean-token-mean", **(global_batch_info or {}))
+    with torch.no_grad():
+        metrics = {"pg_clipfrac": _zero(loss), "pg_clipfrac_lower": _zero(loss),
+                   "ppo_kl": masked_mean(-log_ratio, response_mask)}
+    return loss, metrics
+
+
+def _dppo_loss(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
+               response_mask: torch.Tensor, loss_agg_mode: str, kept: torch.Tensor, clip_ratio_c: float,
+               global_batch_info: Mapping[str, Any] | None,
+               rollout_is_weights: torch.Tensor | None) -> tuple[torch.Tensor, Metrics]:
+    """-sg[min(rho, c)] A log pi on the `kept` tokens (batch, response_len), 0 on the others."""
+    if clip_ratio_c <= 0:
+        raise ValueError(f"DPPO truncates the ratio at clip_ratio_c, which must be > 0, got {clip_ratio_c}")
+    log_ratio = _log_ratio(log_prob, old_log_prob)
+    ratio = torch.exp(log_ratio).detach()
+    kept = kept.detach().to(log_prob.dtype)
+    pg_losses = -advantages * torch.clamp(ratio, max=clip_ratio_c) * log_prob * kept
+    pg_losses = _apply_is_weights(pg_losses, rollout_is_weights)
+    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **(global_batch_info or {}))
+    with torch.no_grad():
+        metrics = {"pg_clipfrac": masked_mean(1 - kept, response_mask),
+                   "pg_clipfrac_lower": masked_mean((ratio > clip_ratio_c).to(kept.dtype) * kept, response_mask),
+                   "ppo_kl": masked_mean(-log_ratio, response_mask)}
+    return loss, metrics
+
+
+@register_policy_loss("dppo_tv")
+def compute_policy_loss_dppo_tv(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    *,
+    clip_ratio: float = 0.2,
+    clip_ratio_low: float | None = None,
+    clip_ratio_high: float | None = None,
+    clip_ratio_c: float = 3.0,
+    global_batch_info: Mapping[str, Any] | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, Metrics]:
+    """DPPO with a binary total-variation trust region (https://arxiv.org/abs/2602.04879).
+
+    A token keeps its gradient -sg[min(rho, c)] A grad log pi while its probability has not moved past
+    the bound in the advantage's direction: p - p_old <= eps_high where A > 0, p - p_old >= -eps_low
+    elsewhere (clip_ratio_low / clip_ratio_high are probability differences here, not ratio ranges).
+    c = clip_ratio_c truncates the importance weight; the paper advises a large one (e.g. 20).
+    pg_clipfrac: share of tokens out of the region; pg_clipfrac_lower: share of kept tokens truncated at c.
+    """
+    low, high = _bounds("dppo_tv", clip_ratio, clip_ratio_low, clip_ratio_high)
+    with torch.no_grad():
+        moved = torch.exp(log_prob) - torch.exp(old_log_prob)  # (batch, response_len)
+        kept = torch.where(advantages > 0, moved <= high, moved >= -low)
+    return _dppo_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, kept, clip_ratio_c,
+                      global_batch_info, rollout_is_weights)
+
+
+@register_policy_loss("dppo_kl")
+def compute_policy_loss_dppo_kl(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    *,
+    clip_ratio: float = 0.2,
+    clip_ratio_low: float | None = None,
+    clip_ratio_high: float | None = None,
+    clip_ratio_c: float = 3.0,
+    global_batch_info: Mapping[str, Any] | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, Metrics]:
+    """DPPO with a binary-KL trust region (https://arxiv.org/abs/2602.04879).
+
+    As `dppo_tv`, with the token's divergence measured as the KL between the two-outcome distributions
+    (this token vs any other) of pi_old and pi:
+    KL = p_old log(p_old / p) + (1 - p_old) log((1 - p_old) / (1 - p)). A token keeps its gradient unless
+    it moved in the advantage's direction (p > p_old where A > 0, p < p_old elsewhere) by more than
+    eps_high / eps_low of binary KL.
+    """
+    low, high = _bounds("dppo_kl", clip_ratio, clip_ratio_low, clip_ratio_high)
+    with torch.no_grad():
+        p, p_old = torch.exp(log_prob), torch.exp(old_log_prob)
+        binary_kl = p_old * (old_log_prob - log_prob) + (1 - p_old) * torch.log((1 - p_old + 1e-8) / (1 - p + 1e-8))
+        kept = torch.where(advantages > 0, (binary_kl <= high) | (p <= p_old), (binary_kl <= low) | (p >= p_old))
+    return _dppo_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, kept, clip_ratio_c,
+                      global_batch_info, rollout_is_weights)
+
+
+def _sequence_denominator(name: str, rows: int, global_batch_info: Mapping[str, Any] | None) -> float:
+    """Sequences the mini-batch holds per rank: the sum of a micro-batch's per-sequence losses divided by
+    it adds up, over micro-batches and ranks, to the mini-batch's sequence mean."""
+    if not global_batch_info:
+        return float(rows)  # a direct call on a whole batch
+    size, dp_size = global_batch_info.get("global_batch_size"), global_batch_info.get("dp_size", 1)
+    if size is None or float(size) <= 0 or dp_size is None or dp_size < 1:
+        raise ValueError(f"{name} requires global_batch_info with global_batch_size > 0 and dp_size >= 1 (the "
+                         f"mini-batch's totals); got global_batch_size={size!r}, dp_size={dp_size!r}")
+    return float(size) / dp_size
+
+
+@register_policy_loss("geo_mean")
+def compute_policy_loss_geo_mean(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    *,
+    clip_ratio: float = 0.2,
+    clip_ratio_low: float | None = None,
+    clip_ratio_high: float | None = None,
+    global_batch_info: Mapping[str, Any] | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, Metrics]:
+    """Geometric-Mean Policy Optimization (GMPO, https://arxiv.org/abs/2507.20673).
+
+    One ratio per sequence, the geometric mean of its token ratios, each token's log-ratio clipped to
+    [-eps_low, eps_high] on the side its advantage pushes (as PPO's min(): sign(A) min(sign(A) l,
+    sign(A) clip(l))): r_i = exp(mean_t l~_it), L_i = -A_i r_i with A_i the mean advantage of the sequence.
+    A geometric mean is not pulled far by one outlier token the way GRPO's arithmetic mean of token
+    ratios is, so the paper uses a wider clip (clip_ratio=0.4, i.e. ratios e^-0.4 .. e^0.4). The loss is
+    the mean of L_i over the mini-batch's sequences whatever `loss_agg_mode` says (a sequence without
+    valid tokens counts and adds 0); rollout_is_weights enter as their geometric mean per sequence.
+    pg_clipfrac / pg_clipfrac_lower: shares of tokens clipped with A > 0 / A < 0.
+    """
+    low, high = _bounds("geo_mean", clip_ratio, clip_ratio_low, clip_ratio_high)
+    mask = response_mask.to(log_prob.dtype)
+    log_ratio = _log_ratio(log_prob, old_log_prob)
+    clipped_log_ratio = torch.clamp(log_ratio, min=-low, max=high)
+    sign = torch.sign(advantages)
+    pessimistic = sign * torch.minimum(sign * log_ratio, sign * clipped_log_ratio)  # (batch, response_len)
+    seq_ratio = torch.exp(_sequence_mean(pessimistic, mask))  # (batch,)
+    seq_advantage = _sequence_mean(advantages, mask)
+    seq_losses = -seq_advantage * seq_ratio
+    if rollout_is_weights is not None:
+        if rollout_is_weights.shape != log_prob.shape:
+            raise ValueError(f"rollout_is_weights has shape {tuple(rollout_is_weights.shape)}; the per-token "
+                             f"losses have {tuple(log_prob.shape)}")
+        seq_losses = seq_losses * torch.exp(_sequence_mean(torch.log(rollout_is_weights.detach() + 1e-10), mask))
+    loss = seq_losses.sum() / _sequence_denominator("geo_mean", log_prob.shape[0], global_batch_info)
+    with torch.no_grad():
+        clipped = log_ratio != clipped_log_ratio
+        metrics = {"pg_clipfrac": masked_mean((clipped & (advantages > 0)).float(), response_mask),
+                   "pg_clipfrac_lower": masked_mean((clipped & (advantages < 0)).float(), response_mask),
+                   "ppo_kl": masked_mean(-log_ratio, response_mask)}
+    return loss, metrics
+
+
+@register_policy_loss("topr")
+def compute_policy_loss_topr(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "seq-mean-token-mean",
+    *,
+    topr_negative_ratio_lower: float = 0.0,
+    topr_negative_ratio_upper: float = 1.0,
+    global_batch_info: Mapping[str, Any] | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, Metrics]:
+    """Tapered Off-Policy REINFORCE (TOPR, https://arxiv.org/abs/2503.14286).
+
+    L_it = -sg[w_i] A_it log pi(y_it): a sequence with mean advantage >= 0 is reinforced with weight 1
+    however off-policy it is; one with a negative advantage is weighted by its sequence ratio
+    exp(mean_t log rho_it) clipped to [topr_negative_ratio_lower, topr_negative_ratio_upper] (policy_loss
+    keys, the paper's [0, 1]), so pushing down a sample the policy already left keeps a small, bounded
+    gradient where PPO's clip gives none. Aggregated per sequence ("seq-mean-token-mean") whatever
+    `loss_agg_mode` says. Metric topr_taper_weight_mean: mean w over sequences with valid tokens.
+    """
+    if not 0 <= topr_negative_ratio_lower <= topr_negative_ratio_upper:
+        raise ValueError(f"topr needs 0 <= policy_loss.topr_negative_ratio_lower <= topr_negative_ratio_upper, got "
+                         f"{topr_negative_ratio_lower}, {topr_negative_ratio_upper}")
+    mask = response_mask.to(log_prob.dtype)
+    log_ratio = _log_ratio(log_prob, old_log_prob)
+    with torch.no_grad():
+        seq_ratio = torch.exp(_sequence_mean(log_ratio, mask))  # (batch,)
+        negative = _sequence_mean(advantages, mask) < 0
+        tapered = torch.clamp(seq_ratio, min=topr_negative_ratio_lower, max=topr_negative_ratio_upper)
+        weight = torch.where(negative, tapered, torch.ones_like(seq_ratio))
+    pg_losses = _apply_is_weights(-advantages * log_prob * weight.unsqueeze(-1), rollout_is_weights)
+    loss = agg_loss(pg_losses, response_mask, "seq-mean-token-mean", **(global_batch_info or {}))
+    with torch.no_grad():
+        has_tokens = (mask.sum(dim=-1) > 0).to(weight.dtype)
+        metrics = {"pg_clipfrac": _zero(loss), "pg_clipfrac_lower": _zero(loss),
+                   "ppo_kl": masked_mean(-log_ratio, response_mask),
+                   "topr_taper_weight_mean": masked_mean(weight, has_tokens)}
+    return loss, metrics
