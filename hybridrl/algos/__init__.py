@@ -37,11 +37,13 @@ from hybridrl.algos.kl import (
     compute_rewards,
     get_kl_controller,
     kl_penalty,
+    kl_penalty_forward,
     register_kl_penalty,
 )
 from hybridrl.algos.policy_loss import (
     POLICY_LOSS_REGISTRY,
     compute_pg_loss,
+    compute_policy_loss,
     compute_policy_loss_clip_cov,
     compute_policy_loss_dro,
     compute_policy_loss_gpg,
@@ -60,6 +62,7 @@ from hybridrl.algos.policy_loss_variants import (
     compute_policy_loss_importance_sampling,
     compute_policy_loss_sapo,
     compute_policy_loss_topr,
+    compute_policy_loss_up,
 )
 from hybridrl.algos.value_loss import compute_entropy_loss, compute_value_loss
 
@@ -84,6 +87,7 @@ __all__ = [
     "compute_grpo_vectorized_outcome_advantage",
     "compute_opo_outcome_advantage",
     "compute_pg_loss",
+    "compute_policy_loss",
     "compute_policy_loss_cispo",
     "compute_policy_loss_clip_cov",
     "compute_policy_loss_dppo_kl",
@@ -96,6 +100,7 @@ __all__ = [
     "compute_policy_loss_kl_cov",
     "compute_policy_loss_sapo",
     "compute_policy_loss_topr",
+    "compute_policy_loss_up",
     "compute_policy_loss_vanilla",
     "compute_reinforce_plus_plus_baseline_outcome_advantage",
     "compute_reinforce_plus_plus_outcome_advantage",
@@ -109,6 +114,7 @@ __all__ = [
     "get_kl_controller",
     "get_policy_loss_fn",
     "kl_penalty",
+    "kl_penalty_forward",
     "known_policy_loss_settings",
     "register_adv_est",
     "register_kl_penalty",

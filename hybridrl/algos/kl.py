@@ -79,11 +79,17 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str
     """
     straight_through = kl_penalty.endswith("+")
     name = kl_penalty[:-1] if straight_through else kl_penalty
-    value = KL_PENALTY_REGISTRY.get(name)(logprob, ref_logprob)
+    value = kl_penalty_forward(logprob, ref_logprob, name)
     if not straight_through or name in ("mse", "k2"):
         return value
     surrogate = _kl_k2(logprob, ref_logprob)
     return surrogate - surrogate.detach() + value.detach()
+
+
+def kl_penalty_forward(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str) -> torch.Tensor:
+    """The estimator `kl_penalty` itself, value and gradient (no "+" straight-through), as verl's
+    `kl_penalty_forward`; `kl_penalty()` builds on it."""
+    return KL_PENALTY_REGISTRY.get(kl_penalty)(logprob, ref_logprob)
 
 
 def compute_rewards(

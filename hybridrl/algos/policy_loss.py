@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -172,6 +173,31 @@ def compute_policy_loss_vanilla(
             "ppo_kl": masked_mean(-log_ratio, response_mask),
         }
     return loss, metrics
+
+
+def compute_policy_loss(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    cliprange: float | None = None,
+    cliprange_low: float | None = None,
+    cliprange_high: float | None = None,
+    clip_ratio_c: float = 3.0,
+    loss_agg_mode: str = "token-mean",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """verl's older entry point to the PPO loss, kept for recipes that call it: `compute_policy_loss_vanilla`
+    with the clip range as `cliprange*` and the metrics returned as (pg_loss, pg_clipfrac, ppo_kl,
+    pg_clipfrac_lower). Deprecated in verl and here: call `compute_policy_loss_vanilla`."""
+    warnings.warn("compute_policy_loss is deprecated: use compute_policy_loss_vanilla (clip_ratio=..., returns "
+                  "(loss, metrics))", DeprecationWarning, stacklevel=2)
+    clip_ratio = next((c for c in (cliprange, cliprange_low, cliprange_high) if c is not None), None)
+    if clip_ratio is None:
+        raise ValueError("compute_policy_loss needs cliprange (or cliprange_low / cliprange_high)")
+    loss, metrics = compute_policy_loss_vanilla(
+        old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, clip_ratio=clip_ratio,
+        clip_ratio_low=cliprange_low, clip_ratio_high=cliprange_high, clip_ratio_c=clip_ratio_c)
+    return loss, metrics["pg_clipfrac"], metrics["ppo_kl"], metrics["pg_clipfrac_lower"]
 
 
 @register_policy_loss("gspo")

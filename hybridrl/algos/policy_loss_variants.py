@@ -6,6 +6,8 @@ With rho_t = pi(y_t) / pi_old(y_t), A_t the advantage, sg[.] a stop-gradient and
 the actor's clip_ratio_low / clip_ratio_high:
 
     importance_sampling  -rho_t A_t                                  (no clip)
+    up                   -A_t pi(y_t) / sg[pi(y_t)] where A_t > 0 (REINFORCE, no anchor, no clip); PPO's
+                         clipped, dual-clipped loss elsewhere
     cispo                -sg[clip(rho_t, 1 - eps_low, 1 + eps_high)] A_t log pi(y_t)
     sapo                 -(4 / tau) sigmoid(tau (rho_t - 1)) A_t,      tau = tau_pos if A_t > 0 else tau_neg
     dppo_tv / dppo_kl    -sg[min(rho_t, c)] A_t log pi(y_t) on tokens whose probability moved less than
@@ -26,7 +28,7 @@ from typing import Any
 import torch
 
 from hybridrl.algos.aggregate import agg_loss
-from hybridrl.algos.policy_loss import _apply_is_weights, _zero, register_policy_loss
+from hybridrl.algos.policy_loss import _apply_is_weights, _clip_bounds, _zero, register_policy_loss
 from hybridrl.utils.torch_functional import masked_mean
 
 Metrics = dict[str, torch.Tensor]
@@ -72,6 +74,51 @@ def compute_policy_loss_importance_sampling(
     loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **(global_batch_info or {}))
     with torch.no_grad():
         metrics = {"pg_clipfrac": _zero(loss), "pg_clipfrac_lower": _zero(loss),
+                   "ppo_kl": masked_mean(-log_ratio, response_mask)}
+    return loss, metrics
+
+
+@register_policy_loss("up")
+def compute_policy_loss_up(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    *,
+    clip_ratio: float = 0.2,
+    clip_ratio_low: float | None = None,
+    clip_ratio_high: float | None = None,
+    clip_ratio_c: float = 3.0,
+    global_batch_info: Mapping[str, Any] | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, Metrics]:
+    """UP-GRPO, "unbounded positive" (https://arxiv.org/abs/2607.06987, Eq. 15): asymmetric in the
+    advantage's sign.
+
+    A > 0: -A pi / sg[pi], whose value is -A and whose gradient is REINFORCE's -A grad log pi, with neither
+    the pi_old anchor nor the upper clip, so a rare correct token is reinforced however far its ratio has
+    already risen. A <= 0: PPO's clipped loss with the dual clip, as `vanilla`.
+    pg_clipfrac: share of the A <= 0 tokens where the clip is active.
+    """
+    low, high = _clip_bounds(clip_ratio, clip_ratio_low, clip_ratio_high)
+    if clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c (dual-clip bound) must be > 1.0, got {clip_ratio_c}")
+    log_ratio = _log_ratio(log_prob, old_log_prob)
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1 - low, 1 + high)
+    ppo_loss = torch.maximum(unclipped, clipped)
+    dual = -advantages * clip_ratio_c
+    negative_branch = torch.where(advantages < 0, torch.minimum(ppo_loss, dual), ppo_loss)
+    positive_branch = -advantages * torch.exp(log_prob - log_prob.detach())
+    pg_losses = torch.where(advantages > 0, positive_branch, negative_branch)
+    pg_losses = _apply_is_weights(pg_losses, rollout_is_weights)
+    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **(global_batch_info or {}))
+    with torch.no_grad():
+        non_positive = response_mask * (advantages <= 0)
+        metrics = {"pg_clipfrac": masked_mean((clipped > unclipped).float(), non_positive),
+                   "pg_clipfrac_lower": masked_mean(((ppo_loss > dual) & (advantages < 0)).float(), response_mask),
                    "ppo_kl": masked_mean(-log_ratio, response_mask)}
     return loss, metrics
 

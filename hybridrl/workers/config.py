@@ -81,8 +81,8 @@ class ModelConfig:
 
 @dataclass
 class PolicyLossConfig:
-    # Registered policy loss: vanilla | gspo | gpg | clip_cov | kl_cov | dro | importance_sampling | cispo |
-    # sapo | dppo_tv | dppo_kl | geo_mean | topr (or one you register; hybridrl/algos/policy_loss*.py).
+    # Registered policy loss: vanilla | gspo | gpg | clip_cov | kl_cov | dro | importance_sampling | up |
+    # cispo | sapo | dppo_tv | dppo_kl | geo_mean | topr (or one you register; hybridrl/algos/policy_loss*.py).
     loss_mode: str = "vanilla"
     clip_cov_ratio: float = 0.0002
     clip_cov_lb: float = 1.0

@@ -118,3 +118,17 @@ def test_kl_in_reward_shaping():
     torch.testing.assert_close(rewards, torch.tensor([[-0.05, 1.0, 0.0]]))
     assert metrics == {"actor/reward_kl_penalty": pytest.approx(0.25), "actor/reward_kl_penalty_coeff": 0.1}
     torch.testing.assert_close(compute_rewards(scores, old, ref, 0.1)[:, :2], rewards[:, :2])
+
+
+def test_kl_penalty_forward_is_the_plain_estimator_and_kl_penalty_adds_the_straight_through():
+    from hybridrl.algos import kl_penalty, kl_penalty_forward
+
+    logprob = torch.tensor([[-0.5, -1.5]], requires_grad=True)
+    ref = torch.tensor([[-1.0, -1.0]])
+    forward = kl_penalty_forward(logprob, ref, "k3")
+    torch.testing.assert_close(forward, kl_penalty(logprob, ref, "k3+"))  # same value
+    # d k3 / d logp = 1 - exp(ref - logp); the "+" form has k2's gradient, logp - ref
+    torch.testing.assert_close(torch.autograd.grad(forward.sum(), logprob)[0],
+                               1 - torch.exp(ref - logprob.detach()))
+    plus = kl_penalty(logprob, ref, "k3+")
+    torch.testing.assert_close(torch.autograd.grad(plus.sum(), logprob)[0], logprob.detach() - ref)

@@ -22,7 +22,7 @@ from hybridrl.algos.config_args import policy_loss_settings
 from hybridrl.workers.config import ActorConfig, PolicyLossConfig
 
 BUILT_IN = ["vanilla", "gspo", "gpg", "clip_cov", "kl_cov", "dro", "importance_sampling", "cispo", "sapo", "dppo_tv",
-            "dppo_kl", "geo_mean", "topr"]
+            "dppo_kl", "geo_mean", "topr", "up"]
 # one settings dict for every loss, as the actor passes it
 ACTOR_SETTINGS = {
     "clip_ratio": 0.2,
@@ -294,3 +294,20 @@ def test_a_loss_called_without_a_setting_uses_the_actor_configs_default():
         for param in inspect.signature(get_policy_loss_fn(name)).parameters.values():
             if param.kind is inspect.Parameter.KEYWORD_ONLY and param.name in defaults:
                 assert param.default == defaults[param.name], f"{name}: {param.name}"
+
+
+def test_verls_deprecated_compute_policy_loss_is_vanilla_with_four_returns():
+    from hybridrl.algos import compute_policy_loss
+
+    torch.manual_seed(1)
+    old, new, adv = torch.randn(2, 3), torch.randn(2, 3), torch.randn(2, 3)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]], dtype=torch.float32)
+    with pytest.warns(DeprecationWarning, match="compute_policy_loss_vanilla"):
+        loss, clipfrac, ppo_kl, clipfrac_lower = compute_policy_loss(old, new, adv, mask, cliprange=0.2,
+                                                                     cliprange_high=0.28, clip_ratio_c=3.0)
+    expected, metrics = compute_policy_loss_vanilla(old, new, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.28)
+    torch.testing.assert_close(loss, expected)
+    assert (clipfrac, ppo_kl, clipfrac_lower) == (metrics["pg_clipfrac"], metrics["ppo_kl"],
+                                                  metrics["pg_clipfrac_lower"])
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="needs cliprange"):
+        compute_policy_loss(old, new, adv, mask)

@@ -15,10 +15,11 @@ from hybridrl.algos import (
     compute_policy_loss_importance_sampling,
     compute_policy_loss_sapo,
     compute_policy_loss_topr,
+    compute_policy_loss_up,
     compute_policy_loss_vanilla,
 )
 
-TOKEN_MEAN = ["importance_sampling", "cispo", "dppo_tv", "dppo_kl"]
+TOKEN_MEAN = ["importance_sampling", "up", "cispo", "dppo_tv", "dppo_kl"]
 SEQUENCE_MEAN = ["sapo", "geo_mean", "topr"]
 
 
@@ -60,6 +61,20 @@ def test_importance_sampling_is_the_unclipped_ratio_surrogate():
     assert loss.item() == pytest.approx((-2.0 * 1.5 + 1.0) / 2)
     torch.testing.assert_close(grad_of(loss, new), torch.tensor([[-1.5, 0.5]]))  # -A rho / 2 tokens
     assert metrics["ppo_kl"].item() == pytest.approx(-math.log(1.5) / 2)
+
+
+def test_up_reinforces_positive_advantages_without_clip_and_clips_the_rest_as_ppo():
+    old, new, adv, mask = tokens([0.2], [0.3], [1.0])  # rho = 1.5, beyond PPO's 1.2
+    loss, _ = compute_policy_loss_up(old, new, adv, mask, clip_ratio=0.2)
+    assert loss.item() == pytest.approx(-1.0)  # pi / sg[pi] = 1 in value
+    assert grad_of(loss, new).item() == pytest.approx(-1.0)  # and -A grad log pi, where PPO's is 0
+    for probs in ([0.5], [0.3], [0.05]):  # A < 0: rho 2.5 (inside the dual clip), 1.5, 0.25 (clipped at 0.8)
+        old, new, adv, mask = tokens([0.2], probs, [-1.0])
+        up_loss, up_metrics = compute_policy_loss_up(old, new, adv, mask, clip_ratio=0.2)
+        ppo_loss, ppo_metrics = compute_policy_loss_vanilla(old, new, adv, mask, clip_ratio=0.2)
+        assert up_loss.item() == pytest.approx(ppo_loss.item())
+        assert grad_of(up_loss, new).item() == pytest.approx(grad_of(ppo_loss, new).item())
+        assert up_metrics["pg_clipfrac"].item() == ppo_metrics["pg_clipfrac"].item()
 
 
 def test_cispo_bounds_the_weight_but_keeps_the_gradient_ppo_clips():

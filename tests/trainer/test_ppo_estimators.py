@@ -39,7 +39,8 @@ def test_one_step_per_estimator_family(arithmetic_data, tiny_model_dir, tmp_path
     assert step["actor/grad_norm"] > 0  # the actor really updated
 
 
-@pytest.mark.parametrize("loss_mode", ["importance_sampling", "cispo", "sapo", "dppo_tv", "dppo_kl", "geo_mean", "topr"])
+@pytest.mark.parametrize("loss_mode", ["importance_sampling", "up", "cispo", "sapo", "dppo_tv", "dppo_kl",
+                                       "geo_mean", "topr"])
 def test_one_step_per_added_policy_loss(arithmetic_data, tiny_model_dir, tmp_path, loss_mode):
     # two mini-batches per step, so the second one trains on a ratio that has moved away from 1
     overrides = tiny_run_overrides(arithmetic_data, tiny_model_dir, tmp_path / "run")
