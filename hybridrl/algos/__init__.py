@@ -28,6 +28,7 @@ from hybridrl.algos.advantage import (
     compute_rloo_vectorized_outcome_advantage,
 )
 from hybridrl.algos.aggregate import LOSS_AGG_REGISTRY, agg_loss, register_loss_agg_mode
+from hybridrl.algos.bypass_loss import compute_policy_loss_bypass_mode, compute_policy_loss_reinforce
 from hybridrl.algos.gdpo import compute_gdpo_outcome_advantage
 from hybridrl.algos.kl import (
     KL_PENALTY_REGISTRY,
@@ -88,6 +89,7 @@ __all__ = [
     "compute_opo_outcome_advantage",
     "compute_pg_loss",
     "compute_policy_loss",
+    "compute_policy_loss_bypass_mode",
     "compute_policy_loss_cispo",
     "compute_policy_loss_clip_cov",
     "compute_policy_loss_dppo_kl",
@@ -98,6 +100,7 @@ __all__ = [
     "compute_policy_loss_gspo",
     "compute_policy_loss_importance_sampling",
     "compute_policy_loss_kl_cov",
+    "compute_policy_loss_reinforce",
     "compute_policy_loss_sapo",
     "compute_policy_loss_topr",
     "compute_policy_loss_up",

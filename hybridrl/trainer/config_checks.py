@@ -114,7 +114,9 @@ def _check_names(config: PPOTrainerConfig) -> None:
                  f"algorithm.{key} is set but algorithm.adv_estimator={algo.adv_estimator} does not read it: use "
                  f"adv_estimator=gdpo, or leave {key} unset")
     loss = get_policy_loss_fn(arr.actor.policy_loss.loss_mode)
-    _require(algo.rollout_correction.rollout_is is None or applies_rollout_is_weights(loss),
+    # bypass mode applies its weights in its own REINFORCE loss, not the actor's
+    _require(algo.rollout_correction.rollout_is is None or algo.rollout_correction.bypass_mode
+             or applies_rollout_is_weights(loss),
              f"algorithm.rollout_correction.rollout_is={algo.rollout_correction.rollout_is} needs a policy loss "
              f"that applies rollout_is_weights; actor_rollout_ref.actor.policy_loss.loss_mode="
              f"{arr.actor.policy_loss.loss_mode} does not")

@@ -37,9 +37,6 @@ NO_CUSTOM_DATASET = Unsupported("prompts always load through hybridrl.data.rl_da
 
 UNSUPPORTED: dict[str, Unsupported] = {
     "algorithm.use_pf_ppo": Unsupported("PF-PPO's reward-weighted resampling of the batch is not implemented"),
-    "algorithm.rollout_correction.loss_type": Unsupported(
-        "bypass mode trains with the actor's policy loss (actor_rollout_ref.actor.policy_loss.loss_mode) on "
-        "pi_theta / pi_rollout; verl's REINFORCE loss with in-loss IS weights is not implemented"),
     "actor_rollout_ref.hybrid_engine": Unsupported(
         "the actor, rollout and reference policy always share one process and one set of weights"),
     **{f"{role}.ulysses_sequence_parallel_size": NO_SEQUENCE_PARALLEL

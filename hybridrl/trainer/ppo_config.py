@@ -13,6 +13,7 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
+from hybridrl.algos.bypass_loss import BYPASS_LOSS_TYPES
 from hybridrl.algos.rollout_correction import IS_LEVELS, parse_is_threshold, parse_rs_options
 from hybridrl.data.rl_dataset import RLDatasetConfig
 from hybridrl.rewards.custom import CustomRewardFunctionConfig
@@ -86,7 +87,10 @@ class RolloutCorrectionConfig:
     Decoupled mode (bypass_mode false): after the old log-prob pass the trainer computes IS weights and a
     rejection mask from old_log_probs vs rollout_log_probs (`hybridrl.algos.rollout_correction`); the
     policy loss multiplies each token by its weight, and rejected tokens leave response_mask. Bypass mode:
-    no old log-prob pass; rollout_log_probs serve as old_log_probs, so the PPO ratio is pi_theta / pi_rollout.
+    no old log-prob pass; rollout_log_probs serve as old_log_probs, and the same weights and rejection are
+    computed inside the loss, per micro-batch, from the current policy's detached log-probs
+    (hybridrl/algos/bypass_loss.py): loss_type=ppo_clip clips pi_theta / pi_rollout (rejection only),
+    loss_type=reinforce weights -A log pi_theta by the IS weights.
     """
 
     # IS weight level: token | sequence | None (no weights).
@@ -100,9 +104,10 @@ class RolloutCorrectionConfig:
     rollout_rs: str | None = None
     # One threshold per option (or one for all); required when rollout_rs is set. "lower_upper" as above.
     rollout_rs_threshold: Any = None
-    # Skip the old log-prob pass and use the rollout's log-probs as old_log_probs (decoupled IS/RS refused).
+    # Skip the old log-prob pass and use the rollout's log-probs as old_log_probs; IS/RS run inside the loss.
     bypass_mode: bool = False
-    # The bypass-mode loss: ppo_clip (the actor's policy loss); verl's reinforce is refused (config_support).
+    # The bypass-mode loss: ppo_clip (the actor's policy loss on pi_theta / pi_rollout) | reinforce
+    # (-IS weight x A x log pi). Decoupled mode has no use for it.
     loss_type: str = "ppo_clip"
 
     def __post_init__(self) -> None:
@@ -123,17 +128,32 @@ class RolloutCorrectionConfig:
         elif self.rollout_rs_threshold is not None:
             raise ConfigError(f"{key}.rollout_rs_threshold={self.rollout_rs_threshold} acts only with "
                               f"{key}.rollout_rs; set rollout_rs (e.g. token_k1) or remove the threshold")
-        if self.bypass_mode and self.enabled:
-            # verl computes them inside the loss from the current policy's detached log-probs; hybridrl
-            # computes them once per step from the old log-prob pass, which bypass mode skips
-            raise ConfigError(f"{key}.bypass_mode=true skips the old log-prob pass that {key}.rollout_is and "
-                              f"{key}.rollout_rs are computed from; set bypass_mode=false for IS weights or "
-                              f"rejection, or rollout_is=null rollout_rs=null for bypass mode")
+        if self.loss_type not in BYPASS_LOSS_TYPES:
+            raise ConfigError(f"{key}.loss_type must be one of {BYPASS_LOSS_TYPES}, got {self.loss_type!r}")
+        if not self.bypass_mode and self.loss_type != "ppo_clip":
+            raise ConfigError(f"{key}.loss_type={self.loss_type} acts only in bypass mode; set "
+                              f"{key}.bypass_mode=true, or leave loss_type at ppo_clip")
+        if self.bypass_mode and self.rollout_is is not None and self.loss_type != "reinforce":
+            raise ConfigError(f"{key}.rollout_is in bypass mode needs {key}.loss_type=reinforce: with ppo_clip "
+                              f"the clipped ratio pi_theta / pi_rollout is the correction already, and weighting "
+                              f"it again would count the mismatch twice")
 
     @property
     def enabled(self) -> bool:
-        """Whether the decoupled correction computes weights or a rejection mask."""
+        """Whether the correction computes weights or a rejection mask (decoupled, or in bypass mode's loss)."""
         return self.rollout_is is not None or self.rollout_rs is not None
+
+    @property
+    def decoupled(self) -> bool:
+        """Whether the trainer corrects the batch between the old log-prob pass and the update."""
+        return self.enabled and not self.bypass_mode
+
+    def bypass_loss_settings(self) -> dict[str, Any]:
+        """What bypass mode's loss reads (hybridrl/algos/bypass_loss.py), as the actor receives it."""
+        return {"loss_type": self.loss_type, "rollout_is": self.rollout_is,
+                "rollout_is_threshold": self.rollout_is_threshold,
+                "rollout_is_batch_normalize": self.rollout_is_batch_normalize, "rollout_rs": self.rollout_rs,
+                "rollout_rs_threshold": self.rollout_rs_threshold}
 
     @classmethod
     def decoupled_token_icepop(cls, threshold: float = 5.0, threshold_lower: float = 0.5) -> RolloutCorrectionConfig:

@@ -283,7 +283,7 @@ class PPOTrainer:
         """5b. Decoupled rollout correction: `rollout_is_weights` for the policy loss and a response_mask
         without the rejected tokens, from old_log_probs vs rollout_log_probs (`algorithm.rollout_correction`)."""
         correction = self.config.algorithm.rollout_correction
-        if correction.enabled:
+        if correction.decoupled:  # bypass mode corrects inside the actor's loss instead
             metrics.update(rollout_correction.correct_rollout(batch, correction))
 
     def _apply_kl(self, batch: DataProto, metrics: dict) -> None:
@@ -316,10 +316,13 @@ class PPOTrainer:
         """8. The policy update, once the critic has warmed up (`trainer.critic_warmup` steps)."""
         if self.config.trainer.critic_warmup <= self.global_steps:
             batch.meta_info["fuse_old_log_prob"] = self.fuse_old_log_prob
+            correction = self.config.algorithm.rollout_correction
+            if correction.bypass_mode:
+                batch.meta_info["bypass_correction"] = correction.bypass_loss_settings()
             with timer("update_actor", timing):
                 output = self.groups.actor_rollout.update_actor(batch)
             self.costs.record("update_actor", output, real_tokens(batch), timing)
-            metrics.update(reduce_metrics(output.meta_info["metrics"]))
+            metrics.update(rollout_correction.bypass_metric_names(reduce_metrics(output.meta_info["metrics"])))
             if self.fuse_old_log_prob:  # the update's forward pass gave them
                 batch.union(output.select(batch_keys=["old_log_probs"], meta_info_keys=[]))
                 self._rollout_agreement(batch, metrics)

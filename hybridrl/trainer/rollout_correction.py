@@ -2,8 +2,9 @@
 
 The rollout engine samples with its own numerics (vLLM kernels, bf16), so its `rollout_log_probs` differ
 from the actor's `old_log_probs` for the same weights. Decoupled mode reweights and rejects tokens on
-that difference once per step, after the old log-prob pass; bypass mode skips the pass and trains
-against the rollout's log-probs directly. The tensor arithmetic lives in `hybridrl.algos.rollout_correction`.
+that difference once per step, after the old log-prob pass; bypass mode skips the pass, trains against the
+rollout's log-probs directly and corrects inside the actor's loss (hybridrl/algos/bypass_loss.py). The
+tensor arithmetic lives in `hybridrl.algos.rollout_correction`.
 """
 
 from __future__ import annotations
@@ -46,3 +47,12 @@ def correct_rollout(batch: DataProto, config: RolloutCorrectionConfig) -> dict[s
 def bypass_old_log_probs(batch: DataProto) -> None:
     """Bypass mode, in place: `old_log_probs` are the rollout's, so the PPO ratio is pi_theta / pi_rollout."""
     batch.batch["old_log_probs"] = rollout_log_probs(batch, f"{ROLLOUT_CORRECTION_KEY}.bypass_mode=true").clone()
+
+
+def bypass_metric_names(actor_metrics: dict[str, float]) -> dict[str, float]:
+    """The actor's metrics with bypass mode's in-loss `actor/rollout_corr/*` filed under `rollout_corr/*`,
+    where decoupled mode reports them. They are means over micro-batches (weighted by tokens), so a
+    `_max` / `_min` is the mean of the micro-batches' maxima / minima."""
+    prefix = "actor/rollout_corr/"
+    return {name.removeprefix("actor/") if name.startswith(prefix) else name: value
+            for name, value in actor_metrics.items()}

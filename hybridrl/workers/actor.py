@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from hybridrl.algos import agg_loss, compute_pg_loss, kl_penalty
+from hybridrl.algos.bypass_loss import compute_policy_loss_bypass_mode
 from hybridrl.algos.config_args import policy_loss_settings
 from hybridrl.protocol import DataProto
 from hybridrl.utils.torch_functional import entropy_from_logits, logprobs_from_logits, masked_sum
@@ -109,6 +110,8 @@ class PPOActor:
         temperature = temperature_of(data)
         cfg = self.config
         settings = policy_loss_settings(cfg)  # every loss's settings; each loss takes what it declares
+        # bypass mode's rollout correction, computed per micro-batch inside the loss (the trainer sends it)
+        bypass = data.meta_info.get("bypass_correction")
 
         def micro_step(micro: DataProto, info: dict, sums: MetricSums) -> torch.Tensor:
             batch = micro.batch
@@ -120,12 +123,16 @@ class PPOActor:
                 old_log_probs_out[batch["row_index"]] = old_log_prob.float()
             else:
                 old_log_prob = batch["old_log_probs"]
-            # the trainer adds `rollout_is_weights` (rows, response_len) when rollout correction is on
-            pg_loss, pg_metrics = compute_pg_loss(
-                cfg.policy_loss.loss_mode, old_log_prob, log_prob, batch["advantages"], mask,
-                cfg.loss_agg_mode, global_batch_info=info, rollout_is_weights=batch.get("rollout_is_weights"),
-                **settings,
-            )
+            if bypass is not None:  # old_log_prob holds the rollout's log-probs
+                pg_loss, pg_metrics = compute_policy_loss_bypass_mode(
+                    old_log_prob, log_prob, batch["advantages"], mask, cfg.loss_agg_mode,
+                    loss_mode=cfg.policy_loss.loss_mode, global_batch_info=info, **bypass, **settings)
+            else:  # the trainer adds `rollout_is_weights` (rows, response_len) when rollout correction is on
+                pg_loss, pg_metrics = compute_pg_loss(
+                    cfg.policy_loss.loss_mode, old_log_prob, log_prob, batch["advantages"], mask,
+                    cfg.loss_agg_mode, global_batch_info=info, rollout_is_weights=batch.get("rollout_is_weights"),
+                    **settings,
+                )
             loss = pg_loss
             if cfg.entropy_coeff != 0:
                 loss = loss - cfg.entropy_coeff * agg_loss(entropy, mask, cfg.loss_agg_mode, **info)

@@ -155,31 +155,39 @@ def test_config_defaults_are_verls_and_bad_values_name_the_key():
         (f"{KEY}.rollout_rs=token_k9", f"{KEY}.rollout_rs_threshold=2"): f"{KEY}.rollout_rs",
         (f"{KEY}.rollout_rs=token_k1",): "rollout_rs needs rollout_rs_threshold",
         (f"{KEY}.rollout_rs_threshold=2",): "acts only with",
-        (f"{KEY}.bypass_mode=true", f"{KEY}.rollout_rs=token_k1", f"{KEY}.rollout_rs_threshold=2"):
-            "skips the old log-prob pass",
-        (f"{KEY}.bypass_mode=true", f"{KEY}.loss_type=reinforce"):
-            f"{KEY}.loss_type=reinforce is not supported by hybridrl",
+        (f"{KEY}.bypass_mode=true", f"{KEY}.loss_type=reinfroce"): f"{KEY}.loss_type must be one of",
+        (f"{KEY}.loss_type=reinforce",): "acts only in bypass mode",
+        (f"{KEY}.bypass_mode=true", f"{KEY}.rollout_is=token"): "needs algorithm.rollout_correction.loss_type=reinforce",
     }
     for overrides, message in refused.items():
         with pytest.raises(ConfigError, match=message):
             checked(*overrides)
+    # bypass mode corrects inside the loss: rejection with either loss, IS weights with reinforce
+    checked(f"{KEY}.bypass_mode=true", f"{KEY}.rollout_rs=token_k1", f"{KEY}.rollout_rs_threshold=2")
+    checked(f"{KEY}.bypass_mode=true", f"{KEY}.loss_type=reinforce", f"{KEY}.rollout_is=sequence")
 
 
 LOCAL = ["trainer.backend=local", "trainer.n_gpus_per_node=1", "trainer.total_training_steps=2"]
 
 
-@pytest.mark.parametrize("mode", ["decoupled", "bypass"])
+@pytest.mark.parametrize("mode", ["decoupled", "bypass", "bypass_reinforce"])
 def test_two_grpo_steps_with_rollout_correction(arithmetic_data, tiny_model_dir, tmp_path, mode):
     extra = {"decoupled": [f"{KEY}.rollout_is=sequence", f"{KEY}.rollout_rs=token_k3",
                            f"{KEY}.rollout_rs_threshold=0.01"],
-             "bypass": [f"{KEY}.bypass_mode=true"]}[mode]
+             "bypass": [f"{KEY}.bypass_mode=true", f"{KEY}.rollout_rs=token_k3", f"{KEY}.rollout_rs_threshold=0.01"],
+             "bypass_reinforce": [f"{KEY}.bypass_mode=true", f"{KEY}.loss_type=reinforce", f"{KEY}.rollout_is=token",
+                                  f"{KEY}.rollout_is_threshold=2.0"]}[mode]
     history = run_ppo_local(arithmetic_data, tiny_model_dir, tmp_path, extra)
     assert [step["training/global_step"] for step in history] == [1, 2]
     for step in history:
         assert step["actor/grad_norm"] > 0 and math.isfinite(step["actor/pg_loss"])
         assert "actor/entropy" in step  # from the update in bypass mode
-        if mode == "bypass":
-            assert not {"timing_s/old_log_prob", "rollout/log_prob_diff_max", "rollout_corr/kl"} & set(step)
+        if mode.startswith("bypass"):
+            assert not {"timing_s/old_log_prob", "rollout/log_prob_diff_max"} & set(step)
+            # measured inside the loss against the current policy, which the first mini-batch has moved
+            assert math.isfinite(step["rollout_corr/kl"]) and "actor/rollout_corr/kl" not in step
+            assert ("rollout_corr/rollout_is_mean" in step) == (mode == "bypass_reinforce")
+            assert ("rollout_corr/rollout_rs_masked_fraction" in step) == (mode == "bypass")
         else:
             # the HF engine samples with the actor's weights: weights ~ 1, nothing rejected
             assert step["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=1e-3)
