@@ -41,6 +41,10 @@ from hybridrl.algos.kl import (
     kl_penalty_forward,
     register_kl_penalty,
 )
+from hybridrl.algos.optimal_baseline import (
+    compute_multi_turn_optimal_token_baseline_advantage,
+    compute_optimal_token_baseline_advantage,
+)
 from hybridrl.algos.policy_loss import (
     POLICY_LOSS_REGISTRY,
     compute_pg_loss,
@@ -86,7 +90,9 @@ __all__ = [
     "compute_grpo_outcome_advantage",
     "compute_grpo_passk_outcome_advantage",
     "compute_grpo_vectorized_outcome_advantage",
+    "compute_multi_turn_optimal_token_baseline_advantage",
     "compute_opo_outcome_advantage",
+    "compute_optimal_token_baseline_advantage",
     "compute_pg_loss",
     "compute_policy_loss",
     "compute_policy_loss_bypass_mode",

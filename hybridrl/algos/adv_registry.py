@@ -42,6 +42,9 @@ INPUT_SOURCES = {
     "index": "the per-sample prompt uid array (non_tensor_batch['uid']), one entry per response",
     "reward_baselines": "the greedy-decoding baseline reward per sample (batch key 'reward_baselines')",
     "non_tensor_batch": "the batch's per-row extras (the reward function's extra outputs among them)",
+    "old_log_probs": "the actor's log-probs of the sampled tokens before the update (the old log-prob pass)",
+    "sum_pi_squared": "sum over the vocabulary of pi^2 at each response token, from the old log-prob pass "
+                      "with actor_rollout_ref.actor.calculate_sum_pi_squared=true",
     "gamma": "algorithm.gamma",
     "lam": "algorithm.lam",
 }
@@ -61,6 +64,8 @@ class AdvantageEstimator(str, Enum):
     GPG = "gpg"
     RLOO_VECTORIZED = "rloo_vectorized"
     GRPO_VECTORIZED = "grpo_vectorized"
+    OPTIMAL_TOKEN_BASELINE = "optimal_token_baseline"
+    TIR_OPTIMAL_TOKEN_BASELINE = "tir_optimal_token_baseline"
     GDPO = "gdpo"
 
 

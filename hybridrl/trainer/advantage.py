@@ -57,6 +57,9 @@ def compute_advantage(
         values=batch.get("values"),
         reward_baselines=batch.get("reward_baselines"),
         index=data.non_tensor_batch.get("uid"),
+        old_log_probs=batch.get("old_log_probs"),
+        sum_pi_squared=batch.get("sum_pi_squared"),  # the old log-prob pass's, when the actor computes it
+        rollout_is_weights=batch.get("rollout_is_weights"),
         non_tensor_batch=data.non_tensor_batch,  # the reward function's extra outputs (gdpo's components)
         batch=batch,
         config=config,

@@ -113,6 +113,18 @@ def _check_names(config: PPOTrainerConfig) -> None:
         _require(getattr(algo, key) is None or bool(reads_gdpo_keys),
                  f"algorithm.{key} is set but algorithm.adv_estimator={algo.adv_estimator} does not read it: use "
                  f"adv_estimator=gdpo, or leave {key} unset")
+    sum_pi_key = "actor_rollout_ref.actor.calculate_sum_pi_squared"
+    needs_sum_pi = "sum_pi_squared" in spec.required_inputs
+    reads_sum_pi = spec.accepts_any_input or "sum_pi_squared" in spec.parameters
+    _require(arr.actor.calculate_sum_pi_squared or not needs_sum_pi,
+             f"algorithm.adv_estimator={algo.adv_estimator} needs sum_pi_squared from the old log-prob pass: set "
+             f"{sum_pi_key}=true")
+    _require(not arr.actor.calculate_sum_pi_squared or reads_sum_pi,
+             f"{sum_pi_key}=true computes a column algorithm.adv_estimator={algo.adv_estimator} does not read: "
+             f"use adv_estimator=optimal_token_baseline or tir_optimal_token_baseline, or set it to false")
+    _require(not (arr.actor.calculate_sum_pi_squared and algo.rollout_correction.bypass_mode),
+             f"{sum_pi_key}=true needs the old log-prob pass, which algorithm.rollout_correction.bypass_mode=true "
+             f"skips")
     loss = get_policy_loss_fn(arr.actor.policy_loss.loss_mode)
     # bypass mode applies its weights in its own REINFORCE loss, not the actor's
     _require(algo.rollout_correction.rollout_is is None or algo.rollout_correction.bypass_mode

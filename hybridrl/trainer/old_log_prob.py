@@ -13,6 +13,7 @@ so a user who expected the fused path learns which key keeps it off.
 
 from __future__ import annotations
 
+from hybridrl.algos import get_adv_estimator_spec
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
 
 
@@ -30,6 +31,9 @@ def old_log_prob_blockers(config: PPOTrainerConfig) -> list[str]:
                        f"data.train_batch_size={config.data.train_batch_size} (later mini-batches see updated weights)")
     if config.algorithm.use_kl_in_reward:
         reasons.append("algorithm.use_kl_in_reward=true (the reward reads them before the update)")
+    estimator = config.algorithm.adv_estimator
+    if "old_log_probs" in get_adv_estimator_spec(estimator).required_inputs:
+        reasons.append(f"algorithm.adv_estimator={estimator} (the advantages read them before the update)")
     correction = config.algorithm.rollout_correction
     if correction.bypass_mode:
         reasons.append("algorithm.rollout_correction.bypass_mode=true (the rollout's log-probs serve instead)")

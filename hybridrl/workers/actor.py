@@ -51,8 +51,9 @@ class PPOActor:
     def share_prompts(self) -> bool:
         return self.prompt_sharing.enabled
 
-    def _log_probs(self, micro: DataProto, temperature: float, with_entropy: bool):
-        """Per-token log-probs (and entropies) of the responses, zero-padded to response_length."""
+    def _log_probs(self, micro: DataProto, temperature: float, with_entropy: bool, with_sum_pi_squared: bool = False):
+        """Per-token log-probs, entropies (or None) and sum_v pi_v^2 (or None) of the responses, zero-padded
+        to response_length."""
         response_length = micro.batch["responses"].shape[-1]
         logits = self.prompt_sharing.outputs(micro)
         logits = logits / temperature  # (rows, kept, vocab)
@@ -60,22 +61,38 @@ class PPOActor:
         log_probs = logprobs_from_logits(logits, micro.batch["responses"][:, :kept])  # (rows, kept)
         mask = micro.batch["response_mask"].to(log_probs.dtype)  # (rows, response_len)
         log_probs = F.pad(log_probs, (0, response_length - kept)) * mask  # 0 after each response's end
-        entropy = None
+        entropy = sum_pi_squared = None
         if with_entropy:
             entropy = F.pad(entropy_from_logits(logits), (0, response_length - kept)) * mask
-        return log_probs, entropy
+        if with_sum_pi_squared:
+            probs_squared = torch.softmax(logits.float(), dim=-1).square().sum(dim=-1)  # (rows, kept)
+            sum_pi_squared = F.pad(probs_squared, (0, response_length - kept)) * mask
+        return log_probs, entropy, sum_pi_squared
 
     @torch.no_grad()
     def compute_log_prob(self, data: DataProto, micro_batch_rows: int | None, max_token_len: int | None,
                          calculate_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (rows, response_len) of `data`'s responses, in row order; entropies if asked."""
+        outputs = self.compute_response_outputs(data, micro_batch_rows, max_token_len, calculate_entropy)
+        return outputs["log_probs"], outputs.get("entropy")
+
+    @torch.no_grad()
+    def compute_response_outputs(self, data: DataProto, micro_batch_rows: int | None, max_token_len: int | None,
+                                 calculate_entropy: bool = False,
+                                 calculate_sum_pi_squared: bool = False) -> dict[str, torch.Tensor]:
+        """`log_probs` (rows, response_len) in row order, with `entropy` and `sum_pi_squared` (sum over the
+        vocabulary of pi^2 at each token, for the optimal token baseline) when asked."""
         self.engine.module.eval()
         temperature = temperature_of(data)
         micro_batches = make_micro_batches(data, micro_batch_rows, max_token_len, self.prompt_sharing.group_ids(data))
-        outputs = [self._log_probs(mb.data, temperature, calculate_entropy) for mb in micro_batches]
-        log_probs = restore_order([o[0] for o in outputs], micro_batches, len(data))
-        entropy = restore_order([o[1] for o in outputs], micro_batches, len(data)) if calculate_entropy else None
-        return log_probs, entropy
+        parts: dict[str, list[torch.Tensor]] = {}
+        for mb in micro_batches:
+            log_probs, entropy, sum_pi_squared = self._log_probs(mb.data, temperature, calculate_entropy,
+                                                                 calculate_sum_pi_squared)
+            for name, value in (("log_probs", log_probs), ("entropy", entropy), ("sum_pi_squared", sum_pi_squared)):
+                if value is not None:
+                    parts.setdefault(name, []).append(value)
+        return {name: restore_order(values, micro_batches, len(data)) for name, values in parts.items()}
 
     def update_policy(self, data: DataProto, plan: BatchingPlan) -> dict[str, list[float]]:
         """PPO epochs over the rank's rows, against their `old_log_probs`; per-mini-batch metrics under `actor/`."""
@@ -117,7 +134,7 @@ class PPOActor:
             batch = micro.batch
             mask = batch["response_mask"]
             tokens = float(mask.sum())
-            log_prob, entropy = self._log_probs(micro, temperature, with_entropy=True)
+            log_prob, entropy, _ = self._log_probs(micro, temperature, with_entropy=True)
             if fused:
                 old_log_prob = log_prob.detach()
                 old_log_probs_out[batch["row_index"]] = old_log_prob.float()

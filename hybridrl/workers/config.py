@@ -132,6 +132,9 @@ class ActorConfig:
     # token-mean | token-sum | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm
     loss_agg_mode: str = "token-mean"
     entropy_coeff: float = 0.0
+    # The old log-prob pass also returns sum_v pi_v^2 per response token (`sum_pi_squared`), which the
+    # optimal_token_baseline estimators need (hybridrl/algos/optimal_baseline.py).
+    calculate_sum_pi_squared: bool = False
     # KL to the reference policy as a loss term (GRPO) rather than in the reward.
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001

@@ -166,13 +166,18 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     @report_worker_seconds
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        """`old_log_probs` and `entropys` of the responses under the current actor."""
+        """`old_log_probs` and `entropys` of the responses under the current actor, and `sum_pi_squared`
+        with actor.calculate_sum_pi_squared."""
         self._require(self.actor, "compute_log_prob", "actor")
         data.meta_info.setdefault("temperature", self.config.rollout.temperature)
         rows, tokens = log_prob_batching(self.config.rollout)
-        log_probs, entropy = self.actor.compute_log_prob(data, rows, tokens, calculate_entropy=True)
-        return DataProto.from_dict({"old_log_probs": log_probs, "entropys": entropy},
-                                   meta_info={"temperature": data.meta_info["temperature"]})
+        outputs = self.actor.compute_response_outputs(
+            data, rows, tokens, calculate_entropy=True,
+            calculate_sum_pi_squared=self.config.actor.calculate_sum_pi_squared)
+        columns = {"old_log_probs": outputs["log_probs"], "entropys": outputs["entropy"]}
+        if "sum_pi_squared" in outputs:
+            columns["sum_pi_squared"] = outputs["sum_pi_squared"]
+        return DataProto.from_dict(columns, meta_info={"temperature": data.meta_info["temperature"]})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     @report_worker_seconds

@@ -26,6 +26,7 @@ def test_each_key_that_needs_the_separate_pass_is_named():
         ("algorithm.use_kl_in_reward=true", "use_kl_in_reward=true"),
         ("algorithm.rollout_correction.rollout_is=token", "rollout_correction.rollout_is"),
         ("algorithm.rollout_correction.bypass_mode=true", "bypass_mode=true"),
+        ("algorithm.adv_estimator=optimal_token_baseline", "adv_estimator=optimal_token_baseline"),
     ]:
         reasons = _blockers(override)
         assert len(reasons) == 1 and named in reasons[0], (override, reasons)

@@ -95,6 +95,10 @@ def test_the_model_path_is_required():
         (["algorithm.adv_estimator=grpo", "algorithm.gdpo_reward_keys=[format_reward]"],
          r"algorithm.gdpo_reward_keys is set but algorithm.adv_estimator=grpo does not read it"),
         (["actor_rollout_ref.actor.tau_neg=0"], r"actor_rollout_ref.actor.tau_neg"),
+        (["algorithm.adv_estimator=optimal_token_baseline"],
+         r"needs sum_pi_squared from the old log-prob pass: set actor_rollout_ref.actor.calculate_sum_pi_squared"),
+        (["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.calculate_sum_pi_squared=true"],
+         r"computes a column algorithm.adv_estimator=grpo does not read"),
     ],
 )
 def test_impossible_settings_fail_naming_the_keys(overrides, message, no_gpu):

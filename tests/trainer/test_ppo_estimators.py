@@ -19,6 +19,9 @@ LOCAL = ["trainer.backend=local", "trainer.n_gpus_per_node=1", "trainer.total_tr
      {"critic/vf_loss", "critic/values/mean", "critic/vf_explained_var", "timing_s/update_critic"}),
     (["algorithm.adv_estimator=remax"], {"timing_s/gen_baseline"}),
     (["algorithm.adv_estimator=rloo"], {"actor/pg_loss"}),
+    (["algorithm.adv_estimator=optimal_token_baseline", "actor_rollout_ref.actor.calculate_sum_pi_squared=true",
+      "actor_rollout_ref.actor.ppo_mini_batch_size=4"],  # one mini-batch: only the estimator keeps the pass
+     {"timing_s/old_log_prob"}),
     (["algorithm.adv_estimator=reinforce_plus_plus", "algorithm.use_kl_in_reward=true",
       "algorithm.kl_ctrl.type=adaptive"], {"actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff"}),
     (["algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=10"],

@@ -292,3 +292,24 @@ def test_micro_batches_keep_a_groups_rows_together_and_its_prompt_is_computed_on
     # 4 groups of 4 rows in micro-batches of 8: each holds two whole groups, one packed row each
     assert prompts_per_micro_batch == [2, 2]
     assert len(shapes) == 2 and all(rows == 1 for rows, _ in shapes)
+
+
+def _sum_pi_squared(rank, world_size, model_dir):
+    torch.manual_seed(0)
+    model = load_causal_lm(model_dir)
+    data = rollout_batch(rows=6, group_size=2)  # shared prompts: the packed pass
+    with torch.no_grad():  # the definition: full padded rows, softmax at temperature 0.7, squared, summed
+        logits = model(input_ids=data.batch["input_ids"], attention_mask=data.batch["attention_mask"],
+                       position_ids=data.batch["position_ids"]).logits / 0.7
+    response_len = data.batch["responses"].shape[1]
+    probs = torch.softmax(logits[:, -response_len - 1:-1].float(), dim=-1)
+    expected = probs.square().sum(-1) * data.batch["response_mask"]
+    actor = PPOActor(ActorConfig(), FSDPEngine(model, FSDPConfig()), share_prompts=True)
+    outputs = actor.compute_response_outputs(data, 4, None, calculate_sum_pi_squared=True)
+    return expected, outputs
+
+
+def test_sum_pi_squared_matches_its_definition(tiny_model_dir):
+    [(expected, outputs)] = run_on_ranks(_sum_pi_squared, 1, str(tiny_model_dir))
+    assert set(outputs) == {"log_probs", "sum_pi_squared"}
+    torch.testing.assert_close(outputs["sum_pi_squared"], expected, rtol=0, atol=1e-5)
