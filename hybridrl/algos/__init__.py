@@ -45,6 +45,7 @@ from hybridrl.algos.optimal_baseline import (
     compute_multi_turn_optimal_token_baseline_advantage,
     compute_optimal_token_baseline_advantage,
 )
+from hybridrl.algos.pf_ppo import compute_pf_ppo_reweight_data
 from hybridrl.algos.policy_loss import (
     POLICY_LOSS_REGISTRY,
     compute_pg_loss,
@@ -93,6 +94,7 @@ __all__ = [
     "compute_multi_turn_optimal_token_baseline_advantage",
     "compute_opo_outcome_advantage",
     "compute_optimal_token_baseline_advantage",
+    "compute_pf_ppo_reweight_data",
     "compute_pg_loss",
     "compute_policy_loss",
     "compute_policy_loss_bypass_mode",

@@ -113,6 +113,11 @@ def _check_names(config: PPOTrainerConfig) -> None:
         _require(getattr(algo, key) is None or bool(reads_gdpo_keys),
                  f"algorithm.{key} is set but algorithm.adv_estimator={algo.adv_estimator} does not read it: use "
                  f"adv_estimator=gdpo, or leave {key} unset")
+    _require(not algo.use_pf_ppo or algo.adv_estimator == "gae",
+             f"algorithm.use_pf_ppo=true resamples the batch after GAE's advantages only (as verl); "
+             f"algorithm.adv_estimator={algo.adv_estimator} would ignore it: use adv_estimator=gae or set it false")
+    _require(algo.use_pf_ppo or algo.pf_ppo == type(algo.pf_ppo)(),
+             "algorithm.pf_ppo.* acts only with algorithm.use_pf_ppo=true; set it, or leave pf_ppo at its defaults")
     sum_pi_key = "actor_rollout_ref.actor.calculate_sum_pi_squared"
     needs_sum_pi = "sum_pi_squared" in spec.required_inputs
     reads_sum_pi = spec.accepts_any_input or "sum_pi_squared" in spec.parameters

@@ -77,6 +77,7 @@ RANGES: dict[str, Rule] = {
     "actor_rollout_ref.actor.policy_loss.kl_cov_ratio": Rule("in (0, 1]", lambda v: 0 < v <= 1),
     "actor_rollout_ref.actor.policy_loss.ppo_kl_coef": at_least(0),
     "actor_rollout_ref.actor.policy_loss.dro_beta": optional(above(0)),
+    "algorithm.pf_ppo.weight_pow": above(0),
     "actor_rollout_ref.actor.tau_pos": above(0),
     "actor_rollout_ref.actor.tau_neg": above(0),
     "actor_rollout_ref.actor.policy_loss.topr_negative_ratio_lower": at_least(0),

@@ -36,7 +36,6 @@ NO_CUSTOM_DATASET = Unsupported("prompts always load through hybridrl.data.rl_da
                                 "a custom dataset class is not supported")
 
 UNSUPPORTED: dict[str, Unsupported] = {
-    "algorithm.use_pf_ppo": Unsupported("PF-PPO's reward-weighted resampling of the batch is not implemented"),
     "actor_rollout_ref.hybrid_engine": Unsupported(
         "the actor, rollout and reference policy always share one process and one set of weights"),
     **{f"{role}.ulysses_sequence_parallel_size": NO_SEQUENCE_PARALLEL

@@ -14,6 +14,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 
 from hybridrl.algos.bypass_loss import BYPASS_LOSS_TYPES
+from hybridrl.algos.pf_ppo import PF_PPO_METHODS
 from hybridrl.algos.rollout_correction import IS_LEVELS, parse_is_threshold, parse_rs_options
 from hybridrl.data.rl_dataset import RLDatasetConfig
 from hybridrl.rewards.custom import CustomRewardFunctionConfig
@@ -183,6 +184,20 @@ def _as_config_error(parse: Any, key: str, *args: Any) -> None:
 
 
 @dataclass
+class PFPPOConfig:
+    """`algorithm.pf_ppo`: how PF-PPO weighs each response's score when it redraws the batch."""
+
+    # pow (|score|^weight_pow) | max_min (only the best and worst scores) | max_random (best 0.4, rest 0.1)
+    reweight_method: str = "pow"
+    weight_pow: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.reweight_method not in PF_PPO_METHODS:
+            raise ConfigError(f"algorithm.pf_ppo.reweight_method must be one of {PF_PPO_METHODS}, got "
+                              f"{self.reweight_method!r}")
+
+
+@dataclass
 class AlgorithmConfig:
     gamma: float = 1.0
     lam: float = 1.0
@@ -198,8 +213,10 @@ class AlgorithmConfig:
     use_kl_in_reward: bool = False
     kl_penalty: str = "kl"
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
-    # PF-PPO batch resampling: only the default runs in hybridrl (hybridrl/trainer/config_support.py).
+    # PF-PPO: after GAE's advantages, redraw the batch with replacement toward extreme rewards
+    # (hybridrl/algos/pf_ppo.py); gae only, as in verl.
     use_pf_ppo: bool = False
+    pf_ppo: PFPPOConfig = field(default_factory=lambda: PFPPOConfig())
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     # IS weights, rejection and bypass mode for the rollout engine's mismatch (RolloutCorrectionConfig).
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)

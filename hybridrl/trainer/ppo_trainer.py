@@ -17,7 +17,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from hybridrl.algos import apply_kl_penalty, get_adv_estimator_spec, get_kl_controller
+from hybridrl.algos import (
+    apply_kl_penalty,
+    compute_pf_ppo_reweight_data,
+    get_adv_estimator_spec,
+    get_kl_controller,
+)
 from hybridrl.data.sampler import ResumableSampler, StatefulDataLoader
 from hybridrl.protocol import DataProto
 from hybridrl.rewards.failures import add_reward_metrics
@@ -144,7 +149,7 @@ class PPOTrainer:
                     self._attach_scores(batch, pending.result(), metrics)
             self._apply_kl(batch, metrics)  # 6
             with timer("adv", timing):
-                self._compute_advantage(batch)  # 7
+                batch = self._compute_advantage(batch, metrics)  # 7
             self._update_critic(batch, metrics, timing)  # 8
             self._update_actor(batch, metrics, timing)
         self._dump_rollouts(batch)
@@ -299,11 +304,21 @@ class PPOTrainer:
         batch.batch["token_level_rewards"] = rewards
         metrics.update(kl_metrics)
 
-    def _compute_advantage(self, batch: DataProto) -> None:
-        """7. Advantages and returns from the configured estimator, given every input the batch has."""
+    def _compute_advantage(self, batch: DataProto, metrics: dict) -> DataProto:
+        """7. Advantages and returns from the configured estimator, given every input the batch has; with
+        PF-PPO, the batch redrawn toward extreme rewards (seeded by the step, so a resume redraws the same)."""
         algo = self.config.algorithm
         advantage.compute_advantage(batch, algo.adv_estimator, gamma=algo.gamma, lam=algo.lam,
                                     norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo, config=algo)
+        if not algo.use_pf_ppo:
+            return batch
+        generator = torch.Generator().manual_seed(self.config.actor_rollout_ref.rollout.seed + self.global_steps)
+        batch.batch["pf_ppo_row"] = torch.arange(len(batch))
+        resampled = compute_pf_ppo_reweight_data(batch, algo.pf_ppo.reweight_method, algo.pf_ppo.weight_pow,
+                                                 generator)
+        drawn = resampled.batch.pop("pf_ppo_row")
+        metrics["train/pf_ppo_distinct_rows"] = drawn.unique().numel() / len(resampled)  # share kept at least once
+        return resampled
 
     def _update_critic(self, batch: DataProto, metrics: dict, timing: dict) -> None:
         if self.groups.critic is not None:

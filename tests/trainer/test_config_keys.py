@@ -85,9 +85,6 @@ def checked(*overrides: str) -> PPOTrainerConfig:
 
 
 @pytest.mark.parametrize("override, message", [
-    ("algorithm.use_pf_ppo=true", "algorithm.use_pf_ppo=true is not supported by hybridrl: PF-PPO's "
-                                  "reward-weighted resampling of the batch is not implemented. Remove it or set it "
-                                  "to false"),
     ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
      "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 is not supported by hybridrl: sequence parallelism"),
     ("actor_rollout_ref.actor.strategy=megatron", "Remove it or set it to one of fsdp, fsdp2"),

@@ -18,6 +18,8 @@ LOCAL = ["trainer.backend=local", "trainer.n_gpus_per_node=1", "trainer.total_tr
     (["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=8"],
      {"critic/vf_loss", "critic/values/mean", "critic/vf_explained_var", "timing_s/update_critic"}),
     (["algorithm.adv_estimator=remax"], {"timing_s/gen_baseline"}),
+    (["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=8", "algorithm.use_pf_ppo=true"],
+     {"train/pf_ppo_distinct_rows", "critic/vf_loss"}),
     (["algorithm.adv_estimator=rloo"], {"actor/pg_loss"}),
     (["algorithm.adv_estimator=optimal_token_baseline", "actor_rollout_ref.actor.calculate_sum_pi_squared=true",
       "actor_rollout_ref.actor.ppo_mini_batch_size=4"],  # one mini-batch: only the estimator keeps the pass
