@@ -38,21 +38,34 @@ from hybridrl.utils.torch_functional import masked_mean
 
 PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 POLICY_LOSS_REGISTRY: Registry[PolicyLossFn] = Registry("policy loss")
+# losses whose objective fixes how tokens are averaged, whatever loss_agg_mode says
+_OWN_AGGREGATION: dict[str, str] = {}
 
 
-def register_policy_loss(name: str, *, override: bool = False) -> Callable[[PolicyLossFn], PolicyLossFn]:
+def register_policy_loss(name: str, *, override: bool = False,
+                         own_aggregation: str | None = None) -> Callable[[PolicyLossFn], PolicyLossFn]:
     """Decorator registering a policy loss under `name` (verl's `register_policy_loss`).
 
     It returns the loss wrapped for the uniform call described in the module docstring; the wrapper is
-    what is registered and what the decorated name is bound to.
+    what is registered and what the decorated name is bound to. `own_aggregation` declares that the loss
+    averages its tokens one fixed way and ignores `loss_agg_mode` (the trainer says so when they differ).
     """
 
     def decorator(fn: PolicyLossFn) -> PolicyLossFn:
         wrapped = _uniform_call(name, fn)
         POLICY_LOSS_REGISTRY.add(name, wrapped, override=override)
+        if own_aggregation is None:
+            _OWN_AGGREGATION.pop(name, None)
+        else:
+            _OWN_AGGREGATION[name] = own_aggregation
         return wrapped
 
     return decorator
+
+
+def own_aggregation(name: str) -> str | None:
+    """How a registered loss averages its tokens when that ignores `loss_agg_mode`; None when it follows it."""
+    return _OWN_AGGREGATION.get(name)
 
 
 def _uniform_call(name: str, fn: PolicyLossFn) -> PolicyLossFn:
@@ -200,7 +213,7 @@ def compute_policy_loss(
     return loss, metrics["pg_clipfrac"], metrics["ppo_kl"], metrics["pg_clipfrac_lower"]
 
 
-@register_policy_loss("gspo")
+@register_policy_loss("gspo", own_aggregation="seq-mean-token-mean")
 def compute_policy_loss_gspo(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,

@@ -157,7 +157,7 @@ def compute_policy_loss_cispo(
     return loss, metrics
 
 
-@register_policy_loss("sapo")
+@register_policy_loss("sapo", own_aggregation="seq-mean-token-mean")
 def compute_policy_loss_sapo(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -288,7 +288,7 @@ def _sequence_denominator(name: str, rows: int, global_batch_info: Mapping[str, 
     return float(size) / dp_size
 
 
-@register_policy_loss("geo_mean")
+@register_policy_loss("geo_mean", own_aggregation="the mean over sequences of -A_i r_i")
 def compute_policy_loss_geo_mean(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
@@ -336,7 +336,7 @@ def compute_policy_loss_geo_mean(
     return loss, metrics
 
 
-@register_policy_loss("topr")
+@register_policy_loss("topr", own_aggregation="seq-mean-token-mean")
 def compute_policy_loss_topr(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,

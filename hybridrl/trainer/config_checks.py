@@ -15,7 +15,7 @@ import math
 import torch
 
 from hybridrl.algos import get_adv_estimator_spec, get_kl_controller, get_policy_loss_fn, kl_penalty
-from hybridrl.algos.policy_loss import applies_rollout_is_weights
+from hybridrl.algos.policy_loss import applies_rollout_is_weights, own_aggregation
 from hybridrl.models.loading import DTYPES, resolve_dtype
 from hybridrl.rewards.managers import REWARD_MANAGERS
 from hybridrl.trainer.config_derive import fill_derived
@@ -131,6 +131,12 @@ def _check_names(config: PPOTrainerConfig) -> None:
              f"{sum_pi_key}=true needs the old log-prob pass, which algorithm.rollout_correction.bypass_mode=true "
              f"skips")
     loss = get_policy_loss_fn(arr.actor.policy_loss.loss_mode)
+    fixed = own_aggregation(arr.actor.policy_loss.loss_mode)
+    if fixed is not None and fixed != arr.actor.loss_agg_mode:
+        logger.warning("actor_rollout_ref.actor.loss_agg_mode=%s does not apply to policy_loss.loss_mode=%s, which "
+                       "aggregates its tokens as %s (its paper's objective, as in verl); the entropy and KL loss "
+                       "terms still use loss_agg_mode", arr.actor.loss_agg_mode, arr.actor.policy_loss.loss_mode,
+                       fixed)
     # bypass mode applies its weights in its own REINFORCE loss, not the actor's
     _require(algo.rollout_correction.rollout_is is None or algo.rollout_correction.bypass_mode
              or applies_rollout_is_weights(loss),

@@ -1,6 +1,7 @@
 """Bad configs fail before any worker starts, with a message naming the key and the fix."""
 
 import dataclasses
+import logging
 import typing
 
 import pyarrow as pa
@@ -267,3 +268,14 @@ def test_the_entry_point_stops_before_training_on_bounds_read_as_a_number(value,
     else:
         assert result.returncode == 0, result.stderr[-2000:]
         assert "rollout_is_threshold: '0.5_5'" in result.stdout  # the dry run prints the checked config, a string
+
+
+def test_a_loss_with_its_own_aggregation_says_loss_agg_mode_does_not_apply(no_gpu, caplog):
+    with caplog.at_level(logging.WARNING, logger="hybridrl.trainer.config_checks"):
+        checked("actor_rollout_ref.actor.policy_loss.loss_mode=sapo")
+    assert "loss_agg_mode=token-mean does not apply to policy_loss.loss_mode=sapo" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="hybridrl.trainer.config_checks"):
+        checked("actor_rollout_ref.actor.policy_loss.loss_mode=sapo",
+                "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean")
+    assert "does not apply" not in caplog.text
