@@ -174,6 +174,95 @@ class RolloutCorrectionConfig:
         """No old log-prob pass: PPO clips pi_theta / pi_rollout directly; no weights, no rejection."""
         return cls(bypass_mode=True, loss_type="ppo_clip")
 
+    # verl's other presets, under its names and defaults. "geo" rejects a sequence on its geometric-mean
+    # ratio (seq_mean_k1, bounds around 1), "k3" on its mean k3 divergence (seq_mean_k3, an upper bound).
+    @classmethod
+    def decoupled_token_is(cls, threshold: float = 2.0) -> RolloutCorrectionConfig:
+        """Token IS weights truncated at `threshold`."""
+        return cls(rollout_is="token", rollout_is_threshold=threshold)
+
+    @classmethod
+    def decoupled_seq_is(cls, threshold: float = 2.0) -> RolloutCorrectionConfig:
+        """Sequence IS weights truncated at `threshold`."""
+        return cls(rollout_is="sequence", rollout_is_threshold=threshold)
+
+    @classmethod
+    def decoupled_seq_is_rs(cls, is_threshold: float = 2.0,
+                            rs_threshold: str | float = "0.5_2.0") -> RolloutCorrectionConfig:
+        """Sequence IS weights, and sequences rejected on their whole ratio (seq_sum_k1) outside rs_threshold."""
+        return cls(rollout_is="sequence", rollout_is_threshold=is_threshold, rollout_rs="seq_sum_k1",
+                   rollout_rs_threshold=rs_threshold)
+
+    @classmethod
+    def decoupled_geo_rs(cls, rs_threshold: str | float = "0.999_1.001") -> RolloutCorrectionConfig:
+        """Geometric-mean rejection only."""
+        return cls(rollout_rs="seq_mean_k1", rollout_rs_threshold=rs_threshold)
+
+    @classmethod
+    def decoupled_geo_rs_token_tis(cls, is_threshold: float = 2.0,
+                                   rs_threshold: str | float = "0.999_1.001") -> RolloutCorrectionConfig:
+        """Geometric-mean rejection and token IS weights."""
+        return cls(rollout_is="token", rollout_is_threshold=is_threshold, rollout_rs="seq_mean_k1",
+                   rollout_rs_threshold=rs_threshold)
+
+    @classmethod
+    def decoupled_k3_rs(cls, rs_threshold: float = 0.01) -> RolloutCorrectionConfig:
+        """Mean-k3 rejection only."""
+        return cls(rollout_rs="seq_mean_k3", rollout_rs_threshold=rs_threshold)
+
+    @classmethod
+    def decoupled_k3_rs_seq_tis(cls, is_threshold: float = 2.0, rs_threshold: float = 0.01) -> RolloutCorrectionConfig:
+        """Mean-k3 rejection and sequence IS weights."""
+        return cls(rollout_is="sequence", rollout_is_threshold=is_threshold, rollout_rs="seq_mean_k3",
+                   rollout_rs_threshold=rs_threshold)
+
+    @classmethod
+    def decoupled_k3_rs_token_tis(cls, is_threshold: float = 2.0,
+                                  rs_threshold: float = 0.01) -> RolloutCorrectionConfig:
+        """Mean-k3 rejection and token IS weights."""
+        return cls(rollout_is="token", rollout_is_threshold=is_threshold, rollout_rs="seq_mean_k3",
+                   rollout_rs_threshold=rs_threshold)
+
+    @classmethod
+    def bypass_ppo_clip_geo_rs(cls, rs_threshold: str | float = "0.999_1.001") -> RolloutCorrectionConfig:
+        """Bypass mode, PPO's clip on pi_theta / pi_rollout, geometric-mean rejection in the loss."""
+        return cls(rollout_rs="seq_mean_k1", rollout_rs_threshold=rs_threshold, bypass_mode=True)
+
+    @classmethod
+    def bypass_ppo_clip_k3_rs(cls, rs_threshold: float = 0.01) -> RolloutCorrectionConfig:
+        """Bypass mode, PPO's clip, mean-k3 rejection in the loss."""
+        return cls(rollout_rs="seq_mean_k3", rollout_rs_threshold=rs_threshold, bypass_mode=True)
+
+    @classmethod
+    def bypass_pg_is(cls, threshold: float = 2.0) -> RolloutCorrectionConfig:
+        """Bypass mode, REINFORCE weighted by sequence IS weights truncated at `threshold`."""
+        return cls(rollout_is="sequence", rollout_is_threshold=threshold, bypass_mode=True, loss_type="reinforce")
+
+    @classmethod
+    def bypass_pg_geo_rs(cls, rs_threshold: str | float = "0.999_1.001") -> RolloutCorrectionConfig:
+        """Bypass mode, REINFORCE with geometric-mean rejection and no weights."""
+        return cls(rollout_rs="seq_mean_k1", rollout_rs_threshold=rs_threshold, bypass_mode=True,
+                   loss_type="reinforce")
+
+    @classmethod
+    def bypass_pg_geo_rs_seq_tis(cls, is_threshold: float = 2.0,
+                                 rs_threshold: str | float = "0.999_1.001") -> RolloutCorrectionConfig:
+        """Bypass mode, REINFORCE with geometric-mean rejection and sequence IS weights."""
+        return cls(rollout_is="sequence", rollout_is_threshold=is_threshold, rollout_rs="seq_mean_k1",
+                   rollout_rs_threshold=rs_threshold, bypass_mode=True, loss_type="reinforce")
+
+    @classmethod
+    def bypass_pg_geo_rs_token_tis(cls, is_threshold: float = 2.0,
+                                   rs_threshold: str | float = "0.999_1.001") -> RolloutCorrectionConfig:
+        """Bypass mode, REINFORCE with geometric-mean rejection and token IS weights."""
+        return cls(rollout_is="token", rollout_is_threshold=is_threshold, rollout_rs="seq_mean_k1",
+                   rollout_rs_threshold=rs_threshold, bypass_mode=True, loss_type="reinforce")
+
+    @classmethod
+    def disabled(cls) -> RolloutCorrectionConfig:
+        """No correction (the rollout-vs-trainer metrics still come with the old log-prob pass)."""
+        return cls()
+
 
 def _as_config_error(parse: Any, key: str, *args: Any) -> None:
     """Run a threshold parser; its ValueError becomes a ConfigError that names the key."""

@@ -199,3 +199,29 @@ def run_ppo_local(data, model, tmp_path, extra):
     from hybridrl.trainer.main_ppo import run_ppo
 
     return run_ppo(ppo_config(*tiny_run_overrides(data, model, tmp_path / "run"), *LOCAL, *extra))
+
+
+PRESETS = ["decoupled_token_icepop", "decoupled_geo_rs_seq_tis", "bypass_ppo_clip", "decoupled_token_is",
+           "decoupled_seq_is", "decoupled_seq_is_rs", "decoupled_geo_rs", "decoupled_geo_rs_token_tis",
+           "decoupled_k3_rs", "decoupled_k3_rs_seq_tis", "decoupled_k3_rs_token_tis", "bypass_ppo_clip_geo_rs",
+           "bypass_ppo_clip_k3_rs", "bypass_pg_is", "bypass_pg_geo_rs", "bypass_pg_geo_rs_seq_tis",
+           "bypass_pg_geo_rs_token_tis", "disabled"]
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_verls_presets_are_valid_and_run_where_they_say(preset):
+    from hybridrl.algos.bypass_loss import compute_policy_loss_bypass_mode
+
+    config = getattr(RolloutCorrectionConfig, preset)()  # __post_init__ checks the combination
+    assert config.bypass_mode == preset.startswith("bypass")
+    assert (config.loss_type == "reinforce") == preset.startswith("bypass_pg")
+    batch = hand_batch()
+    if config.bypass_mode:
+        rollout, mask = batch.batch["rollout_log_probs"], batch.batch["response_mask"]
+        log_prob = (rollout + 0.01).requires_grad_(True)
+        loss, metrics = compute_policy_loss_bypass_mode(rollout, log_prob, torch.ones_like(rollout), mask,
+                                                        **config.bypass_loss_settings())
+        assert torch.isfinite(loss) and "rollout_corr/kl" in metrics
+    elif config.enabled:
+        trainer_with(config)._correct_rollout(batch, {})
+        assert ("rollout_is_weights" in batch.batch) == (config.rollout_is is not None)
