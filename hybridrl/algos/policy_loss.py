@@ -42,6 +42,16 @@ POLICY_LOSS_REGISTRY: Registry[PolicyLossFn] = Registry("policy loss")
 _OWN_AGGREGATION: dict[str, str] = {}
 
 
+class LossMetrics(dict):
+    """A policy loss's metrics by name (`pg_clipfrac`, `ppo_kl`, ...; the actor logs them under `actor/`).
+    verl's losses key the same values `actor/<name>`; looking one up that way finds it here too."""
+
+    def __missing__(self, key: object) -> torch.Tensor:
+        if isinstance(key, str) and key.startswith("actor/") and key.removeprefix("actor/") in self:
+            return self[key.removeprefix("actor/")]
+        raise KeyError(key)
+
+
 def register_policy_loss(name: str, *, override: bool = False,
                          own_aggregation: str | None = None) -> Callable[[PolicyLossFn], PolicyLossFn]:
     """Decorator registering a policy loss under `name` (verl's `register_policy_loss`).
@@ -91,7 +101,8 @@ def _uniform_call(name: str, fn: PolicyLossFn) -> PolicyLossFn:
             settings["rollout_is_weights"] = rollout_is_weights
         if not takes_any:
             settings = {key: value for key, value in settings.items() if key in declared}
-        return fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, **settings)
+        loss, metrics = fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, **settings)
+        return loss, LossMetrics(metrics)
 
     return call
 

@@ -25,6 +25,8 @@ EVERYTHING = {
     "gamma": 1.0,
     "lam": 0.95,
     "norm_adv_by_std_in_grpo": True,
+    "old_log_probs": torch.tensor([[-0.5, -1.0, 0.0], [-0.2, -2.0, -0.7], [-1.5, 0.0, 0.0], [-0.1, -0.9, 0.0]]),
+    "sum_pi_squared": torch.tensor([[0.4, 0.3, 0.0], [0.6, 0.2, 0.5], [0.3, 0.0, 0.0], [0.8, 0.4, 0.0]]),
 }
 
 

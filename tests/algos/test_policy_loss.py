@@ -311,3 +311,11 @@ def test_verls_deprecated_compute_policy_loss_is_vanilla_with_four_returns():
                                                   metrics["pg_clipfrac_lower"])
     with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="needs cliprange"):
         compute_policy_loss(old, new, adv, mask)
+
+
+def test_metrics_answer_to_verls_actor_prefixed_names_too():
+    _, metrics = compute_policy_loss_vanilla(*one_token(0.3, 1.0), clip_ratio=0.2)
+    assert metrics["actor/pg_clipfrac"] is metrics["pg_clipfrac"]
+    assert set(metrics) == {"pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"}  # what the actor iterates and logs
+    with pytest.raises(KeyError):
+        metrics["actor/no_such_metric"]
