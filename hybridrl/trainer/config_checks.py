@@ -15,6 +15,7 @@ import math
 import torch
 
 from hybridrl.algos import get_adv_estimator_spec, get_kl_controller, get_policy_loss_fn, kl_penalty
+from hybridrl.algos.adv_registry import AdvEstimatorSpec
 from hybridrl.algos.policy_loss import applies_rollout_is_weights, own_aggregation
 from hybridrl.models.loading import DTYPES, resolve_dtype
 from hybridrl.rewards.managers import REWARD_MANAGERS
@@ -107,7 +108,32 @@ def _check_dtype(key: str, value: str | None, compute_device: str | None = None)
 def _check_names(config: PPOTrainerConfig) -> None:
     """Names looked up in registries: an unknown one raises listing the registered names."""
     algo, arr = config.algorithm, config.actor_rollout_ref
-    spec = get_adv_estimator_spec(algo.adv_estimator)
+    _check_estimator_settings(config, get_adv_estimator_spec(algo.adv_estimator))
+    loss = get_policy_loss_fn(arr.actor.policy_loss.loss_mode)
+    fixed = own_aggregation(arr.actor.policy_loss.loss_mode)
+    if fixed is not None and fixed != arr.actor.loss_agg_mode:
+        logger.warning("actor_rollout_ref.actor.loss_agg_mode=%s does not apply to policy_loss.loss_mode=%s, which "
+                       "aggregates its tokens as %s (its paper's objective, as in verl); the entropy and KL loss "
+                       "terms still use loss_agg_mode", arr.actor.loss_agg_mode, arr.actor.policy_loss.loss_mode,
+                       fixed)
+    # bypass mode applies its weights in its own REINFORCE loss, not the actor's
+    _require(algo.rollout_correction.rollout_is is None or algo.rollout_correction.bypass_mode
+             or applies_rollout_is_weights(loss),
+             f"algorithm.rollout_correction.rollout_is={algo.rollout_correction.rollout_is} needs a policy loss "
+             f"that applies rollout_is_weights; actor_rollout_ref.actor.policy_loss.loss_mode="
+             f"{arr.actor.policy_loss.loss_mode} does not")
+    get_kl_controller(**vars(algo.kl_ctrl))
+    probe = torch.zeros(1, 1)
+    kl_penalty(probe, probe, algo.kl_penalty)
+    kl_penalty(probe, probe, arr.actor.kl_loss_type)
+    ROLLOUT_ENGINES.get(arr.rollout.name)
+    REWARD_MANAGERS.get(config.reward_model.reward_manager)
+
+
+def _check_estimator_settings(config: PPOTrainerConfig, spec: AdvEstimatorSpec) -> None:
+    """Keys that only some estimators read (gdpo's reward keys, PF-PPO, sum_pi_squared) against the one
+    chosen: set for an estimator that ignores them, or missing where it needs them, they raise."""
+    algo, arr = config.algorithm, config.actor_rollout_ref
     reads_gdpo_keys = spec.accepts_any_input or {"config", "gdpo_reward_keys"} & set(spec.parameters)
     for key in ("gdpo_reward_keys", "gdpo_reward_weights"):
         _require(getattr(algo, key) is None or bool(reads_gdpo_keys),
@@ -130,25 +156,6 @@ def _check_names(config: PPOTrainerConfig) -> None:
     _require(not (arr.actor.calculate_sum_pi_squared and algo.rollout_correction.bypass_mode),
              f"{sum_pi_key}=true needs the old log-prob pass, which algorithm.rollout_correction.bypass_mode=true "
              f"skips")
-    loss = get_policy_loss_fn(arr.actor.policy_loss.loss_mode)
-    fixed = own_aggregation(arr.actor.policy_loss.loss_mode)
-    if fixed is not None and fixed != arr.actor.loss_agg_mode:
-        logger.warning("actor_rollout_ref.actor.loss_agg_mode=%s does not apply to policy_loss.loss_mode=%s, which "
-                       "aggregates its tokens as %s (its paper's objective, as in verl); the entropy and KL loss "
-                       "terms still use loss_agg_mode", arr.actor.loss_agg_mode, arr.actor.policy_loss.loss_mode,
-                       fixed)
-    # bypass mode applies its weights in its own REINFORCE loss, not the actor's
-    _require(algo.rollout_correction.rollout_is is None or algo.rollout_correction.bypass_mode
-             or applies_rollout_is_weights(loss),
-             f"algorithm.rollout_correction.rollout_is={algo.rollout_correction.rollout_is} needs a policy loss "
-             f"that applies rollout_is_weights; actor_rollout_ref.actor.policy_loss.loss_mode="
-             f"{arr.actor.policy_loss.loss_mode} does not")
-    get_kl_controller(**vars(algo.kl_ctrl))
-    probe = torch.zeros(1, 1)
-    kl_penalty(probe, probe, algo.kl_penalty)
-    kl_penalty(probe, probe, arr.actor.kl_loss_type)
-    ROLLOUT_ENGINES.get(arr.rollout.name)
-    REWARD_MANAGERS.get(config.reward_model.reward_manager)
 
 
 def _check_batches(config: PPOTrainerConfig) -> None:

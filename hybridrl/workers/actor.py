@@ -51,7 +51,8 @@ class PPOActor:
     def share_prompts(self) -> bool:
         return self.prompt_sharing.enabled
 
-    def _log_probs(self, micro: DataProto, temperature: float, with_entropy: bool, with_sum_pi_squared: bool = False):
+    def _log_probs(self, micro: DataProto, temperature: float, with_entropy: bool,
+                   with_sum_pi_squared: bool = False):
         """Per-token log-probs, entropies (or None) and sum_v pi_v^2 (or None) of the responses, zero-padded
         to response_length."""
         response_length = micro.batch["responses"].shape[-1]
