@@ -27,7 +27,7 @@ import functools
 import inspect
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -150,6 +150,28 @@ def _clip_bounds(
     return low, high
 
 
+class DualClipped(NamedTuple):
+    """PPO's per-token loss with the dual clip (`per_token`), and the terms its metrics compare."""
+
+    per_token: torch.Tensor
+    unclipped: torch.Tensor  # -A rho
+    clipped: torch.Tensor  # -A clip(rho, 1 - eps_low, 1 + eps_high)
+    ppo: torch.Tensor  # max of the two
+    dual: torch.Tensor  # -A c, the dual clip's bound for A < 0
+
+
+def _dual_clipped(advantages: torch.Tensor, ratio: torch.Tensor, low: float, high: float,
+                  clip_ratio_c: float) -> DualClipped:
+    """max(-A rho, -A clip(rho, 1 - low, 1 + high)), and for A < 0 at most -A c (Ye et al. 2020)."""
+    if clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c (dual-clip bound) must be > 1.0, got {clip_ratio_c}")
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1 - low, 1 + high)
+    ppo = torch.maximum(unclipped, clipped)
+    dual = -advantages * clip_ratio_c
+    return DualClipped(torch.where(advantages < 0, torch.minimum(ppo, dual), ppo), unclipped, clipped, ppo, dual)
+
+
 def _zero(like: torch.Tensor) -> torch.Tensor:
     return torch.zeros((), dtype=like.dtype, device=like.device)
 
@@ -179,21 +201,14 @@ def compute_policy_loss_vanilla(
     (share where the dual clip is active), ppo_kl = mean(old_logp - logp).
     """
     low, high = _clip_bounds(clip_ratio, clip_ratio_low, clip_ratio_high)
-    if clip_ratio_c <= 1.0:
-        raise ValueError(f"clip_ratio_c (dual-clip bound) must be > 1.0, got {clip_ratio_c}")
     log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)  # exp() stays finite
-    ratio = torch.exp(log_ratio)  # (batch, response_len)
-    unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1 - low, 1 + high)
-    ppo_loss = torch.maximum(unclipped, clipped)
-    dual = -advantages * clip_ratio_c
-    pg_losses = torch.where(advantages < 0, torch.minimum(ppo_loss, dual), ppo_loss)
-    pg_losses = _apply_is_weights(pg_losses, rollout_is_weights)
+    terms = _dual_clipped(advantages, torch.exp(log_ratio), low, high, clip_ratio_c)  # (batch, response_len)
+    pg_losses = _apply_is_weights(terms.per_token, rollout_is_weights)
     loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **(global_batch_info or {}))
     with torch.no_grad():
         metrics = {
-            "pg_clipfrac": masked_mean((clipped > unclipped).float(), response_mask),
-            "pg_clipfrac_lower": masked_mean(((ppo_loss > dual) & (advantages < 0)).float(), response_mask),
+            "pg_clipfrac": masked_mean((terms.clipped > terms.unclipped).float(), response_mask),
+            "pg_clipfrac_lower": masked_mean(((terms.ppo > terms.dual) & (advantages < 0)).float(), response_mask),
             "ppo_kl": masked_mean(-log_ratio, response_mask),
         }
     return loss, metrics

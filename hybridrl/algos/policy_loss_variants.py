@@ -28,7 +28,13 @@ from typing import Any
 import torch
 
 from hybridrl.algos.aggregate import agg_loss
-from hybridrl.algos.policy_loss import _apply_is_weights, _clip_bounds, _zero, register_policy_loss
+from hybridrl.algos.policy_loss import (
+    _apply_is_weights,
+    _clip_bounds,
+    _dual_clipped,
+    _zero,
+    register_policy_loss,
+)
 from hybridrl.utils.torch_functional import masked_mean
 
 Metrics = dict[str, torch.Tensor]
@@ -102,23 +108,17 @@ def compute_policy_loss_up(
     pg_clipfrac: share of the A <= 0 tokens where the clip is active.
     """
     low, high = _clip_bounds(clip_ratio, clip_ratio_low, clip_ratio_high)
-    if clip_ratio_c <= 1.0:
-        raise ValueError(f"clip_ratio_c (dual-clip bound) must be > 1.0, got {clip_ratio_c}")
     log_ratio = _log_ratio(log_prob, old_log_prob)
-    ratio = torch.exp(log_ratio)
-    unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1 - low, 1 + high)
-    ppo_loss = torch.maximum(unclipped, clipped)
-    dual = -advantages * clip_ratio_c
-    negative_branch = torch.where(advantages < 0, torch.minimum(ppo_loss, dual), ppo_loss)
+    terms = _dual_clipped(advantages, torch.exp(log_ratio), low, high, clip_ratio_c)  # vanilla's, for A <= 0
     positive_branch = -advantages * torch.exp(log_prob - log_prob.detach())
-    pg_losses = torch.where(advantages > 0, positive_branch, negative_branch)
+    pg_losses = torch.where(advantages > 0, positive_branch, terms.per_token)
     pg_losses = _apply_is_weights(pg_losses, rollout_is_weights)
     loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **(global_batch_info or {}))
     with torch.no_grad():
         non_positive = response_mask * (advantages <= 0)
-        metrics = {"pg_clipfrac": masked_mean((clipped > unclipped).float(), non_positive),
-                   "pg_clipfrac_lower": masked_mean(((ppo_loss > dual) & (advantages < 0)).float(), response_mask),
+        metrics = {"pg_clipfrac": masked_mean((terms.clipped > terms.unclipped).float(), non_positive),
+                   "pg_clipfrac_lower": masked_mean(((terms.ppo > terms.dual) & (advantages < 0)).float(),
+                                                    response_mask),
                    "ppo_kl": masked_mean(-log_ratio, response_mask)}
     return loss, metrics
 
