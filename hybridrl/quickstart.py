@@ -31,9 +31,9 @@ from hydra import compose, initialize_config_dir
 CONFIG_DIR = str(Path(__file__).parent / "trainer" / "config")
 ACCURACY_KEY = "val-core/arithmetic/reward/mean@1"
 # GRPO computes in bf16 where the CPU multiplies it natively (AMX, AVX512_BF16), fp32 elsewhere; master
-# weights and optimizer state stay fp32. Measured on a 2-core AMD EPYC (AVX512_BF16), 2026-11-25: 1.02-1.07 s
-# per GRPO step against 1.31 in fp32, and every run of seeds 0-3 x 1,2 threads gained +0.144 to +0.254
-# (fp32: +0.136 to +0.258; benchmarks/results/learning_bf16.md). Overrides on the command line win.
+# weights and optimizer state stay fp32. bf16 steps are faster and every seed and thread count still
+# learns (measured: benchmarks/results/grpo_vs_trl.md, benchmarks/results/learning_bf16.md). Overrides on
+# the command line win.
 PRECISION = ["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=auto",
              "actor_rollout_ref.rollout.dtype=auto"]
 
@@ -52,7 +52,7 @@ TASK_ARGS = ["--ops", "+,-", "--teacher-sign-error", "0.7"]
 MODEL_SIZE = "1m"
 # SFT must finish learning the column procedure on every machine: at 600 steps the loss was still
 # falling and whether the model had learned addition by then depended on the order of floating-point
-# sums (41% on one CPU, 97% on another). 1200 steps converge with room to spare on every seed and thread
+# sums, so it differed between CPUs. 1200 steps converge with room to spare on every seed and thread
 # count measured (benchmarks/results/learning.md).
 SFT_OVERRIDES = ["trainer.total_training_steps=1200"]
 

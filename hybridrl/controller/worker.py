@@ -110,9 +110,8 @@ class Worker:
 
         A collective: every rank calls it. On CPU the ranks of a node take turns, because they share its
         cores: a rank probing while its neighbours probe too measures a share of the machine, not its own
-        peak (two concurrent 1-thread probes on a busy 2-core machine gave 107 GFLOP/s together, against
-        91 each alone). One at a time gives each rank's own figure, as a datasheet gives each GPU's, and
-        as benchmarks/step_breakdown.py measures it.
+        peak (concurrent probes measured barely more together than each alone). One at a time gives each
+        rank's own figure, as a datasheet gives each GPU's, and as benchmarks/step_breakdown.py measures it.
         """
         dtypes = list(dtypes)
         turns = 1

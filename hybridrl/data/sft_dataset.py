@@ -140,10 +140,9 @@ def encode_chat(
 
 
 # Encoded rows kept for the next epoch, up to this many tokens in all (ids int32 + mask uint8: ~320 MB at
-# most). Encoding renders the chat template 1 + 2 x (assistant turns) times and tokenises, ~0.2 ms a row
-# on the 2-core AMD EPYC: 400 steps of the quickstart's SFT (32 rows a step over 5000 chats) took 52.7 /
-# 52.9 s with the rows kept against 53.6 / 55.5 s without, alternating, and saved the same model bytes
-# (2026-11-27); its 1200 steps read each row ~8 times.
+# most). Encoding renders the chat template 1 + 2 x (assistant turns) times and tokenises, and a multi-epoch
+# SFT (the quickstart's reads each row several times) would repeat that at every read; keeping the rows
+# changes no saved model byte.
 ENCODED_CACHE_TOKENS = 64 * 2**20
 
 

@@ -2,10 +2,9 @@
 and `"grouped_sdpa"` for decoding.
 
 transformers' eager attention copies every key and value head `heads / kv_heads` times (`repeat_kv`)
-before its two matmuls. While decoding, that copies the whole KV cache of every layer at every step:
-22% of a 10M Qwen2's bf16 decoding time on a CPU (8 query heads over 4 KV heads, 128 rows x 64
-tokens, 1 thread). Here the query heads that share a key/value head are stacked along the query
-axis instead, so each matmul reads the cache as it is:
+before its two matmuls. While decoding, that copies the whole KV cache of every layer at every step, a
+large share of a small model's decoding time on a CPU. Here the query heads that share a key/value head
+are stacked along the query axis instead, so each matmul reads the cache as it is:
 
     scores[b, g, r*Q + q, k] = <query[b, g*R + r, q], key[b, g, k]> * scaling     (R = heads / kv_heads)
 
@@ -96,11 +95,10 @@ def default_attention(compute_dtype: torch.dtype, device_type: str) -> str:
     """The attention implementation a model computing in `compute_dtype` on `device_type` runs best with.
 
     sdpa, except on a CPU in half precision: there torch's fused CPU attention kernels are slower than
-    plain matmul + softmax, which `grouped_eager_attention` runs without copying the
-    key/value heads. 10M Qwen2, bf16 update of 128 rows of 104 tokens, 1 thread, idle AMD EPYC with
-    AVX512_BF16: sdpa 7.0 s, eager 4.9 s, grouped_eager 4.9 s (fp32: sdpa 9.7 s, eager 10.3 s); decoding
-    in hybridrl/workers/rollout/hf.py, `attention_for_decoding`. `model.override_config.attn_implementation`
-    overrides this choice.
+    plain matmul + softmax, which `grouped_eager_attention` runs without copying the key/value heads
+    (measured in bf16: benchmarks/README.md, "GRPO side by side with TRL (`grpo_vs_trl.py`)"); in fp32
+    sdpa is no slower than eager. Decoding: hybridrl/workers/rollout/hf.py, `attention_for_decoding`.
+    `model.override_config.attn_implementation` overrides this choice.
     """
     half = compute_dtype in (torch.bfloat16, torch.float16)
     return GROUPED_EAGER if device_type == "cpu" and half else "sdpa"

@@ -1,16 +1,15 @@
 """fp32 linear layers that multiply through oneDNN on an x86 CPU, in training passes and passes without
 gradients alike.
 
-torch hands an fp32 `F.linear` on a CPU to MKL's sgemm, which on the AMD EPYC this project is measured on
-runs at less than half of what oneDNN reaches on the same matrices (oneDNN is what bf16 calls already
-take). `OneDNNLinear` is an `nn.Linear` whose forward computes `x @ W.T + b` with oneDNN's
+torch hands an fp32 `F.linear` on a CPU to MKL's sgemm, which on the AMD CPUs this project is measured on
+runs well below what oneDNN reaches on the same matrices (oneDNN is what bf16 calls already take).
+`OneDNNLinear` is an `nn.Linear` whose forward computes `x @ W.T + b` with oneDNN's
 `torch.ops.mkldnn._linear_pointwise` (the plain weight, no pack: the weight changes every optimizer step),
 and whose backward takes the input gradient `g @ W` through oneDNN too (on a transposed copy of W, a
 weight-sized copy against a matrix product over every row) and the weight gradient `g.T @ x` through
 torch's own path (oneDNN would need both operands transposed first, which measured no faster).
-Linear calls at the quickstart SFT's shapes, fp32, 2 threads, 2-core AMD EPYC (GFLOP/s, MKL -> oneDNN):
-forward 195-212 -> 432-472, input gradient 208-213 -> 418-444, weight gradient 188-203 (unchanged).
-200 steps of the quickstart's SFT (1m model, fp32): 28.2-28.4 s -> 23.6-23.9 s, alternated.
+The forward and the input gradient, two of a training linear's three products, then run at oneDNN's
+rate, which makes whole fp32 training steps faster (measured: benchmarks/results/grpo_vs_trl_fp32_onednn.md).
 
 The sums are fp32 sums in oneDNN's order instead of MKL's: outputs and gradients agree with `F.linear`'s
 to fp32 rounding, not bit for bit (tests/models/test_onednn_linear.py). Every other call (another

@@ -5,30 +5,17 @@ row-major matrix, in fp32 to MKL's sgemm. oneDNN's own blocked layout for the we
 (`torch.ops.mkldnn._reorder_linear_weight`, the op inductor's freezing pass packs weights with) can be
 made once and then fed to `torch.ops.mkldnn._linear_pointwise`, the linear inductor calls on it.
 In bf16 the arithmetic is the same: the outputs are equal bit for bit (tests/models/test_packed_linear.py),
-and a decoding step's few rows go through faster (the plain call's speed at 2 threads also varied between
-runs on this machine; the packed one's did not). In fp32 oneDNN replaces MKL, which on this AMD EPYC
-runs at less than half the rate oneDNN reaches; the outputs are fp32 sums in another order (within 3e-4
-of an fp64 product where MKL's are within 8e-5, 2048 x 2048 x 2048, entries of size ~45).
+and a decoding step's few rows go through faster and at a steadier speed than the plain call's. In fp32
+oneDNN replaces MKL, which on the AMD CPUs this project is measured on runs well below oneDNN's rate; the
+outputs are fp32 sums in another order (within 3e-4 of an fp64 product where MKL's are within 8e-5,
+2048 x 2048 x 2048, entries of size ~45). Packing costs one reorder per weight and generation, which the
+many decoding steps that reuse it repay; whole generations sample the same tokens, with the same log-probs
+in bf16 and log-probs within fp32 rounding in fp32 (measured: benchmarks/results/packed_linear.md).
 
-Measured with benchmarks/packed_linear.py (benchmarks/results/packed_linear.md: a 2-core AMD EPYC with
-AVX512_BF16, torch 2.13.0+cpu, 2026-11-26), median of 100 calls, microseconds, plain -> packed (the pack
-itself: 95-1,150 us, once per generation):
-
-    rows x in x out       bf16, 1 thread   bf16, 2 threads   fp32, 1 thread   fp32, 2 threads
-    128 x 256 x 1024      153 -> 143       83 -> 75          622 -> 280       491 -> 149
-    64 x 512 x 2048       313 -> 275       164 -> 146        1296 -> 540      991 -> 281
-    64 x 2048 x 512       312 -> 272       209 -> 149        1309 -> 543      763 -> 279
-
-Whole generations of the HF engine (16 prompts at 10m, 8 at 50m, x 8 samples x 64 tokens, alternating, the
-same tokens; bf16 the same log-probs, fp32 log-probs within 2.4e-6), packed over plain:
-
-    size   bf16 1 thread   bf16 2 threads   fp32 1 thread   fp32 2 threads
-    10m    1.01x           1.04x            1.59x           1.41x
-    50m    1.09x           1.20x            1.86x           2.01x
-
-The same packing inside a bf16 training step (forward packed per call, backward as torch's) gained
-nothing (50m, 32 x 104 tokens: 1.01x), so training and log-prob passes keep `F.linear`. Only on x86-64,
-the only CPUs it was measured on; not measured on an Intel CPU, where MKL is at home.
+The same packing inside a training step (forward packed per call, backward as torch's) gained nothing
+measurable, so training and log-prob passes keep `F.linear`
+(measured: benchmarks/README.md, "Packed oneDNN linears (`packed_linear.py`)"). Only on x86-64, the only
+CPUs it was measured on; not measured on an Intel CPU, where MKL is at home.
 
 Only for weights that stay fixed while the block runs: a generation's, after the engine has gathered
 and cast them. A call that needs gradients, or whose weight is no longer the one packed (replaced or

@@ -12,9 +12,10 @@ through the model once and every response attends to its prompt's keys and value
 Token-wise work (projections, MLP, norms, rotary with each token's own position id) runs on U x P + B x R
 tokens instead of B x (P + R). The arithmetic of every kept position is the padded pass's, in another
 order of sums, and gradients reach the shared prompt through the gather (its backward sums the n
-responses' contributions, as the n copies' gradients would have summed). With 8 responses of 64 tokens
-to a ~35-token prompt that is 30% fewer tokens; a 10M Qwen2's bf16 GRPO step on 2 CPU cores went from
-3.38 to 2.48 s (benchmarks/grpo_vs_trl.py, runner hybridrl-local-padded against hybridrl-local).
+responses' contributions, as the n copies' gradients would have summed). The saving grows with the
+prompt's share of each row and with n, and shows in whole steps (measured for the critic's passes:
+benchmarks/results/critic_passes.md; the actor's with benchmarks/grpo_vs_trl.py, runner
+hybridrl-local-padded against hybridrl-local).
 
 It runs through transformers' attention interface: the model's `_attn_implementation` is switched to
 `SHARED_PROMPT` for the call, the layout rides along in the forward's keyword arguments to every

@@ -4,11 +4,9 @@
 most 64) runs every call in a persistent worker process with the per-call timeout, so a hung or crashing
 function costs one row, not the run. 0 runs the calls in the driver, one after another: nothing to
 start and no pickling (a breakpoint in the function works), but no timeout and no protection from
-`os._exit` or a segfault. Measured on 128 rows of the arithmetic task's default reward on the project's
-2-core machine (other jobs running): 0.4 ms in the driver, 10-15 ms in a pool of 1, 2 or 4 workers (a
-socket round trip per row, ~0.1 ms), against a 1.5-2 s quickstart GRPO step: under 1%, so the pool is
-every manager's default. A worker takes ~60-130 ms to start, once per run and again after each
-timeout or crash.
+`os._exit` or a segfault. The pool costs a socket round trip per row, which for the arithmetic task's
+reward measured negligible against a quickstart GRPO step, so it is every manager's default. A worker starts
+once per run and again after each timeout or crash.
 """
 
 from __future__ import annotations

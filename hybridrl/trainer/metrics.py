@@ -246,8 +246,8 @@ def compute_rollout_agreement_metrics(batch: DataProto) -> dict[str, float]:
     if batch.batch is None or not {"rollout_log_probs", "old_log_probs"} <= set(batch.batch.keys()):
         return {}
     _require(batch, ("response_mask",), "compute_rollout_agreement_metrics")
-    # imported here: the rollout package pulls in the generation engines (~3 s), which a process that
-    # only summarises metrics (tests, offline analysis) should not pay for
+    # imported here: the rollout package pulls in the generation engines, slow to import, which a process
+    # that only summarises metrics (tests, offline analysis) should not pay for
     from hybridrl.workers.rollout.metrics import rollout_logprob_diff_metrics
 
     return rollout_logprob_diff_metrics(

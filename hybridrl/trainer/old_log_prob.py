@@ -4,7 +4,7 @@ PPO's ratio pi_theta / pi_old needs the log-probs of the sampled tokens under th
 current when the step began. verl always computes them in a no-grad pass before the update. When the
 step is fully on-policy, one epoch over one mini-batch, no optimizer step happens before any row's
 forward pass in the update, so that pass already computes exactly those log-probs: the separate pass
-can be skipped (16% of a 10M-parameter GRPO step on CPU, benchmarks/results/step_breakdown.md).
+can be skipped, saving a whole forward pass over the batch.
 
 The separate pass stays wherever something reads the old log-probs before the update, or where the
 update moves the weights before the last row's forward pass. `old_log_prob_blockers` names each reason,

@@ -33,14 +33,14 @@ FORWARD_FLOPS_PER_PARAM = 2
 TRAIN_FLOPS_PER_PARAM = 6
 
 # Dense (no sparsity) tensor-core peaks from NVIDIA's datasheets, FLOP/s, keyed by a substring of
-# torch.cuda.get_device_name(). fp32 is the plain (non-TF32) figure: torch does not use TF32 for
-# matmuls unless torch.backends.cuda.matmul.allow_tf32 is set. First match wins, so the more specific
-# names come first.
+# torch.cuda.get_device_name() in lower case (the lookup lower-cases the name). fp32 is the plain
+# (non-TF32) figure: torch does not use TF32 for matmuls unless torch.backends.cuda.matmul.allow_tf32 is
+# set. First match wins, so the more specific names come first.
 _GPU_PEAKS: tuple[tuple[str, dict[torch.dtype, float]], ...] = (
-    ("H100 PCIe", {torch.bfloat16: 756e12, torch.float16: 756e12, torch.float32: 51e12}),
-    ("H100", {torch.bfloat16: 989e12, torch.float16: 989e12, torch.float32: 67e12}),  # SXM
-    ("H200", {torch.bfloat16: 989e12, torch.float16: 989e12, torch.float32: 67e12}),
-    ("A100", {torch.bfloat16: 312e12, torch.float16: 312e12, torch.float32: 19.5e12}),
+    ("h100 pcie", {torch.bfloat16: 756e12, torch.float16: 756e12, torch.float32: 51e12}),
+    ("h100", {torch.bfloat16: 989e12, torch.float16: 989e12, torch.float32: 67e12}),  # SXM
+    ("h200", {torch.bfloat16: 989e12, torch.float16: 989e12, torch.float32: 67e12}),
+    ("a100", {torch.bfloat16: 312e12, torch.float16: 312e12, torch.float32: 19.5e12}),
 )
 
 
@@ -106,7 +106,8 @@ def matmul_peak_flops(dtype: torch.dtype = torch.float32, device: str = "cpu", s
 
 
 def datasheet_peak_flops(device_name: str, dtype: torch.dtype) -> float | None:
-    """The datasheet's dense peak of a known GPU in `dtype`, or None."""
+    """The datasheet's dense peak of a known GPU in `dtype`, or None (names match case-insensitively)."""
+    device_name = device_name.lower()
     for name, peaks in _GPU_PEAKS:
         if name in device_name:
             return peaks.get(dtype)

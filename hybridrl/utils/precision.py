@@ -4,16 +4,15 @@
 bf16 on a GPU that supports it, as verl's defaults compute there, and fp32 on a CPU, where the
 defaults stay what every recipe and test was measured with (the quickstart opts in with `auto`).
 
-Both CPU kinds this project runs on multiply bf16 about 4x faster than fp32 (2048^3 matmul, 2 threads:
-AMD EPYC with AVX512_BF16 429 vs 111 GFLOP/s, Intel Xeon with AMX 491 vs 122); a CPU without those
+A CPU with AVX512_BF16 or AMX multiplies bf16 several times faster than fp32, which makes whole steps
+faster (measured: benchmarks/results/grpo_vs_trl.md, its fp32 and bf16 rows); a CPU without those
 instructions emulates bf16 and is slower in it than in fp32. A GPU qualifies when torch reports bf16
 support (Ampere and later). Master weights, optimizer state, gradient reduction and log-softmax stay
 fp32 whatever the compute dtype (FSDP2's MixedPrecisionPolicy keeps the sharded parameters in their
 loaded dtype; `logprobs_from_logits` upcasts).
 
-A third CPU kind runs this project too: AMD EPYCs with AVX2 and no AVX-512 (`torch.backends.cpu.
-get_cpu_capability()` says AVX2). There torch emulates bf16, and it is far slower than fp32 (2 threads,
-2026-11-27: a 2048^3 matmul 0.28 vs 67 GFLOP/s, a decoding step's 128 x 256 x 768 linear 7 vs 51), so
+CPUs with AVX2 and no AVX-512 (`torch.backends.cpu.get_cpu_capability()` says AVX2) run this project
+too. There torch emulates bf16, in matmuls and decoding-sized linears alike far slower than fp32, so
 `auto` picks fp32 there and a dtype key that names bf16 outright gets `emulated_bf16_warning`'s warning.
 """
 

@@ -130,8 +130,8 @@ def _dcp_without_collectives_on_one_rank() -> Iterator[dict[str, bool]]:
     parallel region there: the thread keeps an OpenMP team of its own for as long as the group lives,
     and with more OpenMP threads than cores libgomp stops spinning between parallel regions. Every later
     multi-threaded op of the process then waits on a sleeping worker: after one checkpoint saved by a
-    local-backend run (2 cores, 2 torch threads), a 1M-parameter training loop in the same process ran
-    3x slower (0.19 s -> 0.57 s per 200 steps), for the rest of the run and after it.
+    local-backend run with as many torch threads as cores, a training loop in the same process ran
+    several times slower, for the rest of the run and after it.
     """
     if _world_size() > 1:
         yield {}

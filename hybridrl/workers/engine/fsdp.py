@@ -59,12 +59,11 @@ def shard_model(model: nn.Module, mesh: DeviceMesh, config: FSDPConfig) -> nn.Mo
 
     Per-layer units let a rank gather one layer at a time while it holds 1/N of the others. One rank
     shards nothing, yet each unit's hooks (gather, cast, gradient accumulation) run in every forward and
-    backward, per layer: host work, which is what a GPU update of small micro-batches waits on. A 28-layer
-    model with 64-wide layers (compute negligible, so the time is host work), 8 micro-batches of 4 rows,
-    bf16, one CPU thread: 0.30-0.33 s per update at the root only against 0.37-0.38 s per layer; the real
-    10m update on 2 cores is unchanged (1.92-1.95 s against 1.93-2.15 s, alternated; 2026-11-26). What it
-    costs: a pass without gradients (reference log-probs) holds the whole model in the compute dtype at
-    once rather than a layer at a time (an update on one rank holds it anyway: `gradient_sync`).
+    backward, per layer: host work, which is what a GPU update of small micro-batches waits on. Wrapping
+    the root only measured faster where the time is host work (a deep model with narrow layers) and no
+    slower for a real 10m update on a CPU. What it costs: a pass without gradients (reference log-probs)
+    holds the whole model in the compute dtype at once rather than a layer at a time (an update on one
+    rank holds it anyway: `gradient_sync`).
     """
     mp = MixedPrecisionPolicy(
         param_dtype=resolve_dtype(config.mixed_precision.param_dtype),
@@ -95,11 +94,9 @@ def build_optimizer(model: nn.Module, config: OptimConfig) -> tuple[torch.optim.
     """AdamW over the (sharded) parameters, and the learning-rate schedule.
 
     On a CPU AdamW runs its fused kernel (one pass over each parameter, state and gradient): torch's
-    default there steps each parameter with a chain of separate ops. 47.5M-parameter Qwen2 on one rank
-    (FSDP2 DTensor parameters), 2 threads on the 2-core AMD EPYC, median of 7 steps, two runs each:
-    default 86 / 118 ms, fused 23 / 24 ms per step (2026-11-26; the optimizer step was ~2.7% of that
-    model's GRPO step on the CPU). On a GPU torch's default (its multi-tensor path) stays: the fused
-    kernel there has not been measured against it.
+    default there steps each parameter with a chain of separate ops, several times slower on FSDP2's
+    DTensor parameters. On a GPU torch's default (its multi-tensor path) stays: the fused kernel there has
+    not been measured against it.
     """
     params = list(model.parameters())
     fused = bool(params) and all(p.device.type == "cpu" and p.is_floating_point() for p in params)
@@ -171,10 +168,9 @@ class FSDPEngine:
         On a single rank the parameters also stay gathered (cast to the compute dtype) from the first
         micro-batch's forward to the last one's backward, instead of being gathered again for every forward
         and every backward: one rank has no communication to save by resharding, and FSDP holds the gathered
-        parameters at each micro-batch's peak anyway. 50m Qwen2, bf16, 64 rows in two micro-batches, one
-        process, alternated 9 times: 2.11 s per update against 2.15 s, faster in every round. With several
-        ranks, holding them would add a full gathered copy per rank between micro-batches, so they reshard
-        as configured (`fsdp_config.reshard_after_forward`).
+        parameters at each micro-batch's peak anyway; holding them measured slightly faster per update.
+        With several ranks, holding them would add a full gathered copy per rank between micro-batches, so
+        they reshard as configured (`fsdp_config.reshard_after_forward`).
         """
         fsdp_modules = self.fsdp_modules if self.mesh.size() == 1 else []
         if isinstance(self.module, FSDPModule):

@@ -174,8 +174,8 @@ class RolloutConfig:
     tensor_model_parallel_size: int = 1
     # false: CUDA graphs for decoding, vLLM's own and, on a GPU, the hf engine's (one graph per step,
     # hybridrl/workers/rollout/static_decode.py; the hf engine on a CPU always decodes eagerly).
-    # null (default): each engine's measured best: graphs for hf on a GPU (1b decoding 25.7 -> 11.7 ms
-    # per step on an H200, benchmarks/results/decode_bandwidth_cuda.md), eager for vLLM as before
+    # null (default): each engine's measured best: graphs for hf on a GPU, where an eager step waits on
+    # kernel launches (benchmarks/results/decode_bandwidth_cuda.md), eager for vLLM
     enforce_eager: bool | None = None
     # vLLM only: sleep between phases
     free_cache_engine: bool = True

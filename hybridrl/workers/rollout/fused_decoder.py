@@ -17,20 +17,15 @@ around it (mask and position bookkeeping, cache objects, three projections where
 Each output element is the same sum in the same order as in the separate projections, so on the machine
 it was built on the logits come out equal to transformers' forward bit for bit, in bf16 and fp32
 (tests/workers/rollout/test_fused_decoder.py checks it, and that whole generations sample the same
-tokens). Measured in one process, the two loops alternating, 2 threads, 2-core AMD EPYC with AVX512_BF16,
-bf16, 64 new tokens, the same tokens and log-probs from both (seconds, medians of 4-5):
-
-    model   prompts x samples   transformers' forward   fused step
-    1m      16 x 8              0.195                   0.139 (1.40x)
-    10m     16 x 8              0.808                   0.675 (1.20x)
-    50m     8 x 8               1.111                   0.987 (1.13x)
+tokens). The less a model computes per layer, the larger the share of a step that overhead is, so smaller
+models gain more (measured: benchmarks/results/fused_decode.md).
 
 `FusedDecoder.step_shared` does the same for the n samples of each prompt with the prompt's keys and
 values kept once (`SharedPromptKV`): attention reads each prompt's cache once for all its samples instead
 of once per sample. Its attention is eager attention's arithmetic (scores, fp32 softmax, weighted sum)
 whatever the model's attention implementation, and each output is the prompt's part plus the response's
 part, each rounded to the compute dtype, so bf16 logits differ from the forward's by about one bf16 unit
-(fp32: by rounding). hf.py takes it for prompts of at least `SHARE_PROMPT_KV_FROM` columns (measurements there).
+(fp32: by rounding). hf.py takes it for prompts of at least `SHARE_PROMPT_KV_FROM` columns (the reason there).
 
 `fused_decoder` returns None for anything else (another architecture, a wrapped projection such as a
 LoRA layer, another attention implementation, a sliding window); the loop then calls the model's forward.

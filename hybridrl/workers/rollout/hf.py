@@ -13,22 +13,22 @@ has gathered) and it can do three things `generate` does not:
 - drop finished rows from the batch and the cache once an eighth of the batch has finished, so they
   stop costing compute (dropping copies the survivors' cache, so it is batched rather than per row);
 - run in `rollout.dtype` on a copy of the weights cast once per call (autocast would re-cast
-  activations around every matmul; measured 1.3x slower than the copy for a 47M model in bf16);
+  activations around every matmul, which measured slower than the copy);
 - decode with the attention that is fastest in that dtype (`attention_for_decoding`: grouped eager on
   a CPU in half precision, where torch's fused CPU kernel is slow for one query token, and sdpa
   elsewhere, reading each key/value head of the cache in place);
 - call an FSDP-wrapped actor's layers without FSDP's per-layer hooks (`decoding_module`: the parameters
   are gathered once for the whole generation, so the hooks have nothing to do at each step);
 - on an x86 CPU, run every linear layer on a copy of its weight reordered once per call for oneDNN
-  (`packed_linear.prepacked_linears`; bf16: the same outputs bit for bit, generations 1.01-1.20x faster;
-  fp32: oneDNN's sums in place of MKL's, generations 1.4-2.0x faster on an AMD EPYC);
+  (`packed_linear.prepacked_linears`; bf16: the same outputs bit for bit; fp32: oneDNN's sums in place of
+  MKL's; generations faster in both, measured: benchmarks/results/packed_linear.md);
 - on a CPU, run each step after the prefill of a Llama-family model (Llama, Qwen2, Mistral) through
   `fused_decoder.FusedDecoder`: the model's own modules and weights with stacked q/k/v and gate/up
-  projections and one mask per step for all layers; the same logits bit for bit, generations 1.13-1.40x
-  faster (1m-50m, bf16); other models step through their forward;
+  projections and one mask per step for all layers; the same logits bit for bit with less work around
+  each layer (measured: benchmarks/results/fused_decode.md); other models step through their forward;
 - and there, for n > 1 samples of prompts at least `SHARE_PROMPT_KV_FROM` columns long, keep each prompt's
   keys/values once for all its samples (`fused_decoder.SharedPromptKV`): attention reads a prompt's cache
-  once per step instead of n times (10m, bf16, 143-token prompts: 1.24x over the forward's loop);
+  once per step instead of n times (measured: benchmarks/results/fused_decode.md);
 - stop as soon as every row has finished, and return the sampler's log-probs for free;
 - on a GPU, unless `rollout.enforce_eager=true`, replay each decoding step as a CUDA graph
   (`static_decode`: fixed shapes, no row dropping), since there a step's time is kernel launches.
@@ -83,16 +83,13 @@ logger = logging.getLogger(__name__)
 
 # Finished rows leave the batch once they are at least this share of it. Dropping copies every
 # surviving row's cache; waiting for a batch of finished rows costs a little wasted compute instead.
-# For a 47M model, 256 rows x 64 steps: dropping at every finish 680 tok/s, at 1/16, 1/8 or 1/4 of
-# the batch 775-785 tok/s (single thread, CPU time).
+# Dropping at every finish measured slower than waiting, and any share from 1/16 to 1/4 about alike.
 DROP_FINISHED_SHARE = 0.125
 
 # Prompts (their columns after trimming the padding all share) at least this long keep their keys/values
 # once for their samples while decoding (fused_decoder.SharedPromptKV); below it the extra regrouping costs
-# more than the prompt's share of the attention. 10m Qwen2, bf16, 16 prompts x 8 samples x 64 tokens, 2
-# threads, AMD EPYC, the loops alternating (seconds): prompt 11 tokens: forward 0.827, fused 0.719, fused
-# and shared 0.759; 23: 0.857 / 0.739 / 0.757; 35: 0.905 / 0.807 / 0.776; 47: 0.959 / 0.843 / 0.787;
-# 143: 1.351 / 1.465 / 1.092. 50m, the same rows: 11: 1.805 / 1.778 / 1.780; 143: 2.964 / 2.979 / 2.359.
+# more than the prompt's share of the attention, and above it sharing gains more the longer the prompt
+# (measured: benchmarks/results/fused_decode.md).
 SHARE_PROMPT_KV_FROM = 32
 
 
@@ -343,9 +340,8 @@ def decoding_module(module: nn.Module) -> nn.Module:
     of it without FSDP's hooks (`static_decode.hook_free_view`); any other module as it is.
 
     With the parameters already gathered for the whole generation, FSDP's pre/post-forward hooks on every
-    wrapped layer find nothing to do, but they still run at every step. 50M Qwen2, 64 rows x 64 tokens,
-    bf16, 2 threads, AMD EPYC, alternating processes: the FSDP-wrapped model decoded ~8% slower than the
-    same model unwrapped (1.70-1.86 s vs 1.60-1.70 s).
+    wrapped layer find nothing to do, but they still run at every step, and with them the FSDP-wrapped
+    model measured slower than the same model unwrapped.
     """
     from torch.distributed.fsdp import FSDPModule
 
@@ -361,10 +357,8 @@ def attention_for_decoding(module: nn.Module, dtype: torch.dtype) -> Iterator[No
     heads, whatever the transformers version); the model's own setting (the one its training passes use)
     comes back when the block ends. Models other than transformers' sdpa/eager ones are left alone.
 
-    Decoding one query token per step, torch's CPU sdpa kernel is slow in bf16 when no prompt is padded.
-    10M Qwen2, 16 prompts x 8 samples x 64 new tokens, 1 thread, idle AMD EPYC with AVX512_BF16,
-    tokens/s: unpadded prompts sdpa bf16 1,817, grouped_eager bf16 3,071, sdpa fp32 2,116; prompts
-    left-padded from 15 to 40 tokens sdpa bf16 2,840, eager bf16 2,768, grouped_eager bf16 3,170.
+    Decoding one query token per step, torch's CPU sdpa kernel is slow in bf16 when no prompt is padded
+    (slower than in fp32), and grouped eager measured the fastest in bf16 with or without padded prompts.
     """
     current = getattr(getattr(module, "config", None), "_attn_implementation", None)
     wanted = decoding_attention(dtype, next(module.parameters()).device.type)

@@ -134,8 +134,8 @@ def draw_tokens(probs: torch.Tensor, generator: torch.Generator | None) -> torch
     """One token per row of (rows, vocab) probabilities, by inverting each row's CDF at one uniform draw.
 
     The distribution of `torch.multinomial(probs, 1)`, at a fraction of its cost on a CPU, where
-    multinomial draws an exponential variate for every vocabulary entry: 256 rows x Qwen2.5's 151,936
-    tokens took 853 ms there against 61 ms this way (2-core AMD EPYC, 2 threads, 2026-11-25).
+    multinomial draws an exponential variate for every vocabulary entry of every row at every step
+    (measured: benchmarks/README.md, "Where a hybridrl step spends its time (`step_breakdown.py`)").
     The uniform u is scaled to each row's total mass and kept strictly below it; the first index whose
     cumulative mass exceeds u then always has non-zero probability (a filtered-out token adds nothing to
     the cumulative sum, so an earlier index exceeds u first).

@@ -2,10 +2,9 @@
 
 It is what `rollout.name=hf` runs on a GPU unless `actor_rollout_ref.rollout.enforce_eager=true` (the key
 verl gives vLLM). Why: decoding one token at a time, the eager loop's time on a GPU is Python and kernel
-launches, not arithmetic. On an H100 (2026-11-25, benchmarks/results/grpo_vs_trl_gpu.md) a step took
-~33 ms for a 10-layer model and ~51 ms for a 28-layer 1.5B one, whose weights take under 1 ms to read.
-A CUDA graph records one step's kernels once per `generate_sequences` call and launches them all with
-one call per step.
+launches, not arithmetic: a step takes many times longer than reading the model's weights would
+(measured: benchmarks/results/grpo_vs_trl_gpu.md, its eager-decoding tables). A CUDA graph records one
+step's kernels once per `generate_sequences` call and launches them all with one call per step.
 
 A graph replays the same kernels on the same memory, so everything a step reads or writes has a fixed
 address and shape:
@@ -26,9 +25,9 @@ the same loop runs without a graph (`capture=False`): that is how the tests chec
 loop, and why the HF rollout never picks it there (the eager loop drops finished rows, which is faster
 on a CPU).
 
-Measured on an H200 (2026-11-26, benchmarks/results/decode_bandwidth_cuda.md): a 1b step 25.7 ms
-eager, 11.7 ms graphed. Not every model's forward need capture (one that synchronises with the host
-cannot): the capture error is logged once and the loop goes on without a graph.
+Graphed steps are the faster ones at every size measured (benchmarks/results/decode_bandwidth_cuda.md).
+Not every model's forward need capture (one that synchronises with the host cannot): the capture error
+is logged once and the loop goes on without a graph.
 """
 
 from __future__ import annotations
