@@ -37,9 +37,15 @@ def onednn_fp32_supported() -> bool:
     )
 
 
-def _onednn_linear(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """(rows, in) @ (out, in).T + bias through oneDNN -> (rows, out)."""
-    return torch.ops.mkldnn._linear_pointwise(x2d, weight, bias, "none", [], "")
+def _onednn_linear(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                   shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
+    """(rows, in) @ (out, in).T + bias through oneDNN, returned in `shape` (rows unflattened, then out).
+
+    The result owns its memory instead of being a view of the op's (rows, out) output, which nothing else
+    holds: FSDP2 warns about a wrapped module that returns a view (an LM head's logits), since an in-place op
+    on a view would bypass its backward hook."""
+    out2d = torch.ops.mkldnn._linear_pointwise(x2d, weight, bias, "none", [], "")
+    return out2d.new_empty(0).set_(out2d.untyped_storage(), out2d.storage_offset(), shape)
 
 
 class _OneDNNLinearFunction(torch.autograd.Function):
@@ -51,7 +57,7 @@ class _OneDNNLinearFunction(torch.autograd.Function):
         ctx.save_for_backward(x2d, weight)
         ctx.input_shape = x.shape
         ctx.has_bias = bias is not None
-        return _onednn_linear(x2d, weight, bias).view(*x.shape[:-1], weight.shape[0])
+        return _onednn_linear(x2d, weight, bias, (*x.shape[:-1], weight.shape[0]))
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -61,7 +67,7 @@ class _OneDNNLinearFunction(torch.autograd.Function):
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
             # g @ W is a linear with weight W.T: (rows, out) x (in, out).T
-            grad_x = _onednn_linear(grad2d, weight.t().contiguous(), None).view(ctx.input_shape)
+            grad_x = _onednn_linear(grad2d, weight.t().contiguous(), None, ctx.input_shape)
         if ctx.needs_input_grad[1]:
             grad_w = grad2d.t() @ x2d  # (out, in)
         if ctx.has_bias and ctx.needs_input_grad[2]:
@@ -89,7 +95,7 @@ class OneDNNLinear(nn.Linear):
         if needs_grad:
             return _OneDNNLinearFunction.apply(x, weight, bias)
         x2d = x.reshape(-1, x.shape[-1]).contiguous()
-        return _onednn_linear(x2d, weight, bias).view(*x.shape[:-1], weight.shape[0])
+        return _onednn_linear(x2d, weight, bias, (*x.shape[:-1], weight.shape[0]))
 
 
 def use_onednn_linears(module: nn.Module) -> int:

@@ -71,6 +71,14 @@ def prompt_group_ids(data: DataProto) -> torch.Tensor:
     return prompt_groups(data.batch["input_ids"][:, :prompt_len], data.batch["attention_mask"][:, :prompt_len])[0]
 
 
+def activation_checkpointing_on(module: torch.nn.Module) -> bool:
+    """Whether a transformers model recomputes its layers in backward. transformers 5 renamed the property
+    (the old name warns on every read); older releases have only the old one."""
+    name = "is_activation_checkpointing" if hasattr(type(module), "is_activation_checkpointing") \
+        else "is_gradient_checkpointing"
+    return bool(getattr(module, name, False))
+
+
 class PromptSharing:
     """Whether and how a worker's passes over `module` share prompts: asked for by the config key
     `share_key` and possible for the model (`supports_shared_prompt`: full attention with sdpa, eager or
@@ -87,7 +95,7 @@ class PromptSharing:
                 getattr(getattr(module, "config", None), "_attn_implementation", None))
         self.module, self.share_key = module, share_key
         self.enabled = asked and able
-        self.hold_packed = self.enabled and bool(getattr(module, "is_gradient_checkpointing", False))
+        self.hold_packed = self.enabled and activation_checkpointing_on(module)
 
     def group_ids(self, data: DataProto) -> torch.Tensor | None:
         """The rows `make_micro_batches` keeps together (None: no grouping)."""

@@ -56,6 +56,19 @@ def test_forward_and_every_gradient_match_float64_as_closely_as_f_linear(bias):
         assert (mkl.double() - want).abs().max().item() <= 1e-5 * scale
 
 
+def test_outputs_and_input_gradients_own_their_memory_instead_of_viewing_a_temporary():
+    # FSDP2 warns when a wrapped module returns a view (an LM head's logits): none is returned here
+    _, converted = _layer(32, 24, bias=True)
+    x = torch.randn(2, 5, 32, requires_grad=True)
+    out = converted(x)
+    assert out._base is None and out.shape == (2, 5, 24) and out.is_contiguous()
+    out.sum().backward()
+    assert x.grad._base is None and x.grad.shape == x.shape
+    with torch.no_grad():
+        inferred = converted(x)
+    assert inferred._base is None and torch.equal(inferred, out.detach())
+
+
 def test_a_frozen_weight_gets_no_gradient_and_the_input_still_does():
     plain, converted = _layer(64, 48, bias=True)
     for layer in (plain, converted):

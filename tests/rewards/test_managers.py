@@ -93,6 +93,17 @@ def test_naive_dict_results_become_extra_info_and_examples_print(tiny_tokenizer,
     assert "[response] so 42" in printed and "[response] so 7" in printed  # one example per source
 
 
+def test_each_validation_prints_an_example_of_a_prompt_not_shown_before(tiny_tokenizer, capsys, managers):
+    fn = load_custom_reward_function(FIXTURE)
+    data = _make_batch(tiny_tokenizer, ["q1", "q2"], ["so 42", "so 7"], ["a", "a"], ["42", "42"])
+    manager = managers("naive", tiny_tokenizer, num_examine=1, compute_score=fn)
+    shown = []
+    for _ in range(3):  # the same validation set, scored three times
+        manager(data, return_dict=True)
+        shown.append(re.findall(r"\[response\] (.*)", capsys.readouterr().out))
+    assert shown == [["so 42"], ["so 7"], []]
+
+
 def test_batch_manager_calls_once_with_lists(tiny_tokenizer, managers):
     fn = load_custom_reward_function(FIXTURE, "batched_score")
     data = _make_batch(tiny_tokenizer, ["q", "q"], ["abc", "abcdef"], ["s1", "s2"], ["x", "y"])

@@ -145,6 +145,7 @@ class RewardManager:
                              f"got {max_failure_share}")
         self.tokenizer = tokenizer
         self.num_examine = num_examine
+        self.examined_prompts: set[tuple[str, str]] = set()  # (data_source, prompt) shown by print_examples
         self.compute_score = compute_score or default_compute_score
         self.reward_fn_key = reward_fn_key
         self.max_failure_share = max_failure_share
@@ -221,12 +222,15 @@ class RewardManager:
         return results
 
     def print_examples(self, rows: list[DecodedRow], scores: list[float]) -> None:
-        """Print up to `num_examine` decoded examples per data source (what verl users look at)."""
+        """Print up to `num_examine` decoded examples per data source (what verl users look at), each of a
+        prompt this manager has not shown before: a validation set scored every few steps shows a new one."""
         printed: dict[str, int] = defaultdict(int)
         for row, score in zip(rows, scores, strict=True):
-            if printed[row.data_source] >= self.num_examine:
+            key = (row.data_source, row.prompt_str)
+            if printed[row.data_source] >= self.num_examine or key in self.examined_prompts:
                 continue
             printed[row.data_source] += 1
+            self.examined_prompts.add(key)
             print(f"[data_source] {row.data_source}\n[prompt] {row.prompt_str}\n[response] {row.response_str}\n"
                   f"[ground_truth] {row.ground_truth}\n[score] {score}")
 
