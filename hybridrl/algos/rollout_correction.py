@@ -49,12 +49,18 @@ def parse_is_threshold(spec: str | float) -> tuple[float, float | None]:
     return upper, lower
 
 
-def parse_rs_options(rollout_rs: str, threshold: str | float | None) -> dict[str, tuple[float | None, float]]:
-    """{option: (lower, upper)} for comma-separated options, one threshold each or one shared by all."""
+def rs_option_names(rollout_rs: str) -> list[str]:
+    """The distinct comma-separated rejection options, each checked against RS_OPTIONS."""
     options = list(dict.fromkeys(o.strip() for o in rollout_rs.split(",") if o.strip()))
     unknown = [o for o in options if o not in RS_OPTIONS]
     if not options or unknown:
         raise ValueError(f"rollout_rs options {unknown or rollout_rs!r} are not among {list(RS_OPTIONS)}")
+    return options
+
+
+def parse_rs_options(rollout_rs: str, threshold: str | float | None) -> dict[str, tuple[float | None, float]]:
+    """{option: (lower, upper)} for comma-separated options, one threshold each or one shared by all."""
+    options = rs_option_names(rollout_rs)
     if threshold is None:
         raise ValueError("rollout_rs needs rollout_rs_threshold")
     specs = [s.strip() for s in str(threshold).split(",") if s.strip()]

@@ -122,6 +122,11 @@ def _check_names(config: PPOTrainerConfig) -> None:
              f"algorithm.rollout_correction.rollout_is={algo.rollout_correction.rollout_is} needs a policy loss "
              f"that applies rollout_is_weights; actor_rollout_ref.actor.policy_loss.loss_mode="
              f"{arr.actor.policy_loss.loss_mode} does not")
+    correction = algo.rollout_correction
+    _require(correction.rollout_rs is None or correction.rollout_rs_threshold is not None,
+             f"algorithm.rollout_correction.rollout_rs needs rollout_rs_threshold (rollout_rs="
+             f"{correction.rollout_rs}): set algorithm.rollout_correction.rollout_rs_threshold, one bound per "
+             f"option or one for all, e.g. 2.0 ('lower_upper' such as '0.5_2.0' for the k1 options)")
     get_kl_controller(**vars(algo.kl_ctrl))
     probe = torch.zeros(1, 1)
     kl_penalty(probe, probe, algo.kl_penalty)

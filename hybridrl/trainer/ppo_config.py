@@ -15,7 +15,7 @@ from hydra.core.config_store import ConfigStore
 
 from hybridrl.algos.bypass_loss import BYPASS_LOSS_TYPES
 from hybridrl.algos.pf_ppo import PF_PPO_METHODS
-from hybridrl.algos.rollout_correction import IS_LEVELS, parse_is_threshold, parse_rs_options
+from hybridrl.algos.rollout_correction import IS_LEVELS, parse_is_threshold, parse_rs_options, rs_option_names
 from hybridrl.data.rl_dataset import RLDatasetConfig
 from hybridrl.rewards.custom import CustomRewardFunctionConfig
 from hybridrl.utils.config import ConfigError
@@ -103,7 +103,7 @@ class RolloutCorrectionConfig:
     rollout_is_batch_normalize: bool = False
     # Comma-separated rejection options (token_k1, seq_mean_k3, ...); None disables rejection.
     rollout_rs: str | None = None
-    # One threshold per option (or one for all); required when rollout_rs is set. "lower_upper" as above.
+    # One threshold per option (or one for all); a run with rollout_rs set needs it. "lower_upper" as above.
     rollout_rs_threshold: Any = None
     # Skip the old log-prob pass and use the rollout's log-probs as old_log_probs; IS/RS run inside the loss.
     bypass_mode: bool = False
@@ -123,7 +123,11 @@ class RolloutCorrectionConfig:
         elif self.rollout_is_batch_normalize or self.rollout_is_threshold not in (None, 2.0):
             raise ConfigError(f"{key}.rollout_is_threshold / rollout_is_batch_normalize act only on IS weights; "
                               f"set {key}.rollout_is=token or sequence, or leave them at their defaults")
-        if self.rollout_rs is not None:
+        if self.rollout_rs is not None and self.rollout_rs_threshold is None:
+            # verl builds such a config and asks for the threshold where rejection runs; a run asks for it
+            # before any worker starts (hybridrl/trainer/config_checks.py)
+            _as_config_error(rs_option_names, f"{key}.rollout_rs", self.rollout_rs)
+        elif self.rollout_rs is not None:
             _as_config_error(parse_rs_options, f"{key}.rollout_rs / rollout_rs_threshold", self.rollout_rs,
                              self.rollout_rs_threshold)
         elif self.rollout_rs_threshold is not None:

@@ -167,6 +167,16 @@ def test_config_defaults_are_verls_and_bad_values_name_the_key():
     checked(f"{KEY}.bypass_mode=true", f"{KEY}.loss_type=reinforce", f"{KEY}.rollout_is=sequence")
 
 
+def test_the_config_alone_takes_rejection_without_a_threshold_as_verls_does_and_a_run_refuses_it():
+    # verl's RolloutCorrectionConfig(rollout_rs="token_k1") builds; its threshold is asked for where rejection runs
+    correction = RolloutCorrectionConfig(rollout_rs="token_k1")
+    assert (correction.rollout_rs, correction.rollout_rs_threshold) == ("token_k1", None)
+    with pytest.raises(ConfigError, match=f"{KEY}.rollout_rs"):
+        RolloutCorrectionConfig(rollout_rs="token_k9")  # an unknown option is refused at once
+    with pytest.raises(ConfigError, match=f"set {KEY}.rollout_rs_threshold"):
+        checked(f"{KEY}.rollout_rs=token_k1")
+
+
 LOCAL = ["trainer.backend=local", "trainer.n_gpus_per_node=1", "trainer.total_training_steps=2"]
 
 
