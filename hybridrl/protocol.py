@@ -29,6 +29,7 @@ from hybridrl.protocol_merge import (
     DataProtoError,
     deep_equal,
     merge_meta_info,
+    object_column,
     union_numpy_dict,
     union_tensor_dict,
 )
@@ -68,10 +69,7 @@ def _as_object_array(key: str, values: Any) -> np.ndarray:
     if isinstance(values, np.ndarray) and values.ndim >= 1:
         return values
     if isinstance(values, (list, tuple)):
-        out = np.empty(len(values), dtype=object)
-        for i, value in enumerate(values):  # element-wise so lists of lists stay one object per row
-            out[i] = value
-        return out
+        return object_column(values)
     raise TypeError(
         f"non_tensor_batch[{key!r}] must be a numpy array or list with one entry per row, "
         f"got {type(values).__name__}"

@@ -1,4 +1,5 @@
-"""Merging the parts of DataProtos: equality with NaN and nesting, unions, and concat's meta_info.
+"""Merging the parts of DataProtos: equality with NaN and nesting, unions, and concat's meta_info; and
+`object_column`, the one way a list of per-row values becomes a non-tensor column.
 
 Two DataProtos that both carry a key must agree on its value, otherwise the merge raises naming the
 key: silently keeping one of two different `old_log_probs` would corrupt training. `DataProtoError`
@@ -17,6 +18,15 @@ import torch
 
 class DataProtoError(ValueError, AssertionError):
     """Inconsistent or conflicting DataProto contents (see the module docstring for the two bases)."""
+
+
+def object_column(values: Sequence[Any]) -> np.ndarray:
+    """A 1-d object array with one entry per value, filled element-wise so that equal-length lists (or
+    dicts) stay one Python object per row instead of becoming extra numpy dimensions."""
+    column = np.empty(len(values), dtype=object)
+    for i, value in enumerate(values):
+        column[i] = value
+    return column
 
 
 def _is_nan(value: Any) -> bool:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from hybridrl.protocol_merge import DataProtoError
+from hybridrl.protocol_merge import DataProtoError, object_column
 from hybridrl.utils.tensordict_utils import non_tensor_stack, require_tensordict
 
 if TYPE_CHECKING:
@@ -97,10 +97,7 @@ def from_tensordict(cls: type[DataProto], tensor_dict: Any, meta_info: dict | No
     tensors, non_tensors, meta = {}, {}, dict(meta_info or {})
     for key, value in tensor_dict.items():
         if isinstance(value, td.NonTensorStack):
-            column = np.empty(len(value), dtype=object)  # filled row by row: nested lists stay one object
-            for i, item in enumerate(value.tolist()):
-                column[i] = item
-            non_tensors[key] = column
+            non_tensors[key] = object_column(value.tolist())
         elif isinstance(value, td.NonTensorData):
             meta[key] = value.data
         elif isinstance(value, torch.Tensor):

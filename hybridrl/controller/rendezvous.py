@@ -19,16 +19,44 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import torch.distributed as dist
 from torch.distributed.constants import default_pg_timeout
 
-if TYPE_CHECKING:
-    from hybridrl.controller.worker import DistEnv
-
 # Set by the Ray worker group on rank 0 of a group of several ranks: the key rank 0 announces its address under.
 RENDEZVOUS_KEY_ENV = "HYBRIDRL_RENDEZVOUS_KEY"
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """The torch.distributed coordinates of one rank."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+
+    @classmethod
+    def from_environ(cls) -> DistEnv:
+        missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+        if missing:
+            raise RuntimeError(
+                f"worker started without {missing} in its environment; create workers through a "
+                f"WorkerGroup (RayWorkerGroup or LocalWorkerGroup), which sets them"
+            )
+        world_size = int(os.environ["WORLD_SIZE"])
+        return cls(
+            rank=int(os.environ["RANK"]),
+            world_size=world_size,
+            local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+            local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size))),
+            master_addr=os.environ["MASTER_ADDR"],
+            master_port=int(os.environ["MASTER_PORT"]),
+        )
 
 
 def rank_store(env: DistEnv) -> dist.TCPStore:

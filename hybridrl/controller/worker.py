@@ -12,13 +12,12 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from hybridrl.controller.decorator import Dispatch, register
-from hybridrl.controller.rendezvous import rank_store
+from hybridrl.controller.rendezvous import DistEnv, rank_store
 from hybridrl.utils import memory
 from hybridrl.utils.device import device_type, distributed_backend, local_device
 from hybridrl.utils.flops import ModelPass, device_peak_flops
@@ -26,36 +25,6 @@ from hybridrl.utils.host_memory import keep_freed_memory
 
 # Set by the worker group: how many intra-op threads this rank should use.
 NUM_THREADS_ENV = "HYBRIDRL_NUM_THREADS"
-
-
-@dataclass(frozen=True)
-class DistEnv:
-    """The torch.distributed coordinates of one rank."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    master_addr: str
-    master_port: int
-
-    @classmethod
-    def from_environ(cls) -> DistEnv:
-        missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
-        if missing:
-            raise RuntimeError(
-                f"worker started without {missing} in its environment; create workers through a "
-                f"WorkerGroup (RayWorkerGroup or LocalWorkerGroup), which sets them"
-            )
-        world_size = int(os.environ["WORLD_SIZE"])
-        return cls(
-            rank=int(os.environ["RANK"]),
-            world_size=world_size,
-            local_rank=int(os.environ.get("LOCAL_RANK", "0")),
-            local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size))),
-            master_addr=os.environ["MASTER_ADDR"],
-            master_port=int(os.environ["MASTER_PORT"]),
-        )
 
 
 def init_distributed(env: DistEnv) -> None:

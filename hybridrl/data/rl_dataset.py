@@ -28,7 +28,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset
@@ -42,6 +41,7 @@ from hybridrl.data.row_checks import (
     prompt_problem,
     raise_if_any,
 )
+from hybridrl.protocol_merge import object_column
 
 logger = logging.getLogger(__name__)
 
@@ -339,8 +339,5 @@ def collate_fn(data_list: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if isinstance(values[0], torch.Tensor):
             out[key] = torch.stack(values)  # (batch, ...)
         else:
-            column = np.empty(len(values), dtype=object)
-            for i, value in enumerate(values):
-                column[i] = value
-            out[key] = column
+            out[key] = object_column(values)
     return out

@@ -13,8 +13,8 @@ import torch.multiprocessing as mp
 from workers_for_tests import ScaleWorker
 
 from hybridrl.controller import ClassWithInitArgs, create_worker_group
-from hybridrl.controller.rendezvous import RENDEZVOUS_KEY_ENV, rank_store
-from hybridrl.controller.worker import DistEnv, init_distributed
+from hybridrl.controller.rendezvous import RENDEZVOUS_KEY_ENV, DistEnv, rank_store
+from hybridrl.controller.worker import init_distributed
 from hybridrl.utils.device import device_env
 
 

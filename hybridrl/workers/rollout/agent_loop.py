@@ -50,11 +50,12 @@ import torch
 
 from hybridrl.data.rl_dataset import left_pad
 from hybridrl.protocol import DataProto
+from hybridrl.protocol_merge import object_column
 from hybridrl.tools.base_tool import BaseTool
 from hybridrl.tools.call_parser import CALL_FORMATS, CallError, ParsedCall
 from hybridrl.tools.runner import CallOutcome, ToolRunner
 from hybridrl.tools.schemas import ToolResponse
-from hybridrl.workers.rollout.agent_metrics import sample_columns
+from hybridrl.workers.rollout.agent_metrics import FINISH_COLUMN
 from hybridrl.workers.rollout.base import BaseRollout, assemble_output, check_prompts, eos_token_ids
 from hybridrl.workers.rollout.chat_delta import ChatTemplateDelta
 from hybridrl.workers.rollout.config import AGENT_LOOPS, RolloutConfig
@@ -127,6 +128,21 @@ class Trajectory:
     def count_failure(self, outcome: CallOutcome) -> None:
         self.tool_errors += 1
         self.tool_timeouts += int(outcome.timed_out)
+
+
+def sample_columns(trajectories: Sequence[Trajectory]) -> dict[str, np.ndarray]:
+    """The per-sample columns of finished trajectories (agent_metrics.py turns them into `agent/*` metrics)."""
+    return {
+        "__num_turns__": object_column([1 + t.assistant_turns + t.user_turns for t in trajectories]),
+        "tool_calls": object_column([t.tool_calls for t in trajectories]),
+        "tool_errors": object_column([t.tool_errors for t in trajectories]),
+        "tool_timeouts": object_column([t.tool_timeouts for t in trajectories]),
+        "tool_latency_s": object_column([list(t.tool_latencies) for t in trajectories]),
+        FINISH_COLUMN: object_column([t.finish.value if t.finish else "" for t in trajectories]),
+        "tool_rewards": object_column([list(t.tool_rewards) for t in trajectories]),
+        "reward_scores": object_column([dict(t.reward_scores) for t in trajectories]),
+        "tokenization_mismatch": object_column([t.tokenization_mismatch for t in trajectories]),
+    }
 
 
 def truncate_text(text: str, limit: int, side: str) -> str:

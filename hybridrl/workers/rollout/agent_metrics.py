@@ -22,41 +22,13 @@ Validation reports the numeric columns per data source (`val-aux/<source>/tool_c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from hybridrl.protocol import DataProto
 
-if TYPE_CHECKING:
-    from hybridrl.workers.rollout.agent_loop import Trajectory
-
 NUMERIC_COLUMNS = ("__num_turns__", "tool_calls", "tool_errors", "tool_timeouts")
 FINISH_COLUMN = "agent_finish"
 FINISH_REASONS = ("answer", "length", "max_assistant_turns", "max_user_turns")
-
-
-def _objects(values: Sequence) -> np.ndarray:
-    column = np.empty(len(values), dtype=object)  # filled one by one: lists stay one entry per row
-    for i, value in enumerate(values):
-        column[i] = value
-    return column
-
-
-def sample_columns(trajectories: Sequence[Trajectory]) -> dict[str, np.ndarray]:
-    """The per-sample columns of finished trajectories."""
-    return {
-        "__num_turns__": _objects([1 + t.assistant_turns + t.user_turns for t in trajectories]),
-        "tool_calls": _objects([t.tool_calls for t in trajectories]),
-        "tool_errors": _objects([t.tool_errors for t in trajectories]),
-        "tool_timeouts": _objects([t.tool_timeouts for t in trajectories]),
-        "tool_latency_s": _objects([list(t.tool_latencies) for t in trajectories]),
-        FINISH_COLUMN: _objects([t.finish.value if t.finish else "" for t in trajectories]),
-        "tool_rewards": _objects([list(t.tool_rewards) for t in trajectories]),
-        "reward_scores": _objects([dict(t.reward_scores) for t in trajectories]),
-        "tokenization_mismatch": _objects([t.tokenization_mismatch for t in trajectories]),
-    }
 
 
 def compute_agent_metrics(batch: DataProto) -> dict[str, float]:
