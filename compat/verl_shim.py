@@ -19,20 +19,20 @@ import types
 
 # verl module -> the hybridrl module that provides the same names.
 MODULES = {
-    "verl.protocol": "hybridrl.protocol",
+    "verl.protocol": "hybridrl.compat.protocol",
     "verl.trainer.ppo.core_algos": "hybridrl.algos",
-    "verl.trainer.ppo.rollout_corr_helper": "hybridrl.algos.rollout_correction",
+    "verl.trainer.ppo.rollout_corr_helper": "hybridrl.compat.rollout_corr_helper",
     "verl.trainer.ppo.v1.utils": "hybridrl.trainer.advantage",
     "verl.trainer.config.algorithm": "hybridrl.trainer.ppo_config",
     "verl.workers.config.actor": "hybridrl.workers.config",
     "verl.utils.torch_functional": "hybridrl.utils.torch_functional",
-    "verl.utils.tensordict_utils": "hybridrl.utils.tensordict_utils",
+    "verl.utils.tensordict_utils": "hybridrl.compat.tensordict_utils",
     "verl.utils.metric": "hybridrl.utils.metric",
     "verl.utils.py_functional": "hybridrl.utils.metric",
 }
 
 # `from verl import X`: verl re-exports these at its top level.
-TOP_LEVEL_NAMES = {"DataProto": ("hybridrl.protocol", "DataProto")}
+TOP_LEVEL_NAMES = {"DataProto": ("hybridrl.compat.protocol", "DataProto")}
 
 
 def _stand_in_packages() -> set[str]:

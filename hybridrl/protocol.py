@@ -7,56 +7,25 @@ A DataProto has three parts, as in verl:
 - `meta_info`: a plain dict for everything that is not per row (sampling settings, metrics, timing).
 
 Every row-wise operation (indexing, chunking, repeating, concatenating) acts on `batch` and
-`non_tensor_batch` together, so the two never drift apart. Merging rules live in `protocol_merge`,
-row-group reshaping in `protocol_reshape`, conversions to buffers and TensorDicts in
-`protocol_serialize`; their verl-named functions are re-exported here.
+`non_tensor_batch` together, so the two never drift apart. Merging rules live in `protocol_merge`.
+The members and functions that exist only for verl's call conventions (TensorDict conversion, row
+folding, disk persistence, ...) live in `hybridrl.compat.protocol`, on a subclass of this DataProto.
 """
 
 from __future__ import annotations
 
 import copy
-import pickle
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from hybridrl import protocol_serialize
-from hybridrl.protocol_merge import (
-    DataProtoError,
-    deep_equal,
-    merge_meta_info,
-    object_column,
-    union_numpy_dict,
-    union_tensor_dict,
-)
-from hybridrl.protocol_reshape import fold_batch_dim, split_columns, unfold_batch_dim
-from hybridrl.protocol_serialize import (
-    deserialize_single_tensor,
-    deserialize_tensordict,
-    serialize_single_tensor,
-    serialize_tensordict,
-)
+from hybridrl.protocol_merge import DataProtoError, deep_equal, merge_meta_info, object_column
 from hybridrl.tensor_batch import RowIndex, TensorBatch, _as_index
 
-__all__ = [
-    "DataProto",
-    "DataProtoError",
-    "DataProtoItem",
-    "deserialize_single_tensor",
-    "deserialize_tensordict",
-    "fold_batch_dim",
-    "pad_dataproto_to_divisor",
-    "serialize_single_tensor",
-    "serialize_tensordict",
-    "unfold_batch_dim",
-    "union_numpy_dict",
-    "union_tensor_dict",
-    "unpad_dataproto",
-]
+__all__ = ["DataProto", "DataProtoError", "DataProtoItem", "pad_dataproto_to_divisor", "unpad_dataproto"]
 
 
 def _as_object_array(key: str, values: Any) -> np.ndarray:
@@ -133,7 +102,7 @@ class DataProto:
         """Build from tensors and per-row values; all must agree on the number of rows.
 
         `num_batch_dims` and `auto_padding` are verl's parameters. A DataProto has exactly one batch
-        dimension (fold rows with `fold_batch_dim`), and chunks must divide evenly: pad explicitly with
+        dimension (`hybridrl.compat.protocol.fold_batch_dim` folds rows), and chunks must divide evenly: pad explicitly with
         `pad_dataproto_to_divisor`, so that no caller mistakes a padded row for data.
         """
         if num_batch_dims != 1:
@@ -198,14 +167,6 @@ class DataProto:
         non_tensors = {k: v[np_idx] for k, v in self.non_tensor_batch.items()}
         return type(self)(batch=batch, non_tensor_batch=non_tensors, meta_info=self.meta_info)
 
-    def select_idxs(self, idxs: RowIndex) -> DataProto:
-        """verl's name for `select_rows` with integer indices or a boolean mask."""
-        return self.select_rows(idxs)
-
-    def slice(self, start: int | None = None, end: int | None = None, step: int | None = None) -> DataProto:
-        """Rows start:end:step as a DataProto (verl's name; `data[start:end]` does the same)."""
-        return self.select_rows(slice(start, end, step))
-
     def __iter__(self):
         for i in range(len(self)):
             yield self[i]
@@ -232,7 +193,7 @@ class DataProto:
         if deepcopy:
             batch = batch.clone() if batch is not None else None
             non_tensors, meta = copy.deepcopy(non_tensors), copy.deepcopy(meta)
-        return DataProto(batch=batch, non_tensor_batch=non_tensors, meta_info=meta)
+        return type(self)(batch=batch, non_tensor_batch=non_tensors, meta_info=meta)
 
     @staticmethod
     def _pick(source: dict, keys: Iterable[str] | None, part: str) -> dict:
@@ -360,55 +321,6 @@ class DataProto:
             raise ValueError(f"reorder: got {len(reordered)} indices for {len(self)} rows")
         self.batch, self.non_tensor_batch = reordered.batch, reordered.non_tensor_batch
 
-    def sample_level_repeat(self, repeat_times: Sequence[int] | np.ndarray | torch.Tensor) -> DataProto:
-        """Repeat row i repeat_times[i] times, keeping each row's copies together (0 drops the row)."""
-        counts = np.asarray(repeat_times.tolist() if isinstance(repeat_times, torch.Tensor) else repeat_times)
-        if counts.ndim != 1 or len(counts) != len(self) or (counts < 0).any():
-            raise DataProtoError(f"sample_level_repeat: need one count >= 0 per row ({len(self)}), got {counts.tolist()}")
-        return self.select_rows(np.repeat(np.arange(len(self)), counts.astype(np.int64)))
-
-    def unfold_column_chunks(self, n_split: int, split_keys: Sequence[str] | None = None) -> DataProto:
-        """Cut the second dimension of the `split_keys` columns into n_split rows each; repeat the rest.
-
-        Row i of a split column (L, ...) becomes rows n*i .. n*i+n-1 of (L/n, ...); every other column
-        repeats row i n times, so the rows stay aligned. A per-row column of equal-length lists splits
-        like a (rows, L) array.
-        """
-        split = set(split_keys or [])
-        unknown = split - set(self.batch.keys() if self.batch is not None else []) - set(self.non_tensor_batch)
-        if unknown:
-            raise KeyError(f"unfold_column_chunks: no column(s) {sorted(unknown)}")
-        repeated = self.repeat(n_split, interleave=True)
-        batch = None
-        if self.batch is not None:
-            tensors = {k: split_columns(v, n_split, k) if k in split else repeated.batch[k]
-                       for k, v in self.batch.items()}
-            batch = TensorBatch(tensors, batch_size=len(self) * n_split)
-        non_tensors = {k: split_columns(v, n_split, k) if k in split else repeated.non_tensor_batch[k]
-                       for k, v in self.non_tensor_batch.items()}
-        return type(self)(batch=batch, non_tensor_batch=non_tensors, meta_info=self.meta_info)
-
-    def make_iterator(self, mini_batch_size: int, epochs: int, seed: int | None = None,
-                      dataloader_kwargs: Mapping[str, Any] | None = None):
-        """Mini-batches of `mini_batch_size` rows, epoch after epoch (verl's `make_iterator`).
-
-        Rows come in order unless dataloader_kwargs has shuffle=True, then in a fresh permutation per
-        epoch drawn from `seed`. verl hands dataloader_kwargs to a torch DataLoader; only `shuffle` has a
-        meaning here, and any other key raises rather than being ignored.
-        """
-        options = dict(dataloader_kwargs or {})
-        shuffle = bool(options.pop("shuffle", False))
-        if options:
-            raise DataProtoError(f"make_iterator: unsupported dataloader_kwargs {sorted(options)} (only shuffle)")
-        if mini_batch_size <= 0 or len(self) % mini_batch_size:
-            raise DataProtoError(f"make_iterator: {len(self)} rows do not divide into mini-batches of {mini_batch_size}")
-        generator = torch.Generator().manual_seed(seed) if seed is not None else None
-        for _ in range(epochs):
-            order = (torch.randperm(len(self), generator=generator, device="cpu") if shuffle
-                     else torch.arange(len(self), device="cpu"))  # row indices: on the CPU (`_as_index`)
-            for start in range(0, len(self), mini_batch_size):
-                yield self.select_rows(order[start:start + mini_batch_size])
-
     # ----- devices, copies, persistence ----------------------------------------------------------------
     def to(self, device: str | torch.device) -> DataProto:
         if self.batch is not None:
@@ -427,29 +339,6 @@ class DataProto:
             self.__dict__.update(state)
             return
         self.batch, self.non_tensor_batch, self.meta_info = state
-
-    def to_tensordict(self):
-        """This DataProto as a tensordict.TensorDict (needs the optional tensordict package)."""
-        return protocol_serialize.to_tensordict(self)
-
-    @classmethod
-    def from_tensordict(cls, tensor_dict, meta_info: Mapping[str, Any] | None = None,
-                        num_batch_dims: int = 1) -> DataProto:
-        """A DataProto from a TensorDict made by `to_tensordict` (or verl's tensordict utilities)."""
-        return protocol_serialize.from_tensordict(cls, tensor_dict, dict(meta_info or {}), num_batch_dims)
-
-    def save_to_disk(self, path: str | Path) -> None:
-        """Write with pickle protocol 5 (tensors stored as raw numpy buffers)."""
-        with open(path, "wb") as f:
-            pickle.dump(self, f, protocol=5)
-
-    @staticmethod
-    def load_from_disk(path: str | Path) -> DataProto:
-        with open(path, "rb") as f:
-            data = pickle.load(f)
-        if not isinstance(data, DataProto):
-            raise TypeError(f"{path} does not hold a DataProto (found {type(data).__name__})")
-        return data
 
 
 def pad_dataproto_to_divisor(data: DataProto, size_divisor: int) -> tuple[DataProto, int]:

@@ -10,15 +10,10 @@ from hybridrl.protocol import (
     DataProto,
     DataProtoError,
     DataProtoItem,
-    deserialize_single_tensor,
-    fold_batch_dim,
     pad_dataproto_to_divisor,
-    serialize_single_tensor,
-    unfold_batch_dim,
-    union_numpy_dict,
-    union_tensor_dict,
     unpad_dataproto,
 )
+from hybridrl.protocol_merge import union_numpy_dict, union_tensor_dict
 from hybridrl.tensor_batch import TensorBatch
 
 
@@ -214,15 +209,6 @@ def test_pickle_round_trip_of_a_large_batch_and_bfloat16():
     assert back.meta_info == {"step": 1}
 
 
-def test_save_and_load_from_disk(tmp_path):
-    data = make(3)
-    path = tmp_path / "batch.pkl"
-    data.save_to_disk(path)
-    loaded = DataProto.load_from_disk(path)
-    assert ids_of(loaded) == ids_of(data)
-    assert list(loaded.non_tensor_batch["uid"]) == ["u0", "u1", "u2"]
-
-
 def test_tensor_batch_rejects_bad_shapes():
     batch = TensorBatch({"a": torch.zeros(3, 2)})
     with pytest.raises(ValueError, match="'b'\\] has 2 rows"):
@@ -288,39 +274,6 @@ def test_from_dict_has_one_batch_dimension_and_no_auto_padding():
     assert grid.non_tensor_batch["g"].shape == (2, 2) and len(grid) == 2
 
 
-def test_fold_and_unfold_rows():
-    data = make(4)  # ids rows [0,1], [10,11], [20,21], [30,31]
-    folded = fold_batch_dim(data, new_batch_size=2)
-    assert folded.batch["ids"].shape == (2, 2, 2) and len(folded) == 2
-    assert folded.non_tensor_batch["uid"].tolist() == [["u0", "u1"], ["u2", "u3"]]
-    folded.reorder(torch.tensor([1, 0]))
-    back = unfold_batch_dim(folded, batch_dims=2)
-    assert ids_of(back) == [[20, 21], [30, 31], [0, 1], [10, 11]]
-    assert list(back.non_tensor_batch["uid"]) == ["u2", "u3", "u0", "u1"]
-
-
-def test_sample_level_repeat_and_unfold_column_chunks():
-    data = make(3)
-    assert list(data.sample_level_repeat([2, 0, 1]).non_tensor_batch["uid"]) == ["u0", "u0", "u2"]
-    pairs = DataProto.from_dict({"ids": torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]]), "one": torch.tensor([7, 9])},
-                                {"halves": [["a", "b"], ["c", "d"]]})
-    out = pairs.unfold_column_chunks(2, split_keys=["ids", "halves"])
-    assert out.batch["ids"].tolist() == [[1, 2], [3, 4], [5, 6], [7, 8]]
-    assert out.batch["one"].tolist() == [7, 7, 9, 9]  # not split: repeated alongside
-    assert out.non_tensor_batch["halves"].tolist() == [["a"], ["b"], ["c"], ["d"]]
-
-
-def test_make_iterator_yields_mini_batches_per_epoch():
-    data = make(4)
-    in_order = [list(mb.non_tensor_batch["uid"]) for mb in data.make_iterator(mini_batch_size=2, epochs=2)]
-    assert in_order == [["u0", "u1"], ["u2", "u3"]] * 2
-    shuffled = [ids_of(mb) for mb in data.make_iterator(2, 1, seed=1, dataloader_kwargs={"shuffle": True})]
-    again = [ids_of(mb) for mb in data.make_iterator(2, 1, seed=1, dataloader_kwargs={"shuffle": True})]
-    assert shuffled == again and sorted(sum(shuffled, [])) == ids_of(data)
-    with pytest.raises(ValueError, match="num_workers"):
-        next(data.make_iterator(2, 1, dataloader_kwargs={"num_workers": 2}))
-
-
 def test_getstate_round_trip_and_pickles_from_before_getstate():
     data = make(2)
     restored = DataProto()
@@ -331,18 +284,3 @@ def test_getstate_round_trip_and_pickles_from_before_getstate():
     assert ids_of(old_style) == ids_of(data)
 
 
-def test_serialize_single_tensor_keeps_dtype_shape_and_bytes():
-    tensor = torch.tensor([[1.5, -2.0]], dtype=torch.bfloat16)
-    dtype, shape, raw = serialize_single_tensor(tensor)
-    assert (dtype, shape, raw.nbytes) == ("bfloat16", (1, 2), 4)  # 2 values x 2 bytes
-    assert torch.equal(deserialize_single_tensor((dtype, shape, raw)), tensor)
-
-
-def test_tensordict_round_trip_when_tensordict_is_installed():
-    tensordict = pytest.importorskip("tensordict")  # optional: hybridrl does not depend on it
-    data = DataProto.from_dict({"x": torch.tensor([1, 2])}, {"turns": [[], [0.5]]}, {"step": 7})
-    td = data.to_tensordict()
-    back = DataProto.from_tensordict(td)
-    assert back.batch["x"].tolist() == [1, 2] and back.non_tensor_batch["turns"].tolist() == [[], [0.5]]
-    assert back.meta_info == {"step": 7}
-    assert len(DataProto(batch=tensordict.TensorDict({}, batch_size=[3])).batch.keys()) == 0

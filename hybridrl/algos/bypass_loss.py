@@ -22,7 +22,7 @@ import torch
 from hybridrl.algos.aggregate import agg_loss
 from hybridrl.algos.config_args import policy_loss_settings
 from hybridrl.algos.policy_loss import _apply_is_weights, compute_pg_loss
-from hybridrl.algos.rollout_correction import compute_rollout_correction_and_rejection_mask
+from hybridrl.algos.rollout_correction import compute_rollout_correction
 from hybridrl.utils.torch_functional import masked_mean
 
 BYPASS_LOSS_TYPES = ("ppo_clip", "reinforce")
@@ -96,13 +96,13 @@ def compute_policy_loss_bypass_mode(
         raise ValueError("algorithm.rollout_correction.rollout_is in bypass mode needs loss_type=reinforce: "
                          "with ppo_clip the clipped ratio pi_theta / pi_rollout is the correction already")
     with torch.no_grad():
-        weights, kept_mask, metrics = compute_rollout_correction_and_rejection_mask(
+        weights, kept_mask, metrics = compute_rollout_correction(
             log_prob.detach().float(), rollout_log_prob.float(), response_mask, rollout_is=rollout_is,
             rollout_is_threshold=rollout_is_threshold, rollout_is_batch_normalize=rollout_is_batch_normalize,
             rollout_rs=rollout_rs, rollout_rs_threshold=rollout_rs_threshold)
     kept_mask = kept_mask.to(response_mask.dtype)
     if loss_type == "reinforce":
-        is_weights = None if weights is None else weights.batch["rollout_is_weights"].to(log_prob.dtype)
+        is_weights = None if weights is None else weights.to(log_prob.dtype)
         loss, pg_metrics = compute_policy_loss_reinforce(rollout_log_prob, log_prob, advantages, kept_mask,
                                                          loss_agg_mode, rollout_is_weights=is_weights,
                                                          global_batch_info=global_batch_info)

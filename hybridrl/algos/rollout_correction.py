@@ -25,7 +25,6 @@ import math
 
 import torch
 
-from hybridrl.protocol import DataProto
 from hybridrl.utils.torch_functional import masked_mean, masked_sum
 
 # exp() of a log-ratio is clamped to exp(+-20) so one wild token cannot overflow a weight
@@ -177,14 +176,15 @@ def compute_offpolicy_metrics(
     return metrics
 
 
-def compute_rollout_correction_and_rejection_mask(
+def compute_rollout_correction(
     old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor,
     rollout_is: str | None = None, rollout_is_threshold: str | float | None = 2.0,
     rollout_is_batch_normalize: bool = False, rollout_rs: str | None = None,
     rollout_rs_threshold: str | float | None = None,
-) -> tuple[DataProto | None, torch.Tensor, dict[str, float]]:
-    """IS weights (as a DataProto with batch key `rollout_is_weights`, None without rollout_is), the
-    response mask after rejection sampling, and every metric under `rollout_corr/`."""
+) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, float]]:
+    """IS weights ((batch, response_len), None without rollout_is), the response mask after rejection
+    sampling, and every metric under `rollout_corr/`. verl's DataProto-returning form of this function,
+    `compute_rollout_correction_and_rejection_mask`, is in hybridrl/compat/rollout_corr_helper.py."""
     if old_log_prob.shape != rollout_log_prob.shape or old_log_prob.shape != response_mask.shape:
         raise ValueError(f"shapes differ: old_log_prob {tuple(old_log_prob.shape)}, rollout_log_prob "
                          f"{tuple(rollout_log_prob.shape)}, response_mask {tuple(response_mask.shape)}")
@@ -202,5 +202,4 @@ def compute_rollout_correction_and_rejection_mask(
         mask, rs_metrics = compute_rollout_rejection_mask(log_ratio, response_mask, rollout_rs, rollout_rs_threshold)
         metrics.update(rs_metrics)
     metrics.update(compute_offpolicy_metrics(old_log_prob, rollout_log_prob, response_mask))
-    proto = DataProto.from_dict({"rollout_is_weights": weights}) if weights is not None else None
-    return proto, mask, {f"rollout_corr/{name}": value for name, value in metrics.items()}
+    return weights, mask, {f"rollout_corr/{name}": value for name, value in metrics.items()}

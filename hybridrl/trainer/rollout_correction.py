@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from hybridrl.algos.rollout_correction import compute_rollout_correction_and_rejection_mask
+from hybridrl.algos.rollout_correction import compute_rollout_correction
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.ppo_config import ROLLOUT_CORRECTION_KEY, RolloutCorrectionConfig
 
@@ -32,14 +32,14 @@ def correct_rollout(batch: DataProto, config: RolloutCorrectionConfig) -> dict[s
     `config.rollout_is` is set, and `response_mask` loses the tokens rejection sampling drops. Returns the
     `rollout_corr/*` metrics (weights, rejected shares, KL and perplexities of rollout vs trainer)."""
     where = f"{ROLLOUT_CORRECTION_KEY}.rollout_is / rollout_rs"
-    weights, mask, metrics = compute_rollout_correction_and_rejection_mask(
+    weights, mask, metrics = compute_rollout_correction(
         batch.batch["old_log_probs"], rollout_log_probs(batch, where), batch.batch["response_mask"],
         rollout_is=config.rollout_is, rollout_is_threshold=config.rollout_is_threshold,
         rollout_is_batch_normalize=config.rollout_is_batch_normalize, rollout_rs=config.rollout_rs,
         rollout_rs_threshold=config.rollout_rs_threshold,
     )
     if weights is not None:
-        batch.batch["rollout_is_weights"] = weights.batch["rollout_is_weights"]
+        batch.batch["rollout_is_weights"] = weights
     batch.batch["response_mask"] = mask
     return metrics
 

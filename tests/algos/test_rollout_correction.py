@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hybridrl.algos.rollout_correction import (
-    compute_rollout_correction_and_rejection_mask,
+    compute_rollout_correction,
     parse_is_threshold,
     parse_rs_options,
 )
@@ -23,24 +23,24 @@ RATIOS = [math.exp(-0.5), math.exp(2.5), math.exp(-0.2)]
 
 
 def correct(**settings):
-    return compute_rollout_correction_and_rejection_mask(OLD, ROLLOUT, MASK, **settings)
+    return compute_rollout_correction(OLD, ROLLOUT, MASK, **settings)
 
 
 def test_token_weights_truncate_or_icepop():
-    proto, mask, metrics = correct(rollout_is="token", rollout_is_threshold=2.0)
+    weights, mask, metrics = correct(rollout_is="token", rollout_is_threshold=2.0)
     # truncated IS: 12.18 -> 2.0, the others unchanged
-    torch.testing.assert_close(proto.batch["rollout_is_weights"], torch.tensor([[RATIOS[0], 2.0, RATIOS[2]]]))
+    torch.testing.assert_close(weights, torch.tensor([[RATIOS[0], 2.0, RATIOS[2]]]))
     assert torch.equal(mask, MASK)
-    proto, _, metrics = correct(rollout_is="token", rollout_is_threshold="0.5_5.0")
+    weights, _, metrics = correct(rollout_is="token", rollout_is_threshold="0.5_5.0")
     # IcePop: 12.18 lies outside [0.5, 5] and is zeroed; 1 of 3 tokens out of bounds
-    torch.testing.assert_close(proto.batch["rollout_is_weights"], torch.tensor([[RATIOS[0], 0.0, RATIOS[2]]]))
+    torch.testing.assert_close(weights, torch.tensor([[RATIOS[0], 0.0, RATIOS[2]]]))
     assert metrics["rollout_corr/rollout_is_oob_ratio"] == pytest.approx(1 / 3)
 
 
 def test_sequence_weight_is_the_product_of_token_ratios():
-    proto, _, metrics = correct(rollout_is="sequence", rollout_is_threshold=10.0)
+    weights, _, metrics = correct(rollout_is="sequence", rollout_is_threshold=10.0)
     # exp(-0.5 + 2.5 - 0.2) = exp(1.8) = 6.05 on every token
-    torch.testing.assert_close(proto.batch["rollout_is_weights"], torch.full((1, 3), math.exp(1.8)))
+    torch.testing.assert_close(weights, torch.full((1, 3), math.exp(1.8)))
     assert metrics["rollout_corr/rollout_is_mean"] == pytest.approx(math.exp(1.8), rel=1e-5)
 
 

@@ -29,7 +29,7 @@ import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -40,10 +40,26 @@ from hybridrl.utils.config import to_dataclass
 from hybridrl.utils.registry import Registry
 from hybridrl.workers.rollout.config import RolloutConfig
 
-if TYPE_CHECKING:
-    from hybridrl.workers.engine.fsdp import FSDPEngine
-
 PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
+
+
+class ServedActor(Protocol):
+    """What a rollout engine asks of the training engine whose weights it generates with
+    (hybridrl/workers/engine/fsdp.py's FSDPEngine is the one there is)."""
+
+    module: nn.Module
+
+    def summon_full_params(self) -> contextlib.AbstractContextManager[Any]: ...
+
+    def iter_full_weights(self) -> Iterator[tuple[str, torch.Tensor]]: ...
+
+    def offload_params(self) -> None: ...
+
+    def load_params(self) -> None: ...
+
+    def offload_optimizer(self) -> None: ...
+
+    def load_optimizer(self) -> None: ...
 
 
 class BaseRollout(ABC):
@@ -76,7 +92,7 @@ class BaseRollout(ABC):
         """Load the actor's current full (unsharded) weights into the engine."""
 
     @contextlib.contextmanager
-    def serving(self, actor: FSDPEngine | None) -> Iterator[None]:
+    def serving(self, actor: ServedActor | None) -> Iterator[None]:
         """Generate with `actor`'s current weights for the duration of the block.
 
         The actor's optimizer state leaves the device for the block where
@@ -96,7 +112,7 @@ class BaseRollout(ABC):
             actor.load_optimizer()
 
     @abstractmethod
-    def _serve_weights(self, actor: FSDPEngine) -> contextlib.AbstractContextManager[None]:
+    def _serve_weights(self, actor: ServedActor) -> contextlib.AbstractContextManager[None]:
         """The engine's part of `serving`: hand over the actor's weights, release what the block held."""
 
     @contextlib.contextmanager

@@ -45,7 +45,7 @@ import contextlib
 import logging
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -60,6 +60,7 @@ from hybridrl.workers.micro_batch import trim_columns
 from hybridrl.workers.rollout.base import (
     ROLLOUT_ENGINES,
     BaseRollout,
+    ServedActor,
     assemble_output,
     check_prompts,
     eos_token_ids,
@@ -75,9 +76,6 @@ from hybridrl.workers.rollout.fused_decoder import (
 from hybridrl.workers.rollout.kv_cache import PreallocatedCache, cache_keyword
 from hybridrl.workers.rollout.sampling import SamplingParams, resolve_sampling_params, sample_tokens
 from hybridrl.workers.rollout.static_decode import decode_static, hook_free_view
-
-if TYPE_CHECKING:
-    from hybridrl.workers.engine.fsdp import FSDPEngine
 
 logger = logging.getLogger(__name__)
 
@@ -159,7 +157,7 @@ class HFRollout(BaseRollout):
         self.module.load_state_dict(dict(state_dict), strict=True)
 
     @contextlib.contextmanager
-    def _serve_weights(self, actor: FSDPEngine) -> Iterator[None]:
+    def _serve_weights(self, actor: ServedActor) -> Iterator[None]:
         """The actor's own module, its parameters gathered once for the whole block (no copy)."""
         if actor.module is not self.module:
             raise ValueError(

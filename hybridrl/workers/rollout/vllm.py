@@ -34,7 +34,7 @@ import threading
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -47,15 +47,13 @@ from hybridrl.utils.device import device_type
 from hybridrl.workers.rollout.base import (
     ROLLOUT_ENGINES,
     BaseRollout,
+    ServedActor,
     assemble_output,
     check_prompts,
     eos_token_ids,
 )
 from hybridrl.workers.rollout.config import RolloutConfig
 from hybridrl.workers.rollout.sampling import SamplingParams, resolve_sampling_params
-
-if TYPE_CHECKING:
-    from hybridrl.workers.engine.fsdp import FSDPEngine
 
 # vLLM's scheduler runs at most this many sequences at once on CPU (its LLM-class default there).
 CPU_MAX_NUM_SEQS = 256
@@ -257,7 +255,7 @@ class VLLMRollout(BaseRollout):
         self.llm.reset_prefix_cache()
 
     @contextlib.contextmanager
-    def _serve_weights(self, actor: FSDPEngine) -> Iterator[None]:
+    def _serve_weights(self, actor: ServedActor) -> Iterator[None]:
         """Wake the engine, push the actor's full weights into it, and let the actor's own parameters
         leave the device while vLLM generates from its copy (`fsdp_config.param_offload`)."""
         with self._awake():
