@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -258,6 +260,19 @@ def load_causal_lm(
     return _finish(model, gradient_checkpointing)
 
 
+class BiasAddedLinear(nn.Linear):
+    """An nn.Linear that adds its bias after the product: the same parameters and values, but its output
+    owns its memory. torch's biased linear over (batch, seq, in) returns a view of a 2-d product, and FSDP2
+    warns about a wrapped model that returns a view (an in-place op on it would skip the backward hook);
+    the separate add costs one elementwise pass over the (batch, seq, 1) values."""
+
+    computes_plain_linear = True  # x @ W.T + b and nothing more (hybridrl/models/onednn_linear.py)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.linear(x, self.weight)
+        return out if self.bias is None else out + self.bias
+
+
 def load_value_model(
     path: str | Path,
     *,
@@ -289,4 +304,8 @@ def load_value_model(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(head_init_seed)
         model = AutoModelForTokenClassification.from_pretrained(model_dir, config=config, **kwargs)
+    for name in ("score", "classifier"):  # the head's name in transformers' token-classification models
+        head = getattr(model, name, None)
+        if type(head) is nn.Linear:
+            head.__class__ = BiasAddedLinear  # same parameters and hooks; the output is no longer a view
     return _finish(model, gradient_checkpointing)

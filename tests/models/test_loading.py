@@ -207,3 +207,16 @@ def test_override_config_chooses_the_attention_implementation(tiny_model_dir):
     # verl's way to pick it: model.override_config.attn_implementation, which wins over the caller's choice
     chosen = load_causal_lm(tiny_model_dir, override_config={"attn_implementation": "eager"})
     assert chosen.config._attn_implementation == "eager"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_value_head_output_owns_its_memory_and_equals_the_biased_linear(tiny_model_dir, dtype):
+    # torch's biased linear over (batch, seq, hidden) returns a view, which FSDP2 warns about at the root
+    critic = load_value_model(tiny_model_dir, dtype=dtype).eval()
+    hidden = torch.randn(2, 5, critic.config.hidden_size, dtype=dtype)
+    values = critic.score(hidden)
+    assert values._base is None and values.shape == (2, 5, 1)
+    reference = torch.nn.functional.linear(hidden, critic.score.weight, critic.score.bias)
+    torch.testing.assert_close(values, reference)
+    logits = critic(input_ids=torch.tensor([[5, 6, 7]])).logits
+    assert logits._base is None
