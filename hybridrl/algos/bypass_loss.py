@@ -77,7 +77,8 @@ def compute_policy_loss_bypass_mode(
     `loss_mode` and `loss_settings` are the actor's policy loss and its settings, used for `ppo_clip`;
     the rollout_* options are algorithm.rollout_correction's. `rollout_is` needs loss_type=reinforce.
     verl passes all of them on `config` instead (its actor config, the correction options under
-    `policy_loss.rollout_correction`); keywords left at their defaults are then read from there.
+    `policy_loss.rollout_correction`): every option the config holds replaces the keyword of that name,
+    so pass the options one way, a config or keywords, not both.
     """
     if config is not None:
         options = _verl_rollout_correction(config)

@@ -313,8 +313,9 @@ class PPOTrainer:
         if not algo.use_pf_ppo:
             return batch
         generator = torch.Generator().manual_seed(self.config.actor_rollout_ref.rollout.seed + self.global_steps)
-        batch.batch["pf_ppo_row"] = torch.arange(len(batch))
-        resampled = compute_pf_ppo_reweight_data(batch, algo.pf_ppo.reweight_method, algo.pf_ppo.weight_pow,
+        tagged = batch.select()  # the same tensors under a new DataProto: the row tag stays off `batch`
+        tagged.batch["pf_ppo_row"] = torch.arange(len(batch))
+        resampled = compute_pf_ppo_reweight_data(tagged, algo.pf_ppo.reweight_method, algo.pf_ppo.weight_pow,
                                                  generator)
         drawn = resampled.batch.pop("pf_ppo_row")
         metrics["train/pf_ppo_distinct_rows"] = drawn.unique().numel() / len(resampled)  # share kept at least once
