@@ -1,9 +1,10 @@
 """verl's extra DataProto members and protocol functions (hybridrl/compat/protocol.py), by hand-worked
 values; the core DataProto's behaviour is tests/test_protocol.py's."""
 
-import numpy as np
 import pytest
 import torch
+from test_protocol import ids_of
+from test_protocol import make as make_core
 
 from hybridrl.compat.protocol import (
     DataProto,
@@ -16,14 +17,9 @@ from hybridrl.protocol import DataProto as CoreDataProto
 
 
 def make(rows: int = 4) -> DataProto:
-    # row i: ids = [10i, 10i+1], uid = "u{i}"
-    ids = torch.tensor([[10 * i, 10 * i + 1] for i in range(rows)])
-    uid = np.array([f"u{i}" for i in range(rows)], dtype=object)
-    return DataProto.from_single_dict({"ids": ids, "uid": uid}, meta_info={"temperature": 1.0})
-
-
-def ids_of(data: DataProto) -> list[list[int]]:
-    return data.batch["ids"].tolist()
+    """tests/test_protocol.py's rows (ids [10i, 10i+1], uid "u{i}") in verl's DataProto."""
+    core = make_core(rows)
+    return DataProto(batch=core.batch, non_tensor_batch=core.non_tensor_batch, meta_info=core.meta_info)
 
 
 def test_the_core_operations_keep_the_verl_class():
