@@ -23,7 +23,7 @@ from hybridrl.trainer.config_derive import fill_derived
 from hybridrl.trainer.config_ranges import range_errors
 from hybridrl.trainer.config_support import offload_errors, unsupported_errors
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
-from hybridrl.utils.config import ConfigError, added_keys, unknown_key_message
+from hybridrl.utils.config import ConfigError, added_keys, require, unknown_key_message
 from hybridrl.utils.device import device_setting_problem, resolve_device_type
 from hybridrl.utils.precision import AUTO, emulated_bf16_warning
 
@@ -31,11 +31,6 @@ __all__ = ["ConfigError", "batch_plan", "validate_config", "world_size"]
 from hybridrl.workers.rollout import ROLLOUT_ENGINES
 
 logger = logging.getLogger(__name__)
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
 
 
 def world_size(config: PPOTrainerConfig) -> int:
@@ -47,11 +42,11 @@ def validate_config(config: PPOTrainerConfig) -> None:
     unsupported values, in one message); fills in the settings that follow other keys, in place."""
     errors = [unknown_key_message(key, known) for key, known in added_keys(config)] or \
         range_errors(config) + unsupported_errors(config)
-    _require(not errors, "\n".join(errors))
+    require(not errors, "\n".join(errors))
     fill_derived(config)
     _check_placement(config)
     errors = offload_errors(config)
-    _require(not errors, "\n".join(errors))
+    require(not errors, "\n".join(errors))
     _check_names(config)
     _check_batches(config)
     _check_lengths(config)
@@ -59,28 +54,28 @@ def validate_config(config: PPOTrainerConfig) -> None:
 
 def _check_placement(config: PPOTrainerConfig) -> None:
     t = config.trainer
-    _require(t.backend in ("ray", "local"), f"trainer.backend must be 'ray' or 'local', got {t.backend!r}")
+    require(t.backend in ("ray", "local"), f"trainer.backend must be 'ray' or 'local', got {t.backend!r}")
     device_problem = device_setting_problem(t.device)
-    _require(device_problem is None, device_problem)
-    _require(t.nnodes >= 1 and t.n_gpus_per_node >= 1,
+    require(device_problem is None, device_problem)
+    require(t.nnodes >= 1 and t.n_gpus_per_node >= 1,
              f"trainer.nnodes ({t.nnodes}) and trainer.n_gpus_per_node ({t.n_gpus_per_node}) must be >= 1")
-    _require(config.ray_init.cpus_per_worker >= 1,
+    require(config.ray_init.cpus_per_worker >= 1,
              f"ray_init.cpus_per_worker must be >= 1 (CPUs and torch threads per worker rank), "
              f"got {config.ray_init.cpus_per_worker}")
-    _require(t.backend == "ray" or world_size(config) == 1,
+    require(t.backend == "ray" or world_size(config) == 1,
              f"trainer.backend=local runs one rank in this process, but trainer.nnodes x trainer.n_gpus_per_node "
              f"= {world_size(config)}; set trainer.n_gpus_per_node=1 trainer.nnodes=1 or use trainer.backend=ray")
-    _require(not config.reward_model.enable or bool(config.reward_model.model.path),
+    require(not config.reward_model.enable or bool(config.reward_model.model.path),
              "reward_model.enable=true needs reward_model.model.path=<local reward model directory>")
-    _require(t.resume_mode in ("auto", "disable", "resume_path"),
+    require(t.resume_mode in ("auto", "disable", "resume_path"),
              f"trainer.resume_mode must be auto, disable or resume_path, got {t.resume_mode!r}")
-    _require(t.resume_mode != "resume_path" or bool(t.resume_from_path),
+    require(t.resume_mode != "resume_path" or bool(t.resume_from_path),
              "trainer.resume_mode=resume_path needs trainer.resume_from_path=<.../global_step_N>")
     arr = config.actor_rollout_ref
     for key, fsdp in (("actor_rollout_ref.actor", arr.actor.fsdp_config), ("actor_rollout_ref.ref", arr.ref.fsdp_config),
                       ("critic.model", config.critic.model.fsdp_config),
                       ("reward_model.model", config.reward_model.model.fsdp_config)):
-        _require(fsdp.fsdp_size in (-1, world_size(config)),
+        require(fsdp.fsdp_size in (-1, world_size(config)),
                  f"{key}.fsdp_config.fsdp_size={fsdp.fsdp_size} must be -1 or the world size "
                  f"({world_size(config)}); hybrid sharding is not supported, so leave it at -1")
         _check_dtype(f"{key}.fsdp_config.mixed_precision.param_dtype", fsdp.mixed_precision.param_dtype, t.device)
@@ -117,13 +112,13 @@ def _check_names(config: PPOTrainerConfig) -> None:
                        "terms still use loss_agg_mode", arr.actor.loss_agg_mode, arr.actor.policy_loss.loss_mode,
                        fixed)
     # bypass mode applies its weights in its own REINFORCE loss, not the actor's
-    _require(algo.rollout_correction.rollout_is is None or algo.rollout_correction.bypass_mode
+    require(algo.rollout_correction.rollout_is is None or algo.rollout_correction.bypass_mode
              or applies_rollout_is_weights(loss),
              f"algorithm.rollout_correction.rollout_is={algo.rollout_correction.rollout_is} needs a policy loss "
              f"that applies rollout_is_weights; actor_rollout_ref.actor.policy_loss.loss_mode="
              f"{arr.actor.policy_loss.loss_mode} does not")
     correction = algo.rollout_correction
-    _require(correction.rollout_rs is None or correction.rollout_rs_threshold is not None,
+    require(correction.rollout_rs is None or correction.rollout_rs_threshold is not None,
              f"algorithm.rollout_correction.rollout_rs needs rollout_rs_threshold (rollout_rs="
              f"{correction.rollout_rs}): set algorithm.rollout_correction.rollout_rs_threshold, one bound per "
              f"option or one for all, e.g. 2.0 ('lower_upper' such as '0.5_2.0' for the k1 options)")
@@ -141,24 +136,24 @@ def _check_estimator_settings(config: PPOTrainerConfig, spec: AdvEstimatorSpec) 
     algo, arr = config.algorithm, config.actor_rollout_ref
     reads_gdpo_keys = spec.accepts_any_input or {"config", "gdpo_reward_keys"} & set(spec.parameters)
     for key in ("gdpo_reward_keys", "gdpo_reward_weights"):
-        _require(getattr(algo, key) is None or bool(reads_gdpo_keys),
+        require(getattr(algo, key) is None or bool(reads_gdpo_keys),
                  f"algorithm.{key} is set but algorithm.adv_estimator={algo.adv_estimator} does not read it: use "
                  f"adv_estimator=gdpo, or leave {key} unset")
-    _require(not algo.use_pf_ppo or algo.adv_estimator == "gae",
+    require(not algo.use_pf_ppo or algo.adv_estimator == "gae",
              f"algorithm.use_pf_ppo=true resamples the batch after GAE's advantages only (as verl); "
              f"algorithm.adv_estimator={algo.adv_estimator} would ignore it: use adv_estimator=gae or set it false")
-    _require(algo.use_pf_ppo or algo.pf_ppo == type(algo.pf_ppo)(),
+    require(algo.use_pf_ppo or algo.pf_ppo == type(algo.pf_ppo)(),
              "algorithm.pf_ppo.* acts only with algorithm.use_pf_ppo=true; set it, or leave pf_ppo at its defaults")
     sum_pi_key = "actor_rollout_ref.actor.calculate_sum_pi_squared"
     needs_sum_pi = "sum_pi_squared" in spec.required_inputs
     reads_sum_pi = spec.accepts_any_input or "sum_pi_squared" in spec.parameters
-    _require(arr.actor.calculate_sum_pi_squared or not needs_sum_pi,
+    require(arr.actor.calculate_sum_pi_squared or not needs_sum_pi,
              f"algorithm.adv_estimator={algo.adv_estimator} needs sum_pi_squared from the old log-prob pass: set "
              f"{sum_pi_key}=true")
-    _require(not arr.actor.calculate_sum_pi_squared or reads_sum_pi,
+    require(not arr.actor.calculate_sum_pi_squared or reads_sum_pi,
              f"{sum_pi_key}=true computes a column algorithm.adv_estimator={algo.adv_estimator} does not read: "
              f"use adv_estimator=optimal_token_baseline or tir_optimal_token_baseline, or set it to false")
-    _require(not (arr.actor.calculate_sum_pi_squared and algo.rollout_correction.bypass_mode),
+    require(not (arr.actor.calculate_sum_pi_squared and algo.rollout_correction.bypass_mode),
              f"{sum_pi_key}=true needs the old log-prob pass, which algorithm.rollout_correction.bypass_mode=true "
              f"skips")
 
@@ -167,39 +162,39 @@ def _check_batches(config: PPOTrainerConfig) -> None:
     data, arr, ws = config.data, config.actor_rollout_ref, world_size(config)
     n = arr.rollout.n
     mini = arr.actor.ppo_mini_batch_size
-    _require(data.train_batch_size >= 1 and mini >= 1,
+    require(data.train_batch_size >= 1 and mini >= 1,
              f"data.train_batch_size ({data.train_batch_size}) and ppo_mini_batch_size ({mini}) must be >= 1")
-    _require(data.train_batch_size % mini == 0,
+    require(data.train_batch_size % mini == 0,
              f"data.train_batch_size ({data.train_batch_size}) must be a multiple of "
              f"actor_rollout_ref.actor.ppo_mini_batch_size ({mini}): each step makes whole mini-batches")
-    _require(mini * n % ws == 0,
+    require(mini * n % ws == 0,
              f"ppo_mini_batch_size ({mini}) x rollout.n ({n}) must be divisible by the data-parallel size ({ws})")
     if get_adv_estimator_spec(config.algorithm.adv_estimator).needs_critic:
         cmini = config.critic.ppo_mini_batch_size
-        _require(data.train_batch_size % cmini == 0 and cmini * n % ws == 0,
+        require(data.train_batch_size % cmini == 0 and cmini * n % ws == 0,
                  f"critic.ppo_mini_batch_size ({cmini}) must divide data.train_batch_size ({data.train_batch_size}) "
                  f"and critic.ppo_mini_batch_size x rollout.n ({cmini * n}) must divide by the data-parallel size ({ws})")
-    _require(not config.algorithm.filter_groups.enable or n > 1,
+    require(not config.algorithm.filter_groups.enable or n > 1,
              "algorithm.filter_groups.enable needs rollout.n > 1: a single sample per prompt never varies")
-    _require(not (config.algorithm.filter_groups.enable and config.reward_model.launch_reward_fn_async),
+    require(not (config.algorithm.filter_groups.enable and config.reward_model.launch_reward_fn_async),
              "algorithm.filter_groups.enable needs the scores before the batch is complete, so they cannot be "
              "computed in the background; set reward_model.launch_reward_fn_async=false")
     vk = arr.rollout.val_kwargs
-    _require(vk.n == 1 or (vk.do_sample and vk.temperature > 0),
+    require(vk.n == 1 or (vk.do_sample and vk.temperature > 0),
              f"rollout.val_kwargs.n={vk.n} needs val_kwargs.do_sample=true and val_kwargs.temperature > 0")
 
 
 def _check_lengths(config: PPOTrainerConfig) -> None:
     data, rollout = config.data, config.actor_rollout_ref.rollout
-    _require(rollout.prompt_length == data.max_prompt_length,
+    require(rollout.prompt_length == data.max_prompt_length,
              f"rollout.prompt_length ({rollout.prompt_length}) must equal data.max_prompt_length "
              f"({data.max_prompt_length}); leave it at its default ${{data.max_prompt_length}}")
-    _require(rollout.response_length == data.max_response_length,
+    require(rollout.response_length == data.max_response_length,
              f"rollout.response_length ({rollout.response_length}) must equal data.max_response_length "
              f"({data.max_response_length}); leave it at its default ${{data.max_response_length}}")
     actor = config.actor_rollout_ref.actor
     total = data.max_prompt_length + data.max_response_length
-    _require(not actor.use_dynamic_bsz or actor.ppo_max_token_len_per_gpu >= total,
+    require(not actor.use_dynamic_bsz or actor.ppo_max_token_len_per_gpu >= total,
              f"actor.ppo_max_token_len_per_gpu ({actor.ppo_max_token_len_per_gpu}) must hold one sequence "
              f"(max_prompt_length + max_response_length = {total})")
 

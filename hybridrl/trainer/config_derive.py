@@ -10,13 +10,8 @@ model directory), so the driver and the workers load the same tokenizer.
 from __future__ import annotations
 
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
-from hybridrl.utils.config import ConfigError
+from hybridrl.utils.config import require
 from hybridrl.utils.device import resolve_device_type
-
-
-def require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
 
 
 def fill_derived(config: PPOTrainerConfig) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from hybridrl.algos import get_adv_estimator_spec
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
+from hybridrl.utils.config import as_override
 
 
 @dataclass(frozen=True)
@@ -187,7 +188,8 @@ RULE_BASED_REWARD_KEYS = ("reward_model.reward_fn_timeout", "reward_model.reward
 
 
 @cache
-def _defaults() -> PPOTrainerConfig:
+def schema_defaults() -> PPOTrainerConfig:
+    """The schema's defaults, built once: what an error message offers as a valid value."""
     return PPOTrainerConfig()
 
 
@@ -201,19 +203,12 @@ def in_use(config: PPOTrainerConfig, key: str) -> bool:
     return True
 
 
-def _as_override(value: Any) -> str:
-    """`value` as a command line would write it."""
-    if value is None:
-        return "null"
-    return str(value).replace(" ", "") if isinstance(value, list) else repr(value)
-
-
 def range_errors(config: PPOTrainerConfig) -> list[str]:
     """One message per numeric setting outside its range, naming the key, the range and a valid value."""
     errors = []
     for key, rule in RANGES.items():
         value = lookup(config, key)
         if in_use(config, key) and not rule.ok(value):
-            errors.append(f"{key}={_as_override(value)} is out of range: it must be {rule.text}. "
-                          f"Fix: e.g. {key}={_as_override(lookup(_defaults(), key))} (the schema's default)")
+            errors.append(f"{key}={as_override(value)} is out of range: it must be {rule.text}. "
+                          f"Fix: e.g. {key}={as_override(lookup(schema_defaults(), key))} (the schema's default)")
     return errors

@@ -9,12 +9,12 @@ key, why, and the value that runs; it used to be accepted and ignored. The confi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
-from hybridrl.trainer.config_ranges import in_use, lookup
+from hybridrl.trainer.config_ranges import in_use, lookup, schema_defaults
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
 from hybridrl.trainer.worker_groups import actor_role, uses_critic, uses_reference
+from hybridrl.utils.config import as_override
 from hybridrl.workers.engine.fsdp import offload_refusals
 from hybridrl.workers.fsdp_workers import actor_offload_refusals
 from hybridrl.workers.reward_model import STRATEGIES
@@ -78,25 +78,16 @@ SAME_EITHER_WAY: dict[str, str] = {
 }
 
 
-@cache
-def _defaults() -> PPOTrainerConfig:
-    return PPOTrainerConfig()
-
-
-def _as_override(value: Any) -> str:
-    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
-
-
 def unsupported_errors(config: PPOTrainerConfig) -> list[str]:
     """One message per key set to a value hybridrl cannot run (keys of roles that do not run are skipped)."""
     errors = []
     for key, rule in UNSUPPORTED.items():
-        value, default = lookup(config, key), lookup(_defaults(), key)
+        value, default = lookup(config, key), lookup(schema_defaults(), key)
         runs_with = rule.runs_with if rule.runs_with is not None else (default,)
         if in_use(config, key) and value not in runs_with:
-            fix = f"set it to {_as_override(default)}" if len(runs_with) == 1 else \
-                f"set it to one of {', '.join(map(_as_override, runs_with))}"
-            errors.append(f"{key}={_as_override(value)} is not supported by hybridrl: {rule.why}. "
+            fix = f"set it to {as_override(default)}" if len(runs_with) == 1 else \
+                f"set it to one of {', '.join(map(as_override, runs_with))}"
+            errors.append(f"{key}={as_override(value)} is not supported by hybridrl: {rule.why}. "
                           f"Remove it or {fix}")
     return errors
 

@@ -25,7 +25,7 @@ from hybridrl.protocol import DataProto
 from hybridrl.trainer.divergence import DivergenceGuard, TrainingDivergedError
 from hybridrl.trainer.run_config import report_config_changes, write_run_config
 from hybridrl.trainer.sft_config import SFTSchema
-from hybridrl.utils.config import added_keys, unknown_key_message
+from hybridrl.utils.config import added_keys, require, unknown_key_message
 from hybridrl.utils.device import device_setting_problem, resolve_device_type
 from hybridrl.utils.tracking import StepProgress, rewind_metrics_file
 from hybridrl.workers.checkpoint import (
@@ -45,43 +45,38 @@ ROLE = "actor"  # the role directory of a checkpoint, so the model merger and re
 DATA_STATE = "data.pt"  # the dataloader position, next to the role directories of a step
 
 
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)
-
-
 def validate_config(config: DictConfig) -> DictConfig:
     """The config checked against the schema (unknown keys, wrong types) and for impossible settings."""
     checked = OmegaConf.merge(OmegaConf.structured(SFTSchema), config)
     OmegaConf.resolve(checked)
     # Hydra's `+key=value` adds a key even under the typed nodes; nothing would read it
     unknown = [unknown_key_message(key, known) for key, known in added_keys(OmegaConf.to_object(checked))]
-    _require(not unknown, "\n".join(unknown))
+    require(not unknown, "\n".join(unknown))
     data, trainer, optim = checked.data, checked.trainer, checked.optim
     world = trainer.n_gpus_per_node * trainer.nnodes
-    _require(trainer.backend in ("ray", "local"), f"trainer.backend must be ray or local, got {trainer.backend!r}")
+    require(trainer.backend in ("ray", "local"), f"trainer.backend must be ray or local, got {trainer.backend!r}")
     trainer.device = resolve_device_type(trainer.device)
     device_problem = device_setting_problem(trainer.device)
-    _require(device_problem is None, device_problem)
-    _require(trainer.backend == "ray" or world == 1,
+    require(device_problem is None, device_problem)
+    require(trainer.backend == "ray" or world == 1,
              f"trainer.backend=local runs one rank, but trainer.n_gpus_per_node x nnodes = {world}; "
              "set trainer.n_gpus_per_node=1 or use trainer.backend=ray")
-    _require(data.train_batch_size > 0 and data.train_batch_size % world == 0,
+    require(data.train_batch_size > 0 and data.train_batch_size % world == 0,
              f"data.train_batch_size ({data.train_batch_size}) must be a positive multiple of the number of "
              f"ranks ({world} = trainer.n_gpus_per_node x trainer.nnodes)")
-    _require(data.micro_batch_size_per_gpu > 0,
+    require(data.micro_batch_size_per_gpu > 0,
              f"data.micro_batch_size_per_gpu must be positive, got {data.micro_batch_size_per_gpu}")
-    _require(not data.use_dynamic_bsz or data.max_token_len_per_gpu >= data.max_length,
+    require(not data.use_dynamic_bsz or data.max_token_len_per_gpu >= data.max_length,
              f"data.max_token_len_per_gpu ({data.max_token_len_per_gpu}) must be at least data.max_length "
              f"({data.max_length}) with data.use_dynamic_bsz=true, so that the longest sequence fits one pass")
-    _require(optim.lr_scheduler in ("constant", "cosine"),
+    require(optim.lr_scheduler in ("constant", "cosine"),
              f"optim.lr_scheduler must be constant or cosine, got {optim.lr_scheduler!r}")
-    _require(set(trainer.logger) <= {"console", "file"},
+    require(set(trainer.logger) <= {"console", "file"},
              f"trainer.logger supports console and file, got {list(trainer.logger)}")
-    _require(trainer.resume_mode in ("auto", "disable", "resume_path"),
+    require(trainer.resume_mode in ("auto", "disable", "resume_path"),
              f"trainer.resume_mode must be auto, disable or resume_path, got {trainer.resume_mode!r}")
     steps = trainer.total_training_steps
-    _require(steps is None or (isinstance(steps, int) and steps > 0),
+    require(steps is None or (isinstance(steps, int) and steps > 0),
              f"trainer.total_training_steps must be a positive integer or null, got {steps!r}")
     return checked
 
@@ -101,7 +96,7 @@ def load_data(config: DictConfig) -> tuple[SFTDataset, SFTDataset | None]:
     tokenizer = load_tokenizer(config.model.partial_pretrain, trust_remote_code=config.model.trust_remote_code)
     train_set = build_dataset(config, config.data.train_files, tokenizer)
     val_set = None if config.data.val_files is None else build_dataset(config, config.data.val_files, tokenizer)
-    _require(len(train_set) >= config.data.train_batch_size, f"the training data has {len(train_set)} rows, "
+    require(len(train_set) >= config.data.train_batch_size, f"the training data has {len(train_set)} rows, "
              f"fewer than data.train_batch_size={config.data.train_batch_size}")
     return train_set, val_set
 

@@ -16,6 +16,23 @@ class ConfigError(ValueError):
     """A setting, or a combination of settings, that cannot work."""
 
 
+def require(ok: bool, message: str) -> None:
+    """Raise ConfigError(message) unless `ok`."""
+    if not ok:
+        raise ConfigError(message)
+
+
+def as_override(value: Any) -> str:
+    """`value` as a Hydra command line writes it: null, true/false, [a,b], or the value itself."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(as_override(item) for item in value) + "]"
+    return str(value)
+
+
 def to_dataclass(cls: type[T], value: Any) -> T:
     """A `cls` instance from an instance, a dict or an OmegaConf node, type-checked by OmegaConf.
 
