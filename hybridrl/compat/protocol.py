@@ -125,6 +125,7 @@ class DataProto(core.DataProto):
             raise TypeError(f"{path} does not hold a DataProto (found {type(data).__name__})")
         return data
 
+
 def fold_batch_dim(data: DataProto, new_batch_size: int) -> DataProto:
     """Group consecutive rows: B rows become `new_batch_size` rows of B / new_batch_size each."""
     rows = len(data)
