@@ -261,8 +261,8 @@ def load_causal_lm(
 
 
 class BiasAddedLinear(nn.Linear):
-    """An nn.Linear that adds its bias after the product: the same parameters and values, but its output
-    owns its memory. torch's biased linear over (batch, seq, in) returns a view of a 2-d product, and FSDP2
+    """An nn.Linear that adds its bias after the product: the same parameters, the same values up to the
+    rounding of a separate add, and an output that owns its memory. torch's biased linear over (batch, seq, in) returns a view of a 2-d product, and FSDP2
     warns about a wrapped model that returns a view (an in-place op on it would skip the backward hook);
     the separate add costs one elementwise pass over the (batch, seq, 1) values."""
 
