@@ -19,10 +19,10 @@ import types
 
 # verl module -> the hybridrl module that provides the same names.
 MODULES = {
-    "verl.protocol": "hybridrl.compat.protocol",
+    "verl.protocol": "hybridrl.compat.verl_protocol",
     "verl.trainer.ppo.core_algos": "hybridrl.algos",
     "verl.trainer.ppo.rollout_corr_helper": "hybridrl.compat.rollout_corr_helper",
-    "verl.trainer.ppo.v1.utils": "hybridrl.trainer.advantage",
+    "verl.trainer.ppo.v1.utils": "hybridrl.trainer.batch_advantage",
     "verl.trainer.config.algorithm": "hybridrl.trainer.ppo_config",
     "verl.workers.config.actor": "hybridrl.workers.config",
     "verl.utils.torch_functional": "hybridrl.utils.torch_functional",
@@ -32,7 +32,7 @@ MODULES = {
 }
 
 # `from verl import X`: verl re-exports these at its top level.
-TOP_LEVEL_NAMES = {"DataProto": ("hybridrl.compat.protocol", "DataProto")}
+TOP_LEVEL_NAMES = {"DataProto": ("hybridrl.compat.verl_protocol", "DataProto")}
 
 
 def _stand_in_packages() -> set[str]:

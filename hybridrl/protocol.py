@@ -9,7 +9,7 @@ A DataProto has three parts, as in verl:
 Every row-wise operation (indexing, chunking, repeating, concatenating) acts on `batch` and
 `non_tensor_batch` together, so the two never drift apart. Merging rules live in `protocol_merge`.
 The members and functions that exist only for verl's call conventions (TensorDict conversion, row
-folding, disk persistence, ...) live in `hybridrl.compat.protocol`, on a subclass of this DataProto.
+folding, disk persistence, ...) live in `hybridrl.compat.verl_protocol`, on a subclass of this DataProto.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ class DataProto:
         """Build from tensors and per-row values; all must agree on the number of rows.
 
         `num_batch_dims` and `auto_padding` are verl's parameters. A DataProto has exactly one batch
-        dimension (`hybridrl.compat.protocol.fold_batch_dim` folds rows), and chunks must divide evenly: pad explicitly with
+        dimension (`hybridrl.compat.verl_protocol.fold_batch_dim` folds rows), and chunks must divide evenly: pad explicitly with
         `pad_dataproto_to_divisor`, so that no caller mistakes a padded row for data.
         """
         if num_batch_dims != 1:

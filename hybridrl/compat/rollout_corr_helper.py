@@ -7,7 +7,7 @@ import torch
 
 from hybridrl.algos.rollout_correction import *  # noqa: F403 - verl's module holds all of these names
 from hybridrl.algos.rollout_correction import compute_rollout_correction
-from hybridrl.compat.protocol import DataProto
+from hybridrl.compat.verl_protocol import DataProto
 
 
 def compute_rollout_correction_and_rejection_mask(

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hybridrl.utils.config import to_dataclass
+from hybridrl.utils.typed_config import to_dataclass
 
 
 @dataclass

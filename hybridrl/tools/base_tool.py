@@ -3,7 +3,7 @@
 A trajectory that calls a tool gets its own instance of it: `create` once (with the row's
 `extra_info.tools_kwargs[<name>].create_kwargs`), `execute` for every call of the tool in the trajectory,
 then `calc_reward` and `release` when the trajectory ends. All four are coroutines, run on the agent
-loop's event loop with a timeout each (hybridrl/tools/runner.py); blocking work belongs in
+loop's event loop with a timeout each (hybridrl/tools/tool_runner.py); blocking work belongs in
 `asyncio.to_thread`, as the built-in tools do.
 
 A tool class written for verl (`verl.tools.base_tool.BaseTool`) runs after its imports change to

@@ -10,8 +10,8 @@ model directory), so the driver and the workers load the same tokenizer.
 from __future__ import annotations
 
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
-from hybridrl.utils.config import require
 from hybridrl.utils.device import resolve_device_type
+from hybridrl.utils.typed_config import require
 
 
 def fill_derived(config: PPOTrainerConfig) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from hybridrl.algos import get_adv_estimator_spec
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
-from hybridrl.utils.config import as_override
+from hybridrl.utils.typed_config import as_override
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from hybridrl.algos.pf_ppo import PF_PPO_METHODS
 from hybridrl.algos.rollout_correction import IS_LEVELS, parse_is_threshold, parse_rs_options, rs_option_names
 from hybridrl.data.rl_dataset import RLDatasetConfig
 from hybridrl.rewards.custom import CustomRewardFunctionConfig
-from hybridrl.utils.config import ConfigError
+from hybridrl.utils.typed_config import ConfigError
 from hybridrl.workers.config import ActorRolloutRefConfig, CriticConfig
 from hybridrl.workers.reward_model import RewardModelConfig
 

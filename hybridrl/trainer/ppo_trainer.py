@@ -26,7 +26,7 @@ from hybridrl.algos import (
 from hybridrl.data.sampler import ResumableSampler, StatefulDataLoader
 from hybridrl.protocol import DataProto
 from hybridrl.rewards.failures import add_reward_metrics
-from hybridrl.trainer import advantage, dataflow, rollout_correction
+from hybridrl.trainer import batch_advantage, batch_rollout_correction, dataflow
 from hybridrl.trainer.divergence import DivergenceGuard, TrainingDivergedError
 from hybridrl.trainer.generation_dump import generation_records, write_generations
 from hybridrl.trainer.metrics import (
@@ -271,7 +271,7 @@ class PPOTrainer:
         Without the pass, `actor/entropy` comes from the update alone."""
         metrics["actor/old_log_prob_fused"] = float(self.fuse_old_log_prob)
         if self.config.algorithm.rollout_correction.bypass_mode:
-            rollout_correction.bypass_old_log_probs(batch)
+            batch_rollout_correction.bypass_old_log_probs(batch)
             return
         if self.fuse_old_log_prob:
             return
@@ -289,7 +289,7 @@ class PPOTrainer:
         without the rejected tokens, from old_log_probs vs rollout_log_probs (`algorithm.rollout_correction`)."""
         correction = self.config.algorithm.rollout_correction
         if correction.decoupled:  # bypass mode corrects inside the actor's loss instead
-            metrics.update(rollout_correction.correct_rollout(batch, correction))
+            metrics.update(batch_rollout_correction.correct_rollout(batch, correction))
 
     def _apply_kl(self, batch: DataProto, metrics: dict) -> None:
         """6. KL in the reward (PPO) or plain scores (GRPO puts KL in the actor's loss instead)."""
@@ -308,7 +308,7 @@ class PPOTrainer:
         """7. Advantages and returns from the configured estimator, given every input the batch has; with
         PF-PPO, the batch redrawn toward extreme rewards (seeded by the step, so a resume redraws the same)."""
         algo = self.config.algorithm
-        advantage.compute_advantage(batch, algo.adv_estimator, gamma=algo.gamma, lam=algo.lam,
+        batch_advantage.compute_advantage(batch, algo.adv_estimator, gamma=algo.gamma, lam=algo.lam,
                                     norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo, config=algo)
         if not algo.use_pf_ppo:
             return batch
@@ -338,7 +338,7 @@ class PPOTrainer:
             with timer("update_actor", timing):
                 output = self.groups.actor_rollout.update_actor(batch)
             self.costs.record("update_actor", output, real_tokens(batch), timing)
-            metrics.update(rollout_correction.bypass_metric_names(reduce_metrics(output.meta_info["metrics"])))
+            metrics.update(batch_rollout_correction.bypass_metric_names(reduce_metrics(output.meta_info["metrics"])))
             if self.fuse_old_log_prob:  # the update's forward pass gave them
                 batch.union(output.select(batch_keys=["old_log_probs"], meta_info_keys=[]))
                 self._rollout_agreement(batch, metrics)

@@ -25,9 +25,9 @@ from hybridrl.protocol import DataProto
 from hybridrl.trainer.divergence import DivergenceGuard, TrainingDivergedError
 from hybridrl.trainer.run_config import report_config_changes, write_run_config
 from hybridrl.trainer.sft_config import SFTSchema
-from hybridrl.utils.config import added_keys, require, unknown_key_message
 from hybridrl.utils.device import device_setting_problem, resolve_device_type
 from hybridrl.utils.tracking import StepProgress, rewind_metrics_file
+from hybridrl.utils.typed_config import added_keys, require, unknown_key_message
 from hybridrl.workers.checkpoint import (
     CheckpointError,
     commit_checkpoint,

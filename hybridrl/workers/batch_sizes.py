@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from hybridrl.workers.config import ActorConfig, ActorRolloutRefConfig, CriticConfig, RefConfig
-from hybridrl.workers.rollout.config import RolloutConfig
+from hybridrl.workers.rollout.rollout_config import RolloutConfig
 from hybridrl.workers.update_loop import BatchingPlan
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridrl.utils.config import to_dataclass  # noqa: F401 - re-exported for the workers
-from hybridrl.workers.rollout.config import RolloutConfig
+from hybridrl.utils.typed_config import to_dataclass  # noqa: F401 - re-exported for the workers
+from hybridrl.workers.rollout.rollout_config import RolloutConfig
 
 
 @dataclass

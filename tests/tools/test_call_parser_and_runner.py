@@ -4,7 +4,7 @@ import asyncio
 import time
 
 from hybridrl.tools.call_parser import CALL_FORMATS, CallError, ParsedCall, parse_hermes
-from hybridrl.tools.runner import ToolRunner
+from hybridrl.tools.tool_runner import ToolRunner
 
 
 def test_hermes_calls_in_order_with_errors_for_bad_blocks():

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.advantage import compute_advantage, compute_advantage_for_multi_trajectories
+from hybridrl.trainer.batch_advantage import compute_advantage, compute_advantage_for_multi_trajectories
 
 
 def batch(scores, masks, uids):

@@ -7,7 +7,7 @@ config schema (a layer above this package).
 from __future__ import annotations
 
 from hybridrl.rewards.managers import batch, dapo, naive, prime  # noqa: F401  (registers the managers)
-from hybridrl.rewards.managers.base import RewardManager
-from hybridrl.rewards.managers.registry import REWARD_MANAGERS
+from hybridrl.rewards.managers.manager_base import RewardManager
+from hybridrl.rewards.managers.manager_registry import REWARD_MANAGERS
 
 __all__ = ["REWARD_MANAGERS", "RewardManager"]

@@ -13,8 +13,8 @@ from typing import Any
 
 from hybridrl.rewards.calls import Outcome, Status, check_batch_scores
 from hybridrl.rewards.failures import DEFAULT_MAX_FAILURE_SHARE, DEFAULT_TIMEOUT_S
-from hybridrl.rewards.managers.base import DecodedRow, RewardManager
-from hybridrl.rewards.managers.registry import REWARD_MANAGERS
+from hybridrl.rewards.managers.manager_base import DecodedRow, RewardManager
+from hybridrl.rewards.managers.manager_registry import REWARD_MANAGERS
 
 
 @REWARD_MANAGERS.register("batch")

@@ -1,12 +1,12 @@
 """`naive`: score each response on its own, one call per response (verl's default manager).
 
-The calls run in the base class's worker pool with the per-call timeout (hybridrl/rewards/managers/base.py).
+The calls run in the base class's worker pool with the per-call timeout (hybridrl/rewards/managers/manager_base.py).
 """
 
 from __future__ import annotations
 
-from hybridrl.rewards.managers.base import RewardManager
-from hybridrl.rewards.managers.registry import REWARD_MANAGERS
+from hybridrl.rewards.managers.manager_base import RewardManager
+from hybridrl.rewards.managers.manager_registry import REWARD_MANAGERS
 
 
 @REWARD_MANAGERS.register("naive")

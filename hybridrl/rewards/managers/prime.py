@@ -1,6 +1,6 @@
 """`prime`: score responses in parallel processes with a per-sample timeout (verl's PrimeRewardManager).
 
-Every manager now runs its calls in a worker pool with a timeout (hybridrl/rewards/managers/base.py);
+Every manager now runs its calls in a worker pool with a timeout (hybridrl/rewards/managers/manager_base.py);
 `prime` keeps its own constructor arguments -- `timeout` and `num_processes` through
 `reward_model.reward_kwargs`, which override `reward_model.reward_fn_timeout` / `reward_fn_workers` --
 and adds per-sample flags `reward_timeout` and `reward_error` (any other failure) to the extra info,
@@ -14,8 +14,8 @@ from typing import Any
 
 from hybridrl.rewards.calls import Outcome, Status
 from hybridrl.rewards.failures import DEFAULT_MAX_FAILURE_SHARE, DEFAULT_TIMEOUT_S
-from hybridrl.rewards.managers.base import DecodedRow, RewardManager
-from hybridrl.rewards.managers.registry import REWARD_MANAGERS
+from hybridrl.rewards.managers.manager_base import DecodedRow, RewardManager
+from hybridrl.rewards.managers.manager_registry import REWARD_MANAGERS
 
 
 @REWARD_MANAGERS.register("prime")

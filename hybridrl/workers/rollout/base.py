@@ -36,9 +36,9 @@ import torch
 from torch import nn
 
 from hybridrl.protocol import DataProto
-from hybridrl.utils.config import to_dataclass
 from hybridrl.utils.registry import Registry
-from hybridrl.workers.rollout.config import RolloutConfig
+from hybridrl.utils.typed_config import to_dataclass
+from hybridrl.workers.rollout.rollout_config import RolloutConfig
 
 PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
 

@@ -55,7 +55,7 @@ from hybridrl.models.attention import GROUPED_EAGER, GROUPED_SDPA, decoding_atte
 from hybridrl.models.loading import resolve_dtype
 from hybridrl.models.packed_linear import prepacked_linears
 from hybridrl.protocol import DataProto
-from hybridrl.utils.config import to_dataclass
+from hybridrl.utils.typed_config import to_dataclass
 from hybridrl.workers.micro_batch import trim_columns
 from hybridrl.workers.rollout.base import (
     ROLLOUT_ENGINES,
@@ -65,7 +65,6 @@ from hybridrl.workers.rollout.base import (
     check_prompts,
     eos_token_ids,
 )
-from hybridrl.workers.rollout.config import RolloutConfig
 from hybridrl.workers.rollout.decode_outputs import DecodeOutputs
 from hybridrl.workers.rollout.fused_decoder import (
     FusedDecoder,
@@ -74,6 +73,7 @@ from hybridrl.workers.rollout.fused_decoder import (
     unsupported_reason,
 )
 from hybridrl.workers.rollout.kv_cache import PreallocatedCache, cache_keyword
+from hybridrl.workers.rollout.rollout_config import RolloutConfig
 from hybridrl.workers.rollout.sampling import SamplingParams, resolve_sampling_params, sample_tokens
 from hybridrl.workers.rollout.static_decode import decode_static, hook_free_view
 

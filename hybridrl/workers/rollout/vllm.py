@@ -42,8 +42,8 @@ from torch import nn
 
 from hybridrl.models.loading import resolve_dtype
 from hybridrl.protocol import DataProto
-from hybridrl.utils.config import to_dataclass
 from hybridrl.utils.device import device_type
+from hybridrl.utils.typed_config import to_dataclass
 from hybridrl.workers.rollout.base import (
     ROLLOUT_ENGINES,
     BaseRollout,
@@ -52,7 +52,7 @@ from hybridrl.workers.rollout.base import (
     check_prompts,
     eos_token_ids,
 )
-from hybridrl.workers.rollout.config import RolloutConfig
+from hybridrl.workers.rollout.rollout_config import RolloutConfig
 from hybridrl.workers.rollout.sampling import SamplingParams, resolve_sampling_params
 
 # vLLM's scheduler runs at most this many sequences at once on CPU (its LLM-class default there).
