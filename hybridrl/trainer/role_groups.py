@@ -9,10 +9,13 @@ tests/trainer/test_role_groups.py holds every method here to its worker method's
 
 from __future__ import annotations
 
+from typing import Any
+
 from hybridrl.controller.typed_group import TypedWorkerGroup
 from hybridrl.protocol import DataProto
 from hybridrl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 from hybridrl.workers.reward_model import RewardModelWorker
+from hybridrl.workers.sft_worker import SFTWorker
 
 
 class ActorRolloutRefGroup(TypedWorkerGroup):
@@ -85,3 +88,26 @@ class RewardModelGroup(TypedWorkerGroup):
     def compute_rm_score(self, data: DataProto) -> DataProto:
         """`rm_scores`: each sequence's score on its last valid response token."""
         return self.group.call(RewardModelWorker.compute_rm_score, data)
+
+
+class SFTGroup(TypedWorkerGroup):
+    """The SFT trainer's ranks (hybridrl/trainer/sft_trainer.py)."""
+
+    worker_cls = SFTWorker
+
+    def init_model(self, total_training_steps: int) -> list[dict[str, int]]:
+        return self.group.call(SFTWorker.init_model, total_training_steps)
+
+    def train_batch(self, data: DataProto) -> list[dict[str, float]]:
+        """One optimizer step over the global batch; every rank returns the same all-reduced metrics."""
+        return self.group.call(SFTWorker.train_batch, data)
+
+    def eval_batch(self, data: DataProto) -> DataProto:
+        return self.group.call(SFTWorker.eval_batch, data)
+
+    def save_checkpoint(self, local_path: str, global_step: int, max_ckpt_to_keep: int | None = None,
+                        hf_model: bool = False) -> list[str]:
+        return self.group.call(SFTWorker.save_checkpoint, local_path, global_step, max_ckpt_to_keep, hf_model)
+
+    def load_checkpoint(self, local_path: str) -> list[dict[str, Any]]:
+        return self.group.call(SFTWorker.load_checkpoint, local_path)

@@ -18,11 +18,13 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from hybridrl.controller import WorkerGroup
 from hybridrl.data.sampler import ResumableSampler, StatefulDataLoader
 from hybridrl.data.sft_dataset import SFTDataset
 from hybridrl.models.loading import load_tokenizer
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.divergence import DivergenceGuard, TrainingDivergedError
+from hybridrl.trainer.role_groups import SFTGroup
 from hybridrl.trainer.run_config import report_config_changes, write_run_config
 from hybridrl.trainer.sft_config import SFTSchema
 from hybridrl.utils.device import device_setting_problem, resolve_device_type
@@ -132,9 +134,10 @@ class MetricsLog:
 class SFTTrainer:
     """Drives an SFT worker group (any backend) over the configured data; `fit()` runs the whole job."""
 
-    def __init__(self, config: DictConfig, worker_group: Any, data: tuple[SFTDataset, SFTDataset | None]) -> None:
+    def __init__(self, config: DictConfig, worker_group: WorkerGroup,
+                 data: tuple[SFTDataset, SFTDataset | None]) -> None:
         self.config = config
-        self.wg = worker_group
+        self.wg = SFTGroup(worker_group)
         self.out_dir = Path(config.trainer.default_local_dir).expanduser()
         self.train_set, self.val_set = data
         self.steps_per_epoch = len(self.train_set) // config.data.train_batch_size

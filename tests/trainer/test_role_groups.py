@@ -17,9 +17,9 @@ import pytest
 
 from hybridrl.controller import Dispatch, Execute, TypedWorkerGroup, registered_methods
 from hybridrl.controller.decorator import MethodSpec
-from hybridrl.trainer.role_groups import ActorRolloutRefGroup, CriticGroup, RewardModelGroup
+from hybridrl.trainer.role_groups import ActorRolloutRefGroup, CriticGroup, RewardModelGroup, SFTGroup
 
-HANDLES = [ActorRolloutRefGroup, CriticGroup, RewardModelGroup]
+HANDLES = [ActorRolloutRefGroup, CriticGroup, RewardModelGroup, SFTGroup]
 # modes whose result is one entry per rank; DP_COMPUTE_PROTO concatenates the ranks' DataProtos
 PER_RANK = {Dispatch.ONE_TO_ALL, Dispatch.ALL_TO_ALL, Dispatch.DP_COMPUTE, Dispatch.DP_COMPUTE_METRIC}
 
