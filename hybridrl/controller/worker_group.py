@@ -1,11 +1,9 @@
 """WorkerGroup: the driver-side handle on N ranks of one worker class.
 
 `wg.call(Worker.method, *args)` dispatches the arguments of a `@register`-ed method, runs it on the
-ranks and collects the results. The group also binds each registered method onto itself, so
-`wg.update_actor(batch)` does the same for a worker class nobody wrote a typed handle for; the trainer's
-own roles go through typed handles instead (`hybridrl/controller/typed_group.py`), which an editor and
-a type checker can follow. Backends (Ray, local) only say how to start ranks and how to run one method
-on one rank.
+ranks and collects the results; it is the one way to call a worker method. The trainers reach it through
+typed handles (`hybridrl/controller/typed_group.py`), which an editor and a type checker can follow.
+Backends (Ray, local) only say how to start ranks and how to run one method on one rank.
 """
 
 from __future__ import annotations
@@ -66,22 +64,8 @@ class WorkerGroup:
             if not remote_name.startswith(prefix):
                 continue
             name = remote_name[len(prefix):]
-            if hasattr(type(self), name):
-                raise AttributeError(
-                    f"worker method {remote_name!r} of {self.worker_cls.__name__} would shadow "
-                    f"{type(self).__name__}.{name}; rename the method"
-                )
             self._methods[name] = (remote_name, spec)
-            setattr(self, name, self._make_group_method(name, remote_name))
             self.method_names.append(name)
-
-    def _make_group_method(self, name: str, remote_name: str) -> Callable:
-        def group_method(*args: Any, **kwargs: Any) -> Any:
-            return self.call(name, *args, **kwargs)
-
-        group_method.__name__ = remote_name
-        group_method.__doc__ = getattr(getattr(self.worker_cls, remote_name, None), "__doc__", None)
-        return group_method
 
     def method_specs(self) -> dict[str, MethodSpec]:
         """The registered methods this group can call, by their name on the group."""
@@ -127,8 +111,6 @@ class WorkerGroup:
         views = {}
         for role in prefix_set:
             view = copy.copy(self)
-            for name in self.method_names:
-                view.__dict__.pop(name, None)
             view.method_names, view._methods = [], {}
             view._bind_methods(registered_methods(self.worker_cls), prefix=f"{role}_")
             if not view.method_names:

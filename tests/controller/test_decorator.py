@@ -67,8 +67,8 @@ def test_registered_methods_follow_overrides():
 
 def test_custom_dispatch_modes(local_env):
     wg = LocalWorkerGroup(ClassWithInitArgs(Child))
-    assert wg.echo(4) == 41  # dispatched as 40, +1 on the single rank, summed
-    assert wg.echo_inline(4) == 42
+    assert wg.call("echo", 4) == 41  # dispatched as 40, +1 on the single rank, summed
+    assert wg.call("echo_inline", 4) == 42
     assert not hasattr(wg, "dropped")
 
 
@@ -87,7 +87,7 @@ def test_all_to_all_checks_list_lengths(local_env):
 
     wg = LocalWorkerGroup(ClassWithInitArgs(ScaleWorker, scale=1.0))
     with pytest.raises(ValueError, match="one entry per rank \\(1\\)"):
-        wg.tag_with_rank(["a", "b"])
+        wg.call("tag_with_rank", ["a", "b"])
 
 
 # ----- device placement: DataProto arguments to the worker's device, results to the CPU -------------------

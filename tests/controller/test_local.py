@@ -22,12 +22,12 @@ from hybridrl.controller import (
 def test_local_group_matches_the_ray_behaviour(local_env, monkeypatch):
     wg = create_worker_group("local", ClassWithInitArgs(ScaleWorker, scale=2.0))
     assert isinstance(wg, LocalWorkerGroup) and wg.world_size == 1
-    assert wg.all_reduce_ranks() == [1.0]
+    assert wg.call("all_reduce_ranks") == [1.0]
     check_dp_compute_proto_keeps_order(wg, scale=2.0)
     check_k_outputs_per_row_with_padding(wg)
     check_other_dispatch_modes(wg)
     check_futures_chain(wg, scale=2.0, monkeypatch=monkeypatch)
-    assert wg.process_info()[0]["pid"] == os.getpid()
+    assert wg.call("process_info")[0]["pid"] == os.getpid()
 
 
 def test_local_colocated_roles(local_env):
@@ -101,7 +101,7 @@ def test_device_cpu_on_a_gpu_machine_keeps_the_rank_on_the_cpu_and_gloo(local_en
         monkeypatch.delenv(DEVICE_ENV, raising=False)  # else: the CPU-pinned environment of a test rank
     wg = LocalWorkerGroup(ClassWithInitArgs(ScaleWorker, scale=2.0), device="cpu" if via == "argument" else None)
     try:
-        (info,) = wg.process_info()
+        (info,) = wg.call("process_info")
         assert (info["device"], info["backend"], dist.get_backend()) == ("cpu", "gloo", "gloo")
         assert wg.worker.device == torch.device("cpu")
         check_dp_compute_proto_keeps_order(wg, scale=2.0)

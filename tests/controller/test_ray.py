@@ -47,8 +47,8 @@ def group(pool):
 
 def test_two_ranks_form_a_gloo_process_group(group):
     assert group.world_size == 2
-    assert group.all_reduce_ranks() == [3.0, 3.0]  # (0 + 1) + (1 + 1) on both ranks
-    infos = group.process_info()
+    assert group.call("all_reduce_ranks") == [3.0, 3.0]  # (0 + 1) + (1 + 1) on both ranks
+    infos = group.call("process_info")
     assert [i["rank"] for i in infos] == [0, 1]
     assert len({i["pid"] for i in infos}) == 2
     assert all(i["num_threads"] == 1 for i in infos)  # one CPU per rank -> one intra-op thread
@@ -77,8 +77,8 @@ def test_colocated_roles_share_processes(pool, group):
     })
     wg = RayWorkerGroup(pool, fused)
     roles = wg.spawn(prefix_set=["actor", "critic"])
-    actor_pids = [i["pid"] for i in roles["actor"].process_info()]
-    critic_pids = [i["pid"] for i in roles["critic"].process_info()]
+    actor_pids = [i["pid"] for i in roles["actor"].call("process_info")]
+    critic_pids = [i["pid"] for i in roles["critic"].call("process_info")]
     assert actor_pids == critic_pids and len(set(actor_pids)) == 2
     check_dp_compute_proto_keeps_order(roles["actor"], scale=2.0)
     check_dp_compute_proto_keeps_order(roles["critic"], scale=3.0)
@@ -89,11 +89,11 @@ def test_rank_zero_binds_its_own_port_and_the_others_learn_it(pool, group):
     group.shutdown()  # free the pool's bundles
     wg = RayWorkerGroup(pool, RayClassWithInitArgs(ScaleWorker, scale=1.0))
     try:
-        env = wg.read_env(["MASTER_ADDR", "MASTER_PORT", RENDEZVOUS_KEY_ENV])
+        env = wg.call("read_env", ["MASTER_ADDR", "MASTER_PORT", RENDEZVOUS_KEY_ENV])
         # rank 0 was given no port: it bound one of the OS's choosing and announced it for rank 1
         assert env[0]["MASTER_PORT"] == "0" and env[0][RENDEZVOUS_KEY_ENV]
         assert int(env[1]["MASTER_PORT"]) > 0 and env[1][RENDEZVOUS_KEY_ENV] is None
-        assert wg.all_reduce_ranks() == [3.0, 3.0]
+        assert wg.call("all_reduce_ranks") == [3.0, 3.0]
         assert _internal_kv_get(env[0][RENDEZVOUS_KEY_ENV]) is None  # the driver took the announcement away
     finally:
         wg.shutdown()
@@ -106,7 +106,7 @@ def test_rank_zero_failing_before_it_binds_raises_its_error(pool, group):
         RayWorkerGroup(pool, RayClassWithInitArgs(FailsOnRankZero))
     assert time.monotonic() - start < 60  # its error, not a wait for an address that never comes
     wg = RayWorkerGroup(pool, RayClassWithInitArgs(ScaleWorker, scale=1.0))  # the pool's bundles are free again
-    assert wg.all_reduce_ranks() == [3.0, 3.0]
+    assert wg.call("all_reduce_ranks") == [3.0, 3.0]
     wg.shutdown()
 
 

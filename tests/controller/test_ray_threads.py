@@ -17,7 +17,7 @@ def test_a_rank_with_two_cpus_uses_two_threads():
     pool = RayResourcePool(process_on_nodes=[1], cpus_per_process=2)
     try:
         group = RayWorkerGroup(pool, RayClassWithInitArgs(ScaleWorker, scale=1.0))
-        assert [i["num_threads"] for i in group.process_info()] == [2]
+        assert [i["num_threads"] for i in group.call("process_info")] == [2]
         group.shutdown()
     finally:
         pool.remove()

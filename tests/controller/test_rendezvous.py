@@ -27,7 +27,7 @@ def test_the_local_backend_binds_a_port_of_the_os_choosing(local_env, monkeypatc
     monkeypatch.delenv("MASTER_PORT", raising=False)
     wg = create_worker_group("local", ClassWithInitArgs(ScaleWorker, scale=1.0))
     assert os.environ["MASTER_PORT"] == "0"  # nothing was chosen ahead
-    assert wg.all_reduce_ranks() == [1.0]
+    assert wg.call("all_reduce_ranks") == [1.0]
     wg.shutdown()
 
 

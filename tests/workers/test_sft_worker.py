@@ -44,10 +44,10 @@ def _eval_and_train(rank: int, world_size: int, config) -> list:
     for default_device in ("cpu", "meta"):
         group = LocalWorkerGroup(ClassWithInitArgs(SFTWorker, config))
         try:
-            group.init_model(total_training_steps=2)
+            group.call("init_model", total_training_steps=2)
             with torch.device(default_device):
-                evaluated = group.eval_batch(data)
-                metrics = group.train_batch(data)
+                evaluated = group.call("eval_batch", data)
+                metrics = group.call("train_batch", data)
         finally:
             group.shutdown()
         results.append((evaluated.batch["loss_sum"], evaluated.batch["num_tokens"], metrics))
