@@ -22,7 +22,7 @@ MODULES = {
     "verl.protocol": "hybridrl.compat.verl_protocol",
     "verl.trainer.ppo.core_algos": "hybridrl.algos",
     "verl.trainer.ppo.rollout_corr_helper": "hybridrl.compat.rollout_corr_helper",
-    "verl.trainer.ppo.v1.utils": "hybridrl.trainer.batch_advantage",
+    "verl.trainer.ppo.v1.utils": "hybridrl.compat.ppo_v1_utils",
     "verl.trainer.config.algorithm": "hybridrl.trainer.ppo_config",
     "verl.workers.config.actor": "hybridrl.workers.config",
     "verl.utils.torch_functional": "hybridrl.utils.torch_functional",
