@@ -11,6 +11,7 @@ from hybridrl.controller.ray import RayClassWithInitArgs, RayWorkerGroup
 from hybridrl.controller.ray_resources import RayResourcePool, init_ray
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.metrics import reduce_metrics
+from hybridrl.trainer.role_groups import ActorRolloutRefGroup, CriticGroup
 from hybridrl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 
 pytestmark = pytest.mark.ray
@@ -48,8 +49,9 @@ def _train_step(wg_actor, wg_critic, data: DataProto) -> dict:
 
 
 def _single_rank_reference(rank, world_size, model_dir):
-    actor = LocalWorkerGroup(ClassWithInitArgs(ActorRolloutRefWorker, actor_config(model_dir), "actor_rollout_ref"))
-    critic = LocalWorkerGroup(ClassWithInitArgs(CriticWorker, critic_config(model_dir)))
+    actor = ActorRolloutRefGroup(LocalWorkerGroup(ClassWithInitArgs(ActorRolloutRefWorker, actor_config(model_dir),
+                                                                     "actor_rollout_ref")))
+    critic = CriticGroup(LocalWorkerGroup(ClassWithInitArgs(CriticWorker, critic_config(model_dir))))
     actor.init_model()
     critic.init_model()
     return _train_step(actor, critic, rollout_batch(rows=8))
@@ -59,9 +61,9 @@ def _single_rank_reference(rank, world_size, model_dir):
 def ray_groups(tiny_model_dir):
     init_ray(num_cpus=2)
     pool = RayResourcePool(process_on_nodes=[2], max_colocate_count=2)
-    actor = RayWorkerGroup(pool, RayClassWithInitArgs(ActorRolloutRefWorker, actor_config(str(tiny_model_dir)),
-                                                      "actor_rollout_ref"))
-    critic = RayWorkerGroup(pool, RayClassWithInitArgs(CriticWorker, critic_config(str(tiny_model_dir))))
+    actor = ActorRolloutRefGroup(RayWorkerGroup(pool, RayClassWithInitArgs(
+        ActorRolloutRefWorker, actor_config(str(tiny_model_dir)), "actor_rollout_ref")))
+    critic = CriticGroup(RayWorkerGroup(pool, RayClassWithInitArgs(CriticWorker, critic_config(str(tiny_model_dir)))))
     actor.init_model()
     critic.init_model()
     yield actor, critic
