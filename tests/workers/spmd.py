@@ -39,12 +39,19 @@ def _entry(rank: int, world_size: int, out_dir: str, fn: Callable, args: tuple) 
     dist.destroy_process_group()
 
 
+# Ranks fork from one server process that has imported these once: a fresh interpreter per rank would
+# spend seconds importing torch and transformers for every call.
+_PRELOAD = ["torch", "torch.distributed.fsdp", "transformers", "hybridrl.workers.fsdp_workers"]
+
+
 def run_on_ranks(fn: Callable, world_size: int, *args) -> list:
     """fn(rank, world_size, *args) on every rank; fn and args must be picklable (module-level)."""
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload(_PRELOAD)
     with tempfile.TemporaryDirectory() as out_dir:
         try:
             mp.start_processes(_entry, args=(world_size, out_dir, fn, args), nprocs=world_size,
-                               join=True, start_method="spawn")
+                               join=True, start_method="forkserver")
         except mp.ProcessExitedException as exit_error:
             # A rank that had already reported its result can still die while the process shuts down
             # (gloo's threads at exit: "terminate called without an active exception", SIGABRT, seen
