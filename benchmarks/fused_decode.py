@@ -2,7 +2,7 @@
 step, and the fused step with each prompt's keys/values kept once for its samples.
 
     .venv/bin/python benchmarks/fused_decode.py            # 10m and 50m, 3 prompt lengths, 1 and 2 threads
-    .venv/bin/python benchmarks/fused_decode.py --quick    # 10m, 2 prompt lengths, 1 thread, 1 run (~1 min)
+    .venv/bin/python benchmarks/fused_decode.py --quick    # 1m, 2 prompt lengths, 1 thread, 1 run (~1 min)
 
 What it compares (hybridrl/workers/rollout/fused_decoder.py and hf.py are the code under test): one
 `HFRollout.generate_sequences` call, 16 prompts x 8 samples x 64 new tokens, temperature 1, the same seed,
@@ -115,7 +115,7 @@ def rows_for(size: str, model_dir: Path, threads: int, repeats: list[int], runs:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="10m, prompts said 1 and 4 times, 1 thread, 1 run")
+    parser.add_argument("--quick", action="store_true", help="1m, prompts said 1 and 4 times, 1 thread, 1 run")
     parser.add_argument("--sizes", default="10m,50m")
     parser.add_argument("--threads", default="1,2", help="torch thread counts to measure at")
     parser.add_argument("--repeats", default="1,4,12", help="how many times each prompt says its question")
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     sizes, threads = args.sizes.split(","), [int(t) for t in args.threads.split(",")]
     repeats, runs = [int(r) for r in args.repeats.split(",")], args.runs
     if args.quick:
-        sizes, threads, repeats, runs = ["10m"], [1], [1, 4], 1
+        sizes, threads, repeats, runs = ["1m"], [1], [1, 4], 1
     table = ["| size | prompt tokens | threads | forward s | fused s | shared s | fused = forward | "
              "log-prob gap: forward | fused | shared |", "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
     with tempfile.TemporaryDirectory(prefix="fused-decode-") as tmp:
