@@ -248,7 +248,7 @@ def compute_rollout_agreement_metrics(batch: DataProto) -> dict[str, float]:
     _require(batch, ("response_mask",), "compute_rollout_agreement_metrics")
     # imported here: the rollout package pulls in the generation engines, slow to import, which a process
     # that only summarises metrics (tests, offline analysis) should not pay for
-    from hybridrl.workers.rollout.log_prob_agreement import rollout_logprob_diff_metrics
+    from hybridrl.workers.rollout.base import rollout_logprob_diff_metrics
 
     return rollout_logprob_diff_metrics(
         batch.batch["rollout_log_probs"], batch.batch["old_log_probs"], batch.batch["response_mask"]

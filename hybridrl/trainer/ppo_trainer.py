@@ -54,8 +54,7 @@ from hybridrl.workers.checkpoint_resume import (
     load_newest_loadable,
     resume_candidates,
 )
-from hybridrl.workers.rollout.agent_loop import AGENT_INPUT_COLUMNS
-from hybridrl.workers.rollout.agent_metrics import compute_agent_metrics
+from hybridrl.workers.rollout.agent_loop import AGENT_INPUT_COLUMNS, compute_agent_metrics
 
 
 class PPOTrainer:

@@ -13,8 +13,7 @@ from hybridrl.trainer.generation_dump import generation_records, write_generatio
 from hybridrl.trainer.metrics import process_validation_metrics, validation_metrics_to_flat
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
 from hybridrl.trainer.worker_groups import WorkerGroups
-from hybridrl.workers.rollout.agent_loop import AGENT_INPUT_COLUMNS
-from hybridrl.workers.rollout.agent_metrics import NUMERIC_COLUMNS
+from hybridrl.workers.rollout.agent_loop import AGENT_INPUT_COLUMNS, NUMERIC_COLUMNS
 
 
 class Validator:

@@ -74,7 +74,7 @@ def decode_rows(data: DataProto, tokenizer: Any, reward_fn_key: str = "data_sour
         prompt_valid = torch.full((len(data),), prompt_len)
     resp_valid = response_lengths(data)
     extra_infos = data.non_tensor_batch.get("extra_info")
-    # what a multi-turn rollout's tools reported (hybridrl/workers/rollout/agent_metrics.py), under the
+    # what a multi-turn rollout's tools reported (hybridrl/workers/rollout/agent_loop.py), under the
     # extra_info keys verl's reward managers use
     from_rollout = {name: data.non_tensor_batch[column] for name, column in ROLLOUT_EXTRA_INFO.items()
                     if column in data.non_tensor_batch}

@@ -6,9 +6,13 @@ package never imports vllm).
 """
 
 from hybridrl.workers.rollout import vllm as _vllm  # noqa: F401  (registers "vllm" without importing vllm)
-from hybridrl.workers.rollout.base import ROLLOUT_ENGINES, BaseRollout, build_rollout
+from hybridrl.workers.rollout.base import (
+    ROLLOUT_ENGINES,
+    BaseRollout,
+    build_rollout,
+    rollout_logprob_diff_metrics,
+)
 from hybridrl.workers.rollout.hf import HFRollout
-from hybridrl.workers.rollout.log_prob_agreement import rollout_logprob_diff_metrics
 from hybridrl.workers.rollout.rollout_config import RolloutConfig, ValKwargs
 from hybridrl.workers.rollout.sampling import SamplingParams, resolve_sampling_params
 

@@ -25,14 +25,14 @@ turn run at once, each under `multi_turn.tool_timeout` seconds (hybridrl/tools/t
 Nothing a tool or the model does stops the run: a call with invalid JSON, of an unknown tool, beyond
 `max_parallel_calls`, a tool that raises, hangs or returns something that is not a response becomes an
 `Error: ...` message in the conversation and a count in the per-sample columns (`tool_errors`,
-`tool_timeouts`; hybridrl/workers/rollout/agent_metrics.py).
+`tool_timeouts`; hybridrl/workers/rollout/agent_loop.py).
 
 A row's `agent_name` (verl's per-row key) picks the loop: `tool_agent` or `single_turn_agent` (one
 turn, tool calls left unanswered); rows without one run `rollout.agent.default_agent_loop` (null:
 tool_agent).
 
 After a trajectory ends, its turn-by-turn ids are compared with the whole conversation tokenised at once
-(`multi_turn.tokenization_sanity_check_mode`, hybridrl/workers/rollout/tokenization_check.py): a
+(`multi_turn.tokenization_sanity_check_mode`, hybridrl/workers/rollout/chat_delta.py): a
 difference means the model trained on a context the chat template would not have produced.
 """
 
@@ -55,12 +55,57 @@ from hybridrl.tools.base_tool import BaseTool
 from hybridrl.tools.call_parser import CALL_FORMATS, CallError, ParsedCall
 from hybridrl.tools.schemas import ToolResponse
 from hybridrl.tools.tool_runner import CallOutcome, ToolRunner
-from hybridrl.workers.rollout.agent_metrics import FINISH_COLUMN
 from hybridrl.workers.rollout.base import BaseRollout, assemble_output, check_prompts, eos_token_ids
-from hybridrl.workers.rollout.chat_delta import ChatTemplateDelta
+from hybridrl.workers.rollout.chat_delta import ChatTemplateDelta, tokenization_mismatch
 from hybridrl.workers.rollout.rollout_config import AGENT_LOOPS, RolloutConfig
 from hybridrl.workers.rollout.sampling import CALL_OVERRIDES, resolve_sampling_params
-from hybridrl.workers.rollout.tokenization_check import mismatch as tokenization_mismatch
+
+# The per-sample columns the loop adds (numpy object arrays, one entry per response):
+#   __num_turns__ (prompt, assistant and tool turns), tool_calls (malformed included), tool_errors (calls
+#   answered with an error, plus failed create / calc_reward / release), tool_timeouts (the part of
+#   tool_errors past multi_turn.tool_timeout), tool_latency_s (seconds per execute call), agent_finish
+#   (FINISH_REASONS), tool_rewards (execute's step rewards), reward_scores (calc_reward per tool, as verl
+#   reports them), tokenization_mismatch (1 / 0, None when not checked). The reward managers pass
+#   __num_turns__, reward_scores and tool_rewards to the reward function in extra_info.
+NUMERIC_COLUMNS = ("__num_turns__", "tool_calls", "tool_errors", "tool_timeouts")
+FINISH_COLUMN = "agent_finish"
+FINISH_REASONS = ("answer", "length", "max_assistant_turns", "max_user_turns")
+
+
+def compute_agent_metrics(batch: DataProto) -> dict[str, float]:
+    """`agent/*` metrics of a step's batch; empty when the rollout was single-turn (no agent columns).
+
+    agent/num_turns/{mean,min,max}, agent/tool_calls/mean (per sample), agent/tool_errors and
+    agent/tool_timeouts (counts in the step), agent/tool_latency_s/{mean,max} (seconds per execute call),
+    agent/tokenization_mismatch (count of checked samples whose ids differ), agent/finish/<reason>
+    (share of samples).
+    """
+    columns = batch.non_tensor_batch
+    if "__num_turns__" not in columns:
+        return {}
+    turns = np.asarray(columns["__num_turns__"], dtype=float)
+    calls = np.asarray(columns["tool_calls"], dtype=float)
+    errors = np.asarray(columns["tool_errors"], dtype=float)
+    metrics = {
+        "agent/num_turns/mean": float(turns.mean()),
+        "agent/num_turns/min": float(turns.min()),
+        "agent/num_turns/max": float(turns.max()),
+        "agent/tool_calls/mean": float(calls.mean()),
+        "agent/tool_errors": float(errors.sum()),
+        "agent/tool_timeouts": float(np.asarray(columns["tool_timeouts"], dtype=float).sum()),
+    }
+    latencies = [seconds for row in columns["tool_latency_s"] for seconds in row]
+    if latencies:
+        metrics["agent/tool_latency_s/mean"] = float(np.mean(latencies))
+        metrics["agent/tool_latency_s/max"] = float(np.max(latencies))
+    checked = [flag for flag in columns.get("tokenization_mismatch", ()) if flag is not None]
+    if checked:
+        metrics["agent/tokenization_mismatch"] = float(sum(checked))
+    finishes = list(columns[FINISH_COLUMN])
+    for reason in FINISH_REASONS:
+        metrics[f"agent/finish/{reason}"] = finishes.count(reason) / len(finishes)
+    return metrics
+
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +176,7 @@ class Trajectory:
 
 
 def sample_columns(trajectories: Sequence[Trajectory]) -> dict[str, np.ndarray]:
-    """The per-sample columns of finished trajectories (agent_metrics.py turns them into `agent/*` metrics)."""
+    """The per-sample columns of finished trajectories (`compute_agent_metrics` turns them into `agent/*` metrics)."""
     return {
         "__num_turns__": object_column([1 + t.assistant_turns + t.user_turns for t in trajectories]),
         "tool_calls": object_column([t.tool_calls for t in trajectories]),

@@ -21,6 +21,10 @@ not need (the worker's `generate_sequences` is its one caller). Each engine says
 engine reads the actor's gathered parameters in place; vLLM, which holds its own copy, receives the
 full state dict. `actor_rollout_ref.actor.fsdp_config.optimizer_offload` moves the optimizer state off
 the device for the block, and `param_offload` the actor's parameters where the engine holds its own.
+
+`rollout_logprob_diff_metrics` compares the sampler's `rollout_log_probs` with the actor's recomputed
+`old_log_probs`: with the same weights and precision they agree up to floating-point noise, and a larger
+gap means the rollout sampled from other weights (a weight-sync bug) or in another precision.
 """
 
 from __future__ import annotations
@@ -39,6 +43,31 @@ from hybridrl.protocol import DataProto
 from hybridrl.utils.registry import Registry
 from hybridrl.utils.typed_config import to_dataclass
 from hybridrl.workers.rollout.rollout_config import RolloutConfig
+
+
+def rollout_logprob_diff_metrics(
+    rollout_log_probs: torch.Tensor, old_log_probs: torch.Tensor, response_mask: torch.Tensor
+) -> dict[str, float]:
+    """Max and mean of |rollout_log_probs - old_log_probs| over the response tokens.
+
+    All three tensors are (batch, response_len); only positions with response_mask == 1 count.
+    """
+    shapes = {t.shape for t in (rollout_log_probs, old_log_probs, response_mask)}
+    if len(shapes) != 1:
+        raise ValueError(
+            "rollout_log_probs, old_log_probs and response_mask must share one (batch, response_len) "
+            f"shape; got {tuple(rollout_log_probs.shape)}, {tuple(old_log_probs.shape)}, "
+            f"{tuple(response_mask.shape)}"
+        )
+    mask = response_mask.bool()
+    if not bool(mask.any()):
+        raise ValueError("response_mask has no 1s: there are no response tokens to compare")
+    diff = (rollout_log_probs.float() - old_log_probs.float()).abs()[mask]  # (tokens,)
+    return {
+        "rollout/log_prob_diff_max": diff.max().item(),
+        "rollout/log_prob_diff_mean": diff.mean().item(),
+    }
+
 
 PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
 

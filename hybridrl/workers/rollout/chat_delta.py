@@ -11,6 +11,11 @@ For a template whose renderings of shorter chats are prefixes of longer ones, an
 does not merge tokens across an EOS token or across the end of an assistant header, the ids of the
 prompt, the model's turns and these deltas, concatenated, equal the ids of the whole conversation
 tokenised at once (tests/workers/rollout/test_agent_loop.py checks it for the tiny model's ChatML template).
+
+`tokenization_mismatch` checks that: it compares a trajectory's assembled ids with its conversation
+tokenised at once, per `multi_turn.tokenization_sanity_check_mode` ("strict": any id differs;
+"ignore_strippable": the texts differ beyond whitespace; "disable": no check). The conversation is
+rendered after a fixed one-message prompt, so the check covers the response the loop assembled.
 """
 
 from __future__ import annotations
@@ -71,3 +76,20 @@ class ChatTemplateDelta:
         if messages and messages[-1]["role"] == "assistant" and self._after_eos and text.endswith(self._after_eos):
             text = text[: -len(self._after_eos)]
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def tokenization_mismatch(delta: ChatTemplateDelta, messages: Sequence[Mapping[str, Any]], response_ids: Sequence[int],
+             mode: str) -> str | None:
+    """None when the turn-by-turn `response_ids` agree with `messages` tokenised at once under `mode`
+    (strict or ignore_strippable; the caller skips the check under disable); otherwise where they first
+    differ (for the log)."""
+    expected = delta.ids_of_turns(messages)
+    actual = list(response_ids)
+    if expected == actual:
+        return None
+    decode = delta.tokenizer.decode
+    if mode == "ignore_strippable" and "".join(decode(expected).split()) == "".join(decode(actual).split()):
+        return None
+    at = next((i for i, (a, b) in enumerate(zip(expected, actual, strict=False)) if a != b), min(len(expected), len(actual)))
+    return (f"at response token {at}: turn by turn {decode(actual[at:at + 8])!r}, "
+            f"whole conversation {decode(expected[at:at + 8])!r}")

@@ -65,7 +65,6 @@ from hybridrl.workers.rollout.base import (
     check_prompts,
     eos_token_ids,
 )
-from hybridrl.workers.rollout.decode_outputs import DecodeOutputs
 from hybridrl.workers.rollout.fused_decoder import (
     FusedDecoder,
     SharedPromptKV,
@@ -74,7 +73,12 @@ from hybridrl.workers.rollout.fused_decoder import (
 )
 from hybridrl.workers.rollout.kv_cache import PreallocatedCache, cache_keyword
 from hybridrl.workers.rollout.rollout_config import RolloutConfig
-from hybridrl.workers.rollout.sampling import SamplingParams, resolve_sampling_params, sample_tokens
+from hybridrl.workers.rollout.sampling import (
+    DecodeOutputs,
+    SamplingParams,
+    resolve_sampling_params,
+    sample_tokens,
+)
 from hybridrl.workers.rollout.static_decode import decode_static, hook_free_view
 
 logger = logging.getLogger(__name__)

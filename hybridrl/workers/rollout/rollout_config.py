@@ -167,7 +167,7 @@ class RolloutConfig:
     log_prob_max_token_len_per_gpu: int = 16384
     # the trainer reports rollout/log_prob_diff_* (the engine's rollout_log_probs against the actor's
     # recomputed ones) when True. On by default, unlike verl: the metric is what catches a rollout engine
-    # that samples from stale weights (see hybridrl/workers/rollout/log_prob_agreement.py).
+    # that samples from stale weights (see hybridrl/workers/rollout/base.py).
     calculate_log_probs: bool = True
     # vLLM only: memory share of the KV cache, tensor parallel size
     gpu_memory_utilization: float = 0.5

@@ -13,6 +13,10 @@ The distribution a token is drawn from is the model's next-token distribution af
 `rollout_log_probs` are the log-probs of the chosen tokens under exactly this distribution. Greedy
 decoding takes the argmax; its log-probs are the model's plain log_softmax(logits) (temperature 1, no
 filtering), the distribution greedy decoding approximates.
+
+`DecodeOutputs` holds the buffers both HF decoding loops fill, one column per step: the eager loop
+(hf.py; rows leave the batch as they finish) and static_decode.py's fixed-shape loop record each step's
+tokens and log-probs, each row's length at its stop token, and pad after every row's stop at the end.
 """
 
 from __future__ import annotations
@@ -152,3 +156,41 @@ def draw_tokens(probs: torch.Tensor, generator: torch.Generator | None) -> torch
         raise ValueError("sampling: a row's next-token probabilities are NaN, infinite or all zero; the model's "
                          "logits are not finite (its weights may have diverged)")
     return tokens.clamp_(max=probs.shape[-1] - 1)
+
+
+@dataclass
+class DecodeOutputs:
+    responses: torch.Tensor  # (rows, R) sampled token ids; after a row's stop, overwritten by `finish`
+    log_probs: torch.Tensor  # (rows, R) fp32 log-probs of the sampled tokens
+    lengths: torch.Tensor  # (rows,) tokens up to and including the stop token; R if none
+    stop_ids: torch.Tensor  # (S,) the ids that end a response
+    pad_token_id: int
+
+    @classmethod
+    def allocate(cls, rows: int, width: int, params: SamplingParams, pad_token_id: int, token_dtype: torch.dtype,
+                 device: torch.device) -> DecodeOutputs:
+        return cls(
+            responses=torch.full((rows, width), pad_token_id, dtype=token_dtype, device=device),
+            log_probs=torch.zeros(rows, width, dtype=torch.float32, device=device),
+            lengths=torch.full((rows,), width, dtype=torch.long, device=device),
+            stop_ids=torch.tensor(params.stop_token_ids, dtype=token_dtype, device=device),
+            pad_token_id=pad_token_id,
+        )
+
+    def record(self, rows: torch.Tensor | slice, step: int, tokens: torch.Tensor,
+               token_log_probs: torch.Tensor) -> None:
+        """Column `step` of output rows `rows` (indices, or `slice(None)` for all): finished rows write
+        too, `finish` pads over them."""
+        self.responses[rows, step] = tokens
+        self.log_probs[rows, step] = token_log_probs
+
+    def is_stop(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(A,) bool: which of `tokens` end their response."""
+        return torch.isin(tokens, self.stop_ids)
+
+    def finish(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """responses (rows, R) with the pad id after each row's length, lengths (rows,), log-probs (rows, R)."""
+        width = self.responses.shape[1]
+        after_stop = torch.arange(width, device=self.responses.device)[None, :] >= self.lengths[:, None]
+        self.responses.masked_fill_(after_stop, self.pad_token_id)
+        return self.responses, self.lengths, self.log_probs

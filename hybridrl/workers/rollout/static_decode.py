@@ -39,9 +39,8 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from hybridrl.workers.rollout.decode_outputs import DecodeOutputs
 from hybridrl.workers.rollout.kv_cache import cache_keyword
-from hybridrl.workers.rollout.sampling import SamplingParams, sample_tokens
+from hybridrl.workers.rollout.sampling import DecodeOutputs, SamplingParams, sample_tokens
 
 logger = logging.getLogger(__name__)
 

@@ -28,8 +28,7 @@ from hybridrl.tools.calculator import CalculatorTool
 from hybridrl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from hybridrl.tools.tool_registry import load_all_tools
 from hybridrl.workers.rollout import HFRollout, RolloutConfig, build_rollout
-from hybridrl.workers.rollout.agent_loop import AgentLoop
-from hybridrl.workers.rollout.agent_metrics import compute_agent_metrics
+from hybridrl.workers.rollout.agent_loop import AgentLoop, compute_agent_metrics
 from hybridrl.workers.rollout.base import BaseRollout, assemble_output, check_prompts
 
 from .helpers import full_forward_log_probs, make_prompts
