@@ -29,7 +29,7 @@ def step_times(rank: int, world: int, rendezvous: str, threads: int, model_dir: 
     from hybridrl.protocol import DataProto
     from hybridrl.workers.actor import PPOActor
     from hybridrl.workers.config import ActorConfig, FSDPConfig, OptimConfig
-    from hybridrl.workers.engine.fsdp import FSDPEngine
+    from hybridrl.workers.fsdp_engine import FSDPEngine
     from hybridrl.workers.rollout import RolloutConfig, build_rollout
     from hybridrl.workers.update_loop import BatchingPlan
 

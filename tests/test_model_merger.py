@@ -18,7 +18,7 @@ from hybridrl.model_merger import main, merge_checkpoint
 from hybridrl.models.loading import load_causal_lm, load_tokenizer, load_value_model
 from hybridrl.workers.checkpoint import ROLE_MARKER, CheckpointError, CheckpointManager
 from hybridrl.workers.config import FSDPConfig, OptimConfig
-from hybridrl.workers.engine.fsdp import FSDPEngine
+from hybridrl.workers.fsdp_engine import FSDPEngine
 
 sys.path.insert(0, str(Path(__file__).parent / "workers"))
 from spmd import run_on_ranks  # noqa: E402

@@ -15,7 +15,7 @@ from hybridrl.trainer.config_ranges import in_use, lookup, schema_defaults
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
 from hybridrl.trainer.worker_groups import actor_role, uses_critic, uses_reference
 from hybridrl.utils.typed_config import as_override
-from hybridrl.workers.engine.fsdp import offload_refusals
+from hybridrl.workers.fsdp_engine import offload_refusals
 from hybridrl.workers.fsdp_workers import actor_offload_refusals
 from hybridrl.workers.reward_model import STRATEGIES
 

@@ -15,7 +15,7 @@ from hybridrl.algos.config_args import policy_loss_settings
 from hybridrl.protocol import DataProto
 from hybridrl.utils.torch_functional import entropy_from_logits, logprobs_from_logits, masked_sum
 from hybridrl.workers.config import ActorConfig
-from hybridrl.workers.engine.fsdp import FSDPEngine
+from hybridrl.workers.fsdp_engine import FSDPEngine
 from hybridrl.workers.micro_batch import make_micro_batches, restore_order
 from hybridrl.workers.response_pass import PromptSharing
 from hybridrl.workers.update_loop import BatchingPlan, MetricSums, run_updates

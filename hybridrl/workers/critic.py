@@ -8,7 +8,7 @@ from hybridrl.algos import compute_value_loss
 from hybridrl.protocol import DataProto
 from hybridrl.utils.torch_functional import masked_sum
 from hybridrl.workers.config import CriticConfig
-from hybridrl.workers.engine.fsdp import FSDPEngine
+from hybridrl.workers.fsdp_engine import FSDPEngine
 from hybridrl.workers.micro_batch import make_micro_batches, restore_order
 from hybridrl.workers.response_pass import PromptSharing
 from hybridrl.workers.update_loop import BatchingPlan, MetricSums, run_updates

@@ -26,19 +26,19 @@ from hybridrl.utils.flops import (
 )
 from hybridrl.utils.timing import report_worker_seconds
 from hybridrl.workers.actor import PPOActor
-from hybridrl.workers.batch_sizes import (
+from hybridrl.workers.checkpoint import CheckpointManager
+from hybridrl.workers.config import ActorRolloutRefConfig, CriticConfig, ModelConfig, to_dataclass
+from hybridrl.workers.critic import PPOCritic
+from hybridrl.workers.fsdp_engine import FSDPEngine, offload_refusals, raise_first_refusal, refuse_offload
+from hybridrl.workers.rollout import ROLLOUT_ENGINES, build_rollout
+from hybridrl.workers.rollout.agent_loop import AgentLoop
+from hybridrl.workers.update_loop import (
     forward_batching,
     log_prob_batching,
     normalize_actor_rollout_ref,
     normalize_critic,
     update_plan,
 )
-from hybridrl.workers.checkpoint import CheckpointManager
-from hybridrl.workers.config import ActorRolloutRefConfig, CriticConfig, ModelConfig, to_dataclass
-from hybridrl.workers.critic import PPOCritic
-from hybridrl.workers.engine.fsdp import FSDPEngine, offload_refusals, raise_first_refusal, refuse_offload
-from hybridrl.workers.rollout import ROLLOUT_ENGINES, build_rollout
-from hybridrl.workers.rollout.agent_loop import AgentLoop
 
 ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
 

@@ -33,10 +33,10 @@ from hybridrl.protocol import DataProto
 from hybridrl.rewards.failures import DEFAULT_MAX_FAILURE_SHARE, DEFAULT_TIMEOUT_S
 from hybridrl.rewards.managers.dapo import OverlongBufferConfig
 from hybridrl.rewards.sandbox import SandboxConfig
-from hybridrl.workers.batch_sizes import forward_batching, per_rank
 from hybridrl.workers.config import FSDPConfig, to_dataclass
-from hybridrl.workers.engine.fsdp import FSDPEngine, refuse_offload
+from hybridrl.workers.fsdp_engine import FSDPEngine, refuse_offload
 from hybridrl.workers.micro_batch import make_micro_batches, restore_order
+from hybridrl.workers.update_loop import forward_batching, per_rank
 
 logger = logging.getLogger(__name__)
 

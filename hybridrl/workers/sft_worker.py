@@ -26,7 +26,7 @@ from hybridrl.models.loading import load_causal_lm, load_tokenizer
 from hybridrl.protocol import DataProto
 from hybridrl.workers.checkpoint import CheckpointManager
 from hybridrl.workers.config import FSDPConfig, OptimConfig, to_dataclass
-from hybridrl.workers.engine.fsdp import FSDPEngine, refuse_offload
+from hybridrl.workers.fsdp_engine import FSDPEngine, refuse_offload
 from hybridrl.workers.micro_batch import make_micro_batches
 
 SFT_KEYS = ("input_ids", "attention_mask", "position_ids", "loss_mask")

@@ -137,7 +137,7 @@ def test_background_reward_cannot_filter_groups():
 
 
 def test_mini_batch_sizes_count_prompts_in_every_config_that_carries_them():
-    from hybridrl.workers.batch_sizes import normalize_actor_rollout_ref, normalize_critic, update_plan
+    from hybridrl.workers.update_loop import normalize_actor_rollout_ref, normalize_critic, update_plan
 
     config = checked("actor_rollout_ref.actor.ppo_mini_batch_size=4", "critic.ppo_mini_batch_size=4")
     arr = normalize_actor_rollout_ref(config.actor_rollout_ref, world_size=2)

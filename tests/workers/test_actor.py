@@ -9,7 +9,7 @@ from spmd import run_on_ranks
 from hybridrl.models.loading import load_causal_lm
 from hybridrl.workers.actor import PPOActor
 from hybridrl.workers.config import ActorConfig, FSDPConfig, MixedPrecisionConfig, OptimConfig
-from hybridrl.workers.engine.fsdp import FSDPEngine
+from hybridrl.workers.fsdp_engine import FSDPEngine
 from hybridrl.workers.micro_batch import make_micro_batches
 from hybridrl.workers.response_pass import prompt_group_ids
 from hybridrl.workers.update_loop import BatchingPlan

@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 
-from hybridrl.workers.batch_sizes import normalize_actor_rollout_ref, update_plan
 from hybridrl.workers.config import ActorConfig, ActorRolloutRefConfig
+from hybridrl.workers.update_loop import normalize_actor_rollout_ref, update_plan
 
 
 def config(actor_rollout_n):

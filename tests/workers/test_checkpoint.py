@@ -34,7 +34,7 @@ from hybridrl.workers.checkpoint import (
 )
 from hybridrl.workers.checkpoint_resume import find_latest_ckpt_path, resolve_resume_path
 from hybridrl.workers.config import FSDPConfig, OptimConfig
-from hybridrl.workers.engine.fsdp import FSDPEngine
+from hybridrl.workers.fsdp_engine import FSDPEngine
 
 PEAK_LR = 1e-2
 FIXED_INPUT = torch.arange(1, 17).view(2, 8)  # (batch, seq) for logits comparisons

@@ -12,7 +12,7 @@ from test_actor import GradRecordingEngine
 from hybridrl.models.loading import load_value_model
 from hybridrl.workers.config import CriticConfig, FSDPConfig, OptimConfig
 from hybridrl.workers.critic import SHARE_KEY, PPOCritic
-from hybridrl.workers.engine.fsdp import FSDPEngine
+from hybridrl.workers.fsdp_engine import FSDPEngine
 from hybridrl.workers.response_pass import PromptSharing
 from hybridrl.workers.update_loop import BatchingPlan
 

@@ -8,7 +8,7 @@ from spmd import run_on_ranks
 
 from hybridrl.models.loading import load_causal_lm
 from hybridrl.workers.config import FSDPConfig, OptimConfig
-from hybridrl.workers.engine.fsdp import FSDPEngine, lr_lambda
+from hybridrl.workers.fsdp_engine import FSDPEngine, lr_lambda
 
 
 def _one_step(rank, world_size, model_dir, grad_clip, offload):

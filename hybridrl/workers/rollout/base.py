@@ -74,7 +74,7 @@ PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
 
 class ServedActor(Protocol):
     """What a rollout engine asks of the training engine whose weights it generates with
-    (hybridrl/workers/engine/fsdp.py's FSDPEngine is the one there is)."""
+    (hybridrl/workers/fsdp_engine.py's FSDPEngine is the one there is)."""
 
     module: nn.Module
 

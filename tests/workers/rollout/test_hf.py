@@ -307,7 +307,7 @@ def _fsdp_decoding_skips_the_hooks(rank, world_size, model_dir):
 
     from hybridrl.models.loading import load_causal_lm, load_tokenizer
     from hybridrl.workers.config import FSDPConfig, OptimConfig
-    from hybridrl.workers.engine.fsdp import FSDPEngine
+    from hybridrl.workers.fsdp_engine import FSDPEngine
     from hybridrl.workers.rollout.hf import decoding_module
 
     plain = load_causal_lm(model_dir)

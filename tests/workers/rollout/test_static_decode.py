@@ -154,7 +154,7 @@ def test_a_decoding_step_traces_as_one_graph_without_host_work(tiny_model_dir, a
 def _fsdp_static_equals_eager(rank, world_size, model_dir):
     from hybridrl.models.loading import load_causal_lm, load_tokenizer
     from hybridrl.workers.config import FSDPConfig, OptimConfig
-    from hybridrl.workers.engine.fsdp import FSDPEngine
+    from hybridrl.workers.fsdp_engine import FSDPEngine
 
     engine = FSDPEngine(load_causal_lm(model_dir), FSDPConfig(), OptimConfig(lr=1e-3))
     tokenizer = load_tokenizer(model_dir)
