@@ -11,8 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from hybridrl.rewards.calls import Outcome, Status, check_batch_scores
-from hybridrl.rewards.failures import DEFAULT_MAX_FAILURE_SHARE, DEFAULT_TIMEOUT_S
+from hybridrl.rewards.failures import (
+    DEFAULT_MAX_FAILURE_SHARE,
+    DEFAULT_TIMEOUT_S,
+    Outcome,
+    Status,
+    check_batch_scores,
+)
 from hybridrl.rewards.managers.manager_base import DecodedRow, RewardManager
 from hybridrl.rewards.managers.manager_registry import REWARD_MANAGERS
 

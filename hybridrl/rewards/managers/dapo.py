@@ -15,8 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hybridrl.rewards.calls import Outcome
-from hybridrl.rewards.failures import DEFAULT_MAX_FAILURE_SHARE, DEFAULT_TIMEOUT_S
+from hybridrl.rewards.failures import DEFAULT_MAX_FAILURE_SHARE, DEFAULT_TIMEOUT_S, Outcome
 from hybridrl.rewards.managers.manager_base import DecodedRow, RewardManager
 from hybridrl.rewards.managers.manager_registry import REWARD_MANAGERS
 from hybridrl.utils.typed_config import to_dataclass

@@ -16,20 +16,22 @@ from typing import Any
 import torch
 
 from hybridrl.protocol import DataProto
-from hybridrl.rewards.calls import Outcome, Status, check_score
 from hybridrl.rewards.custom import FileRewardFunction
 from hybridrl.rewards.failures import (
     DEFAULT_MAX_FAILURE_SHARE,
     DEFAULT_TIMEOUT_S,
     FAILED_SCORE,
     FailureReport,
+    Outcome,
+    Status,
+    check_score,
     log_failures,
     raise_if_fatal,
     raise_if_over_share,
     raise_if_stalled,
     zero_like,
 )
-from hybridrl.rewards.reward_runner import make_runner
+from hybridrl.rewards.pool import make_runner
 from hybridrl.rewards.score import default_compute_score
 
 # extra_info key -> the rollout column it is taken from
@@ -120,7 +122,7 @@ class RewardManager:
     """Base class: decode rows, call the reward function on them through a runner, place the scores.
 
     Every call runs under `timeout` seconds in a worker process (`num_workers`, 0 = in this process; see
-    hybridrl/rewards/reward_runner.py). A row whose call fails (raises, crashes its worker, times out, returns a
+    hybridrl/rewards/pool.py). A row whose call fails (raises, crashes its worker, times out, returns a
     non-finite number or a wrong type) scores FAILED_SCORE and is counted; the batch raises
     `RewardFailureError` when the failed share exceeds `max_failure_share`, and a
     `RewardFunctionFatalError` from the function stops it at once (hybridrl/rewards/failures.py).

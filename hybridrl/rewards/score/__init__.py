@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from hybridrl.rewards.sandbox import SandboxLimits
 
-from hybridrl.rewards.errors import RewardFunctionFatalError
+from hybridrl.rewards.failures import RewardFunctionFatalError
 
 # data_source -> scorer module. Matches verl's `default_compute_score` for the sources both know,
 # plus `countdown` (TinyZero) and `arithmetic` (hybridrl's default task).
