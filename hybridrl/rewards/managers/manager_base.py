@@ -32,7 +32,7 @@ from hybridrl.rewards.failures import (
     zero_like,
 )
 from hybridrl.rewards.pool import make_runner
-from hybridrl.rewards.score import default_compute_score
+from hybridrl.rewards.scorers import default_compute_score
 
 # extra_info key -> the rollout column it is taken from
 ROLLOUT_EXTRA_INFO = {"num_turns": "__num_turns__", "rollout_reward_scores": "reward_scores",
