@@ -16,7 +16,7 @@ Columns (numpy object arrays, one entry per response, next to `uid`, `extra_info
                            check is disabled: hybridrl/workers/rollout/tokenization_check.py)
 
 The reward managers hand `__num_turns__`, `reward_scores` and `tool_rewards` to the reward function in
-`extra_info` (`num_turns`, `rollout_reward_scores`, `tool_rewards`: hybridrl/rewards/managers/manager_base.py).
+`extra_info` (`num_turns`, `rollout_reward_scores`, `tool_rewards`: hybridrl/rewards/managers.py).
 Validation reports the numeric columns per data source (`val-aux/<source>/tool_calls/mean@1`, ...).
 """
 

@@ -22,7 +22,7 @@ import torch
 
 from hybridrl.data.sft_dataset import encode_chat
 from hybridrl.protocol import DataProto
-from hybridrl.rewards.managers.manager_base import decode_rows
+from hybridrl.rewards.managers import decode_rows
 from hybridrl.tools.base_tool import BaseTool
 from hybridrl.tools.calculator import CalculatorTool
 from hybridrl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
