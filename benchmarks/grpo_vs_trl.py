@@ -138,7 +138,7 @@ def run_hybridrl(w: Workload, backend: str, workdir: Path, graphs: bool = False,
 
 def _trl_reward(completions, data_source, reward_model, **_) -> list[float]:
     """hybridrl's scorer for each completion, in TRL's reward-function signature."""
-    from hybridrl.rewards.score import default_compute_score
+    from hybridrl.rewards.scorers import default_compute_score
 
     texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]  # chat or plain
     return [float(default_compute_score(src, text, rm["ground_truth"]))
@@ -219,7 +219,7 @@ def greedy_accuracy(model, tokenizer, w: Workload, batch: int = 100) -> float:
     import pyarrow.parquet as pq
     import torch
 
-    from hybridrl.rewards.score import default_compute_score
+    from hybridrl.rewards.scorers import default_compute_score
 
     rows = pq.read_table(f"{w.data}/test.parquet").to_pylist()
     model.eval()

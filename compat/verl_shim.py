@@ -21,12 +21,12 @@ import types
 MODULES = {
     "verl.protocol": "hybridrl.compat.verl_protocol",
     "verl.trainer.ppo.core_algos": "hybridrl.algos",
-    "verl.trainer.ppo.rollout_corr_helper": "hybridrl.compat.rollout_corr_helper",
-    "verl.trainer.ppo.v1.utils": "hybridrl.compat.ppo_v1_utils",
+    "verl.trainer.ppo.rollout_corr_helper": "hybridrl.compat.verl_functions",
+    "verl.trainer.ppo.v1.utils": "hybridrl.compat.verl_functions",
     "verl.trainer.config.algorithm": "hybridrl.trainer.ppo_config",
     "verl.workers.config.actor": "hybridrl.workers.config",
     "verl.utils.torch_functional": "hybridrl.utils.torch_functional",
-    "verl.utils.tensordict_utils": "hybridrl.compat.tensordict_utils",
+    "verl.utils.tensordict_utils": "hybridrl.compat.verl_functions",
     "verl.utils.metric": "hybridrl.utils.metric",
     "verl.utils.py_functional": "hybridrl.utils.metric",
 }

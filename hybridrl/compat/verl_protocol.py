@@ -14,13 +14,13 @@ from __future__ import annotations
 import pickle
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 import torch
 
 from hybridrl import protocol as core
-from hybridrl.compat.tensordict_utils import non_tensor_stack, require_tensordict
 from hybridrl.protocol import DataProtoItem, pad_dataproto_to_divisor, unpad_dataproto
 from hybridrl.protocol_merge import DataProtoError, object_column, union_numpy_dict, union_tensor_dict
 from hybridrl.tensor_batch import RowIndex, TensorBatch
@@ -40,6 +40,24 @@ __all__ = [
     "union_tensor_dict",
     "unpad_dataproto",
 ]
+
+
+def require_tensordict() -> ModuleType:
+    """The tensordict module, or an ImportError that names the package to install."""
+    try:
+        import tensordict
+    except ImportError as err:
+        raise ImportError(
+            "this conversion needs the optional package tensordict (pip install 'tensordict>=0.10'); "
+            "hybridrl's own DataProto does not use it"
+        ) from err
+    return tensordict
+
+
+def non_tensor_stack(values: Any):
+    """One NonTensorData per row, stacked: keeps nested lists and dicts as they are, row by row."""
+    td = require_tensordict()
+    return td.NonTensorStack.from_list([td.NonTensorData(item) for item in values])
 
 
 class DataProto(core.DataProto):

@@ -99,7 +99,7 @@ def _tool_schemas(config: RLDatasetConfig) -> list[dict[str, Any]]:
     """The OpenAI function schemas of the configured tools, in load order ([] when none)."""
     if not (config.tool_config_path or config.function_tool_path):
         return []
-    from hybridrl.tools.tool_registry import load_all_tools
+    from hybridrl.tools.base_tool import load_all_tools
 
     tools = load_all_tools(config.tool_config_path, config.function_tool_path)
     return [tool.get_openai_tool_schema().model_dump(exclude_none=True) for tool in tools.values()]

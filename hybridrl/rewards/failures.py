@@ -1,42 +1,151 @@
-"""What failed in one scoring pass: counts for the step's metrics, a log line per kind, the stop rule.
+"""Reward function failures: the exceptions that stop a run, one guarded call and its `Outcome`, and
+what failed in one scoring pass (the step's `reward/*` metrics, a log line per kind, the stop rule).
 
-A reward manager scores a batch, builds a `FailureReport` from the calls' outcomes, logs the first
-failure of each kind with its traceback, and stops the run (`RewardFailureError`) when the share of
-failed rows exceeds `reward_model.max_failure_share`, or at once on a fatal error. Failed rows score
-0.0 (verl's prime manager's choice) and appear in the step's metrics:
-
-- `reward/errors`: the function raised (`sys.exit` included);
-- `reward/crashes`: its worker process died during the call (`os._exit`, a segfault, the OOM killer);
-- `reward/timeouts`: no result within `reward_model.reward_fn_timeout` seconds;
-- `reward/non_finite`: it returned NaN or +-inf;
-- `reward/wrong_type`: it returned something else than a real number or a dict with a real `score`
-  (None, a string, a dict without `score`; for the `batch` manager, a list of the wrong length);
-- `reward/failed`: the sum of the five, `reward/rows`: the rows scored by the function,
-  `reward/failure_share`: failed / rows.
-
-All are counts per training step (summed over the step's generation rounds under
-`algorithm.filter_groups`), so a step without failures logs zeros.
-
-A batch stops as soon as its failures pass the limit: calls still running are killed and the rest never
-start. It also stops when the first `max(2, reward_fn_workers)` calls to end all timed out while rows
-were still waiting (`RewardPool.map`): a function that hangs on every row stops the run after one
-timeout (30 s by default) instead of the `ceil((floor(max_failure_share x rows) + 1) / reward_fn_workers)`
-timeouts the share needs (seven for 128 rows on 2 workers). The price: a batch whose first calls all
-time out although the rest would not stops too; its error says which keys to raise.
+Metrics and stop rule, for users: docs/rewards.md, "Reward failures never vanish".
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
+import math
 import pickle
-from collections.abc import Mapping, Sequence
+import traceback
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from hybridrl.rewards.calls import COUNTED_FAILURES, Outcome, Status
-from hybridrl.rewards.errors import RewardFailureError
-
 logger = logging.getLogger(__name__)
+
+
+class RewardFunctionFatalError(Exception):
+    """Raised by a reward function for an error no row can recover from; stops the run at once.
+
+    Any other exception fails one row only: the row scores 0.0, is counted in the step's `reward/*`
+    metrics, and the run stops only when the step's failed share exceeds `reward_model.max_failure_share`.
+    Setup errors (the code sandbox cannot isolate, a verifier service is misconfigured, a data source has
+    no scorer) would score every row 0.0 that way, so they raise this instead. Subclass it for your own setup errors, e.g.
+    `class VerifierOffline(RewardFunctionFatalError): ...`. When the function runs in a worker process
+    the exception is sent back and re-raised in the driver (with the worker's traceback as a note);
+    one that cannot be pickled is re-raised as a `RewardFailureError` carrying its traceback text.
+    """
+
+
+class RewardFailureError(RuntimeError):
+    """The run stops because of the reward function: too many failed rows in one step, or a fatal error
+    that could not be re-raised as itself."""
+
+
+class Status(str, enum.Enum):
+    OK = "ok"
+    ERROR = "error"  # the function raised (sys.exit included)
+    CRASH = "crash"  # the worker process died during the call
+    TIMEOUT = "timeout"  # no result within the per-call timeout; the worker was killed
+    NON_FINITE = "non_finite"  # NaN or +-inf
+    WRONG_TYPE = "wrong_type"  # not a real number / a dict with a real 'score' / a list of the right length
+    FATAL = "fatal"  # a RewardFunctionFatalError: stops the run
+    SKIPPED = "skipped"  # not run: the step had already failed
+    STALLED = "stalled"  # not run: every call of the batch so far timed out (the function hangs on every row)
+
+
+# Kinds of failure that are counted against `reward_model.max_failure_share` (FATAL stops the run at once,
+# SKIPPED rows were never tried).
+COUNTED_FAILURES = (Status.ERROR, Status.CRASH, Status.TIMEOUT, Status.NON_FINITE, Status.WRONG_TYPE)
+
+
+@dataclasses.dataclass
+class Outcome:
+    """The result of one call. `value` is the checked value for `ok`; `error` a one-line reason;
+    `traceback` the text of the exception's (or a hung worker's) stack when there is one; `exception` the
+    pickled exception of a `fatal` outcome, when it pickles."""
+
+    status: Status
+    value: Any = None
+    error: str | None = None
+    traceback: str | None = None
+    exception: bytes | None = None
+
+
+class InvalidRewardValue(Exception):
+    """A return value that is not a score; `status` says which kind (wrong type or non-finite)."""
+
+    def __init__(self, status: Status, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _real(value: Any, what: str) -> float:
+    """`value` as a finite float. bool, int, float, numpy scalars and one-element tensors qualify."""
+    if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__float__"):
+        raise InvalidRewardValue(Status.WRONG_TYPE, f"{what} is {_describe_value(value)}, not a real number")
+    try:
+        number = float(value)
+    except (TypeError, ValueError) as err:
+        raise InvalidRewardValue(Status.WRONG_TYPE, f"{what} is {_describe_value(value)}: {err}") from None
+    if not math.isfinite(number):
+        raise InvalidRewardValue(Status.NON_FINITE, f"{what} is {number}")
+    return number
+
+
+def _describe_value(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:80]}{'...' if len(text) > 80 else ''}"
+
+
+def check_score(value: Any, kwargs: Mapping[str, Any] | None = None) -> tuple[float, dict]:
+    """A per-row return value -> (score, extras): a real number, or a dict with a real `score` (its other
+    keys become per-sample metrics; the extras include `score`)."""
+    if isinstance(value, Mapping):
+        if "score" not in value:
+            raise InvalidRewardValue(Status.WRONG_TYPE, f"the returned dict has no 'score' key: {sorted(value)}")
+        return _real(value["score"], "the returned dict's 'score'"), dict(value)
+    if value is None:
+        raise InvalidRewardValue(Status.WRONG_TYPE, "the function returned None (a missing `return`?)")
+    return _real(value, "the returned value"), {}
+
+
+def check_batch_scores(value: Any, kwargs: Mapping[str, Any]) -> list[Outcome]:
+    """A batched call's return value -> one Outcome per row (a bad item fails only its row)."""
+    rows = len(kwargs["solution_strs"])
+    if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__len__"):
+        raise InvalidRewardValue(Status.WRONG_TYPE, f"a batched reward function must return a list of {rows} "
+                                 f"scores, got {_describe_value(value)}")
+    if len(value) != rows:
+        raise InvalidRewardValue(Status.WRONG_TYPE, f"the batched reward function returned {len(value)} "
+                                 f"results for {rows} responses")
+    outcomes = []
+    for item in value:
+        try:
+            outcomes.append(Outcome(Status.OK, check_score(item)))
+        except InvalidRewardValue as err:
+            outcomes.append(Outcome(err.status, error=str(err)))
+    return outcomes
+
+
+def _traceback_text(err: BaseException) -> str:
+    """The exception's traceback without the frame of `call_guarded` itself."""
+    return "".join(traceback.format_exception(type(err), err, err.__traceback__.tb_next if err.__traceback__ else None))
+
+
+def call_guarded(fn: Callable[..., Any], kwargs: Mapping[str, Any],
+                 check: Callable[[Any, Mapping[str, Any]], Any] = check_score) -> Outcome:
+    """`fn(**kwargs)`, checked by `check`, as an Outcome; never raises for a broken function."""
+    try:
+        value = fn(**kwargs)
+    except RewardFunctionFatalError as err:
+        try:
+            pickled = pickle.dumps(err)
+        except Exception:  # a class defined in the user's file is not importable by the driver
+            pickled = None
+        return Outcome(Status.FATAL, error=f"{type(err).__name__}: {err}", traceback=_traceback_text(err),
+                       exception=pickled)
+    except (Exception, SystemExit) as err:  # sys.exit() in a scorer fails its row, never the run
+        return Outcome(Status.ERROR, error=f"{type(err).__name__}: {err}", traceback=_traceback_text(err))
+    try:
+        return Outcome(Status.OK, check(value, kwargs))
+    except InvalidRewardValue as err:
+        return Outcome(err.status, error=str(err))
+
 
 # One home for these defaults: `reward_model.*` in hybridrl/workers/reward_model.py and the managers'
 # constructors both read them from here.
@@ -98,7 +207,7 @@ class FailureReport:
         return self.failed / self.rows if self.rows else 0.0
 
     def metrics(self) -> dict[str, float]:
-        """Counts per kind, the total and the share (see the module docstring)."""
+        """Counts per kind, the total and the share (docs/rewards.md, "Reward failures never vanish")."""
         out = {METRIC_NAMES[kind]: float(n) for kind, n in self.counts.items()}
         out.update({"reward/failed": float(self.failed), "reward/rows": float(self.rows),
                     "reward/failure_share": self.share})

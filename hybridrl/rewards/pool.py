@@ -1,24 +1,5 @@
-"""A persistent process pool that runs a reward function with a per-call timeout and survives its crashes.
-
-`concurrent.futures.ProcessPoolExecutor` cannot stop a call that never returns, and one worker dying
-breaks the whole executor. Here each worker runs one call at a time; a worker past its deadline is
-killed (after its stack is dumped, so the report shows where it hung) and replaced, a worker that dies
-(`os._exit`, a segfault, the OOM killer) is replaced, and the call gets an `Outcome` saying so.
-
-Workers live as long as the pool (started on first use), so a training step pays only a socket round
-trip per call, not a process start. Each worker is a fresh interpreter (`python -c ...`), not a fork of
-the driver: a fork would copy the driver's address space at that moment -- under
-`trainer.backend=local` that includes the model and optimizer, whose pages every later update would
-leave duplicated -- and forking a process that runs Ray's and torch's threads risks inheriting a held
-lock. multiprocessing's `spawn`/`forkserver` also start clean processes, but re-import the driver's
-`__main__` in each one, which re-runs a user's training script that lacks an `if __name__ == "__main__"`
-guard.
-
-The function reaches a worker pickled, with the driver's `sys.path`. A function loaded from a file by
-`load_custom_reward_function` pickles as "load this file again" (see `hybridrl/rewards/custom.py`), so
-users' files work unchanged; a module-level function pickles by reference; a lambda, a closure or a
-function defined in `__main__` cannot be loaded by the worker, and the pool says so.
-"""
+"""Where a reward manager's calls run: a persistent process pool with a per-call timeout that survives the
+function's crashes (`RewardPool`), or this process (`InProcessRunner`); `make_runner` picks by config."""
 
 from __future__ import annotations
 
@@ -43,8 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import hybridrl
-from hybridrl.rewards.calls import COUNTED_FAILURES, Outcome, Status, call_guarded
-from hybridrl.rewards.errors import RewardFailureError
+from hybridrl.rewards.failures import COUNTED_FAILURES, Outcome, RewardFailureError, Status, call_guarded
 
 # Loading a worker (unpickling the function: re-importing the user's file and what it imports) may take a
 # while the first time (sympy, math-verify); a worker that has not reported ready by then is broken.
@@ -189,8 +169,27 @@ def _stop_all(workers: list[_Worker | None], fault_dir: str) -> None:
 class RewardPool:
     """`num_workers` persistent processes that call `fn(**kwargs)` with a per-call `timeout` in seconds.
 
-    `check(value, kwargs)` runs in the worker on each return value (see `hybridrl/rewards/calls.py`);
+    `check(value, kwargs)` runs in the worker on each return value (see `call_guarded`);
     what it returns is the outcome's `value`, and an `InvalidRewardValue` it raises fails the call.
+
+    `concurrent.futures.ProcessPoolExecutor` cannot stop a call that never returns, and one worker dying
+    breaks the whole executor. Here each worker runs one call at a time; a worker past its deadline is
+    killed (after its stack is dumped, so the report shows where it hung) and replaced, a worker that dies
+    (`os._exit`, a segfault, the OOM killer) is replaced, and the call gets an `Outcome` saying so.
+
+    Workers live as long as the pool (started on first use), so a training step pays only a socket round
+    trip per call, not a process start. Each worker is a fresh interpreter (`python -c ...`), not a fork
+    of the driver: a fork would copy the driver's address space at that moment -- under
+    `trainer.backend=local` that includes the model and optimizer, whose pages every later update would
+    leave duplicated -- and forking a process that runs Ray's and torch's threads risks inheriting a held
+    lock. multiprocessing's `spawn`/`forkserver` also start clean processes, but re-import the driver's
+    `__main__` in each one, which re-runs a user's training script that lacks an
+    `if __name__ == "__main__"` guard.
+
+    The function reaches a worker pickled, with the driver's `sys.path`. A function loaded from a file by
+    `load_custom_reward_function` pickles as "load this file again" (see `FileRewardFunction`), so users'
+    files work unchanged; a module-level function pickles by reference; a lambda, a closure or a function
+    defined in `__main__` cannot be loaded by the worker, and the pool says so.
     """
 
     def __init__(self, fn: Callable[..., Any], num_workers: int, timeout: float,
@@ -417,3 +416,46 @@ def default_num_workers() -> int:
     """The CPUs this process may run on (its affinity, not the machine's count), at most 64."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(64, cpus))
+
+
+class InProcessRunner:
+    """Calls in this process, in order, stopping like `RewardPool.map` once the step has failed."""
+
+    def __init__(self, fn: Callable[..., Any], check: Callable[[Any, Mapping[str, Any]], Any]) -> None:
+        self.fn, self.check = fn, check
+
+    def map(self, kwargs_list: Sequence[Mapping[str, Any]], max_failures: int | None = None) -> list[Outcome]:
+        outcomes: list[Outcome] = []
+        failures = 0
+        for kwargs in kwargs_list:
+            outcome = call_guarded(self.fn, kwargs, self.check)
+            outcomes.append(outcome)
+            failures += outcome.status in COUNTED_FAILURES
+            if outcome.status is Status.FATAL or (max_failures is not None and failures > max_failures):
+                break
+        return outcomes + [Outcome(Status.SKIPPED)] * (len(kwargs_list) - len(outcomes))
+
+    def close(self) -> None:
+        pass
+
+
+def make_runner(fn: Callable[..., Any], check: Callable[[Any, Mapping[str, Any]], Any], timeout: float,
+                num_workers: int | None) -> RewardPool | InProcessRunner:
+    """A pool of `num_workers` (None: `default_num_workers()`) processes, or the driver for 0.
+
+    `reward_model.reward_fn_workers` picks: a positive count (default: the CPUs this process may use, at
+    most 64) runs every call in a persistent worker process with the per-call timeout, so a hung or
+    crashing function costs one row, not the run. 0 runs the calls in the driver, one after another:
+    nothing to start and no pickling (a breakpoint in the function works), but no timeout and no
+    protection from `os._exit` or a segfault. The pool costs a socket round trip per row, negligible
+    against a training step, so it is every manager's default. A worker starts once per run and again
+    after each timeout or crash.
+    """
+    if num_workers is not None and num_workers < 0:
+        raise ValueError(f"reward_model.reward_fn_workers must be >= 0 (0 runs the reward function in the "
+                         f"driver), got {num_workers}")
+    if not timeout > 0:
+        raise ValueError(f"reward_model.reward_fn_timeout must be positive seconds, got {timeout}")
+    if num_workers == 0:
+        return InProcessRunner(fn, check)
+    return RewardPool(fn, num_workers or default_num_workers(), timeout, check)

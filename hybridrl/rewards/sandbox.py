@@ -33,7 +33,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from hybridrl.rewards.errors import RewardFunctionFatalError
+from hybridrl.rewards.failures import RewardFunctionFatalError
 
 _LAUNCHER = Path(__file__).with_name("_sandbox_launcher.py")
 _READ_CHUNK = 65536

@@ -1,26 +1,190 @@
-"""`BaseTool`: the life cycle of a tool the agent loop calls, under verl's names and signatures.
-
-A trajectory that calls a tool gets its own instance of it: `create` once (with the row's
-`extra_info.tools_kwargs[<name>].create_kwargs`), `execute` for every call of the tool in the trajectory,
-then `calc_reward` and `release` when the trajectory ends. All four are coroutines, run on the agent
-loop's event loop with a timeout each (hybridrl/tools/tool_runner.py); blocking work belongs in
-`asyncio.to_thread`, as the built-in tools do.
-
-A tool class written for verl (`verl.tools.base_tool.BaseTool`) runs after its imports change to
-`hybridrl.tools.base_tool` / `hybridrl.tools.schemas`. The older verl returns (an instance id string
-from `create`, a string from `execute`) are accepted too.
+"""What a tool is, under verl's names (`verl.tools.base_tool`, `verl.tools.schemas`): the `BaseTool` life
+cycle, the OpenAI function-tool schemas and `ToolResponse`, `@function_tool` for plain functions, and
+building a run's tools from verl's tool YAML and a function-tool file.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import importlib
+import importlib.util
+import inspect
+import json
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
-from hybridrl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+from omegaconf import OmegaConf
+from transformers.utils import get_json_schema
 
+# ---------------------------------------------------------------- schemas
+# verl's names and fields, as plain dataclasses: a tool written against verl builds and reads them the same
+# way (`OpenAIFunctionToolSchema.model_validate(dict)`, `schema.model_dump()`, `schema.function.name`,
+# `ToolResponse(text=...)`). A schema that lacks a required field fails when it is read, naming the field.
+
+
+def _require(data: Any, where: str, keys: tuple[str, ...]) -> Mapping[str, Any]:
+    if not isinstance(data, Mapping):
+        raise TypeError(f"{where} must be a mapping, got {type(data).__name__}: {data!r}")
+    missing = [key for key in keys if key not in data]
+    if missing:
+        raise ValueError(f"{where} lacks {missing}; it has {sorted(data)}")
+    return data
+
+
+@dataclass
+class OpenAIFunctionPropertySchema:
+    """One parameter: its JSON type, what it means, and optionally its allowed values or item type.
+
+    Keys beyond these (e.g. `nullable`, `default`, which transformers' schema reader writes) are kept in
+    `extra` and written back by `model_dump`.
+    """
+
+    type: str | list[str]
+    description: str | None = None
+    enum: list[Any] | None = None
+    items: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def model_validate(cls, data: Any, where: str = "property") -> OpenAIFunctionPropertySchema:
+        data = _require(data, where, ("type",))
+        known = {"type", "description", "enum", "items"}
+        return cls(type=data["type"], description=data.get("description"), enum=data.get("enum"),
+                   items=data.get("items"), extra={k: v for k, v in data.items() if k not in known})
+
+    def model_dump(self, exclude_none: bool = False) -> dict[str, Any]:
+        out = {"type": self.type, "description": self.description, "enum": self.enum, "items": self.items}
+        out = {k: v for k, v in out.items() if not (exclude_none and v is None)}
+        return {**out, **self.extra}
+
+
+@dataclass
+class OpenAIFunctionParametersSchema:
+    """The function's parameters as a JSON-schema object."""
+
+    type: str = "object"
+    properties: dict[str, OpenAIFunctionPropertySchema] = field(default_factory=dict)
+    required: list[str] = field(default_factory=list)
+
+    @classmethod
+    def model_validate(cls, data: Any, where: str = "parameters") -> OpenAIFunctionParametersSchema:
+        data = _require(data, where, ())
+        properties = data.get("properties") or {}
+        parsed = {name: OpenAIFunctionPropertySchema.model_validate(value, f"{where}.properties.{name}")
+                  for name, value in _require(properties, f"{where}.properties", ()).items()}
+        required = list(data.get("required") or [])
+        unknown = [name for name in required if name not in parsed]
+        if unknown:
+            raise ValueError(f"{where}.required names {unknown}, which {where}.properties lacks")
+        return cls(type=data.get("type", "object"), properties=parsed, required=required)
+
+    def model_dump(self, exclude_none: bool = False) -> dict[str, Any]:
+        return {"type": self.type,
+                "properties": {k: v.model_dump(exclude_none) for k, v in self.properties.items()},
+                "required": list(self.required)}
+
+
+@dataclass
+class OpenAIFunctionSchema:
+    """A function's name, what it does, and its parameters."""
+
+    name: str
+    description: str
+    parameters: OpenAIFunctionParametersSchema = field(default_factory=OpenAIFunctionParametersSchema)
+    strict: bool = False
+
+    @classmethod
+    def model_validate(cls, data: Any, where: str = "function") -> OpenAIFunctionSchema:
+        data = _require(data, where, ("name", "description"))
+        parameters = OpenAIFunctionParametersSchema.model_validate(data.get("parameters") or {},
+                                                                   f"{where}.parameters")
+        return cls(name=str(data["name"]), description=str(data["description"]), parameters=parameters,
+                   strict=bool(data.get("strict", False)))
+
+    def model_dump(self, exclude_none: bool = False) -> dict[str, Any]:
+        return {"name": self.name, "description": self.description,
+                "parameters": self.parameters.model_dump(exclude_none), "strict": self.strict}
+
+
+@dataclass
+class OpenAIFunctionToolSchema:
+    """`{"type": "function", "function": {...}}`: what a chat template's `tools=` argument takes."""
+
+    type: str
+    function: OpenAIFunctionSchema
+
+    @classmethod
+    def model_validate(cls, data: Any, where: str = "tool_schema") -> OpenAIFunctionToolSchema:
+        if isinstance(data, cls):
+            return data
+        data = _require(data, where, ("type", "function"))
+        if data["type"] != "function":
+            raise ValueError(f"{where}.type must be 'function' (the only tool type), got {data['type']!r}")
+        return cls(type="function", function=OpenAIFunctionSchema.model_validate(data["function"],
+                                                                                 f"{where}.function"))
+
+    def model_dump(self, exclude_none: bool = False, exclude_unset: bool = False) -> dict[str, Any]:
+        """A plain dict (both keyword arguments are accepted as verl's callers pass them; `exclude_unset`
+        drops nothing here, since dataclasses do not track which fields were set)."""
+        del exclude_unset
+        return {"type": self.type, "function": self.function.model_dump(exclude_none)}
+
+
+@dataclass
+class OpenAIFunctionParsedSchema:
+    """A tool call as the model wrote it: the name and the arguments still as JSON text."""
+
+    name: str
+    arguments: str
+
+
+@dataclass
+class OpenAIFunctionCallSchema:
+    """A tool call with its arguments decoded."""
+
+    name: str
+    arguments: dict[str, Any]
+
+    @staticmethod
+    def from_openai_function_parsed_schema(parsed: OpenAIFunctionParsedSchema) -> tuple[OpenAIFunctionCallSchema, bool]:
+        """The decoded call and whether decoding failed (then the arguments are empty), as verl returns."""
+        try:
+            arguments = json.loads(parsed.arguments)
+        except json.JSONDecodeError:
+            return OpenAIFunctionCallSchema(parsed.name, {}), True
+        if not isinstance(arguments, dict):
+            return OpenAIFunctionCallSchema(parsed.name, {}), True
+        return OpenAIFunctionCallSchema(parsed.name, arguments), False
+
+
+@dataclass
+class ToolResponse:
+    """What a tool answers. Only text reaches the model here: image and video are refused by the agent loop."""
+
+    text: str | None = None
+    image: Any = None
+    video: Any = None
+
+    def model_dump(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------- the tool life cycle
 
 class BaseTool:
     """A tool: `config` is its YAML `config:` mapping, `tool_schema` what the model is told it takes.
+
+    A trajectory that calls a tool gets its own instance of it: `create` once (with the row's
+    `extra_info.tools_kwargs[<name>].create_kwargs`), `execute` for every call of the tool in the
+    trajectory, then `calc_reward` and `release` when the trajectory ends. All four are coroutines, run on
+    the agent loop's event loop with a timeout each (hybridrl/tools/tool_calls.py); blocking work belongs
+    in `asyncio.to_thread`, as the built-in tools do. The older verl returns (an instance id string from
+    `create`, a string from `execute`) are accepted too.
 
     A subclass that describes itself overrides `get_openai_tool_schema` and may be built with
     `tool_schema=None`.
@@ -57,3 +221,207 @@ class BaseTool:
     async def release(self, instance_id: str, **kwargs: Any) -> None:
         """Free what the instance holds."""
         return None
+
+
+# ---------------------------------------------------------------- plain functions as tools
+
+SPEC_ATTRIBUTE = "function_tool_spec"
+
+
+@dataclass(frozen=True)
+class FunctionToolSpec:
+    """What `@function_tool` records on a function."""
+
+    name: str
+    fn: Callable[..., Any]
+    schema: OpenAIFunctionToolSchema
+
+
+def schema_from_function(fn: Callable[..., Any], name: str) -> OpenAIFunctionToolSchema:
+    """The function's OpenAI tool schema from its signature and docstring, under `name`."""
+    variadic = [p.name for p in inspect.signature(fn).parameters.values()
+                if p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+    if variadic:
+        raise ValueError(f"@function_tool {fn.__qualname__}: *args/**kwargs ({variadic}) cannot be described to "
+                         f"the model; name every parameter")
+    raw = get_json_schema(fn)
+    raw["function"]["name"] = name
+    return OpenAIFunctionToolSchema.model_validate(raw, where=f"schema of {fn.__qualname__}")
+
+
+def function_tool(name: str | Callable[..., Any] | None = None, *,
+                  schema: OpenAIFunctionToolSchema | dict | None = None) -> Any:
+    """Mark a function as a tool: `@function_tool`, `@function_tool("name")` or `@function_tool(schema=...)`.
+
+        from hybridrl.tools import function_tool
+
+        @function_tool
+        def add(a: int, b: int) -> int:
+            \"\"\"Add two integers.
+
+            Args:
+                a: the first addend
+                b: the second addend
+            \"\"\"
+            return a + b
+
+    The schema is read from the signature and the Google-style docstring by transformers'
+    `get_json_schema`, so every parameter needs a type hint and an `Args:` line (transformers raises at
+    decoration time otherwise); `schema=` gives it outright. The function may be sync (run in a thread)
+    or async. It may return a `ToolResponse`, a string, a dict (sent as JSON), or a tuple
+    `(response, reward)` / `(response, reward, metrics)`; anything else is sent as `str(value)`.
+
+    The function comes back unchanged, with its `FunctionToolSpec` in `fn.function_tool_spec` (a typed
+    attribute, like `@register`'s); `load_function_tools(path)` imports a file (verl's
+    `function_tool_path`) and collects the functions that carry one, so no registry is shared between
+    files or runs.
+    """
+
+    def mark(fn: Callable[..., Any], tool_name: str | None) -> Callable[..., Any]:
+        tool_name = tool_name or fn.__name__
+        built = OpenAIFunctionToolSchema.model_validate(schema) if schema is not None \
+            else schema_from_function(fn, tool_name)
+        setattr(fn, SPEC_ATTRIBUTE, FunctionToolSpec(tool_name, fn, built))
+        return fn
+
+    if callable(name):  # bare @function_tool
+        return mark(name, None)
+    return lambda fn: mark(fn, name)
+
+
+def tool_result(value: Any, where: str) -> tuple[ToolResponse, float, dict]:
+    """A function's return value as (response, reward, metrics)."""
+    if isinstance(value, tuple):
+        if not 1 <= len(value) <= 3:
+            raise TypeError(f"{where} returned a tuple of {len(value)} items; return (response,), "
+                            f"(response, reward) or (response, reward, metrics)")
+        reward = 0.0 if len(value) < 2 or value[1] is None else float(value[1])
+        metrics = {} if len(value) < 3 or value[2] is None else dict(value[2])
+        return _as_response(value[0]), reward, metrics
+    return _as_response(value), 0.0, {}
+
+
+def _as_response(value: Any) -> ToolResponse:
+    if isinstance(value, ToolResponse):
+        return value
+    if isinstance(value, str):
+        return ToolResponse(text=value)
+    if isinstance(value, dict):
+        return ToolResponse(text=json.dumps(value, ensure_ascii=False))
+    return ToolResponse(text=str(value))
+
+
+class FunctionTool(BaseTool):
+    """A `@function_tool` function behind the BaseTool life cycle (no state: create/release do nothing)."""
+
+    def __init__(self, spec: FunctionToolSpec) -> None:
+        super().__init__({}, spec.schema)
+        self.spec = spec
+
+    async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
+                      ) -> tuple[ToolResponse, float, dict]:
+        fn = self.spec.fn
+        if inspect.iscoroutinefunction(fn):
+            value = await fn(**parameters)
+        else:
+            value = await asyncio.to_thread(fn, **parameters)
+        return tool_result(value, f"function tool {self.name!r}")
+
+
+def load_function_tools(path: str | Path) -> list[FunctionTool]:
+    """Import the Python file at `path` (`multi_turn.function_tool_path`) and wrap its `@function_tool`s,
+    in the order the file defines them."""
+    file = Path(path).expanduser().resolve()
+    if not file.is_file():
+        raise FileNotFoundError(f"actor_rollout_ref.rollout.multi_turn.function_tool_path={path} is not a file")
+    module_name = "hybridrl_function_tools_" + "_".join(file.with_suffix("").parts[1:]).replace("-", "_")
+    module = sys.modules.get(module_name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(module_name, file)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot import {file} (multi_turn.function_tool_path)")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module  # the file's own dataclasses and pickling find it by name
+        spec.loader.exec_module(module)
+    specs = [getattr(obj, SPEC_ATTRIBUTE) for obj in vars(module).values()
+             if isinstance(getattr(obj, SPEC_ATTRIBUTE, None), FunctionToolSpec)]
+    if not specs:
+        raise ValueError(f"{file} (multi_turn.function_tool_path) defines no @function_tool function")
+    return [FunctionTool(spec) for spec in specs]
+
+
+# ---------------------------------------------------------------- a run's tools from its config
+
+TOOL_CONFIG_KEY = "actor_rollout_ref.rollout.multi_turn.tool_config_path"
+
+
+def _import_class(dotted: str, where: str) -> type:
+    module_name, _, class_name = dotted.rpartition(".")
+    if not module_name:
+        raise ValueError(f"{where}.class_name must be module.Class, got {dotted!r}")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as err:
+        raise ImportError(f"{where}.class_name={dotted!r} cannot be imported: {err}") from err
+    if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
+        raise TypeError(f"{where}.class_name={dotted!r} is not a subclass of hybridrl.tools.base_tool.BaseTool "
+                        f"(a verl tool needs its imports changed from verl.tools to hybridrl.tools)")
+    return cls
+
+
+def _build(entry: Any, where: str) -> BaseTool:
+    if not isinstance(entry, Mapping) or "class_name" not in entry:
+        raise ValueError(f"{where} must be a mapping with class_name (and config, tool_schema), got {entry!r}")
+    config = dict(entry.get("config") or {})
+    kind = config.get("type", "native")
+    if kind != "native":
+        raise NotImplementedError(f"{where}.config.type={kind!r} is not supported: only native tools (Python "
+                                  f"classes in the rollout process) run here; MCP servers do not")
+    schema = entry.get("tool_schema")
+    schema = OpenAIFunctionToolSchema.model_validate(schema, f"{where}.tool_schema") if schema else None
+    return _import_class(str(entry["class_name"]), where)(config, schema)
+
+
+def initialize_tools_from_config(tools_config_file: str | Path) -> list[BaseTool]:
+    """Build every tool a verl tool YAML (`multi_turn.tool_config_path`) lists, in its order.
+
+        tools:
+          - class_name: hybridrl.tools.builtin_tools.CalculatorTool  # module.Class, a BaseTool subclass
+            config:                                                 # handed to the class as `config`
+              type: native
+            tool_schema:                                            # optional when the class describes itself
+              type: function
+              function:
+                name: calculator
+                description: Evaluate an arithmetic expression.
+                parameters: {type: object, properties: {expression: {type: string, description: ...}},
+                             required: [expression]}
+
+    `config.type: native` (the default) is a Python class in this process; verl's `mcp` tools (served by
+    an MCP server) are refused with that name.
+    """
+    path = Path(tools_config_file).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"{TOOL_CONFIG_KEY}={tools_config_file} is not a file")
+    data = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    entries = data.get("tools") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        raise ValueError(f"{path} ({TOOL_CONFIG_KEY}) must hold a list under `tools:`, got {data!r}")
+    return [_build(entry, f"{path}: tools[{i}]") for i, entry in enumerate(entries)]
+
+
+def load_all_tools(tool_config_path: str | Path | None, function_tool_path: str | Path | None) -> dict[str, BaseTool]:
+    """The tools of a run by name: the YAML's, then the function file's; a repeated name raises."""
+    tools: list[BaseTool] = []
+    if tool_config_path:
+        tools += initialize_tools_from_config(tool_config_path)
+    if function_tool_path:
+        tools += load_function_tools(function_tool_path)
+    by_name: dict[str, BaseTool] = {}
+    for tool in tools:
+        if tool.name in by_name:
+            raise ValueError(f"two tools are named {tool.name!r} ({type(by_name[tool.name]).__name__} and "
+                             f"{type(tool).__name__}); tool names must be unique across multi_turn.tool_config_path "
+                             f"and multi_turn.function_tool_path")
+        by_name[tool.name] = tool
+    return by_name

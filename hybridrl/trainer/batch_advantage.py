@@ -3,7 +3,7 @@
 `compute_advantage(data, adv_estimator, ...)` hands the registered estimator every input the batch
 has (token_level_rewards, response_mask, values, reward_baselines, the prompt uids) and writes
 `advantages` and `returns` into the batch. verl's multi-output variant,
-`compute_advantage_for_multi_trajectories`, is in hybridrl/compat/ppo_v1_utils.py.
+`compute_advantage_for_multi_trajectories`, is in hybridrl/compat/verl_functions.py.
 """
 
 from __future__ import annotations

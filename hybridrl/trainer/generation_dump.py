@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridrl.protocol import DataProto
-from hybridrl.rewards.managers.manager_base import decode_rows
+from hybridrl.rewards.managers import decode_rows
 
 _RESERVED = {"input", "output", "gts", "score", "step"}
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from hybridrl.rewards.custom import get_custom_reward_fn
 from hybridrl.rewards.managers import REWARD_MANAGERS, RewardManager
-from hybridrl.rewards.score import default_compute_score
+from hybridrl.rewards.scorers import default_compute_score
 from hybridrl.trainer.ppo_config import DataConfig
 from hybridrl.utils.typed_config import to_dataclass
 from hybridrl.workers.reward_model import RewardModelConfig

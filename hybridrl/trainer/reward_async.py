@@ -1,6 +1,6 @@
 """Rule-based rewards scored in a background thread of the driver (`reward_model.launch_reward_fn_async`).
 
-The reward functions run in the reward manager's worker processes (hybridrl/rewards/reward_runner.py), so
+The reward functions run in the reward manager's worker processes (hybridrl/rewards/pool.py), so
 the driver thread that waits for them is idle; a background thread waits instead, and the driver drives
 the workers' log-prob and value passes meanwhile. The scores are the same as when scored in line: the
 thread scores the same rows, and the trainer waits for them before it needs them (the KL penalty and

@@ -16,7 +16,7 @@ from hybridrl.controller import Dispatch, Worker, register
 from hybridrl.models.attention import default_attention
 from hybridrl.models.loading import load_causal_lm, load_tokenizer, load_value_model, resolve_dtype
 from hybridrl.protocol import DataProto
-from hybridrl.tools.tool_registry import load_all_tools
+from hybridrl.tools.base_tool import load_all_tools
 from hybridrl.utils.flops import (
     FORWARD_FLOPS_PER_PARAM,
     TRAIN_FLOPS_PER_PARAM,

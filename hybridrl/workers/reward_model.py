@@ -31,7 +31,7 @@ from hybridrl.models.attention import default_attention
 from hybridrl.models.loading import load_tokenizer, load_value_model, resolve_dtype, resolve_model_dir
 from hybridrl.protocol import DataProto
 from hybridrl.rewards.failures import DEFAULT_MAX_FAILURE_SHARE, DEFAULT_TIMEOUT_S
-from hybridrl.rewards.managers.dapo import OverlongBufferConfig
+from hybridrl.rewards.managers import OverlongBufferConfig
 from hybridrl.rewards.sandbox import SandboxConfig
 from hybridrl.workers.config import FSDPConfig, to_dataclass
 from hybridrl.workers.fsdp_engine import FSDPEngine, refuse_offload

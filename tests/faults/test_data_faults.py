@@ -22,7 +22,7 @@ from ppo_helpers import tiny_run_overrides
 from preflight_probe import ProbeResult, run_probes
 
 from hybridrl.protocol import DataProto
-from hybridrl.rewards.managers.manager_base import decode_rows
+from hybridrl.rewards.managers import decode_rows
 
 ROWS = 200  # room for the overlong prompt at row 180
 # the setting: Ray with 2 workers (tests/faults/conftest.py's fault_run_overrides runs locally)

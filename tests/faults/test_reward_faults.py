@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 from fault_helpers import fault_run_overrides, ppo_config
 
-from hybridrl.rewards.errors import RewardFailureError, RewardFunctionFatalError
+from hybridrl.rewards.failures import RewardFailureError, RewardFunctionFatalError
 from hybridrl.trainer.main_ppo import run_ppo
 
 REWARD_FILE = '''
 import math, os, time
 
-from hybridrl.rewards.errors import RewardFunctionFatalError
+from hybridrl.rewards import RewardFunctionFatalError
 
 BEHAVIOUR = {BEHAVIOUR}
 

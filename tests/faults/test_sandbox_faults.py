@@ -52,9 +52,9 @@ def _python_under_setpriv(script: str, **env: str) -> subprocess.CompletedProces
 def test_refused_namespaces_raise_the_reason_and_fix_instead_of_scoring_zero():
     script = (
         "from hybridrl.rewards.sandbox import sandbox_available\n"
-        "from hybridrl.rewards.score.code import compute_score\n"
+        "from hybridrl.rewards.scorers import code_score\n"
         "print('REASON', sandbox_available())\n"
-        f"print('SCORE', compute_score({DOUBLE!r}, {json.dumps(DOUBLE_TESTS)!r}))\n"
+        f"print('SCORE', code_score({DOUBLE!r}, {json.dumps(DOUBLE_TESTS)!r}))\n"
     )
     proc = _python_under_setpriv(script)
     assert proc.returncode != 0 and "SCORE" not in proc.stdout, proc.stdout + proc.stderr
@@ -83,9 +83,9 @@ def test_opted_in_weaker_mode_runs_programs_and_hides_the_parent_environment():
     script = (
         "import json, os\nfrom pathlib import Path\n"
         "from hybridrl.rewards.sandbox import SandboxLimits, run_code, sandbox_available\n"
-        "from hybridrl.rewards.score.code import compute_score\n"
+        "from hybridrl.rewards.scorers import code_score\n"
         "weak = SandboxLimits(require_isolation=False)\n"
-        f"score = compute_score({DOUBLE!r}, {json.dumps(DOUBLE_TESTS)!r}, sandbox_limits=weak)\n"
+        f"score = code_score({DOUBLE!r}, {json.dumps(DOUBLE_TESTS)!r}, sandbox_limits=weak)\n"
         f"result = run_code({program!r}, limits=weak)\n"
         "low, high = weak.uid_range\n"
         "alive = [p.name for p in Path('/proc').iterdir() if p.name.isdigit() and low <= p.stat().st_uid < high]\n"

@@ -12,9 +12,8 @@ import torch
 
 from hybridrl.protocol import DataProto
 from hybridrl.rewards.custom import load_custom_reward_function
-from hybridrl.rewards.errors import RewardFailureError, RewardFunctionFatalError
-from hybridrl.rewards.managers import REWARD_MANAGERS
-from hybridrl.rewards.managers.manager_base import max_failures
+from hybridrl.rewards.failures import RewardFailureError, RewardFunctionFatalError
+from hybridrl.rewards.managers import REWARD_MANAGERS, max_failures
 from hybridrl.trainer.reward import load_reward_manager
 
 FIXTURE = Path(__file__).parent / "fixtures" / "custom_reward.py"

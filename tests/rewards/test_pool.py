@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hybridrl.rewards.calls import Status
 from hybridrl.rewards.custom import load_custom_reward_function
-from hybridrl.rewards.errors import RewardFailureError
+from hybridrl.rewards.failures import RewardFailureError, Status
 from hybridrl.rewards.pool import RewardPool, processing_order, score_in_pool
 
 FIXTURE = Path(__file__).parent / "fixtures" / "faulty_reward.py"

@@ -7,8 +7,7 @@ import os
 import pytest
 
 from hybridrl.rewards.sandbox import SandboxLimits, sandbox_available
-from hybridrl.tools.calculator import CalculatorTool, evaluate
-from hybridrl.tools.code_interpreter import SandboxCodeInterpreterTool
+from hybridrl.tools.builtin_tools import CalculatorTool, SandboxCodeInterpreterTool, evaluate
 
 
 @pytest.mark.parametrize("expression, value", [

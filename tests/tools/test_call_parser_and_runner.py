@@ -3,8 +3,7 @@
 import asyncio
 import time
 
-from hybridrl.tools.call_parser import CALL_FORMATS, CallError, ParsedCall, parse_hermes
-from hybridrl.tools.tool_runner import ToolRunner
+from hybridrl.tools.tool_calls import CALL_FORMATS, CallError, ParsedCall, ToolRunner, parse_hermes
 
 
 def test_hermes_calls_in_order_with_errors_for_bad_blocks():

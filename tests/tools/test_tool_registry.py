@@ -5,10 +5,15 @@ from pathlib import Path
 
 import pytest
 
-from hybridrl.tools.base_tool import BaseTool
-from hybridrl.tools.function_tool import function_tool, load_function_tools
-from hybridrl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
-from hybridrl.tools.tool_registry import initialize_tools_from_config, load_all_tools
+from hybridrl.tools.base_tool import (
+    BaseTool,
+    OpenAIFunctionToolSchema,
+    ToolResponse,
+    function_tool,
+    initialize_tools_from_config,
+    load_all_tools,
+    load_function_tools,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -57,7 +62,7 @@ def test_yaml_errors_name_the_entry_and_the_fix(tmp_path, fixtures_importable):
     bad.write_text("tools:\n  - class_name: collections.OrderedDict\n")
     with pytest.raises(TypeError, match="not a subclass of hybridrl.tools.base_tool.BaseTool"):
         initialize_tools_from_config(bad)
-    bad.write_text("tools:\n  - class_name: hybridrl.tools.calculator.CalculatorTool\n    config: {type: mcp}\n")
+    bad.write_text("tools:\n  - class_name: hybridrl.tools.builtin_tools.CalculatorTool\n    config: {type: mcp}\n")
     with pytest.raises(NotImplementedError, match=r"tools\[0\].config.type='mcp' is not supported"):
         initialize_tools_from_config(bad)
     bad.write_text("tools:\n  - class_name: verl_style_tool.AnswerCheckTool\n    tool_schema:\n"
@@ -106,7 +111,7 @@ def test_tool_names_are_unique_across_yaml_and_function_file(tmp_path, fixtures_
     tools = load_all_tools(FIXTURES / "verl_tools.yaml", FIXTURES / "function_tools.py")
     assert list(tools) == ["calc_gsm8k_reward", "calculator", "reverse_text", "scored_len"]
     twice = tmp_path / "twice.py"
-    twice.write_text("from hybridrl.tools.function_tool import function_tool\n\n"
+    twice.write_text("from hybridrl.tools.base_tool import function_tool\n\n"
                      "@function_tool('calculator')\ndef calc(expression: str) -> str:\n"
                      "    '''Shadow.\n\n    Args:\n        expression: text\n    '''\n    return expression\n")
     with pytest.raises(ValueError, match="two tools are named 'calculator'"):

@@ -7,8 +7,7 @@ from pathlib import Path
 import torch
 
 from hybridrl.models.loading import load_causal_lm, load_tokenizer, padding_side
-from hybridrl.rewards.score import default_compute_score
-from hybridrl.rewards.score.arithmetic import extract_answer
+from hybridrl.rewards.scorers import default_compute_score, extract_answer
 
 
 def greedy_answers(model_dir: Path, rows: list[dict]) -> list[str]:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hybridrl.protocol import DataProto
-from hybridrl.rewards.errors import RewardFailureError
+from hybridrl.rewards.failures import RewardFailureError
 from hybridrl.trainer.reward import load_reward_manager
 from hybridrl.trainer.reward_async import BackgroundReward
 

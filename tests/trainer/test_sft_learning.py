@@ -17,7 +17,7 @@ import pytest
 from learning import accuracy, greedy_answers, sign_slips
 
 from hybridrl.data.sft_dataset import read_parquet_rows
-from hybridrl.rewards.score.arithmetic import extract_answer
+from hybridrl.rewards.scorers import extract_answer
 
 # The shared SFT fixture (1200 steps, ~3.5 min idle) runs inside the first test's setup; on a machine
 # busy with other work it took over the suite's 600 s hang limit, so these tests get a longer one.

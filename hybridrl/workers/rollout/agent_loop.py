@@ -20,7 +20,7 @@ tool calls), the response length, `multi_turn.max_assistant_turns` or `max_user_
 verl-style `BaseTool`s (hybridrl/tools/): a trajectory creates its own instance of a tool at its first
 call of it, with the row's `extra_info.tools_kwargs[<tool>]` (`create_kwargs`, `execute_kwargs`,
 `calc_reward_kwargs`, `release_kwargs`), and scores and releases it when it ends. All tool calls of a
-turn run at once, each under `multi_turn.tool_timeout` seconds (hybridrl/tools/tool_runner.py).
+turn run at once, each under `multi_turn.tool_timeout` seconds (hybridrl/tools/tool_calls.py).
 
 Nothing a tool or the model does stops the run: a call with invalid JSON, of an unknown tool, beyond
 `max_parallel_calls`, a tool that raises, hangs or returns something that is not a response becomes an
@@ -51,10 +51,8 @@ import torch
 from hybridrl.data.rl_dataset import left_pad
 from hybridrl.protocol import DataProto
 from hybridrl.protocol_merge import object_column
-from hybridrl.tools.base_tool import BaseTool
-from hybridrl.tools.call_parser import CALL_FORMATS, CallError, ParsedCall
-from hybridrl.tools.schemas import ToolResponse
-from hybridrl.tools.tool_runner import CallOutcome, ToolRunner
+from hybridrl.tools.base_tool import BaseTool, ToolResponse
+from hybridrl.tools.tool_calls import CALL_FORMATS, CallError, CallOutcome, ParsedCall, ToolRunner
 from hybridrl.workers.rollout.base import BaseRollout, assemble_output, check_prompts, eos_token_ids
 from hybridrl.workers.rollout.chat_delta import ChatTemplateDelta, tokenization_mismatch
 from hybridrl.workers.rollout.rollout_config import AGENT_LOOPS, RolloutConfig

@@ -63,7 +63,7 @@ class MultiTurnConfig:
     max_user_turns: int | None = None
     # verl's tool YAML (`tools: - class_name, config, tool_schema`)
     tool_config_path: str | None = None
-    # a Python file of @function_tool functions (hybridrl.tools.function_tool)
+    # a Python file of @function_tool functions (hybridrl.tools.base_tool.function_tool)
     function_tool_path: str | None = None
     # tool calls run per assistant turn; later calls in the same turn are answered with an error
     max_parallel_calls: int = 1

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from hybridrl.data.tasks import arithmetic as ar
-from hybridrl.rewards.score.arithmetic import compute_score
+from hybridrl.rewards.scorers import arithmetic_score
 
 _ADD = re.compile(r"^((?:\d\+)+)(\d+)=(\d) c(\d+)$")
 _SUB = re.compile(r"^(\d)-(\d)-([01])=(\d) b([01])$")
@@ -64,7 +64,7 @@ def test_generated_rows_are_correct_and_worked(digits, mul_digits):
         *lines, last = text.split("\n")
         assert last == f"<answer>{expected}</answer>"
         _check_lines(p, lines)
-        assert compute_score(text, str(expected)) == 1.0
+        assert arithmetic_score(text, str(expected)) == 1.0
         assert p.a < 10 ** (mul_digits[0] if p.op == "*" else digits)
 
 
@@ -131,7 +131,7 @@ def test_imperfect_teacher_drops_only_the_sign_of_negative_train_answers(tmp_pat
         truth = int(r["reward_model"]["ground_truth"])
         exact = ar.worked_answer(ar.Problem("-", r["extra_info"]["a"], r["extra_info"]["b"]))
         assert r["extra_info"]["answer"] == exact.replace(f"<answer>{truth}</answer>", f"<answer>{-truth}</answer>")
-        assert compute_score(r["extra_info"]["answer"], r["reward_model"]["ground_truth"]) == 0.0
+        assert arithmetic_score(r["extra_info"]["answer"], r["reward_model"]["ground_truth"]) == 0.0
     # about 70% of ~300 negative results slip (binomial sd ~ 8 rows)
     assert 0.6 < len(slipped) / len(negative) < 0.8, (len(slipped), len(negative))
     # non-negative results and the whole test split keep exact answers

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from hybridrl.data.tasks import countdown as cd
-from hybridrl.rewards.score.countdown import compute_score
+from hybridrl.rewards.scorers import countdown_score
 
 
 def brute_force_values(values: list[Fraction]) -> set[Fraction]:
@@ -73,7 +73,7 @@ def test_generated_instances_are_solvable_distinct_and_deterministic():
         assert text.endswith(f"<answer>{inst.solution}</answer>")
         assert text.split("</think>")[0].strip().endswith(f"= {inst.target}")
         truth = {"target": inst.target, "numbers": list(inst.numbers)}
-        assert compute_score(text, truth) == 1.0
+        assert countdown_score(text, truth) == 1.0
 
 
 def test_cli_writes_verl_schema(tmp_path):
@@ -85,7 +85,7 @@ def test_cli_writes_verl_schema(tmp_path):
     assert row["data_source"] == "countdown" and row["extra_info"]["split"] == "test"
     truth = row["reward_model"]["ground_truth"]
     assert set(truth) == {"target", "numbers"} and len(truth["numbers"]) == 3
-    assert compute_score(row["extra_info"]["answer"], truth) == 1.0
+    assert countdown_score(row["extra_info"]["answer"], truth) == 1.0
     train_keys = {
         (
             tuple(sorted(r["reward_model"]["ground_truth"]["numbers"])),

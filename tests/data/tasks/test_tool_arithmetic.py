@@ -4,8 +4,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from hybridrl.data.tasks.tool_arithmetic import main, parse_call_shares, write_task
-from hybridrl.tools.calculator import evaluate
-from hybridrl.tools.call_parser import ParsedCall, parse_hermes
+from hybridrl.tools.builtin_tools import evaluate
+from hybridrl.tools.tool_calls import ParsedCall, parse_hermes
 
 
 def test_teacher_calls_the_calculator_per_operation_share_with_the_problem_or_answers_by_hand(tmp_path):

@@ -22,11 +22,9 @@ import torch
 
 from hybridrl.data.sft_dataset import encode_chat
 from hybridrl.protocol import DataProto
-from hybridrl.rewards.managers.manager_base import decode_rows
-from hybridrl.tools.base_tool import BaseTool
-from hybridrl.tools.calculator import CalculatorTool
-from hybridrl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
-from hybridrl.tools.tool_registry import load_all_tools
+from hybridrl.rewards.managers import decode_rows
+from hybridrl.tools.base_tool import BaseTool, OpenAIFunctionToolSchema, ToolResponse, load_all_tools
+from hybridrl.tools.builtin_tools import CalculatorTool
 from hybridrl.workers.rollout import HFRollout, RolloutConfig, build_rollout
 from hybridrl.workers.rollout.agent_loop import AgentLoop, compute_agent_metrics
 from hybridrl.workers.rollout.base import BaseRollout, assemble_output, check_prompts

@@ -1,8 +1,10 @@
-"""Shared machinery of the reward managers: decode rows, guard the calls, place scores, collect extras.
+"""Reward managers, registered by name (`reward_model.reward_manager`: naive, batch, prime, dapo): they
+turn a DataProto of generated responses into `token_level_scores`, a (batch, response_len) float tensor
+that is zero except for each sequence's score on its last valid response token (verl's convention;
+advantage estimators read it from there).
 
-A reward manager turns a DataProto of generated responses into `token_level_scores`: a
-(batch, response_len) float tensor that is zero except for each sequence's score on its last valid
-response token (verl's convention; advantage estimators read it from there).
+Built from a run's config by `hybridrl.trainer.reward.load_reward_manager`, which reads the trainer's
+config schema (a layer above this package).
 """
 
 from __future__ import annotations
@@ -16,21 +18,41 @@ from typing import Any
 import torch
 
 from hybridrl.protocol import DataProto
-from hybridrl.rewards.calls import Outcome, Status, check_score
 from hybridrl.rewards.custom import FileRewardFunction
 from hybridrl.rewards.failures import (
     DEFAULT_MAX_FAILURE_SHARE,
     DEFAULT_TIMEOUT_S,
     FAILED_SCORE,
     FailureReport,
+    Outcome,
+    Status,
+    check_batch_scores,
+    check_score,
     log_failures,
     raise_if_fatal,
     raise_if_over_share,
     raise_if_stalled,
     zero_like,
 )
-from hybridrl.rewards.reward_runner import make_runner
-from hybridrl.rewards.score import default_compute_score
+from hybridrl.rewards.pool import make_runner
+from hybridrl.rewards.scorers import default_compute_score
+from hybridrl.utils.registry import Registry
+from hybridrl.utils.typed_config import to_dataclass
+
+REWARD_MANAGERS: Registry = Registry("reward manager")
+
+
+@dataclasses.dataclass
+class OverlongBufferConfig:
+    """`reward_model.overlong_buffer.*`: DAPO's soft overlong punishment (the one home of its defaults)."""
+
+    enable: bool = False
+    # The last `len` tokens before data.max_response_length, over which the penalty grows to -penalty_factor.
+    len: int = 0
+    penalty_factor: float = 0.0
+    # Report the penalty per sample in the reward extras (overlong_reward, overlong).
+    log: bool = False
+
 
 # extra_info key -> the rollout column it is taken from
 ROLLOUT_EXTRA_INFO = {"num_turns": "__num_turns__", "rollout_reward_scores": "reward_scores",
@@ -120,7 +142,7 @@ class RewardManager:
     """Base class: decode rows, call the reward function on them through a runner, place the scores.
 
     Every call runs under `timeout` seconds in a worker process (`num_workers`, 0 = in this process; see
-    hybridrl/rewards/reward_runner.py). A row whose call fails (raises, crashes its worker, times out, returns a
+    hybridrl/rewards/pool.py). A row whose call fails (raises, crashes its worker, times out, returns a
     non-finite number or a wrong type) scores FAILED_SCORE and is counted; the batch raises
     `RewardFailureError` when the failed share exceeds `max_failure_share`, and a
     `RewardFunctionFatalError` from the function stops it at once (hybridrl/rewards/failures.py).
@@ -239,3 +261,141 @@ def collect_extras(per_row: list[dict]) -> dict[str, list]:
     """Row dicts -> column lists of equal length (None where a row lacks a key)."""
     keys = sorted({key for extras in per_row for key in extras})
     return {key: [extras.get(key) for extras in per_row] for key in keys}
+
+
+@REWARD_MANAGERS.register("naive")
+class NaiveRewardManager(RewardManager):
+    """`naive`: score each response on its own, one guarded call per response (verl's default manager)."""
+
+
+@REWARD_MANAGERS.register("batch")
+class BatchRewardManager(RewardManager):
+    """`batch`: one call with every response, for verifiers that are faster in bulk (verl's BatchRewardManager).
+
+    The function is called as `compute_score(data_sources=[...], solution_strs=[...], ground_truths=[...],
+    extra_infos=[...], **reward_kwargs)` and returns one float or dict per response. The call runs in a
+    worker process under `reward_model.reward_fn_timeout` like any other; a call that raises, crashes,
+    times out or returns a list of the wrong length fails every row, and a bad item fails its own row only.
+    """
+
+    check = staticmethod(check_batch_scores)
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        num_examine: int = 0,
+        compute_score: Callable[..., Any] | None = None,
+        reward_fn_key: str = "data_source",
+        timeout: float = DEFAULT_TIMEOUT_S,
+        num_workers: int | None = None,
+        max_failure_share: float = DEFAULT_MAX_FAILURE_SHARE,
+        **reward_kwargs: Any,
+    ) -> None:
+        if compute_score is None:
+            raise ValueError("the batch reward manager needs a batched compute_score; set custom_reward_function.path")
+        # (one call per batch: the pool starts one worker however many it may have)
+        super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, timeout, num_workers,
+                         max_failure_share)
+        self.reward_kwargs = reward_kwargs
+
+    def score_rows(self, rows: list[DecodedRow]) -> list[Outcome]:
+        call = {
+            "data_sources": [r.data_source for r in rows],
+            "solution_strs": [r.response_str for r in rows],
+            "ground_truths": [r.ground_truth for r in rows],
+            "extra_infos": [r.extra_info for r in rows],
+            **self.reward_kwargs,
+        }
+        (outcome,) = self.runner.map([call])
+        if outcome.status is Status.OK:
+            return outcome.value
+        return [outcome] * len(rows)  # the call failed: so did every row
+
+
+@REWARD_MANAGERS.register("prime")
+class PrimeRewardManager(RewardManager):
+    """`prime`: verl's PrimeRewardManager, which scores in parallel processes with a per-sample timeout.
+
+    Every manager runs its calls that way here; `prime` keeps its own constructor arguments -- `timeout`
+    and `num_processes` through `reward_model.reward_kwargs`, which override
+    `reward_model.reward_fn_timeout` / `reward_fn_workers` -- and adds per-sample flags `reward_timeout`
+    and `reward_error` (any other failure) to the extra info, whose batch mean is the fraction affected.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        num_examine: int = 0,
+        compute_score: Callable[..., Any] | None = None,
+        reward_fn_key: str = "data_source",
+        timeout: float = DEFAULT_TIMEOUT_S,
+        num_processes: int | None = None,
+        num_workers: int | None = None,
+        max_failure_share: float = DEFAULT_MAX_FAILURE_SHARE,
+    ) -> None:
+        workers = num_processes if num_processes is not None else num_workers
+        super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, timeout, workers, max_failure_share)
+
+    def finish(self, row: DecodedRow, outcome: Outcome, score: float, extras: dict) -> tuple[float, dict]:
+        timed_out = outcome.status is Status.TIMEOUT
+        return score, {**extras, "reward_timeout": timed_out, "reward_error": outcome.status is not Status.OK
+                       and not timed_out}
+
+
+@REWARD_MANAGERS.register("dapo")
+class DAPORewardManager(RewardManager):
+    """`dapo`: rule score plus DAPO's overlong reward shaping (Yu et al. 2025, "DAPO", Soft Overlong Punishment).
+
+    With L = max_resp_len, B = overlong_buffer.len, f = overlong_buffer.penalty_factor and a response of
+    n valid tokens, the added term is
+
+        penalty = min(-(n - (L - B)) / B * f, 0)
+
+    i.e. zero up to L - B tokens, then falling linearly to -f at n = L. The penalty depends on the length
+    only, so a row whose reward function failed gets it too, on top of the failed row's 0.0.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        num_examine: int = 0,
+        compute_score: Callable[..., Any] | None = None,
+        reward_fn_key: str = "data_source",
+        max_resp_len: int | None = None,
+        overlong_buffer_cfg: OverlongBufferConfig | Mapping[str, Any] | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        num_workers: int | None = None,
+        max_failure_share: float = DEFAULT_MAX_FAILURE_SHARE,
+    ) -> None:
+        self.overlong_buffer = to_dataclass(OverlongBufferConfig, overlong_buffer_cfg)
+        if self.overlong_buffer.enable:
+            if max_resp_len is None:
+                raise ValueError("reward_model.overlong_buffer.enable=True needs max_resp_len "
+                                 "(data.max_response_length)")
+            if not 0 < self.overlong_buffer.len <= max_resp_len:
+                raise ValueError(f"reward_model.overlong_buffer.len={self.overlong_buffer.len} must be in "
+                                 f"(0, max_resp_len={max_resp_len}]")
+        self.max_resp_len = max_resp_len
+        super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, timeout, num_workers, max_failure_share)
+
+    @classmethod
+    def config_kwargs(cls, reward_model: Any, max_response_length: int) -> dict:
+        return {
+            **super().config_kwargs(reward_model, max_response_length),
+            "max_resp_len": max_response_length,
+            "overlong_buffer_cfg": reward_model.overlong_buffer,
+        }
+
+    def overlong_penalty(self, valid_len: int) -> float:
+        buffer_len = self.overlong_buffer.len
+        exceed = valid_len - (self.max_resp_len - buffer_len)
+        return min(-exceed / buffer_len * self.overlong_buffer.penalty_factor, 0.0)
+
+    def finish(self, row: DecodedRow, outcome: Outcome, score: float, extras: dict) -> tuple[float, dict]:
+        extras = {**extras, "score": extras.get("score", score)}  # the unshaped score, for metrics
+        if self.overlong_buffer.enable:
+            penalty = self.overlong_penalty(row.valid_response_length)
+            score += penalty
+            if self.overlong_buffer.log:
+                extras.update(overlong_reward=penalty, overlong=penalty < 0)
+        return score, extras

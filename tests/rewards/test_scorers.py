@@ -5,9 +5,7 @@ import time
 import numpy as np
 import pytest
 
-from hybridrl.rewards import default_compute_score
-from hybridrl.rewards.score import arithmetic, countdown, gsm8k
-from hybridrl.rewards.score import math as math_score
+from hybridrl.rewards import default_compute_score, scorers
 
 # ---------------------------------------------------------------- gsm8k
 
@@ -15,27 +13,27 @@ from hybridrl.rewards.score import math as math_score
 def test_gsm8k_strict_takes_last_marker_and_drops_commas():
     # Two markers: the last one counts; "1,000" loses its comma before comparison.
     text = "First guess #### 12\nOn reflection 1000 apples.\n#### 1,000"
-    assert gsm8k.compute_score(text, "1000") == 1.0
-    assert gsm8k.compute_score("#### 12", "1000") == 0.0
+    assert scorers.gsm8k_score(text, "1000") == 1.0
+    assert scorers.gsm8k_score("#### 12", "1000") == 0.0
 
 
 def test_gsm8k_strict_ignores_bare_numbers_but_flexible_uses_the_last():
     text = "So the total is 72 dollars."
-    assert gsm8k.compute_score(text, "72", method="strict") == 0.0  # no "####": no answer
-    assert gsm8k.compute_score(text, "72", method="flexible") == 1.0
+    assert scorers.gsm8k_score(text, "72", method="strict") == 0.0  # no "####": no answer
+    assert scorers.gsm8k_score(text, "72", method="flexible") == 1.0
     # Flexible skips a trailing lone "." and takes the last real number.
-    assert gsm8k.extract_solution("It is 3, then 72.", method="flexible") == "72."
+    assert scorers.extract_solution("It is 3, then 72.", method="flexible") == "72."
 
 
 def test_gsm8k_format_score_for_wrong_answer_only():
-    assert gsm8k.compute_score("#### 5", "6", format_score=0.1) == 0.1
-    assert gsm8k.compute_score("no answer", "6", format_score=0.1) == 0.0
+    assert scorers.gsm8k_score("#### 5", "6", format_score=0.1) == 0.1
+    assert scorers.gsm8k_score("no answer", "6", format_score=0.1) == 0.0
 
 
 def test_gsm8k_only_reads_last_300_characters():
     # The marker is 301+ characters before the end: verl ignores it.
     text = "#### 7" + " filler" * 60
-    assert gsm8k.compute_score(text, "7") == 0.0
+    assert scorers.gsm8k_score(text, "7") == 0.0
 
 
 # ---------------------------------------------------------------- math
@@ -61,20 +59,20 @@ def test_gsm8k_only_reads_last_300_characters():
     ],
 )
 def test_math_cases(response, truth, expected):
-    assert math_score.compute_score(response, truth) == expected
+    assert scorers.math_score(response, truth) == expected
 
 
 def test_math_last_boxed_handles_nesting_and_fbox():
-    assert math_score.last_boxed_only_string("a \\boxed{\\frac{1}{\\sqrt{2}}} b") == "\\boxed{\\frac{1}{\\sqrt{2}}}"
-    assert math_score.remove_boxed(math_score.last_boxed_only_string("\\fbox{9}")) == "9"
-    assert math_score.remove_boxed(math_score.last_boxed_only_string("$\\boxed 9$")) == "9"
+    assert scorers.last_boxed_only_string("a \\boxed{\\frac{1}{\\sqrt{2}}} b") == "\\boxed{\\frac{1}{\\sqrt{2}}}"
+    assert scorers.remove_boxed(scorers.last_boxed_only_string("\\fbox{9}")) == "9"
+    assert scorers.remove_boxed(scorers.last_boxed_only_string("$\\boxed 9$")) == "9"
 
 
 def test_math_is_equiv_is_string_level_only():
-    assert math_score.is_equiv("\\frac{1}{2}", "0.5")
-    assert math_score.is_equiv("3/4", "\\frac34")
-    assert not math_score.is_equiv("1,000", "1000")  # string rules alone miss this; math_verify catches it
-    assert math_score.is_equiv(None, None) and not math_score.is_equiv("1", None)
+    assert scorers.is_equiv("\\frac{1}{2}", "0.5")
+    assert scorers.is_equiv("3/4", "\\frac34")
+    assert not scorers.is_equiv("1,000", "1000")  # string rules alone miss this; math_verify catches it
+    assert scorers.is_equiv(None, None) and not scorers.is_equiv("1", None)
 
 
 # ---------------------------------------------------------------- countdown
@@ -100,12 +98,12 @@ GT = {"target": 24, "numbers": [3, 4, 6, 2]}
     ],
 )
 def test_countdown_cases(answer, expected):
-    assert countdown.compute_score(answer, GT) == expected
+    assert scorers.countdown_score(answer, GT) == expected
 
 
 def test_countdown_power_does_not_hang():
     start = time.monotonic()
-    countdown.compute_score("<answer>9**9**9**9</answer>", GT)
+    scorers.countdown_score("<answer>9**9**9**9</answer>", GT)
     # Not a timing assertion on speed: just proof the call returned (evaluation would never end).
     assert time.monotonic() - start < 60
 
@@ -113,15 +111,15 @@ def test_countdown_power_does_not_hang():
 def test_countdown_division_is_exact_and_at_most_once_mode():
     gt = {"target": 2, "numbers": np.array([4, 6, 3])}  # numpy, as read from parquet
     # 6 / 3 = 2 exactly, 4 unused: allowed only with at_most_once.
-    assert countdown.compute_score("<answer>6 / 3</answer>", gt, number_use="at_most_once") == 1.0
-    assert countdown.compute_score("<answer>6 / 3</answer>", gt) == 0.1
+    assert scorers.countdown_score("<answer>6 / 3</answer>", gt, number_use="at_most_once") == 1.0
+    assert scorers.countdown_score("<answer>6 / 3</answer>", gt) == 0.1
     # 4 / 6 * 3 = 2 exactly in rationals (floats would give 1.9999999999999998).
-    assert countdown.compute_score("<answer>4 / 6 * 3</answer>", {"target": 2, "numbers": [4, 6, 3]}) == 1.0
+    assert scorers.countdown_score("<answer>4 / 6 * 3</answer>", {"target": 2, "numbers": [4, 6, 3]}) == 1.0
 
 
 def test_countdown_bad_ground_truth_names_the_fields():
     with pytest.raises(ValueError, match="'target' and 'numbers'"):
-        countdown.compute_score("<answer>1</answer>", 24)
+        scorers.countdown_score("<answer>1</answer>", 24)
 
 
 # ---------------------------------------------------------------- arithmetic
@@ -139,14 +137,14 @@ def test_countdown_bad_ground_truth_names_the_fields():
     ],
 )
 def test_arithmetic_cases(response, truth, expected):
-    assert arithmetic.compute_score(response, truth) == expected
+    assert scorers.arithmetic_score(response, truth) == expected
 
 
 def test_arithmetic_format_score_needs_a_tag():
-    assert arithmetic.compute_score("<answer>84</answer>", "85", format_score=0.1) == 0.1
-    assert arithmetic.compute_score("84", "85", format_score=0.1) == 0.0
+    assert scorers.arithmetic_score("<answer>84</answer>", "85", format_score=0.1) == 0.1
+    assert scorers.arithmetic_score("84", "85", format_score=0.1) == 0.0
     with pytest.raises(ValueError, match="integer string"):
-        arithmetic.compute_score("<answer>1</answer>", "one")
+        scorers.arithmetic_score("<answer>1</answer>", "one")
 
 
 # ---------------------------------------------------------------- dispatch

@@ -1,0 +1,522 @@
+"""The built-in rule-based reward functions, one per task, and `default_compute_score`, which picks one by
+`data_source` as verl does. Standard library only (math-verify is imported when first needed): importing
+`hybridrl.rewards` loads this module, and the code sandbox must load under a bare interpreter."""
+
+from __future__ import annotations
+
+import ast
+import json
+import logging
+import re
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from fractions import Fraction
+from typing import Any
+
+from hybridrl.rewards.failures import RewardFunctionFatalError
+from hybridrl.rewards.sandbox import (
+    SandboxLimits,
+    SandboxResult,
+    SandboxUnavailableError,
+    require_sandbox,
+    run_many,
+)
+
+logger = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------- arithmetic (hybridrl's default task)
+
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_INTEGER = re.compile(r"[+-]?\d+")
+
+
+def extract_answer(solution_str: str) -> str | None:
+    """Content of the last `<answer>...</answer>` pair, stripped; None if there is none."""
+    found = _ANSWER.findall(solution_str)
+    return found[-1].strip() if found else None
+
+
+def arithmetic_score(
+    solution_str: str, ground_truth: str | int, format_score: float = 0.0, score: float = 1.0
+) -> float:
+    """`score` if the last answer tag holds the right integer, `format_score` if a tag exists but is
+    wrong or not an integer, 0.0 if no answer tag exists.
+
+    The response ends with `<answer>N</answer>` after free-form worked steps; `ground_truth` is the
+    integer result as a string ("85", "-12"). Only the LAST answer tag counts, so a model cannot hedge
+    by listing several answers.
+    """
+    try:
+        target = int(str(ground_truth).strip())
+    except ValueError:
+        raise ValueError(
+            f"arithmetic ground_truth must be an integer string such as '85' or '-12', got {ground_truth!r}"
+        ) from None
+    answer = extract_answer(solution_str)
+    if answer is None:
+        return 0.0
+    if _INTEGER.fullmatch(answer) and int(answer) == target:
+        return score
+    return format_score
+
+
+# ---------------------------------------------------------------- countdown (TinyZero's task)
+
+# Longer expressions cannot be legitimate for a handful of numbers; refuse before parsing.
+_MAX_EXPR_CHARS = 512
+_BINOPS = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.Div: lambda a, b: a / b,  # Fraction division; ZeroDivisionError is caught by the caller
+}
+
+
+class InvalidExpression(ValueError):
+    """The answer is not an expression over integer literals with + - * / and parentheses."""
+
+
+def parse_expression(expr: str) -> ast.Expression:
+    if len(expr) > _MAX_EXPR_CHARS:
+        raise InvalidExpression(f"expression longer than {_MAX_EXPR_CHARS} characters")
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError as err:
+        raise InvalidExpression(f"not an arithmetic expression: {err.msg}") from None
+    for node in ast.walk(tree):
+        allowed = isinstance(node, (ast.Expression, ast.BinOp, ast.UnaryOp, ast.USub, ast.UAdd))
+        allowed |= type(node) in _BINOPS
+        allowed |= isinstance(node, ast.Constant) and type(node.value) is int
+        if not allowed:
+            raise InvalidExpression(f"{type(node).__name__} is not allowed (only + - * / and integers)")
+    return tree
+
+
+def literals(tree: ast.Expression) -> list[int]:
+    """Integer literals in the expression (unary minus is an operator, not part of the number)."""
+    return [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)]
+
+
+def evaluate(node: ast.AST) -> Fraction:
+    """Exact value of a tree already checked by `parse_expression`."""
+    if isinstance(node, ast.Expression):
+        return evaluate(node.body)
+    if isinstance(node, ast.Constant):
+        return Fraction(node.value)
+    if isinstance(node, ast.UnaryOp):
+        value = evaluate(node.operand)
+        return -value if isinstance(node.op, ast.USub) else value
+    if isinstance(node, ast.BinOp):
+        return _BINOPS[type(node.op)](evaluate(node.left), evaluate(node.right))
+    raise InvalidExpression(f"unexpected node {type(node).__name__}")
+
+
+def uses_numbers(used: list[int], available: list[int], number_use: str) -> bool:
+    """`exactly_once`: the multisets are equal; `at_most_once`: `used` is a sub-multiset."""
+    if number_use == "exactly_once":
+        return Counter(used) == Counter(available)
+    if number_use == "at_most_once":
+        return not Counter(used) - Counter(available)
+    raise ValueError(f"countdown number_use must be 'exactly_once' or 'at_most_once', got {number_use!r}")
+
+
+def countdown_score(
+    solution_str: str,
+    ground_truth: Mapping,
+    format_score: float = 0.1,
+    score: float = 1.0,
+    number_use: str = "exactly_once",
+) -> float:
+    """`score` if the expression uses the numbers as configured and equals `target` exactly.
+
+    The last `<answer>...</answer>` expression is parsed with `ast` and evaluated by a small walker over
+    integer literals, + - * / and parentheses, in exact rational arithmetic. Nothing is passed to `eval`,
+    and `**` is rejected outright, so `9**9**9` costs nothing. As in TinyZero, any answer tag that is
+    present but wrong (bad numbers, bad syntax, division by zero, wrong value) earns `format_score`.
+    """
+    if not isinstance(ground_truth, Mapping) or "target" not in ground_truth or "numbers" not in ground_truth:
+        raise ValueError(
+            f"countdown ground_truth must be a dict with 'target' and 'numbers', got {ground_truth!r}"
+        )
+    target = int(ground_truth["target"])
+    numbers = [int(n) for n in ground_truth["numbers"]]  # parquet gives numpy arrays; normalise
+    expr = extract_answer(solution_str)
+    if expr is None:
+        return 0.0
+    try:
+        tree = parse_expression(expr)
+        if not uses_numbers(literals(tree), numbers, number_use):
+            return format_score
+        return score if evaluate(tree) == target else format_score
+    except (InvalidExpression, ZeroDivisionError, RecursionError):
+        return format_score
+
+
+# ---------------------------------------------------------------- gsm8k
+
+# Only the tail of the response is searched (verl's choice): the final answer sits at the end.
+_TAIL_CHARS = 300
+_STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
+_FLEXIBLE = re.compile(r"(\-?[0-9\.\,]+)")
+
+
+def extract_solution(solution_str: str, method: str = "strict") -> str | None:
+    """Return the answer string (commas and `$` removed) or None when no answer is found."""
+    if method not in ("strict", "flexible"):
+        raise ValueError(f"gsm8k method must be 'strict' or 'flexible', got {method!r}")
+    tail = solution_str[-_TAIL_CHARS:]
+    if method == "strict":
+        found = _STRICT.findall(tail)
+        if not found:
+            return None
+        return found[-1].replace(",", "").replace("$", "")
+    # Flexible: the last token that is a number and not a bare punctuation mark.
+    candidates = [c for c in _FLEXIBLE.findall(tail) if c not in ("", ".")]
+    return candidates[-1].replace(",", "") if candidates else None
+
+
+def gsm8k_score(
+    solution_str: str,
+    ground_truth: str,
+    method: str = "strict",
+    format_score: float = 0.0,
+    score: float = 1.0,
+) -> float:
+    """`score` for a correct answer, `format_score` for a found but wrong one, 0.0 for none.
+
+    `method="strict"` only accepts the dataset's own answer marker (`#### 42`); `"flexible"` takes the
+    last number in the response. Both look at the last 300 characters only, as verl does, so a long
+    chain of thought cannot smuggle in an early lucky number. Comparison is on the exact extracted
+    string against `ground_truth` (GSM8K answers are integers written without separators once commas
+    are dropped).
+    """
+    answer = extract_solution(solution_str, method=method)
+    if answer is None:
+        return 0.0
+    return score if answer == str(ground_truth).replace(",", "") else format_score
+
+
+# ---------------------------------------------------------------- MATH
+
+
+def last_boxed_only_string(text: str) -> str | None:
+    """The last `\\boxed{...}` / `\\boxed ...` / `\\fbox{...}` in `text` including the command, or None.
+
+    Braces are matched by depth counting, so nested `\\frac{1}{2}` inside the box stays whole.
+    """
+    start = text.rfind("\\boxed")
+    if start < 0:
+        start = text.rfind("\\fbox")
+        if start < 0:
+            return None
+    if text.startswith("\\boxed ", start):
+        # `\boxed 5` form: the argument runs to the next `$` (inline math end) or the end.
+        return "\\boxed " + text[start + len("\\boxed ") :].split("$")[0].strip()
+    depth = 0
+    for pos in range(start, len(text)):
+        if text[pos] == "{":
+            depth += 1
+        elif text[pos] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start : pos + 1]
+    return None  # unbalanced braces: no usable answer
+
+
+def remove_boxed(boxed: str) -> str:
+    """`\\boxed{x}` -> `x`, `\\boxed x` -> `x`, `\\fbox{x}` -> `x`."""
+    for prefix in ("\\boxed ",):
+        if boxed.startswith(prefix):
+            return boxed[len(prefix) :]
+    for prefix in ("\\boxed{", "\\fbox{"):
+        if boxed.startswith(prefix) and boxed.endswith("}"):
+            return boxed[len(prefix) : -1]
+    raise ValueError(f"not a boxed expression: {boxed!r}")
+
+
+def _fix_fracs(s: str) -> str:
+    """`\\frac12` -> `\\frac{1}{2}`, `\\frac1{2}` -> `\\frac{1}{2}`: single-character arguments get braces."""
+    pieces = s.split("\\frac")
+    out = pieces[0]
+    for piece in pieces[1:]:
+        out += "\\frac"
+        if piece.startswith("{") or len(piece) < 2:
+            out += piece
+            continue
+        num, rest = piece[0], piece[1:]
+        if rest.startswith("{"):
+            out += "{" + num + "}" + rest
+        else:
+            out += "{" + num + "}{" + rest[0] + "}" + rest[1:]
+    return out
+
+
+def _fix_slash_fraction(s: str) -> str:
+    """`3/4` (two plain integers) -> `\\frac{3}{4}`."""
+    match = re.fullmatch(r"(\d+)/(\d+)", s)
+    return f"\\frac{{{match.group(1)}}}{{{match.group(2)}}}" if match else s
+
+
+def _fix_sqrt(s: str) -> str:
+    """`\\sqrt3` -> `\\sqrt{3}` (one-character argument)."""
+    return re.sub(r"\\sqrt(?!\{)(\w)", r"\\sqrt{\1}", s)
+
+
+def strip_string(s: str) -> str:
+    """Normalise a MATH answer string so that equal answers written differently compare equal."""
+    s = s.replace("\n", "").replace("\\!", "").replace("\\\\", "\\")
+    s = s.replace("tfrac", "frac").replace("dfrac", "frac")
+    s = s.replace("\\left", "").replace("\\right", "")
+    s = s.replace("^{\\circ}", "").replace("^\\circ", "")  # degrees
+    s = s.replace("\\$", "").replace("$", "")
+    s = re.sub(r"\\text\{\s*[^{}]*\}\s*$", "", s) if re.search(r"\S\s*\\text\{", s) else s  # units
+    s = s.replace("\\%", "").replace("%", "")
+    s = s.replace(" .", " 0.").replace("{.", "{0.")
+    if s.startswith("."):
+        s = "0" + s
+    # "x = 5" -> "5" when the left side is a short variable name.
+    parts = s.split("=")
+    if len(parts) == 2 and len(parts[0].strip()) <= 2:
+        s = parts[1]
+    s = _fix_sqrt(s)
+    s = s.replace(" ", "")
+    s = _fix_fracs(s)
+    if s == "0.5":
+        s = "\\frac{1}{2}"
+    return _fix_slash_fraction(s)
+
+
+def is_equiv(str1: str | None, str2: str | None) -> bool:
+    """MATH-paper equivalence: equal after `strip_string` (raw equality if normalisation fails)."""
+    if str1 is None or str2 is None:
+        return str1 is None and str2 is None
+    try:
+        return strip_string(str1) == strip_string(str2)
+    except Exception:  # a malformed answer must not crash the scorer; fall back to raw equality
+        return str1 == str2
+
+
+def symbolic_equiv(answer: str, ground_truth: str) -> bool:
+    """True when math_verify parses both boxed strings to equal SymPy objects."""
+    from math_verify import parse, verify
+
+    # math_verify bounds its own work with SIGALRM, which only works on the main thread.
+    timeout = 5 if threading.current_thread() is threading.main_thread() else None
+    gold = parse("\\boxed{" + ground_truth + "}", parsing_timeout=timeout)
+    pred = parse("\\boxed{" + answer + "}", parsing_timeout=timeout)
+    if not gold or not pred:
+        return False
+    return bool(verify(gold, pred, timeout_seconds=timeout))
+
+
+def math_score(solution_str: str, ground_truth: str, use_math_verify: bool = True) -> float:
+    """1.0 if the last boxed answer equals `ground_truth` (string or symbolic), else 0.0.
+
+    Extraction and normalisation follow Hendrycks et al. 2021, "Measuring Mathematical Problem Solving
+    With the MATH Dataset" (the `is_equiv` used by verl's `math` reward): the answer is the argument of
+    the last `\\boxed{...}` (or `\\fbox{...}`); both strings are normalised and compared as strings.
+    Because string equality misses `1,000` vs `1000` or `\\frac{2}{4}` vs `0.5`, a string mismatch falls
+    back to `math_verify` (Hugging Face's parser + SymPy comparison).
+    """
+    boxed = last_boxed_only_string(solution_str)
+    if boxed is None:
+        return 0.0
+    answer = remove_boxed(boxed)
+    ground_truth = str(ground_truth)
+    if is_equiv(answer, ground_truth):
+        return 1.0
+    return 1.0 if use_math_verify and symbolic_equiv(answer, ground_truth) else 0.0
+
+
+# ---------------------------------------------------------------- code, run in the sandbox
+
+_FENCE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
+
+_CALL_HARNESS = """
+
+import json as _hrl_json, sys as _hrl_sys
+_hrl_args = _hrl_json.loads(_hrl_sys.stdin.read())
+_hrl_fn = Solution().{name} if "Solution" in globals() and hasattr(Solution, "{name}") else {name}
+print(_hrl_json.dumps(_hrl_fn(*_hrl_args)))
+"""
+
+
+def extract_code(solution_str: str) -> str:
+    """The last fenced code block, or the whole response when it has none."""
+    blocks = _FENCE.findall(solution_str)
+    return blocks[-1] if blocks else solution_str
+
+
+def parse_tests(ground_truth: Any) -> dict:
+    tests = json.loads(ground_truth) if isinstance(ground_truth, (str, bytes)) else ground_truth
+    if not isinstance(tests, Mapping) or "inputs" not in tests or "outputs" not in tests:
+        raise ValueError("code ground_truth must be a dict (or JSON string) with 'inputs' and 'outputs' lists")
+    if len(tests["inputs"]) != len(tests["outputs"]):
+        raise ValueError(f"code ground_truth has {len(tests['inputs'])} inputs but {len(tests['outputs'])} outputs")
+    return dict(tests)
+
+
+def _stdio_passed(result: SandboxResult, expected: Any) -> bool:
+    expected = "\n".join(expected) if isinstance(expected, list) else str(expected)
+    return result.status == "ok" and result.stdout.split() == expected.split()
+
+
+def _call_passed(result: SandboxResult, expected: Any) -> bool:
+    if result.status != "ok":
+        return False
+    try:
+        got = json.loads(result.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return False
+    # APPS wraps some expected return values in a one-element list.
+    return got == expected or [got] == expected
+
+
+def run_tests(code: str, tests: Mapping, limits: SandboxLimits | None = None) -> list[bool]:
+    """Pass/fail of each test case, in order."""
+    # Once per process: proves programs really run (an interpreter the sandbox's uid cannot start would
+    # otherwise fail every case as a runtime error) or raises SandboxUnavailableError saying why.
+    require_sandbox(limits)
+    fn_name = tests.get("fn_name")
+    if fn_name:
+        program = code + _CALL_HARNESS.format(name=fn_name)
+        jobs = [(program, json.dumps(list(args))) for args in tests["inputs"]]
+    else:
+        jobs = [(code, "\n".join(i) if isinstance(i, list) else str(i)) for i in tests["inputs"]]
+    results = run_many(jobs, limits)
+    check = _call_passed if fn_name else _stdio_passed
+    return [check(r, expected) for r, expected in zip(results, tests["outputs"], strict=True)]
+
+
+def code_score(
+    solution_str: str,
+    ground_truth: Any,
+    continuous: bool = True,
+    sandbox_limits: SandboxLimits | None = None,
+) -> float:
+    """Fraction of test cases passed (`continuous`) or 1.0/0.0 for all-or-nothing.
+
+    `ground_truth` follows the APPS / TACO / CodeContests layout used by verl's code scorer: a dict (or
+    its JSON string) with `inputs` and `outputs` lists, and optionally `fn_name`. Without `fn_name` each
+    case is stdin -> stdout, compared token by token (whitespace and line breaks do not matter). With
+    `fn_name` each input is the list of positional arguments; the function (or the method of a
+    `Solution` class, LeetCode style) is called and its JSON-encoded return value compared with the
+    output. A sandbox that cannot run programs here raises `SandboxUnavailableError` instead of
+    scoring: a program that never ran has not failed its tests.
+    """
+    tests = parse_tests(ground_truth)
+    if not tests["inputs"]:
+        raise ValueError("code ground_truth has no test cases")
+    passed = run_tests(extract_code(solution_str), tests, sandbox_limits)
+    if continuous:
+        return sum(passed) / len(passed)
+    return 1.0 if all(passed) else 0.0
+
+
+# ---------------------------------------------------------------- dispatch by data_source
+
+# data_source -> scorer name (a key of SCORERS). Matches verl's `default_compute_score` for the sources both know,
+# plus `countdown` (TinyZero) and `arithmetic` (hybridrl's default task).
+_SOURCES: dict[str, str] = {
+    "openai/gsm8k": "gsm8k",
+    "lighteval/MATH": "math",
+    "DigitalLearningGmbH/MATH-lighteval": "math",
+    "HuggingFaceH4/MATH-500": "math",
+    "math": "math",
+    "countdown": "countdown",
+    "arithmetic": "arithmetic",
+    "codecontests": "code",
+    "apps": "code",
+    "codeforces": "code",
+    "taco": "code",
+    "likaixin/TACO-verified": "code",
+    "deepmind/code_contests": "code",
+    "codeparrot/apps": "code",
+}
+# Prefix families (e.g. "aime24", "aime2025"), checked after exact names.
+_PREFIXES: dict[str, str] = {"aime": "math", "math_": "math", "countdown": "countdown"}
+SCORERS: dict[str, Callable[..., float]] = {"arithmetic": arithmetic_score, "countdown": countdown_score,
+                                            "gsm8k": gsm8k_score, "math": math_score, "code": code_score}
+# Scorers that run programs: `default_compute_score` passes them its `sandbox_limits`
+# (reward_model.sandbox.*), and `check_code_sandbox` probes the sandbox before a run that needs them.
+SANDBOX_SCORERS = frozenset({"code"})
+
+
+class UnknownDataSourceError(RewardFunctionFatalError, NotImplementedError):
+    """No built-in scorer for a row's data source: a setup error, so it stops the run rather than
+    scoring the row 0.0 (a NotImplementedError, as verl raises)."""
+
+
+def known_sources() -> list[str]:
+    return sorted(_SOURCES) + [f"{prefix}*" for prefix in sorted(_PREFIXES)]
+
+
+def scorer_name(data_source: str) -> str:
+    """The key in `SCORERS` of the scorer of `data_source`."""
+    if data_source in _SOURCES:
+        return _SOURCES[data_source]
+    for prefix, name in _PREFIXES.items():
+        if data_source.startswith(prefix):
+            return name
+    raise UnknownDataSourceError(
+        f"no built-in reward function for data_source={data_source!r}. Known sources: "
+        f"{', '.join(known_sources())}. For another source set custom_reward_function.path "
+        f"(and .name) to a file defining compute_score(data_source, solution_str, ground_truth, extra_info=None)."
+    )
+
+
+def sandbox_sources(data_sources: Iterable[str]) -> list[str]:
+    """The data sources among `data_sources` whose built-in scorer runs programs in the code sandbox
+    (sources without a built-in scorer are left to fail where they are scored)."""
+    found = set()
+    for source in set(data_sources):
+        try:
+            name = scorer_name(source)
+        except NotImplementedError:
+            continue
+        if name in SANDBOX_SCORERS:
+            found.add(source)
+    return sorted(found)
+
+
+def default_compute_score(
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: dict | None = None,
+    sandbox_limits: SandboxLimits | None = None,
+    **kwargs: Any,
+) -> float | dict:
+    """Score one response with the scorer registered for its `data_source`.
+
+    Extra keyword arguments go to the scorer (e.g. `method="flexible"` for gsm8k, `format_score=...`);
+    `sandbox_limits` only to scorers that run programs (`SANDBOX_SCORERS`). Returns a float, or the
+    scorer's dict (with a `score` key) unchanged.
+    """
+    name = scorer_name(data_source)
+    if sandbox_limits is not None and name in SANDBOX_SCORERS:
+        kwargs = {**kwargs, "sandbox_limits": sandbox_limits}
+    result = SCORERS[name](solution_str, ground_truth, **kwargs)
+    if isinstance(result, dict):
+        return result
+    return float(result)
+
+
+def check_code_sandbox(data_sources: Iterable[object], limits: SandboxLimits) -> None:
+    """Raise SandboxUnavailableError when the built-in scorer of one of `data_sources` runs programs and
+    the sandbox cannot run them here with `limits`; warn when it runs them in the weaker mode. Called
+    before a run starts any worker, so a reward that cannot be computed fails at once."""
+    sources = sandbox_sources(str(source) for source in data_sources)
+    if not sources:
+        return
+    try:
+        isolation = require_sandbox(limits)
+    except SandboxUnavailableError as err:
+        raise SandboxUnavailableError(f"data sources {sources} are scored by running programs, but {err}") from None
+    refused = [name for name, entered in isolation.items() if not entered]
+    if refused:
+        logger.warning("code sandbox in the weaker uid-only mode (reward_model.sandbox.require_isolation=false): "
+                       "the kernel refused the %s namespace(s), so programs of %s can reach the network (local "
+                       "Ray services included) and read world-readable files; see hybridrl/rewards/SANDBOX.md", refused, sources)

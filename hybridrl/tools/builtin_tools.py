@@ -1,0 +1,142 @@
+"""The built-in tools: an exact calculator, and a Python interpreter that runs the model's code in the code
+sandbox. YAML class paths: `hybridrl.tools.builtin_tools.CalculatorTool`,
+`hybridrl.tools.builtin_tools.SandboxCodeInterpreterTool`.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import dataclasses
+import operator
+from fractions import Fraction
+from typing import Any
+
+from hybridrl.rewards.sandbox import SandboxLimits, require_sandbox, run_code
+from hybridrl.tools.base_tool import BaseTool, OpenAIFunctionToolSchema, ToolResponse
+
+# ---------------------------------------------------------------- calculator
+
+MAX_EXPONENT = 64
+MAX_BITS = 4096  # an operand this large ends the evaluation, so each ** stays cheap
+MAX_LENGTH = 200  # characters of expression
+
+CALCULATOR_SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate an arithmetic expression with + - * / // % ** and parentheses.",
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string", "description": "e.g. 347 + 568"}},
+            "required": ["expression"],
+        },
+    },
+}
+
+_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+
+
+def _eval(node: ast.AST) -> Fraction:
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+        return Fraction(node.value)
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        return _UNARY[type(node.op)](_eval(node.operand))
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        left, right = _eval(node.left), _eval(node.right)
+        if isinstance(node.op, ast.Pow) and (right.denominator != 1 or abs(right) > MAX_EXPONENT):
+            raise ValueError(f"exponents must be integers of at most {MAX_EXPONENT} in size")
+        if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and right == 0:
+            raise ValueError("division by zero")
+        value = Fraction(_BINARY[type(node.op)](left, right))
+        if max(value.numerator.bit_length(), value.denominator.bit_length()) > MAX_BITS:
+            raise ValueError(f"an intermediate value has more than {MAX_BITS} bits")
+        return value
+    raise ValueError(f"unsupported element {ast.dump(node)[:60]}; use numbers, + - * / // % ** and parentheses")
+
+
+def evaluate(expression: str) -> str:
+    """The value of `expression` as text: an integer exactly, otherwise a float."""
+    if not isinstance(expression, str) or not expression.strip():
+        raise ValueError("expression must be a non-empty string")
+    if len(expression) > MAX_LENGTH:
+        raise ValueError(f"expression is longer than {MAX_LENGTH} characters")
+    try:
+        tree = ast.parse(expression.strip(), mode="eval")
+    except SyntaxError as err:
+        raise ValueError(f"cannot parse {expression!r}: {err.msg}") from None
+    value = _eval(tree.body)
+    return str(value.numerator) if value.denominator == 1 else repr(float(value))
+
+
+class CalculatorTool(BaseTool):
+    """`calculator(expression)`: the exact value of an arithmetic expression, without `eval`.
+
+    The expression is parsed with `ast` and only numbers, parentheses and + - * / // % ** (with unary
+    signs) are evaluated; anything else (names, calls, attributes) is refused with the reason, which the
+    model reads as the tool's error message. Integers stay exact (`12345 * 6789` is 83810205, not a
+    float); `/` gives a float unless the division is exact. Exponents are capped, so `9 ** 9 ** 9` cannot
+    hang the rollout.
+    """
+
+    def get_openai_tool_schema(self) -> OpenAIFunctionToolSchema:
+        return OpenAIFunctionToolSchema.model_validate(CALCULATOR_SCHEMA)
+
+    async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
+                      ) -> tuple[ToolResponse, float, dict]:
+        return ToolResponse(text=evaluate(parameters.get("expression"))), 0.0, {}
+
+
+# ---------------------------------------------------------------- code interpreter
+
+CODE_INTERPRETER_SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "code_interpreter",
+        "description": "Run a Python program and return what it prints.",
+        "parameters": {
+            "type": "object",
+            "properties": {"code": {"type": "string", "description": "the Python program; print the results"}},
+            "required": ["code"],
+        },
+    },
+}
+LIMIT_KEYS = ("wall_seconds", "cpu_seconds", "address_space_bytes", "output_bytes", "require_isolation")
+MAX_REPLY_CHARS = 4000  # the agent loop truncates further to multi_turn.max_tool_response_length
+
+
+class SandboxCodeInterpreterTool(BaseTool):
+    """`code_interpreter(code)`: run the program in the sandbox, answer with its output.
+
+    Each call is one fresh sandboxed process (namespaces, rlimits, a throwaway uid; see
+    hybridrl/rewards/SANDBOX.md); the tool answers with what the program printed, and with its error
+    output and status when it did not finish cleanly. Nothing persists between calls. The tool YAML's
+    `config:` sets the limits: `wall_seconds`, `cpu_seconds`, `address_space_bytes`, `output_bytes`,
+    `require_isolation` (SandboxLimits' fields). A host where the sandbox cannot run stops the run when
+    the tool is built, with the reason and the fix, instead of failing every call.
+    """
+
+    def __init__(self, config: dict, tool_schema: OpenAIFunctionToolSchema | None) -> None:
+        super().__init__(config, tool_schema)
+        unknown = sorted(set(self.config) - set(LIMIT_KEYS) - {"type"})
+        if unknown:
+            raise ValueError(f"code interpreter config keys {unknown} are not settings; it takes {list(LIMIT_KEYS)}")
+        self.limits = dataclasses.replace(SandboxLimits(), **{k: v for k, v in self.config.items() if k in LIMIT_KEYS})
+        require_sandbox(self.limits)
+
+    def get_openai_tool_schema(self) -> OpenAIFunctionToolSchema:
+        return OpenAIFunctionToolSchema.model_validate(CODE_INTERPRETER_SCHEMA)
+
+    async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
+                      ) -> tuple[ToolResponse, float, dict]:
+        code = parameters.get("code")
+        if not isinstance(code, str) or not code.strip():
+            raise ValueError("code must be a non-empty string")
+        result = await asyncio.to_thread(run_code, code, None, self.limits)
+        text = result.stdout
+        if result.status != "ok":
+            text += f"{result.stderr}\n[status: {result.status}]"
+        metrics = {"status": result.status, "wall_time": result.wall_time}
+        return ToolResponse(text=text[-MAX_REPLY_CHARS:]), 0.0, metrics
