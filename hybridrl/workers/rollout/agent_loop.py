@@ -49,8 +49,7 @@ import numpy as np
 import torch
 
 from hybridrl.data.rl_dataset import left_pad
-from hybridrl.protocol import DataProto
-from hybridrl.protocol_merge import object_column
+from hybridrl.protocol import DataProto, object_column
 from hybridrl.tools.base_tool import BaseTool
 from hybridrl.tools.call_parser import CALL_FORMATS, CallError, ParsedCall
 from hybridrl.tools.schemas import ToolResponse
