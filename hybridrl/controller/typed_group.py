@@ -23,8 +23,8 @@ from typing import ClassVar
 from hybridrl.controller.decorator import registered_methods
 from hybridrl.controller.worker import Worker
 from hybridrl.controller.worker_group import WorkerGroup
+from hybridrl.utils.device import ProcessMemory
 from hybridrl.utils.flops import ModelPass
-from hybridrl.utils.memory import ProcessMemory
 
 
 class TypedWorkerGroup:

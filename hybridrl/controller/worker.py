@@ -18,10 +18,15 @@ import torch.distributed as dist
 
 from hybridrl.controller.decorator import Dispatch, register
 from hybridrl.controller.rendezvous import DistEnv, rank_store
-from hybridrl.utils import memory
-from hybridrl.utils.device import device_type, distributed_backend, local_device
+from hybridrl.utils.device import (
+    ProcessMemory,
+    device_type,
+    distributed_backend,
+    keep_freed_memory,
+    local_device,
+    process_memory,
+)
 from hybridrl.utils.flops import ModelPass, device_peak_flops
-from hybridrl.utils.host_memory import keep_freed_memory
 
 # Set by the worker group: how many intra-op threads this rank should use.
 NUM_THREADS_ENV = "HYBRIDRL_NUM_THREADS"
@@ -109,9 +114,9 @@ class Worker:
         }
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def process_memory(self) -> memory.ProcessMemory:
+    def process_memory(self) -> ProcessMemory:
         """This rank's process's peak memory (RSS; CUDA allocator peaks where used)."""
-        return memory.process_memory()
+        return process_memory()  # the module function, not this method
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def model_passes(self) -> dict[str, ModelPass]:

@@ -23,8 +23,7 @@ from hybridrl.trainer.config_derive import fill_derived
 from hybridrl.trainer.config_ranges import range_errors
 from hybridrl.trainer.config_support import offload_errors, unsupported_errors
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
-from hybridrl.utils.device import device_setting_problem, resolve_device_type
-from hybridrl.utils.precision import AUTO, emulated_bf16_warning
+from hybridrl.utils.device import AUTO, device_setting_problem, emulated_bf16_warning, resolve_device_type
 from hybridrl.utils.typed_config import ConfigError, added_keys, require, unknown_key_message
 
 __all__ = ["ConfigError", "batch_plan", "validate_config", "world_size"]

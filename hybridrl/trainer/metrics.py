@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from hybridrl.protocol import DataProto
+from hybridrl.utils.device import ProcessMemory, process_memory
 from hybridrl.utils.flops import mfu
-from hybridrl.utils.memory import ProcessMemory, process_memory
 from hybridrl.utils.metric import reduce_metrics  # re-exported: the trainer reduces worker metrics
 
 __all__ = [

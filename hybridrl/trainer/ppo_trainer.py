@@ -44,7 +44,7 @@ from hybridrl.trainer.run_config import report_config_changes, write_run_config
 from hybridrl.trainer.stage_costs import StageCosts, real_tokens
 from hybridrl.trainer.validation import Validator
 from hybridrl.trainer.worker_groups import WorkerGroups
-from hybridrl.utils.timing import timer
+from hybridrl.utils.metric import timer
 from hybridrl.utils.tracking import StepProgress, Tracking
 from hybridrl.workers.checkpoint import CheckpointError, commit_checkpoint
 from hybridrl.workers.checkpoint_resume import (

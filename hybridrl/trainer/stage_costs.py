@@ -14,7 +14,7 @@ from collections.abc import Mapping, MutableMapping
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.metrics import compute_mfu_metrics
 from hybridrl.utils.flops import ModelPass
-from hybridrl.utils.timing import pop_worker_seconds, worker_stage
+from hybridrl.utils.metric import pop_worker_seconds, worker_stage
 
 # The trainer's stages that run a model pass, and the pass's name in `perf/mfu/<name>`.
 STAGE_PASSES = {"gen": "rollout", "old_log_prob": "actor_infer", "ref": "ref", "values": "critic_infer",

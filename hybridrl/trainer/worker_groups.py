@@ -21,8 +21,8 @@ from hybridrl.controller import (
 )
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
 from hybridrl.trainer.role_groups import ActorRolloutRefGroup, CriticGroup, RewardModelGroup
+from hybridrl.utils.device import ProcessMemory
 from hybridrl.utils.flops import ModelPass, combine_ranks
-from hybridrl.utils.memory import ProcessMemory
 from hybridrl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 from hybridrl.workers.reward_model import RewardModelWorker
 

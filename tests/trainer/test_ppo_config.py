@@ -44,7 +44,7 @@ def test_defaults_are_valid_and_resolve_the_lengths(no_gpu):
 
 
 def test_bf16_compute_keys_on_a_cpu_that_emulates_bf16_are_warned_about_once_each(no_gpu, caplog):
-    from hybridrl.utils.precision import native_bf16
+    from hybridrl.utils.device import native_bf16
 
     rollout_key = "actor_rollout_ref.rollout.dtype"
     with caplog.at_level("WARNING", logger="hybridrl.trainer.config_checks"):
