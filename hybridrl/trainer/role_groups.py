@@ -3,7 +3,7 @@
 `groups.actor_rollout.generate_sequences(batch)` in the trainer lands on
 `ActorRolloutRefGroup.generate_sequences`, which names `ActorRolloutRefWorker.generate_sequences`, the
 code each rank runs on its share of the batch. Each method has its worker method's parameters; what it
-returns is what the dispatch mode collects (hybridrl/controller/typed_group.py).
+returns is what the dispatch mode collects (`TypedWorkerGroup`, hybridrl/controller/worker_group.py).
 tests/trainer/test_role_groups.py holds every method here to its worker method's signature.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hybridrl.controller.typed_group import TypedWorkerGroup
+from hybridrl.controller.worker_group import TypedWorkerGroup
 from hybridrl.protocol import DataProto
 from hybridrl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 from hybridrl.workers.reward_model import RewardModelWorker

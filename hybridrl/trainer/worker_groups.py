@@ -80,7 +80,7 @@ class WorkerGroups:
         backend = config.trainer.backend
         pool = None
         if backend == "ray":
-            from hybridrl.controller.ray_resources import RayResourcePool
+            from hybridrl.controller.ray import RayResourcePool
 
             pool = RayResourcePool([config.trainer.n_gpus_per_node] * config.trainer.nnodes,
                                    use_gpu=config.trainer.device == "cuda", name_prefix="global_pool",
