@@ -9,7 +9,7 @@ import torch
 
 from hybridrl.algos import AdvantageEstimator
 from hybridrl.protocol import DataProto, DataProtoError
-from hybridrl.trainer.batch_advantage import compute_advantage
+from hybridrl.trainer.dataflow import compute_advantage
 
 __all__ = ["compute_advantage", "compute_advantage_for_multi_trajectories"]
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.stage_costs import StageCosts, real_tokens
+from hybridrl.trainer.metrics import StageCosts, real_tokens
 from hybridrl.utils.flops import ModelPass
 from hybridrl.utils.metric import WORKER_SECONDS
 
