@@ -7,7 +7,7 @@ step, and the fused step with each prompt's keys/values kept once for its sample
 What it compares (hybridrl/workers/rollout/fused_decoder.py and hf.py are the code under test): one
 `HFRollout.generate_sequences` call, 16 prompts x 8 samples x 64 new tokens, temperature 1, the same seed,
 rollout.dtype `--dtype` over the fp32 weights (default auto: bf16 where the CPU multiplies it natively, fp32
-on one that emulates it, see hybridrl/utils/precision.py), three settings alternating in one process:
+on one that emulates it, see hybridrl/utils/device.py), three settings alternating in one process:
 
 - forward: every step after the prefill through the model's forward (this script swaps
   `hf.fused_decoder` for one that declines);

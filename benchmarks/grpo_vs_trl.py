@@ -626,8 +626,8 @@ def write_report(rows: list[dict], workloads: list[Workload], args: argparse.Nam
 
 def default_dtypes(device: str) -> str:
     """float32 and bfloat16 where `device` multiplies bf16 natively; float32 alone where it emulates bf16 (a
-    CPU without AVX512_BF16 or AMX runs it many times slower than fp32: hybridrl/utils/precision.py)."""
-    from hybridrl.utils.precision import native_bf16
+    CPU without AVX512_BF16 or AMX runs it many times slower than fp32: hybridrl/utils/device.py)."""
+    from hybridrl.utils.device import native_bf16
 
     if native_bf16(device):
         return "float32,bfloat16"
@@ -649,7 +649,7 @@ def machine(device: str = "cpu") -> str:
     flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
     isa = [name for flag, name in (("avx512f", "AVX-512"), ("avx512_bf16", "AVX512_BF16"), ("amx_tile", "AMX"))
            if flag in flags]
-    if not isa and "avx2" in flags:  # the AVX2-only kind, which emulates bf16 (hybridrl/utils/precision.py)
+    if not isa and "avx2" in flags:  # the AVX2-only kind, which emulates bf16 (hybridrl/utils/device.py)
         isa = ["AVX2, no AVX-512"]
     memory_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return f"{os.cpu_count()}-core {model}{' (' + ', '.join(isa) + ')' if isa else ''}, {memory_gb:.0f} GB RAM"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 FAULTS = """
 import resource, sys, torch
-from hybridrl.utils.host_memory import keep_freed_memory
+from hybridrl.utils.device import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory()
 torch.set_num_threads(1)

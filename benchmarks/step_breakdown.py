@@ -107,8 +107,7 @@ def ray_transfer_seconds(w: bench.Workload, calls: int = 5) -> dict[str, float]:
     import ray
 
     from hybridrl.controller.decorator import Dispatch, register
-    from hybridrl.controller.ray import RayClassWithInitArgs, RayWorkerGroup
-    from hybridrl.controller.ray_resources import RayResourcePool, init_ray
+    from hybridrl.controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, init_ray
     from hybridrl.controller.worker import Worker
     from hybridrl.protocol import DataProto
 

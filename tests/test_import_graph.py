@@ -161,7 +161,7 @@ def test_package_has_no_import_cycle_annotations_included():
 # docs/architecture.md, "Layers": a subpackage (or top-level module) imports only from its own layer or below
 LAYERS = {
     "utils": 0, "": 0,
-    "protocol": 1, "protocol_merge": 1, "tensor_batch": 1,
+    "protocol": 1, "tensor_batch": 1,
     "models": 1,
     "algos": 2, "data": 2, "rewards": 2, "tools": 2,
     "controller": 3,

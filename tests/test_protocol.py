@@ -11,9 +11,10 @@ from hybridrl.protocol import (
     DataProtoError,
     DataProtoItem,
     pad_dataproto_to_divisor,
+    union_numpy_dict,
+    union_tensor_dict,
     unpad_dataproto,
 )
-from hybridrl.protocol_merge import union_numpy_dict, union_tensor_dict
 from hybridrl.tensor_batch import TensorBatch
 
 

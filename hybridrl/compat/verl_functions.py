@@ -17,7 +17,7 @@ from hybridrl.algos import AdvantageEstimator
 from hybridrl.algos.rollout_correction import *  # noqa: F403 - verl's rollout_corr_helper holds all of these names
 from hybridrl.algos.rollout_correction import compute_rollout_correction
 from hybridrl.compat.verl_protocol import DataProto, DataProtoError, non_tensor_stack, require_tensordict
-from hybridrl.trainer.batch_advantage import compute_advantage
+from hybridrl.trainer.dataflow import compute_advantage
 
 # ---------------------------------------------------------------- verl.utils.tensordict_utils
 

@@ -21,8 +21,15 @@ import numpy as np
 import torch
 
 from hybridrl import protocol as core
-from hybridrl.protocol import DataProtoItem, pad_dataproto_to_divisor, unpad_dataproto
-from hybridrl.protocol_merge import DataProtoError, object_column, union_numpy_dict, union_tensor_dict
+from hybridrl.protocol import (
+    DataProtoError,
+    DataProtoItem,
+    object_column,
+    pad_dataproto_to_divisor,
+    union_numpy_dict,
+    union_tensor_dict,
+    unpad_dataproto,
+)
 from hybridrl.tensor_batch import RowIndex, TensorBatch
 
 __all__ = [

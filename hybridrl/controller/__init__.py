@@ -1,10 +1,25 @@
 """The single controller's machinery: register worker methods, start worker groups, dispatch calls.
 
-Import the Ray backend from `hybridrl.controller.ray`; it is not imported here so that the local
-backend and the decorators work without starting (or even importing) Ray.
+`create_worker_group` starts a group on the chosen backend. The Ray backend lives in
+`hybridrl.controller.ray` and is imported only when asked for, so that the local backend, the
+decorators and the run's lifecycle work without starting (or even importing) Ray.
+
+Ending a run cleanly: Python's default reaction to SIGTERM ends the process at once, skipping
+`finally` blocks and atexit hooks. `sigterm_raises_exit` turns SIGTERM into SystemExit for the
+duration of a run, so the run's cleanup (loggers flushed, workers and the local process group closed)
+runs as on any other exit, and `ray_for_backend` shuts down the Ray cluster it started.
 """
 
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
 from hybridrl.controller.decorator import (
+    DataProtoFuture,
     Dispatch,
     Execute,
     MethodSpec,
@@ -12,11 +27,14 @@ from hybridrl.controller.decorator import (
     register_dispatch_mode,
     registered_methods,
 )
-from hybridrl.controller.futures import DataProtoFuture
 from hybridrl.controller.local import LocalWorkerGroup
-from hybridrl.controller.typed_group import TypedWorkerGroup
 from hybridrl.controller.worker import Worker
-from hybridrl.controller.worker_group import ClassWithInitArgs, WorkerGroup, create_colocated_worker_cls
+from hybridrl.controller.worker_group import (
+    ClassWithInitArgs,
+    TypedWorkerGroup,
+    WorkerGroup,
+    create_colocated_worker_cls,
+)
 from hybridrl.utils.device import resolve_device_type
 
 __all__ = [
@@ -31,9 +49,11 @@ __all__ = [
     "WorkerGroup",
     "create_colocated_worker_cls",
     "create_worker_group",
+    "ray_for_backend",
     "register",
     "register_dispatch_mode",
     "registered_methods",
+    "sigterm_raises_exit",
 ]
 
 
@@ -56,3 +76,54 @@ def create_worker_group(backend: str, cls_with_init: ClassWithInitArgs, resource
                              f"build the pool with use_gpu=(trainer.device == 'cuda')")
         return RayWorkerGroup(resource_pool, cls_with_init)
     raise ValueError(f"unknown backend {backend!r}; use trainer.backend=ray or trainer.backend=local")
+
+
+def _exit_on_signal(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # the exit status a shell reports for a process killed by signum
+
+
+@contextmanager
+def sigterm_raises_exit() -> Iterator[None]:
+    """Inside the block, SIGTERM raises SystemExit(143) in the main thread; outside, nothing changes.
+
+    Only replaces the default action: a program that installed its own SIGTERM handler keeps it, and
+    off the main thread (where Python cannot install handlers) the block runs unchanged.
+    """
+    if threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    try:
+        yield
+    finally:
+        # ray.init replaces the handler with its own; that one belongs to Ray while it stays connected
+        if signal.getsignal(signal.SIGTERM) is _exit_on_signal:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@contextmanager
+def ray_for_backend(backend: str, **init_kwargs: Any) -> Iterator[None]:
+    """Start (or join) Ray for a `ray` backend run, and shut it down afterwards if this call started it.
+
+    `init_kwargs` go to `hybridrl.controller.ray.init_ray`. A driver that was already connected (a
+    notebook, a test, a caller running several jobs) stays connected. Any other backend does not import
+    Ray at all. `ray.init` turns SIGTERM into SystemExit(15) in a Ray driver, as `sigterm_raises_exit`
+    does, so a terminated driver still leaves this block and shuts the cluster down with all of its
+    processes (GCS, raylet, agents, workers); a SIGKILLed driver runs nothing, and its local cluster
+    lingers until Ray's own health checks stop it (about a minute).
+    """
+    if backend != "ray":
+        yield
+        return
+    import ray
+
+    from hybridrl.controller.ray import init_ray
+
+    started = not ray.is_initialized()
+    try:
+        init_ray(**init_kwargs)  # inside: a start that fails half-way is shut down too
+        yield
+    finally:
+        if started:
+            ray.shutdown()

@@ -25,7 +25,7 @@ DIST_ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER
 def _set_single_rank_env() -> None:
     # A driver that already joined a process group (a second local group) keeps its coordinates.
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    # 0: the rank binds a port of the OS's choosing when it starts its store; none is picked ahead (rendezvous.py)
+    # 0: the rank binds a port of the OS's choosing when it starts its store; none is picked ahead (worker.rank_store)
     os.environ.setdefault("MASTER_PORT", "0")
     for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}.items():
         if os.environ.setdefault(key, value) != value:

@@ -1,19 +1,197 @@
-"""The Ray backend: one Ray actor per rank, placed in the bundles of a RayResourcePool."""
+"""The Ray backend: starting Ray, reserving its resources, and one Ray actor per rank.
+
+`RayResourcePool` reserves one STRICT_PACK placement group per node with a bundle per rank;
+`RayWorkerGroup` places one actor of the worker class in each bundle, with the rank's torch.distributed
+coordinates, CPU threads and device type in its environment.
+"""
 
 from __future__ import annotations
 
+import copyreg
+import importlib
 import math
+import os
+import sys
+import types
 import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from hybridrl.controller.ray_resources import RayResourcePool, register_torch_module_reducers
-from hybridrl.controller.rendezvous import RENDEZVOUS_KEY_ENV, await_address
-from hybridrl.controller.worker import NUM_THREADS_ENV
+from hybridrl.controller.worker import NUM_THREADS_ENV, RENDEZVOUS_KEY_ENV, await_address
 from hybridrl.controller.worker_group import ClassWithInitArgs, WorkerGroup
 from hybridrl.utils.device import device_env
+
+# How long to wait for a placement group that the cluster could hold but has not granted yet.
+PLACEMENT_TIMEOUT_S = 60.0
+
+
+def register_torch_module_reducers() -> None:
+    """Let cloudpickle export classes whose code refers to torch's config modules.
+
+    torch >= 2.11 loads modules such as `torch.distributed.config` as instances of a module subclass
+    (`ConfigModuleInstance`); cloudpickle looks reducers up by exact type, finds none for it, and fails
+    with "cannot pickle 'ConfigModuleInstance' object" when Ray exports an actor class. Pickling those
+    modules by name, as plain modules are, fixes it. Remove once cloudpickle handles module subclasses.
+    """
+    config_module_type = getattr(importlib.import_module("torch.utils._config_module"), "ConfigModule", None)
+    if config_module_type is None:
+        return
+    for module in list(sys.modules.values()):
+        if isinstance(module, config_module_type) and type(module) is not types.ModuleType:
+            copyreg.pickle(type(module), _reduce_module_by_name)
+
+
+def _reduce_module_by_name(module: types.ModuleType):
+    return importlib.import_module, (module.__name__,)
+
+
+def init_ray(
+    num_cpus: int | None = None,
+    object_store_memory: int | None = 512 * 1024**2,
+    include_dashboard: bool = False,
+    address: str | None = None,
+) -> None:
+    """Join a running cluster (address or RAY_ADDRESS) or start a small local one sized for a laptop.
+
+    Ray's defaults start a dashboard and reserve 30% of RAM for the object store; on a 2-core machine
+    that costs more than the work. Does nothing if Ray is already initialised.
+    """
+    register_torch_module_reducers()
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # no auth token written into the home directory
+    if address or os.environ.get("RAY_ADDRESS"):
+        ray.init(address=address or os.environ["RAY_ADDRESS"])
+        return
+    ray.init(
+        num_cpus=num_cpus or os.cpu_count(),
+        object_store_memory=object_store_memory,
+        include_dashboard=include_dashboard,
+        runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
+    )
+
+
+class RayResourcePool:
+    """Processes to place on each node, reserved as one STRICT_PACK placement group per node.
+
+    process_on_nodes: e.g. [2] = two ranks on one node; [4, 4] = four on each of two nodes.
+    max_colocate_count: how many separate worker groups may share each bundle (each gets a fraction).
+    cpus_per_process: CPUs reserved per rank (on CPU-only machines this is the rank's compute share).
+    """
+
+    def __init__(
+        self,
+        process_on_nodes: list[int],
+        use_gpu: bool = False,
+        max_colocate_count: int = 1,
+        cpus_per_process: float = 1.0,
+        name_prefix: str = "hybridrl",
+    ) -> None:
+        if not process_on_nodes or any(n <= 0 for n in process_on_nodes):
+            raise ValueError(f"process_on_nodes must list a positive process count per node, got {process_on_nodes}")
+        self.process_on_nodes = list(process_on_nodes)
+        self.use_gpu = use_gpu
+        self.max_colocate_count = max_colocate_count
+        self.cpus_per_process = cpus_per_process
+        self.name_prefix = name_prefix
+        self._placement_groups: list[PlacementGroup] | None = None
+
+    @property
+    def world_size(self) -> int:
+        return sum(self.process_on_nodes)
+
+    def bundle(self) -> dict[str, float]:
+        return {"CPU": self.cpus_per_process, **({"GPU": 1.0} if self.use_gpu else {})}
+
+    def get_placement_groups(self) -> list[PlacementGroup]:
+        if self._placement_groups is None:
+            self._check_cluster_can_hold()
+            groups = [
+                placement_group([self.bundle()] * n, strategy="STRICT_PACK", name=f"{self.name_prefix}_node{i}")
+                for i, n in enumerate(self.process_on_nodes)
+            ]
+            self._wait_ready(groups)
+            self._placement_groups = groups
+        return self._placement_groups
+
+    def _check_cluster_can_hold(self) -> None:
+        """Fail in seconds, naming the setting, instead of waiting forever for impossible bundles."""
+        total = ray.cluster_resources()
+        need_cpu = self.cpus_per_process * self.world_size
+        have_cpu, have_gpu = total.get("CPU", 0.0), total.get("GPU", 0.0)
+        if need_cpu > have_cpu:
+            raise RuntimeError(
+                f"the resource pool needs {self.world_size} processes x {self.cpus_per_process} CPU = {need_cpu:g} "
+                f"CPUs but the Ray cluster has {have_cpu:g}. Lower trainer.n_gpus_per_node / trainer.nnodes "
+                f"(on CPU they count worker processes), or start Ray with more CPUs (ray start --num-cpus, "
+                f"or ray_init.num_cpus for a local cluster)."
+            )
+        if self.use_gpu and self.world_size > have_gpu:
+            raise RuntimeError(
+                f"the resource pool needs {self.world_size} GPUs but the Ray cluster has {have_gpu:g}. "
+                f"Lower trainer.n_gpus_per_node / trainer.nnodes, or use trainer.device=cpu."
+            )
+        per_node = max(self.process_on_nodes)
+        node_cpus = [n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n.get("Alive")]
+        if node_cpus and per_node * self.cpus_per_process > max(node_cpus):
+            raise RuntimeError(
+                f"one node must host {per_node} processes x {self.cpus_per_process} CPU but the largest node has "
+                f"{max(node_cpus):g} CPUs; spread the processes over more nodes (trainer.nnodes)"
+            )
+
+    def _wait_ready(self, groups: list[PlacementGroup]) -> None:
+        try:
+            ray.get([g.ready() for g in groups], timeout=PLACEMENT_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            for g in groups:
+                remove_placement_group(g)
+            raise RuntimeError(
+                f"Ray did not grant {len(groups)} placement group(s) of bundles {self.bundle()} x "
+                f"{self.process_on_nodes} within {PLACEMENT_TIMEOUT_S:.0f}s; free resources now: "
+                f"{ray.available_resources()}. Other jobs or earlier worker groups may hold them."
+            ) from None
+
+    def remove(self) -> None:
+        for g in self._placement_groups or []:
+            remove_placement_group(g)
+        self._placement_groups = None
+
+
+@dataclass
+class ResourcePoolManager:
+    """Maps roles to named resource pools: `{"global_pool": [2]}` and `{Role.ActorRollout: "global_pool"}`."""
+
+    resource_pool_spec: Mapping[str, list[int]]
+    mapping: Mapping[object, str]
+    use_gpu: bool = False
+    max_colocate_count: int = 1
+    cpus_per_process: float = 1.0
+
+    def __post_init__(self) -> None:
+        unknown = {role: pool for role, pool in self.mapping.items() if pool not in self.resource_pool_spec}
+        if unknown:
+            raise ValueError(f"roles mapped to undefined pools: {unknown}; pools: {list(self.resource_pool_spec)}")
+        self.resource_pools: dict[str, RayResourcePool] = {}
+
+    def create_resource_pool(self) -> None:
+        for name, process_on_nodes in self.resource_pool_spec.items():
+            pool = RayResourcePool(process_on_nodes, self.use_gpu, self.max_colocate_count,
+                                   self.cpus_per_process, name_prefix=name)
+            pool.get_placement_groups()
+            self.resource_pools[name] = pool
+
+    def get_resource_pool(self, role: object) -> RayResourcePool:
+        if role not in self.mapping:
+            raise KeyError(f"role {role!r} is not mapped to a resource pool; mapped roles: {list(self.mapping)}")
+        return self.resource_pools[self.mapping[role]]
+
+    def get_n_processes(self) -> int:
+        return sum(sum(nodes) for nodes in self.resource_pool_spec.values())
 
 
 class RayClassWithInitArgs(ClassWithInitArgs):
@@ -66,7 +244,7 @@ class RayWorkerGroup(WorkerGroup):
         options = getattr(cls_with_init, "actor_options", {})
         group_id = uuid.uuid4().hex[:8]
         # Rank 0 binds its store on a port of the OS's choosing and announces it; the other ranks start
-        # once it has (rendezvous.py): no port is picked ahead of its bind, where another process could take it.
+        # once it has (worker.rank_store): no port is picked ahead of its bind, where another process could take it.
         master = ("127.0.0.1", 0)
         rendezvous_key = f"hybridrl/rendezvous/{self.name_prefix}/{group_id}"
         workers, rank = [], 0

@@ -1,9 +1,10 @@
-"""WorkerGroup: the driver-side handle on N ranks of one worker class.
+"""WorkerGroup: the driver-side handle on N ranks of one worker class, and the typed handles over it.
 
 `wg.call(Worker.method, *args)` dispatches the arguments of a `@register`-ed method, runs it on the
-ranks and collects the results; it is the one way to call a worker method. The trainers reach it through
-typed handles (`hybridrl/controller/typed_group.py`), which an editor and a type checker can follow.
-Backends (Ray, local) only say how to start ranks and how to run one method on one rank.
+ranks and collects the results; it is the one way to call a worker method. Backends (Ray, local) only
+say how to start ranks and how to run one method on one rank. The trainers reach a group through a
+typed handle (`TypedWorkerGroup`): one explicit method per worker method, with the worker's signature,
+which an editor and a type checker can follow from the trainer's call to the worker's code.
 """
 
 from __future__ import annotations
@@ -11,17 +12,20 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from hybridrl.controller.decorator import (
+    DataProtoFuture,
     Execute,
     MethodSpec,
     get_dispatch_mode,
     register,
     registered_methods,
+    resolve,
 )
-from hybridrl.controller.futures import DataProtoFuture, resolve
 from hybridrl.controller.worker import Worker
+from hybridrl.utils.device import ProcessMemory
+from hybridrl.utils.flops import ModelPass
 
 
 @dataclass
@@ -149,3 +153,53 @@ def _role_forwarder(role: str, name: str, spec: MethodSpec) -> Callable:
 
     forward.__name__ = f"{role}_{name}"
     return forward
+
+
+class TypedWorkerGroup:
+    """Base of the typed handles: holds the group and the methods every `Worker` has.
+
+    A handle declares each worker method with the worker's signature and hands the call to the group
+    together with the worker method itself, so jump-to-definition goes from a trainer's call to the
+    handle's method and on to the worker's:
+
+        class CriticGroup(TypedWorkerGroup):
+            worker_cls = CriticWorker
+
+            def compute_values(self, data: DataProto) -> DataProto:
+                return self.group.call(CriticWorker.compute_values, data)
+
+    The return type is what the dispatch mode collects: a DataProto for DP_COMPUTE_PROTO, a list with
+    one entry per rank for ONE_TO_ALL; a handle returns None where every rank returns None.
+    """
+
+    worker_cls: ClassVar[type[Worker]]
+
+    def __init__(self, group: WorkerGroup) -> None:
+        have = group.method_specs()
+        want = registered_methods(self.worker_cls)
+        missing = sorted(set(want) - set(have))
+        differ = sorted(name for name in set(want) & set(have)
+                        if (want[name].dispatch_mode, want[name].execute_mode, want[name].blocking)
+                        != (have[name].dispatch_mode, have[name].execute_mode, have[name].blocking))
+        if missing or differ:
+            raise TypeError(
+                f"{type(self).__name__} drives {self.worker_cls.__name__}, but this group (of "
+                f"{group.worker_cls.__name__}) lacks {missing} and registers {differ} differently"
+            )
+        self.group = group
+
+    @property
+    def world_size(self) -> int:
+        return self.group.world_size
+
+    def process_info(self) -> list[dict]:
+        """Each rank's pid, host, rank and thread count."""
+        return self.group.call(Worker.process_info)
+
+    def process_memory(self) -> list[ProcessMemory]:
+        """Each rank's process's peak memory."""
+        return self.group.call(Worker.process_memory)
+
+    def model_passes(self) -> list[dict[str, ModelPass]]:
+        """Each rank's model passes, by name, for MFU (the role's worker class says which it runs)."""
+        return self.group.call(Worker.model_passes)

@@ -41,7 +41,7 @@ from hybridrl.data.row_checks import (
     prompt_problem,
     raise_if_any,
 )
-from hybridrl.protocol_merge import object_column
+from hybridrl.protocol import object_column
 
 logger = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from transformers import (
 )
 
 from hybridrl.models import attention  # noqa: F401 - registers attn_implementation='grouped_eager'
-from hybridrl.utils.precision import AUTO, BF16_NAMES, auto_dtype, device_default_dtype
+from hybridrl.utils.device import AUTO, BF16_NAMES, auto_dtype, device_default_dtype
 from hybridrl.utils.registry import Registry
 
 logger = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ class ModelDirectoryError(OSError):
 def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
     """`torch.float32` or one of its names ("float32", "fp32", "bf16", ...); "auto" is bf16 where this
     process's device multiplies it natively and fp32 elsewhere; None (a dtype key left unset) is the
-    device's default, bf16 on a bf16 GPU and fp32 on a CPU (hybridrl/utils/precision.py)."""
+    device's default, bf16 on a bf16 GPU and fp32 on a CPU (hybridrl/utils/device.py)."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype is None:

@@ -1,16 +1,25 @@
-"""Checks between settings that types alone cannot express, run before any worker starts.
+"""Checks of a run's config: before any worker starts, and on resume against the config saved then.
 
-Each failure names the keys involved and the fix, so an impossible batch setting fails in the first
-second instead of ten minutes into a run: keys a `+` override added beyond the schema, numeric
-settings outside their ranges (`config_ranges`), values of features hybridrl lacks (`config_support`),
-unknown registry names, and the relations between batch sizes and lengths. Settings that follow
-another key are filled in first (`config_derive`). `batch_plan` is the arithmetic a dry run prints.
+`validate_config` fails in the first second instead of ten minutes into a run, naming the keys involved
+and the fix: keys a `+` override added beyond the schema, values outside their rules
+(hybridrl/trainer/config_rules.py), unknown registry names, and the relations between settings
+(placement, batch sizes, lengths, estimator needs). `batch_plan` is the arithmetic a dry run prints.
+
+A resumed run takes its settings from its own command line; the checkpoint contributes the weights,
+the optimizer's moments, the schedule's position, the RNG states and the data position. So that no
+setting is replaced silently in either direction, the trainers save the config next to the checkpoint
+(`global_step_N/run_config.json`, `write_run_config`) and, on resume, log every key whose value
+differs (`report_config_changes`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -19,16 +28,14 @@ from hybridrl.algos.adv_registry import AdvEstimatorSpec
 from hybridrl.algos.policy_loss import applies_rollout_is_weights, own_aggregation
 from hybridrl.models.loading import DTYPES, resolve_dtype
 from hybridrl.rewards.managers import REWARD_MANAGERS
-from hybridrl.trainer.config_derive import fill_derived
-from hybridrl.trainer.config_ranges import range_errors
-from hybridrl.trainer.config_support import offload_errors, unsupported_errors
-from hybridrl.trainer.ppo_config import PPOTrainerConfig
-from hybridrl.utils.device import device_setting_problem, resolve_device_type
-from hybridrl.utils.precision import AUTO, emulated_bf16_warning
+from hybridrl.trainer.config_rules import offload_errors, range_errors, unsupported_errors
+from hybridrl.trainer.ppo_config import PPOTrainerConfig, fill_derived
+from hybridrl.utils.device import AUTO, device_setting_problem, emulated_bf16_warning, resolve_device_type
 from hybridrl.utils.typed_config import ConfigError, added_keys, require, unknown_key_message
-
-__all__ = ["ConfigError", "batch_plan", "validate_config", "world_size"]
 from hybridrl.workers.rollout import ROLLOUT_ENGINES
+
+__all__ = ["ConfigError", "batch_plan", "read_run_config", "report_config_changes", "validate_config",
+           "world_size", "write_run_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -243,3 +250,57 @@ def bounds_read_as_numbers(overrides: list[str]) -> list[str]:
                             f"between digits is a digit separator. For lower_upper bounds quote the value "
                             f"({key}='{text}')")
     return problems
+
+
+RUN_CONFIG_FILE = "run_config.json"
+# Keys that say where to resume from: they differ between a run and its resumption by design.
+RESUME_KEYS = frozenset({"trainer.resume_mode", "trainer.resume_from_path"})
+
+
+def write_run_config(step_dir: str | Path, config: Mapping[str, Any]) -> None:
+    # default=str: the config is plain data, but a value typed Any may hold an object without a JSON form
+    (Path(step_dir) / RUN_CONFIG_FILE).write_text(json.dumps(config, indent=2, default=str))
+
+
+def read_run_config(step_dir: str | Path) -> dict[str, Any] | None:
+    """The config saved with the checkpoint, or None (a checkpoint from before configs were saved)."""
+    path = Path(step_dir) / RUN_CONFIG_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`{"a": {"b": 1}}` -> `{"a.b": 1}`."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def changed_keys(saved: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """Dotted key -> (saved value, current value) for every key whose value differs (or exists in one only)."""
+    # through JSON, so that tuples and lists (or anything saved with default=str) compare as saved
+    old = flatten(json.loads(json.dumps(saved, default=str)))
+    new = flatten(json.loads(json.dumps(current, default=str)))
+    missing = "<absent>"
+    return {key: (old.get(key, missing), new.get(key, missing)) for key in sorted(old.keys() | new.keys())
+            if key not in RESUME_KEYS and old.get(key, missing) != new.get(key, missing)}
+
+
+def report_config_changes(step_dir: str | Path, current: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """Log, as one warning, each key that differs from the config saved in `step_dir`; returns them."""
+    saved = read_run_config(step_dir)
+    if saved is None:
+        logger.warning("%s has no %s (saved by an older version): cannot tell which settings changed since",
+                       step_dir, RUN_CONFIG_FILE)
+        return {}
+    changes = changed_keys(saved, current)
+    if changes:
+        listing = "\n".join(f"  {key}: {old!r} -> {new!r}" for key, (old, new) in changes.items())
+        logger.warning(
+            "resuming from %s with %d setting(s) changed since it was saved; this run's values apply "
+            "(optimizer settings included; the weights, optimizer moments, schedule position and data "
+            "position come from the checkpoint):\n%s", step_dir, len(changes), listing)
+    return changes

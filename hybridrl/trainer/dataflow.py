@@ -1,15 +1,27 @@
-"""Driver-side steps of the PPO dataflow that act on a whole batch: pure functions on DataProto."""
+"""The driver's stages of a PPO step that act on a whole batch: pure functions on DataProto.
+
+In the order of a step (docs/architecture.md, "One PPO step"): a prompt batch with a `uid` per prompt,
+the rollout's input split off and its responses merged back (stages 1-2), rows balanced across the
+ranks (3), groups without varied scores dropped (DAPO's dynamic sampling), where the old log-probs
+come from (5), rollout correction (5b) and the advantages (7).
+"""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
+from hybridrl.algos import AdvantageEstimator, get_adv_estimator_spec
+from hybridrl.algos import compute_advantage as run_estimator
+from hybridrl.algos.config_args import check_config_object
+from hybridrl.algos.rollout_correction import compute_rollout_correction
 from hybridrl.data.seqlen_balancing import get_seqlen_balanced_partitions, log_seqlen_unbalance
 from hybridrl.protocol import DataProto
+from hybridrl.trainer.ppo_config import ROLLOUT_CORRECTION_KEY, PPOTrainerConfig, RolloutCorrectionConfig
 
 PROMPT_TENSORS = ["input_ids", "attention_mask", "position_ids"]
 
@@ -107,3 +119,149 @@ def keep_varied_groups(batch: DataProto, metric: str | None) -> tuple[DataProto,
     varied = {uid for uid, group in by_uid.items() if len(group) > 1 and float(np.std(group)) > 0}
     rows = [i for i, uid in enumerate(batch.non_tensor_batch["uid"]) if uid in varied]
     return batch.select_rows(rows), len(varied)
+
+
+def old_log_prob_blockers(config: PPOTrainerConfig) -> list[str]:
+    """Why this config needs the separate old log-prob pass; empty when the update can give them.
+
+    PPO's ratio pi_theta / pi_old needs the log-probs of the sampled tokens under the weights that were
+    current when the step began. verl always computes them in a no-grad pass before the update. When the
+    step is fully on-policy, one epoch over one mini-batch, no optimizer step happens before any row's
+    forward pass in the update, so that pass already computes exactly those log-probs and the separate
+    pass can be skipped. It stays wherever something reads the old log-probs before the update, or where
+    the update moves the weights before the last row's forward pass; each reason is named, so a user who
+    expected the fused path learns which key keeps it off.
+    """
+    actor = config.actor_rollout_ref.actor
+    reasons = []
+    if not actor.fuse_old_log_prob:
+        reasons.append("actor_rollout_ref.actor.fuse_old_log_prob=false")
+    if actor.ppo_epochs != 1:
+        reasons.append(f"actor_rollout_ref.actor.ppo_epochs={actor.ppo_epochs} (later epochs need the first's "
+                       f"log-probs)")
+    if actor.ppo_mini_batch_size != config.data.train_batch_size:
+        reasons.append(f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} < "
+                       f"data.train_batch_size={config.data.train_batch_size} (later mini-batches see updated weights)")
+    if config.algorithm.use_kl_in_reward:
+        reasons.append("algorithm.use_kl_in_reward=true (the reward reads them before the update)")
+    estimator = config.algorithm.adv_estimator
+    if "old_log_probs" in get_adv_estimator_spec(estimator).required_inputs:
+        reasons.append(f"algorithm.adv_estimator={estimator} (the advantages read them before the update)")
+    correction = config.algorithm.rollout_correction
+    if correction.bypass_mode:
+        reasons.append("algorithm.rollout_correction.bypass_mode=true (the rollout's log-probs serve instead)")
+    elif correction.enabled:
+        reasons.append("algorithm.rollout_correction.rollout_is/rollout_rs (the weights and the rejection mask "
+                       "read them before the update)")
+    return reasons
+
+
+def old_log_prob_from_update(config: PPOTrainerConfig) -> bool:
+    """True when the update's forward pass gives the old log-probs (see `old_log_prob_blockers`)."""
+    return not old_log_prob_blockers(config)
+
+
+def rollout_log_probs(batch: DataProto, why: str) -> torch.Tensor:
+    """The rollout engine's log-probs of the sampled tokens, (batch, response_len); a clear error without them."""
+    if "rollout_log_probs" not in batch.batch:
+        raise KeyError(
+            f"{why} needs the batch column 'rollout_log_probs' (the rollout engine's log-prob of each sampled "
+            f"token), which this rollout did not return; use a rollout engine that returns them (hf, vllm) or "
+            f"set {ROLLOUT_CORRECTION_KEY}.rollout_is=null, rollout_rs=null and bypass_mode=false"
+        )
+    return batch.batch["rollout_log_probs"]
+
+
+def correct_rollout(batch: DataProto, config: RolloutCorrectionConfig) -> dict[str, float]:
+    """Decoupled mode, in place: `rollout_is_weights` (batch, response_len) join the batch when
+    `config.rollout_is` is set, and `response_mask` loses the tokens rejection sampling drops. Returns the
+    `rollout_corr/*` metrics (weights, rejected shares, KL and perplexities of rollout vs trainer).
+
+    The rollout engine samples with its own numerics (vLLM kernels, bf16), so its `rollout_log_probs`
+    differ from the actor's `old_log_probs` for the same weights. Decoupled mode reweights and rejects
+    tokens on that difference once per step, after the old log-prob pass; bypass mode skips the pass,
+    trains against the rollout's log-probs directly (`bypass_old_log_probs`) and corrects inside the
+    actor's loss (hybridrl/algos/bypass_loss.py). The tensor arithmetic lives in
+    `hybridrl.algos.rollout_correction`.
+    """
+    where = f"{ROLLOUT_CORRECTION_KEY}.rollout_is / rollout_rs"
+    weights, mask, metrics = compute_rollout_correction(
+        batch.batch["old_log_probs"], rollout_log_probs(batch, where), batch.batch["response_mask"],
+        rollout_is=config.rollout_is, rollout_is_threshold=config.rollout_is_threshold,
+        rollout_is_batch_normalize=config.rollout_is_batch_normalize, rollout_rs=config.rollout_rs,
+        rollout_rs_threshold=config.rollout_rs_threshold,
+    )
+    if weights is not None:
+        batch.batch["rollout_is_weights"] = weights
+    batch.batch["response_mask"] = mask
+    return metrics
+
+
+def bypass_old_log_probs(batch: DataProto) -> None:
+    """Bypass mode, in place: `old_log_probs` are the rollout's, so the PPO ratio is pi_theta / pi_rollout."""
+    batch.batch["old_log_probs"] = rollout_log_probs(batch, f"{ROLLOUT_CORRECTION_KEY}.bypass_mode=true").clone()
+
+
+def bypass_metric_names(actor_metrics: dict[str, float]) -> dict[str, float]:
+    """The actor's metrics with bypass mode's in-loss `actor/rollout_corr/*` filed under `rollout_corr/*`,
+    where decoupled mode reports them. They are means over micro-batches (weighted by tokens), so a
+    `_max` / `_min` is the mean of the micro-batches' maxima / minima."""
+    prefix = "actor/rollout_corr/"
+    return {name.removeprefix("actor/") if name.startswith(prefix) else name: value
+            for name, value in actor_metrics.items()}
+
+
+# verl's defaults for the settings compute_advantage resolves
+_ADVANTAGE_DEFAULTS = {"gamma": 1.0, "lam": 1.0, "norm_adv_by_std_in_grpo": True}
+
+
+def _advantage_settings(config: Any, **explicit: Any) -> dict[str, Any]:
+    """Each setting from its keyword, else from `config`, else verl's default; a disagreement raises."""
+    check_config_object(config, "compute_advantage")
+    settings = {}
+    for name, value in explicit.items():
+        from_config = getattr(config, name, None) if config is not None else None
+        if value is not None and from_config is not None and value != from_config:
+            raise ValueError(f"compute_advantage: {name}={value!r} was passed but config.{name} is {from_config!r}")
+        settings[name] = next(v for v in (value, from_config, _ADVANTAGE_DEFAULTS[name]) if v is not None)
+    return settings
+
+
+def compute_advantage(
+    data: DataProto,
+    adv_estimator: str | AdvantageEstimator,
+    gamma: float | None = None,
+    lam: float | None = None,
+    num_repeat: int = 1,
+    norm_adv_by_std_in_grpo: bool | None = None,
+    config: Any = None,
+) -> DataProto:
+    """Set data.batch["advantages"] and ["returns"] (batch, response_len) from `adv_estimator`; returns data.
+
+    verl's trainer-level function: it hands the registered estimator every input the batch has
+    (token_level_rewards, response_mask, values, reward_baselines, the prompt uids). verl's multi-output
+    variant, `compute_advantage_for_multi_trajectories`, is in hybridrl/compat/verl_functions.py.
+
+    gamma, lam and norm_adv_by_std_in_grpo come from the keywords or from `config` (verl's algorithm
+    config), else default to 1.0, 1.0 and True; an estimator that takes `config` gets it too (gdpo reads
+    its reward keys there). `num_repeat` is accepted and unused, as in verl.
+    """
+    settings = _advantage_settings(config, gamma=gamma, lam=lam, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo)
+    batch = data.batch
+    advantages, returns = run_estimator(
+        adv_estimator,
+        token_level_rewards=batch["token_level_rewards"],
+        response_mask=batch["response_mask"],
+        values=batch.get("values"),
+        reward_baselines=batch.get("reward_baselines"),
+        index=data.non_tensor_batch.get("uid"),
+        old_log_probs=batch.get("old_log_probs"),
+        sum_pi_squared=batch.get("sum_pi_squared"),  # the old log-prob pass's, when the actor computes it
+        rollout_is_weights=batch.get("rollout_is_weights"),
+        non_tensor_batch=data.non_tensor_batch,  # the reward function's extra outputs (gdpo's components)
+        batch=batch,
+        config=config,
+        **settings,
+    )
+    batch["advantages"], batch["returns"] = advantages, returns
+    return data

@@ -22,8 +22,13 @@ from hybridrl.controller.decorator import on_device, to_cpu
 from hybridrl.data.rl_dataset import RLHFDataset, collate_fn
 from hybridrl.models.loading import load_causal_lm, load_tokenizer
 from hybridrl.protocol import DataProto
-from hybridrl.utils.device import device_setting_problem, local_device, pinned, resolve_device_type
-from hybridrl.utils.precision import emulated_bf16_warning
+from hybridrl.utils.device import (
+    device_setting_problem,
+    emulated_bf16_warning,
+    local_device,
+    pinned,
+    resolve_device_type,
+)
 from hybridrl.workers.config import to_dataclass
 from hybridrl.workers.rollout import BaseRollout, RolloutConfig, build_rollout
 

@@ -11,7 +11,7 @@ import os
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from hybridrl.controller.lifecycle import ray_for_backend, sigterm_raises_exit
+from hybridrl.controller import ray_for_backend, sigterm_raises_exit
 from hybridrl.trainer.config_checks import batch_plan, bounds_read_as_numbers, validate_config
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
 from hybridrl.utils.typed_config import ConfigError

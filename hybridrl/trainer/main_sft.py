@@ -10,8 +10,13 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from hybridrl.controller import ClassWithInitArgs, WorkerGroup, create_worker_group
-from hybridrl.controller.lifecycle import ray_for_backend, sigterm_raises_exit
+from hybridrl.controller import (
+    ClassWithInitArgs,
+    WorkerGroup,
+    create_worker_group,
+    ray_for_backend,
+    sigterm_raises_exit,
+)
 from hybridrl.trainer.sft_trainer import SFTTrainer, load_data, validate_config
 from hybridrl.workers.sft_worker import SFTWorker
 
@@ -21,8 +26,7 @@ def build_worker_group(config: DictConfig) -> tuple[WorkerGroup, object | None]:
     trainer = config.trainer
     if trainer.backend == "local":
         return create_worker_group("local", ClassWithInitArgs(SFTWorker, config), device=trainer.device), None
-    from hybridrl.controller.ray import RayClassWithInitArgs
-    from hybridrl.controller.ray_resources import RayResourcePool
+    from hybridrl.controller.ray import RayClassWithInitArgs, RayResourcePool
 
     pool = RayResourcePool(process_on_nodes=[trainer.n_gpus_per_node] * trainer.nnodes,
                            use_gpu=trainer.device == "cuda")

@@ -5,7 +5,8 @@ merges dicts: `compute_data_metrics` (scores, rewards, advantages, returns, valu
 `compute_timing_metrics`, `compute_throughput_metrics`, `compute_memory_metrics` (driver and
 workers), `compute_mfu_metrics` (model FLOPs utilisation of each model pass),
 `compute_rollout_agreement_metrics`, `reduce_metrics` (per-micro-batch lists from the workers), and
-the validation summaries `process_validation_metrics` / `validation_metrics_to_flat`.
+the validation summaries `process_validation_metrics` / `validation_metrics_to_flat`. `StageCosts`
+gathers what each stage cost on the workers: their own seconds, and the model FLOPs of each pass.
 
 Batch layout (docs/architecture.md, "The batch"): `prompts` (B, P) left-padded, `responses` (B, R) right-padded,
 `attention_mask` (B, P + R) covering both, `response_mask` (B, R), and per-token float tensors
@@ -16,18 +17,23 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
 from hybridrl.protocol import DataProto
-from hybridrl.utils.flops import mfu
-from hybridrl.utils.memory import ProcessMemory, process_memory
-from hybridrl.utils.metric import reduce_metrics  # re-exported: the trainer reduces worker metrics
+from hybridrl.utils.device import ProcessMemory, process_memory
+from hybridrl.utils.flops import ModelPass, mfu
+from hybridrl.utils.metric import (
+    pop_worker_seconds,
+    reduce_metrics,  # re-exported: the trainer reduces worker metrics
+    worker_stage,
+)
 
 __all__ = [
+    "StageCosts",
     "compute_data_metrics",
     "compute_memory_metrics",
     "compute_mfu_metrics",
@@ -36,6 +42,7 @@ __all__ = [
     "compute_throughput_metrics",
     "compute_timing_metrics",
     "process_validation_metrics",
+    "real_tokens",
     "reduce_metrics",
     "validation_metrics_to_flat",
 ]
@@ -397,3 +404,48 @@ def validation_metrics_to_flat(nested: Mapping[str, Mapping[str, Mapping[str, fl
                 )
                 flat[f"{'val-core' if is_core else 'val-aux'}/{source}/{var_name}/{name}"] = value
     return flat
+
+
+# The trainer's stages that run a model pass, and the pass's name in `perf/mfu/<name>`.
+STAGE_PASSES = {"gen": "rollout", "old_log_prob": "actor_infer", "ref": "ref", "values": "critic_infer",
+                "update_critic": "critic", "update_actor": "actor"}
+
+
+def real_tokens(data: DataProto) -> int:
+    """Attended (prompt + response) tokens of a batch: what the model FLOPs count."""
+    return int(data.batch["attention_mask"].sum())
+
+
+class StageCosts:
+    """Accumulates one step's worker seconds and model FLOPs per pass (a stage may run more than once).
+
+    The trainer hands every worker call's output to `record`, which takes the ranks' own seconds out of
+    it (filed as `<stage>_worker` in the step's timing, next to the driver's `<stage>`) and adds the
+    pass's model FLOPs over the real tokens the call processed; `mfu_metrics` turns both into
+    `perf/mfu/<pass>` against the peaks the workers measured at start (`Worker.model_passes`).
+    """
+
+    def __init__(self, passes: Mapping[str, ModelPass]) -> None:
+        self.passes = dict(passes)
+        self.flops: dict[str, float] = defaultdict(float)
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    def start_step(self) -> None:
+        self.flops.clear()
+        self.seconds.clear()
+
+    def record(self, stage: str, output: DataProto, tokens: int, timing: MutableMapping[str, float]) -> None:
+        """File the workers' seconds of one `stage` call; count its FLOPs over `tokens` real tokens."""
+        seconds = pop_worker_seconds(output.meta_info)
+        if seconds is None:  # a worker class that does not time itself
+            return
+        name = worker_stage(stage)
+        timing[name] = timing.get(name, 0.0) + seconds
+        model_pass = self.passes.get(STAGE_PASSES.get(stage, ""))
+        if model_pass is not None:
+            self.flops[STAGE_PASSES[stage]] += model_pass.flops(tokens)
+            self.seconds[STAGE_PASSES[stage]] += seconds
+
+    def mfu_metrics(self) -> dict[str, float]:
+        peaks = {name: p.peak_flops for name, p in self.passes.items()}
+        return compute_mfu_metrics(self.flops, self.seconds, peaks)

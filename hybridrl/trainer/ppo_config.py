@@ -2,8 +2,9 @@
 
 `ppo_trainer.yaml` composes `PPOTrainerConfig` (registered with Hydra's ConfigStore) and overrides only
 what differs for the built-in CPU quickstart. Hydra then rejects unknown keys and ill-typed values when
-the command line is parsed, and `validate_config` checks the relations between settings (batch
-arithmetic, estimator needs) before any worker starts.
+the command line is parsed, `fill_derived` fills in the settings that follow another key, and
+`validate_config` checks the relations between settings (batch arithmetic, estimator needs) before any
+worker starts.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from hybridrl.algos.pf_ppo import PF_PPO_METHODS
 from hybridrl.algos.rollout_correction import IS_LEVELS, parse_is_threshold, parse_rs_options, rs_option_names
 from hybridrl.data.rl_dataset import RLDatasetConfig
 from hybridrl.rewards.custom import CustomRewardFunctionConfig
-from hybridrl.utils.typed_config import ConfigError
+from hybridrl.utils.device import resolve_device_type
+from hybridrl.utils.typed_config import ConfigError, require
 from hybridrl.workers.config import ActorRolloutRefConfig, CriticConfig
 from hybridrl.workers.reward_model import RewardModelConfig
 
@@ -49,13 +51,13 @@ class DataConfig(RLDatasetConfig):
     # trainer.log_val_generations prints.
     validation_shuffle: bool = False
     dataloader_num_workers: int = 0
-    # verl's; only the default runs in hybridrl (hybridrl/trainer/config_support.py).
+    # verl's; only the default runs in hybridrl (hybridrl/trainer/config_rules.py).
     return_raw_input_ids: bool = False
     filter_overlong_prompts_workers: int = 1
     # Run code shipped in the tokenizer's directory when the driver loads it (as verl's data.trust_remote_code;
     # the workers' loads follow actor_rollout_ref.model.trust_remote_code, as in verl).
     trust_remote_code: bool = False
-    # verl's custom dataset class; only the default runs in hybridrl (hybridrl/trainer/config_support.py).
+    # verl's custom dataset class; only the default runs in hybridrl (hybridrl/trainer/config_rules.py).
     custom_cls: CustomClassConfig = field(default_factory=CustomClassConfig)
 
 
@@ -342,7 +344,7 @@ class TrainerConfig:
     test_freq: int = -1
     # Steps that update only the critic before the actor starts (PPO).
     critic_warmup: int = 0
-    # verl's HDFS copies of checkpoints: only the default runs in hybridrl (hybridrl/trainer/config_support.py).
+    # verl's HDFS copies of checkpoints: only the default runs in hybridrl (hybridrl/trainer/config_rules.py).
     default_hdfs_dir: str | None = None
     del_local_ckpt_after_load: bool = False
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
@@ -359,7 +361,7 @@ class TrainerConfig:
     backend: str = "ray"
     # Print the resolved config, batch arithmetic and placement, then exit.
     dry_run: bool = False
-    # verl's; only the default runs in hybridrl (hybridrl/trainer/config_support.py).
+    # verl's; only the default runs in hybridrl (hybridrl/trainer/config_rules.py).
     ray_wait_register_center_timeout: int = 300
 
 
@@ -372,7 +374,7 @@ class RayInitConfig:
     cpus_per_worker: int = 1
     object_store_memory: int | None = 512 * 1024**2
     include_dashboard: bool = False
-    # verl's Ray timeline dump; only the default runs in hybridrl (hybridrl/trainer/config_support.py).
+    # verl's Ray timeline dump; only the default runs in hybridrl (hybridrl/trainer/config_rules.py).
     timeline_json_file: str | None = None
 
 
@@ -389,3 +391,35 @@ class PPOTrainerConfig:
 
 
 ConfigStore.instance().store(name="ppo_trainer_schema", node=PPOTrainerConfig)
+
+
+def fill_derived(config: PPOTrainerConfig) -> None:
+    """Fill in the settings that follow another key, once on the driver before any worker starts.
+
+    A config built in Python gets the same values as one composed from `ppo_trainer.yaml`, and each
+    name keeps one meaning: trainer.device=auto becomes the device found, critic.rollout_n (and the
+    actor's) follows actor_rollout_ref.rollout.n, and data.tokenizer becomes the tokenizer_path of every
+    model that decodes or saves the prompts (and the reward model's input_tokenizer, when that names the
+    actor's model directory), so the driver and the workers load the same tokenizer.
+    """
+    config.trainer.device = resolve_device_type(config.trainer.device)
+    n = config.actor_rollout_ref.rollout.n
+    for key, node in (("actor_rollout_ref.actor", config.actor_rollout_ref.actor), ("critic", config.critic)):
+        require(node.rollout_n in (None, n), f"{key}.rollout_n ({node.rollout_n}) disagrees with "
+                f"actor_rollout_ref.rollout.n ({n}); leave {key}.rollout_n unset, it follows rollout.n")
+    config.critic.rollout_n = n
+    # data.tokenizer names the run's tokenizer: the driver tokenises prompts with it and every worker that
+    # decodes or saves them loads it through its model's tokenizer_path.
+    tokenizer = config.data.tokenizer
+    if tokenizer is not None:
+        for key, model in (("actor_rollout_ref.model", config.actor_rollout_ref.model),
+                           ("critic.model", config.critic.model)):
+            require(model.tokenizer_path in (None, tokenizer),
+                    f"data.tokenizer={tokenizer} and {key}.tokenizer_path={model.tokenizer_path} disagree: "
+                    f"prompts would be tokenised with one and decoded with the other; set only data.tokenizer")
+            model.tokenizer_path = tokenizer
+    # The reward model decodes the actor's ids with reward_model.model.input_tokenizer; the YAML points it
+    # at the actor's model directory, which meant the actor's tokenizer: follow a tokenizer_path override.
+    actor_model, reward_model = config.actor_rollout_ref.model, config.reward_model.model
+    if actor_model.tokenizer_path and reward_model.input_tokenizer == actor_model.path:
+        reward_model.input_tokenizer = actor_model.tokenizer_path

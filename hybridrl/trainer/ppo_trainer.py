@@ -26,25 +26,24 @@ from hybridrl.algos import (
 from hybridrl.data.sampler import ResumableSampler, StatefulDataLoader
 from hybridrl.protocol import DataProto
 from hybridrl.rewards.failures import add_reward_metrics
-from hybridrl.trainer import batch_advantage, batch_rollout_correction, dataflow
+from hybridrl.trainer import dataflow
+from hybridrl.trainer.config_checks import report_config_changes, write_run_config
 from hybridrl.trainer.divergence import DivergenceGuard, TrainingDivergedError
-from hybridrl.trainer.generation_dump import generation_records, write_generations
 from hybridrl.trainer.metrics import (
+    StageCosts,
     compute_data_metrics,
     compute_memory_metrics,
     compute_rollout_agreement_metrics,
     compute_throughput_metrics,
     compute_timing_metrics,
+    real_tokens,
     reduce_metrics,
 )
-from hybridrl.trainer.old_log_prob import old_log_prob_from_update
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
-from hybridrl.trainer.reward_async import BackgroundReward
-from hybridrl.trainer.run_config import report_config_changes, write_run_config
-from hybridrl.trainer.stage_costs import StageCosts, real_tokens
-from hybridrl.trainer.validation import Validator
+from hybridrl.trainer.reward import BackgroundReward
+from hybridrl.trainer.validation import Validator, generation_records, write_generations
 from hybridrl.trainer.worker_groups import WorkerGroups
-from hybridrl.utils.timing import timer
+from hybridrl.utils.metric import timer
 from hybridrl.utils.tracking import StepProgress, Tracking
 from hybridrl.workers.checkpoint import CheckpointError, commit_checkpoint
 from hybridrl.workers.checkpoint_resume import (
@@ -98,8 +97,8 @@ class PPOTrainer:
         self._reward_extra_keys: set[str] = set()  # per-sample values the reward function returned
         # rule-based rewards scored while the workers recompute log-probs (reward_model.launch_reward_fn_async)
         self.background_reward = BackgroundReward(reward_fn) if config.reward_model.launch_reward_fn_async else None
-        # on a fully on-policy step the update's own forward pass gives the old log-probs (old_log_prob.py)
-        self.fuse_old_log_prob = old_log_prob_from_update(config)
+        # on a fully on-policy step the update's own forward pass gives the old log-probs (dataflow.old_log_prob_blockers)
+        self.fuse_old_log_prob = dataflow.old_log_prob_from_update(config)
 
     # ----- the loop ------------------------------------------------------------------------------------
     def fit(self) -> list[dict[str, float]]:
@@ -266,11 +265,11 @@ class PPOTrainer:
 
     def _old_log_probs(self, batch: DataProto, metrics: dict, timing: dict) -> None:
         """5. `old_log_probs`: the actor's pass; the rollout's own log-probs in bypass mode; or, on a fully
-        on-policy step, nothing yet: the update's forward pass gives them (hybridrl/trainer/old_log_prob.py).
+        on-policy step, nothing yet: the update's forward pass gives them (`dataflow.old_log_prob_blockers`).
         Without the pass, `actor/entropy` comes from the update alone."""
         metrics["actor/old_log_prob_fused"] = float(self.fuse_old_log_prob)
         if self.config.algorithm.rollout_correction.bypass_mode:
-            batch_rollout_correction.bypass_old_log_probs(batch)
+            dataflow.bypass_old_log_probs(batch)
             return
         if self.fuse_old_log_prob:
             return
@@ -288,7 +287,7 @@ class PPOTrainer:
         without the rejected tokens, from old_log_probs vs rollout_log_probs (`algorithm.rollout_correction`)."""
         correction = self.config.algorithm.rollout_correction
         if correction.decoupled:  # bypass mode corrects inside the actor's loss instead
-            metrics.update(batch_rollout_correction.correct_rollout(batch, correction))
+            metrics.update(dataflow.correct_rollout(batch, correction))
 
     def _apply_kl(self, batch: DataProto, metrics: dict) -> None:
         """6. KL in the reward (PPO) or plain scores (GRPO puts KL in the actor's loss instead)."""
@@ -307,7 +306,7 @@ class PPOTrainer:
         """7. Advantages and returns from the configured estimator, given every input the batch has; with
         PF-PPO, the batch redrawn toward extreme rewards (seeded by the step, so a resume redraws the same)."""
         algo = self.config.algorithm
-        batch_advantage.compute_advantage(batch, algo.adv_estimator, gamma=algo.gamma, lam=algo.lam,
+        dataflow.compute_advantage(batch, algo.adv_estimator, gamma=algo.gamma, lam=algo.lam,
                                     norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo, config=algo)
         if not algo.use_pf_ppo:
             return batch
@@ -337,7 +336,7 @@ class PPOTrainer:
             with timer("update_actor", timing):
                 output = self.groups.actor_rollout.update_actor(batch)
             self.costs.record("update_actor", output, real_tokens(batch), timing)
-            metrics.update(batch_rollout_correction.bypass_metric_names(reduce_metrics(output.meta_info["metrics"])))
+            metrics.update(dataflow.bypass_metric_names(reduce_metrics(output.meta_info["metrics"])))
             if self.fuse_old_log_prob:  # the update's forward pass gave them
                 batch.union(output.select(batch_keys=["old_log_probs"], meta_info_keys=[]))
                 self._rollout_agreement(batch, metrics)

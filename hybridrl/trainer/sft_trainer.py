@@ -23,10 +23,10 @@ from hybridrl.data.sampler import ResumableSampler, StatefulDataLoader
 from hybridrl.data.sft_dataset import SFTDataset
 from hybridrl.models.loading import load_tokenizer
 from hybridrl.protocol import DataProto
+from hybridrl.trainer.config_checks import report_config_changes, write_run_config
 from hybridrl.trainer.divergence import DivergenceGuard, TrainingDivergedError
-from hybridrl.trainer.role_groups import SFTGroup
-from hybridrl.trainer.run_config import report_config_changes, write_run_config
 from hybridrl.trainer.sft_config import SFTSchema
+from hybridrl.trainer.worker_groups import SFTGroup
 from hybridrl.utils.device import device_setting_problem, resolve_device_type
 from hybridrl.utils.tracking import StepProgress, rewind_metrics_file
 from hybridrl.utils.typed_config import added_keys, require, unknown_key_message

@@ -1,15 +1,26 @@
-"""Validation: sample the held-out prompts with `rollout.val_kwargs`, score them, report per data source."""
+"""Validation, and the generations a run writes to disk.
+
+`Validator` samples the held-out prompts with `rollout.val_kwargs`, scores them and reports per data
+source. `trainer.rollout_data_dir` / `trainer.validation_data_dir` receive the generations as jsonl,
+one file per step (`write_generations`), in verl's layout: `input` (the prompt text), `output` (the
+response text, as the reward function saw it), `gts` (the ground truth), `score`, `step`, plus every
+per-sample value the reward function returned (e.g. `acc`). Files are named `<step>.jsonl`; a rerun of
+a step overwrites its file, so a resumed run never appends duplicates.
+"""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
 
+from hybridrl.protocol import DataProto
 from hybridrl.rewards.failures import add_reward_metrics
+from hybridrl.rewards.managers import decode_rows
 from hybridrl.trainer import dataflow
-from hybridrl.trainer.generation_dump import generation_records, write_generations
 from hybridrl.trainer.metrics import process_validation_metrics, validation_metrics_to_flat
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
 from hybridrl.trainer.worker_groups import WorkerGroups
@@ -17,6 +28,8 @@ from hybridrl.workers.rollout.agent_loop import AGENT_INPUT_COLUMNS, NUMERIC_COL
 
 
 class Validator:
+    """Validation: sample the held-out prompts with `rollout.val_kwargs`, score them, report per data source."""
+
     def __init__(self, config: PPOTrainerConfig, tokenizer: Any, groups: WorkerGroups, reward_fn: Any,
                  dataset: Any, collate_fn: Any) -> None:
         self.config = config
@@ -62,3 +75,39 @@ class Validator:
     def _print_examples(self, texts: list[dict]) -> None:
         for row in texts[: self.config.trainer.log_val_generations]:
             print(f"[validation] {row['input']!r} -> {row['output']!r} (score {row['score']})")
+
+
+_RESERVED = {"input", "output", "gts", "score", "step"}
+
+
+def generation_records(batch: DataProto, tokenizer: Any, scores: list[float],
+                       extra: dict[str, list] | None = None, reward_fn_key: str = "data_source") -> list[dict]:
+    """One dict per row of `batch` (which holds `prompts`, `responses` and the parquet's reward_model)."""
+    rows = decode_rows(batch, tokenizer, reward_fn_key)
+    extra = {key: values for key, values in (extra or {}).items() if key not in _RESERVED}
+    records = []
+    for i, row in enumerate(rows):
+        record = {"input": row.prompt_str, "output": row.response_str, "gts": _plain(row.ground_truth),
+                  "score": float(scores[i])}
+        record.update({key: _plain(values[i]) for key, values in extra.items()})
+        records.append(record)
+    return records
+
+
+def write_generations(out_dir: str | None, step: int, records: list[dict]) -> Path | None:
+    """Write `records` to `out_dir/<step>.jsonl`; does nothing when `out_dir` is unset."""
+    if not out_dir:
+        return None
+    path = Path(out_dir) / f"{step}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for record in records:
+            f.write(json.dumps({**record, "step": step}) + "\n")
+    return path
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars and arrays -> Python values json can write."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return value

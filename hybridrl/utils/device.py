@@ -1,30 +1,38 @@
-"""Which device a process computes on: the one owner of that choice.
+"""This process's device: which one it computes on, the dtypes it computes in, and its memory.
 
-The driver resolves `trainer.device` once (`resolve_device_type`: `auto` becomes cuda where torch sees a
-GPU, else cpu). The worker-group launchers hand the result to every worker process in `DEVICE_ENV`, as
-they hand over the torch.distributed coordinates: a Ray group sets it in each actor's environment (cuda
-exactly when its pool reserves GPU bundles), the local group in the driver's own environment for the
-group's life. Everything that places a model, picks a process-group backend or asks about the device
-(FSDP mesh, CUDA index, peak FLOP/s, `auto` dtype, vLLM's memory mode, RNG state) asks this module, so
-`trainer.device=cpu` on a machine with a GPU keeps every worker on the CPU.
+The device type is chosen in one place: the driver resolves `trainer.device` once
+(`resolve_device_type`: `auto` becomes cuda where torch sees a GPU, else cpu) and the worker-group
+launchers hand the result to every worker process in `DEVICE_ENV`, as they hand over the
+torch.distributed coordinates (a Ray group in each actor's environment, cuda exactly when its pool
+reserves GPU bundles; the local group in the driver's own environment for the group's life).
+Everything that places a model, picks a process-group backend or asks about the device (FSDP mesh,
+CUDA index, peak FLOP/s, `auto` dtype, vLLM's memory mode, RNG state) asks this module, so
+`trainer.device=cpu` on a machine with a GPU keeps every worker on the CPU. Where `DEVICE_ENV` is
+unset (a script or notebook that builds engines itself, no worker group): cuda when torch sees a GPU,
+else cpu.
 
-Fallback, where `DEVICE_ENV` is unset (a process no worker group started: a script or notebook that
-builds engines itself): cuda when torch sees a GPU, else cpu.
+Compute dtypes follow the device (`auto_dtype`, `device_default_dtype`), and memory is reported per
+process (`process_memory`) and kept for reuse on the host (`keep_freed_memory`).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
+import resource
+import socket
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
 # Set by the worker-group launchers: "cpu" or "cuda", the device type of the worker processes.
 DEVICE_ENV = "HYBRIDRL_DEVICE"
 DEVICE_TYPES = ("cpu", "cuda")
-AUTO = "auto"
+AUTO = "auto"  # trainer.device=auto, and a dtype key's `auto`
 
 
 def resolve_device_type(setting: str) -> str:
@@ -149,3 +157,139 @@ def pinned(device: str) -> Iterator[None]:
             os.environ.pop(DEVICE_ENV, None)
         else:
             os.environ[DEVICE_ENV] = saved
+
+
+BF16_NAMES = ("bfloat16", "bf16")  # what a dtype key may say for bf16 (hybridrl.models.loading.DTYPES)
+
+
+def native_bf16(device: str | None = None) -> bool:
+    """Whether `device` ("cpu" / "cuda"; default: this process's, `device_type`) multiplies bf16 natively.
+
+    A GPU does when torch reports bf16 support (Ampere and later); a CPU with AVX512_BF16 or AMX
+    multiplies bf16 several times faster than fp32, while one without those instructions (AVX2 only)
+    emulates bf16 and is slower in it than in fp32 (benchmarks/results/grpo_vs_trl.md, its fp32 and
+    bf16 rows).
+    """
+    device = device or device_type()
+    if device == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    cpu = getattr(torch, "cpu", None)
+    checks = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")  # torch's own CPUID probes
+    return any(bool(getattr(cpu, name, lambda: False)()) for name in checks)
+
+
+def auto_dtype(device: str | None = None) -> torch.dtype:
+    """bf16 where `native_bf16`, else fp32: what `dtype: auto` means on this process's device.
+
+    Master weights, optimizer state, gradient reduction and log-softmax stay fp32 whatever the compute
+    dtype (FSDP2's MixedPrecisionPolicy keeps the sharded parameters in their loaded dtype;
+    `logprobs_from_logits` upcasts).
+    """
+    return torch.bfloat16 if native_bf16(device) else torch.float32
+
+
+def device_default_dtype(device: str | None = None) -> torch.dtype:
+    """What an unset (null) compute dtype means: bf16 on a bf16 GPU, fp32 on a CPU or an older GPU.
+
+    On a GPU that is what verl's defaults compute in; on a CPU the defaults stay what every recipe and
+    test was measured with (the quickstart opts in to bf16 with `auto`).
+    """
+    device = device or device_type()
+    return torch.bfloat16 if device == "cuda" and native_bf16("cuda") else torch.float32
+
+
+def emulated_bf16_warning(key: str, value: str | None, device: str) -> str | None:
+    """The warning for dtype key `key` set to bf16 by name (`value`) where the device (`device`, as
+    trainer.device resolved) emulates bf16, or None: a CPU without AVX512_BF16 or AMX runs it many times
+    slower than fp32 (`native_bf16`), which a user who asked for bf16 to go faster should hear at once."""
+    if value not in BF16_NAMES or device != "cpu" or native_bf16("cpu"):
+        return None
+    return (f"{key}={value} on a CPU without native bf16 (no AVX512_BF16 or AMX; torch's capability: "
+            f"{torch.backends.cpu.get_cpu_capability()}): torch emulates bf16 here, many times slower than fp32. "
+            f"Set {key}=auto (bf16 only where the CPU multiplies it natively) or float32")
+
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class ProcessMemory:
+    """One process's peaks in GiB; the CUDA fields are None where this process never initialised CUDA.
+
+    Every worker reports its own (`Worker.process_memory`) and the driver adds its own, so a run's
+    metrics cover all of its processes (`hybridrl.trainer.metrics.compute_memory_metrics`).
+    """
+
+    host: str
+    pid: int
+    max_rss_gb: float
+    cuda_max_allocated_gb: float | None = None
+    cuda_max_reserved_gb: float | None = None
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """Identifies the process across nodes (a pid alone repeats between machines)."""
+        return self.host, self.pid
+
+
+def peak_rss_gb() -> float:
+    """This process's peak resident set size from getrusage (ru_maxrss is KiB on Linux, bytes on macOS)."""
+    max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return max_rss / (GIB if sys.platform == "darwin" else GIB / 1024)
+
+
+def process_memory() -> ProcessMemory:
+    """The calling process's peaks. CUDA is read only when this process already uses it, so a CPU run
+    (or a driver that never touches the GPU) does not create a CUDA context just to report zero."""
+    allocated = reserved = None
+    if cuda_in_use():
+        allocated = torch.cuda.max_memory_allocated() / GIB
+        reserved = torch.cuda.max_memory_reserved() / GIB
+    return ProcessMemory(socket.gethostname(), os.getpid(), peak_rss_gb(), allocated, reserved)
+
+
+# mallopt parameter numbers (glibc's malloc.h)
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+# glibc caps M_MMAP_THRESHOLD at 32 MiB on 64-bit systems (DEFAULT_MMAP_THRESHOLD_MAX)
+MMAP_THRESHOLD = 32 * 1024 * 1024
+TRIM_THRESHOLD = 1024 * 1024 * 1024
+
+KEEP_ENV = "HYBRIDRL_KEEP_FREED_MEMORY"
+
+_applied = False
+
+
+def keep_freed_memory() -> bool:
+    """Set glibc's mmap and trim thresholds for this process (once). Returns whether they are set.
+
+    Keeps freed host memory in the process for the next tensor instead of handing it back to the
+    kernel. A training or decoding pass on a CPU allocates and frees activations of a few to tens of
+    megabytes many times a second; glibc's malloc serves such blocks with mmap and returns them with
+    munmap when freed (above its mmap threshold), and trims the top of its heap whenever more than the
+    trim threshold is free, so the next tensor of that size touches fresh pages again, each 4 KiB page a
+    page fault zeroed by the kernel (benchmarks/README.md, "Host memory", counts them).
+
+    `mallopt` raises both thresholds (what the MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_
+    environment variables set at start-up): blocks up to 32 MiB come from the heap, and freed memory
+    stays there unless over 1 GiB of it is free at the top. The cost is a resident size that stays near
+    the process's peak instead of shrinking between passes. Other C libraries (musl) and other systems
+    are left alone, and so is a process started with HYBRIDRL_KEEP_FREED_MEMORY=0 (`KEEP_ENV`).
+    """
+    global _applied
+    if _applied:
+        return True
+    if not sys.platform.startswith("linux") or os.environ.get(KEEP_ENV, "1") == "0":
+        return False
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name or "libc.so.6")
+        mallopt = libc.mallopt
+        libc.gnu_get_libc_version  # noqa: B018 - present in glibc only: other C libraries are left alone
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    # mallopt returns 1 on success
+    _applied = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    return _applied

@@ -69,7 +69,7 @@ class ModelConfig:
     trust_remote_code: bool = False
     # A module to import before loading (registers custom architectures), as in verl.
     external_lib: str | None = None
-    # Runs the same either way (hybridrl/trainer/config_support.py): padding-free kernels need
+    # Runs the same either way (hybridrl/trainer/config_rules.py): padding-free kernels need
     # flash-attention (GPU); the actor always trims padding columns per micro-batch instead.
     use_remove_padding: bool = False
     # hybridrl's key: the passes of this model (actor_rollout_ref.model: the actor's and the reference's;
@@ -142,7 +142,7 @@ class ActorConfig:
     ppo_epochs: int = 1
     # hybridrl's key: on a fully on-policy step (ppo_epochs=1, one mini-batch per step, nothing that reads
     # old log-probs before the update) take them from the update's own forward pass instead of a separate
-    # one; `actor/old_log_prob_fused` says which path ran (hybridrl/trainer/old_log_prob.py).
+    # one; `actor/old_log_prob_fused` says which path ran (`old_log_prob_blockers`, hybridrl/trainer/dataflow.py).
     fuse_old_log_prob: bool = True
     # Shuffle rows before cutting mini-batches (each epoch), seeded by data_loader_seed.
     shuffle: bool = False
@@ -151,7 +151,7 @@ class ActorConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    # Sequence parallelism and torch.compile: only the default runs in hybridrl (hybridrl/trainer/config_support.py).
+    # Sequence parallelism and torch.compile: only the default runs in hybridrl (hybridrl/trainer/config_rules.py).
     ulysses_sequence_parallel_size: int = 1
     use_torch_compile: bool = False
 
@@ -165,7 +165,7 @@ class RefConfig:
     log_prob_micro_batch_size: int | None = None
     log_prob_use_dynamic_bsz: bool = False
     log_prob_max_token_len_per_gpu: int = 16384
-    # Sequence parallelism and torch.compile: only the default runs in hybridrl (hybridrl/trainer/config_support.py).
+    # Sequence parallelism and torch.compile: only the default runs in hybridrl (hybridrl/trainer/config_rules.py).
     ulysses_sequence_parallel_size: int = 1
     use_torch_compile: bool = False
 
@@ -174,7 +174,7 @@ class RefConfig:
 class ActorRolloutRefConfig:
     """`actor_rollout_ref.*`: one model path shared by the actor, the rollout and the reference policy."""
 
-    # Actor and rollout share one process and one set of weights; only the default runs in hybridrl (hybridrl/trainer/config_support.py).
+    # Actor and rollout share one process and one set of weights; only the default runs in hybridrl (hybridrl/trainer/config_rules.py).
     hybrid_engine: bool = True
     model: ModelConfig = field(default_factory=ModelConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
@@ -216,5 +216,5 @@ class CriticConfig:
     cliprange_value: float = 0.5
     loss_agg_mode: str = "token-mean"
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    # Only the default runs in hybridrl (hybridrl/trainer/config_support.py).
+    # Only the default runs in hybridrl (hybridrl/trainer/config_rules.py).
     ulysses_sequence_parallel_size: int = 1

@@ -24,7 +24,7 @@ from hybridrl.utils.flops import (
     device_peak_flops,
     matmul_params,
 )
-from hybridrl.utils.timing import report_worker_seconds
+from hybridrl.utils.metric import report_worker_seconds
 from hybridrl.workers.actor import PPOActor
 from hybridrl.workers.checkpoint import CheckpointManager
 from hybridrl.workers.config import ActorRolloutRefConfig, CriticConfig, ModelConfig, to_dataclass

@@ -56,7 +56,7 @@ class RewardModelModelConfig:
     trust_remote_code: bool = False
     # Values that replace entries of the checkpoint's config.json.
     override_config: dict[str, Any] = field(default_factory=dict)
-    # Runs the same either way (hybridrl/trainer/config_support.py): each micro-batch is trimmed of
+    # Runs the same either way (hybridrl/trainer/config_rules.py): each micro-batch is trimmed of
     # padding columns instead.
     use_remove_padding: bool = False
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
@@ -81,7 +81,7 @@ class RewardModelConfig:
     # Cut micro-batches by a token budget (rows x padded width) instead of a row count.
     use_dynamic_bsz: bool = False
     forward_max_token_len_per_gpu: int = 32768
-    # Only the default runs in hybridrl (hybridrl/trainer/config_support.py).
+    # Only the default runs in hybridrl (hybridrl/trainer/config_rules.py).
     ulysses_sequence_parallel_size: int = 1
     # Rule-based reward manager: naive | batch | prime | dapo (or one you register).
     reward_manager: str = "naive"

@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import fused_decode  # noqa: E402
 
-from hybridrl.utils.precision import auto_dtype  # noqa: E402
+from hybridrl.utils.device import auto_dtype  # noqa: E402
 
 
 @pytest.mark.slow  # ~40 s: three generations per prompt length

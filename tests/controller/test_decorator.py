@@ -14,8 +14,7 @@ from hybridrl.controller import (
     register_dispatch_mode,
     registered_methods,
 )
-from hybridrl.controller.decorator import get_method_spec, on_device, to_cpu
-from hybridrl.controller.futures import ProtoShard
+from hybridrl.controller.decorator import ProtoShard, get_method_spec, on_device, to_cpu
 from hybridrl.protocol import DataProto
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hybridrl.controller.lifecycle import sigterm_raises_exit
+from hybridrl.controller import sigterm_raises_exit
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -43,7 +43,7 @@ def test_the_handler_is_installed_only_inside_the_block():
 def test_sigterm_runs_the_finally_blocks_and_exits_143():
     child = run_child(
         "import os, signal, time\n"
-        "from hybridrl.controller.lifecycle import sigterm_raises_exit\n"
+        "from hybridrl.controller import sigterm_raises_exit\n"
         "try:\n"
         "    with sigterm_raises_exit():\n"
         "        os.kill(os.getpid(), signal.SIGTERM)\n"
@@ -86,7 +86,7 @@ def alive(pid: int) -> bool:
 def test_sigterm_to_the_driver_shuts_down_the_ray_it_started():
     child = run_child(
         "import time\n"
-        "from hybridrl.controller.lifecycle import ray_for_backend, sigterm_raises_exit\n"
+        "from hybridrl.controller import ray_for_backend, sigterm_raises_exit\n"
         "with sigterm_raises_exit(), ray_for_backend('ray', num_cpus=1):\n"
         "    print('ready', flush=True)\n"
         "    time.sleep(300)\n"

@@ -15,9 +15,14 @@ from ray.experimental.internal_kv import _internal_kv_get
 from workers_for_tests import FailsOnRankZero, ScaleWorker
 
 from hybridrl.controller import create_colocated_worker_cls
-from hybridrl.controller.ray import RayClassWithInitArgs, RayWorkerGroup
-from hybridrl.controller.ray_resources import RayResourcePool, ResourcePoolManager, init_ray
-from hybridrl.controller.rendezvous import RENDEZVOUS_KEY_ENV
+from hybridrl.controller.ray import (
+    RayClassWithInitArgs,
+    RayResourcePool,
+    RayWorkerGroup,
+    ResourcePoolManager,
+    init_ray,
+)
+from hybridrl.controller.worker import RENDEZVOUS_KEY_ENV
 
 pytestmark = pytest.mark.ray
 
@@ -134,7 +139,7 @@ def test_torch_config_modules_pickle_by_name_after_the_fix():
 
     import torch.distributed.config as dist_config
 
-    from hybridrl.controller.ray_resources import register_torch_module_reducers
+    from hybridrl.controller.ray import register_torch_module_reducers
 
     register_torch_module_reducers()
     # Without the reducer cloudpickle raises "cannot pickle 'ConfigModuleInstance' object".

@@ -4,8 +4,7 @@ import pytest
 from workers_for_tests import ScaleWorker
 
 from hybridrl.controller import ClassWithInitArgs, create_worker_group
-from hybridrl.controller.ray import rank_environment
-from hybridrl.controller.ray_resources import RayResourcePool
+from hybridrl.controller.ray import RayResourcePool, rank_environment
 from hybridrl.utils.device import DEVICE_ENV
 
 

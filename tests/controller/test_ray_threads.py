@@ -5,8 +5,7 @@ import ray
 import workers_for_tests
 from workers_for_tests import ScaleWorker
 
-from hybridrl.controller.ray import RayClassWithInitArgs, RayWorkerGroup
-from hybridrl.controller.ray_resources import RayResourcePool, init_ray
+from hybridrl.controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, init_ray
 
 pytestmark = pytest.mark.ray
 

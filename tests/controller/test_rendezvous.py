@@ -1,4 +1,4 @@
-"""How a group's ranks meet: no port is picked ahead of the bind that takes it (hybridrl/controller/rendezvous.py)."""
+"""How a group's ranks meet: no port is picked ahead of the bind that takes it (`rank_store`, hybridrl/controller/worker.py)."""
 
 import os
 import random
@@ -13,8 +13,7 @@ import torch.multiprocessing as mp
 from workers_for_tests import ScaleWorker
 
 from hybridrl.controller import ClassWithInitArgs, create_worker_group
-from hybridrl.controller.rendezvous import RENDEZVOUS_KEY_ENV, DistEnv, rank_store
-from hybridrl.controller.worker import init_distributed
+from hybridrl.controller.worker import RENDEZVOUS_KEY_ENV, DistEnv, init_distributed, rank_store
 from hybridrl.utils.device import device_env
 
 

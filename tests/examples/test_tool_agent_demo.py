@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hybridrl.examples import tool_agent
-from hybridrl.trainer.run_config import read_run_config
+from hybridrl.trainer.config_checks import read_run_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 Chain = tuple[str, ...]
 
-SKIPPED_MODULES = ("trainer/config_checks.py", "trainer/config_ranges.py", "trainer/config_support.py")
+SKIPPED_MODULES = ("trainer/config_checks.py", "trainer/config_rules.py")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,7 +8,7 @@ import torch
 
 from hybridrl.compat.verl_functions import compute_advantage_for_multi_trajectories
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.batch_advantage import compute_advantage
+from hybridrl.trainer.dataflow import compute_advantage
 
 
 def batch(scores, masks, uids):

@@ -10,7 +10,7 @@ from ppo_helpers import ppo_config
 
 import hybridrl
 from hybridrl.trainer.config_checks import ConfigError, validate_config
-from hybridrl.trainer.config_support import SAME_EITHER_WAY, UNSUPPORTED
+from hybridrl.trainer.config_rules import SAME_EITHER_WAY, UNSUPPORTED
 from hybridrl.trainer.ppo_config import AlgorithmConfig, PPOTrainerConfig
 from hybridrl.trainer.sft_config import SFTSchema
 from hybridrl.workers.config import ActorConfig, CriticConfig
@@ -36,7 +36,7 @@ def test_every_schema_key_is_read_or_refused(evidence):
     unread = sorted(set(unread_keys(keys, evidence)) - accounted)
     assert not unread, (
         f"config keys that no code reads: {unread}. Make each one do what it says, or refuse its non-default "
-        f"values in hybridrl/trainer/config_support.UNSUPPORTED (read them under their parent's name, e.g. "
+        f"values in hybridrl/trainer/config_rules.UNSUPPORTED (read them under their parent's name, e.g. "
         f"`config.algorithm.kl_ctrl.horizon`, or on a typed config, so the scan in config_reads.py sees it)")
     known = {key.dotted for key in keys}
     assert not accounted - known, f"tables name keys the schemas lack: {sorted(accounted - known)}"

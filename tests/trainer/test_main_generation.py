@@ -122,7 +122,7 @@ def test_device_is_checked(arithmetic_parquet, tiny_model_dir, tmp_path, monkeyp
 
 def test_a_bf16_rollout_on_a_cpu_that_emulates_bf16_is_warned_about(arithmetic_parquet, tiny_model_dir, tmp_path,
                                                                      monkeypatch, caplog):
-    from hybridrl.utils.precision import native_bf16
+    from hybridrl.utils.device import native_bf16
 
     base = [f"data.path={arithmetic_parquet}", f"model.path={tiny_model_dir}", f"data.output_path={tmp_path}/o.parquet"]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

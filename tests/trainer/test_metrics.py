@@ -33,7 +33,7 @@ from hybridrl.trainer.metrics import (
     reduce_metrics,
     validation_metrics_to_flat,
 )
-from hybridrl.utils.memory import ProcessMemory
+from hybridrl.utils.device import ProcessMemory
 
 PROMPT_MASK = [[0, 1, 1], [1, 1, 1], [0, 0, 1]]
 RESPONSE_MASK = [[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]]

@@ -4,8 +4,8 @@ import pytest
 from omegaconf import OmegaConf
 from ppo_helpers import ppo_config, tiny_run_overrides
 
+from hybridrl.trainer.dataflow import old_log_prob_blockers
 from hybridrl.trainer.main_ppo import run_ppo
-from hybridrl.trainer.old_log_prob import old_log_prob_blockers
 
 LOCAL = ["trainer.backend=local", "trainer.n_gpus_per_node=1"]
 ONE_MINI_BATCH = "actor_rollout_ref.actor.ppo_mini_batch_size=4"  # = data.train_batch_size of the tiny run

@@ -13,7 +13,7 @@ from omegaconf.errors import MissingMandatoryValue
 from ppo_helpers import ppo_config
 
 from hybridrl.trainer.config_checks import ConfigError, batch_plan, validate_config
-from hybridrl.trainer.config_ranges import RANGES, UNCHECKED
+from hybridrl.trainer.config_rules import RANGES, UNCHECKED
 from hybridrl.trainer.main_ppo import run_ppo
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
 
@@ -44,7 +44,7 @@ def test_defaults_are_valid_and_resolve_the_lengths(no_gpu):
 
 
 def test_bf16_compute_keys_on_a_cpu_that_emulates_bf16_are_warned_about_once_each(no_gpu, caplog):
-    from hybridrl.utils.precision import native_bf16
+    from hybridrl.utils.device import native_bf16
 
     rollout_key = "actor_rollout_ref.rollout.dtype"
     with caplog.at_level("WARNING", logger="hybridrl.trainer.config_checks"):
@@ -169,7 +169,7 @@ def test_every_numeric_setting_has_a_range_or_a_reason_not_to():
     keys = set(numeric_keys(PPOTrainerConfig))
     assert "actor_rollout_ref.actor.optim.lr" in keys and "algorithm.gamma" in keys  # the walk finds them
     missing = keys - set(RANGES) - set(UNCHECKED)
-    assert not missing, f"give these keys a rule in config_ranges.RANGES, or a reason in UNCHECKED: {missing}"
+    assert not missing, f"give these keys a rule in config_rules.RANGES, or a reason in UNCHECKED: {missing}"
     assert not set(RANGES) & set(UNCHECKED)
     assert not (set(RANGES) | set(UNCHECKED)) - keys  # no rule for a key the schema does not have
 

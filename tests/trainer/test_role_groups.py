@@ -17,7 +17,7 @@ import pytest
 
 from hybridrl.controller import Dispatch, Execute, TypedWorkerGroup, registered_methods
 from hybridrl.controller.decorator import MethodSpec
-from hybridrl.trainer.role_groups import ActorRolloutRefGroup, CriticGroup, RewardModelGroup, SFTGroup
+from hybridrl.trainer.worker_groups import ActorRolloutRefGroup, CriticGroup, RewardModelGroup, SFTGroup
 
 HANDLES = [ActorRolloutRefGroup, CriticGroup, RewardModelGroup, SFTGroup]
 # modes whose result is one entry per rank; DP_COMPUTE_PROTO concatenates the ranks' DataProtos

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.stage_costs import StageCosts, real_tokens
+from hybridrl.trainer.metrics import StageCosts, real_tokens
 from hybridrl.utils.flops import ModelPass
-from hybridrl.utils.timing import WORKER_SECONDS
+from hybridrl.utils.metric import WORKER_SECONDS
 
 
 def collected(seconds_per_rank: list[float], **metrics) -> DataProto:

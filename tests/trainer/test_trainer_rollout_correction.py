@@ -14,10 +14,10 @@ from ppo_helpers import ppo_config, tiny_run_overrides
 from hybridrl.protocol import DataProto
 from hybridrl.trainer import dataflow
 from hybridrl.trainer.config_checks import ConfigError, validate_config
-from hybridrl.trainer.old_log_prob import old_log_prob_from_update
+from hybridrl.trainer.dataflow import old_log_prob_from_update
+from hybridrl.trainer.metrics import StageCosts
 from hybridrl.trainer.ppo_config import PPOTrainerConfig, RolloutCorrectionConfig
 from hybridrl.trainer.ppo_trainer import PPOTrainer
-from hybridrl.trainer.stage_costs import StageCosts
 
 KEY = "algorithm.rollout_correction"
 

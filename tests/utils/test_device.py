@@ -103,8 +103,8 @@ def test_every_module_asks_the_owner_instead_of_torch():
 
     package = Path(device.__file__).resolve().parents[1]
     # These ask about cuda once it is named, never to choose it: the config checks, whether a GPU is
-    # there when a user sets trainer.device=cuda; precision, whether a cuda device multiplies bf16.
-    allowed = {"utils/device.py", "trainer/config_checks.py", "trainer/main_generation.py", "utils/precision.py"}
+    # there when a user sets trainer.device=cuda; device.py itself, whether a cuda device multiplies bf16.
+    allowed = {"utils/device.py", "trainer/config_checks.py", "trainer/main_generation.py"}
     deciders = [str(path.relative_to(package)) for path in package.rglob("*.py")
                 if "torch.cuda.is_available()" in path.read_text()
                 and str(path.relative_to(package)) not in allowed]

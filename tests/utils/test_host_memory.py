@@ -14,7 +14,7 @@ import pytest
 # hblkhd = bytes in mmapped blocks, fordblks = free bytes kept in the heap.
 ACCOUNTING = """
 import ctypes, sys, torch
-from hybridrl.utils.host_memory import keep_freed_memory
+from hybridrl.utils.device import keep_freed_memory
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in
@@ -60,4 +60,5 @@ def test_default_malloc_maps_a_large_tensor_and_unmaps_it_on_free():
 def test_kept_memory_serves_a_large_tensor_from_the_heap_and_keeps_it_after_free():
     mmapped, kept_free = _accounting("keep")
     assert mmapped == 0
-    assert kept_free >= 16 * MIB
+    # the block's 16 MiB, less the few KiB the interpreter allocates from the same free space meanwhile
+    assert kept_free >= 15 * MIB

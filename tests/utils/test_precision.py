@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from hybridrl.models.loading import resolve_dtype
-from hybridrl.utils.device import DEVICE_ENV
-from hybridrl.utils.precision import auto_dtype, native_bf16
+from hybridrl.utils.device import DEVICE_ENV, auto_dtype, native_bf16
 
 
 def cpu_flags() -> set[str]:
@@ -57,7 +56,7 @@ def test_an_unset_dtype_is_the_devices_default(monkeypatch, device, bf16_gpu, ex
 
 
 def test_bf16_named_on_a_cpu_that_emulates_it_gets_a_warning_naming_the_key():
-    from hybridrl.utils.precision import emulated_bf16_warning
+    from hybridrl.utils.device import emulated_bf16_warning
 
     native = bool(cpu_flags() & {"amx_bf16", "avx512_bf16"})
     key = "actor_rollout_ref.rollout.dtype"

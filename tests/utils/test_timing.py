@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from hybridrl.utils import timing
-from hybridrl.utils.timing import marked_timer, timer
+from hybridrl.utils import metric
+from hybridrl.utils.metric import marked_timer, timer
 
 
 @pytest.fixture
 def clock(monkeypatch):
     """perf_counter returns the next scripted reading on each call."""
     readings = iter([10.0, 10.5, 20.0, 21.25, 30.0, 33.0, 40.0, 40.125])
-    monkeypatch.setattr(timing.time, "perf_counter", lambda: next(readings))
+    monkeypatch.setattr(metric.time, "perf_counter", lambda: next(readings))
 
 
 def test_a_stage_timed_twice_accumulates(clock):
@@ -42,7 +42,7 @@ def test_real_clock_gives_a_non_negative_duration():
 
 def test_worker_seconds_travel_per_rank_and_reduce_to_the_slowest(clock):
     from hybridrl.protocol import DataProto
-    from hybridrl.utils.timing import WORKER_SECONDS, pop_worker_seconds, report_worker_seconds
+    from hybridrl.utils.metric import WORKER_SECONDS, pop_worker_seconds, report_worker_seconds
 
     @report_worker_seconds
     def update(metrics: dict) -> DataProto:

@@ -7,11 +7,10 @@ from batches import rollout_batch
 from spmd import run_on_ranks
 
 from hybridrl.controller import ClassWithInitArgs, LocalWorkerGroup
-from hybridrl.controller.ray import RayClassWithInitArgs, RayWorkerGroup
-from hybridrl.controller.ray_resources import RayResourcePool, init_ray
+from hybridrl.controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, init_ray
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.metrics import reduce_metrics
-from hybridrl.trainer.role_groups import ActorRolloutRefGroup, CriticGroup
+from hybridrl.trainer.worker_groups import ActorRolloutRefGroup, CriticGroup
 from hybridrl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 
 pytestmark = pytest.mark.ray

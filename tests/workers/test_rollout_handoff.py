@@ -16,7 +16,7 @@ from batches import rollout_batch
 
 from hybridrl.controller import ClassWithInitArgs, LocalWorkerGroup
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.config_support import offload_errors
+from hybridrl.trainer.config_rules import offload_errors
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
 from hybridrl.workers.config import ActorRolloutRefConfig, to_dataclass
 from hybridrl.workers.fsdp_workers import ActorRolloutRefWorker, actor_offload_refusals

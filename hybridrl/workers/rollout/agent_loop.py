@@ -49,8 +49,7 @@ import numpy as np
 import torch
 
 from hybridrl.data.rl_dataset import left_pad
-from hybridrl.protocol import DataProto
-from hybridrl.protocol_merge import object_column
+from hybridrl.protocol import DataProto, object_column
 from hybridrl.tools.base_tool import BaseTool, ToolResponse
 from hybridrl.tools.tool_calls import CALL_FORMATS, CallError, CallOutcome, ParsedCall, ToolRunner
 from hybridrl.workers.rollout.base import BaseRollout, assemble_output, check_prompts, eos_token_ids

@@ -116,7 +116,7 @@ class AgentConfig:
     # tool_agent when multi_turn.enable is set, single_turn_agent otherwise (verl's default is
     # single_turn_agent: a verl recipe that enables multi_turn sets this key or the rows' agent_name)
     default_agent_loop: str | None = None
-    # verl's file of custom agent loop classes; only null is accepted (config_support.UNSUPPORTED)
+    # verl's file of custom agent loop classes; only null is accepted (config_rules.UNSUPPORTED)
     agent_loop_config_path: str | None = None
 
     def __post_init__(self) -> None:
