@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/packed_linear.py            # bf16 and fp32, 1 and 2 threads, 10m and 50m
     .venv/bin/python benchmarks/packed_linear.py --quick    # fewer calls, the 1m generation only
 
-What it compares (hybridrl/models/packed_linear.py is the code under test):
+What it compares (hybridrl/models/onednn_linear.py is the code under test):
 
 - one linear call, rows x in x out as a decoding step of the 10m / 50m presets and a training micro-batch
   meet them: `F.linear` against `torch.ops.mkldnn._linear_pointwise` over the weight packed once
@@ -39,7 +39,7 @@ from grpo_vs_trl import machine, publish  # noqa: E402  (a sibling script, not a
 from rollout_bench import make_prompts  # noqa: E402
 
 from hybridrl.models.loading import load_causal_lm, load_tokenizer  # noqa: E402
-from hybridrl.models.packed_linear import packing_supported  # noqa: E402
+from hybridrl.models.onednn_linear import packing_supported  # noqa: E402
 from hybridrl.models.tiny import build_tiny_model  # noqa: E402
 from hybridrl.workers.rollout import HFRollout, RolloutConfig  # noqa: E402
 from hybridrl.workers.rollout import hf as hf_engine  # noqa: E402

@@ -20,7 +20,7 @@ own `timing_s/<stage>` over the steps after warm-up, plus:
   thread count: 2 threads for the local
   backend, and twice the 1-thread peak for 2 Ray workers with 1 thread each.
 
-The FLOP counts and the matmul probe are the package's own (`hybridrl.utils.flops`), the ones behind
+The FLOP counts and the matmul probe are the package's own (`hybridrl.utils.metric`), the ones behind
 the `perf/mfu/<pass>` metrics a run logs; this script times with the driver's `timing_s/<stage>`, the
 metrics with the workers' `timing_s/<stage>_worker`.
 """
@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import grpo_vs_trl as bench  # noqa: E402  (a sibling script, not a package)
 
 from hybridrl.models.loading import resolve_dtype  # noqa: E402
-from hybridrl.utils.flops import (  # noqa: E402
+from hybridrl.utils.metric import (  # noqa: E402
     FORWARD_FLOPS_PER_PARAM,
     TRAIN_FLOPS_PER_PARAM,
     matmul_peak_flops,

@@ -19,20 +19,20 @@ import types
 
 # verl module -> the hybridrl module that provides the same names.
 MODULES = {
-    "verl.protocol": "hybridrl.compat.verl_protocol",
+    "verl.protocol": "hybridrl.compat",
     "verl.trainer.ppo.core_algos": "hybridrl.algos",
-    "verl.trainer.ppo.rollout_corr_helper": "hybridrl.compat.verl_functions",
-    "verl.trainer.ppo.v1.utils": "hybridrl.compat.verl_functions",
+    "verl.trainer.ppo.rollout_corr_helper": "hybridrl.compat",
+    "verl.trainer.ppo.v1.utils": "hybridrl.compat",
     "verl.trainer.config.algorithm": "hybridrl.trainer.ppo_config",
     "verl.workers.config.actor": "hybridrl.workers.config",
     "verl.utils.torch_functional": "hybridrl.utils.torch_functional",
-    "verl.utils.tensordict_utils": "hybridrl.compat.verl_functions",
+    "verl.utils.tensordict_utils": "hybridrl.compat",
     "verl.utils.metric": "hybridrl.utils.metric",
     "verl.utils.py_functional": "hybridrl.utils.metric",
 }
 
 # `from verl import X`: verl re-exports these at its top level.
-TOP_LEVEL_NAMES = {"DataProto": ("hybridrl.compat.verl_protocol", "DataProto")}
+TOP_LEVEL_NAMES = {"DataProto": ("hybridrl.compat", "DataProto")}
 
 
 def _stand_in_packages() -> set[str]:

@@ -27,7 +27,7 @@ HEADER = """\
 
 Every key a run accepts, with its type, default and what it does, read from the dataclasses that define
 them (`hybridrl/trainer/ppo_config.py`, `hybridrl/workers/config.py`,
-`hybridrl/workers/rollout/rollout_config.py`, `hybridrl/workers/reward_model.py`, `hybridrl/trainer/sft_config.py`
+`hybridrl/workers/config.py`, `hybridrl/workers/reward_model.py`, `hybridrl/trainer/sft_config.py`
 and the modules they import). Keys are verl's; a key marked as verl's that hybridrl does not implement
 stops the run when set to anything but its default (`hybridrl/trainer/config_rules.py`).
 

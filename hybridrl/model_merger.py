@@ -23,8 +23,7 @@ from pathlib import Path
 
 from transformers import AutoConfig
 
-from hybridrl.models.hf_export import ModelExportError, save_hf_model
-from hybridrl.models.loading import TOKENIZER_FILES
+from hybridrl.models.loading import TOKENIZER_FILES, ModelExportError, save_hf_model
 from hybridrl.workers.checkpoint import HF_SUBDIR, CheckpointError, check_role_dir, read_full_model_state
 
 logger = logging.getLogger(__name__)

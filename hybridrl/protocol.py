@@ -17,7 +17,7 @@ lists (`merge_meta_info`). `DataProtoError` is both a ValueError (what hybridrl 
 AssertionError (what verl raises for the same mistakes, so code written against verl keeps catching it).
 
 The members and functions that exist only for verl's call conventions (TensorDict conversion, row
-folding, disk persistence, ...) live in `hybridrl.compat.verl_protocol`, on a subclass of this DataProto.
+folding, disk persistence, ...) live in `hybridrl.compat`, on a subclass of this DataProto.
 """
 
 from __future__ import annotations
@@ -240,7 +240,7 @@ class DataProto:
         """Build from tensors and per-row values; all must agree on the number of rows.
 
         `num_batch_dims` and `auto_padding` are verl's parameters. A DataProto has exactly one batch
-        dimension (`hybridrl.compat.verl_protocol.fold_batch_dim` folds rows), and chunks must divide evenly: pad explicitly with
+        dimension (`hybridrl.compat.fold_batch_dim` folds rows), and chunks must divide evenly: pad explicitly with
         `pad_dataproto_to_divisor`, so that no caller mistakes a padded row for data.
         """
         if num_batch_dims != 1:

@@ -20,7 +20,10 @@ from hybridrl.algos.advantage import (
     compute_grpo_outcome_advantage,
     compute_grpo_passk_outcome_advantage,
     compute_grpo_vectorized_outcome_advantage,
+    compute_multi_turn_optimal_token_baseline_advantage,
     compute_opo_outcome_advantage,
+    compute_optimal_token_baseline_advantage,
+    compute_pf_ppo_reweight_data,
     compute_reinforce_plus_plus_baseline_outcome_advantage,
     compute_reinforce_plus_plus_outcome_advantage,
     compute_remax_outcome_advantage,
@@ -41,11 +44,6 @@ from hybridrl.algos.kl import (
     kl_penalty_forward,
     register_kl_penalty,
 )
-from hybridrl.algos.optimal_baseline import (
-    compute_multi_turn_optimal_token_baseline_advantage,
-    compute_optimal_token_baseline_advantage,
-)
-from hybridrl.algos.pf_ppo import compute_pf_ppo_reweight_data
 from hybridrl.algos.policy_loss import (
     POLICY_LOSS_REGISTRY,
     compute_pg_loss,

@@ -3,10 +3,13 @@
 Every estimator takes `token_level_rewards` (batch, response_len) -- for outcome rewards the sequence
 score sits on the last valid token -- and `response_mask` (batch, response_len), and returns
 `(advantages, returns)` of the same shape, zero where the mask is zero. Outcome estimators group the
-responses of one prompt by `index` (one uid per response). Group conventions follow verl: a group of
-one response gets baseline 0 (and std 1), so its advantage is its raw score and nothing is NaN.
+responses of one prompt by `index` (one uid per response): `group_ids` turns the uids into integer
+ids and `group_mean_std` gives each group's size, mean and unbiased std with scatter-adds, so no
+estimator loops over the batch in Python. Group conventions follow verl: a group of one response gets
+baseline 0 (and std 1), so its advantage is its raw score and nothing is NaN.
 
-Call them directly by their verl names, or uniformly through `compute_advantage(name, ...)`.
+Call them directly by their verl names, or uniformly through `compute_advantage(name, ...)`. PF-PPO's
+batch resampling (`compute_pf_ppo_reweight_data`), which runs after the advantages, is here too.
 """
 
 from __future__ import annotations
@@ -19,8 +22,59 @@ import torch
 
 from hybridrl.algos.adv_registry import AdvantageEstimator, register_adv_est
 from hybridrl.algos.config_args import config_value
-from hybridrl.algos.grouping import group_ids, group_mean_std, group_sum
+from hybridrl.protocol import DataProto
 from hybridrl.utils.torch_functional import masked_whiten
+
+PF_PPO_METHODS = ("pow", "max_min", "max_random")
+
+
+@torch.no_grad()
+def group_ids(index: np.ndarray | Sequence[Any] | torch.Tensor, batch_size: int) -> tuple[torch.Tensor, int]:
+    """Map each sample's prompt uid to a dense group id 0..n_groups-1 (in order of first appearance).
+
+    Returns:
+        gid: (batch,) int64 group id per sample; n_groups: number of distinct uids.
+    """
+    keys = (
+        index.tolist()
+        if isinstance(index, torch.Tensor)
+        else list(np.asarray(index, dtype=object).reshape(-1))
+    )
+    if len(keys) != batch_size:
+        raise ValueError(
+            f"index has {len(keys)} entries but the batch has {batch_size} responses; pass one prompt uid "
+            f"per response (non_tensor_batch['uid'] after repeating the batch rollout.n times)"
+        )
+    dense: dict[Any, int] = {}
+    gid = [dense.setdefault(key, len(dense)) for key in keys]
+    return torch.tensor(gid, dtype=torch.long), len(dense)
+
+
+def group_sum(values: torch.Tensor, gid: torch.Tensor, n_groups: int) -> torch.Tensor:
+    """sum of `values` (batch,) within each group -> (n_groups,)."""
+    return torch.zeros(n_groups, dtype=values.dtype, device=values.device).index_add_(
+        0, gid.to(values.device), values
+    )
+
+
+def group_mean_std(
+    scores: torch.Tensor, gid: torch.Tensor, n_groups: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-group size, mean and unbiased std of `scores` (batch,), each returned as (n_groups,).
+
+    A group of one response gets mean 0 and std 1 (verl's convention): its advantage is then its raw
+    score, since there is no peer to form a baseline from, and nothing divides by zero.
+    """
+    gid = gid.to(scores.device)
+    count = group_sum(torch.ones_like(scores), gid, n_groups)  # (n_groups,)
+    mean = group_sum(scores, gid, n_groups) / count
+    centred_sq = (scores - mean[gid]) ** 2  # (batch,)
+    std = torch.sqrt(group_sum(centred_sq, gid, n_groups) / (count - 1).clamp(min=1))
+    single = count == 1
+    mean = torch.where(single, torch.zeros_like(mean), mean)
+    std = torch.where(single, torch.ones_like(std), std)
+    return count, mean, std
+
 
 Index = np.ndarray | Sequence[Any] | torch.Tensor
 
@@ -281,3 +335,133 @@ compute_grpo_vectorized_outcome_advantage = register_adv_est(AdvantageEstimator.
 compute_rloo_vectorized_outcome_advantage = register_adv_est(AdvantageEstimator.RLOO_VECTORIZED)(
     compute_rloo_outcome_advantage
 )
+
+
+def pf_ppo_weights(scores: torch.Tensor, reweight_method: str = "pow", weight_pow: float = 2.0) -> torch.Tensor:
+    """PF-PPO's sampling weights (batch,) for sequence scores s (batch,), before the 1e-8 every weight gets.
+
+    Policy Filtration for PPO (Zhang et al. 2024, https://arxiv.org/abs/2409.06957): a reward model is
+    most trustworthy at the extremes of its scale, so the batch is redrawn toward them:
+    pow: |s|^weight_pow; max_min: 1 for the batch's highest and lowest score, else 0; max_random: 0.4
+    for the highest score, else 0.1. verl and hybridrl apply it after the advantages
+    (`algorithm.use_pf_ppo`, `algorithm.pf_ppo.*`).
+    """
+    if reweight_method == "pow":
+        return scores.abs().pow(weight_pow)
+    if reweight_method == "max_min":
+        return ((scores == scores.max()) | (scores == scores.min())).to(scores.dtype)
+    if reweight_method == "max_random":
+        return torch.where(scores == scores.max(), 0.4, 0.1).to(scores.dtype)
+    raise ValueError(f"algorithm.pf_ppo.reweight_method must be one of {PF_PPO_METHODS}, got {reweight_method!r}")
+
+
+@torch.no_grad()
+def compute_pf_ppo_reweight_data(data: DataProto, reweight_method: str = "pow", weight_pow: float = 2.0,
+                                 generator: torch.Generator | None = None) -> DataProto:
+    """The batch redrawn with replacement by `pf_ppo_weights` of its scores (verl's name); every column
+    follows its row. `generator` (a CPU generator) makes the draw reproducible, e.g. across a resume."""
+    if "token_level_scores" not in data.batch:
+        raise KeyError("PF-PPO resamples by the batch column 'token_level_scores' (the reward), which is missing")
+    scores = data.batch["token_level_scores"].sum(dim=-1).float().cpu()  # (batch,)
+    weights = pf_ppo_weights(scores, reweight_method, weight_pow) + 1e-8
+    rows = torch.multinomial(weights, len(data), replacement=True, generator=generator)
+    return data.select_rows(rows)
+
+
+# The Optimal Token Baseline (OTB): a per-token baseline that minimises the policy gradient's variance.
+#
+# A group of responses to one prompt shares a baseline for each token position t instead of one per
+# response. The variance-minimising baseline for the return-to-go G_t weighs each response by the squared
+# norm of its score function up to t. For a softmax policy the norm of d log pi(y_j) / d logits at one
+# step is ||e_{y_j} - pi||^2 = 1 - 2 pi(y_j) + sum_v pi_v^2, so with W_t = sum_{j<=t} (1 - 2 pi_j + sum pi^2)
+#
+#     B_t = sum_i G_it W_it / sum_i W_it       (over the group's responses valid at t)
+#     A_it = G_it - B_t                         (G_it = sum_{s>=t} r_is, the reward-to-go)
+#
+# (verl's `optimal_token_baseline`; derivation: https://yingru.notion.site/The-Optimal-Token-Baseline-
+# 399211a558b782cfa936014c0d42dfb8). With rollout importance weights rho the path weights become
+# rho_t^2 W_t. A group of one response has baseline 0. `handle_zero_tail`: where the longest response of
+# a group runs on alone past every other one, its baseline there would be its own return (advantage 0);
+# it is set to 0 instead, so those tokens keep their return as advantage.
+#
+# pi_j is the old policy's probability of the sampled token (exp(old_log_probs)); sum_v pi_v^2 comes from
+# the actor's old log-prob pass with `actor_rollout_ref.actor.calculate_sum_pi_squared=true`.
+# `tir_optimal_token_baseline` aligns the responses by their n-th valid token instead of by position, for
+# multi-turn responses whose tool outputs are masked out of the middle of the response.
+def _otb(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Index, old_log_probs: torch.Tensor,
+         sum_pi_squared: torch.Tensor, rollout_is_weights: torch.Tensor | None, handle_zero_tail: bool,
+         epsilon: float, by_valid_token: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    rows, length = token_level_rewards.shape
+    mask = response_mask.to(torch.float32)
+    valid = mask > 0
+    returns = (token_level_rewards.float() * mask).flip(-1).cumsum(-1).flip(-1)  # (rows, length) G_t
+    step_weight = 1 - 2 * torch.exp(old_log_probs.float()) + sum_pi_squared.float()
+    if rollout_is_weights is not None:
+        step_weight = step_weight * rollout_is_weights.float().square()
+    path_weight = (step_weight * mask).cumsum(-1)  # (rows, length) W_t
+    lengths = mask.sum(-1).long()  # (rows,)
+    if by_valid_token:  # the n-th valid token of every response shares slot n
+        slot = (mask.cumsum(-1) - 1).clamp(min=0).long()
+        member = lengths > 0
+    else:
+        slot = torch.arange(length, device=mask.device).expand(rows, length)
+        member = torch.ones(rows, dtype=torch.bool, device=mask.device)
+    gid, n_groups = group_ids(index, rows)
+    gid = gid.to(mask.device)
+    cell = gid.unsqueeze(-1) * length + slot  # (rows, length) (group, slot) as one flat index
+    numerator = torch.zeros(n_groups * length, device=mask.device)
+    denominator = torch.zeros(n_groups * length, device=mask.device)
+    numerator.index_add_(0, cell[valid], (returns * path_weight)[valid])
+    denominator.index_add_(0, cell[valid], path_weight[valid])
+    baseline = numerator[cell] / (denominator[cell] + epsilon)  # (rows, length)
+    group_size = torch.zeros(n_groups, device=mask.device).index_add_(0, gid, member.float())
+    baseline = baseline * ((group_size[gid] >= 2) & member).unsqueeze(-1)
+    if handle_zero_tail:
+        for group in range(n_groups):
+            rows_in_group = torch.nonzero((gid == group) & member).squeeze(-1)
+            if rows_in_group.numel() < 2:
+                continue
+            group_lengths = lengths[rows_in_group]
+            top2 = torch.topk(group_lengths, 2).values
+            if top2[0] > top2[1]:  # one response is longest, alone past the second-longest's end
+                longest = rows_in_group[torch.argmax(group_lengths)]
+                baseline[longest] = torch.where(slot[longest] >= top2[1], 0.0, baseline[longest])
+    advantages = (returns - baseline) * mask
+    return advantages, returns
+
+
+@register_adv_est(AdvantageEstimator.OPTIMAL_TOKEN_BASELINE)
+@torch.no_grad()
+def compute_optimal_token_baseline_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Index,
+    old_log_probs: torch.Tensor,
+    sum_pi_squared: torch.Tensor,
+    rollout_is_weights: torch.Tensor | None = None,
+    handle_zero_tail: bool = True,
+    epsilon: float = 1e-8,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """OTB advantages and returns-to-go, (batch, response_len) each (module docstring); token positions
+    of a group's responses are aligned by their index in the response."""
+    return _otb(token_level_rewards, response_mask, index, old_log_probs, sum_pi_squared, rollout_is_weights,
+                handle_zero_tail, epsilon, by_valid_token=False)
+
+
+@register_adv_est(AdvantageEstimator.TIR_OPTIMAL_TOKEN_BASELINE)
+@torch.no_grad()
+def compute_multi_turn_optimal_token_baseline_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Index,
+    old_log_probs: torch.Tensor,
+    sum_pi_squared: torch.Tensor,
+    rollout_is_weights: torch.Tensor | None = None,
+    handle_zero_tail: bool = True,
+    epsilon: float = 1e-8,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """OTB for tool-interleaved responses: as `compute_optimal_token_baseline_advantage`, with the tokens
+    of a group's responses aligned by their count of valid tokens so far (masked tool output in between
+    does not shift them); responses without valid tokens are left out of their group."""
+    return _otb(token_level_rewards, response_mask, index, old_log_probs, sum_pi_squared, rollout_is_weights,
+                handle_zero_tail, epsilon, by_valid_token=True)

@@ -184,7 +184,7 @@ def compute_rollout_correction(
 ) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, float]]:
     """IS weights ((batch, response_len), None without rollout_is), the response mask after rejection
     sampling, and every metric under `rollout_corr/`. verl's DataProto-returning form of this function,
-    `compute_rollout_correction_and_rejection_mask`, is in hybridrl/compat/verl_functions.py."""
+    `compute_rollout_correction_and_rejection_mask`, is in hybridrl/compat.py."""
     if old_log_prob.shape != rollout_log_prob.shape or old_log_prob.shape != response_mask.shape:
         raise ValueError(f"shapes differ: old_log_prob {tuple(old_log_prob.shape)}, rollout_log_prob "
                          f"{tuple(rollout_log_prob.shape)}, response_mask {tuple(response_mask.shape)}")

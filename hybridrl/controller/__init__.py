@@ -27,10 +27,10 @@ from hybridrl.controller.decorator import (
     register_dispatch_mode,
     registered_methods,
 )
-from hybridrl.controller.local import LocalWorkerGroup
 from hybridrl.controller.worker import Worker
 from hybridrl.controller.worker_group import (
     ClassWithInitArgs,
+    LocalWorkerGroup,
     TypedWorkerGroup,
     WorkerGroup,
     create_colocated_worker_cls,

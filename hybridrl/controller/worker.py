@@ -30,7 +30,7 @@ from hybridrl.utils.device import (
     local_device,
     process_memory,
 )
-from hybridrl.utils.flops import ModelPass, device_peak_flops
+from hybridrl.utils.metric import ModelPass, device_peak_flops
 
 # Set by the Ray worker group on rank 0 of a group of several ranks: the key rank 0 announces its address under.
 RENDEZVOUS_KEY_ENV = "HYBRIDRL_RENDEZVOUS_KEY"

@@ -40,7 +40,7 @@ import torch
 from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
-from hybridrl.data.row_checks import RowProblem, raise_if_any
+from hybridrl.data.rl_dataset import RowProblem, raise_if_any
 
 logger = logging.getLogger(__name__)
 

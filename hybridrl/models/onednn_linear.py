@@ -1,25 +1,26 @@
-"""fp32 linear layers that multiply through oneDNN on an x86 CPU, in training passes and passes without
-gradients alike.
+"""Linear layers that multiply through oneDNN on an x86 CPU.
 
-torch hands an fp32 `F.linear` on a CPU to MKL's sgemm, which on the AMD CPUs this project is measured on
-runs well below what oneDNN reaches on the same matrices (oneDNN is what bf16 calls already take).
-`OneDNNLinear` is an `nn.Linear` whose forward computes `x @ W.T + b` with oneDNN's
-`torch.ops.mkldnn._linear_pointwise` (the plain weight, no pack: the weight changes every optimizer step),
-and whose backward takes the input gradient `g @ W` through oneDNN too (on a transposed copy of W, a
-weight-sized copy against a matrix product over every row) and the weight gradient `g.T @ x` through
-torch's own path (oneDNN would need both operands transposed first, which measured no faster).
-The forward and the input gradient, two of a training linear's three products, then run at oneDNN's
-rate, which makes whole fp32 training steps faster (measured: benchmarks/results/grpo_vs_trl_fp32_onednn.md).
+`OneDNNLinear` (training and log-prob passes, fp32): an `nn.Linear` whose forward `x @ W.T + b` and
+input gradient `g @ W` go through `torch.ops.mkldnn._linear_pointwise` on the plain weight (it changes
+every optimizer step), where torch would call MKL's sgemm; the weight gradient `g.T @ x` stays on
+torch's path. The sums are in oneDNN's order, so results agree with `F.linear` to fp32 rounding
+(tests/models/test_onednn_linear.py). Every other call (another dtype, a GPU tensor, autocast, no rows)
+is `F.linear` itself. Why: benchmarks/results/grpo_vs_trl_fp32_onednn.md.
 
-The sums are fp32 sums in oneDNN's order instead of MKL's: outputs and gradients agree with `F.linear`'s
-to fp32 rounding, not bit for bit (tests/models/test_onednn_linear.py). Every other call (another
-dtype, a GPU tensor, autocast, no rows) is `F.linear` itself, so bf16 compute and the GPU are unchanged.
-Not measured on an Intel CPU, where MKL is at home.
+`prepacked_linears` (generation): inside the block every plain linear runs on a copy of its weight
+reordered once into oneDNN's blocked layout (`torch.ops.mkldnn._reorder_linear_weight`); the many
+decoding steps that reuse it repay the reorder. bf16 outputs equal `F.linear`'s bit for bit
+(tests/models/test_packed_linear.py); fp32 ones are oneDNN's sums. Only for weights fixed while the
+block runs: a call that needs gradients, or whose weight was replaced or modified in place, runs
+`F.linear` instead of a stale pack. Training passes keep the plain call, which packing did not speed up
+(benchmarks/results/packed_linear.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import platform
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -114,3 +115,77 @@ def use_onednn_linears(module: nn.Module) -> int:
 def is_plain_linear(module: object) -> bool:
     """An `nn.Linear` whose forward is exactly x @ W.T + b: nn.Linear itself, or a subclass that says so."""
     return type(module) is nn.Linear or bool(getattr(type(module), "computes_plain_linear", False))
+
+
+def packing_supported(weight: torch.Tensor) -> bool:
+    """Whether `weight` can run packed: a plain 2-D bf16 or fp32 tensor on an x86-64 CPU, with oneDNN (and
+    its bf16 kernels, for bf16) in this torch build."""
+    ops = torch.ops.mkldnn
+    return (
+        type(weight.data) is torch.Tensor  # not a DTensor or another subclass
+        and weight.dim() == 2
+        and weight.device.type == "cpu"
+        and weight.dtype in (torch.bfloat16, torch.float32)
+        and platform.machine().lower() in ("x86_64", "amd64")
+        and torch.backends.mkldnn.is_available()
+        and torch.backends.mkldnn.enabled
+        and hasattr(ops, "_reorder_linear_weight")
+        and hasattr(ops, "_linear_pointwise")
+        and (weight.dtype != torch.bfloat16 or ops._is_mkldnn_bf16_supported())
+    )
+
+
+class FixedLinear:
+    """`x @ weight.T + bias` for a weight that stays fixed while this object lives: over a oneDNN pack of
+    the weight where `packing_supported`, through `F.linear` elsewhere. For weights nobody else holds (a
+    stack of several layers' weights, say); a layer's own weight packs with `prepacked_linears`."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.bias = bias
+        self.packed = packing_supported(weight)
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight) if self.packed else weight
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed:
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+
+class _PackedForward:
+    """A `nn.Linear`'s forward over the pack of its weight as it was when packed."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        self.linear = linear
+        weight = linear.weight.detach()
+        self.source = (weight.data_ptr(), weight._version)
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        weight, bias = self.linear.weight, self.linear.bias
+        stale = (weight.data_ptr(), weight._version) != self.source
+        needs_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                                  or (bias is not None and bias.requires_grad))
+        if stale or needs_grad or x.dtype != weight.dtype or x.device.type != "cpu":
+            return F.linear(x, weight, bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
+
+
+@contextlib.contextmanager
+def prepacked_linears(module: nn.Module) -> Iterator[int]:
+    """Within the block, every plain `nn.Linear` of `module` (`is_plain_linear`: nn.Linear's own forward or
+    `OneDNNLinear`'s) with a packable weight (`packing_supported`) runs on a pack of that weight; yields how
+    many do. On exit they are as before.
+
+    The pack is a copy: the block holds one more copy of those weights. A module whose forward was
+    replaced on the instance by someone else is left alone.
+    """
+    patched: list[nn.Linear] = []
+    try:
+        for sub in module.modules():
+            if is_plain_linear(sub) and "forward" not in sub.__dict__ and packing_supported(sub.weight):
+                sub.forward = _PackedForward(sub)
+                patched.append(sub)
+        yield len(patched)
+    finally:
+        for sub in patched:
+            del sub.forward

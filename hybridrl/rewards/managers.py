@@ -3,7 +3,7 @@ turn a DataProto of generated responses into `token_level_scores`, a (batch, res
 that is zero except for each sequence's score on its last valid response token (verl's convention;
 advantage estimators read it from there).
 
-Built from a run's config by `hybridrl.trainer.reward.load_reward_manager`, which reads the trainer's
+Built from a run's config by `hybridrl.trainer.dataflow.load_reward_manager`, which reads the trainer's
 config schema (a layer above this package).
 """
 

@@ -35,8 +35,8 @@ def run_ppo(cfg: DictConfig) -> list[dict[str, float]]:
     from hybridrl.data.rl_dataset import RLHFDataset, collate_fn
     from hybridrl.models.loading import load_tokenizer
     from hybridrl.rewards.scorers import check_code_sandbox
+    from hybridrl.trainer.dataflow import load_reward_manager
     from hybridrl.trainer.ppo_trainer import PPOTrainer
-    from hybridrl.trainer.reward import load_reward_manager
     from hybridrl.trainer.worker_groups import WorkerGroups
 
     config: PPOTrainerConfig = OmegaConf.to_object(cfg)

@@ -25,8 +25,9 @@ import torch
 
 from hybridrl.protocol import DataProto
 from hybridrl.utils.device import ProcessMemory, process_memory
-from hybridrl.utils.flops import ModelPass, mfu
 from hybridrl.utils.metric import (
+    ModelPass,
+    mfu,
     pop_worker_seconds,
     reduce_metrics,  # re-exported: the trainer reduces worker metrics
     worker_stage,
@@ -234,7 +235,7 @@ def compute_mfu_metrics(flops: Mapping[str, float], seconds: Mapping[str, float]
                         peak_flops: Mapping[str, float]) -> dict[str, float]:
     """`perf/mfu/<pass>` = flops / (seconds x peak_flops) for each model pass that ran this step.
 
-    flops: model FLOPs of the pass over the step's real tokens (`hybridrl.utils.flops.model_flops`:
+    flops: model FLOPs of the pass over the step's real tokens (`hybridrl.utils.metric.model_flops`:
     2N per token forward, 6N per token trained, times the epochs); seconds: the workers' own time of
     the pass (the slowest rank); peak_flops: the sum of the ranks' peaks. Pass names follow verl where
     it has one: `actor` (update), `actor_infer` (old log-probs), `critic`, plus `rollout`

@@ -14,8 +14,8 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
+from hybridrl.algos.advantage import PF_PPO_METHODS
 from hybridrl.algos.bypass_loss import BYPASS_LOSS_TYPES
-from hybridrl.algos.pf_ppo import PF_PPO_METHODS
 from hybridrl.algos.rollout_correction import IS_LEVELS, parse_is_threshold, parse_rs_options, rs_option_names
 from hybridrl.data.rl_dataset import RLDatasetConfig
 from hybridrl.rewards.custom import CustomRewardFunctionConfig
@@ -309,7 +309,7 @@ class AlgorithmConfig:
     kl_penalty: str = "kl"
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     # PF-PPO: after GAE's advantages, redraw the batch with replacement toward extreme rewards
-    # (hybridrl/algos/pf_ppo.py); gae only, as in verl.
+    # (hybridrl/algos/advantage.py); gae only, as in verl.
     use_pf_ppo: bool = False
     pf_ppo: PFPPOConfig = field(default_factory=lambda: PFPPOConfig())
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)

@@ -28,6 +28,7 @@ from hybridrl.protocol import DataProto
 from hybridrl.rewards.failures import add_reward_metrics
 from hybridrl.trainer import dataflow
 from hybridrl.trainer.config_checks import report_config_changes, write_run_config
+from hybridrl.trainer.dataflow import BackgroundReward
 from hybridrl.trainer.divergence import DivergenceGuard, TrainingDivergedError
 from hybridrl.trainer.metrics import (
     StageCosts,
@@ -40,7 +41,6 @@ from hybridrl.trainer.metrics import (
     reduce_metrics,
 )
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
-from hybridrl.trainer.reward import BackgroundReward
 from hybridrl.trainer.validation import Validator, generation_records, write_generations
 from hybridrl.trainer.worker_groups import WorkerGroups
 from hybridrl.utils.metric import timer

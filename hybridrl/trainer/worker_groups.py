@@ -29,7 +29,7 @@ from hybridrl.controller import (
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
 from hybridrl.utils.device import ProcessMemory
-from hybridrl.utils.flops import ModelPass, combine_ranks
+from hybridrl.utils.metric import ModelPass, combine_ranks
 from hybridrl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 from hybridrl.workers.reward_model import RewardModelWorker
 from hybridrl.workers.sft_worker import SFTWorker

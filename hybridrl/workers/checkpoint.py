@@ -55,7 +55,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.fsdp import FSDPModule
 
-from hybridrl.models.hf_export import save_hf_model
+from hybridrl.models.loading import save_hf_model
 from hybridrl.utils.device import device_type
 from hybridrl.workers.config import CheckpointConfig, to_dataclass
 

@@ -21,7 +21,7 @@ class PPOCritic:
 
     share_prompts (`critic.model.share_prompt_forward`): as the actor's passes, each forward computes a
     prompt shared by several rows (the rollout.n responses of a group) once and every response attends
-    to it (`hybridrl.models.shared_prompt`): the padded pass's values from fewer tokens.
+    to it (`hybridrl.models.attention`): the padded pass's values from fewer tokens.
     """
 
     def __init__(self, config: CriticConfig, engine: FSDPEngine, share_prompts: bool = False) -> None:

@@ -17,14 +17,14 @@ from hybridrl.models.attention import default_attention
 from hybridrl.models.loading import load_causal_lm, load_tokenizer, load_value_model, resolve_dtype
 from hybridrl.protocol import DataProto
 from hybridrl.tools.base_tool import load_all_tools
-from hybridrl.utils.flops import (
+from hybridrl.utils.metric import (
     FORWARD_FLOPS_PER_PARAM,
     TRAIN_FLOPS_PER_PARAM,
     ModelPass,
     device_peak_flops,
     matmul_params,
+    report_worker_seconds,
 )
-from hybridrl.utils.metric import report_worker_seconds
 from hybridrl.workers.actor import PPOActor
 from hybridrl.workers.checkpoint import CheckpointManager
 from hybridrl.workers.config import ActorRolloutRefConfig, CriticConfig, ModelConfig, to_dataclass

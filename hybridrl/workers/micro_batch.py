@@ -85,7 +85,7 @@ def make_micro_batches(
     `group_ids` (rows,): rows with the same id stay next to each other in the order that is cut (groups
     ordered by their longest row, rows by length within a group), so a micro-batch holds whole groups
     where its size allows: the actor passes rows that share a prompt, which it then computes once
-    (`hybridrl.models.shared_prompt`).
+    (`hybridrl.models.attention`).
 
     Fixed size (`micro_batch_size` rows) or dynamic (`max_token_len`: rows x padded width of each
     micro-batch stays within the budget, which is what a padded forward pass costs, and the cuts fall

@@ -3,7 +3,7 @@ log-probs and the critic's values.
 
 With prompt sharing (`actor_rollout_ref.model.share_prompt_forward` for the actor and reference,
 `critic.model.share_prompt_forward` for the critic) rows whose prompts are equal (the rollout.n
-responses of a group) compute their prompt once in each forward (`hybridrl.models.shared_prompt`), and
+responses of a group) compute their prompt once in each forward (`hybridrl.models.attention`), and
 micro-batches keep a group's rows together; otherwise each row runs padded.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import torch
 
-from hybridrl.models.shared_prompt import (
+from hybridrl.models.attention import (
     head_on_kept_positions,
     prompt_groups,
     shared_prompt_forward,
@@ -35,7 +35,7 @@ def response_logits(module: torch.nn.Module, micro: DataProto, share_prompts: bo
 
     Padding columns shared by all rows are trimmed first; only the response positions go through the
     LM head (`logits_to_keep`). With `share_prompts`, rows with equal prompts compute their prompt once
-    (`hybridrl.models.shared_prompt`: the same logits, from fewer tokens); `always_packed` takes that path
+    (`hybridrl.models.attention`: the same logits, from fewer tokens); `always_packed` takes that path
     even where every prompt is distinct (the model is held in `shared_prompt_mode`). `share_key` is the
     config key errors name.
     """

@@ -23,10 +23,9 @@ import torch
 import torch.distributed as dist
 
 from hybridrl.protocol import DataProto
-from hybridrl.workers.config import ActorConfig, ActorRolloutRefConfig, CriticConfig, RefConfig
+from hybridrl.workers.config import ActorConfig, ActorRolloutRefConfig, CriticConfig, RefConfig, RolloutConfig
 from hybridrl.workers.fsdp_engine import FSDPEngine
 from hybridrl.workers.micro_batch import make_micro_batches
-from hybridrl.workers.rollout.rollout_config import RolloutConfig
 
 
 @dataclass

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hybridrl.algos import compute_pf_ppo_reweight_data
-from hybridrl.algos.pf_ppo import pf_ppo_weights
+from hybridrl.algos.advantage import pf_ppo_weights
 from hybridrl.protocol import DataProto
 
 

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import packed_linear  # noqa: E402
 
-from hybridrl.models.packed_linear import packing_supported  # noqa: E402
+from hybridrl.models.onednn_linear import packing_supported  # noqa: E402
 
 
 @pytest.mark.skipif(not packing_supported(torch.zeros(2, 2, dtype=torch.bfloat16)),

@@ -1,4 +1,4 @@
-"""verl's extra DataProto members and protocol functions (hybridrl/compat/verl_protocol.py), by hand-worked
+"""verl's extra DataProto members and protocol functions (hybridrl/compat.py), by hand-worked
 values; the core DataProto's behaviour is tests/test_protocol.py's."""
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 from test_protocol import ids_of
 from test_protocol import make as make_core
 
-from hybridrl.compat.verl_protocol import (
+from hybridrl.compat import (
     DataProto,
     deserialize_single_tensor,
     fold_batch_dim,

@@ -54,7 +54,7 @@ class FailingWorker(ScaleWorker):
 def test_shutdown_closes_the_process_group_and_restores_the_env(local_env, monkeypatch):
     import torch.distributed as dist
 
-    from hybridrl.controller.local import DIST_ENV_KEYS
+    from hybridrl.controller.worker_group import DIST_ENV_KEYS
 
     for key in DIST_ENV_KEYS:
         monkeypatch.delenv(key, raising=False)

@@ -13,10 +13,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from hybridrl.data.rl_dataset import RLDatasetConfig, RLHFDataset, collate_fn, truncate
-from hybridrl.data.row_checks import DataError
+from hybridrl.data.rl_dataset import DataError, RLDatasetConfig, RLHFDataset, collate_fn, truncate
 from hybridrl.data.tasks import arithmetic, countdown
-from hybridrl.data.tasks.writer import make_row
+from hybridrl.data.tasks.sources import make_row
 from hybridrl.protocol import DataProto
 
 

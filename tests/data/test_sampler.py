@@ -8,7 +8,7 @@ import pytest
 
 from hybridrl.data.rl_dataset import RLHFDataset, collate_fn
 from hybridrl.data.sampler import ResumableSampler, StatefulDataLoader, create_rl_sampler
-from hybridrl.data.tasks.writer import make_row
+from hybridrl.data.tasks.sources import make_row
 
 
 @pytest.fixture(scope="module")

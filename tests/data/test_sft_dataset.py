@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hybridrl.data import sft_dataset
-from hybridrl.data.row_checks import DataError
+from hybridrl.data.rl_dataset import DataError
 from hybridrl.data.sft_dataset import SFTDataset, encode_chat
 
 EOS = "<|im_end|>"

@@ -12,9 +12,9 @@ from hybridrl.models.onednn_linear import (
     OneDNNLinear,
     is_plain_linear,
     onednn_fp32_supported,
+    prepacked_linears,
     use_onednn_linears,
 )
-from hybridrl.models.packed_linear import prepacked_linears
 from hybridrl.models.tiny import build_tiny_model
 
 pytestmark = pytest.mark.skipif(not onednn_fp32_supported(), reason="oneDNN fp32 linears need an x86-64 CPU "

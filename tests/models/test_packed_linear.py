@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hybridrl.models.loading import load_causal_lm
-from hybridrl.models.packed_linear import packing_supported, prepacked_linears
+from hybridrl.models.onednn_linear import packing_supported, prepacked_linears
 
 needs_onednn_bf16 = pytest.mark.skipif(
     not packing_supported(torch.zeros(2, 2, dtype=torch.bfloat16)),
@@ -104,7 +104,7 @@ def test_forwards_come_back_when_the_block_raises():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
 def test_a_fixed_linear_computes_f_linear_packed_where_it_can(dtype):
-    from hybridrl.models.packed_linear import FixedLinear
+    from hybridrl.models.onednn_linear import FixedLinear
 
     g = torch.Generator().manual_seed(3)
     weight = (torch.randn(96, 64, generator=g) / 8).to(dtype)

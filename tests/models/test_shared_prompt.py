@@ -5,15 +5,15 @@ import contextlib
 import pytest
 import torch
 
-from hybridrl.models.attention import GROUPED_EAGER
-from hybridrl.models.loading import load_causal_lm
-from hybridrl.models.shared_prompt import (
+from hybridrl.models.attention import (
+    GROUPED_EAGER,
     SharedPromptLayout,
     prompt_groups,
     shared_prompt_forward,
     shared_prompt_mode,
     supports_shared_prompt,
 )
+from hybridrl.models.loading import load_causal_lm
 from hybridrl.models.tiny import build_tiny_model
 
 

@@ -12,7 +12,7 @@ from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
 from hybridrl.models.loading import load_tokenizer, padding_side
-from hybridrl.models.tiny_tokenizer import (
+from hybridrl.models.tiny import (
     BOS_TOKEN,
     EOS_TOKEN,
     PAD_TOKEN,
@@ -135,6 +135,6 @@ def test_padding_side_on_load_and_temporarily(tiny_model_dir: Path, tiny_tokeniz
 def test_training_is_deterministic_across_processes() -> None:
     # The BPE trainer is Rust code with hash maps seeded per process; a fresh interpreter must still
     # learn the same merges, or "same seed -> same files" would hold only within one process.
-    code = "from hybridrl.models.tiny_tokenizer import build_raw_tokenizer; print(build_raw_tokenizer().to_str())"
+    code = "from hybridrl.models.tiny import build_raw_tokenizer; print(build_raw_tokenizer().to_str())"
     fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert fresh.strip() == build_raw_tokenizer().to_str()

@@ -14,7 +14,7 @@ from hybridrl.protocol import DataProto
 from hybridrl.rewards.custom import load_custom_reward_function
 from hybridrl.rewards.failures import RewardFailureError, RewardFunctionFatalError
 from hybridrl.rewards.managers import REWARD_MANAGERS, max_failures
-from hybridrl.trainer.reward import load_reward_manager
+from hybridrl.trainer.dataflow import load_reward_manager
 
 FIXTURE = Path(__file__).parent / "fixtures" / "custom_reward.py"
 FAULTY = Path(__file__).parent / "fixtures" / "faulty_reward.py"

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from hybridrl.compat.verl_functions import compute_advantage_for_multi_trajectories
+from hybridrl.compat import compute_advantage_for_multi_trajectories
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.dataflow import compute_advantage
 

@@ -17,7 +17,7 @@ import pytest
 import torch.distributed as dist
 from ppo_helpers import FIXTURES, ppo_config, tiny_run_overrides
 
-from hybridrl.controller.local import DIST_ENV_KEYS
+from hybridrl.controller.worker_group import DIST_ENV_KEYS
 from hybridrl.trainer.main_ppo import run_ppo
 
 LOCAL = ["trainer.backend=local", "trainer.n_gpus_per_node=1", "trainer.total_training_steps=1"]

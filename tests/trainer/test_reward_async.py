@@ -9,7 +9,7 @@ import torch
 
 from hybridrl.protocol import DataProto
 from hybridrl.rewards.failures import RewardFailureError
-from hybridrl.trainer.reward import BackgroundReward, load_reward_manager
+from hybridrl.trainer.dataflow import BackgroundReward, load_reward_manager
 
 SLOW_REWARD = '''
 import time

@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_dir
 import hybridrl.trainer
 from hybridrl.data.sampler import ResumableSampler
 from hybridrl.data.tasks.arithmetic import generate, to_rows
-from hybridrl.data.tasks.writer import write_splits
+from hybridrl.data.tasks.sources import write_splits
 from hybridrl.models.loading import load_causal_lm, load_tokenizer
 from hybridrl.trainer.main_sft import run_sft
 from hybridrl.trainer.sft_trainer import build_dataset, validate_config
@@ -104,7 +104,7 @@ def test_resume_from_step_2_repeats_steps_3_and_4(local_run, sft_data, tiny_mode
 def test_a_local_run_leaves_no_process_group_or_rank_variables(local_run):
     import torch.distributed as dist
 
-    from hybridrl.controller.local import DIST_ENV_KEYS
+    from hybridrl.controller.worker_group import DIST_ENV_KEYS
 
     assert not dist.is_initialized()
     assert not [key for key in DIST_ENV_KEYS if key in os.environ]  # none were set before the run

@@ -7,8 +7,7 @@ import torch
 
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.metrics import StageCosts, real_tokens
-from hybridrl.utils.flops import ModelPass
-from hybridrl.utils.metric import WORKER_SECONDS
+from hybridrl.utils.metric import WORKER_SECONDS, ModelPass
 
 
 def collected(seconds_per_rank: list[float], **metrics) -> DataProto:

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from hybridrl.utils import flops
+from hybridrl.utils import metric as flops
 from hybridrl.utils.device import DEVICE_ENV
-from hybridrl.utils.flops import (
+from hybridrl.utils.metric import (
     FORWARD_FLOPS_PER_PARAM,
     TRAIN_FLOPS_PER_PARAM,
     ModelPass,

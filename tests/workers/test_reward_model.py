@@ -14,7 +14,7 @@ from hybridrl.controller import ClassWithInitArgs, LocalWorkerGroup
 from hybridrl.models.loading import load_tokenizer, load_value_model
 from hybridrl.models.tiny import build_tiny_model
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.reward import load_reward_manager
+from hybridrl.trainer.dataflow import load_reward_manager
 from hybridrl.utils.typed_config import to_dataclass
 from hybridrl.workers.reward_model import (
     RewardModelConfig,

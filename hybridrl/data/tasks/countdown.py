@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from hybridrl.data.tasks.writer import base_parser, check_sizes, make_row, write_splits
+from hybridrl.data.tasks.sources import base_parser, check_sizes, make_row, write_splits
 
 DATA_SOURCE = "countdown"
 

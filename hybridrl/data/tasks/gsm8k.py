@@ -14,8 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from hybridrl.data.tasks.sources import Record, preprocess_main
-from hybridrl.data.tasks.writer import make_row
+from hybridrl.data.tasks.sources import Record, make_row, preprocess_main
 
 DATA_SOURCE = "openai/gsm8k"
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'

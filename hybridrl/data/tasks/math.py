@@ -14,8 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from hybridrl.data.tasks.sources import Record, preprocess_main
-from hybridrl.data.tasks.writer import make_row
+from hybridrl.data.tasks.sources import Record, make_row, preprocess_main
 
 logger = logging.getLogger(__name__)
 

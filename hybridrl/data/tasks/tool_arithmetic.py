@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from hybridrl.data.tasks.arithmetic import DATA_SOURCE, Problem
-from hybridrl.data.tasks.writer import base_parser, check_sizes, make_row, write_parquet, write_splits
+from hybridrl.data.tasks.sources import base_parser, check_sizes, make_row, write_parquet, write_splits
 
 TOOL_NAME = "calculator"
 OPERAND_RANGE = (100, 999)  # three digits each: the call's operands sit at a fixed distance from the question's

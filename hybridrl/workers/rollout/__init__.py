@@ -5,6 +5,7 @@
 package never imports vllm).
 """
 
+from hybridrl.workers.config import RolloutConfig, ValKwargs
 from hybridrl.workers.rollout import vllm as _vllm  # noqa: F401  (registers "vllm" without importing vllm)
 from hybridrl.workers.rollout.base import (
     ROLLOUT_ENGINES,
@@ -13,7 +14,6 @@ from hybridrl.workers.rollout.base import (
     rollout_logprob_diff_metrics,
 )
 from hybridrl.workers.rollout.hf import HFRollout
-from hybridrl.workers.rollout.rollout_config import RolloutConfig, ValKwargs
 from hybridrl.workers.rollout.sampling import SamplingParams, resolve_sampling_params
 
 __all__ = [

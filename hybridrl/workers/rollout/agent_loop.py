@@ -52,9 +52,9 @@ from hybridrl.data.rl_dataset import left_pad
 from hybridrl.protocol import DataProto, object_column
 from hybridrl.tools.base_tool import BaseTool, ToolResponse
 from hybridrl.tools.tool_calls import CALL_FORMATS, CallError, CallOutcome, ParsedCall, ToolRunner
+from hybridrl.workers.config import AGENT_LOOPS, RolloutConfig
 from hybridrl.workers.rollout.base import BaseRollout, assemble_output, check_prompts, eos_token_ids
 from hybridrl.workers.rollout.chat_delta import ChatTemplateDelta, tokenization_mismatch
-from hybridrl.workers.rollout.rollout_config import AGENT_LOOPS, RolloutConfig
 from hybridrl.workers.rollout.sampling import CALL_OVERRIDES, resolve_sampling_params
 
 # The per-sample columns the loop adds (numpy object arrays, one entry per response):

@@ -42,7 +42,7 @@ from torch import nn
 from hybridrl.protocol import DataProto
 from hybridrl.utils.registry import Registry
 from hybridrl.utils.typed_config import to_dataclass
-from hybridrl.workers.rollout.rollout_config import RolloutConfig
+from hybridrl.workers.config import RolloutConfig
 
 
 def rollout_logprob_diff_metrics(

@@ -41,8 +41,7 @@ from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from hybridrl.models.attention import GROUPED_EAGER, GROUPED_SDPA
-from hybridrl.models.onednn_linear import is_plain_linear
-from hybridrl.models.packed_linear import FixedLinear
+from hybridrl.models.onednn_linear import FixedLinear, is_plain_linear
 from hybridrl.workers.rollout.kv_cache import PreallocatedCache
 
 FUSED_MODEL_TYPES = ("llama", "mistral", "qwen2")

@@ -53,9 +53,10 @@ from transformers import Cache, DynamicCache
 
 from hybridrl.models.attention import GROUPED_EAGER, GROUPED_SDPA, decoding_attention
 from hybridrl.models.loading import resolve_dtype
-from hybridrl.models.packed_linear import prepacked_linears
+from hybridrl.models.onednn_linear import prepacked_linears
 from hybridrl.protocol import DataProto
 from hybridrl.utils.typed_config import to_dataclass
+from hybridrl.workers.config import RolloutConfig
 from hybridrl.workers.micro_batch import trim_columns
 from hybridrl.workers.rollout.base import (
     ROLLOUT_ENGINES,
@@ -72,7 +73,6 @@ from hybridrl.workers.rollout.fused_decoder import (
     unsupported_reason,
 )
 from hybridrl.workers.rollout.kv_cache import PreallocatedCache, cache_keyword
-from hybridrl.workers.rollout.rollout_config import RolloutConfig
 from hybridrl.workers.rollout.sampling import (
     DecodeOutputs,
     SamplingParams,

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from hybridrl.workers.rollout.rollout_config import RolloutConfig
+from hybridrl.workers.config import RolloutConfig
 
 # meta_info keys a caller may set to change one call's sampling (verl's names).
 CALL_OVERRIDES = ("do_sample", "temperature", "top_k", "top_p", "n", "eos_token_id", "seed", "validate",

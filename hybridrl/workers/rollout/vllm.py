@@ -44,6 +44,7 @@ from hybridrl.models.loading import resolve_dtype
 from hybridrl.protocol import DataProto
 from hybridrl.utils.device import device_type
 from hybridrl.utils.typed_config import to_dataclass
+from hybridrl.workers.config import RolloutConfig
 from hybridrl.workers.rollout.base import (
     ROLLOUT_ENGINES,
     BaseRollout,
@@ -52,7 +53,6 @@ from hybridrl.workers.rollout.base import (
     check_prompts,
     eos_token_ids,
 )
-from hybridrl.workers.rollout.rollout_config import RolloutConfig
 from hybridrl.workers.rollout.sampling import SamplingParams, resolve_sampling_params
 
 # vLLM's scheduler runs at most this many sequences at once on CPU (its LLM-class default there).

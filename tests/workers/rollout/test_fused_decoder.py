@@ -12,7 +12,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausa
 
 from hybridrl.models.attention import decoding_attention
 from hybridrl.models.loading import load_causal_lm
-from hybridrl.models.packed_linear import packing_supported, prepacked_linears
+from hybridrl.models.onednn_linear import packing_supported, prepacked_linears
 from hybridrl.workers.rollout import HFRollout
 from hybridrl.workers.rollout import hf as hf_module
 from hybridrl.workers.rollout.fused_decoder import (

@@ -203,7 +203,7 @@ def test_decoding_on_cpu_runs_packed_linears_and_samples_what_plain_ones_do(dtyp
                                                                             monkeypatch):
     import contextlib
 
-    from hybridrl.models.packed_linear import packing_supported
+    from hybridrl.models.onednn_linear import packing_supported
     from hybridrl.workers.rollout import hf
 
     if not packing_supported(torch.zeros(2, 2, dtype=getattr(torch, dtype))):
