@@ -27,13 +27,13 @@ from hybridrl.controller.decorator import (
     register_dispatch_mode,
     registered_methods,
 )
-from hybridrl.controller.worker import Worker
+from hybridrl.controller.worker import HybridWorker, Worker
 from hybridrl.controller.worker_group import (
     ClassWithInitArgs,
     LocalWorkerGroup,
     TypedWorkerGroup,
     WorkerGroup,
-    create_colocated_worker_cls,
+    hybrid_worker,
 )
 from hybridrl.utils.device import resolve_device_type
 
@@ -42,13 +42,14 @@ __all__ = [
     "DataProtoFuture",
     "Dispatch",
     "Execute",
+    "HybridWorker",
     "LocalWorkerGroup",
     "MethodSpec",
     "TypedWorkerGroup",
     "Worker",
     "WorkerGroup",
-    "create_colocated_worker_cls",
     "create_worker_group",
+    "hybrid_worker",
     "ray_for_backend",
     "register",
     "register_dispatch_mode",

@@ -23,7 +23,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hybridrl.controller.worker import NUM_THREADS_ENV, RENDEZVOUS_KEY_ENV, await_address
-from hybridrl.controller.worker_group import ClassWithInitArgs, WorkerGroup
+from hybridrl.controller.worker_group import ClassWithInitArgs, WorkerGroup, roles_of
 from hybridrl.utils.device import device_env
 
 # How long to wait for a placement group that the cluster could hold but has not granted yet.
@@ -234,7 +234,7 @@ class RayWorkerGroup(WorkerGroup):
         self.resource_pool = resource_pool
         self.name_prefix = name_prefix or ray_cls_with_init.cls.__name__
         self.workers = self._spawn(resource_pool, ray_cls_with_init)
-        super().__init__(ray_cls_with_init.cls, world_size=len(self.workers))
+        super().__init__(ray_cls_with_init.cls, world_size=len(self.workers), roles=roles_of(ray_cls_with_init))
 
     def _spawn(self, pool: RayResourcePool, cls_with_init: ClassWithInitArgs) -> list:
         groups = pool.get_placement_groups()
@@ -273,8 +273,10 @@ class RayWorkerGroup(WorkerGroup):
                 rank += 1
         return workers
 
-    def _submit(self, rank: int, method_name: str, args: tuple, kwargs: dict) -> Any:
-        return getattr(self.workers[rank], method_name).remote(*args, **kwargs)
+    def _submit(self, rank: int, role: str | None, method_name: str, args: tuple, kwargs: dict) -> Any:
+        if role is None:
+            return getattr(self.workers[rank], method_name).remote(*args, **kwargs)
+        return self.workers[rank].execute_role.remote(role, method_name, *args, **kwargs)
 
     def shutdown(self) -> None:
         """Kill this group's actors (the resource pool stays reserved for reuse)."""

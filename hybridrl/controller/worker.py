@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -233,3 +233,21 @@ class Worker:
     def model_passes(self) -> dict[str, ModelPass]:
         """The model passes this rank runs, by name, for MFU (`perf/mfu/<name>`); none by default."""
         return {}
+
+
+class HybridWorker(Worker):
+    """Every role of a run in one process per rank: the actor with its rollout and reference, and the
+    critic and reward model when the run has them, sharing the rank's device and process group.
+
+    `roles` maps each role's name to its worker class and constructor arguments (a `ClassWithInitArgs`);
+    each role object is built here, in the rank's process. The driver reaches a role's registered method
+    through `WorkerGroup.call_role(role, method, ...)`, which runs `execute_role` on every rank.
+    """
+
+    def __init__(self, roles: Mapping[str, Any]) -> None:
+        super().__init__()
+        self.roles = {role: spec.build() for role, spec in roles.items()}
+
+    def execute_role(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Run role `role`'s registered `method` on this rank (its dispatch wrapper opens the arguments)."""
+        return getattr(self.roles[role], method)(*args, **kwargs)

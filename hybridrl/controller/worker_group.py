@@ -11,7 +11,6 @@ which an editor and a type checker can follow from the trainer's call to the wor
 
 from __future__ import annotations
 
-import copy
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -24,11 +23,10 @@ from hybridrl.controller.decorator import (
     Execute,
     MethodSpec,
     get_dispatch_mode,
-    register,
     registered_methods,
     resolve,
 )
-from hybridrl.controller.worker import Worker
+from hybridrl.controller.worker import HybridWorker, Worker
 from hybridrl.utils.device import DEVICE_ENV, ProcessMemory, device_env, resolve_device_type
 from hybridrl.utils.metric import ModelPass
 
@@ -49,57 +47,60 @@ class ClassWithInitArgs:
 
 
 class WorkerGroup:
-    """Base class: method binding, dispatch and collection. Subclasses start and address the ranks."""
+    """Base class: dispatch and collection. Subclasses start and address the ranks.
 
-    def __init__(self, worker_cls: type, world_size: int) -> None:
+    `roles` names the role objects of a `HybridWorker` group and their classes; a group of any other
+    worker class has none, and its methods are called with `call`.
+    """
+
+    def __init__(self, worker_cls: type, world_size: int, roles: Mapping[str, type] | None = None) -> None:
         self.worker_cls = worker_cls
         self.world_size = world_size
-        self.method_names: list[str] = []
-        self._methods: dict[str, tuple[str, MethodSpec]] = {}  # name on this group -> (name on the ranks, spec)
-        self._bind_methods(registered_methods(worker_cls))
+        self.roles = dict(roles or {})
 
     # ----- backend hooks -------------------------------------------------------------------------------
-    def _submit(self, rank: int, method_name: str, args: tuple, kwargs: dict) -> Any:
-        """Start `method_name` on `rank`; return a future (Ray) or the value (local)."""
+    def _submit(self, rank: int, role: str | None, method_name: str, args: tuple, kwargs: dict) -> Any:
+        """Start `method_name` (of role `role`, or of the worker itself) on `rank`; return a future (Ray)
+        or the value (local)."""
         raise NotImplementedError
 
     def shutdown(self) -> None:
         """Stop the ranks and release what starting them took."""
         raise NotImplementedError
 
-    # ----- binding -------------------------------------------------------------------------------------
-    def _bind_methods(self, methods: Mapping[str, MethodSpec], prefix: str = "") -> None:
-        for remote_name, spec in methods.items():
-            if not remote_name.startswith(prefix):
-                continue
-            name = remote_name[len(prefix):]
-            self._methods[name] = (remote_name, spec)
-            self.method_names.append(name)
-
-    def method_specs(self) -> dict[str, MethodSpec]:
-        """The registered methods this group can call, by their name on the group."""
-        return {name: spec for name, (_, spec) in self._methods.items()}
+    # ----- calls ---------------------------------------------------------------------------------------
+    def method_specs(self, role: str | None = None) -> dict[str, MethodSpec]:
+        """The registered methods of the worker class (or of role `role`'s class), by name."""
+        if role is None:
+            return registered_methods(self.worker_cls)
+        if role not in self.roles:
+            raise KeyError(f"this group of {self.worker_cls.__name__} has no role {role!r}; it has {sorted(self.roles)}")
+        return registered_methods(self.roles[role])
 
     def call(self, method: str | Callable, /, *args: Any, **kwargs: Any) -> Any:
-        """Dispatch, execute and collect one registered method.
+        """Dispatch, execute and collect one registered method of the worker class.
 
-        `method` is the worker class's method itself (`CriticWorker.compute_values`, which a reader can
-        jump to) or its name; on a role view made by `spawn` it is the role's method, without the prefix.
+        `method` is the worker class's method itself (`SFTWorker.train_batch`, which a reader can jump
+        to) or its name.
         """
+        return self.call_role(None, method, *args, **kwargs)
+
+    def call_role(self, role: str | None, method: str | Callable, /, *args: Any, **kwargs: Any) -> Any:
+        """As `call`, for a registered method of role `role` of a `HybridWorker` group (None: the worker's own)."""
         name = method if isinstance(method, str) else method.__name__
-        if name not in self._methods:
-            raise AttributeError(
-                f"{self.worker_cls.__name__} has no registered method {name!r} on this group; "
-                f"it has {sorted(self._methods)}"
-            )
-        remote_name, spec = self._methods[name]
+        specs = self.method_specs(role)
+        if name not in specs:
+            owner = self.worker_cls.__name__ if role is None else f"role {role!r} ({self.roles[role].__name__})"
+            raise AttributeError(f"{owner} has no registered method {name!r}; it has {sorted(specs)}")
+        spec = specs[name]
         mode = get_dispatch_mode(spec.dispatch_mode)
         per_rank_args, per_rank_kwargs = mode.dispatch_fn(self, *args, **kwargs)
         ranks = [0] if spec.execute_mode is Execute.RANK_ZERO else range(self.world_size)
         futures = [
             self._submit(
                 rank,
-                remote_name,
+                role,
+                name,
                 tuple(a[rank] for a in per_rank_args),
                 {k: v[rank] for k, v in per_rank_kwargs.items()},
             )
@@ -114,50 +115,17 @@ class WorkerGroup:
             return outputs[0]
         return mode.collect_fn(self, outputs)
 
-    # ----- colocation ----------------------------------------------------------------------------------
-    def spawn(self, prefix_set) -> dict[str, WorkerGroup]:
-        """One group per role of a colocated worker class: same processes, methods without the prefix."""
-        views = {}
-        for role in prefix_set:
-            view = copy.copy(self)
-            view.method_names, view._methods = [], {}
-            view._bind_methods(registered_methods(self.worker_cls), prefix=f"{role}_")
-            if not view.method_names:
-                raise ValueError(f"role {role!r} has no registered methods in {self.worker_cls.__name__}")
-            views[role] = view
-        return views
+
+def hybrid_worker(roles: Mapping[str, ClassWithInitArgs]) -> ClassWithInitArgs:
+    """The `HybridWorker` holding `roles` (role name -> worker class and arguments), to start as one group."""
+    return ClassWithInitArgs(HybridWorker, roles=dict(roles))
 
 
-def create_colocated_worker_cls(class_dict: Mapping[str, ClassWithInitArgs]) -> ClassWithInitArgs:
-    """Fuse several roles into one worker class so they share a process per rank.
-
-    The fused worker builds each role's worker inside its own process and exposes every registered
-    method `m` of role `r` as `r_m`; `WorkerGroup.spawn(prefix_set=roles)` gives back one group per role.
-    """
-    roles = dict(class_dict)
-    namespace: dict[str, Any] = {}
-    for role, cls_with_init in roles.items():
-        for name, spec in registered_methods(cls_with_init.cls).items():
-            namespace[f"{role}_{name}"] = _role_forwarder(role, name, spec)
-
-    def __init__(self) -> None:  # noqa: N807 - a method body for the generated class
-        Worker.__init__(self)
-        self.roles = {role: cwi.build() for role, cwi in roles.items()}
-
-    namespace["__init__"] = __init__
-    fused = type("Colocated_" + "_".join(roles), (Worker,), namespace)
-    return ClassWithInitArgs(fused)
-
-
-def _role_forwarder(role: str, name: str, spec: MethodSpec) -> Callable:
-    # The role's own registered method materialises shards and trims padding, so the forwarder only
-    # carries the spec for binding and passes the arguments through unopened.
-    @register(spec.dispatch_mode, spec.execute_mode, spec.blocking, materialize_futures=False)
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.roles[role], name)(*args, **kwargs)
-
-    forward.__name__ = f"{role}_{name}"
-    return forward
+def roles_of(cls_with_init: ClassWithInitArgs) -> dict[str, type]:
+    """The role classes of a `HybridWorker` to be started, by role; empty for any other worker class."""
+    if not issubclass(cls_with_init.cls, HybridWorker):
+        return {}
+    return {role: spec.cls for role, spec in cls_with_init.kwargs["roles"].items()}
 
 
 class TypedWorkerGroup:
@@ -171,7 +139,7 @@ class TypedWorkerGroup:
             worker_cls = CriticWorker
 
             def compute_values(self, data: DataProto) -> DataProto:
-                return self.group.call(CriticWorker.compute_values, data)
+                return self._call(CriticWorker.compute_values, data)
 
     The return type is what the dispatch mode collects: a DataProto for DP_COMPUTE_PROTO, a list with
     one entry per rank for ONE_TO_ALL; a handle returns None where every rank returns None.
@@ -179,19 +147,22 @@ class TypedWorkerGroup:
 
     worker_cls: ClassVar[type[Worker]]
 
-    def __init__(self, group: WorkerGroup) -> None:
-        have = group.method_specs()
+    def __init__(self, group: WorkerGroup, role: str | None = None) -> None:
+        have = group.method_specs(role)
         want = registered_methods(self.worker_cls)
         missing = sorted(set(want) - set(have))
         differ = sorted(name for name in set(want) & set(have)
                         if (want[name].dispatch_mode, want[name].execute_mode, want[name].blocking)
                         != (have[name].dispatch_mode, have[name].execute_mode, have[name].blocking))
         if missing or differ:
-            raise TypeError(
-                f"{type(self).__name__} drives {self.worker_cls.__name__}, but this group (of "
-                f"{group.worker_cls.__name__}) lacks {missing} and registers {differ} differently"
-            )
-        self.group = group
+            of = group.worker_cls.__name__ if role is None else f"role {role!r} of {group.worker_cls.__name__}"
+            raise TypeError(f"{type(self).__name__} drives {self.worker_cls.__name__}, but this group ({of}) "
+                            f"lacks {missing} and registers {differ} differently")
+        self.group, self.role = group, role
+
+    def _call(self, method: Callable, /, *args: Any, **kwargs: Any) -> Any:
+        """Run one of the worker's registered methods on every rank (of this handle's role)."""
+        return self.group.call_role(self.role, method, *args, **kwargs)
 
     @property
     def world_size(self) -> int:
@@ -199,15 +170,15 @@ class TypedWorkerGroup:
 
     def process_info(self) -> list[dict]:
         """Each rank's pid, host, rank and thread count."""
-        return self.group.call(Worker.process_info)
+        return self._call(Worker.process_info)
 
     def process_memory(self) -> list[ProcessMemory]:
         """Each rank's process's peak memory."""
-        return self.group.call(Worker.process_memory)
+        return self._call(Worker.process_memory)
 
     def model_passes(self) -> list[dict[str, ModelPass]]:
         """Each rank's model passes, by name, for MFU (the role's worker class says which it runs)."""
-        return self.group.call(Worker.model_passes)
+        return self._call(Worker.model_passes)
 
 
 DIST_ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -245,8 +216,7 @@ def restore_env(saved: dict[str, str | None]) -> None:
 
 
 class _Release:
-    """What shutting the group down must undo; one object shared by the group and its role views
-    (`spawn` copies the group), so whichever shuts down first undoes it, and only once."""
+    """What shutting the group down must undo, once, however often `shutdown` is called."""
 
     def __init__(self) -> None:
         self.saved_env: dict[str, str | None] | None = {key: os.environ.get(key)
@@ -280,10 +250,12 @@ class LocalWorkerGroup(WorkerGroup):
         except BaseException:
             self._release()
             raise
-        super().__init__(cls_with_init.cls, world_size=1)
+        super().__init__(cls_with_init.cls, world_size=1, roles=roles_of(cls_with_init))
 
-    def _submit(self, rank: int, method_name: str, args: tuple, kwargs: dict) -> Any:
-        return getattr(self.worker, method_name)(*args, **kwargs)
+    def _submit(self, rank: int, role: str | None, method_name: str, args: tuple, kwargs: dict) -> Any:
+        if role is None:
+            return getattr(self.worker, method_name)(*args, **kwargs)
+        return self.worker.execute_role(role, method_name, *args, **kwargs)
 
     def shutdown(self) -> None:
         """Drop the rank, close the process group it opened and restore the distributed env variables."""

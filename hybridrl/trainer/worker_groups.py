@@ -1,10 +1,11 @@
 """The trainer's worker groups: which roles a run needs, where they live, and a typed handle per role.
 
 All roles of a run share one pool of processes (`trainer.nnodes x trainer.n_gpus_per_node`): the actor,
-rollout and reference policy are one worker; the critic and reward model, when present, are colocated
-in the same processes through a fused worker class. The backend (Ray or local) is one setting.
+rollout and reference policy are one role object; the critic and reward model, when present, are role
+objects in the same processes, all held by one `HybridWorker` per rank. The backend (Ray or local) is
+one setting.
 
-Each role's group is wrapped in its typed handle: one class per role, one method per worker method.
+Each role is driven through its typed handle: one class per role, one method per worker method.
 `groups.actor_rollout.generate_sequences(batch)` in the trainer lands on
 `ActorRolloutRefGroup.generate_sequences`, which names `ActorRolloutRefWorker.generate_sequences`, the
 code each rank runs on its share of the batch. Each method has its worker method's parameters; what it
@@ -23,8 +24,8 @@ from hybridrl.controller import (
     ClassWithInitArgs,
     TypedWorkerGroup,
     WorkerGroup,
-    create_colocated_worker_cls,
     create_worker_group,
+    hybrid_worker,
 )
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
@@ -41,32 +42,32 @@ class ActorRolloutRefGroup(TypedWorkerGroup):
     worker_cls = ActorRolloutRefWorker
 
     def init_model(self) -> None:
-        self.group.call(ActorRolloutRefWorker.init_model)
+        self._call(ActorRolloutRefWorker.init_model)
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """`rollout.n` responses per prompt, rows grouped by prompt (layout: hybridrl/workers/rollout/base.py)."""
-        return self.group.call(ActorRolloutRefWorker.generate_sequences, prompts)
+        return self._call(ActorRolloutRefWorker.generate_sequences, prompts)
 
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """`old_log_probs` and `entropys` under the current actor."""
-        return self.group.call(ActorRolloutRefWorker.compute_log_prob, data)
+        return self._call(ActorRolloutRefWorker.compute_log_prob, data)
 
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """`ref_log_prob` under the reference policy."""
-        return self.group.call(ActorRolloutRefWorker.compute_ref_log_prob, data)
+        return self._call(ActorRolloutRefWorker.compute_ref_log_prob, data)
 
     def update_actor(self, data: DataProto) -> DataProto:
         """One policy update on the batch; the metrics come back in `meta_info["metrics"]`."""
-        return self.group.call(ActorRolloutRefWorker.update_actor, data)
+        return self._call(ActorRolloutRefWorker.update_actor, data)
 
     def save_checkpoint(self, local_path: str, hdfs_path: str | None = None, global_step: int = 0,
                         max_ckpt_to_keep: int | None = None) -> None:
-        self.group.call(ActorRolloutRefWorker.save_checkpoint, local_path, hdfs_path, global_step,
+        self._call(ActorRolloutRefWorker.save_checkpoint, local_path, hdfs_path, global_step,
                         max_ckpt_to_keep)
 
     def load_checkpoint(self, local_path: str, hdfs_path: str | None = None,
                         del_local_after_load: bool = False) -> None:
-        self.group.call(ActorRolloutRefWorker.load_checkpoint, local_path, hdfs_path, del_local_after_load)
+        self._call(ActorRolloutRefWorker.load_checkpoint, local_path, hdfs_path, del_local_after_load)
 
 
 class CriticGroup(TypedWorkerGroup):
@@ -75,23 +76,23 @@ class CriticGroup(TypedWorkerGroup):
     worker_cls = CriticWorker
 
     def init_model(self) -> None:
-        self.group.call(CriticWorker.init_model)
+        self._call(CriticWorker.init_model)
 
     def compute_values(self, data: DataProto) -> DataProto:
         """`values` of every response token."""
-        return self.group.call(CriticWorker.compute_values, data)
+        return self._call(CriticWorker.compute_values, data)
 
     def update_critic(self, data: DataProto) -> DataProto:
         """One value update on the batch; the metrics come back in `meta_info["metrics"]`."""
-        return self.group.call(CriticWorker.update_critic, data)
+        return self._call(CriticWorker.update_critic, data)
 
     def save_checkpoint(self, local_path: str, hdfs_path: str | None = None, global_step: int = 0,
                         max_ckpt_to_keep: int | None = None) -> None:
-        self.group.call(CriticWorker.save_checkpoint, local_path, hdfs_path, global_step, max_ckpt_to_keep)
+        self._call(CriticWorker.save_checkpoint, local_path, hdfs_path, global_step, max_ckpt_to_keep)
 
     def load_checkpoint(self, local_path: str, hdfs_path: str | None = None,
                         del_local_after_load: bool = False) -> None:
-        self.group.call(CriticWorker.load_checkpoint, local_path, hdfs_path, del_local_after_load)
+        self._call(CriticWorker.load_checkpoint, local_path, hdfs_path, del_local_after_load)
 
 
 class RewardModelGroup(TypedWorkerGroup):
@@ -100,11 +101,11 @@ class RewardModelGroup(TypedWorkerGroup):
     worker_cls = RewardModelWorker
 
     def init_model(self) -> None:
-        self.group.call(RewardModelWorker.init_model)
+        self._call(RewardModelWorker.init_model)
 
     def compute_rm_score(self, data: DataProto) -> DataProto:
         """`rm_scores`: each sequence's score on its last valid response token."""
-        return self.group.call(RewardModelWorker.compute_rm_score, data)
+        return self._call(RewardModelWorker.compute_rm_score, data)
 
 
 class SFTGroup(TypedWorkerGroup):
@@ -113,21 +114,21 @@ class SFTGroup(TypedWorkerGroup):
     worker_cls = SFTWorker
 
     def init_model(self, total_training_steps: int) -> list[dict[str, int]]:
-        return self.group.call(SFTWorker.init_model, total_training_steps)
+        return self._call(SFTWorker.init_model, total_training_steps)
 
     def train_batch(self, data: DataProto) -> list[dict[str, float]]:
         """One optimizer step over the global batch; every rank returns the same all-reduced metrics."""
-        return self.group.call(SFTWorker.train_batch, data)
+        return self._call(SFTWorker.train_batch, data)
 
     def eval_batch(self, data: DataProto) -> DataProto:
-        return self.group.call(SFTWorker.eval_batch, data)
+        return self._call(SFTWorker.eval_batch, data)
 
     def save_checkpoint(self, local_path: str, global_step: int, max_ckpt_to_keep: int | None = None,
                         hf_model: bool = False) -> list[str]:
-        return self.group.call(SFTWorker.save_checkpoint, local_path, global_step, max_ckpt_to_keep, hf_model)
+        return self._call(SFTWorker.save_checkpoint, local_path, global_step, max_ckpt_to_keep, hf_model)
 
     def load_checkpoint(self, local_path: str) -> list[dict[str, Any]]:
-        return self.group.call(SFTWorker.load_checkpoint, local_path)
+        return self._call(SFTWorker.load_checkpoint, local_path)
 
 
 class Role(str, Enum):
@@ -171,7 +172,7 @@ class WorkerGroups:
     uses_reference: bool
     world_size: int
     resource_pool: Any = None
-    processes: WorkerGroup | None = None  # the group all roles' views share: what `shutdown` stops
+    processes: WorkerGroup | None = None  # the HybridWorker group every role's handle drives: what `shutdown` stops
 
     @classmethod
     def create(cls, config: PPOTrainerConfig) -> WorkerGroups:
@@ -189,21 +190,19 @@ class WorkerGroups:
                                    use_gpu=config.trainer.device == "cuda", name_prefix="global_pool",
                                    cpus_per_process=config.ray_init.cpus_per_worker)
         try:
-            processes = create_worker_group(backend, create_colocated_worker_cls(classes), pool,
-                                            device=config.trainer.device)
+            processes = create_worker_group(backend, hybrid_worker(classes), pool, device=config.trainer.device)
         except BaseException:
             if pool is not None:
                 pool.remove()
             raise
-        views = processes.spawn(prefix_set=list(classes))
-        actor_name = next(iter(classes))
-        critic, reward_model = views.get(Role.Critic.value), views.get(Role.RewardModel.value)
+        actor_role_name = next(iter(classes))
+        critic, reward_model = Role.Critic.value in classes, Role.RewardModel.value in classes
         created = cls(
-            actor_rollout=ActorRolloutRefGroup(views[actor_name]),
-            critic=CriticGroup(critic) if critic is not None else None,
-            reward_model=RewardModelGroup(reward_model) if reward_model is not None else None,
-            uses_reference=actor_name == Role.ActorRolloutRef.value,
-            world_size=views[actor_name].world_size,
+            actor_rollout=ActorRolloutRefGroup(processes, actor_role_name),
+            critic=CriticGroup(processes, Role.Critic.value) if critic else None,
+            reward_model=RewardModelGroup(processes, Role.RewardModel.value) if reward_model else None,
+            uses_reference=actor_role_name == Role.ActorRolloutRef.value,
+            world_size=processes.world_size,
             resource_pool=pool,
             processes=processes,
         )

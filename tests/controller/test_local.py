@@ -9,13 +9,13 @@ from group_checks import (
     check_k_outputs_per_row_with_padding,
     check_other_dispatch_modes,
 )
-from workers_for_tests import ScaleWorker
+from workers_for_tests import ScaleRole, ScaleWorker
 
 from hybridrl.controller import (
     ClassWithInitArgs,
     LocalWorkerGroup,
-    create_colocated_worker_cls,
     create_worker_group,
+    hybrid_worker,
 )
 
 
@@ -30,14 +30,16 @@ def test_local_group_matches_the_ray_behaviour(local_env, monkeypatch):
     assert wg.call("process_info")[0]["pid"] == os.getpid()
 
 
-def test_local_colocated_roles(local_env):
-    fused = create_colocated_worker_cls({
+def test_local_hybrid_worker_roles(local_env):
+    group = LocalWorkerGroup(hybrid_worker({
         "actor": ClassWithInitArgs(ScaleWorker, scale=2.0),
         "critic": ClassWithInitArgs(ScaleWorker, scale=3.0),
-    })
-    groups = LocalWorkerGroup(fused).spawn(prefix_set=["actor", "critic"])
-    check_dp_compute_proto_keeps_order(groups["actor"], scale=2.0)
-    check_dp_compute_proto_keeps_order(groups["critic"], scale=3.0)
+    }))
+    assert group.roles == {"actor": ScaleWorker, "critic": ScaleWorker}
+    check_dp_compute_proto_keeps_order(ScaleRole(group, "actor"), scale=2.0)
+    check_dp_compute_proto_keeps_order(ScaleRole(group, "critic"), scale=3.0)
+    with pytest.raises(KeyError, match=r"no role 'reward'.*\['actor', 'critic'\]"):
+        group.call_role("reward", ScaleWorker.scale_rows)
 
 
 def test_unknown_backend_names_the_setting():
@@ -59,15 +61,14 @@ def test_shutdown_closes_the_process_group_and_restores_the_env(local_env, monke
     for key in DIST_ENV_KEYS:
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("MASTER_ADDR", "localhost")  # a value the user had set: kept, and put back as it was
-    fused = create_colocated_worker_cls({"actor": ClassWithInitArgs(ScaleWorker, scale=2.0),
-                                         "critic": ClassWithInitArgs(ScaleWorker, scale=3.0)})
-    roles = LocalWorkerGroup(fused).spawn(prefix_set=["actor", "critic"])
+    group = LocalWorkerGroup(hybrid_worker({"actor": ClassWithInitArgs(ScaleWorker, scale=2.0),
+                                            "critic": ClassWithInitArgs(ScaleWorker, scale=3.0)}))
     assert dist.is_initialized() and os.environ["RANK"] == "0"
-    roles["actor"].shutdown()
+    group.shutdown()
     assert not dist.is_initialized()
     assert {k: os.environ.get(k) for k in DIST_ENV_KEYS} == {**dict.fromkeys(DIST_ENV_KEYS), "MASTER_ADDR": "localhost"}
     os.environ["RANK"] = "5"  # whatever happens next in the process ...
-    roles["critic"].shutdown()  # ... a second shutdown (another view of the same group) leaves alone
+    group.shutdown()  # ... a second shutdown leaves alone
     assert os.environ.pop("RANK") == "5"
 
     # a second group in the same process starts afresh; one whose worker fails to build cleans up too

@@ -12,9 +12,9 @@ from group_checks import (
     check_other_dispatch_modes,
 )
 from ray.experimental.internal_kv import _internal_kv_get
-from workers_for_tests import FailsOnRankZero, ScaleWorker
+from workers_for_tests import FailsOnRankZero, ScaleRole, ScaleWorker
 
-from hybridrl.controller import create_colocated_worker_cls
+from hybridrl.controller import hybrid_worker
 from hybridrl.controller.ray import (
     RayClassWithInitArgs,
     RayResourcePool,
@@ -76,17 +76,16 @@ def test_futures_chain_without_the_driver(group, monkeypatch):
 
 def test_colocated_roles_share_processes(pool, group):
     group.shutdown()  # free the pool's bundles for the fused group
-    fused = create_colocated_worker_cls({
+    wg = RayWorkerGroup(pool, hybrid_worker({
         "actor": RayClassWithInitArgs(ScaleWorker, scale=2.0),
         "critic": RayClassWithInitArgs(ScaleWorker, scale=3.0),
-    })
-    wg = RayWorkerGroup(pool, fused)
-    roles = wg.spawn(prefix_set=["actor", "critic"])
-    actor_pids = [i["pid"] for i in roles["actor"].call("process_info")]
-    critic_pids = [i["pid"] for i in roles["critic"].call("process_info")]
+    }))
+    actor, critic = ScaleRole(wg, "actor"), ScaleRole(wg, "critic")
+    actor_pids = [i["pid"] for i in actor.process_info()]
+    critic_pids = [i["pid"] for i in critic.process_info()]
     assert actor_pids == critic_pids and len(set(actor_pids)) == 2
-    check_dp_compute_proto_keeps_order(roles["actor"], scale=2.0)
-    check_dp_compute_proto_keeps_order(roles["critic"], scale=3.0)
+    check_dp_compute_proto_keeps_order(actor, scale=2.0)
+    check_dp_compute_proto_keeps_order(critic, scale=3.0)
     wg.shutdown()
 
 

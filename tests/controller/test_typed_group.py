@@ -10,7 +10,7 @@ from hybridrl.controller import (
     LocalWorkerGroup,
     TypedWorkerGroup,
     Worker,
-    create_colocated_worker_cls,
+    hybrid_worker,
     register,
 )
 from hybridrl.protocol import DataProto
@@ -20,13 +20,13 @@ class ScaleGroup(TypedWorkerGroup):
     worker_cls = ScaleWorker
 
     def scale_rows(self, data: DataProto) -> DataProto:
-        return self.group.call(ScaleWorker.scale_rows, data)
+        return self._call(ScaleWorker.scale_rows, data)
 
     def sample(self, data: DataProto, n: int) -> DataProto:
-        return self.group.call(ScaleWorker.sample, data, n)
+        return self._call(ScaleWorker.sample, data, n)
 
     def tag_with_rank(self, value: list[str]) -> list[str]:
-        return self.group.call(ScaleWorker.tag_with_rank, value)
+        return self._call(ScaleWorker.tag_with_rank, value)
 
 
 class EchoWorker(Worker):
@@ -49,11 +49,10 @@ def test_typed_handle_runs_the_worker_methods(local_env):
     assert handle.process_info()[0]["rank"] == 0 and handle.model_passes() == [{}]
 
 
-def test_typed_handle_on_a_colocated_role(local_env):
-    fused = create_colocated_worker_cls({"actor": ClassWithInitArgs(ScaleWorker, scale=2.0),
-                                         "critic": ClassWithInitArgs(ScaleWorker, scale=3.0)})
-    views = LocalWorkerGroup(fused).spawn(prefix_set=["actor", "critic"])
-    actor, critic = ScaleGroup(views["actor"]), ScaleGroup(views["critic"])
+def test_typed_handle_on_a_hybrid_worker_role(local_env):
+    group = LocalWorkerGroup(hybrid_worker({"actor": ClassWithInitArgs(ScaleWorker, scale=2.0),
+                                            "critic": ClassWithInitArgs(ScaleWorker, scale=3.0)}))
+    actor, critic = ScaleGroup(group, "actor"), ScaleGroup(group, "critic")
     torch.testing.assert_close(actor.scale_rows(rows(2)).batch["y"], torch.tensor([0.0, 2.0]))
     torch.testing.assert_close(critic.scale_rows(rows(2)).batch["y"], torch.tensor([0.0, 3.0]))
 

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from hybridrl.controller import Dispatch, Execute, Worker, register
+from hybridrl.controller import Dispatch, Execute, TypedWorkerGroup, Worker, register
 from hybridrl.protocol import DataProto
 
 
@@ -87,3 +87,12 @@ class FailsOnRankZero(ScaleWorker):
         if os.environ["RANK"] == "0":
             raise RuntimeError("no such model")
         super().__init__(scale=1.0)
+
+
+class ScaleRole(TypedWorkerGroup):
+    """A handle on a ScaleWorker role of a HybridWorker group: what the group checks drive per role."""
+
+    worker_cls = ScaleWorker
+
+    def call(self, method, /, *args, **kwargs):
+        return self._call(method, *args, **kwargs)

@@ -44,10 +44,10 @@ def unqualified(annotation: str) -> str:
 
 
 def call_target(fn) -> tuple[str, str]:
-    """(class name, method name) of the worker method that `self.group.call(...)` in `fn` names."""
+    """(class name, method name) of the worker method that `self._call(...)` in `fn` names."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
     calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)
-             and isinstance(node.func, ast.Attribute) and node.func.attr == "call"]
+             and isinstance(node.func, ast.Attribute) and node.func.attr == "_call"]
     assert len(calls) == 1, f"{fn.__qualname__} should make exactly one group call"
     target = calls[0].args[0]
     assert isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name), ast.dump(target)
