@@ -62,6 +62,7 @@ def _logits(model_dir: Path, auto_cls=AutoModelForCausalLM) -> tuple[torch.nn.Mo
         return model, model(input_ids=FIXED_INPUT).logits
 
 
+@pytest.mark.slow
 def test_cli_writes_a_hf_dir_with_the_trained_logits(saved, tiny_model_dir, tmp_path):
     target = tmp_path / "merged"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}

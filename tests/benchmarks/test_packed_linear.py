@@ -15,6 +15,8 @@ import packed_linear  # noqa: E402
 
 from hybridrl.models.onednn_linear import packing_supported  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.skipif(not packing_supported(torch.zeros(2, 2, dtype=torch.bfloat16)),
                     reason="no packed oneDNN bf16 linear here (x86-64 CPUs with oneDNN and bf16 kernels)")

@@ -6,9 +6,13 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import profile_step  # noqa: E402
+
+pytestmark = pytest.mark.slow
 
 
 def test_the_last_step_is_recorded_and_reported(tmp_path, monkeypatch):

@@ -81,6 +81,7 @@ def alive(pid: int) -> bool:
     return state != "Z"  # a zombie has exited and only waits for its parent to collect it
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from Linux /proc")
 def test_sigterm_to_the_driver_shuts_down_the_ray_it_started():

@@ -24,7 +24,7 @@ from hybridrl.controller.ray import (
 )
 from hybridrl.controller.worker import RENDEZVOUS_KEY_ENV
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ to report the 2 devices the actor would see.
 import pytest
 import ray
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 @ray.remote(num_gpus=1, num_cpus=0)

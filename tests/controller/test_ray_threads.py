@@ -7,7 +7,7 @@ from workers_for_tests import ScaleWorker
 
 from hybridrl.controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, init_ray
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 def test_a_rank_with_two_cpus_uses_two_threads():

@@ -30,6 +30,7 @@ def compose_generation(overrides: list[str]):
         return compose("generation", overrides=overrides)
 
 
+@pytest.mark.slow
 def test_cli_writes_n_responses_per_row(arithmetic_parquet, tiny_model_dir, tmp_path):
     output = tmp_path / "gen" / "out.parquet"
     subprocess.run(

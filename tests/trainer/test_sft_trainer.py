@@ -138,6 +138,7 @@ def test_a_local_run_on_the_gpu_starts_from_the_cpu_runs_loss_and_learns(local_r
     assert gpu[4]["train/loss"] < gpu[1]["train/loss"] and gpu[4]["val/loss"] < gpu[2]["val/loss"]
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 def test_two_ray_ranks_match_one_local_rank(local_run, sft_data, tiny_model_dir, tmp_path):
     import ray

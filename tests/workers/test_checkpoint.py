@@ -149,6 +149,7 @@ def runs(tiny_model_dir, tmp_path_factory):
     return {"root": root, "a": a, "b": b, "c": c, "listing_after_a": listing_after_a}
 
 
+@pytest.mark.slow
 def test_resume_matches_the_uninterrupted_run_bit_for_bit(runs):
     a, b = runs["a"], runs["b"]
     assert b[0]["path"] == str(runs["root"] / "global_step_1")

@@ -69,6 +69,7 @@ def ray_groups(tiny_model_dir):
     ray.shutdown()
 
 
+@pytest.mark.slow
 def test_two_ray_ranks_match_one_rank_after_an_update(ray_groups, tiny_model_dir):
     expected = run_on_ranks(_single_rank_reference, 1, str(tiny_model_dir))[0]
     got = _train_step(*ray_groups, rollout_batch(rows=8))
