@@ -1,9 +1,5 @@
-"""Reading algorithm settings from a verl-style `config` object as well as from plain keywords.
-
-hybridrl's algorithms take their settings as plain keywords (`gamma=0.99`, `clip_ratio=0.2`); verl's
-take a config object (`config=AlgoConfig(...)`, `config=ActorConfig(...)`). Both are accepted. When a
-setting arrives both ways with different values the call raises: quietly preferring one of them would
-train with a value the caller did not mean.
+"""Algorithm settings from plain keywords (`clip_ratio=0.2`) or a verl-style `config` object; a setting
+given both ways with different values raises rather than train with one the caller did not mean.
 """
 
 from __future__ import annotations
@@ -61,11 +57,8 @@ def optional_config_value(config: Any, name: str, explicit: Any, owner: str) -> 
 
 
 def policy_loss_settings(config: Any) -> dict[str, Any]:
-    """The keyword settings of every registered policy loss, read from an actor config.
-
-    Works for hybridrl's `ActorConfig`, verl's, and OmegaConf nodes of either. A verl config may also
-    carry `global_batch_info` (the mini-batch totals its workers fill in); it is passed on when present.
-    """
+    """The policy losses' keyword settings from an actor config (hybridrl's, verl's, or OmegaConf), with
+    verl's `global_batch_info` (the mini-batch totals) when present."""
     settings = {}
     for name in ACTOR_LOSS_FIELDS:
         value = _lookup(config, name)
