@@ -34,19 +34,14 @@ def check_config_object(config: Any, owner: str) -> None:
 
 def config_value(config: Any, name: str, explicit: Any, owner: str) -> Any:
     """The setting `name`: the explicit keyword if given, else `config.<name>`; raises if neither has it."""
-    check_config_object(config, owner)
-    from_config = _MISSING if config is None else _lookup(config, name)
-    if explicit is not None and from_config not in (_MISSING, None) and from_config != explicit:
-        raise ValueError(f"{owner}: {name}={explicit!r} was passed but config.{name} is {from_config!r}")
-    if explicit is not None:
-        return explicit
-    if from_config in (_MISSING, None):
+    value = optional_config_value(config, name, explicit, owner)
+    if value is None:
         raise ValueError(f"{owner} needs `{name}`: pass {name}=... or a config with a `{name}` field")
-    return from_config
+    return value
 
 
 def optional_config_value(config: Any, name: str, explicit: Any, owner: str) -> Any:
-    """As `config_value`, but a setting found in neither place is None instead of an error."""
+    """As `config_value`, but a setting found in neither place is None."""
     check_config_object(config, owner)
     from_config = None if config is None else _lookup(config, name)
     if from_config is _MISSING:

@@ -1,19 +1,8 @@
 """Policy losses beyond PPO's clipped ratio, under verl's names and hybridrl/algos/policy_loss.py's contract.
 
-With rho_t = pi(y_t) / pi_old(y_t), sg[.] a stop-gradient, eps_low / eps_high the clip_ratio_low / _high:
-
-    importance_sampling  -rho_t A_t                                  (no clip)
-    up                   -A_t pi(y_t) / sg[pi(y_t)] where A_t > 0 (REINFORCE, no anchor, no clip); PPO's
-                         clipped, dual-clipped loss elsewhere
-    cispo                -sg[clip(rho_t, 1 - eps_low, 1 + eps_high)] A_t log pi(y_t)
-    sapo                 -(4 / tau) sigmoid(tau (rho_t - 1)) A_t,      tau = tau_pos if A_t > 0 else tau_neg
-    dppo_tv / dppo_kl    -sg[min(rho_t, c)] A_t log pi(y_t) on tokens whose probability moved less than
-                         a divergence bound (total variation / binary KL), 0 elsewhere
-    geo_mean (GMPO)      -A_i exp(mean_t clip_sign(log rho_t)): one geometric-mean ratio per sequence
-    topr                 -sg[w_i] A_t log pi(y_t), w_i = 1 for a sequence with A_i >= 0, else the sequence
-                         ratio clipped to [lower, upper]
-
-At rho = 1 each one's per-token gradient is REINFORCE's, -A grad log pi, up to its aggregation.
+importance_sampling, up, cispo, sapo, dppo_tv, dppo_kl, geo_mean and topr, each with its formula and paper.
+Notation: rho_t = pi(y_t) / pi_old(y_t), sg[.] a stop-gradient, eps_low / eps_high the clip_ratio_low /
+_high. At rho = 1 each one's per-token gradient is REINFORCE's, -A grad log pi, up to its aggregation.
 """
 
 from __future__ import annotations
