@@ -27,7 +27,7 @@ Metrics = dict[str, torch.Tensor]
 
 def _bounds(name: str, clip_ratio: float, clip_ratio_low: float | None,
             clip_ratio_high: float | None) -> tuple[float, float]:
-    """(low, high) from the clip settings; both >= 0 (unlike `_clip_bounds`, low may reach 1)."""
+    """(low, high) from the clip settings; both >= 0 (unlike `_clip_bounds`, no upper limit on low)."""
     low = clip_ratio if clip_ratio_low is None else clip_ratio_low
     high = clip_ratio if clip_ratio_high is None else clip_ratio_high
     if low < 0 or high < 0:
