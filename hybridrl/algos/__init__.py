@@ -1,7 +1,5 @@
-"""RL algorithms as pure tensor functions, under verl's `core_algos` names.
-
-`from verl.trainer.ppo import core_algos` translates to `from hybridrl import algos as core_algos`.
-Estimators, policy losses, KL estimators and loss-aggregation modes are looked up by name in
+"""RL algorithms as pure tensor functions under verl's `core_algos` names (`from hybridrl import algos as
+core_algos`). Estimators, policy losses, KL estimators and aggregation modes are looked up by name in
 registries that user code can add to (`register_adv_est`, `register_policy_loss`, ...).
 """
 

@@ -1,21 +1,11 @@
-"""The advantage-estimator registry and the one uniform way to call an estimator.
+"""The advantage-estimator registry and `compute_advantage`, the one uniform way to call an estimator.
 
-An estimator is a pure function returning `(advantages, returns)`, both (batch, response_len). Its
-signature *is* its declaration of inputs: the parameters without defaults are inputs the caller must
-supply (`values` for GAE, `index` for group baselines, `reward_baselines` for ReMax, `gamma`...), the
-ones with defaults are optional settings. `compute_advantage(name, **everything_the_trainer_has)` reads
-that declaration and passes each estimator exactly what it takes, so the trainer never branches on an
-estimator's name (docs/architecture.md, "One PPO step"). A missing input is reported by name, with where it comes from.
-
-    @register_adv_est("my_est")
-    def my_est(token_level_rewards, response_mask, index, temperature=1.0): ...
-
-    spec = get_adv_estimator_spec("my_est")   # spec.required_inputs == ("index",)
-    adv, ret = compute_advantage("my_est", token_level_rewards=r, response_mask=m, index=uids, gamma=1.0)
-
-The registry maps names to the functions themselves, as verl's does, and registration accepts any
-function; whether it can serve as an estimator (takes token_level_rewards and response_mask, no
-*args) is checked when its spec is read, which the trainer does before any worker starts.
+An estimator returns `(advantages, returns)`, both (batch, response_len). Its signature declares its
+inputs: parameters without defaults are required (`values`, `index`, `reward_baselines`, `gamma`, ...),
+those with defaults are settings. `compute_advantage(name, **everything_the_trainer_has)` hands each
+estimator what it takes, so the trainer never branches on a name (docs/architecture.md, "One PPO step").
+The registry maps names to the functions, as verl's does; whether one can serve (takes
+token_level_rewards and response_mask, no *args) is checked when its spec is read, before workers start.
 """
 
 from __future__ import annotations
@@ -33,10 +23,9 @@ from hybridrl.utils.registry import Registry, UnknownNameError
 
 AdvEstimatorFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
-# Every estimator receives these two; they are not listed as "extra" inputs.
 BASE_INPUTS = ("token_level_rewards", "response_mask")
 
-# Where the trainer gets each well-known input; used to make "missing input" errors actionable.
+# where each input comes from, for "missing input" errors
 INPUT_SOURCES = {
     "values": "the critic's value estimates (batch key 'values'; configure a critic under critic.*)",
     "index": "the per-sample prompt uid array (non_tensor_batch['uid']), one entry per response",
@@ -71,13 +60,7 @@ class AdvantageEstimator(str, Enum):
 
 @dataclass(frozen=True)
 class AdvEstimatorSpec:
-    """What the registry stores for one estimator.
-
-    required_inputs: parameters without defaults, besides token_level_rewards / response_mask.
-    optional_inputs: parameters with defaults (settings such as epsilon, norm_adv_by_std_in_grpo).
-    needs_critic: whether the trainer must build a critic to provide `values`.
-    accepts_any_input: the function takes **kwargs, so it is handed every available input.
-    """
+    """One estimator's declared inputs (besides BASE_INPUTS); `accepts_any_input`: it takes **kwargs."""
 
     name: str
     fn: AdvEstimatorFn
@@ -92,18 +75,13 @@ class AdvEstimatorSpec:
 
 
 ADV_ESTIMATOR_REGISTRY: Registry[AdvEstimatorFn] = Registry("advantage estimator")
-# needs_critic given explicitly at registration, by name; otherwise it is read from the signature
+# needs_critic given at registration; otherwise read from the signature
 _NEEDS_CRITIC: dict[str, bool] = {}
 
 
 def _active_registry() -> MutableMapping[str, AdvEstimatorFn]:
-    """The registry in force: whatever `hybridrl.algos.ADV_ESTIMATOR_REGISTRY` holds now.
-
-    `hybridrl.algos` stands where verl's `core_algos` module does, and code written for verl may
-    rebind `core_algos.ADV_ESTIMATOR_REGISTRY` to a dict of its own (verl's registry tests do);
-    registration and lookup follow that binding, as they do in verl. While `hybridrl.algos` is still
-    being imported, this module's registry is the one.
-    """
+    """Whatever `hybridrl.algos.ADV_ESTIMATOR_REGISTRY` holds now: verl code may rebind
+    `core_algos.ADV_ESTIMATOR_REGISTRY` to its own dict (verl's registry tests do), as in verl."""
     package = sys.modules.get("hybridrl.algos")
     return getattr(package, "ADV_ESTIMATOR_REGISTRY", ADV_ESTIMATOR_REGISTRY)
 
@@ -135,11 +113,10 @@ def _spec_from_signature(name: str, fn: AdvEstimatorFn, needs_critic: bool | Non
 def register_adv_est(
     name_or_enum: str | AdvantageEstimator, *, needs_critic: bool | None = None, override: bool = False
 ) -> Callable[[AdvEstimatorFn], AdvEstimatorFn]:
-    """Decorator registering an advantage estimator under a name (verl's `register_adv_est`).
+    """Decorator registering an estimator (verl's `register_adv_est`); its parameters declare its inputs.
 
-    The function's parameters declare its inputs (see the module docstring). `needs_critic` defaults
-    to "takes a required `values` argument". Registering the same function under its name again does
-    nothing; another function under a taken name raises unless `override=True`.
+    `needs_critic` defaults to "takes a required `values`". Another function under a taken name raises
+    unless `override=True`; the same function again is a no-op.
     """
     name = _name_of(name_or_enum)
 
@@ -160,11 +137,7 @@ def register_adv_est(
 
 
 def get_adv_estimator_fn(name_or_enum: str | AdvantageEstimator) -> AdvEstimatorFn:
-    """The registered estimator function (verl's `get_adv_estimator_fn`).
-
-    An unknown name raises an error that is both a KeyError and a ValueError (verl raises ValueError),
-    worded as verl words it, followed by the registered names.
-    """
+    """The registered estimator (verl's name); an unknown name raises a KeyError that is also a ValueError."""
     name = _name_of(name_or_enum)
     registry = _active_registry()
     if name not in registry:
@@ -186,15 +159,8 @@ def compute_advantage(
     response_mask: torch.Tensor,
     **available_inputs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run any registered estimator, handing it the inputs its signature asks for.
-
-    `available_inputs` is everything the caller has (values, index, reward_baselines, gamma, lam,
-    norm_adv_by_std_in_grpo, ...); inputs an estimator does not take are ignored, and a None value
-    counts as absent (e.g. `values=None` when no critic was built).
-
-    Returns:
-        advantages, returns: (batch, response_len) each.
-    """
+    """Run a registered estimator on the `available_inputs` its signature asks for; returns (advantages,
+    returns), (batch, response_len) each. Inputs it does not take are ignored; None counts as absent."""
     spec = get_adv_estimator_spec(adv_estimator)
     given = {key: value for key, value in available_inputs.items() if value is not None}
     missing = [key for key in spec.required_inputs if key not in given]

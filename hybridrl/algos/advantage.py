@@ -1,15 +1,10 @@
-"""Advantage estimators, each registered by name (verl `core_algos` names and arguments).
+"""Advantage estimators, registered under verl's `core_algos` names and arguments, and PF-PPO's resampling.
 
-Every estimator takes `token_level_rewards` (batch, response_len) -- for outcome rewards the sequence
-score sits on the last valid token -- and `response_mask` (batch, response_len), and returns
-`(advantages, returns)` of the same shape, zero where the mask is zero. Outcome estimators group the
-responses of one prompt by `index` (one uid per response): `group_ids` turns the uids into integer
-ids and `group_mean_std` gives each group's size, mean and unbiased std with scatter-adds, so no
-estimator loops over the batch in Python. Group conventions follow verl: a group of one response gets
-baseline 0 (and std 1), so its advantage is its raw score and nothing is NaN.
-
-Call them directly by their verl names, or uniformly through `compute_advantage(name, ...)`. PF-PPO's
-batch resampling (`compute_pf_ppo_reweight_data`), which runs after the advantages, is here too.
+Each takes `token_level_rewards` (batch, response_len; an outcome score sits on the last valid token)
+and `response_mask`, and returns `(advantages, returns)` of that shape, zero where the mask is. Outcome
+estimators group a prompt's responses by `index` (one uid per response) with scatter-adds; as in verl,
+a group of one response gets baseline 0 and std 1, so its advantage is its raw score. An `epsilon` that
+an estimator does not use is accepted for verl's call sites.
 """
 
 from __future__ import annotations
@@ -30,11 +25,7 @@ PF_PPO_METHODS = ("pow", "max_min", "max_random")
 
 @torch.no_grad()
 def group_ids(index: np.ndarray | Sequence[Any] | torch.Tensor, batch_size: int) -> tuple[torch.Tensor, int]:
-    """Map each sample's prompt uid to a dense group id 0..n_groups-1 (in order of first appearance).
-
-    Returns:
-        gid: (batch,) int64 group id per sample; n_groups: number of distinct uids.
-    """
+    """(gid, n_groups): each sample's dense group id (batch,), in order of first appearance of its uid."""
     keys = (
         index.tolist()
         if isinstance(index, torch.Tensor)
@@ -60,11 +51,7 @@ def group_sum(values: torch.Tensor, gid: torch.Tensor, n_groups: int) -> torch.T
 def group_mean_std(
     scores: torch.Tensor, gid: torch.Tensor, n_groups: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-group size, mean and unbiased std of `scores` (batch,), each returned as (n_groups,).
-
-    A group of one response gets mean 0 and std 1 (verl's convention): its advantage is then its raw
-    score, since there is no peer to form a baseline from, and nothing divides by zero.
-    """
+    """Per-group size, mean and unbiased std of `scores` (batch,), each (n_groups,); a lone response: 0, 1."""
     gid = gid.to(scores.device)
     count = group_sum(torch.ones_like(scores), gid, n_groups)  # (n_groups,)
     mean = group_sum(scores, gid, n_groups) / count
@@ -95,9 +82,8 @@ def compute_gae_advantage_return(
     """Generalised Advantage Estimation (Schulman et al. 2016, https://arxiv.org/abs/1506.02438).
 
     delta_t = r_t + gamma * V_{t+1} - V_t,   A_t = delta_t + gamma * lam * A_{t+1},   R_t = A_t + V_t.
-    Masked positions inside a response (e.g. tool output in multi-turn) are skipped: the next valid
-    token's value and advantage are carried across them. Advantages are then whitened over all valid
-    tokens of the batch (as verl and TRL do); returns are not.
+    Masked positions inside a response (tool output) are skipped, carrying the next valid token's value
+    and advantage across them. Advantages are whitened over the batch's valid tokens; returns are not.
     """
     mask = _float_mask(response_mask, values)
     batch, length = token_level_rewards.shape
@@ -127,10 +113,8 @@ def compute_grpo_outcome_advantage(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO group-relative advantage (Shao et al. 2024, DeepSeekMath, https://arxiv.org/abs/2402.03300).
 
-    A_i = (s_i - mean_g(s)) / (std_g(s) + epsilon), with s_i = sum_t r_it and std the unbiased
-    (n-1) standard deviation of the prompt's group g, broadcast to every valid token.
-    `norm_adv_by_std_in_grpo=False` drops the division: Dr. GRPO (Liu et al. 2025,
-    https://arxiv.org/abs/2503.20783), which removes the bias toward too-easy / too-hard prompts.
+    A_i = (s_i - mean_g(s)) / (std_g(s) + epsilon), s_i = sum_t r_it, std unbiased over the prompt's group g.
+    `norm_adv_by_std_in_grpo=False` drops the division: Dr. GRPO (https://arxiv.org/abs/2503.20783).
     """
     scores = token_level_rewards.sum(dim=-1)  # (batch,)
     gid, n_groups = group_ids(index, scores.shape[0])
@@ -154,9 +138,8 @@ def compute_grpo_passk_outcome_advantage(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pass@k-style group advantage (https://arxiv.org/abs/2503.19595), as in verl.
 
-    Only the best response of each group is credited: A_best = r_max - r_second_max (divided by
-    std_g + epsilon when `norm_adv_by_std_in_grpo`); every other response gets 0. It needs at least
-    two responses per prompt, otherwise "second best" does not exist.
+    Only each group's best response is credited: A_best = r_max - r_second_max (divided by std_g + epsilon
+    when `norm_adv_by_std_in_grpo`), 0 for the others. Raises for a group of fewer than two responses.
     """
     scores = token_level_rewards.sum(dim=-1)  # (batch,)
     gid, n_groups = group_ids(index, scores.shape[0])
@@ -189,9 +172,7 @@ def compute_rloo_outcome_advantage(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE Leave-One-Out (Ahmadian et al. 2024, https://arxiv.org/abs/2402.14740).
 
-    A_i = s_i - (1/(n-1)) sum_{j != i} s_j = n/(n-1) * (s_i - mean_g(s)) for a group of n responses.
-    A lone response has no peers, so its baseline is 0 and A_i = s_i. `epsilon` is unused; it is
-    accepted so verl call sites work unchanged.
+    A_i = s_i - (1/(n-1)) sum_{j != i} s_j = n/(n-1) * (s_i - mean_g(s)); a lone response gets A_i = s_i.
     """
     scores = token_level_rewards.sum(dim=-1)  # (batch,)
     gid, n_groups = group_ids(index, scores.shape[0])
@@ -214,9 +195,8 @@ def compute_opo_outcome_advantage(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """On-Policy RL with Optimal reward baseline (Hao et al. 2025, https://arxiv.org/abs/2505.23585).
 
-    The baseline is the length-weighted group mean b_g = sum_j |y_j| s_j / sum_j |y_j|, the
-    variance-minimising baseline when the gradient norm grows with length; A_i = s_i - b_g.
-    A lone response gets baseline 0. `epsilon` is unused (kept for verl call sites).
+    A_i = s_i - b_g with the length-weighted group mean b_g = sum_j |y_j| s_j / sum_j |y_j|, the
+    variance-minimising baseline when the gradient norm grows with length; a lone response gets b = 0.
     """
     scores = token_level_rewards.sum(dim=-1)  # (batch,)
     lengths = response_mask.sum(dim=-1).to(scores.dtype)  # (batch,)
@@ -243,11 +223,8 @@ def compute_reinforce_plus_plus_outcome_advantage(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ (Hu 2025, https://arxiv.org/abs/2501.03262).
 
-    Discounted return-to-go over the response's valid tokens, G_t = r_t + gamma * G_next, where
-    G_next is the return of the next valid token: masked positions inside a response (tool output in
-    a multi-turn rollout) are skipped, neither discounted nor adding their reward, and hold 0. The
-    returns are then whitened over all valid tokens of the batch (global normalisation instead of a
-    critic): A_t = (G_t - mean(G)) / sqrt(var(G) + 1e-8).
+    G_t = r_t + gamma * G_next over the valid tokens (masked tool output is skipped and holds 0), then
+    whitened over the batch's valid tokens instead of a critic: A_t = (G_t - mean(G)) / sqrt(var(G) + 1e-8).
     `gamma` comes as a keyword or, as verl passes it, from `config.gamma`.
     """
     gamma = config_value(config, "gamma", gamma, "reinforce_plus_plus")
@@ -273,8 +250,7 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ with a group baseline (https://arxiv.org/abs/2501.03262).
 
-    Subtract the prompt group's mean score (0 for a lone response), broadcast to every valid token,
-    then whiten over all valid tokens of the batch. `epsilon` is unused (kept for verl call sites).
+    A = s_i - mean_g(s) (0 baseline for a lone response) on every valid token, whitened over the batch.
     """
     scores = token_level_rewards.sum(dim=-1)  # (batch,)
     gid, n_groups = group_ids(index, scores.shape[0])
@@ -313,9 +289,8 @@ def compute_gpg_outcome_advantage(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Group Policy Gradient (Chu et al. 2025, https://arxiv.org/abs/2504.02546).
 
-    A_i = alpha * (s_i - mean_g(s)) / f_norm with alpha = B / M, B the batch size and M the number of
-    responses with a non-zero score (verl's reading of the paper's valid-sample correction), so the
-    gradient is not diluted by samples that carry no signal. `epsilon` is unused (verl call sites).
+    A_i = alpha * (s_i - mean_g(s)) / f_norm, alpha = B / M with B the batch size and M the responses with
+    a non-zero score (verl's reading of the paper's valid-sample correction).
     """
     scores = token_level_rewards.sum(dim=-1)  # (batch,)
     batch = scores.shape[0]
@@ -327,8 +302,7 @@ def compute_gpg_outcome_advantage(
     return adv, adv
 
 
-# hybridrl's GRPO and RLOO are vectorised already (scatter-adds over group ids instead of a Python
-# loop over groups), so verl's vectorised variants are the same functions under their names.
+# GRPO and RLOO are vectorised already, so verl's vectorised variants are the same functions.
 compute_grpo_vectorized_outcome_advantage = register_adv_est(AdvantageEstimator.GRPO_VECTORIZED)(
     compute_grpo_outcome_advantage
 )
@@ -338,13 +312,11 @@ compute_rloo_vectorized_outcome_advantage = register_adv_est(AdvantageEstimator.
 
 
 def pf_ppo_weights(scores: torch.Tensor, reweight_method: str = "pow", weight_pow: float = 2.0) -> torch.Tensor:
-    """PF-PPO's sampling weights (batch,) for sequence scores s (batch,), before the 1e-8 every weight gets.
+    """PF-PPO's sampling weights (batch,) for sequence scores (batch,), before the 1e-8 each one gets.
 
-    Policy Filtration for PPO (Zhang et al. 2024, https://arxiv.org/abs/2409.06957): a reward model is
-    most trustworthy at the extremes of its scale, so the batch is redrawn toward them:
-    pow: |s|^weight_pow; max_min: 1 for the batch's highest and lowest score, else 0; max_random: 0.4
-    for the highest score, else 0.1. verl and hybridrl apply it after the advantages
-    (`algorithm.use_pf_ppo`, `algorithm.pf_ppo.*`).
+    Policy Filtration for PPO (Zhang et al. 2024, https://arxiv.org/abs/2409.06957) redraws the batch
+    toward the reward's extremes: pow: |s|^weight_pow; max_min: 1 for the highest and lowest score, else
+    0; max_random: 0.4 for the highest, else 0.1.
     """
     if reweight_method == "pow":
         return scores.abs().pow(weight_pow)
@@ -358,8 +330,7 @@ def pf_ppo_weights(scores: torch.Tensor, reweight_method: str = "pow", weight_po
 @torch.no_grad()
 def compute_pf_ppo_reweight_data(data: DataProto, reweight_method: str = "pow", weight_pow: float = 2.0,
                                  generator: torch.Generator | None = None) -> DataProto:
-    """The batch redrawn with replacement by `pf_ppo_weights` of its scores (verl's name); every column
-    follows its row. `generator` (a CPU generator) makes the draw reproducible, e.g. across a resume."""
+    """The batch redrawn with replacement by `pf_ppo_weights` (verl's name); a CPU `generator` fixes the draw."""
     if "token_level_scores" not in data.batch:
         raise KeyError("PF-PPO resamples by the batch column 'token_level_scores' (the reward), which is missing")
     scores = data.batch["token_level_scores"].sum(dim=-1).float().cpu()  # (batch,)
@@ -368,26 +339,14 @@ def compute_pf_ppo_reweight_data(data: DataProto, reweight_method: str = "pow", 
     return data.select_rows(rows)
 
 
-# The Optimal Token Baseline (OTB): a per-token baseline that minimises the policy gradient's variance.
-#
-# A group of responses to one prompt shares a baseline for each token position t instead of one per
-# response. The variance-minimising baseline for the return-to-go G_t weighs each response by the squared
-# norm of its score function up to t. For a softmax policy the norm of d log pi(y_j) / d logits at one
-# step is ||e_{y_j} - pi||^2 = 1 - 2 pi(y_j) + sum_v pi_v^2, so with W_t = sum_{j<=t} (1 - 2 pi_j + sum pi^2)
-#
-#     B_t = sum_i G_it W_it / sum_i W_it       (over the group's responses valid at t)
-#     A_it = G_it - B_t                         (G_it = sum_{s>=t} r_is, the reward-to-go)
-#
-# (verl's `optimal_token_baseline`; derivation: https://yingru.notion.site/The-Optimal-Token-Baseline-
-# 399211a558b782cfa936014c0d42dfb8). With rollout importance weights rho the path weights become
-# rho_t^2 W_t. A group of one response has baseline 0. `handle_zero_tail`: where the longest response of
-# a group runs on alone past every other one, its baseline there would be its own return (advantage 0);
-# it is set to 0 instead, so those tokens keep their return as advantage.
-#
-# pi_j is the old policy's probability of the sampled token (exp(old_log_probs)); sum_v pi_v^2 comes from
-# the actor's old log-prob pass with `actor_rollout_ref.actor.calculate_sum_pi_squared=true`.
-# `tir_optimal_token_baseline` aligns the responses by their n-th valid token instead of by position, for
-# multi-turn responses whose tool outputs are masked out of the middle of the response.
+# Optimal Token Baseline (OTB; verl's `optimal_token_baseline`, derivation:
+# https://yingru.notion.site/The-Optimal-Token-Baseline-399211a558b782cfa936014c0d42dfb8): a group's
+# per-position baseline weighting each response by its score function's squared norm up to t. For a
+# softmax policy one step's norm is 1 - 2 pi(y_j) + sum_v pi_v^2, so with W_t = sum_{j<=t} of that
+# (times rho_t^2 with rollout IS weights):
+#     B_t = sum_i G_it W_it / sum_i W_it (responses valid at t),   A_it = G_it - B_t,   G_it = sum_{s>=t} r_is
+# A lone response gets B = 0; `handle_zero_tail` zeroes B where the group's longest response runs on alone
+# (it would be its own return). pi comes from old_log_probs, sum_v pi_v^2 from the old log-prob pass.
 def _otb(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Index, old_log_probs: torch.Tensor,
          sum_pi_squared: torch.Tensor, rollout_is_weights: torch.Tensor | None, handle_zero_tail: bool,
          epsilon: float, by_valid_token: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -442,8 +401,7 @@ def compute_optimal_token_baseline_advantage(
     handle_zero_tail: bool = True,
     epsilon: float = 1e-8,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """OTB advantages and returns-to-go, (batch, response_len) each (module docstring); token positions
-    of a group's responses are aligned by their index in the response."""
+    """OTB advantages and returns-to-go, (batch, response_len) each, tokens aligned by position (`_otb`)."""
     return _otb(token_level_rewards, response_mask, index, old_log_probs, sum_pi_squared, rollout_is_weights,
                 handle_zero_tail, epsilon, by_valid_token=False)
 
@@ -460,8 +418,7 @@ def compute_multi_turn_optimal_token_baseline_advantage(
     handle_zero_tail: bool = True,
     epsilon: float = 1e-8,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """OTB for tool-interleaved responses: as `compute_optimal_token_baseline_advantage`, with the tokens
-    of a group's responses aligned by their count of valid tokens so far (masked tool output in between
-    does not shift them); responses without valid tokens are left out of their group."""
+    """OTB for tool-interleaved responses: tokens aligned by their count of valid tokens so far, so masked
+    tool output does not shift them; responses without valid tokens are left out of their group."""
     return _otb(token_level_rewards, response_mask, index, old_log_probs, sum_pi_squared, rollout_is_weights,
                 handle_zero_tail, epsilon, by_valid_token=True)

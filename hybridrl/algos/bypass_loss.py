@@ -1,15 +1,10 @@
-"""The policy loss of rollout-correction bypass mode, with the correction computed inside the loss.
+"""Rollout-correction bypass mode's policy loss (`algorithm.rollout_correction.bypass_mode=true`).
 
-Bypass mode (`algorithm.rollout_correction.bypass_mode=true`) skips the old log-prob pass: the rollout
-engine's log-probs stand in for pi_old. The importance weights w = pi_theta / pi_rollout and the rejection
-mask are then computed per micro-batch from the current policy's detached log-probs, with the same
-options and arithmetic as decoupled mode (hybridrl/algos/rollout_correction.py), and the loss is one of:
-
-    ppo_clip   the actor's policy loss (vanilla: PPO's clip on pi_theta / pi_rollout) on the tokens that
-               survive rejection. No IS weights: the clipped ratio already is the correction, weighting
-               it again would count the mismatch twice.
-    reinforce  L = -sg[w] A log pi_theta on the surviving tokens: the policy gradient with truncated (or
-               IcePop-masked) importance weights, no ratio clip.
+The rollout's log-probs stand in for pi_old; the weights w = pi_theta / pi_rollout and the rejection mask
+are computed per micro-batch from the detached current log-probs, as decoupled mode computes them
+(hybridrl/algos/rollout_correction.py). The loss is `ppo_clip`, the actor's policy loss on the tokens
+rejection keeps (no IS weights: the clipped ratio is the correction already), or `reinforce`,
+L = -sg[w] A log pi_theta on those tokens.
 """
 
 from __future__ import annotations
@@ -41,8 +36,7 @@ def compute_policy_loss_reinforce(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """REINFORCE with optional importance weights (verl's name): L = -sg[w] A log pi, w = 1 without them.
 
-    `rollout_log_prob` serves only the `ppo_kl` metric, mean(log pi_rollout - log pi). `config` may carry
-    `global_batch_info` (verl's way); the keyword takes the same totals.
+    `rollout_log_prob` serves only the `ppo_kl` metric; `config` may carry `global_batch_info` (verl's way).
     """
     if config is not None and global_batch_info is None:
         global_batch_info = policy_loss_settings(config).get("global_batch_info")
@@ -71,14 +65,11 @@ def compute_policy_loss_bypass_mode(
     global_batch_info: Mapping[str, Any] | None = None,
     **loss_settings: Any,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
-    """Bypass mode's loss (module docstring); returns (loss, metrics), the `rollout_corr/*` metrics of this
-    micro-batch among them.
+    """Bypass mode's loss; returns (loss, metrics), this micro-batch's `rollout_corr/*` among them.
 
-    `loss_mode` and `loss_settings` are the actor's policy loss and its settings, used for `ppo_clip`;
-    the rollout_* options are algorithm.rollout_correction's. `rollout_is` needs loss_type=reinforce.
-    verl passes all of them on `config` instead (its actor config, the correction options under
-    `policy_loss.rollout_correction`): every option the config holds replaces the keyword of that name,
-    so pass the options one way, a config or keywords, not both.
+    `loss_mode` / `loss_settings`: the actor's policy loss for `ppo_clip`; the rollout_* options are
+    algorithm.rollout_correction's. verl passes them on `config` (under `policy_loss.rollout_correction`),
+    whose options replace the keywords of the same names: pass them one way, not both.
     """
     if config is not None:
         options = _verl_rollout_correction(config)

@@ -1,9 +1,5 @@
-"""Reading algorithm settings from a verl-style `config` object as well as from plain keywords.
-
-hybridrl's algorithms take their settings as plain keywords (`gamma=0.99`, `clip_ratio=0.2`); verl's
-take a config object (`config=AlgoConfig(...)`, `config=ActorConfig(...)`). Both are accepted. When a
-setting arrives both ways with different values the call raises: quietly preferring one of them would
-train with a value the caller did not mean.
+"""Algorithm settings from plain keywords (`clip_ratio=0.2`) or a verl-style `config` object; a setting
+given both ways with different values raises rather than train with one the caller did not mean.
 """
 
 from __future__ import annotations
@@ -38,19 +34,14 @@ def check_config_object(config: Any, owner: str) -> None:
 
 def config_value(config: Any, name: str, explicit: Any, owner: str) -> Any:
     """The setting `name`: the explicit keyword if given, else `config.<name>`; raises if neither has it."""
-    check_config_object(config, owner)
-    from_config = _MISSING if config is None else _lookup(config, name)
-    if explicit is not None and from_config not in (_MISSING, None) and from_config != explicit:
-        raise ValueError(f"{owner}: {name}={explicit!r} was passed but config.{name} is {from_config!r}")
-    if explicit is not None:
-        return explicit
-    if from_config in (_MISSING, None):
+    value = optional_config_value(config, name, explicit, owner)
+    if value is None:
         raise ValueError(f"{owner} needs `{name}`: pass {name}=... or a config with a `{name}` field")
-    return from_config
+    return value
 
 
 def optional_config_value(config: Any, name: str, explicit: Any, owner: str) -> Any:
-    """As `config_value`, but a setting found in neither place is None instead of an error."""
+    """As `config_value`, but a setting found in neither place is None."""
     check_config_object(config, owner)
     from_config = None if config is None else _lookup(config, name)
     if from_config is _MISSING:
@@ -61,11 +52,8 @@ def optional_config_value(config: Any, name: str, explicit: Any, owner: str) -> 
 
 
 def policy_loss_settings(config: Any) -> dict[str, Any]:
-    """The keyword settings of every registered policy loss, read from an actor config.
-
-    Works for hybridrl's `ActorConfig`, verl's, and OmegaConf nodes of either. A verl config may also
-    carry `global_batch_info` (the mini-batch totals its workers fill in); it is passed on when present.
-    """
+    """The policy losses' keyword settings from an actor config (hybridrl's, verl's, or OmegaConf), with
+    verl's `global_batch_info` (the mini-batch totals) when present."""
     settings = {}
     for name in ACTOR_LOSS_FIELDS:
         value = _lookup(config, name)

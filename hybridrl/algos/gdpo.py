@@ -1,17 +1,12 @@
-"""GDPO: group-relative advantages computed per reward component, then combined.
+"""GDPO, Group reward-Decoupled normalization Policy Optimization (https://arxiv.org/abs/2601.05242).
 
-Group reward-Decoupled normalization Policy Optimization (https://arxiv.org/abs/2601.05242): when the
-reward is a sum of parts (format + accuracy, say), GRPO normalises the sum within each prompt's group,
-and a part with a large spread drowns the others. GDPO normalises every part within the group on its
-own, sums them with weights, and whitens the result over the batch's valid tokens:
+GRPO normalises a sum of reward parts, where a part with a large spread drowns the others; GDPO
+normalises each part k within the prompt's group, then sums them with weights and whitens over the batch:
 
-    A^k_i = (r^k_i - mean_g(r^k)) / (std_g(r^k) + eps)        for each component k (GRPO's A on r^k)
-    A_it  = whiten_batch(sum_k w_k A^k_i)                      on every valid token t of response i
+    A^k_i = (r^k_i - mean_g(r^k)) / (std_g(r^k) + eps),     A_it = whiten_batch(sum_k w_k A^k_i)
 
-The components are the reward function's extra outputs: `compute_score` returns a dict such as
-{"score": 4.0, "format_reward": 1.0, "accuracy_reward": 3.0}; the reward manager puts each extra key in
-non_tensor_batch, and `algorithm.gdpo_reward_keys` names the ones GDPO combines
-(`algorithm.gdpo_reward_weights`: their weights, all 1 by default).
+The parts are the reward function's extra outputs named by `algorithm.gdpo_reward_keys` (weights:
+`algorithm.gdpo_reward_weights`, 1 by default), read from non_tensor_batch.
 """
 
 from __future__ import annotations
@@ -29,8 +24,7 @@ from hybridrl.utils.torch_functional import masked_whiten
 
 
 class GDPOInputError(ValueError, AssertionError):
-    """A GDPO input is missing or inconsistent. Both a ValueError (what hybridrl raises for bad input) and
-    an AssertionError (what verl raises for the same mistakes), so code written against either catches it."""
+    """A GDPO input is missing or inconsistent: a ValueError, and the AssertionError verl raises."""
 
 
 def _component_scores(non_tensor_batch: Mapping[str, Any] | None, key: str, rows: int,
@@ -65,12 +59,10 @@ def compute_gdpo_outcome_advantage(
     gdpo_reward_keys: Sequence[str] | None = None,
     gdpo_reward_weights: Sequence[float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """GDPO advantages (module docstring); returns (advantages, advantages), (batch, response_len) each.
+    """GDPO advantages, returned twice (advantages, returns), (batch, response_len) each.
 
-    `gdpo_reward_keys` / `gdpo_reward_weights` come as keywords or from `config` (the algorithm config,
-    verl's way). Without reward keys the whole score is the one component (GRPO followed by batch
-    whitening), as in verl; with `config` given the keys are required. `batch` is accepted for verl's
-    call: the components are per-response numbers, so its prompt / attention layout is not needed.
+    The keys and weights come as keywords or from the algorithm `config` (verl's way, which requires the
+    keys); without keys the whole score is the one part, as in verl. `batch` is accepted for verl's call.
     """
     keys = optional_config_value(config, "gdpo_reward_keys", gdpo_reward_keys, "gdpo")
     weights = optional_config_value(config, "gdpo_reward_weights", gdpo_reward_weights, "gdpo")

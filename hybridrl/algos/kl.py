@@ -1,8 +1,7 @@
-"""KL divergence estimators between the policy and the reference policy, and the KL controllers.
+"""KL estimators between the policy and the reference, registered by name, and the KL controllers.
 
-Per token, with log-ratio x = logp - ref_logp of the sampled token (samples come from the policy),
-the estimators of KL(pi || pi_ref) from J. Schulman, "Approximating KL divergence" (2020,
-http://joschu.net/blog/kl-approx.html) are:
+With x = logp - ref_logp of the sampled token, the estimators of KL(pi || pi_ref) (J. Schulman,
+"Approximating KL divergence", http://joschu.net/blog/kl-approx.html):
 
     kl / k1         x                       unbiased, high variance, can be negative
     abs             |x|
@@ -10,8 +9,8 @@ http://joschu.net/blog/kl-approx.html) are:
     low_var_kl / k3 exp(-x) - 1 + x         unbiased, low variance, >= 0; clamped to [-10, 10] as verl
     full            sum_v p_v (log p_v - log q_v) from full distributions (..., vocab): exact
 
-A "+" suffix (e.g. "k3+") keeps the estimator's value but takes the gradient of k2, whose gradient
-is the unbiased gradient of the KL when used as a loss (verl's straight-through option).
+A "+" suffix ("k3+") keeps the value but takes k2's gradient, the KL's unbiased gradient as a loss
+(verl's straight-through option).
 """
 
 from __future__ import annotations
@@ -56,8 +55,7 @@ def _kl_k2(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
 
 @register_kl_penalty("low_var_kl", "k3")
 def _kl_k3(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
-    # r = ref/pi = exp(ref_logp - logp); k3 = r - 1 - log r >= 0. The log-ratio is clamped so exp()
-    # cannot overflow, and the result to [-10, 10] as in verl, bounding a single token's penalty.
+    # k3 = r - 1 - log r, r = ref/pi; log r clamped so exp() stays finite, the result to [-10, 10] as verl
     log_r = torch.clamp(ref_logprob - logprob, min=-20.0, max=20.0)
     return torch.clamp(torch.exp(log_r) - log_r - 1, min=-10.0, max=10.0)
 
@@ -74,9 +72,7 @@ def _kl_full(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
 
 
 def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str) -> torch.Tensor:
-    """Per-token KL estimate of type `kl_penalty` (see the module docstring), shape of `logprob`
-    ((batch, response_len); for "full", inputs are (batch, response_len, vocab) and the output drops vocab).
-    """
+    """Per-token KL estimate (batch, response_len); for "full" the inputs add a vocab dimension."""
     straight_through = kl_penalty.endswith("+")
     name = kl_penalty[:-1] if straight_through else kl_penalty
     value = kl_penalty_forward(logprob, ref_logprob, name)
@@ -87,8 +83,7 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str
 
 
 def kl_penalty_forward(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str) -> torch.Tensor:
-    """The estimator `kl_penalty` itself, value and gradient (no "+" straight-through), as verl's
-    `kl_penalty_forward`; `kl_penalty()` builds on it."""
+    """The estimator itself, without "+" straight-through (verl's `kl_penalty_forward`)."""
     return KL_PENALTY_REGISTRY.get(kl_penalty)(logprob, ref_logprob)
 
 
@@ -106,14 +101,13 @@ class FixedKLController:
         self.value = kl_coef
 
     def update(self, current_kl: float, n_steps: int) -> None:
-        """Nothing to adapt; present so both controllers share one interface."""
+        """Nothing to adapt."""
 
 
 class AdaptiveKLController:
     """Proportional controller for beta (Ziegler et al. 2019, https://arxiv.org/abs/1909.08593).
 
     e = clip(KL / target - 1, -0.2, 0.2);  beta <- beta * (1 + e * n_steps / horizon).
-    beta grows while the measured KL is above target and shrinks while below.
     """
 
     def __init__(self, init_kl_coef: float, target_kl: float, horizon: int) -> None:
@@ -157,15 +151,9 @@ def apply_kl_penalty(
     kl_ctrl: KLController,
     kl_penalty_type: str = "kl",
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """KL-in-reward shaping: r_t = score_t - beta * KL_t on valid tokens, then a controller update.
-
-    The measured KL is the batch mean of each sequence's token-mean KL; the controller is updated
-    with it and n_steps = batch size (as verl does).
-
-    Returns:
-        token_level_rewards (batch, response_len) and metrics {"actor/reward_kl_penalty",
-        "actor/reward_kl_penalty_coeff"} (the beta that was applied).
-    """
+    """KL-in-reward: r_t = score_t - beta * KL_t on valid tokens, then a controller update with the batch
+    mean of the sequences' token-mean KL and n_steps = batch size (as verl). Returns the rewards
+    (batch, response_len) and metrics `actor/reward_kl_penalty`, `actor/reward_kl_penalty_coeff` (beta)."""
     mask = response_mask.to(token_level_scores.dtype)
     kld = kl_penalty(old_log_prob, ref_log_prob, kl_penalty_type) * mask  # (batch, response_len)
     beta = kl_ctrl.value

@@ -1,24 +1,15 @@
 """Policy-gradient losses, registered by name (`actor_rollout_ref.actor.policy_loss.loss_mode`).
 
-Every loss has the signature
-
     fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
        config=None, rollout_is_weights=None, **settings) -> (loss, metrics)
 
-with tensors of shape (batch, response_len), `loss` a scalar to minimise, and `metrics` a dict of
-detached scalar tensors (`pg_clipfrac`, `ppo_kl`, `pg_clipfrac_lower`, ...). `settings` are plain
-keywords from the actor config (clip_ratio, clip_ratio_low, clip_ratio_high, clip_ratio_c,
-clip_cov_ratio, ...); `config` is verl's way of passing the same settings (an actor config object).
-`global_batch_info` carries the mini-batch totals (`agg_loss`'s batch_num_tokens, global_batch_size,
-dp_size) so that micro-batch losses add up to the mini-batch loss. `rollout_is_weights`
-(batch, response_len) multiplies each token's loss before aggregation (rollout correction).
-
-A loss declares the settings it reads as keyword-only parameters; their defaults are the actor
-config's (hybridrl/workers/config.py; tests/algos/test_policy_loss.py holds them equal), so a loss
-called without a setting behaves as a run that leaves the key unset. `register_policy_loss` wraps it so
-that every call -- direct or through `compute_pg_loss` -- accepts one settings dict for all losses
-(each loss is handed only what it declares), rejects a setting no loss declares (a misspelling would
-otherwise be ignored), and rejects `rollout_is_weights` for a loss that cannot apply them.
+Tensors are (batch, response_len); `metrics` are detached scalars (`pg_clipfrac`, `ppo_kl`,
+`pg_clipfrac_lower`, ...). `settings` are actor-config keywords, or verl's `config` object; a loss
+declares the ones it reads as keyword-only parameters defaulting to the actor config's
+(hybridrl/workers/config.py). `global_batch_info` holds `agg_loss`'s mini-batch totals;
+`rollout_is_weights` multiplies each token's loss. `register_policy_loss` wraps each loss so every call
+takes one settings dict for all losses, hands each loss what it declares, and rejects settings no loss
+declares (misspellings) and rollout_is_weights a loss cannot apply.
 """
 
 from __future__ import annotations
@@ -43,8 +34,7 @@ _OWN_AGGREGATION: dict[str, str] = {}
 
 
 class LossMetrics(dict):
-    """A policy loss's metrics by name (`pg_clipfrac`, `ppo_kl`, ...; the actor logs them under `actor/`).
-    verl's losses key the same values `actor/<name>`; looking one up that way finds it here too."""
+    """A loss's metrics by name (`ppo_kl`); verl's key `actor/ppo_kl` finds them too."""
 
     def __missing__(self, key: object) -> torch.Tensor:
         if isinstance(key, str) and key.startswith("actor/") and key.removeprefix("actor/") in self:
@@ -54,11 +44,9 @@ class LossMetrics(dict):
 
 def register_policy_loss(name: str, *, override: bool = False,
                          own_aggregation: str | None = None) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Decorator registering a policy loss under `name` (verl's `register_policy_loss`).
+    """Decorator registering a policy loss (verl's name), wrapped for the module docstring's uniform call.
 
-    It returns the loss wrapped for the uniform call described in the module docstring; the wrapper is
-    what is registered and what the decorated name is bound to. `own_aggregation` declares that the loss
-    averages its tokens one fixed way and ignores `loss_agg_mode` (the trainer says so when they differ).
+    `own_aggregation`: the loss averages its tokens one fixed way and ignores `loss_agg_mode`.
     """
 
     def decorator(fn: PolicyLossFn) -> PolicyLossFn:
@@ -74,7 +62,7 @@ def register_policy_loss(name: str, *, override: bool = False,
 
 
 def own_aggregation(name: str) -> str | None:
-    """How a registered loss averages its tokens when that ignores `loss_agg_mode`; None when it follows it."""
+    """How a registered loss averages its tokens when it ignores `loss_agg_mode`, else None."""
     return _OWN_AGGREGATION.get(name)
 
 
@@ -121,7 +109,6 @@ def known_policy_loss_settings() -> set[str]:
     """Keyword-only settings declared by any registered policy loss (clip_ratio, kl_cov_ratio, ...)."""
     names: set[str] = set()
     for loss_name in POLICY_LOSS_REGISTRY:
-        # inspect follows the wrapper's __wrapped__ to the loss's own parameters
         for param in inspect.signature(POLICY_LOSS_REGISTRY.get(loss_name)).parameters.values():
             if param.kind is inspect.Parameter.KEYWORD_ONLY:
                 names.add(param.name)
@@ -151,7 +138,7 @@ def _clip_bounds(
 
 
 class DualClipped(NamedTuple):
-    """PPO's per-token loss with the dual clip (`per_token`), and the terms its metrics compare."""
+    """PPO's dual-clipped per-token loss, and the terms its metrics compare."""
 
     per_token: torch.Tensor
     unclipped: torch.Tensor  # -A rho
@@ -176,6 +163,19 @@ def _zero(like: torch.Tensor) -> torch.Tensor:
     return torch.zeros((), dtype=like.dtype, device=like.device)
 
 
+@torch.no_grad()
+def _loss_metrics(loss: torch.Tensor, response_mask: torch.Tensor, ppo_kl: torch.Tensor | None = None,
+                  clipfrac: torch.Tensor | None = None, clipfrac_lower: torch.Tensor | None = None) -> dict:
+    """pg_clipfrac, pg_clipfrac_lower, ppo_kl: masked means of per-token values (bools as 0/1), 0 for None."""
+
+    def mean(values: torch.Tensor | None) -> torch.Tensor:
+        if values is None:
+            return _zero(loss)
+        return masked_mean(values.float() if values.dtype == torch.bool else values, response_mask)
+
+    return {"pg_clipfrac": mean(clipfrac), "pg_clipfrac_lower": mean(clipfrac_lower), "ppo_kl": mean(ppo_kl)}
+
+
 @register_policy_loss("vanilla")
 def compute_policy_loss_vanilla(
     old_log_prob: torch.Tensor,
@@ -195,23 +195,16 @@ def compute_policy_loss_vanilla(
     asymmetric clipping (DAPO clip-higher, https://arxiv.org/abs/2503.14476) and dual clip
     (Ye et al. 2020, https://arxiv.org/abs/1912.09729).
 
-    rho = exp(logp - old_logp);  L = max(-A rho, -A clip(rho, 1 - eps_low, 1 + eps_high)), and for
-    A < 0 additionally L = min(L, -A c) so a huge ratio on a bad action cannot blow the loss up.
-    Metrics: pg_clipfrac (share of tokens where the clipped term is active), pg_clipfrac_lower
-    (share where the dual clip is active), ppo_kl = mean(old_logp - logp).
+    rho = exp(logp - old_logp);  L = max(-A rho, -A clip(rho, 1 - eps_low, 1 + eps_high)), and for A < 0
+    L = min(L, -A c). pg_clipfrac / pg_clipfrac_lower: share of tokens clipped / dual-clipped.
     """
     low, high = _clip_bounds(clip_ratio, clip_ratio_low, clip_ratio_high)
     log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)  # exp() stays finite
     terms = _dual_clipped(advantages, torch.exp(log_ratio), low, high, clip_ratio_c)  # (batch, response_len)
     pg_losses = _apply_is_weights(terms.per_token, rollout_is_weights)
     loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **(global_batch_info or {}))
-    with torch.no_grad():
-        metrics = {
-            "pg_clipfrac": masked_mean((terms.clipped > terms.unclipped).float(), response_mask),
-            "pg_clipfrac_lower": masked_mean(((terms.ppo > terms.dual) & (advantages < 0)).float(), response_mask),
-            "ppo_kl": masked_mean(-log_ratio, response_mask),
-        }
-    return loss, metrics
+    return loss, _loss_metrics(loss, response_mask, -log_ratio, terms.clipped > terms.unclipped,
+                               (terms.ppo > terms.dual) & (advantages < 0))
 
 
 def compute_policy_loss(
@@ -225,9 +218,8 @@ def compute_policy_loss(
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """verl's older entry point to the PPO loss, kept for recipes that call it: `compute_policy_loss_vanilla`
-    with the clip range as `cliprange*` and the metrics returned as (pg_loss, pg_clipfrac, ppo_kl,
-    pg_clipfrac_lower). Deprecated in verl and here: call `compute_policy_loss_vanilla`."""
+    """Deprecated (as in verl): `compute_policy_loss_vanilla` with `cliprange*`, returning (pg_loss,
+    pg_clipfrac, ppo_kl, pg_clipfrac_lower)."""
     warnings.warn("compute_policy_loss is deprecated: use compute_policy_loss_vanilla (clip_ratio=..., returns "
                   "(loss, metrics))", DeprecationWarning, stacklevel=2)
     clip_ratio = next((c for c in (cliprange, cliprange_low, cliprange_high) if c is not None), None)
@@ -255,11 +247,9 @@ def compute_policy_loss_gspo(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Group Sequence Policy Optimization (Zheng et al. 2025, https://arxiv.org/abs/2507.18071).
 
-    The ratio is per sequence: s_i = exp((1/|y_i|) sum_t (logp_it - old_logp_it)), clipped to
-    [1 - eps_low, 1 + eps_high]. Each token carries s_i through the stop-gradient form
-    s_it = sg[s_i] * pi(y_it) / sg[pi(y_it)], whose gradient is the paper's. The paper's objective is
-    a mean over sequences of per-sequence means, so aggregation is always "seq-mean-token-mean"
-    whatever `loss_agg_mode` says (as in verl). GSPO's clip ranges are typically ~3e-4 / 4e-4.
+    Per-sequence ratio s_i = exp((1/|y_i|) sum_t (logp_it - old_logp_it)), clipped to [1 - eps_low,
+    1 + eps_high], carried by each token as s_it = sg[s_i] pi(y_it) / sg[pi(y_it)] (the paper's gradient).
+    Always "seq-mean-token-mean", as in verl. Typical clip ranges: ~3e-4 / 4e-4.
     """
     low, high = _clip_bounds(clip_ratio, clip_ratio_low, clip_ratio_high)
     mask = response_mask.to(log_prob.dtype)
@@ -272,13 +262,7 @@ def compute_policy_loss_gspo(
     pg_losses = torch.maximum(unclipped, clipped)
     pg_losses = _apply_is_weights(pg_losses, rollout_is_weights)
     loss = agg_loss(pg_losses, response_mask, "seq-mean-token-mean", **(global_batch_info or {}))
-    with torch.no_grad():
-        metrics = {
-            "pg_clipfrac": masked_mean((clipped > unclipped).float(), response_mask),
-            "pg_clipfrac_lower": _zero(loss),
-            "ppo_kl": masked_mean(-log_ratio, response_mask),
-        }
-    return loss, metrics
+    return loss, _loss_metrics(loss, response_mask, -log_ratio, clipped > unclipped)
 
 
 @register_policy_loss("gpg")
@@ -296,16 +280,12 @@ def compute_policy_loss_gpg(
     with no ratio and no clipping, L = -A * logp. Pair it with the `gpg` advantage estimator."""
     pg_losses = _apply_is_weights(-log_prob * advantages, rollout_is_weights)
     loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **(global_batch_info or {}))
-    with torch.no_grad():
-        metrics = {"pg_clipfrac": _zero(loss), "pg_clipfrac_lower": _zero(loss), "ppo_kl": _zero(loss)}
-    return loss, metrics
+    return loss, _loss_metrics(loss, response_mask)
 
 
 @torch.no_grad()
 def _token_covariance(advantages: torch.Tensor, log_prob: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Per-token centred product (A - mean A)(logp - mean logp) over valid tokens, (batch, response_len).
-
-    Its batch mean is Cov(A, logp), the quantity Cui et al. show drives entropy collapse."""
+    """(A - mean A)(logp - mean logp) per token (batch, response_len): Cov(A, logp)'s terms."""
     return (advantages - masked_mean(advantages, mask)) * (log_prob - masked_mean(log_prob, mask))
 
 
@@ -327,14 +307,11 @@ def compute_policy_loss_clip_cov(
     global_batch_info: Mapping[str, Any] | None = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clip-Cov (Cui et al. 2025, The Entropy Mechanism of RL for Reasoning LMs,
-    https://arxiv.org/abs/2505.22617).
+    """Clip-Cov (Cui et al. 2025, https://arxiv.org/abs/2505.22617).
 
-    PPO clipping as in `vanilla` (without dual clip), plus: among valid, not-already-clipped tokens
-    whose covariance term (A - mean A)(logp - mean logp) lies in (clip_cov_lb, clip_cov_ub),
-    max(1, int(clip_cov_ratio * n_tokens)) are picked at random and their loss (and gradient) set to 0,
-    which keeps high-covariance tokens from collapsing the policy's entropy.
-    pg_clipfrac reports the share of tokens removed that way.
+    PPO's clip without the dual clip; then max(1, int(clip_cov_ratio * n_tokens)) random valid, unclipped
+    tokens whose covariance term lies in (clip_cov_lb, clip_cov_ub) get loss 0, against entropy collapse.
+    pg_clipfrac: the share removed that way.
     """
     if clip_cov_ratio <= 0:
         raise ValueError(f"clip_cov_ratio must be > 0, got {clip_cov_ratio}")
@@ -349,7 +326,7 @@ def compute_policy_loss_clip_cov(
         eligible = valid & ~(clipped > unclipped) & (cov > clip_cov_lb) & (cov < clip_cov_ub)
         candidates = torch.nonzero(eligible.reshape(-1)).squeeze(-1)  # flat positions
         n_pick = min(max(int(clip_cov_ratio * int(valid.sum())), 1), candidates.numel())
-        # drawn on the CPU (where `generator` lives), then moved: the same picks for a seed on any device
+        # drawn on the CPU, where `generator` lives: the same picks for a seed on any device
         order = torch.randperm(candidates.numel(), generator=generator, device="cpu")[:n_pick]
         order = order.to(candidates.device)
         keep = torch.ones(valid.numel(), dtype=log_prob.dtype, device=log_prob.device)
@@ -358,13 +335,7 @@ def compute_policy_loss_clip_cov(
     pg_losses = torch.maximum(unclipped, clipped) * keep
     pg_losses = _apply_is_weights(pg_losses, rollout_is_weights)
     loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **(global_batch_info or {}))
-    with torch.no_grad():
-        metrics = {
-            "pg_clipfrac": masked_mean((keep == 0).float(), response_mask),
-            "pg_clipfrac_lower": _zero(loss),
-            "ppo_kl": masked_mean(-log_ratio, response_mask),
-        }
-    return loss, metrics
+    return loss, _loss_metrics(loss, response_mask, -log_ratio, keep == 0)
 
 
 @register_policy_loss("kl_cov")
@@ -382,9 +353,8 @@ def compute_policy_loss_kl_cov(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """KL-Cov (Cui et al. 2025, https://arxiv.org/abs/2505.22617).
 
-    Unclipped surrogate -A * rho on every token, except the top max(1, int(kl_cov_ratio * n_tokens))
-    valid tokens by covariance (A - mean A)(logp - mean logp), which get a KL penalty:
-    -A * rho + ppo_kl_coef * |logp - old_logp|. ppo_kl reports mean |logp - old_logp| (as verl).
+    -A rho on every token, plus ppo_kl_coef * |logp - old_logp| on the top max(1, int(kl_cov_ratio *
+    n_tokens)) valid tokens by covariance term. ppo_kl reports mean |logp - old_logp| (as verl).
     """
     if kl_cov_ratio <= 0:
         raise ValueError(f"kl_cov_ratio must be > 0, got {kl_cov_ratio}")
@@ -403,13 +373,7 @@ def compute_policy_loss_kl_cov(
     pg_losses = torch.where(picked, plain + ppo_kl_coef * abs_kl, plain)
     pg_losses = _apply_is_weights(pg_losses, rollout_is_weights)
     loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **(global_batch_info or {}))
-    with torch.no_grad():
-        metrics = {
-            "pg_clipfrac": _zero(loss),
-            "pg_clipfrac_lower": _zero(loss),
-            "ppo_kl": masked_mean(abs_kl, response_mask),
-        }
-    return loss, metrics
+    return loss, _loss_metrics(loss, response_mask, abs_kl)
 
 
 @register_policy_loss("dro")
@@ -424,11 +388,8 @@ def compute_policy_loss_dro(
     global_batch_info: Mapping[str, Any] | None = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Direct Reward Optimization (Richemond et al. 2024, https://arxiv.org/abs/2405.19107) as a
-    policy loss: L = -(A * logp - beta/2 * (logp - old_logp)^2).
-
-    No ratio and no clipping: the quadratic penalty on the log-ratio keeps the policy near the one
-    that sampled the data, with strength `dro_beta` (actor.policy_loss.dro_beta), which must be > 0.
+    """Direct Reward Optimization (Richemond et al. 2024, https://arxiv.org/abs/2405.19107) as a policy loss:
+    L = -(A * logp - beta/2 * (logp - old_logp)^2), beta = actor.policy_loss.dro_beta > 0; no ratio, no clip.
     """
     if dro_beta is None or dro_beta <= 0:
         raise ValueError(f"the dro policy loss needs actor.policy_loss.dro_beta > 0, got {dro_beta}")
@@ -436,10 +397,7 @@ def compute_policy_loss_dro(
     pg_losses = -(log_prob * advantages - 0.5 * dro_beta * log_ratio.square())
     pg_losses = _apply_is_weights(pg_losses, rollout_is_weights)
     loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **(global_batch_info or {}))
-    with torch.no_grad():
-        metrics = {"pg_clipfrac": _zero(loss), "pg_clipfrac_lower": _zero(loss),
-                   "ppo_kl": masked_mean(-log_ratio, response_mask)}
-    return loss, metrics
+    return loss, _loss_metrics(loss, response_mask, -log_ratio)
 
 
 def compute_pg_loss(
@@ -451,10 +409,6 @@ def compute_pg_loss(
     loss_agg_mode: str = "token-mean",
     **settings: Any,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Look up `loss_mode` and call it: the single path the actor uses for every policy loss.
-
-    `settings` may hold every loss's settings (and `config=` / `rollout_is_weights=`); the registered
-    wrapper hands the loss what it declares and rejects keys that no registered loss declares.
-    """
+    """Call the loss `loss_mode` with `settings` (those of any loss, `config=`, `rollout_is_weights=`)."""
     return get_policy_loss_fn(loss_mode)(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode,
                                          **settings)

@@ -1,22 +1,15 @@
-"""Rollout correction: the rollout engine's policy differs from the trainer's, so reweight or reject.
+"""Rollout correction: reweight or reject where the rollout engine's policy differs from the trainer's.
 
-The engine that sampled a response (vLLM in bf16, an older checkpoint) assigns it log-probs
-`rollout_log_prob` that differ from the trainer's `old_log_prob` for the same weights. With the
-per-token log-ratio x = old_log_prob - rollout_log_prob (log pi_train / pi_rollout):
+With x = old_log_prob - rollout_log_prob per token (log pi_train / pi_rollout; inputs (batch,
+response_len), metrics plain floats under verl's names):
 
-- Importance sampling (IS) weights w = exp(x) per token ("token") or exp(sum_t x_t) per sequence
-  ("sequence") correct the policy gradient for the mismatch (Yao et al. 2025, "Your efficient RL
-  framework secretly brings you off-policy RL training"). A single threshold u truncates them,
-  w = min(w, u) (truncated IS); a "lower_upper" threshold zeroes weights outside [lower, upper]
-  (IcePop). Policy losses take them as `rollout_is_weights`.
-- Rejection sampling (RS) drops tokens or whole sequences whose divergence is too large, by setting
-  their response mask to 0. Divergences per token: k1 = -x, k2 = x^2 / 2, k3 = exp(x) - 1 - x
-  (http://joschu.net/blog/kl-approx.html); an option names the level and the estimator:
-  token_k*, seq_sum_k*, seq_mean_k*, seq_max_k2 / seq_max_k3. k1 options keep a statistic s when
-  log(lower) <= s <= log(upper) ("lower_upper", or one upper bound u meaning lower = 1/u); k2 / k3
-  options keep s <= upper. Several comma-separated options must all pass.
-
-Inputs are (batch, response_len) tensors; metrics are plain floats under verl's names.
+- IS weights w = exp(x) per token or exp(sum_t x_t) per sequence (Yao et al. 2025, "Your efficient RL
+  framework secretly brings you off-policy RL training"), truncated at one threshold u (w = min(w, u))
+  or zeroed outside a "lower_upper" range (IcePop); losses take them as `rollout_is_weights`.
+- Rejection zeroes the response mask of tokens or sequences whose divergence (k1 = -x, k2 = x^2 / 2,
+  k3 = exp(x) - 1 - x) is out of bounds; options token_k*, seq_sum_k*, seq_mean_k*, seq_max_k2/k3, all
+  comma-separated ones must pass. k1 keeps log(lower) <= s <= log(upper) (one bound u: lower = 1/u);
+  k2 / k3 keep s <= upper.
 """
 
 from __future__ import annotations
@@ -27,7 +20,7 @@ import torch
 
 from hybridrl.utils.torch_functional import masked_mean, masked_sum
 
-# exp() of a log-ratio is clamped to exp(+-20) so one wild token cannot overflow a weight
+# log-ratios clamped before exp() so one wild token cannot overflow a weight
 LOG_RATIO_BOUND = 20.0
 IS_LEVELS = ("token", "sequence")
 RS_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
@@ -182,9 +175,9 @@ def compute_rollout_correction(
     rollout_is_batch_normalize: bool = False, rollout_rs: str | None = None,
     rollout_rs_threshold: str | float | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, float]]:
-    """IS weights ((batch, response_len), None without rollout_is), the response mask after rejection
-    sampling, and every metric under `rollout_corr/`. verl's DataProto-returning form of this function,
-    `compute_rollout_correction_and_rejection_mask`, is in hybridrl/compat.py."""
+    """(IS weights (batch, response_len) or None without rollout_is, the mask after rejection, metrics
+    under `rollout_corr/`). verl's DataProto form: `compute_rollout_correction_and_rejection_mask` in
+    hybridrl/compat.py."""
     if old_log_prob.shape != rollout_log_prob.shape or old_log_prob.shape != response_mask.shape:
         raise ValueError(f"shapes differ: old_log_prob {tuple(old_log_prob.shape)}, rollout_log_prob "
                          f"{tuple(rollout_log_prob.shape)}, response_mask {tuple(response_mask.shape)}")

@@ -25,23 +25,12 @@ def compute_value_loss(
     *,
     global_batch_info: Mapping[str, Any] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO clipped value loss (Schulman et al. 2017, https://arxiv.org/abs/1707.06347; as in
-    OpenAI baselines / TRL).
+    """PPO clipped value loss (Schulman et al. 2017, https://arxiv.org/abs/1707.06347; as OpenAI baselines).
 
-    V_clip = values + clip(vpreds - values, -c, c);
-    L = 0.5 * agg(max((vpreds - R)^2, (V_clip - R)^2)), so the critic cannot move further than c
-    from the values it had at rollout time to reduce the loss.
-
-    Args:
-        vpreds: (batch, response_len) current value predictions (with grad).
-        returns: (batch, response_len) targets from the advantage estimator.
-        values: (batch, response_len) value predictions at rollout time.
-        dp_size, batch_num_tokens, global_batch_size, loss_scale_factor: the mini-batch totals for
-            micro-batching and data parallelism, as verl passes them (see `agg_loss`).
-        global_batch_info: the same totals as one dict (how hybridrl's critic passes them); giving
-            both forms raises rather than silently preferring one.
-    Returns:
-        vf_loss (scalar) and vf_clipfrac, the share of valid tokens where the clipped term was larger.
+    V_clip = values + clip(vpreds - values, -c, c);  L = 0.5 * agg(max((vpreds - R)^2, (V_clip - R)^2)).
+    vpreds, returns, values (rollout-time predictions): (batch, response_len). The mini-batch totals come
+    as verl's keywords or as one `global_batch_info` dict (hybridrl's critic), not both (see `agg_loss`).
+    Returns vf_loss and vf_clipfrac, the share of valid tokens where the clipped term was larger.
     """
     if cliprange_value < 0:
         raise ValueError(f"cliprange_value (critic.cliprange_value) must be >= 0, got {cliprange_value}")
@@ -65,8 +54,5 @@ def compute_value_loss(
 def compute_entropy_loss(
     logits: torch.Tensor, response_mask: torch.Tensor, loss_agg_mode: str = "token-mean"
 ) -> torch.Tensor:
-    """Aggregated entropy of the policy's next-token distributions, logits (batch, response_len, vocab).
-
-    The actor subtracts entropy_coeff times this from its loss to encourage exploration.
-    """
+    """Aggregated entropy of the next-token distributions, logits (batch, response_len, vocab)."""
     return agg_loss(entropy_from_logits(logits), response_mask, loss_agg_mode)

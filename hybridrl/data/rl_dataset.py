@@ -1,23 +1,15 @@
 """RLHFDataset: prompts from verl-schema parquet files, tokenised and left-padded for generation.
 
-Behaves like verl's `verl.utils.dataset.rl_dataset.RLHFDataset` and reads the same `data.*` keys
-(`prompt_key`, `max_prompt_length`, `truncation`, `filter_overlong_prompts`, `return_raw_chat`,
-`return_full_prompt`, `apply_chat_template_kwargs`). Each item is
+verl's `RLHFDataset`, reading the same `data.*` keys (`RLDatasetConfig`). Each item is
 
-    input_ids, attention_mask, position_ids   (max_prompt_length,) tensors, prompt LEFT-padded
+    input_ids, attention_mask, position_ids   (max_prompt_length,), prompt LEFT-padded (pads at position 0)
     raw_prompt_ids                            list[int], the unpadded (truncated) prompt
     index                                     extra_info["index"] (0 when absent), as verl
     raw_prompt / full_prompts                 the chat messages / templated text, when asked for
     <every other column>                      passed through: data_source, reward_model, extra_info, ...
 
-Every row is checked when the dataset is built (`prompt_problem`, `ground_truth_problem`), so a bad row fails in
-seconds, before any worker starts, naming its file, row and column: the prompt must be a non-empty
-string or list of chat messages; under `truncation=error` it must fit `max_prompt_length`; with
-`require_ground_truth` its `reward_model.ground_truth` must be present.
-
-Left padding makes every prompt end at the same column, so generation appends right after it;
-`position_ids = clip(cumsum(attention_mask) - 1, min=0)` numbers the real tokens 0, 1, 2, ... as an
-unpadded prompt would be numbered, and keeps the pad positions at 0.
+Every row is checked when the dataset is built, before any worker starts, and a bad one named by file,
+row and column (`prompt_problem`, `ground_truth_problem`, and the length under `truncation=error`).
 """
 
 from __future__ import annotations
@@ -62,8 +54,7 @@ def _short(value: Any, limit: int = 60) -> str:
 
 
 def prompt_problem(prompt: Any) -> str | None:
-    """What makes `prompt` unusable: it must be a non-empty string or a list of chat messages with a
-    string role and string content, not all of it blank."""
+    """Why `prompt` is unusable (not a non-empty string or list of string role/content messages), or None."""
     if isinstance(prompt, str):
         return None if prompt.strip() else "the prompt is an empty string"
     if not isinstance(prompt, list | tuple):
@@ -82,8 +73,7 @@ def prompt_problem(prompt: Any) -> str | None:
 
 
 def ground_truth_problem(reward_model: Any) -> str | None:
-    """What keeps a rule-based reward from scoring the row: `reward_model` must be a dict whose
-    `ground_truth` is present and not null."""
+    """Why a rule-based reward cannot score the row (no non-null `reward_model.ground_truth`), or None."""
     if not isinstance(reward_model, Mapping):
         return (f"must be a dict with a 'ground_truth' entry, got {type(reward_model).__name__} "
                 f"{_short(reward_model)}")
@@ -169,11 +159,8 @@ def _tool_schemas(config: RLDatasetConfig) -> list[dict[str, Any]]:
 
 
 def truncate(ids: list[int], max_length: int, mode: str, where: str) -> list[int]:
-    """Cut a prompt to `max_length` tokens: `left` keeps the end, `right` the start, `middle` both ends.
-
-    `middle` keeps the first max_length // 2 tokens and the last max_length - max_length // 2.
-    `where` names the row in the `error` message.
-    """
+    """Cut a prompt to `max_length` tokens: `left` keeps the end, `right` the start, `middle` both halves;
+    `error` raises, naming the row `where`."""
     if len(ids) <= max_length:
         return ids
     if mode == "left":
@@ -194,7 +181,6 @@ def left_pad(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """input_ids, attention_mask and position_ids, each (length,), with the prompt at the right end."""
     pad = length - len(ids)
-    # on the CPU, where a dataset's tensors live (a worker moves what it receives to its device)
     input_ids = torch.tensor([pad_token_id] * pad + ids, dtype=torch.long, device="cpu")  # (length,)
     attention_mask = torch.tensor([0] * pad + [1] * len(ids), dtype=torch.long, device="cpu")  # (length,)
     position_ids = torch.clip(torch.cumsum(attention_mask, dim=0) - 1, min=0)  # (length,)
@@ -207,11 +193,7 @@ def _clean_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any
 
 
 class RLHFDataset(Dataset):
-    """Prompts from one or many parquet files (rows concatenated in file order).
-
-    `require_ground_truth`: every row must carry `reward_model.ground_truth` (set when a rule-based
-    reward function will score the rows).
-    """
+    """Prompts from one or many parquet files, in file order; `require_ground_truth` for rule-based rewards."""
 
     def __init__(
         self,
@@ -277,7 +259,6 @@ class RLHFDataset(Dataset):
         """The text to tokenise and whether special tokens still need adding (raw strings only)."""
         if isinstance(prompt, str):
             return prompt, True
-        # the row's shape was checked at load time (`_check_rows`)
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError(
                 f"{where}: the prompt is a list of chat messages but the tokenizer has no chat_template; "
@@ -300,7 +281,7 @@ class RLHFDataset(Dataset):
         return list(ids), text
 
     def _check_rows(self, require_ground_truth: bool) -> None:
-        """Every row's prompt (and ground truth when required) is usable, or one DataError lists the bad ones."""
+        """Raise one DataError listing the rows whose prompt (or required ground truth) is unusable."""
         key, problems = self.config.prompt_key, []
         for row, origin in zip(self.rows, self.origins, strict=True):
             problem = prompt_problem(row[key])
@@ -331,7 +312,7 @@ class RLHFDataset(Dataset):
         return lengths
 
     def _check_lengths(self) -> None:
-        """Under truncation=error, every prompt fits max_prompt_length (checked now, not at the row's step)."""
+        """Under truncation=error, every prompt must fit max_prompt_length."""
         limit = self.config.max_prompt_length
         problems = [
             RowProblem(origin, repr(self.config.prompt_key),
@@ -381,12 +362,8 @@ class RLHFDataset(Dataset):
 
 
 def collate_fn(data_list: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Stack tensors into (batch, ...) and put everything else into 1-D numpy object arrays.
-
-    The result is what `DataProto.from_single_dict` takes: tensors go to `batch`, arrays to
-    `non_tensor_batch`. Filling an object array element by element keeps equal-length lists (e.g.
-    `raw_prompt_ids`) as one list per row instead of letting numpy build a 2-D array.
-    """
+    """Tensors stacked to (batch, ...), everything else in 1-D object arrays (one list per row even when
+    lists have equal lengths): what `DataProto.from_single_dict` takes."""
     if not data_list:
         raise ValueError("collate_fn got an empty batch")
     keys = list(data_list[0])

@@ -1,11 +1,8 @@
 """A seeded, resumable prompt order: a resumed run sees exactly the prompts it would have seen.
 
-`ResumableSampler` draws one permutation per epoch from (seed, epoch), so any epoch's order can be
-rebuilt without replaying the earlier ones. `StatefulDataLoader` (the name verl's trainer uses, from
-torchdata) records how many rows the *consumer* has taken, not how many indices the sampler has
-handed out: with `num_workers > 0` a DataLoader prefetches batches the trainer has not used yet, and
-a checkpoint must not skip them. Its `state_dict()` goes into the checkpoint; `load_state_dict()` on a
-fresh loader continues from the next unseen prompt, across epoch boundaries too.
+`ResumableSampler` draws each epoch's permutation from (seed, epoch). `StatefulDataLoader` (verl's name)
+counts the rows the consumer has taken, not the indices prefetching workers were handed, so its
+`state_dict()` resumes at the next unseen prompt.
 """
 
 from __future__ import annotations
@@ -30,7 +27,7 @@ class ResumableSampler(Sampler[int]):
         self.position = 0  # indices of the current epoch already handed out
 
     def order(self, epoch: int) -> list[int]:
-        """The permutation for `epoch`; independent streams per (seed, epoch) via SeedSequence."""
+        """The permutation for `epoch`."""
         if not self.shuffle:
             return list(range(self.data_len))
         rng = np.random.default_rng(np.random.SeedSequence([self.seed, epoch]))

@@ -1,21 +1,10 @@
-"""Balancing sequences by token count: across data-parallel ranks and into micro-batches.
+"""Balancing sequences by token count across data-parallel ranks and into micro-batches (verl's
+`verl.utils.seqlen_balancing` names and arguments).
 
-Names and arguments follow verl's `verl.utils.seqlen_balancing`:
-
-- `get_seqlen_balanced_partitions(seqlen_list, k_partitions, equal_size)`: k index lists whose token
-  totals are near-equal (Karmarkar-Karp, or greedy when it happens to do better), each index once; `equal_size=True` also makes the
-  counts equal (the trainer's `balance_batch` needs equal rows per DP rank).
-- `karmarkar_karp`, `greedy_partition`: the two partitioners.
-- `rearrange_micro_batches(batch, max_token_len, ...)`: dynamic batch size; split a batch into the
-  fewest micro-batches whose token totals stay within `max_token_len`, returning the micro-batches and
-  their row indices; `get_reverse_idx` turns the concatenated indices into the permutation that
-  restores the original order of per-micro-batch outputs.
-
-Multi-way number partitioning is NP-hard; Karmarkar-Karp's largest differencing method (Karmarkar &
-Karp, 1982; k-way form by Korf, "Multi-way number partitioning", IJCAI 2009) is the standard
-heuristic: keep partial k-way partitions in a max-heap by spread (max sum - min sum) and repeatedly
-merge the two with the largest spread, pairing the heavier parts of one with the lighter parts of
-the other so their differences cancel.
+`get_seqlen_balanced_partitions` gives k index lists with near-equal token totals (`equal_size`: equal
+counts too), the better of `karmarkar_karp` (the largest differencing method: Karmarkar & Karp 1982, k-way
+by Korf, IJCAI 2009) and `greedy_partition`. `rearrange_micro_batches` splits a batch into the fewest
+micro-batches within a token budget; `get_reverse_idx` restores the original order of their outputs.
 """
 
 from __future__ import annotations
@@ -58,10 +47,7 @@ class _Partial:
         return self.parts[0][0] - self.parts[-1][0]
 
     def merge(self, other: _Partial) -> _Partial:
-        """Heaviest of self with lightest of other, and so on, so the two spreads offset each other.
-
-        Reuses self's index lists (both inputs are discarded after a merge), keeping merges linear.
-        """
+        """Heaviest of self with lightest of other, and so on, so the spreads offset; reuses self's lists."""
         paired = zip(self.parts, reversed(other.parts), strict=True)
         merged = []
         for (sum_a, idx_a), (sum_b, idx_b) in paired:
@@ -71,20 +57,14 @@ class _Partial:
 
 
 def karmarkar_karp(seqlen_list: Sequence[int], k_partitions: int, equal_size: bool) -> list[list[int]]:
-    """k index lists with near-equal sums by the largest differencing method.
-
-    Without `equal_size` each sequence starts as its own partial partition (one non-empty part).
-    With it, the sorted lengths are cut into groups of k consecutive sequences, each group a partial
-    partition with one sequence per part; every merge then adds one group's sequence to each part, so
-    all parts end with n/k sequences.
-    """
+    """k index lists with near-equal sums: partial partitions in a max-heap by spread, the two widest merged
+    until one is left. Each starts as one sequence, or with `equal_size` as k consecutive sorted ones."""
     _check_args(seqlen_list, k_partitions, equal_size)
     order = sorted(range(len(seqlen_list)), key=lambda i: (seqlen_list[i], i))
     if equal_size:
         groups = [order[s : s + k_partitions] for s in range(0, len(order), k_partitions)]
         partials = [_Partial([(seqlen_list[i], [i]) for i in g]) for g in groups]
     else:
-        # a fresh empty list per part: merges extend these lists in place
         partials = [
             _Partial([(seqlen_list[i], [i])] + [(0, []) for _ in range(k_partitions - 1)]) for i in order
         ]
@@ -100,10 +80,7 @@ def karmarkar_karp(seqlen_list: Sequence[int], k_partitions: int, equal_size: bo
 
 
 def greedy_partition(seqlen_list: Sequence[int], k_partitions: int, equal_size: bool) -> list[list[int]]:
-    """Longest-first greedy: each sequence joins the lightest part that still has room.
-
-    Room is unlimited without `equal_size`, n/k sequences with it.
-    """
+    """Longest-first greedy: each sequence joins the lightest part with room (n/k with `equal_size`)."""
     _check_args(seqlen_list, k_partitions, equal_size)
     capacity = len(seqlen_list) // k_partitions if equal_size else len(seqlen_list)
     sums = [0] * k_partitions
@@ -123,11 +100,7 @@ def _spread(seqlen_list: Sequence[int], partitions: Sequence[Sequence[int]]) -> 
 def get_seqlen_balanced_partitions(
     seqlen_list: Sequence[int], k_partitions: int, equal_size: bool
 ) -> list[list[int]]:
-    """Balanced partitions, each non-empty with sorted indices, ordered by their first index.
-
-    Karmarkar-Karp is almost always the tighter of the two heuristics, but on small inputs greedy
-    occasionally wins by a few tokens; both are cheap next to a forward pass, so take the better.
-    """
+    """Balanced non-empty partitions of sorted indices, ordered by first index: KK or greedy, the tighter."""
     candidates = [
         karmarkar_karp(seqlen_list, k_partitions, equal_size),
         greedy_partition(seqlen_list, k_partitions, equal_size),
@@ -176,7 +149,7 @@ def _select_rows(batch: Any, indices: list[int]) -> Any:
 
 
 def _within_budget(seqlens: Sequence[int], k: int, max_token_len: int) -> list[list[int]] | None:
-    """The k-way partition (KK or greedy, whichever has the lighter heaviest part) if it fits, else None."""
+    """The k-way partition with the lighter heaviest part (KK or greedy) if it fits, else None."""
     if k > len(seqlens):
         return None
     candidates = [karmarkar_karp(seqlens, k, False), greedy_partition(seqlens, k, False)]
@@ -188,10 +161,7 @@ def _within_budget(seqlens: Sequence[int], k: int, max_token_len: int) -> list[l
 def _fewest_micro_batches(
     seqlens: Sequence[int], start: int, step: int, max_token_len: int
 ) -> tuple[int, list[list[int]]]:
-    """Smallest k >= start (a multiple of `step`) with a partition whose every part is within budget.
-
-    k = n always fits (every sequence alone), so the search ends unless `step` skips past n.
-    """
+    """The smallest k >= start, in steps of `step`, with a partition whose every part is within budget."""
     k = start
     while (parts := _within_budget(seqlens, k, max_token_len)) is None:
         k += step
@@ -211,16 +181,12 @@ def rearrange_micro_batches(
     same_micro_num_in_dp: bool = True,
     min_num_micro_batch: int | None = None,
 ) -> tuple[list[Any], list[list[int]]]:
-    """Split `batch` into micro-batches of at most `max_token_len` real tokens each (dynamic batch size).
+    """Split `batch` into micro-batches of at most `max_token_len` real tokens (`attention_mask`) each.
 
-    Tokens are counted from `attention_mask` (padding is free, as with remove-padding forwards).
-    The number of micro-batches starts at ceil(total / max_token_len) (at least `min_num_micro_batch`,
-    rounded up to a multiple of `num_batches_divided_by`) and grows until a balanced partition (KK,
-    or greedy if its heaviest part is lighter) fits. Micro-batches are ordered by their first row. With a
-    `dp_group` and `same_micro_num_in_dp`, every rank uses the same count (the largest any rank needs),
-    because FSDP's collectives require all ranks to run the same number of forward passes.
-
-    Returns (micro_batches, micro_bsz_idx): the row subsets and the original row indices of each.
+    Their count starts at ceil(total / max_token_len) (at least `min_num_micro_batch`, a multiple of
+    `num_batches_divided_by`) and grows until a balanced partition fits. With a `dp_group` and
+    `same_micro_num_in_dp` every rank uses the largest count, as FSDP's collectives need.
+    Returns (micro_batches, micro_bsz_idx): the row subsets and their original row indices.
     """
     seqlens = _attention_mask(batch).sum(dim=-1).tolist()  # (batch,) real tokens per row
     if max(seqlens) > max_token_len:
@@ -239,11 +205,8 @@ def rearrange_micro_batches(
 def _agree_across_ranks(
     seqlens: Sequence[int], k: int, step: int, max_token_len: int, group: dist.ProcessGroup
 ) -> list[list[int]]:
-    """Raise k to the largest any rank needs, repeating until that count fits on every rank.
-
-    A larger k usually fits wherever a smaller one did, but KK gives no such guarantee, so each round
-    re-checks and the loop ends when no rank asks for more.
-    """
+    """Raise k to the largest any rank needs, until that count fits on every rank (KK guarantees no
+    monotonicity, so each round re-checks)."""
     while True:
         agreed = torch.tensor([k], dtype=torch.long)
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)

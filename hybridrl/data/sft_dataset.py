@@ -1,31 +1,13 @@
 """Supervised fine-tuning data: chats from parquet -> token ids with a loss mask on assistant tokens.
 
-Two row layouts, both from verl:
-
-* prompt / response (verl's `SFTDataset`): `prompt_key` and `response_key` name columns; when a column
-  holds dicts (e.g. `extra_info`), `prompt_dict_keys` / `response_dict_keys` walk into it
-  (`extra_info["question"]`). A string prompt becomes one user message; a list of chat messages (the
-  `prompt` column of hybridrl's RL parquet files) is used as is. The response is one assistant message.
-* messages (verl's `MultiTurnSFTDataset`): `messages_key` names a column of role/content dicts, with any
-  number of user / assistant / system / tool turns; every assistant turn is trained on.
-
-Each item is a dict of 1-D tensors of length `max_length` (right-padded):
-
-    input_ids       token ids of the chat rendered with the tokenizer's chat template
-    attention_mask  1 on tokens, 0 on padding
-    position_ids    0, 1, 2, ... over the tokens (padding repeats the last position, as in verl)
-    loss_mask       1 exactly on the tokens an assistant turn writes: its content and its end-of-turn
-                    token (EOS for ChatML), not the role header before it nor the newline after it
-
-`loss_mask[t]` refers to token t itself (as in verl's multi-turn dataset; verl's single-turn dataset
-shifts it by one). A trainer that predicts token t+1 at position t uses `loss_mask[:, 1:]` with
-`labels = input_ids[:, 1:]`.
-
-How the mask is found: the chat is rendered once; for assistant turn i, the text rendered for
-`messages[:i]` with the generation prompt ends where the turn's content starts, and the text for
-`messages[:i+1]` ends where the turn ends. Tokens whose first character lies inside such a span are
-assistant tokens (character offsets from the fast tokenizer). This works with any chat template whose
-renderings of shorter chats are prefixes of longer ones, and the dataset checks that they are.
+Row layouts (verl's): prompt / response columns (`SFTDataset`; `*_dict_keys` walk into dict columns, a
+string prompt becomes a user message), or a `messages_key` column of chats (`MultiTurnSFTDataset`), every
+assistant turn trained on. Each item holds right-padded (max_length,) tensors `input_ids`,
+`attention_mask`, `position_ids` (padding repeats the last position, as verl) and `loss_mask`: 1 on the
+tokens an assistant turn writes, its end-of-turn token included, its role header and trailing newline
+not. `loss_mask[t]` is about token t itself, as in verl's multi-turn dataset: a next-token trainer uses
+`loss_mask[:, 1:]` with `labels = input_ids[:, 1:]`. Assistant spans come from rendering chat prefixes,
+so the template must render a shorter chat as a prefix of a longer one (checked).
 """
 
 from __future__ import annotations
@@ -110,7 +92,7 @@ def assistant_spans(
         )
 
     if messages[0]["role"] == "assistant":
-        # There is no earlier text to render, so the turn's start cannot be located.
+        # no earlier text to render, so the turn's start cannot be located
         raise ValueError("a chat must not start with an assistant turn; put a user or system message first")
     text = render(messages, False)
     spans = []
@@ -123,7 +105,7 @@ def assistant_spans(
                 "the chat template does not render a chat's beginning as a prefix of the whole chat, so "
                 "assistant tokens cannot be located; use a template that renders turns independently"
             )
-        # rstrip: the newline a template puts after the end-of-turn token is never generated.
+        # rstrip: the newline after the end-of-turn token is never generated
         spans.append((len(before), len(through.rstrip())))
     return text, spans
 
@@ -133,28 +115,20 @@ def encode_chat(
 ) -> tuple[list[int], list[int]]:
     """Token ids of the rendered chat and the 0/1 mask of tokens written by assistant turns."""
     text, spans = assistant_spans(tokenizer, messages, **template_kwargs)
-    # add_special_tokens=False: the chat template already wrote BOS; a post-processor must not add another.
+    # the chat template wrote BOS already
     encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     mask = [int(any(lo <= start < hi for lo, hi in spans)) for start, _ in encoding["offset_mapping"]]
     return list(encoding["input_ids"]), mask
 
 
-# Encoded rows kept for the next epoch, up to this many tokens in all (ids int32 + mask uint8: ~320 MB at
-# most). Encoding renders the chat template 1 + 2 x (assistant turns) times and tokenises, and a multi-epoch
-# SFT (the quickstart's reads each row several times) would repeat that at every read; keeping the rows
-# changes no saved model byte.
+# tokens of encoded rows kept for later epochs (at most ~320 MB), which would otherwise re-render the chats
 ENCODED_CACHE_TOKENS = 64 * 2**20
 
 
 class SFTDataset(Dataset):
-    """Chats from parquet files for SFT, with verl's keys; see the module docstring for layouts and outputs.
-
-    `truncation` applies when a chat is longer than `max_length`: "error" makes the dataset refuse the
-    files when it is built, naming every such row's file and row; "left" keeps the last `max_length`
-    tokens, "right" keeps the first. A row is encoded the first time it is read and kept (up to
-    `ENCODED_CACHE_TOKENS` tokens for the whole dataset; rows past that are encoded at every read), so
-    later epochs read the same ids without rendering and tokenising again.
-    """
+    """Chats from parquet files for SFT, with verl's keys (module docstring). For chats over `max_length`,
+    `truncation` "error" refuses the files at build time, naming the rows; "left" / "right" keep the end /
+    the start. Encoded rows are kept up to ENCODED_CACHE_TOKENS."""
 
     def __init__(
         self,
@@ -200,13 +174,13 @@ class SFTDataset(Dataset):
         self._encoded_tokens = 0
 
     def chat_lengths(self) -> list[int]:
-        """Every chat's token count (the ids `__getitem__` cuts or pads), tokenised in one batch."""
+        """Every chat's token count, tokenised in one batch."""
         texts = [self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=False,
                                                     **self.template_kwargs) for chat in self.chats]
         return [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
     def _check_lengths(self) -> None:
-        """Under truncation="error", every chat fits max_length: checked at load, not when a step reaches it."""
+        """Under truncation="error", every chat must fit max_length."""
         fix = "raise data.max_length, or set data.truncation=left (keep the end) or right (keep the start)"
         problems = [RowProblem(where, self.columns, f"the chat has {length} tokens, more than "
                                                     f"max_length={self.max_length}", fix)
@@ -255,7 +229,6 @@ class SFTDataset(Dataset):
         input_ids[:length] = ids
         attention_mask = torch.zeros(self.max_length, dtype=torch.long)
         attention_mask[:length] = 1
-        # Positions count real tokens; padding repeats the last position (verl's convention).
         position_ids = torch.clamp(torch.cumsum(attention_mask, dim=0) - 1, min=0)  # (max_length,)
         padded_loss_mask = torch.zeros(self.max_length, dtype=torch.long)
         padded_loss_mask[:length] = loss_mask
@@ -267,8 +240,7 @@ class SFTDataset(Dataset):
         }
 
     def _encode(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Row `index`'s token ids and loss mask, fitted to max_length and unpadded: kept after the first read
-        while the dataset's kept tokens stay within ENCODED_CACHE_TOKENS."""
+        """Row `index`'s token ids and loss mask, fitted to max_length, unpadded, and kept while they fit."""
         kept = self._encoded.get(index)
         if kept is not None:
             return kept
@@ -284,7 +256,7 @@ class SFTDataset(Dataset):
         """Cut a chat longer than max_length as `truncation` says."""
         if len(ids) <= self.max_length:
             return ids, loss_mask
-        if self.truncation == "error":  # a safety net: __init__ checked every chat's length
+        if self.truncation == "error":  # __init__ checked every chat's length already
             raise ValueError(
                 f"{self.origins[index]} has {len(ids)} tokens, more than max_length={self.max_length}; raise "
                 "max_length or set truncation='left' (keep the end) or 'right' (keep the start)"

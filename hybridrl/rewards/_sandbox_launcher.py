@@ -1,23 +1,10 @@
-"""Privileged half of the code sandbox; runs as `python -I -S _sandbox_launcher.py CONFIG_JSON`.
+"""Privileged half of the code sandbox: `python -I -S _sandbox_launcher.py CONFIG_JSON` (stdlib only).
 
-Standard library only (it runs with site-packages disabled). Steps, as root:
-  1. new mount, network, PID, IPC and UTS namespaces (unshare(2));
-  2. fork the sandbox's init: PID 1 of the new PID namespace, so when it exits the kernel kills every
-     process left behind (a fork bomb dies with it). It mounts a fresh /proc (host processes become
-     invisible), puts small throwaway tmpfs over world-writable directories and the home directory, binds
-     the work directory and the Python installation back in, and stays root;
-  3. the init forks the solution, which sets resource limits, drops to an unprivileged uid and execs the
-     interpreter with an empty environment.
-The launcher reports the init's host pid, and the init the solution's exit status and resource use, as
-JSON lines on the status file descriptor, so the host can kill the namespace and classify the outcome.
-
-Weaker mode (namespaces refused and `require_isolation` false; see SANDBOX.md): the same steps without
-the namespaces the kernel refused. Without a mount namespace the throwaway uid may be unable to reach the
-interpreter (e.g. under /root, mode 0700); then the init opens the installation as root and the solution
-execs it through `/proc/self/fd/N/...`, a path that needs no search permission on the directories above.
-Without a PID namespace nothing takes leftover processes down, so the launcher (a child subreaper, so
-orphans come back to it) kills every process of the run's uid and reaps them; without a mount namespace
-it also deletes what that uid left in the world-writable directories.
+As root: unshare the namespaces; fork the init (PID 1 of the new PID namespace, whose exit kills every
+process left), which mounts a fresh /proc, hides directories behind tmpfs, binds the work directory and
+the interpreter back and stays root; the init forks the solution, which sets rlimits, drops to the
+throwaway uid and execs the interpreter with an empty environment. Both report as JSON lines on the
+status fd. The weaker mode skips refused namespaces and makes up for them as SANDBOX.md describes.
 """
 
 import ctypes
@@ -54,8 +41,7 @@ def _report(fd, **fields):
 
 
 def _enter_namespaces(wanted):
-    """unshare each wanted namespace on its own so one the OS refuses does not block the others.
-    Returns ({name: entered}, {name: why it was refused})."""
+    """({name: entered}, {name: why refused}), each namespace unshared on its own."""
     entered, refused = {}, {}
     for name in wanted:
         entered[name] = _libc.unshare(ctypes.c_int(_NAMESPACES[name])) == 0
@@ -75,8 +61,7 @@ def _build_filesystem(cfg, entered):
     if not entered.get("mount"):
         return
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # our mounts must not propagate to the host
-    # Handles to what we bind back later, taken inside the new mount namespace (a bind source must
-    # belong to the caller's namespace) and before tmpfs hides the paths.
+    # handles to what is bound back, taken in the new namespace and before tmpfs hides the paths
     workdir_fd = os.open(cfg["workdir"], os.O_PATH | os.O_DIRECTORY)
     expose_fds = [(p, os.open(p, os.O_PATH | os.O_DIRECTORY)) for p in cfg["expose_paths"]]
     if entered.get("pid"):
@@ -94,7 +79,7 @@ def _build_filesystem(cfg, entered):
 
 def _set_limits(cfg):
     cpu = cfg["cpu_seconds"]
-    # Soft limit sends SIGXCPU, the hard limit one second later SIGKILL (in case SIGXCPU is caught).
+    # SIGXCPU at the soft limit, SIGKILL a second later in case it is caught
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     for name, key in (("RLIMIT_AS", "address_space_bytes"), ("RLIMIT_NPROC", "max_processes"),
                       ("RLIMIT_FSIZE", "file_size_bytes"), ("RLIMIT_NOFILE", "max_open_files")):
@@ -114,8 +99,7 @@ def _child(cfg, entered, status_fd):
         _build_filesystem(cfg, entered)
         workdir = cfg["sandbox_dir"] if entered.get("mount") else cfg["workdir"]
         os.chown(workdir, cfg["uid"], cfg["uid"])
-        # Without a mount namespace the interpreter stays where it is, perhaps below a directory the
-        # throwaway uid cannot search; this handle, opened as root, reaches it anyway (see the header).
+        # without a mount namespace, a handle opened as root reaches an interpreter the uid cannot search to
         python_fd = None if entered.get("mount") else os.open(cfg["python_prefix"], os.O_PATH | os.O_DIRECTORY)
     except BaseException as err:  # report why the sandbox could not start, then die without cleanup
         _report(status_fd, setup_error=f"{type(err).__name__}: {err}")
@@ -132,12 +116,11 @@ def _exec_solution(cfg, status_fd, workdir, python_fd):
         os.setgid(uid)
         os.setuid(uid)
         _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-        # Set after setuid: a credential change clears the parent-death signal.
+        # after setuid, which clears the parent-death signal
         _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
         os.chdir(workdir)
         python = cfg["python"]
-        # access() checks the real uid, now the throwaway one. A reachable interpreter is run by its own
-        # path, so the solution can start it again (subprocess closes the handle in its children).
+        # a reachable interpreter runs by its own path, so the solution can start it again
         reachable = os.access(python, os.X_OK) and os.access(cfg["python_prefix"], os.R_OK | os.X_OK)
         if python_fd is not None and not reachable:
             os.set_inheritable(python_fd, True)  # the interpreter finds its stdlib through it too
@@ -149,13 +132,8 @@ def _exec_solution(cfg, status_fd, workdir, python_fd):
 
 
 def _init(cfg, status_fd, workdir, python_fd):
-    """Stay as the init (root, PID 1 of the namespace when there is one); run the solution as its child.
-
-    The kernel ignores default-action signals sent to a namespace's init (SIGXCPU included), so the
-    solution must not be PID 1 itself; staying root also keeps a solution without a PID namespace from
-    killing it. This init reaps orphans, reports the solution's exit status and resource use, then
-    exits, which kills whatever the solution left running in its PID namespace.
-    """
+    """Stay the init (root; PID 1 ignores default-action signals such as SIGXCPU, so the solution must not
+    be it), reap orphans, report the solution's status and usage, then exit, killing what it left."""
     pid = os.fork()
     if pid == 0:
         _exec_solution(cfg, status_fd, workdir, python_fd)
@@ -172,9 +150,7 @@ def _init(cfg, status_fd, workdir, python_fd):
 
 
 def kill_uid(uid):
-    """SIGKILL every process running as `uid`: kill(-1) from that uid reaches exactly the processes it
-    may signal, its own, in one pass that a fork bomb cannot outrun (a process with SIGKILL pending
-    cannot fork)."""
+    """SIGKILL every process of `uid` with one kill(-1) from that uid, which a fork bomb cannot outrun."""
     pid = os.fork()
     if pid == 0:
         try:
@@ -188,8 +164,7 @@ def kill_uid(uid):
 
 
 def _remove_files_of(uid, directories, keep):
-    """Delete the top-level entries `uid` owns in `directories` (what a run without a mount namespace
-    left in /tmp and the like). Its processes are dead, so nothing can swap an entry meanwhile."""
+    """Delete the top-level entries `uid` owns in `directories` (its processes are dead: nothing races)."""
     for directory in directories:
         try:
             entries = list(os.scandir(directory))

@@ -1,11 +1,9 @@
-"""Load a user's reward function from a .py file, as verl's `custom_reward_function` config does.
+"""Load a user's reward function from a .py file (verl's `custom_reward_function` config).
 
-The function keeps verl's signature, `compute_score(data_source, solution_str, ground_truth,
-extra_info=None, **kwargs)`, and returns a float or a dict with a `score` key (other keys become
-per-sample metrics). `reward_kwargs` from the config are bound as keyword arguments.
-
-The loaded function pickles as "load this file again" rather than by value, so the reward managers'
-worker processes (hybridrl/rewards/pool.py) import the file themselves, as the driver did.
+It keeps verl's signature, `compute_score(data_source, solution_str, ground_truth, extra_info=None,
+**kwargs)`, returning a float or a dict with a `score` key (other keys become per-sample metrics), with
+`reward_kwargs` bound. It pickles as "load this file again", so the reward pool's worker processes
+(hybridrl/rewards/pool.py) import the file themselves.
 """
 
 from __future__ import annotations
@@ -33,9 +31,7 @@ class CustomRewardFunctionConfig:
 
 
 class FileRewardFunction:
-    """A function loaded from a file, with `reward_kwargs` bound; pickling it records the file, the name
-    and the kwargs, and unpickling loads the file anew (the module is not in `sys.modules`, so the
-    function could not be pickled by reference)."""
+    """A function loaded from a file with `reward_kwargs` bound; it pickles as (file, name, kwargs)."""
 
     def __init__(self, fn: Callable[..., Any], path: str, name: str, reward_kwargs: dict[str, Any]) -> None:
         self.fn = functools.partial(fn, **reward_kwargs) if reward_kwargs else fn
@@ -59,7 +55,7 @@ def load_custom_reward_function(
     file = Path(path).expanduser()
     if not file.is_file():
         raise FileNotFoundError(f"custom_reward_function.path={str(path)!r} is not a file; give the path of a .py file")
-    # A unique module name per file so two custom files never replace each other in sys.modules.
+    # one module name per file, so two custom files never replace each other
     module_name = f"hybridrl_custom_reward_{abs(hash(str(file.resolve())))}"
     spec = importlib.util.spec_from_file_location(module_name, file)
     if spec is None or spec.loader is None:

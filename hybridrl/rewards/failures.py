@@ -21,13 +21,10 @@ logger = logging.getLogger(__name__)
 class RewardFunctionFatalError(Exception):
     """Raised by a reward function for an error no row can recover from; stops the run at once.
 
-    Any other exception fails one row only: the row scores 0.0, is counted in the step's `reward/*`
-    metrics, and the run stops only when the step's failed share exceeds `reward_model.max_failure_share`.
-    Setup errors (the code sandbox cannot isolate, a verifier service is misconfigured, a data source has
-    no scorer) would score every row 0.0 that way, so they raise this instead. Subclass it for your own setup errors, e.g.
-    `class VerifierOffline(RewardFunctionFatalError): ...`. When the function runs in a worker process
-    the exception is sent back and re-raised in the driver (with the worker's traceback as a note);
-    one that cannot be pickled is re-raised as a `RewardFailureError` carrying its traceback text.
+    Any other exception fails one row (docs/rewards.md, "Reward failures never vanish"). Raise (or
+    subclass) this for setup errors, which would otherwise score every row 0.0: a sandbox that cannot
+    isolate, a misconfigured verifier. Raised in a worker, it is re-raised in the driver with the worker's
+    traceback as a note, or as a `RewardFailureError` when it cannot be pickled.
     """
 
 
@@ -48,16 +45,14 @@ class Status(str, enum.Enum):
     STALLED = "stalled"  # not run: every call of the batch so far timed out (the function hangs on every row)
 
 
-# Kinds of failure that are counted against `reward_model.max_failure_share` (FATAL stops the run at once,
-# SKIPPED rows were never tried).
+# the kinds counted against `reward_model.max_failure_share`
 COUNTED_FAILURES = (Status.ERROR, Status.CRASH, Status.TIMEOUT, Status.NON_FINITE, Status.WRONG_TYPE)
 
 
 @dataclasses.dataclass
 class Outcome:
-    """The result of one call. `value` is the checked value for `ok`; `error` a one-line reason;
-    `traceback` the text of the exception's (or a hung worker's) stack when there is one; `exception` the
-    pickled exception of a `fatal` outcome, when it pickles."""
+    """One call's result: `value` checked when ok, else a one-line `error`, the stack text when there is
+    one, and a fatal outcome's pickled `exception` when it pickles."""
 
     status: Status
     value: Any = None
@@ -67,7 +62,7 @@ class Outcome:
 
 
 class InvalidRewardValue(Exception):
-    """A return value that is not a score; `status` says which kind (wrong type or non-finite)."""
+    """A return value that is not a score; `status`: wrong type or non-finite."""
 
     def __init__(self, status: Status, message: str) -> None:
         super().__init__(message)
@@ -147,11 +142,9 @@ def call_guarded(fn: Callable[..., Any], kwargs: Mapping[str, Any],
         return Outcome(err.status, error=str(err))
 
 
-# One home for these defaults: `reward_model.*` in hybridrl/workers/reward_model.py and the managers'
-# constructors both read them from here.
+# the one home of these defaults (`reward_model.*` and the managers read them)
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_MAX_FAILURE_SHARE = 0.1
-# The score a failed row gets.
 FAILED_SCORE = 0.0
 
 METRIC_NAMES: dict[Status, str] = {
@@ -161,7 +154,6 @@ METRIC_NAMES: dict[Status, str] = {
     Status.NON_FINITE: "reward/non_finite",
     Status.WRONG_TYPE: "reward/wrong_type",
 }
-# What a failure of each kind is called in messages, and the key to look at.
 _KIND_TEXT: dict[Status, str] = {
     Status.ERROR: "raised",
     Status.CRASH: "crashed its worker process",
@@ -173,8 +165,7 @@ _KIND_TEXT: dict[Status, str] = {
 
 @dataclasses.dataclass
 class FailureReport:
-    """Failures of one scoring pass over `rows` rows. `first` holds the first failing row of each kind as
-    (row, outcome); `fatal` the first fatal one; `stopped` says the pass was cut short."""
+    """Failures of one scoring pass: the first (row, outcome) of each kind and the first fatal one."""
 
     rows: int
     counts: dict[Status, int]
@@ -207,7 +198,7 @@ class FailureReport:
         return self.failed / self.rows if self.rows else 0.0
 
     def metrics(self) -> dict[str, float]:
-        """Counts per kind, the total and the share (docs/rewards.md, "Reward failures never vanish")."""
+        """Counts per kind, the total and the share."""
         out = {METRIC_NAMES[kind]: float(n) for kind, n in self.counts.items()}
         out.update({"reward/failed": float(self.failed), "reward/rows": float(self.rows),
                     "reward/failure_share": self.share})
@@ -246,8 +237,7 @@ def log_failures(report: FailureReport, data_sources: Sequence[str], manager: st
 
 
 def raise_if_fatal(report: FailureReport, data_sources: Sequence[str]) -> None:
-    """Re-raise a fatal error as itself (with the worker's traceback as a note) when it unpickles, else as
-    a RewardFailureError with its text."""
+    """Re-raise a fatal error as itself, with the worker's traceback as a note, or as a RewardFailureError."""
     if report.fatal is None:
         return
     row, outcome = report.fatal

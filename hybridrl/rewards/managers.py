@@ -1,10 +1,6 @@
-"""Reward managers, registered by name (`reward_model.reward_manager`: naive, batch, prime, dapo): they
-turn a DataProto of generated responses into `token_level_scores`, a (batch, response_len) float tensor
-that is zero except for each sequence's score on its last valid response token (verl's convention;
-advantage estimators read it from there).
-
-Built from a run's config by `hybridrl.trainer.dataflow.load_reward_manager`, which reads the trainer's
-config schema (a layer above this package).
+"""Reward managers, by name (`reward_model.reward_manager`: naive, batch, prime, dapo): responses in, a
+(batch, response_len) score tensor out, zero but for each score on its row's last valid response token
+(verl's convention). Built from the config by `hybridrl.trainer.dataflow.load_reward_manager`.
 """
 
 from __future__ import annotations
@@ -96,8 +92,7 @@ def decode_rows(data: DataProto, tokenizer: Any, reward_fn_key: str = "data_sour
         prompt_valid = torch.full((len(data),), prompt_len)
     resp_valid = response_lengths(data)
     extra_infos = data.non_tensor_batch.get("extra_info")
-    # what a multi-turn rollout's tools reported (hybridrl/workers/rollout/agent_loop.py), under the
-    # extra_info keys verl's reward managers use
+    # what a multi-turn rollout's tools reported, under verl's extra_info keys
     from_rollout = {name: data.non_tensor_batch[column] for name, column in ROLLOUT_EXTRA_INFO.items()
                     if column in data.non_tensor_batch}
     rows = []
@@ -121,8 +116,7 @@ def decode_rows(data: DataProto, tokenizer: Any, reward_fn_key: str = "data_sour
 
 
 def max_failures(share: float, rows: int) -> int:
-    """The most failed rows out of `rows` whose share is still <= `share` (exact, unlike floor(share * rows),
-    which float rounding can put one off)."""
+    """The most failed rows of `rows` whose share is still <= `share` (exact, unlike floor(share * rows))."""
     k = min(rows, int(share * rows) + 1)
     while k > 0 and k / rows > share:
         k -= 1
@@ -139,17 +133,12 @@ def function_name(fn: Callable[..., Any]) -> str:
 
 
 class RewardManager:
-    """Base class: decode rows, call the reward function on them through a runner, place the scores.
-
-    Every call runs under `timeout` seconds in a worker process (`num_workers`, 0 = in this process; see
-    hybridrl/rewards/pool.py). A row whose call fails (raises, crashes its worker, times out, returns a
-    non-finite number or a wrong type) scores FAILED_SCORE and is counted; the batch raises
-    `RewardFailureError` when the failed share exceeds `max_failure_share`, and a
-    `RewardFunctionFatalError` from the function stops it at once (hybridrl/rewards/failures.py).
-    Subclasses change how rows become calls (`score_rows`) or shape each row's result (`finish`).
+    """Base class: decode rows, score them through a guarded runner (hybridrl/rewards/pool.py), place the
+    scores; failures are handled as hybridrl/rewards/failures.py says. Subclasses change how rows become
+    calls (`score_rows`) or shape each row's result (`finish`).
     """
 
-    # Runs in the worker on each call's return value: one row's score (the batch manager checks a list).
+    # runs in the worker on each call's return value
     check: Callable[[Any, Mapping[str, Any]], Any] = staticmethod(check_score)
 
     def __init__(
@@ -175,13 +164,12 @@ class RewardManager:
 
     @classmethod
     def config_kwargs(cls, reward_model: Any, max_response_length: int) -> dict:
-        """Constructor arguments this manager takes from the config: the `reward_model.*` keys (a typed
-        `RewardModelConfig`) that guard the reward function's calls; subclasses add their own."""
+        """Constructor arguments from the typed `reward_model.*` config; subclasses add their own."""
         return {"timeout": reward_model.reward_fn_timeout, "num_workers": reward_model.reward_fn_workers,
                 "max_failure_share": reward_model.max_failure_share}
 
     def close(self) -> None:
-        """Stop the worker processes (they also stop when the manager is garbage-collected)."""
+        """Stop the worker processes (garbage collection also does)."""
         self.runner.close()
 
     @staticmethod
@@ -190,7 +178,7 @@ class RewardManager:
                 "ground_truth": row.ground_truth, "extra_info": row.extra_info}
 
     def score_rows(self, rows: list[DecodedRow]) -> list[Outcome]:
-        """One Outcome per row, its value (score, extras) when ok. Default: one call per row."""
+        """One Outcome per row, valued (score, extras) when ok; one call per row."""
         limit = max_failures(self.max_failure_share, len(rows))
         return self.runner.map([self.row_kwargs(row) for row in rows], limit)
 
@@ -199,10 +187,9 @@ class RewardManager:
         return score, extras
 
     def __call__(self, data: DataProto, return_dict: bool = False) -> torch.Tensor | dict:
-        """Scores on the last valid response token; with `return_dict`, also per-sample extras and the
-        batch's failure counts (`reward_metrics`, see hybridrl/rewards/failures.py)."""
+        """Scores on the last valid response token; `return_dict` adds the extras and `reward_metrics`."""
         if "rm_scores" in data.batch:
-            # Scores already computed by the reward model worker are used as they are (as in verl).
+            # the reward model worker's scores, as in verl
             return {"reward_tensor": data.batch["rm_scores"], "reward_extra_info": {}, "reward_metrics": {}} \
                 if return_dict else data.batch["rm_scores"]
         rows = decode_rows(data, self.tokenizer, self.reward_fn_key)
@@ -227,8 +214,7 @@ class RewardManager:
         return reward_tensor
 
     def _results(self, rows: list[DecodedRow], outcomes: list[Outcome]) -> list[tuple[float, dict]]:
-        """(score, extras) per row. A failed row gets FAILED_SCORE and, for each extra the other rows
-        returned, a zero of its type (so per-sample metrics never see a hole)."""
+        """(score, extras) per row; a failed row gets FAILED_SCORE and zeros for the others' extras."""
         template: dict[str, Any] = {}
         for outcome in outcomes:
             if outcome.status is Status.OK:
@@ -244,8 +230,7 @@ class RewardManager:
         return results
 
     def print_examples(self, rows: list[DecodedRow], scores: list[float]) -> None:
-        """Print up to `num_examine` decoded examples per data source (what verl users look at), each of a
-        prompt this manager has not shown before: a validation set scored every few steps shows a new one."""
+        """Print up to `num_examine` decoded examples per data source, each of a prompt not shown before."""
         printed: dict[str, int] = defaultdict(int)
         for row, score in zip(rows, scores, strict=True):
             key = (row.data_source, row.prompt_str)
@@ -270,12 +255,9 @@ class NaiveRewardManager(RewardManager):
 
 @REWARD_MANAGERS.register("batch")
 class BatchRewardManager(RewardManager):
-    """`batch`: one call with every response, for verifiers that are faster in bulk (verl's BatchRewardManager).
-
-    The function is called as `compute_score(data_sources=[...], solution_strs=[...], ground_truths=[...],
-    extra_infos=[...], **reward_kwargs)` and returns one float or dict per response. The call runs in a
-    worker process under `reward_model.reward_fn_timeout` like any other; a call that raises, crashes,
-    times out or returns a list of the wrong length fails every row, and a bad item fails its own row only.
+    """`batch` (verl's BatchRewardManager): one guarded call `compute_score(data_sources=[...],
+    solution_strs=[...], ground_truths=[...], extra_infos=[...], **reward_kwargs)` returning one float or
+    dict per response. A failed call fails every row; a bad item only its own.
     """
 
     check = staticmethod(check_batch_scores)
@@ -293,7 +275,6 @@ class BatchRewardManager(RewardManager):
     ) -> None:
         if compute_score is None:
             raise ValueError("the batch reward manager needs a batched compute_score; set custom_reward_function.path")
-        # (one call per batch: the pool starts one worker however many it may have)
         super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, timeout, num_workers,
                          max_failure_share)
         self.reward_kwargs = reward_kwargs
@@ -314,12 +295,8 @@ class BatchRewardManager(RewardManager):
 
 @REWARD_MANAGERS.register("prime")
 class PrimeRewardManager(RewardManager):
-    """`prime`: verl's PrimeRewardManager, which scores in parallel processes with a per-sample timeout.
-
-    Every manager runs its calls that way here; `prime` keeps its own constructor arguments -- `timeout`
-    and `num_processes` through `reward_model.reward_kwargs`, which override
-    `reward_model.reward_fn_timeout` / `reward_fn_workers` -- and adds per-sample flags `reward_timeout`
-    and `reward_error` (any other failure) to the extra info, whose batch mean is the fraction affected.
+    """`prime` (verl's PrimeRewardManager): its `timeout` / `num_processes` (from reward_model.reward_kwargs)
+    override reward_fn_timeout / reward_fn_workers; adds per-sample extras `reward_timeout`, `reward_error`.
     """
 
     def __init__(
@@ -344,15 +321,10 @@ class PrimeRewardManager(RewardManager):
 
 @REWARD_MANAGERS.register("dapo")
 class DAPORewardManager(RewardManager):
-    """`dapo`: rule score plus DAPO's overlong reward shaping (Yu et al. 2025, "DAPO", Soft Overlong Punishment).
+    """`dapo`: the score plus DAPO's Soft Overlong Punishment (https://arxiv.org/abs/2503.14476).
 
-    With L = max_resp_len, B = overlong_buffer.len, f = overlong_buffer.penalty_factor and a response of
-    n valid tokens, the added term is
-
-        penalty = min(-(n - (L - B)) / B * f, 0)
-
-    i.e. zero up to L - B tokens, then falling linearly to -f at n = L. The penalty depends on the length
-    only, so a row whose reward function failed gets it too, on top of the failed row's 0.0.
+    penalty = min(-(n - (L - B)) / B * f, 0) for n valid tokens, L = max_resp_len, B = overlong_buffer.len,
+    f = overlong_buffer.penalty_factor; it depends on the length only, so failed rows get it too.
     """
 
     def __init__(

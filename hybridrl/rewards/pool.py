@@ -26,11 +26,9 @@ from typing import Any
 import hybridrl
 from hybridrl.rewards.failures import COUNTED_FAILURES, Outcome, RewardFailureError, Status, call_guarded
 
-# Loading a worker (unpickling the function: re-importing the user's file and what it imports) may take a
-# while the first time (sympy, math-verify); a worker that has not reported ready by then is broken.
+# loading the function may import sympy or math-verify; a worker not ready by then is broken
 STARTUP_TIMEOUT_S = 120.0
-# The longest a hung worker gets to write its stack dump before it is killed (faulthandler writes it from
-# the signal handler in well under a millisecond once the worker runs; the wait ends as soon as it has).
+# the longest a hung worker gets to write its stack dump before it is killed
 STACK_DUMP_WAIT_S = 1.0
 
 
@@ -39,7 +37,7 @@ def accept_any(value: Any, kwargs: Mapping[str, Any]) -> Any:
     return value
 
 
-# The worker's command: make this hybridrl importable, then serve on the socket passed as a file descriptor.
+# the worker's command: import this hybridrl, serve on the socket passed as a file descriptor
 _BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); from hybridrl.rewards.pool import worker_main; "
          "worker_main(int(sys.argv[2]), sys.argv[3])")
 _ROOT = str(Path(hybridrl.__file__).resolve().parents[1])
@@ -53,9 +51,7 @@ def worker_main(fd: int, fault_path: str) -> None:
         faulthandler.register(signal.SIGUSR1, fault_file, all_threads=True)  # the pool asks for a hung stack
         try:
             sys_path, payload = conn.recv()
-            # The driver's import path may have entries (a test directory, a path added at run time) that
-            # the function's module needs.
-            sys.path[:] = sys_path
+            sys.path[:] = sys_path  # the driver's, which the function's module may need
             fn, check = pickle.loads(payload)
         except BaseException:
             conn.send(("broken", traceback.format_exc()))
@@ -90,14 +86,13 @@ class _Worker:
         parent, child = socket.socketpair()
         self.fault_path = fault_path
         with child:
-            # Its own session: Ctrl-C in the terminal reaches the driver only (which stops the pool), and
-            # `kill` can end the processes the function started along with the worker.
+            # its own session: Ctrl-C reaches the driver only, and killpg ends what the function started
             self.proc = subprocess.Popen([sys.executable, "-c", _BOOT, _ROOT, str(child.fileno()), fault_path],
                                          pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL,
                                          start_new_session=True)
         self.conn = Connection(parent.detach())
         self.conn.send((sys_path, payload))
-        # A descriptor that becomes readable when the process exits, so waits wake at once on a crash.
+        # readable when the process exits, so waits wake at once on a crash
         try:
             self.pidfd: int | None = os.pidfd_open(self.proc.pid)
         except (AttributeError, OSError):  # not Linux >= 5.3: waits poll instead
@@ -122,8 +117,7 @@ class _Worker:
         return text or None
 
     def request_stack(self) -> None:
-        """Ask faulthandler for the hung stack; wait until the dump stops growing (it is written as soon as
-        the worker gets the CPU, which on a busy machine can take a while)."""
+        """Ask faulthandler for the hung stack; wait until the dump stops growing."""
         if not self.is_alive():
             return
         os.kill(self.proc.pid, signal.SIGUSR1)
@@ -136,8 +130,7 @@ class _Worker:
             size = now
 
     def kill(self) -> None:
-        """Kill the worker and what it started in its process group (a child that made its own session,
-        as the code sandbox does, is left to its own limits)."""
+        """Kill the worker's process group (the code sandbox's own session is left to its limits)."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
@@ -169,27 +162,11 @@ def _stop_all(workers: list[_Worker | None], fault_dir: str) -> None:
 class RewardPool:
     """`num_workers` persistent processes that call `fn(**kwargs)` with a per-call `timeout` in seconds.
 
-    `check(value, kwargs)` runs in the worker on each return value (see `call_guarded`);
-    what it returns is the outcome's `value`, and an `InvalidRewardValue` it raises fails the call.
-
-    `concurrent.futures.ProcessPoolExecutor` cannot stop a call that never returns, and one worker dying
-    breaks the whole executor. Here each worker runs one call at a time; a worker past its deadline is
-    killed (after its stack is dumped, so the report shows where it hung) and replaced, a worker that dies
-    (`os._exit`, a segfault, the OOM killer) is replaced, and the call gets an `Outcome` saying so.
-
-    Workers live as long as the pool (started on first use), so a training step pays only a socket round
-    trip per call, not a process start. Each worker is a fresh interpreter (`python -c ...`), not a fork
-    of the driver: a fork would copy the driver's address space at that moment -- under
-    `trainer.backend=local` that includes the model and optimizer, whose pages every later update would
-    leave duplicated -- and forking a process that runs Ray's and torch's threads risks inheriting a held
-    lock. multiprocessing's `spawn`/`forkserver` also start clean processes, but re-import the driver's
-    `__main__` in each one, which re-runs a user's training script that lacks an
-    `if __name__ == "__main__"` guard.
-
-    The function reaches a worker pickled, with the driver's `sys.path`. A function loaded from a file by
-    `load_custom_reward_function` pickles as "load this file again" (see `FileRewardFunction`), so users'
-    files work unchanged; a module-level function pickles by reference; a lambda, a closure or a function
-    defined in `__main__` cannot be loaded by the worker, and the pool says so.
+    `check(value, kwargs)` runs in the worker on each return value (see `call_guarded`). Unlike
+    ProcessPoolExecutor, a call past its deadline is killed (after a stack dump) and a dead worker
+    replaced, each with an `Outcome` saying so. Workers are fresh interpreters, not forks (which would
+    copy the driver's model and possibly a held lock) nor multiprocessing spawns (which re-run an
+    unguarded `__main__`). The function arrives pickled: a lambda, closure or `__main__` function cannot.
     """
 
     def __init__(self, fn: Callable[..., Any], num_workers: int, timeout: float,
@@ -208,8 +185,7 @@ class RewardPool:
         self._fault_dir = tempfile.mkdtemp(prefix="hybridrl-reward-pool-")
         self._workers: list[_Worker | None] = []
         self._started = 0
-        # Workers end with the pool even when close() is never called (they also exit when the driver dies:
-        # their pipe closes).
+        # workers end with the pool even without close(), and with the driver (their pipe closes)
         self._finalizer = weakref.finalize(self, _stop_all, self._workers, self._fault_dir)
 
     def __enter__(self) -> RewardPool:
@@ -242,14 +218,10 @@ class RewardPool:
     def map(self, kwargs_list: Sequence[Mapping[str, Any]], max_failures: int | None = None) -> list[Outcome]:
         """One Outcome per kwargs, in input order.
 
-        With `max_failures`, the calls stop as soon as more than that many have failed (a kind in
-        `COUNTED_FAILURES`) or one was fatal: calls still running are killed and the rest marked
-        `skipped`, because the caller will stop anyway and should not wait for them. They also stop,
-        the rest marked `stalled`, when the first `stall_limit()` calls to end all timed out while rows
-        were still waiting: the function hangs on every row, and waiting for the failure limit would cost
-        `reward_fn_timeout` per `reward_fn_workers` rows (seven timeouts for 128 rows on 2 workers).
-        Rows start in `processing_order`, so those first calls come from different prompts rather than
-        from one GRPO group whose responses all time out for the same reason (a prompt with slow tests).
+        With `max_failures`, the calls stop once more than that many have failed or one was fatal (the
+        rest `skipped`: the caller stops anyway), or once the first `stall_limit()` calls to end all timed
+        out with rows still waiting (the rest `stalled`: the function hangs on every row). Rows start in
+        `processing_order`, so those first calls come from different prompts.
         """
         outcomes: list[Outcome | None] = [None] * len(kwargs_list)
         todo = deque(processing_order(len(kwargs_list)))
@@ -288,8 +260,7 @@ class RewardPool:
         return [o or Outcome(Status.SKIPPED) for o in outcomes]
 
     def stall_limit(self) -> int:
-        """How many first calls of a batch must all time out to stop it as hung: one per worker (they ran
-        side by side), and at least two, so that one slow row on a one-worker pool is not enough."""
+        """First calls of a batch that must all time out to stop it as hung: one per worker, at least two."""
         return max(2, self.num_workers)
 
     def _live(self) -> list[_Worker]:
@@ -309,8 +280,7 @@ class RewardPool:
         wait([w.conn for w in waiting] + pidfds, timeout=timeout)
 
     def _poll(self, w: _Worker, slot: int) -> tuple[int, Outcome] | None:
-        """A finished call's (index, outcome); also moves a starting worker to idle, and replaces a worker
-        that timed out or died. None while nothing happened."""
+        """A finished call's (index, outcome), or None; starts idle workers and replaces hung or dead ones."""
         if w.state is WorkerState.STARTING:
             self._poll_start(w)
             return None
@@ -367,11 +337,8 @@ class RewardPool:
 
 
 def processing_order(rows: int) -> list[int]:
-    """The row indices in the order the pool starts them: the van der Corput order (0, n/2, n/4, 3n/4,
-    n/8, ...), so the first k rows started lie about n/k apart. The rows of one GRPO group are adjacent in
-    the batch; started in this order, the first calls come from different groups whenever a group holds at
-    most n/k rows, and a group whose responses all time out for one reason (a prompt with slow tests)
-    cannot pass for a function that hangs on every row."""
+    """Row indices in van der Corput order (0, n/2, n/4, 3n/4, ...): the first k lie about n/k apart, so
+    they come from different GRPO groups, and one slow prompt cannot pass for a function that always hangs."""
     if rows <= 0:
         return []
     bits = (rows - 1).bit_length()
@@ -441,16 +408,8 @@ class InProcessRunner:
 
 def make_runner(fn: Callable[..., Any], check: Callable[[Any, Mapping[str, Any]], Any], timeout: float,
                 num_workers: int | None) -> RewardPool | InProcessRunner:
-    """A pool of `num_workers` (None: `default_num_workers()`) processes, or the driver for 0.
-
-    `reward_model.reward_fn_workers` picks: a positive count (default: the CPUs this process may use, at
-    most 64) runs every call in a persistent worker process with the per-call timeout, so a hung or
-    crashing function costs one row, not the run. 0 runs the calls in the driver, one after another:
-    nothing to start and no pickling (a breakpoint in the function works), but no timeout and no
-    protection from `os._exit` or a segfault. The pool costs a socket round trip per row, negligible
-    against a training step, so it is every manager's default. A worker starts once per run and again
-    after each timeout or crash.
-    """
+    """A pool of `num_workers` (None: `default_num_workers()`) processes, or the driver for 0: no timeout
+    and no crash protection, but no pickling (a breakpoint in the function works)."""
     if num_workers is not None and num_workers < 0:
         raise ValueError(f"reward_model.reward_fn_workers must be >= 0 (0 runs the reward function in the "
                          f"driver), got {num_workers}")

@@ -1,16 +1,10 @@
-"""Run untrusted Python (model-written code) in an isolated, resource-limited process.
+"""Run untrusted (model-written) Python in an isolated, resource-limited process.
 
-`run_code(code, stdin, limits)` writes the code to a fresh temporary directory and starts
-`_sandbox_launcher.py`, which (as root) gives it new mount/network/PID/IPC/UTS namespaces, hides
-world-writable directories and the home directory behind throwaway tmpfs, sets rlimits (CPU, address
-space, processes, file size, open files), drops to a random unprivileged uid and execs
-`python -I -S` with an empty environment. This side enforces the wall-clock limit and the output cap by
-killing the sandbox's PID 1 (which takes its whole PID namespace down) and its process group, then
-removes the directory. What this does and does not protect against: SANDBOX.md next to this file.
-
-A sandbox that cannot run a program (no root, namespaces refused while `require_isolation` is set, an
-interpreter the throwaway uid cannot start) raises `SandboxUnavailableError`: that is never a score.
-`sandbox_available` / `require_sandbox` probe this once per process, for a check before a run starts.
+`run_code(code, stdin, limits)` writes the code to a fresh directory and starts `_sandbox_launcher.py`
+(namespaces, tmpfs, rlimits, a throwaway uid); this side enforces the wall clock and the output cap by
+killing the sandbox's PID 1 and process group. Where no program can run it raises
+`SandboxUnavailableError`, never a score; `sandbox_available` / `require_sandbox` probe that once per
+process. What it protects against: SANDBOX.md next to this file.
 """
 
 from __future__ import annotations
@@ -43,11 +37,7 @@ _OPT_IN = ("reward_model.sandbox.require_isolation=false (from Python: "
 
 
 class SandboxUnavailableError(RewardFunctionFatalError, RuntimeError):
-    """The sandbox cannot run programs here at all; the message says why and how to fix it.
-
-    Never a score: a reward function must let it propagate, and reward managers should treat it as fatal
-    (stop the run) rather than count it as one sample's error, since every other sample would fail too.
-    """
+    """The sandbox cannot run programs here; the message says why and how to fix it. Fatal, never a score."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,9 +88,8 @@ class SandboxConfig:
 
 @dataclasses.dataclass
 class SandboxResult:
-    """Outcome of one run. `status` is one of: ok, runtime_error, memory_error, timeout, cpu_limit,
-    output_limit, killed (by another signal). A sandbox that could not start raises instead.
-    `isolation` says which namespaces the run got (all of them, except in the weaker mode)."""
+    """One run. `status`: ok, runtime_error, memory_error, timeout, cpu_limit, output_limit or killed (by
+    another signal); `isolation`: the namespaces the run got."""
 
     status: str
     stdout: str
@@ -125,7 +114,7 @@ def _python_location(python: str) -> tuple[str, str]:
 def _launcher_config(limits: SandboxLimits, workdir: str, status_fd: int, uid: int) -> dict:
     hidden = [p for p in limits.hidden_paths if os.path.isdir(p)]
     prefix, relative = _python_location(limits.python)
-    # The interpreter is bound back read-only when a hidden directory covers it (e.g. under ~).
+    # bind the interpreter back read-only when a hidden directory covers it (e.g. under ~)
     expose = [prefix] if any(prefix == h or prefix.startswith(h.rstrip("/") + "/") for h in hidden) else []
     return {
         "status_fd": status_fd,
@@ -138,23 +127,18 @@ def _launcher_config(limits: SandboxLimits, workdir: str, status_fd: int, uid: i
         "python_relative": relative,
         "python_flags": list(limits.python_flags),
         "namespaces": list(limits.namespaces),
-        "require_isolation": limits.require_isolation,
         "hidden_paths": hidden,
         "expose_paths": expose,
-        "tmpfs_bytes": limits.tmpfs_bytes,
         "uid": uid,
-        "cpu_seconds": limits.cpu_seconds,
-        "address_space_bytes": limits.address_space_bytes,
-        "max_processes": limits.max_processes,
-        "file_size_bytes": limits.file_size_bytes,
-        "max_open_files": limits.max_open_files,
+        **{key: getattr(limits, key) for key in ("require_isolation", "tmpfs_bytes", "cpu_seconds",
+                                                 "address_space_bytes", "max_processes", "file_size_bytes",
+                                                 "max_open_files")},
     }
 
 
 class _UidLeases:
-    """Hands concurrent runs of this process distinct random uids. Two runs sharing a uid would share
-    RLIMIT_NPROC, and in the weaker mode one's cleanup (kill every process of the uid) would end the
-    other. Runs in other processes draw independently (SANDBOX.md gives the odds)."""
+    """Distinct random uids for this process's concurrent runs, which would otherwise share RLIMIT_NPROC and
+    the weaker mode's per-uid cleanup (other processes draw independently: SANDBOX.md gives the odds)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -267,10 +251,8 @@ class _Run:
                 self.child_pid = json.loads(line)["child_pid"]
 
     def kill(self) -> None:
-        """Kill the sandbox's PID 1: its death kills every process in its PID namespace, even ones
-        that left our process group with setsid() (in the weaker mode the launcher then kills every
-        process of the run's uid). The launcher still waits on it, so the pid cannot have been reused.
-        Without a known PID 1, kill the group, and the run's uid from here since the launcher dies."""
+        """Kill the sandbox's PID 1, taking its PID namespace down (the launcher still waits on it, so the pid
+        is not reused); without one, kill the group and, from here, the run's uid."""
         if self.child_pid is not None and self.proc.poll() is None:
             _signal(lambda: os.kill(self.child_pid, signal.SIGKILL))
         else:
@@ -308,10 +290,7 @@ def _classify(verdict: str | None, fields: dict, stderr: str, limits: SandboxLim
 
 
 def run_code(code: str, stdin: str | bytes | None = None, limits: SandboxLimits | None = None) -> SandboxResult:
-    """Run `code` as `main.py` in a fresh sandbox with `stdin` as its standard input.
-
-    Raises SandboxUnavailableError when the sandbox cannot run a program here (see the class).
-    """
+    """Run `code` as `main.py` in a fresh sandbox; raises SandboxUnavailableError where none can run."""
     limits = limits or SandboxLimits()
     if os.geteuid() != 0:
         raise SandboxUnavailableError(_not_root_message())
@@ -359,8 +338,7 @@ def run_many(
         return list(pool.map(lambda job: run_code(job[0], job[1], limits), jobs))
 
 
-# A program that checks what the sandbox promises: it reads stdin, and tries the environment of every
-# ancestor process it can see (none in a PID namespace; root-owned ones in the weaker mode).
+# checks the sandbox's promises: reads stdin, tries the environment of every ancestor it can see
 _PROBE = """
 import os, sys
 leaks, pid = [], os.getppid()
@@ -399,8 +377,7 @@ def sandbox_available(limits: SandboxLimits | None = None) -> str | None:
 
 
 def require_sandbox(limits: SandboxLimits | None = None) -> dict[str, bool]:
-    """The namespaces runs get here (all requested ones, or fewer in the opted-in weaker mode);
-    raises SandboxUnavailableError with the reason and the fix when programs cannot run."""
+    """The namespaces runs get here (fewer in the weaker mode); raises SandboxUnavailableError otherwise."""
     reason, isolation = _probe(limits or SandboxLimits())
     if reason:
         raise SandboxUnavailableError(reason)

@@ -41,12 +41,8 @@ def extract_answer(solution_str: str) -> str | None:
 def arithmetic_score(
     solution_str: str, ground_truth: str | int, format_score: float = 0.0, score: float = 1.0
 ) -> float:
-    """`score` if the last answer tag holds the right integer, `format_score` if a tag exists but is
-    wrong or not an integer, 0.0 if no answer tag exists.
-
-    The response ends with `<answer>N</answer>` after free-form worked steps; `ground_truth` is the
-    integer result as a string ("85", "-12"). Only the LAST answer tag counts, so a model cannot hedge
-    by listing several answers.
+    """`score` if the last `<answer>` tag holds the integer `ground_truth` ("85", "-12"), `format_score` if
+    it holds anything else, 0.0 without a tag. Only the last tag counts, so listing answers cannot hedge.
     """
     try:
         target = int(str(ground_truth).strip())
@@ -64,7 +60,7 @@ def arithmetic_score(
 
 # ---------------------------------------------------------------- countdown (TinyZero's task)
 
-# Longer expressions cannot be legitimate for a handful of numbers; refuse before parsing.
+# longer expressions cannot be legitimate for a handful of numbers
 _MAX_EXPR_CHARS = 512
 _BINOPS = {
     ast.Add: lambda a, b: a + b,
@@ -129,12 +125,10 @@ def countdown_score(
     score: float = 1.0,
     number_use: str = "exactly_once",
 ) -> float:
-    """`score` if the expression uses the numbers as configured and equals `target` exactly.
+    """`score` if the last `<answer>` expression uses the numbers as `number_use` says and equals `target`.
 
-    The last `<answer>...</answer>` expression is parsed with `ast` and evaluated by a small walker over
-    integer literals, + - * / and parentheses, in exact rational arithmetic. Nothing is passed to `eval`,
-    and `**` is rejected outright, so `9**9**9` costs nothing. As in TinyZero, any answer tag that is
-    present but wrong (bad numbers, bad syntax, division by zero, wrong value) earns `format_score`.
+    Parsed with `ast` and evaluated exactly over integers, + - * / and parentheses (no `eval`, no `**`).
+    As in TinyZero, a tag that is present but wrong in any way earns `format_score`.
     """
     if not isinstance(ground_truth, Mapping) or "target" not in ground_truth or "numbers" not in ground_truth:
         raise ValueError(
@@ -156,7 +150,7 @@ def countdown_score(
 
 # ---------------------------------------------------------------- gsm8k
 
-# Only the tail of the response is searched (verl's choice): the final answer sits at the end.
+# only the tail is searched, as verl: the final answer sits at the end
 _TAIL_CHARS = 300
 _STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
 _FLEXIBLE = re.compile(r"(\-?[0-9\.\,]+)")
@@ -172,7 +166,7 @@ def extract_solution(solution_str: str, method: str = "strict") -> str | None:
         if not found:
             return None
         return found[-1].replace(",", "").replace("$", "")
-    # Flexible: the last token that is a number and not a bare punctuation mark.
+    # flexible: the last number that is not bare punctuation
     candidates = [c for c in _FLEXIBLE.findall(tail) if c not in ("", ".")]
     return candidates[-1].replace(",", "") if candidates else None
 
@@ -186,11 +180,8 @@ def gsm8k_score(
 ) -> float:
     """`score` for a correct answer, `format_score` for a found but wrong one, 0.0 for none.
 
-    `method="strict"` only accepts the dataset's own answer marker (`#### 42`); `"flexible"` takes the
-    last number in the response. Both look at the last 300 characters only, as verl does, so a long
-    chain of thought cannot smuggle in an early lucky number. Comparison is on the exact extracted
-    string against `ground_truth` (GSM8K answers are integers written without separators once commas
-    are dropped).
+    `method="strict"` accepts only the dataset's marker (`#### 42`), `"flexible"` the last number; both
+    read the last 300 characters, as verl, and compare strings with commas dropped.
     """
     answer = extract_solution(solution_str, method=method)
     if answer is None:
@@ -202,17 +193,15 @@ def gsm8k_score(
 
 
 def last_boxed_only_string(text: str) -> str | None:
-    """The last `\\boxed{...}` / `\\boxed ...` / `\\fbox{...}` in `text` including the command, or None.
-
-    Braces are matched by depth counting, so nested `\\frac{1}{2}` inside the box stays whole.
-    """
+    """The last `\\boxed{...}` / `\\boxed ...` / `\\fbox{...}` in `text` with the command (nested braces
+    kept whole), or None."""
     start = text.rfind("\\boxed")
     if start < 0:
         start = text.rfind("\\fbox")
         if start < 0:
             return None
     if text.startswith("\\boxed ", start):
-        # `\boxed 5` form: the argument runs to the next `$` (inline math end) or the end.
+        # `\boxed 5`: the argument runs to the next `$` or the end
         return "\\boxed " + text[start + len("\\boxed ") :].split("$")[0].strip()
     depth = 0
     for pos in range(start, len(text)):
@@ -227,9 +216,8 @@ def last_boxed_only_string(text: str) -> str | None:
 
 def remove_boxed(boxed: str) -> str:
     """`\\boxed{x}` -> `x`, `\\boxed x` -> `x`, `\\fbox{x}` -> `x`."""
-    for prefix in ("\\boxed ",):
-        if boxed.startswith(prefix):
-            return boxed[len(prefix) :]
+    if boxed.startswith("\\boxed "):
+        return boxed[len("\\boxed ") :]
     for prefix in ("\\boxed{", "\\fbox{"):
         if boxed.startswith(prefix) and boxed.endswith("}"):
             return boxed[len(prefix) : -1]
@@ -276,7 +264,7 @@ def strip_string(s: str) -> str:
     s = s.replace(" .", " 0.").replace("{.", "{0.")
     if s.startswith("."):
         s = "0" + s
-    # "x = 5" -> "5" when the left side is a short variable name.
+    # "x = 5" -> "5" when the left side is a short variable name
     parts = s.split("=")
     if len(parts) == 2 and len(parts[0].strip()) <= 2:
         s = parts[1]
@@ -302,7 +290,7 @@ def symbolic_equiv(answer: str, ground_truth: str) -> bool:
     """True when math_verify parses both boxed strings to equal SymPy objects."""
     from math_verify import parse, verify
 
-    # math_verify bounds its own work with SIGALRM, which only works on the main thread.
+    # math_verify's timeout uses SIGALRM, which works on the main thread only
     timeout = 5 if threading.current_thread() is threading.main_thread() else None
     gold = parse("\\boxed{" + ground_truth + "}", parsing_timeout=timeout)
     pred = parse("\\boxed{" + answer + "}", parsing_timeout=timeout)
@@ -312,13 +300,9 @@ def symbolic_equiv(answer: str, ground_truth: str) -> bool:
 
 
 def math_score(solution_str: str, ground_truth: str, use_math_verify: bool = True) -> float:
-    """1.0 if the last boxed answer equals `ground_truth` (string or symbolic), else 0.0.
-
-    Extraction and normalisation follow Hendrycks et al. 2021, "Measuring Mathematical Problem Solving
-    With the MATH Dataset" (the `is_equiv` used by verl's `math` reward): the answer is the argument of
-    the last `\\boxed{...}` (or `\\fbox{...}`); both strings are normalised and compared as strings.
-    Because string equality misses `1,000` vs `1000` or `\\frac{2}{4}` vs `0.5`, a string mismatch falls
-    back to `math_verify` (Hugging Face's parser + SymPy comparison).
+    """1.0 if the last boxed answer equals `ground_truth`, else 0.0: strings normalised as in Hendrycks et al.
+    2021, "Measuring Mathematical Problem Solving With the MATH Dataset" (verl's `math` reward), then, on a
+    mismatch (`\\frac{2}{4}` vs `0.5`), symbolically with `math_verify`.
     """
     boxed = last_boxed_only_string(solution_str)
     if boxed is None:
@@ -376,9 +360,7 @@ def _call_passed(result: SandboxResult, expected: Any) -> bool:
 
 def run_tests(code: str, tests: Mapping, limits: SandboxLimits | None = None) -> list[bool]:
     """Pass/fail of each test case, in order."""
-    # Once per process: proves programs really run (an interpreter the sandbox's uid cannot start would
-    # otherwise fail every case as a runtime error) or raises SandboxUnavailableError saying why.
-    require_sandbox(limits)
+    require_sandbox(limits)  # once per process: otherwise an unusable sandbox fails every case
     fn_name = tests.get("fn_name")
     if fn_name:
         program = code + _CALL_HARNESS.format(name=fn_name)
@@ -398,13 +380,10 @@ def code_score(
 ) -> float:
     """Fraction of test cases passed (`continuous`) or 1.0/0.0 for all-or-nothing.
 
-    `ground_truth` follows the APPS / TACO / CodeContests layout used by verl's code scorer: a dict (or
-    its JSON string) with `inputs` and `outputs` lists, and optionally `fn_name`. Without `fn_name` each
-    case is stdin -> stdout, compared token by token (whitespace and line breaks do not matter). With
-    `fn_name` each input is the list of positional arguments; the function (or the method of a
-    `Solution` class, LeetCode style) is called and its JSON-encoded return value compared with the
-    output. A sandbox that cannot run programs here raises `SandboxUnavailableError` instead of
-    scoring: a program that never ran has not failed its tests.
+    `ground_truth`: APPS / TACO / CodeContests' dict (or JSON) of `inputs` and `outputs`, optionally
+    `fn_name`. Without it each case is stdin -> stdout compared token by token; with it each input is the
+    positional arguments of the function (or `Solution` method), whose JSON return value is compared.
+    A sandbox that cannot run programs raises `SandboxUnavailableError` instead of scoring.
     """
     tests = parse_tests(ground_truth)
     if not tests["inputs"]:
@@ -417,8 +396,7 @@ def code_score(
 
 # ---------------------------------------------------------------- dispatch by data_source
 
-# data_source -> scorer name (a key of SCORERS). Matches verl's `default_compute_score` for the sources both know,
-# plus `countdown` (TinyZero) and `arithmetic` (hybridrl's default task).
+# data_source -> a key of SCORERS, as verl's `default_compute_score`, plus countdown and arithmetic
 _SOURCES: dict[str, str] = {
     "openai/gsm8k": "gsm8k",
     "lighteval/MATH": "math",
@@ -435,18 +413,16 @@ _SOURCES: dict[str, str] = {
     "deepmind/code_contests": "code",
     "codeparrot/apps": "code",
 }
-# Prefix families (e.g. "aime24", "aime2025"), checked after exact names.
+# prefix families ("aime24"), checked after exact names
 _PREFIXES: dict[str, str] = {"aime": "math", "math_": "math", "countdown": "countdown"}
 SCORERS: dict[str, Callable[..., float]] = {"arithmetic": arithmetic_score, "countdown": countdown_score,
                                             "gsm8k": gsm8k_score, "math": math_score, "code": code_score}
-# Scorers that run programs: `default_compute_score` passes them its `sandbox_limits`
-# (reward_model.sandbox.*), and `check_code_sandbox` probes the sandbox before a run that needs them.
+# scorers that run programs: they get `sandbox_limits`, and `check_code_sandbox` probes for them
 SANDBOX_SCORERS = frozenset({"code"})
 
 
 class UnknownDataSourceError(RewardFunctionFatalError, NotImplementedError):
-    """No built-in scorer for a row's data source: a setup error, so it stops the run rather than
-    scoring the row 0.0 (a NotImplementedError, as verl raises)."""
+    """No built-in scorer for a data source: a setup error that stops the run (verl's NotImplementedError)."""
 
 
 def known_sources() -> list[str]:
@@ -468,8 +444,7 @@ def scorer_name(data_source: str) -> str:
 
 
 def sandbox_sources(data_sources: Iterable[str]) -> list[str]:
-    """The data sources among `data_sources` whose built-in scorer runs programs in the code sandbox
-    (sources without a built-in scorer are left to fail where they are scored)."""
+    """The `data_sources` whose built-in scorer runs programs (unknown ones fail where they are scored)."""
     found = set()
     for source in set(data_sources):
         try:
@@ -489,12 +464,8 @@ def default_compute_score(
     sandbox_limits: SandboxLimits | None = None,
     **kwargs: Any,
 ) -> float | dict:
-    """Score one response with the scorer registered for its `data_source`.
-
-    Extra keyword arguments go to the scorer (e.g. `method="flexible"` for gsm8k, `format_score=...`);
-    `sandbox_limits` only to scorers that run programs (`SANDBOX_SCORERS`). Returns a float, or the
-    scorer's dict (with a `score` key) unchanged.
-    """
+    """Score one response with its `data_source`'s scorer, which gets `kwargs` (`method="flexible"`) and,
+    if it runs programs, `sandbox_limits`. Returns a float, or the scorer's dict unchanged."""
     name = scorer_name(data_source)
     if sandbox_limits is not None and name in SANDBOX_SCORERS:
         kwargs = {**kwargs, "sandbox_limits": sandbox_limits}
@@ -505,9 +476,8 @@ def default_compute_score(
 
 
 def check_code_sandbox(data_sources: Iterable[object], limits: SandboxLimits) -> None:
-    """Raise SandboxUnavailableError when the built-in scorer of one of `data_sources` runs programs and
-    the sandbox cannot run them here with `limits`; warn when it runs them in the weaker mode. Called
-    before a run starts any worker, so a reward that cannot be computed fails at once."""
+    """Before any worker starts: raise SandboxUnavailableError when a data source's scorer runs programs and
+    the sandbox cannot here; warn when it runs them in the weaker mode."""
     sources = sandbox_sources(str(source) for source in data_sources)
     if not sources:
         return

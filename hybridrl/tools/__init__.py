@@ -1,14 +1,8 @@
-"""Tools for multi-turn agent rollouts, with verl's interface (`verl.tools`).
+"""Tools for multi-turn agent rollouts, with verl's interface (`verl.tools`; docs/agents.md).
 
-- `base_tool`: `BaseTool` (the create / execute / calc_reward / release life cycle), the schemas
-  (`OpenAIFunctionToolSchema`, `ToolResponse`, ...), `@function_tool` for stateless functions
-  (`multi_turn.function_tool_path`), and a run's tools from verl's tool YAML (`initialize_tools_from_config`,
-  `load_all_tools`);
-- `builtin_tools`: `CalculatorTool`, `SandboxCodeInterpreterTool`;
-- `tool_calls`: tool calls in the model's text (`multi_turn.format`), and `ToolRunner`, which runs them
-  with timeouts.
-
-The agent loop that uses them is in hybridrl/workers/rollout/.
+`base_tool`: `BaseTool`, the schemas, `@function_tool` and loading a run's tools; `builtin_tools`: the
+calculator and the sandboxed code interpreter; `tool_calls`: parsing calls from the model's text and
+`ToolRunner`, which runs them with timeouts for the agent loop (hybridrl/workers/rollout/).
 """
 
 from hybridrl.tools.base_tool import (

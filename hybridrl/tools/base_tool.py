@@ -1,6 +1,5 @@
 """What a tool is, under verl's names (`verl.tools.base_tool`, `verl.tools.schemas`): the `BaseTool` life
-cycle, the OpenAI function-tool schemas and `ToolResponse`, `@function_tool` for plain functions, and
-building a run's tools from verl's tool YAML and a function-tool file.
+cycle, the OpenAI function-tool schemas, `@function_tool`, and a run's tools from verl's tool YAML.
 """
 
 from __future__ import annotations
@@ -22,9 +21,7 @@ from omegaconf import OmegaConf
 from transformers.utils import get_json_schema
 
 # ---------------------------------------------------------------- schemas
-# verl's names and fields, as plain dataclasses: a tool written against verl builds and reads them the same
-# way (`OpenAIFunctionToolSchema.model_validate(dict)`, `schema.model_dump()`, `schema.function.name`,
-# `ToolResponse(text=...)`). A schema that lacks a required field fails when it is read, naming the field.
+# verl's pydantic models as dataclasses with the same fields, `model_validate` and `model_dump`
 
 
 def _require(data: Any, where: str, keys: tuple[str, ...]) -> Mapping[str, Any]:
@@ -38,11 +35,7 @@ def _require(data: Any, where: str, keys: tuple[str, ...]) -> Mapping[str, Any]:
 
 @dataclass
 class OpenAIFunctionPropertySchema:
-    """One parameter: its JSON type, what it means, and optionally its allowed values or item type.
-
-    Keys beyond these (e.g. `nullable`, `default`, which transformers' schema reader writes) are kept in
-    `extra` and written back by `model_dump`.
-    """
+    """One parameter; other keys (`nullable`, `default`) are kept in `extra` and dumped back."""
 
     type: str | list[str]
     description: str | None = None
@@ -129,8 +122,7 @@ class OpenAIFunctionToolSchema:
                                                                                  f"{where}.function"))
 
     def model_dump(self, exclude_none: bool = False, exclude_unset: bool = False) -> dict[str, Any]:
-        """A plain dict (both keyword arguments are accepted as verl's callers pass them; `exclude_unset`
-        drops nothing here, since dataclasses do not track which fields were set)."""
+        """A plain dict; `exclude_unset` (verl's callers pass it) drops nothing."""
         del exclude_unset
         return {"type": self.type, "function": self.function.model_dump(exclude_none)}
 
@@ -164,7 +156,7 @@ class OpenAIFunctionCallSchema:
 
 @dataclass
 class ToolResponse:
-    """What a tool answers. Only text reaches the model here: image and video are refused by the agent loop."""
+    """What a tool answers; the agent loop refuses image and video."""
 
     text: str | None = None
     image: Any = None
@@ -177,17 +169,12 @@ class ToolResponse:
 # ---------------------------------------------------------------- the tool life cycle
 
 class BaseTool:
-    """A tool: `config` is its YAML `config:` mapping, `tool_schema` what the model is told it takes.
+    """A tool: `config` is its YAML `config:` mapping, `tool_schema` what the model is told it takes (a
+    subclass may override `get_openai_tool_schema` instead).
 
-    A trajectory that calls a tool gets its own instance of it: `create` once (with the row's
-    `extra_info.tools_kwargs[<name>].create_kwargs`), `execute` for every call of the tool in the
-    trajectory, then `calc_reward` and `release` when the trajectory ends. All four are coroutines, run on
-    the agent loop's event loop with a timeout each (hybridrl/tools/tool_calls.py); blocking work belongs
-    in `asyncio.to_thread`, as the built-in tools do. The older verl returns (an instance id string from
-    `create`, a string from `execute`) are accepted too.
-
-    A subclass that describes itself overrides `get_openai_tool_schema` and may be built with
-    `tool_schema=None`.
+    Each trajectory gets its own instance: `create` (with the row's `extra_info.tools_kwargs[<name>]`),
+    `execute` per call, then `calc_reward` and `release`. All are coroutines with a timeout each
+    (hybridrl/tools/tool_calls.py), so blocking work belongs in `asyncio.to_thread`.
     """
 
     def __init__(self, config: dict, tool_schema: OpenAIFunctionToolSchema | None) -> None:
@@ -253,28 +240,11 @@ def function_tool(name: str | Callable[..., Any] | None = None, *,
                   schema: OpenAIFunctionToolSchema | dict | None = None) -> Any:
     """Mark a function as a tool: `@function_tool`, `@function_tool("name")` or `@function_tool(schema=...)`.
 
-        from hybridrl.tools import function_tool
-
-        @function_tool
-        def add(a: int, b: int) -> int:
-            \"\"\"Add two integers.
-
-            Args:
-                a: the first addend
-                b: the second addend
-            \"\"\"
-            return a + b
-
-    The schema is read from the signature and the Google-style docstring by transformers'
-    `get_json_schema`, so every parameter needs a type hint and an `Args:` line (transformers raises at
-    decoration time otherwise); `schema=` gives it outright. The function may be sync (run in a thread)
-    or async. It may return a `ToolResponse`, a string, a dict (sent as JSON), or a tuple
-    `(response, reward)` / `(response, reward, metrics)`; anything else is sent as `str(value)`.
-
-    The function comes back unchanged, with its `FunctionToolSpec` in `fn.function_tool_spec` (a typed
-    attribute, like `@register`'s); `load_function_tools(path)` imports a file (verl's
-    `function_tool_path`) and collects the functions that carry one, so no registry is shared between
-    files or runs.
+    Without `schema=`, transformers' `get_json_schema` reads it from the signature and the Google-style
+    docstring, so every parameter needs a type hint and an `Args:` line. The function, sync (run in a
+    thread) or async, returns a `ToolResponse`, a string, a dict (sent as JSON) or `(response, reward[,
+    metrics])`; anything else is sent as `str(value)`. It comes back unchanged, its `FunctionToolSpec` in
+    `fn.function_tool_spec`, which `load_function_tools` collects.
     """
 
     def mark(fn: Callable[..., Any], tool_name: str | None) -> Callable[..., Any]:
@@ -383,22 +353,9 @@ def _build(entry: Any, where: str) -> BaseTool:
 
 
 def initialize_tools_from_config(tools_config_file: str | Path) -> list[BaseTool]:
-    """Build every tool a verl tool YAML (`multi_turn.tool_config_path`) lists, in its order.
-
-        tools:
-          - class_name: hybridrl.tools.builtin_tools.CalculatorTool  # module.Class, a BaseTool subclass
-            config:                                                 # handed to the class as `config`
-              type: native
-            tool_schema:                                            # optional when the class describes itself
-              type: function
-              function:
-                name: calculator
-                description: Evaluate an arithmetic expression.
-                parameters: {type: object, properties: {expression: {type: string, description: ...}},
-                             required: [expression]}
-
-    `config.type: native` (the default) is a Python class in this process; verl's `mcp` tools (served by
-    an MCP server) are refused with that name.
+    """Build every tool a verl tool YAML (`multi_turn.tool_config_path`; docs/agents.md) lists, in order:
+    `class_name` (a BaseTool subclass), `config` and an optional `tool_schema`. Only `config.type: native`
+    runs here; verl's `mcp` tools are refused.
     """
     path = Path(tools_config_file).expanduser()
     if not path.is_file():

@@ -1,7 +1,5 @@
-"""The built-in tools: an exact calculator, and a Python interpreter that runs the model's code in the code
-sandbox. YAML class paths: `hybridrl.tools.builtin_tools.CalculatorTool`,
-`hybridrl.tools.builtin_tools.SandboxCodeInterpreterTool`.
-"""
+"""The built-in tools: an exact calculator (`CalculatorTool`) and a Python interpreter that runs the model's
+code in the code sandbox (`SandboxCodeInterpreterTool`)."""
 
 from __future__ import annotations
 
@@ -72,13 +70,9 @@ def evaluate(expression: str) -> str:
 
 
 class CalculatorTool(BaseTool):
-    """`calculator(expression)`: the exact value of an arithmetic expression, without `eval`.
-
-    The expression is parsed with `ast` and only numbers, parentheses and + - * / // % ** (with unary
-    signs) are evaluated; anything else (names, calls, attributes) is refused with the reason, which the
-    model reads as the tool's error message. Integers stay exact (`12345 * 6789` is 83810205, not a
-    float); `/` gives a float unless the division is exact. Exponents are capped, so `9 ** 9 ** 9` cannot
-    hang the rollout.
+    """`calculator(expression)`: the exact value of numbers, parentheses and + - * / // % ** (parsed with
+    `ast`, no `eval`; anything else is refused with the reason). Integers stay exact, `/` gives a float
+    unless exact, and capped exponents keep `9 ** 9 ** 9` from hanging the rollout.
     """
 
     def get_openai_tool_schema(self) -> OpenAIFunctionToolSchema:
@@ -108,14 +102,9 @@ MAX_REPLY_CHARS = 4000  # the agent loop truncates further to multi_turn.max_too
 
 
 class SandboxCodeInterpreterTool(BaseTool):
-    """`code_interpreter(code)`: run the program in the sandbox, answer with its output.
-
-    Each call is one fresh sandboxed process (namespaces, rlimits, a throwaway uid; see
-    hybridrl/rewards/SANDBOX.md); the tool answers with what the program printed, and with its error
-    output and status when it did not finish cleanly. Nothing persists between calls. The tool YAML's
-    `config:` sets the limits: `wall_seconds`, `cpu_seconds`, `address_space_bytes`, `output_bytes`,
-    `require_isolation` (SandboxLimits' fields). A host where the sandbox cannot run stops the run when
-    the tool is built, with the reason and the fix, instead of failing every call.
+    """`code_interpreter(code)`: the program's output from a fresh sandboxed process per call
+    (hybridrl/rewards/SANDBOX.md), with its stderr and status when it failed. The YAML `config:` sets the
+    LIMIT_KEYS of SandboxLimits; a host where the sandbox cannot run stops the run when the tool is built.
     """
 
     def __init__(self, config: dict, tool_schema: OpenAIFunctionToolSchema | None) -> None:

@@ -56,15 +56,10 @@ def _hermes_call(block: str) -> ParsedCall | CallError:
 
 @CALL_FORMATS.register("hermes")
 def parse_hermes(text: str) -> list[ParsedCall | CallError]:
-    """Every `<tool_call>...</tool_call>` block in order; an unclosed last one is an error.
+    """`hermes` (Qwen2.5): every `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` in order.
 
-    `hermes` (Qwen2.5 / NousResearch Hermes): each call is a JSON object between tags,
-
-        <tool_call>{"name": "calculator", "arguments": {"expression": "3 + 4"}}</tool_call>
-
-    with `arguments` an object (a JSON string holding one is accepted too, as some models write it). A
-    block that is not such an object, or a `<tool_call>` left unclosed, is a `CallError`: the agent loop
-    answers it with an error message in the conversation and counts it, and the run goes on.
+    `arguments` may also be a JSON string holding the object. A malformed block or an unclosed last tag is
+    a `CallError`, which the agent loop answers in the conversation.
     """
     calls: list[ParsedCall | CallError] = [_hermes_call(m.group(1)) for m in _HERMES_BLOCK.finditer(text)]
     tail = text[text.rfind(HERMES_CLOSE) + len(HERMES_CLOSE):] if HERMES_CLOSE in text else text
@@ -75,8 +70,7 @@ def parse_hermes(text: str) -> list[ParsedCall | CallError]:
 
 # ---------------------------------------------------------------- running
 
-# Extra seconds the caller waits past a call's own timeout before judging the loop blocked: wait_for
-# needs the loop to run once more to cancel the call.
+# seconds past a call's timeout before the loop counts as blocked (wait_for needs it to run to cancel)
 BLOCKED_LOOP_GRACE_S = 1.0
 
 
@@ -115,15 +109,11 @@ def _cancel_all_and_stop(loop: asyncio.AbstractEventLoop) -> None:
 
 
 class ToolRunner:
-    """A background event loop that runs batches of tool calls; `close()` stops it.
+    """Runs batches of tool calls concurrently on one background event loop, each under `wait_for`.
 
-    The coroutines run on one event loop in a background thread, so the tools of every trajectory in a
-    turn overlap (a tool that waits on I/O or on `asyncio.to_thread` lets the others run). Each call is
-    wrapped in `asyncio.wait_for`, which ends a call that awaits too long. A tool that blocks the loop
-    itself (synchronous work inside `async def`, e.g. `time.sleep`) cannot be interrupted that way: the
-    caller stops waiting at the deadline, reports every unfinished call as timed out, and moves to a
-    fresh loop; the blocked thread is abandoned (a daemon, it ends with the process) and its calls'
-    results are dropped.
+    A tool that blocks the loop itself (`time.sleep` in `async def`) cannot be cancelled: at the deadline
+    its batch's unfinished calls time out and the next batch gets a fresh loop; the blocked daemon thread
+    is abandoned.
     """
 
     def __init__(self, blocked_loop_grace_s: float = BLOCKED_LOOP_GRACE_S) -> None:
@@ -163,7 +153,7 @@ class ToolRunner:
         return outcomes
 
     def _abandon(self) -> None:
-        """Leave a blocked loop behind: it stops once the blocking call returns, and the next batch gets a new one."""
+        """Leave a blocked loop behind; it stops once the blocking call returns."""
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
         self._loop, self._thread = None, None

@@ -2,31 +2,18 @@
 
     python -m hybridrl.data.tasks.arithmetic --out ~/data/arithmetic [--ops +,-,*] [--digits 2] [--mul-digits 2,1]
 
-Why the response is worked column by column
--------------------------------------------
-A ~2.6M-parameter model trained to answer "37 + 48" with "85" directly memorised the training pairs
-(TRL's SFT on 4,000 of the 8,100 pairs) and reached 6% on 200 unseen pairs after 300 steps, 4.5% after
-1,200: producing the most significant digit first needs every carry at once, which a tiny model cannot
-compute in one step. So each target response spells out the schoolbook procedure, least significant
-column first, one line per column, then the result:
+A tiny model cannot emit the most significant digit first (it needs every carry at once), so each
+response works the schoolbook procedure one fixed-width line per column, least significant first, each
+line needing only digits already in context ("Teaching Arithmetic to Small Transformers", Lee et al. 2023):
 
     Compute 37 + 48 ...        7+8+0=5 c1        (column digits + carry in = digit, carry out)
                                3+4+1=8 c0
                                <answer>85</answer>
 
-Each line needs only three digits that are already in the context (two operand digits at a fixed
-offset from the previous line's, and the carry just written), and the lines have a fixed width, so
-attention can find them at fixed relative distances. The final answer then copies the digits bottom
-up, led by the last carry. Subtraction writes borrows (`2-8-0=4 b1`) after swapping the operands when
-the result is negative (`38<52 so 38-52=-(52-38)`); multiplication by one digit writes
-`7*6+0=2 c4` lines; a multi-digit multiplier adds one such block per digit and then column-adds the
-shifted partial products (`2+0+0=2 c0`). This follows "Teaching Arithmetic to Small Transformers"
-(Lee et al., 2023), where reversed/scratchpad outputs made addition learnable from few samples.
-
-Contract with the arithmetic reward scorer: `data_source="arithmetic"`, `reward_model.ground_truth`
-is the exact integer result as a string ("85", "-12"), and every target response ends with
-`<answer>N</answer>`; the scorer reads only the last answer tag, so the worked lines are free-form.
-Operands are non-negative; subtraction results may be negative.
+Subtraction writes borrows (`2-8-0=4 b1`), swapping the operands of a negative result
+(`38<52 so 38-52=-(52-38)`); multiplication writes `7*6+0=2 c4` lines per multiplier digit, then
+column-adds the shifted partial products. `reward_model.ground_truth` is the exact result as a string
+("85", "-12"); the scorer reads only the last `<answer>` tag.
 """
 
 from __future__ import annotations
@@ -122,23 +109,15 @@ def worked_steps(problem: Problem) -> list[str]:
 
 
 def worked_answer(problem: Problem, drop_sign: bool = False) -> str:
-    """The full target response: worked lines, then `<answer>N</answer>`.
-
-    `drop_sign=True` writes |N| in the tag: the slip of the imperfect teacher (see `teacher_slips`).
-    """
+    """The full target response: worked lines, then `<answer>N</answer>` (|N| with `drop_sign`)."""
     result = abs(problem.result) if drop_sign else problem.result
     return "\n".join([*worked_steps(problem), f"<answer>{result}</answer>"])
 
 
 def teacher_slips(problems: Sequence[Problem], rate: float, seed: int = 0) -> list[bool]:
-    """Which demonstrations an imperfect teacher gets wrong: each negative result independently with
-    probability `rate` loses its minus sign in the answer tag (the worked lines stay right).
-
-    Why: a tiny model's SFT errors are mostly one-off copy slips that differ from prompt to prompt,
-    so a reward has little to generalise from. A teacher with a systematic slip is the common real
-    case (demonstrations from a weaker model or a careless annotator): SFT copies the slip, while a
-    verifiable reward on the exact result teaches the model to do better than its teacher, and that
-    lesson carries over to held-out problems. Only what SFT imitates changes; `ground_truth` stays exact.
+    """Which demonstrations an imperfect teacher gets wrong: each negative result, with probability `rate`,
+    loses its minus sign in the answer tag. SFT copies this systematic slip; the exact-answer reward can
+    then teach the model to beat its teacher. `ground_truth` stays exact.
     """
     if not 0.0 <= rate <= 1.0:
         raise ValueError(f"--teacher-sign-error must be a probability in [0, 1], got {rate}")
@@ -147,11 +126,7 @@ def teacher_slips(problems: Sequence[Problem], rate: float, seed: int = 0) -> li
 
 
 def allocate(total: int, capacities: Sequence[int]) -> list[int]:
-    """Split `total` as evenly as possible over bins without exceeding any bin's capacity.
-
-    Water-filling: each round gives every bin with room an equal share (the first bins take the
-    remainder), capped at its room, until `total` is placed.
-    """
+    """Split `total` as evenly as possible over bins without exceeding any bin's capacity (water-filling)."""
     counts = [0] * len(capacities)
     left = total
     while left > 0:
@@ -178,13 +153,8 @@ def generate(
     digits: int = 2,
     mul_digits: tuple[int, int] = (2, 1),
 ) -> tuple[list[Problem], list[Problem]]:
-    """Distinct problems split into train and test, with no (op, a, b) in both.
-
-    Operands are drawn uniformly from [0, 10**d - 1]. The ops share each split evenly unless an op
-    has too few distinct problems (e.g. 2-digit * 1-digit has 1,000), in which case the others take
-    the rest. Each op's problems are one sample without replacement, test first, so the held-out
-    problems never appear in train.
-    """
+    """Distinct problems, operands uniform in [0, 10**d - 1], with no (op, a, b) in both splits. The ops
+    share each split evenly unless one has too few distinct problems; the others then take the rest."""
     unknown = [op for op in ops if op not in OPS]
     if unknown or not ops:
         raise ValueError(f"--ops must be a non-empty subset of {','.join(OPS)}; got {','.join(ops)!r}")
@@ -201,7 +171,6 @@ def generate(
     for op, (_, db), space, n_test, n_train in zip(
         ops, widths, spaces, test_counts, train_counts, strict=True
     ):
-        # sampling from a range object never materialises it, so large digit counts stay cheap
         ids = rng.sample(range(space), n_test + n_train)
         problems = [Problem(op, i // 10**db, i % 10**db) for i in ids]
         test += problems[:n_test]
@@ -212,7 +181,7 @@ def generate(
 
 
 def to_rows(problems: Sequence[Problem], split: str, slips: Sequence[bool] | None = None) -> list[dict]:
-    """verl-schema rows; `extra_info.answer` is the demonstration SFT learns from (with `slips`)."""
+    """verl-schema rows; `extra_info.answer` is the demonstration SFT learns from."""
     slips = slips or [False] * len(problems)
     return [
         make_row(

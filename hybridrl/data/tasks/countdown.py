@@ -2,16 +2,10 @@
 
     python -m hybridrl.data.tasks.countdown --out ~/data/countdown [--min-numbers 3] [--max-numbers 4]
 
-Every instance is solvable: the target is drawn from the integers that some expression using each
-number exactly once evaluates to, and the expression found by the solver is checked again by an
-independent evaluator before the row is written. `reward_model.ground_truth` is
-`{"target": int, "numbers": [int, ...]}`; the worked response is the solver's steps in
-`<think></think>` followed by the expression in `<answer></answer>`.
-
-The solver is dynamic programming over subsets of the numbers (bitmasks): the values reachable from
-a subset are all `x op y` with x reachable from one part of a split and y from the other. It keeps
-one expression per value, preferring ones whose intermediate results are non-negative integers
-(they read like a human's working). Arithmetic is exact (`fractions.Fraction`).
+Every target is reachable: it is drawn from the values of expressions using each number once (dynamic
+programming over subsets, exact `Fraction` arithmetic, preferring non-negative integer steps), and the
+solution is checked by an independent evaluator. `reward_model.ground_truth` is `{"target", "numbers"}`;
+the worked response is the steps in `<think></think>`, then the expression in `<answer></answer>`.
 """
 
 from __future__ import annotations
@@ -108,11 +102,8 @@ _BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
 
 
 def evaluate(expression: str) -> tuple[Fraction, list[int]]:
-    """Exact value of an expression of integers, + - * / and parentheses, and the integers it uses.
-
-    Independent of the solver (it parses text), so it can check the solver's output. Raises
-    ValueError for anything else (names, calls, unary minus, division by zero).
-    """
+    """(exact value, integers used) of an expression of integers, + - * / and parentheses, parsed from text
+    to check the solver; ValueError for anything else (unary minus and division by zero included)."""
 
     def walk(node: ast.AST) -> Fraction:
         if isinstance(node, ast.Constant) and type(node.value) is int:
@@ -205,10 +196,7 @@ def generate(
     max_number: int = 99,
     target_range: tuple[int, int] = (1, 100),
 ) -> tuple[list[Instance], list[Instance]]:
-    """Distinct solvable instances; the first `test_size` go to test, so none of them is in train.
-
-    Two instances are the same if they have the same multiset of numbers and the same target.
-    """
+    """Distinct (multiset of numbers, target) instances; the first `test_size` are the test split."""
     check_sizes(train_size, test_size)
     if not 2 <= min_numbers <= max_numbers <= 6:
         raise ValueError(f"need 2 <= --min-numbers <= --max-numbers <= 6, got {min_numbers}, {max_numbers}")

@@ -2,11 +2,8 @@
 
     python -m hybridrl.data.tasks.gsm8k --input ~/raw/gsm8k --out ~/data/gsm8k
 
-Reads `train.jsonl`/`test.jsonl` from github.com/openai/grade-school-math or the hub's
-`main/{train,test}-*.parquet`; both have `question` and `answer` columns, where `answer` is the worked
-solution ending in `#### 72`. The ground truth is that final number with thousands commas removed,
-the prompt is the question plus verl's instruction to answer after "####", and `extra_info.answer`
-keeps the full worked solution.
+Reads `train.jsonl`/`test.jsonl` (github.com/openai/grade-school-math) or the hub's parquet. The ground
+truth is the number after the solution's final `####`, commas dropped; the prompt adds verl's instruction.
 """
 
 from __future__ import annotations
@@ -27,7 +24,6 @@ def extract_answer(solution: str) -> str | None:
     matches = _FINAL.findall(solution)
     if not matches:
         return None
-    # a sentence-ending period is not part of the number
     return matches[-1].replace(",", "").rstrip(".") or None
 
 

@@ -2,11 +2,9 @@
 
     python -m hybridrl.data.tasks.math --input ~/raw/MATH --out ~/data/math
 
-Reads Hendrycks' release (`train/<subject>/<n>.json`), the hub's parquet
-(`data/train-*.parquet`) or jsonl, all with `problem`, `solution`, `level` and `type`. The ground
-truth is the content of the LAST `\\boxed{...}` (or `\\fbox{...}`) in the solution, with nested
-braces matched; the prompt is the problem plus verl's instruction to answer within `\\boxed{}`.
-Solutions without a box (a handful in the release) are skipped and counted in the log.
+Reads Hendrycks' release (`train/<subject>/<n>.json`), the hub's parquet or jsonl. The ground truth is
+the last `\\boxed{...}` of the solution (unboxed solutions are skipped and counted); the prompt adds
+verl's instruction.
 """
 
 from __future__ import annotations
@@ -43,11 +41,7 @@ def _braced(text: str, start: int) -> str | None:
 
 
 def last_boxed(solution: str) -> str | None:
-    """Content of the last \\boxed{...} / \\fbox{...} (or the '\\boxed 5' form); None if there is none.
-
-    '\\boxed{\\frac{1}{2}}' -> '\\frac{1}{2}'. "Last" is by start position, so a box inside a box
-    yields the inner one.
-    """
+    """Content of the last-starting \\boxed{...} / \\fbox{...} (or '\\boxed 5'); None if there is none."""
     start = max(solution.rfind(cmd) for cmd in _COMMANDS)
     if start < 0:
         return None

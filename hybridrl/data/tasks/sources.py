@@ -1,10 +1,5 @@
-"""Reading the public data sets' local files, in the layouts their publishers distribute.
-
-`--input DIR` is searched recursively for files whose name or parent folder starts with `train` or
-`test`: GitHub jsonl (`train.jsonl`), Hugging Face hub parquet (`main/train-00000-of-00001.parquet`)
-and Hendrycks' MATH release (`MATH/train/algebra/1.json`, one JSON object per file) all fit.
-
-The task commands also share their row layout, the parquet writer and the common CLI flags from here.
+"""What the task commands share: the row layout, the parquet writer, the CLI flags, and reading `--input`,
+searched recursively for jsonl, json or parquet files whose name or a folder starts with `train` / `test`.
 """
 
 from __future__ import annotations
@@ -37,12 +32,8 @@ def make_row(
     extra: dict[str, Any] | None = None,
     prompt_text: str | None = None,
 ) -> dict[str, Any]:
-    """One row in verl's schema; the user message of `prompt` is `prompt_text`, or `question` if None.
-
-    `extra_info.question` keeps the bare question, as verl's preprocessors do, when the prompt adds an
-    instruction to it. `extra` adds task-specific keys to `extra_info` (they must be the same for every row of a file,
-    since parquet stores `extra_info` as one struct type).
-    """
+    """One row in verl's schema, prompting with `prompt_text` (default `question`). `extra` adds keys to
+    `extra_info`, the same for every row of a file (parquet stores it as one struct type)."""
     extra_info: dict[str, Any] = {"split": split, "index": index, "question": question, "answer": answer}
     extra_info.update(extra or {})
     return {
@@ -79,10 +70,7 @@ def write_splits(
 def base_parser(
     description: str, *, train_size: int | None, test_size: int | None
 ) -> argparse.ArgumentParser:
-    """The flags every task command shares: --out, --seed, --train-size, --test-size.
-
-    For the preprocessors the sizes default to None, meaning "every row of the input".
-    """
+    """The flags every task command shares; sizes of None mean every input row."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--out", required=True, help="directory for train.parquet and test.parquet")
     parser.add_argument("--seed", type=int, default=0, help="random seed (same seed, same files)")
@@ -183,11 +171,8 @@ def preprocess_main(
     to_rows: Callable[[list[Record], str], list[dict[str, Any]]],
     argv: Sequence[str] | None = None,
 ) -> None:
-    """The command of a preprocessor: read `--input`'s train/test files, convert, write `--out`.
-
-    `to_rows(records, split)` turns one split's records into verl-schema rows (it may skip records);
-    `--train-size` / `--test-size` then keep the first rows of each split.
-    """
+    """A preprocessor's command: `to_rows(records, split)` converts each split of `--input` to rows, of which
+    the first `--train-size` / `--test-size` are written to `--out`."""
     parser = base_parser(description, train_size=None, test_size=None)
     parser.add_argument("--input", required=True, help="directory with the data set's train/test files")
     args = parser.parse_args(argv)

@@ -2,27 +2,12 @@
 
     python -m hybridrl.data.tasks.tool_arithmetic --out ~/data/tool_arithmetic [--call-shares +=0.3,-=0.9]
 
-writes `train.parquet` / `test.parquet` (prompts for RL, verl's schema) and `sft.parquet` (a `messages`
-column of teacher conversations for a multi-turn SFT warm start). Each problem adds or subtracts two
-three-digit numbers, asked plainly ("What is 347 + 568?"). The teacher answers one of two ways:
-
-    calls the calculator:   <tool_call>{"name": "calculator", "arguments": {"expression": "347 + 568"}}</tool_call>
-                            (tool) 915
-                            <answer>915</answer>
-    works it out by hand:   <answer>915</answer>
-
-and how often it calls depends on the operation (`--call-shares`): by default it reaches for the
-calculator for 90% of the subtractions (borrows and signs) and only 30% of the additions, which it
-finds easy. Both ways are right when the teacher writes them; not when a ~1M-parameter student does.
-Measured after the demo's SFT (hybridrl/examples/tool_agent.py, seed 0): the student copies the
-operands into the call and the tool's result into its answer almost always, and gets 0% of the
-three-digit results it writes by hand (a multi-digit result in one step is what tiny models cannot
-learn; see hybridrl/data/tasks/arithmetic.py). Greedily it then calls for subtractions and answers
-additions by hand, so it gets about half the held-out problems. The calls exist for additions too (30%
-of its samples): RL with the exact-answer reward can learn to make them, which is what the demo shows.
-
-Scoring is the arithmetic task's (`data_source="arithmetic"`: the last <answer> tag must hold the exact
-result); the tool's answers carry no tag.
+writes the RL splits and `sft.parquet`, a `messages` column of teacher conversations for a multi-turn
+SFT warm start. Each problem adds or subtracts two three-digit numbers ("What is 347 + 568?"); the teacher
+either calls the calculator (`<tool_call>{"name": "calculator", ...}</tool_call>`, the tool's answer,
+then `<answer>915</answer>`) or answers by hand, calling per `--call-shares` (90% of subtractions, 30% of
+additions). A tiny student cannot add by hand, so RL must teach it to call for additions too
+(docs/agents.md, "The demo"). Scored as the arithmetic task (`data_source="arithmetic"`).
 """
 
 from __future__ import annotations
@@ -37,7 +22,7 @@ from hybridrl.data.tasks.arithmetic import DATA_SOURCE, Problem
 from hybridrl.data.tasks.sources import base_parser, check_sizes, make_row, write_parquet, write_splits
 
 TOOL_NAME = "calculator"
-OPERAND_RANGE = (100, 999)  # three digits each: the call's operands sit at a fixed distance from the question's
+OPERAND_RANGE = (100, 999)  # three digits: the call's operands sit at a fixed distance from the question's
 DEFAULT_CALL_SHARES = {"+": 0.3, "-": 0.9}
 
 
@@ -51,7 +36,7 @@ def tool_call_text(problem: Problem) -> str:
 
 
 def teacher_chat(problem: Problem, calls_tool: bool) -> list[dict[str, str]]:
-    """The teacher's conversation: user, then either the call, the tool's answer and the answer, or the answer."""
+    """The teacher's conversation: the question, the call and the tool's answer if it calls, the answer."""
     answer = f"<answer>{problem.result}</answer>"
     chat = [{"role": "user", "content": question(problem)}]
     if calls_tool:
