@@ -115,11 +115,8 @@ def packing_supported(weight: torch.Tensor) -> bool:
         and weight.dim() == 2
         and weight.device.type == "cpu"
         and weight.dtype in (torch.bfloat16, torch.float32)
-        and platform.machine().lower() in ("x86_64", "amd64")
-        and torch.backends.mkldnn.is_available()
-        and torch.backends.mkldnn.enabled
+        and onednn_fp32_supported()
         and hasattr(ops, "_reorder_linear_weight")
-        and hasattr(ops, "_linear_pointwise")
         and (weight.dtype != torch.bfloat16 or ops._is_mkldnn_bf16_supported())
     )
 

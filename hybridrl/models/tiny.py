@@ -336,19 +336,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parse_args(argv)
-    out = build_tiny_model(
-        args.out,
-        arch=args.arch,
-        size=args.size,
-        seed=args.seed,
-        vocab_size=args.vocab_size,
-        max_position_embeddings=args.max_position_embeddings,
-        hidden_size=args.hidden_size,
-        num_layers=args.num_layers,
-        num_heads=args.num_heads,
-        num_kv_heads=args.num_kv_heads,
-        intermediate_size=args.intermediate_size,
-    )
+    out = build_tiny_model(**vars(args))  # the flags are build_tiny_model's keywords
     model = ARCHS.get(args.arch).model_cls.from_pretrained(out)
     print(
         f"wrote {args.arch} model ({count_parameters(model):,} parameters, vocab {model.config.vocab_size}) to {out}"
