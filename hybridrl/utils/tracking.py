@@ -49,9 +49,7 @@ def _as_scalar(key: str, value: Any) -> float | int:
         if value.numel() != 1:
             raise TypeError(f"metric {key!r} is a tensor of shape {tuple(value.shape)}; log scalars only")
         value = value.item()
-    if isinstance(value, np.ndarray) and value.size == 1:
-        value = value.item()
-    if isinstance(value, np.generic):
+    if isinstance(value, (np.ndarray, np.generic)) and value.size == 1:
         value = value.item()
     if isinstance(value, bool):
         return int(value)
