@@ -33,9 +33,7 @@ from hybridrl.workers.rollout.base import BaseRollout, assemble_output, check_pr
 from hybridrl.workers.rollout.chat_delta import ChatTemplateDelta, tokenization_mismatch
 from hybridrl.workers.rollout.sampling import CALL_OVERRIDES, resolve_sampling_params
 
-# Per-sample columns the loop adds (`sample_columns`; numpy object arrays): turn and tool counts (failed
-# create / calc_reward / release count as errors; timeouts are part of the errors), latencies, the finish
-# reason, tool rewards and tokenization mismatches. The reward managers pass __num_turns__, reward_scores
+# Per-sample columns the loop adds (`sample_columns`); the reward managers pass __num_turns__, reward_scores
 # and tool_rewards to the reward function in extra_info.
 NUMERIC_COLUMNS = ("__num_turns__", "tool_calls", "tool_errors", "tool_timeouts")
 FINISH_COLUMN = "agent_finish"
@@ -211,7 +209,6 @@ class AgentLoop:
     def close(self) -> None:
         self.runner.close()
 
-    # ----- one call: every trajectory of the batch ----------------------------------------------------
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         input_ids, attention_mask, _ = check_prompts(prompts)
         params = resolve_sampling_params(self.config, prompts.meta_info, self.eos_token_ids)
@@ -266,7 +263,6 @@ class AgentLoop:
             trajectories += [Trajectory(prompt, name, tools_kwargs) for _ in range(n)]
         return trajectories
 
-    # ----- the model's turn ---------------------------------------------------------------------------
     def _model_turn(self, active: list[Trajectory], meta_info: Mapping[str, Any], turn: int,
                     stop_ids: set[int], device: torch.device) -> None:
         limit = self.config.response_length
@@ -307,7 +303,6 @@ class AgentLoop:
         else:
             t.state, t.pending = AgentState.CALLING_TOOLS, calls
 
-    # ----- the tools' turn ----------------------------------------------------------------------------
     def _tool_turn(self, calling: list[Trajectory]) -> None:
         if not calling:
             return
@@ -411,7 +406,6 @@ class AgentLoop:
     def _bind(method: Any, *args: Any, **kwargs: Any) -> Any:
         return lambda: method(*args, **kwargs)
 
-    # ----- the output ---------------------------------------------------------------------------------
     def _assemble(self, prompts: DataProto, trajectories: list[Trajectory], n: int) -> DataProto:
         width, device = self.config.response_length, prompts.batch["input_ids"].device
 

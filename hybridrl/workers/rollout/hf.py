@@ -55,13 +55,11 @@ from hybridrl.workers.rollout.static_decode import decode_static, hook_free_view
 
 logger = logging.getLogger(__name__)
 
-# Finished rows leave the batch once they are at least this share of it: dropping copies the survivors'
-# cache, so it is batched (shares from 1/16 to 1/4 measured alike, dropping at every finish slower).
+# Finished rows leave the batch once they are this share of it: dropping copies the survivors' cache.
 DROP_FINISHED_SHARE = 0.125
 
-# Prompts (after trimming their shared padding) at least this long keep their keys/values once for their
-# samples (fused_decoder.SharedPromptKV); below it the regrouping costs more than it saves
-# (benchmarks/results/fused_decode.md).
+# Prompts (after trimming shared padding) this long keep their keys/values once for their samples
+# (fused_decoder.SharedPromptKV); shorter ones gain less than the regrouping costs (benchmarks/results/fused_decode.md).
 SHARE_PROMPT_KV_FROM = 32
 
 
