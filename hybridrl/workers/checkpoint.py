@@ -148,7 +148,6 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-# ----- RNG states ------------------------------------------------------------------------------------
 def get_rng_state() -> dict[str, Any]:
     """This process's RNG states, as tensors and tuples `torch.load(weights_only=True)` reads."""
     _, keys, pos, has_gauss, gauss = np.random.get_state()
@@ -181,7 +180,6 @@ def _extra_file(path: Path, world_size: int, rank: int) -> Path:
     return path / f"extra_state_world_size_{world_size}_rank_{rank}.pt"
 
 
-# ----- validation ------------------------------------------------------------------------------------
 def check_role_dir(path: str | Path) -> dict[str, Any]:
     """The role marker of a finished checkpoint at `path`; raises CheckpointError saying what is wrong."""
     path = Path(path)
@@ -318,7 +316,6 @@ def read_full_model_state(path: str | Path) -> dict[str, torch.Tensor]:
     return {key[len(prefix):]: value for key, value in state.items()}
 
 
-# ----- the per-role, per-rank manager ----------------------------------------------------------------
 class CheckpointManager:
     """Saves and restores one role's engine (model, optimizer, scheduler), RNG states and HF files.
 
@@ -335,7 +332,6 @@ class CheckpointManager:
             raise ValueError("checkpoint.save_contents has 'optimizer' but this engine has no optimizer "
                              "(a reference model?); save ['model'] only")
 
-    # -- save --
     def save_checkpoint(self, local_path: str | Path, global_step: int,
                         max_ckpt_to_keep: int | None = None) -> None:
         """Write this role's checkpoint to `local_path` (e.g. `.../global_step_N/actor`) from all ranks."""
@@ -412,7 +408,6 @@ class CheckpointManager:
         if self.processing_class is not None:
             self.processing_class.save_pretrained(out_dir)
 
-    # -- load --
     def load_checkpoint(self, local_path: str | Path) -> dict[str, Any]:
         """Restore `checkpoint.load_contents` from the role checkpoint at `local_path`; returns its marker.
 

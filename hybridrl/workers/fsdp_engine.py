@@ -145,7 +145,6 @@ class FSDPEngine:
             self.optimizer, self.lr_scheduler = build_optimizer(self.module, optim_config)
         self._params_offloaded = self._optimizer_offloaded = False
 
-    # ----- training ------------------------------------------------------------------------------------
     @contextmanager
     def gradient_sync(self, enabled: bool) -> Iterator[None]:
         """Skip the gradient reduce-scatter on all but the last micro-batch of an accumulation.
@@ -191,7 +190,6 @@ class FSDPEngine:
         self.lr_scheduler.step()
         return self.lr_scheduler.get_last_lr()[0]
 
-    # ----- generation --------------------------------------------------------------------------------
     @contextmanager
     def summon_full_params(self) -> Iterator[nn.Module]:
         """Gather every layer's full parameters once for the block: generation's many forwards then need no
@@ -214,7 +212,6 @@ class FSDPEngine:
             for name, value in self.module.state_dict().items():
                 yield name, (value.full_tensor() if isinstance(value, DTensor) else value).detach()
 
-    # ----- offload -------------------------------------------------------------------------------------
     def offload_params(self) -> None:
         if self.config.param_offload and self.device.type != "cpu" and not self._params_offloaded:
             self.module.to("cpu")
@@ -241,7 +238,6 @@ class FSDPEngine:
                 if isinstance(value, torch.Tensor):
                     state[key] = value.to(device, non_blocking=True)
 
-    # ----- state dicts ---------------------------------------------------------------------------------
     def full_model_state_dict(self) -> dict[str, torch.Tensor]:
         """Unsharded parameters on CPU, on rank 0 only (others get {}); a collective: call on all ranks."""
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)

@@ -118,7 +118,6 @@ def normalize_reward_model(config: RewardModelConfig, world_size: int) -> Reward
     return dataclasses.replace(config, micro_batch_size_per_gpu=micro)
 
 
-# ----- re-tokenisation --------------------------------------------------------------------------------------
 def same_tokenization(a: Any, b: Any) -> bool:
     """True when token ids from `a` mean the same to `b`: same vocabulary and the same chat template."""
     return a.get_vocab() == b.get_vocab() and a.chat_template == b.chat_template
@@ -178,7 +177,6 @@ def retokenize_for_reward_model(chats: Sequence[list[dict[str, Any]]], rm_tokeni
                                 "position_ids": position_ids})
 
 
-# ----- scoring ---------------------------------------------------------------------------------------------
 def last_valid_index(attention_mask: torch.Tensor) -> torch.Tensor:
     """Column of each row's last real token, for left, right or both-sides padding. (B, L) -> (B,)."""
     columns = torch.arange(attention_mask.shape[-1], device=attention_mask.device)
