@@ -182,7 +182,6 @@ class DataProto:
         self.meta_info: dict[str, Any] = dict(meta_info or {})
         self.check_consistency()
 
-    # ----- construction --------------------------------------------------------------------------------
     @classmethod
     def from_single_dict(cls, data: Mapping[str, Any], meta_info: Mapping[str, Any] | None = None,
                          auto_padding: bool = False) -> DataProto:
@@ -225,7 +224,6 @@ class DataProto:
         return cls(batch=TensorBatch(tensors) if tensors else None, non_tensor_batch=non_tensors,
                    meta_info=meta_info)
 
-    # ----- invariants ----------------------------------------------------------------------------------
     def check_consistency(self) -> None:
         """Raise if any column's row count differs from the others, naming the column."""
         counts = {}
@@ -253,7 +251,6 @@ class DataProto:
         return (f"DataProto(rows={len(self)}, batch={keys}, non_tensor_batch={list(self.non_tensor_batch)}, "
                 f"meta_info={list(self.meta_info)})")
 
-    # ----- row access ----------------------------------------------------------------------------------
     def __getitem__(self, index: RowIndex) -> DataProtoItem | DataProto:
         """An int gives one `DataProtoItem`; a slice, index array or boolean mask gives a DataProto."""
         if isinstance(index, (int, np.integer)):
@@ -280,7 +277,6 @@ class DataProto:
         for i in range(len(self)):
             yield self[i]
 
-    # ----- column operations ---------------------------------------------------------------------------
     def select(
         self,
         batch_keys: Iterable[str] | None = None,
@@ -369,7 +365,6 @@ class DataProto:
                 if key in mine and not deep_equal(mine[key], value):
                     raise DataProtoError(f"union: {part} key {key!r} exists in both with different values")
 
-    # ----- row-wise reshaping --------------------------------------------------------------------------
     def chunk(self, chunks: int) -> list[DataProto]:
         """Split into `chunks` equal parts; raises when the rows do not divide (pad first)."""
         if chunks <= 0:
@@ -421,7 +416,6 @@ class DataProto:
             raise ValueError(f"reorder: got {len(reordered)} indices for {len(self)} rows")
         self.batch, self.non_tensor_batch = reordered.batch, reordered.non_tensor_batch
 
-    # ----- devices, copies, persistence ----------------------------------------------------------------
     def to(self, device: str | torch.device) -> DataProto:
         if self.batch is not None:
             self.batch = self.batch.to(device)

@@ -51,7 +51,6 @@ class TensorBatch(Mapping[str, torch.Tensor]):
         if self._batch_size is None:
             self._batch_size = 0
 
-    # ----- mapping interface ---------------------------------------------------------------------------
     def __getitem__(self, key: str) -> torch.Tensor:
         try:
             return self._tensors[key]
@@ -101,7 +100,6 @@ class TensorBatch(Mapping[str, torch.Tensor]):
         del self._tensors[key]
         return tensor
 
-    # ----- row and key operations ----------------------------------------------------------------------
     def rows(self, index: RowIndex) -> TensorBatch:
         """Rows picked by an int, slice, integer array or boolean mask; an int keeps a batch of one."""
         idx = _as_index(index)
@@ -141,7 +139,6 @@ class TensorBatch(Mapping[str, torch.Tensor]):
         total = sum(b.num_rows for b in batches)
         return TensorBatch({k: torch.cat([b[k] for b in batches], dim=0) for k in keys}, batch_size=total)
 
-    # ----- transport -----------------------------------------------------------------------------------
     def __getstate__(self) -> dict:
         # Tensors travel as numpy arrays, whose buffers pickle protocol 5 (Ray) moves out of band without a
         # copy; bfloat16, which numpy lacks, travels as its int16 bits.
