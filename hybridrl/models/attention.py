@@ -1,13 +1,10 @@
 """Attention implementations registered with transformers on import (hybridrl's model loader imports this).
 
-- `grouped_eager`: eager attention's arithmetic (fp32 softmax included) with the query heads that share a
-  key/value head stacked along the query axis, so no key/value head is copied (`repeat_kv`);
-  `default_attention` picks it for half precision on a CPU.
-- `grouped_sdpa`: sdpa reading each key/value head once while decoding one token (transformers before
-  5.23 copied the cache per query head at every step); `decoding_attention` picks it wherever decoding
-  runs sdpa.
-- `SHARED_PROMPT`, through `shared_prompt_forward`: one forward over rows that share prompts (the
-  rollout.n responses of a group), computing each distinct prompt once.
+`grouped_eager`: eager attention's arithmetic with the query heads that share a key/value head stacked
+along the query axis, so no key/value head is copied (`default_attention` picks it for half precision on
+a CPU). `grouped_sdpa`: sdpa reading each key/value head once while decoding one token (picked by
+`decoding_attention`). `SHARED_PROMPT`, through `shared_prompt_forward`: one forward over rows that share
+prompts (a group's rollout.n responses), computing each distinct prompt once.
 """
 
 from __future__ import annotations

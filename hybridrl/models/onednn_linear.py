@@ -1,14 +1,10 @@
 """Linear layers that multiply through oneDNN on an x86 CPU.
 
-`OneDNNLinear` (fp32 training and log-prob passes): the forward and the input gradient run through
-`torch.ops.mkldnn._linear_pointwise` on the plain weight instead of MKL's sgemm; the weight gradient
-stays on torch's path; anything else (another dtype, a GPU, autocast, no rows) is `F.linear`. Results
-agree with `F.linear` to fp32 rounding. Why: benchmarks/results/grpo_vs_trl_fp32_onednn.md.
-
-`prepacked_linears` (generation): inside the block each plain linear runs on a copy of its weight
-reordered once into oneDNN's blocked layout; bf16 outputs equal `F.linear`'s bit for bit. A call that
-needs gradients, or whose weight changed, runs `F.linear` instead of a stale pack. Training keeps the
-plain call, which packing did not speed up (benchmarks/results/packed_linear.md).
+`OneDNNLinear` (fp32 training and log-prob passes) runs its forward and input gradient through oneDNN on
+the plain weight instead of MKL (benchmarks/results/grpo_vs_trl_fp32_onednn.md), equal to `F.linear` up
+to fp32 rounding; other calls are `F.linear`. `prepacked_linears` (generation) runs each plain linear on
+a copy of its weight reordered once for oneDNN, bf16 bit for bit, falling back to `F.linear` for calls
+that need gradients or whose weight changed; training gains nothing from it (benchmarks/results/packed_linear.md).
 """
 
 from __future__ import annotations
