@@ -1,14 +1,11 @@
 """The numbers workers report and the trainer reduces: metric lists, stage times and MFU.
 
-A metric arrives as a list (one value per micro-batch or rank): `reduce_metrics` takes the mean, or the
-max / min for keys named so; a `Metric` carries its own aggregation. Stage times follow verl's
-`marked_timer`; a worker's own share of a stage comes back in its output's metrics
-(`report_worker_seconds`) and is filed as `<stage>_worker`.
-
-MFU = model FLOPs / (seconds x peak FLOP/s), with 2N FLOPs per token for a forward pass and 6N for
-forward + backward over the N parameters that multiply (Kaplan et al. 2020, "Scaling Laws for Neural
-Language Models", section 2.1; attention scores left out). Padding lowers MFU rather than inflating it,
-as in verl. The peak is a listed GPU's datasheet figure, else measured with square matmuls.
+`reduce_metrics` takes a list's mean, or max / min for keys named so; a `Metric` carries its own
+aggregation. Stage times follow verl's `marked_timer`; a worker's own share comes back in its output's
+metrics (`report_worker_seconds`). MFU = model FLOPs / (seconds x peak FLOP/s), with 2N FLOPs per token
+forward and 6N forward + backward over the N multiplying parameters (Kaplan et al. 2020, "Scaling Laws
+for Neural Language Models", section 2.1; attention left out; padding lowers it, as in verl); the peak
+is a listed GPU's datasheet figure, else measured.
 """
 
 from __future__ import annotations
