@@ -1,15 +1,12 @@
 """The multi-turn agent loop: generate, run the tools the model calls, append their answers, continue
 (user guide: docs/agents.md).
 
-`AgentLoop.generate_sequences(prompts)` returns a rollout engine's layout (hybridrl/workers/rollout/base.py)
-with every turn in `responses`: `attention_mask` covers model and tool tokens, `response_mask` and
-`rollout_log_probs` the model's only, so tool answers are context, never trained on. It calls
-`engine.generate_sequences` once per turn for the trajectories still generating (any engine; no KV cache
-between turns). Each trajectory (`Trajectory`, `AgentState`) runs GENERATING -> CALLING_TOOLS -> ... ->
-DONE with a `Finish` reason; a row's `agent_name` picks `tool_agent` or `single_turn_agent` (one turn,
-calls unanswered). A trajectory creates its own instance of a tool at its first call (with the row's
-`extra_info.tools_kwargs`) and scores and releases it at the end; tool failures become `Error: ...`
-messages and counts, never stop the run.
+`AgentLoop.generate_sequences(prompts)` returns a rollout engine's layout with every turn in `responses`;
+`response_mask` and `rollout_log_probs` cover the model's tokens only, so tool answers are context, never
+trained on. It calls the engine once per turn for the trajectories still generating (no KV cache is kept
+between turns). A row's `agent_name` picks `tool_agent` or `single_turn_agent` (calls unanswered); a
+trajectory creates its own instance of a tool at its first call (with `extra_info.tools_kwargs`) and
+scores and releases it at the end. Tool failures become `Error: ...` messages and counts, never stop the run.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """The tokens the chat template puts between the end of an assistant turn and the model's next turn.
 
-The model's own tokens are kept as sampled; only what the template adds around new messages (tool
-responses, the next assistant header, whatever follows the EOS) is tokenised, found as the difference
-between a fixed chat rendered alone and followed by the new messages. For a prefix-stable template and
-a tokenizer that merges nothing across an EOS or an assistant header, prompt + turns + deltas equal the
-whole conversation tokenised at once; `tokenization_mismatch` checks that per
-`multi_turn.tokenization_sanity_check_mode` (tests/workers/rollout/test_agent_loop.py for ChatML).
+The model's tokens stay as sampled; only what the template adds around new messages is tokenised: the
+difference between a fixed chat rendered alone and followed by them. With a prefix-stable template that
+equals the conversation tokenised at once, which `tokenization_mismatch` checks per
+`multi_turn.tokenization_sanity_check_mode` (tests/workers/rollout/test_agent_loop.py).
 """
 
 from __future__ import annotations

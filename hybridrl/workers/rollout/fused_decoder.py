@@ -1,18 +1,11 @@
 """One decoding step of a Llama-family causal LM (Llama, Qwen2, Mistral without a sliding window) over the
 model's own weights and modules, for the HF engine's eager loop on a CPU.
 
-`FusedDecoder.step` computes what the model's forward does for one token per row with less around it:
-q/k/v and gate/up projections as one linear each over stacked weights (packed for oneDNN where
-supported), rotary embedding for queries and keys in one pass, and one mask per step for all layers;
-norms, activation, output projections and the attention function are the model's own. Each output is
-the same sum in the same order, so logits equal the forward's bit for bit
-(tests/workers/rollout/test_fused_decoder.py). Gains: benchmarks/results/fused_decode.md.
-
-`FusedDecoder.step_shared` keeps each prompt's keys/values once for its n samples (`SharedPromptKV`),
-with eager attention's arithmetic whatever the model's attention, summing the prompt's and the
-response's parts (bf16 logits within about one bf16 unit of the forward's). `fused_decoder` returns
-None for anything else (another architecture, a LoRA or quantized projection, another attention, a
-sliding window); the loop then calls the model's forward.
+`FusedDecoder.step` gives the forward's logits bit for bit with less around each layer: stacked q/k/v and
+gate/up projections (packed for oneDNN), one rotary pass and one mask per step for all layers
+(benchmarks/results/fused_decode.md). `step_shared` keeps each prompt's keys/values once for its n samples
+(`SharedPromptKV`; bf16 logits within about one unit). `fused_decoder` returns None for other models
+(another architecture or attention, a LoRA or quantized projection, a sliding window).
 """
 
 from __future__ import annotations

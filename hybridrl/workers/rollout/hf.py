@@ -1,14 +1,10 @@
 """`rollout.name=hf`: batched sampling with a KV cache over a Hugging Face causal LM (CPU and GPU).
 
-The engine calls the module's forward itself (not `model.generate`), so it runs on the actor's own
-module, FSDP-wrapped or not, and does what `generate` does not: prefill each prompt once without the
-padding columns all prompts share, and copy its cache n times; keep keys/values in a cache written in
-place (hybridrl/workers/rollout/kv_cache.py); drop finished rows in batches; cast the weights once to
-`rollout.dtype`; decode with the fastest attention for that dtype (`attention_for_decoding`) and without
-FSDP's per-layer hooks (`decoding_module`); on a CPU, packed oneDNN linears and the fused step of
-hybridrl/workers/rollout/fused_decoder.py; on a GPU, CUDA-graph steps (hybridrl/workers/rollout/static_decode.py).
-Each path is tested equal to the plain loop (docs/rollout.md, "How the HF engine decodes");
-benchmarks/rollout_bench.py measures the engine against `model.generate`.
+It calls the actor's own module's forward (FSDP-wrapped or not) instead of `model.generate`, to prefill
+each prompt once without the padding all prompts share, keep a cache written in place, drop finished rows,
+cast the weights once, and take the faster decoding paths: grouped attention, no FSDP hooks, packed oneDNN
+linears and the fused step on a CPU, CUDA graphs on a GPU. Each is tested equal to the plain loop
+(docs/rollout.md, "How the HF engine decodes"); benchmarks/rollout_bench.py compares it with `generate`.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """A KV cache preallocated for the whole generation, written in place, with row dropping.
 
-transformers' `DynamicCache` appends each step with `torch.cat`, copying every layer's whole cache at
-every step. `PreallocatedCache` keeps each layer in (rows, kv_heads, max_len, head_dim) buffers written
-at the current length; attention reads either a view of the written prefix (`full_width=False`, no copy
-here, but torch's CPU batched matmul copies such a strided operand) or the whole contiguous buffers with
-the unwritten positions zero and masked (`full_width=True`, what the HF rollout uses on a CPU; a
-full-width layer starts at the prompt plus `FULL_WIDTH_GROWTH` and grows as written, which measured
-faster than the whole width at once). Finished rows leave with `batch_select_indices`. It plugs into
-transformers 5.x through the public `Cache` / `CacheLayerMixin` API.
+transformers' `DynamicCache` copies every layer's cache with `torch.cat` at each step; `PreallocatedCache`
+writes into (rows, kv_heads, max_len, head_dim) buffers. Attention reads a view of the written prefix, or
+with `full_width` the whole contiguous buffers, unwritten positions zero and masked (faster on a CPU, whose
+batched matmul copies a strided prefix; such a layer grows from the prompt plus `FULL_WIDTH_GROWTH`).
 """
 
 from __future__ import annotations

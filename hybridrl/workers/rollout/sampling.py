@@ -1,12 +1,10 @@
 """Per-call sampling settings and the token sampler shared by the rollout engines.
 
-A token is drawn from the model's next-token distribution after, in the order of Hugging Face's logits
-warpers and vLLM's sampler: temperature (logits / T); top-k (ties at the boundary kept); top-p, the
-smallest prefix by descending probability whose mass reaches p (Holtzman et al. 2020, "The Curious Case
-of Neural Text Degeneration"; the most likely token always kept); log_softmax over the kept tokens.
-`rollout_log_probs` are the chosen tokens' log-probs under exactly that distribution; greedy decoding
-takes the argmax, with the plain log_softmax(logits). `DecodeOutputs` holds the buffers both HF decoding
-loops fill, one column per step.
+Tokens are drawn after, in Hugging Face's and vLLM's order: temperature; top-k (boundary ties kept);
+top-p, the smallest most-likely prefix reaching mass p (Holtzman et al. 2020, "The Curious Case of Neural
+Text Degeneration"; the top token always kept); log_softmax over the kept tokens. `rollout_log_probs` are
+log-probs under exactly that distribution (greedy: the plain log_softmax). `DecodeOutputs` holds the
+buffers both HF decoding loops fill.
 """
 
 from __future__ import annotations

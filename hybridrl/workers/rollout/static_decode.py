@@ -1,14 +1,10 @@
 """The HF rollout's decoding loop with static shapes, replayed as a CUDA graph on a GPU.
 
-`rollout.name=hf` runs it on a GPU unless `actor_rollout_ref.rollout.enforce_eager=true`: there an eager
-step's time is Python and kernel launches (benchmarks/results/decode_bandwidth_cuda.md), and a graph
-launches a step's kernels with one call. Everything a step touches has a fixed address and shape: the
-module runs through `hook_free_view` (FSDP2's hooks cannot be captured; the parameters are gathered),
-keys/values live in a `SlotCache` written at positions held in a device tensor, the mask is an additive
-(rows, 1, 1, max_len) tensor opened one column per step, no row leaves the batch, and whether all rows
-finished is asked every `STOP_CHECK_EVERY` steps. Sampling stays outside the graph. `capture=False` runs
-the same loop without a graph (how the tests check it on a CPU); a forward that cannot be captured is
-logged once and decodes without one.
+What `rollout.name=hf` runs on a GPU unless `rollout.enforce_eager=true`: an eager step there is bound by
+Python and kernel launches (benchmarks/results/decode_bandwidth_cuda.md). A step touches only fixed
+buffers (`hook_free_view`, `SlotCache`, an additive mask opened one column per step); no row leaves the
+batch, and finishing is checked every `STOP_CHECK_EVERY` steps. `capture=False` runs the same loop
+without a graph (the CPU tests); a forward that cannot be captured decodes without one, logged once.
 """
 
 from __future__ import annotations
