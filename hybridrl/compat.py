@@ -1,19 +1,11 @@
 """verl's call conventions over hybridrl's core, for code and tests written against verl.
 
-What exists only so that verl's own names and signatures keep working lives here; it imports the core,
-and the core never imports it (tests/test_import_graph.py). compat/verl_shim.py maps verl's module
-names onto it: `verl.protocol`, `verl.utils.tensordict_utils`, `verl.trainer.ppo.rollout_corr_helper`
-and `verl.trainer.ppo.v1.utils`.
-
-`DataProto` here is the core `hybridrl.protocol.DataProto` plus verl's extra members: `select_idxs`,
-`slice`, `sample_level_repeat`, `unfold_column_chunks`, `make_iterator`, `to_tensordict` /
-`from_tensordict` (with the optional tensordict package), `save_to_disk` / `load_from_disk`. The core's
-operations build results with the class of their input, so a DataProto made here stays one through
-them. The module functions are verl's: `fold_batch_dim` / `unfold_batch_dim`, `serialize_*` /
-`deserialize_*` (tensors as plain buffers any transport can carry), the union helpers and padding;
-`get_tensordict`; rollout correction with verl's DataProto-returning entry point; and verl's
-multi-output session variant of the batch advantage (nothing in hybridrl produces several rows per
-session).
+compat/verl_shim.py maps verl's modules onto this one (`verl.protocol`, `verl.utils.tensordict_utils`,
+`verl.trainer.ppo.rollout_corr_helper`, `verl.trainer.ppo.v1.utils`); the core never imports it
+(tests/test_import_graph.py). `DataProto` adds verl's extra members to the core's, and the core's
+operations keep the class of their input. The module functions are verl's: batch folding, tensor
+serialisation, the union and padding helpers, `get_tensordict`, rollout correction returning a DataProto,
+and the multi-output session variant of the batch advantage.
 """
 
 from __future__ import annotations
@@ -97,12 +89,8 @@ class DataProto(core.DataProto):
         return self.select_rows(np.repeat(np.arange(len(self)), counts.astype(np.int64)))
 
     def unfold_column_chunks(self, n_split: int, split_keys: Sequence[str] | None = None) -> DataProto:
-        """Cut the second dimension of the `split_keys` columns into n_split rows each; repeat the rest.
-
-        Row i of a split column (L, ...) becomes rows n*i .. n*i+n-1 of (L/n, ...); every other column
-        repeats row i n times, so the rows stay aligned. A per-row column of equal-length lists splits
-        like a (rows, L) array.
-        """
+        """Cut the second dimension of the `split_keys` columns into n_split rows each and repeat the other
+        columns, keeping rows aligned; a column of equal-length lists splits like a (rows, L) array."""
         split = set(split_keys or [])
         unknown = split - set(self.batch.keys() if self.batch is not None else []) - set(self.non_tensor_batch)
         if unknown:
@@ -119,12 +107,8 @@ class DataProto(core.DataProto):
 
     def make_iterator(self, mini_batch_size: int, epochs: int, seed: int | None = None,
                       dataloader_kwargs: Mapping[str, Any] | None = None):
-        """Mini-batches of `mini_batch_size` rows, epoch after epoch (verl's `make_iterator`).
-
-        Rows come in order unless dataloader_kwargs has shuffle=True, then in a fresh permutation per
-        epoch drawn from `seed`. verl hands dataloader_kwargs to a torch DataLoader; only `shuffle` has a
-        meaning here, and any other key raises rather than being ignored.
-        """
+        """Mini-batches of `mini_batch_size` rows, epoch after epoch (verl's `make_iterator`): in order, or with
+        `dataloader_kwargs={"shuffle": True}` a fresh permutation per epoch from `seed`; other keys raise."""
         options = dict(dataloader_kwargs or {})
         shuffle = bool(options.pop("shuffle", False))
         if options:
@@ -195,8 +179,8 @@ def unfold_batch_dim(data: DataProto, batch_dims: int = 2) -> DataProto:
 
 
 def _as_table(key: str, column: np.ndarray) -> np.ndarray:
-    """A (rows, L, ...) view of a column: N-d arrays as they are; a 1-d column whose rows are equal-length
-    sequences (how hybridrl stores lists of lists) as a (rows, L) object array."""
+    """A (rows, L, ...) view of a column: N-d arrays as they are, a 1-d column of equal-length sequences as a
+    (rows, L) object array."""
     if column.ndim >= 2:
         return column
     lengths = {len(row) if isinstance(row, (list, tuple, np.ndarray)) else -1 for row in column}
@@ -308,11 +292,8 @@ def from_tensordict(cls: type[DataProto], tensor_dict: Any, meta_info: dict | No
 
 
 def get_tensordict(tensor_dict: Mapping[str, Any], non_tensor_dict: Mapping[str, Any] | None = None):
-    """A TensorDict with one batch dimension from per-row columns and per-batch values.
-
-    tensor_dict: tensors (rows, ...) and per-row Python values (lists or arrays, one entry per row);
-    non_tensor_dict: values for the whole batch (verl's meta_info), stored as NonTensorData.
-    """
+    """A TensorDict with one batch dimension from per-row columns (`tensor_dict`: tensors, or lists with one
+    entry per row) and batch-wide values (`non_tensor_dict`, stored as NonTensorData)."""
     td = require_tensordict()
     rows = {len(value) for value in tensor_dict.values()}
     if len(rows) > 1:
@@ -350,8 +331,8 @@ def compute_rollout_correction_and_rejection_mask(
 
 
 def _final_rows(batch_keys: list[str]) -> tuple[list[int], list[int]]:
-    """For keys "{uid}_{session}_{output}": the row of each session's last output, and for every row
-    the position of its session's final row in that list."""
+    """For keys "{uid}_{session}_{output}": the row of each session's last output, and for every row its
+    session's index in that list."""
     final: dict[str, tuple[int, int]] = {}  # session -> (output index, row)
     sessions = []
     for row, key in enumerate(batch_keys):
@@ -376,13 +357,11 @@ def compute_advantage_for_multi_trajectories(
     norm_adv_by_std_in_grpo: bool | None = None,
     config: Any = None,
 ) -> core.DataProto:
-    """Advantages when an agent-loop session returns several outputs (rows) and only its last is scored.
+    """Advantages when an agent session returns several rows and only its last is scored (verl's v1 utility).
 
-    For GRPO, the prompt's group is formed by the final output of each session (`batch_keys` names
-    every row "{uid}_{session_id}_{output_index}"); each session's advantage -- its final row's value
-    at the first response token -- is then given to every row of the session on its response tokens.
-    Other estimators see the rows as they are, as verl does (verl applies the per-session treatment to
-    GRPO only). Writes into and returns `data`.
+    For GRPO the group is formed by each session's final row (`batch_keys`: "{uid}_{session_id}_{output_index}"
+    per row), and its advantage at the first response token goes to every row of the session; other
+    estimators see the rows as they are, as in verl. Writes into and returns `data`.
     """
     if len(batch_keys) != len(data):
         raise DataProtoError(f"{len(batch_keys)} batch keys for {len(data)} rows")

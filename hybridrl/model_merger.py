@@ -3,14 +3,9 @@
     python -m hybridrl.model_merger --local_dir checkpoints/run/global_step_100/actor --target_dir merged/
     python -m hybridrl.model_merger merge --backend fsdp --local_dir ... --target_dir ...   # verl's spelling
 
-`--local_dir` is one role's checkpoint as `hybridrl.workers.checkpoint.CheckpointManager` writes it, saved
-with any number of ranks: torch.distributed.checkpoint reassembles the full tensors from the shards in
-this single process, without a process group. The output holds `model.safetensors`, `config.json`,
-`generation_config.json` and the tokenizer files, and loads with `AutoModelForCausalLM.from_pretrained`
-(or the auto class of the checkpoint's architecture, e.g. a critic's token-classification head).
-
-Config and tokenizer come from the checkpoint's `huggingface/` folder; `--hf_model_path` supplies them
-when that folder is missing (checkpoints written without it, or copied without it).
+`--local_dir` is one role's checkpoint (`hybridrl.workers.checkpoint.CheckpointManager`), saved by any
+number of ranks and reassembled in this process. Config and tokenizer come from its `huggingface/`
+folder, or from `--hf_model_path` where that is missing.
 """
 
 from __future__ import annotations
@@ -28,8 +23,7 @@ from hybridrl.workers.checkpoint import HF_SUBDIR, CheckpointError, check_role_d
 
 logger = logging.getLogger(__name__)
 
-# Files that carry weights; everything else in a HF directory (tokenizer, chat template, generation
-# config) is copied verbatim so the merged directory tokenizes exactly as the training run did.
+# Everything else in a HF directory is copied verbatim, so the merged model tokenizes as training did.
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
 
 

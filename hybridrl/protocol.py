@@ -1,23 +1,10 @@
-"""DataProto: the unit of data that moves between the single controller and the worker groups.
+"""DataProto: the unit of data that moves between the single controller and the worker groups (verl's).
 
-A DataProto has three parts, as in verl:
-
-- `batch`: a `TensorBatch` of tensors sharing the batch dimension (`input_ids`, `responses`, ...);
-- `non_tensor_batch`: a dict of numpy object arrays with one entry per row (`uid`, `data_source`, ...);
-- `meta_info`: a plain dict for everything that is not per row (sampling settings, metrics, timing).
-
-Every row-wise operation (indexing, chunking, repeating, concatenating) acts on `batch` and
-`non_tensor_batch` together, so the two never drift apart. `object_column` is the one way a list of
-per-row values becomes a non-tensor column.
-
-Merging: two DataProtos that both carry a key must agree on its value (NaN equals NaN, containers
-compare element-wise), otherwise the merge raises naming the key: silently keeping one of two
-different `old_log_probs` would corrupt training. Concatenation gathers the workers' `metrics` into
-lists (`merge_meta_info`). `DataProtoError` is both a ValueError (what hybridrl code catches) and an
-AssertionError (what verl raises for the same mistakes, so code written against verl keeps catching it).
-
-The members and functions that exist only for verl's call conventions (TensorDict conversion, row
-folding, disk persistence, ...) live in `hybridrl.compat`, on a subclass of this DataProto.
+Three parts: `batch`, a `TensorBatch` of tensors sharing the batch dimension; `non_tensor_batch`, numpy
+object arrays with one entry per row (`object_column` builds one); `meta_info`, a plain dict. Row-wise
+operations act on both row parts together. Merging two DataProtos that carry the same key requires equal
+values (NaN equals NaN), else `DataProtoError`, a ValueError and an AssertionError (what verl raises);
+concatenation gathers the workers' `metrics` into lists. verl-only members live in `hybridrl.compat`.
 """
 
 from __future__ import annotations
@@ -41,8 +28,7 @@ class DataProtoError(ValueError, AssertionError):
 
 
 def object_column(values: Sequence[Any]) -> np.ndarray:
-    """A 1-d object array with one entry per value, filled element-wise so that equal-length lists (or
-    dicts) stay one Python object per row instead of becoming extra numpy dimensions."""
+    """A 1-d object array with one entry per value, so equal-length lists or dicts stay one object per row."""
     column = np.empty(len(values), dtype=object)
     for i, value in enumerate(values):
         column[i] = value
@@ -54,11 +40,8 @@ def _is_nan(value: Any) -> bool:
 
 
 def deep_equal(a: Any, b: Any, _seen: set[tuple[int, int]] | None = None) -> bool:
-    """Value equality through numpy arrays, lists, tuples and dicts, where NaN equals NaN.
-
-    Self-referencing containers compare equal when their shapes of reference match (a pair already
-    being compared further up counts as equal), so a cycle cannot recurse forever.
-    """
+    """Value equality through numpy arrays, tensors, lists, tuples and dicts, with NaN equal to NaN; a pair
+    already being compared counts as equal, so cycles terminate."""
     seen = set() if _seen is None else _seen
     pair = (id(a), id(b))
     if pair in seen:
@@ -95,10 +78,8 @@ def deep_equal(a: Any, b: Any, _seen: set[tuple[int, int]] | None = None) -> boo
 
 
 def union_tensor_dict(tensor_dict1: MutableMapping, tensor_dict2: Mapping) -> MutableMapping:
-    """Add tensor_dict2's tensors to tensor_dict1 (in place; returned) -- TensorBatch or TensorDict.
-
-    Both must have the same batch size; a key in both must hold equal tensors.
-    """
+    """Add tensor_dict2's tensors to tensor_dict1 (a TensorBatch or TensorDict, in place; returned); batch
+    sizes must match and shared keys hold equal tensors."""
     if tuple(tensor_dict1.batch_size) != tuple(tensor_dict2.batch_size):
         raise DataProtoError(f"union_tensor_dict: batch sizes differ ({tuple(tensor_dict1.batch_size)} vs "
                              f"{tuple(tensor_dict2.batch_size)})")
@@ -137,13 +118,8 @@ def _metric_dicts(value: Any) -> list[Mapping[str, Any]]:
 
 
 def merge_meta_info(metas: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """meta_info of DataProtos concatenated from several workers.
-
-    `metrics` from every worker are gathered into one dict of lists ({"loss": [rank0, rank1, ...]});
-    a worker's own list of values for a key is extended, not nested, so each key stays a flat list.
-    Every other key must hold the same value in each part that has it: a setting that differs between
-    ranks is an error, not something to resolve by keeping the first.
-    """
+    """meta_info of DataProtos concatenated from several workers: `metrics` gathered into one flat list per key
+    (rank order), every other key equal wherever it appears (a setting that differs between ranks raises)."""
     merged: dict[str, Any] = {}
     gathered: dict[str, list[Any]] = {}
     for meta in metas:
@@ -167,12 +143,8 @@ def merge_meta_info(metas: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def _as_object_array(key: str, values: Any) -> np.ndarray:
-    """A numpy array with one entry per row along its first dimension.
-
-    Numpy arrays are kept as they are (N-d ones too, as verl keeps them). A list becomes a 1-d object
-    array holding one Python object per row, even when its rows are equal-length lists: numpy would
-    otherwise turn a batch of one-message prompts into a (rows, 1) array of dicts.
-    """
+    """A numpy array with one entry per row: arrays as they are (N-d too, as in verl), a list as a 1-d object
+    array even when its rows are equal-length lists."""
     if isinstance(values, np.ndarray) and values.ndim >= 1:
         return values
     if isinstance(values, (list, tuple)):
@@ -210,7 +182,6 @@ class DataProto:
         self.meta_info: dict[str, Any] = dict(meta_info or {})
         self.check_consistency()
 
-    # ----- construction --------------------------------------------------------------------------------
     @classmethod
     def from_single_dict(cls, data: Mapping[str, Any], meta_info: Mapping[str, Any] | None = None,
                          auto_padding: bool = False) -> DataProto:
@@ -237,11 +208,10 @@ class DataProto:
         num_batch_dims: int = 1,
         auto_padding: bool = False,
     ) -> DataProto:
-        """Build from tensors and per-row values; all must agree on the number of rows.
+        """Build from tensors and per-row values, which must agree on the number of rows.
 
-        `num_batch_dims` and `auto_padding` are verl's parameters. A DataProto has exactly one batch
-        dimension (`hybridrl.compat.fold_batch_dim` folds rows), and chunks must divide evenly: pad explicitly with
-        `pad_dataproto_to_divisor`, so that no caller mistakes a padded row for data.
+        verl's `num_batch_dims` must be 1 (`hybridrl.compat.fold_batch_dim` folds rows) and `auto_padding` False:
+        pad explicitly with `pad_dataproto_to_divisor`, so no caller mistakes a padded row for data.
         """
         if num_batch_dims != 1:
             raise DataProtoError(f"from_dict: a DataProto has one batch dimension, got num_batch_dims={num_batch_dims}")
@@ -254,7 +224,6 @@ class DataProto:
         return cls(batch=TensorBatch(tensors) if tensors else None, non_tensor_batch=non_tensors,
                    meta_info=meta_info)
 
-    # ----- invariants ----------------------------------------------------------------------------------
     def check_consistency(self) -> None:
         """Raise if any column's row count differs from the others, naming the column."""
         counts = {}
@@ -282,7 +251,6 @@ class DataProto:
         return (f"DataProto(rows={len(self)}, batch={keys}, non_tensor_batch={list(self.non_tensor_batch)}, "
                 f"meta_info={list(self.meta_info)})")
 
-    # ----- row access ----------------------------------------------------------------------------------
     def __getitem__(self, index: RowIndex) -> DataProtoItem | DataProto:
         """An int gives one `DataProtoItem`; a slice, index array or boolean mask gives a DataProto."""
         if isinstance(index, (int, np.integer)):
@@ -309,7 +277,6 @@ class DataProto:
         for i in range(len(self)):
             yield self[i]
 
-    # ----- column operations ---------------------------------------------------------------------------
     def select(
         self,
         batch_keys: Iterable[str] | None = None,
@@ -317,10 +284,7 @@ class DataProto:
         meta_info_keys: Iterable[str] | None = None,
         deepcopy: bool = False,
     ) -> DataProto:
-        """A DataProto with only the named keys (None keeps all of that part).
-
-        Without `deepcopy` the tensors are shared with this DataProto (no copy), as in verl.
-        """
+        """A DataProto with only the named keys (None keeps all of that part); tensors are shared unless `deepcopy`."""
         batch = None
         if self.batch is not None:
             batch = self.batch.select(self.batch.keys() if batch_keys is None else list(batch_keys))
@@ -373,10 +337,8 @@ class DataProto:
     def union(self, other: DataProto) -> DataProto:
         """Merge `other`'s columns and meta_info into this DataProto (in place; returns self).
 
-        A key present in both must hold equal values, otherwise the union raises naming the key:
-        silently keeping one of two different `old_log_probs` would corrupt training. meta_info's
-        `metrics` are measurements, not settings: both sides' are gathered, as `concat` gathers the
-        ranks' (a generation's and a log-prob pass's worker times never conflict).
+        A key in both must hold equal values (two different `old_log_probs` would corrupt training); `metrics`
+        are gathered as in `concat`.
         """
         if len(self) != len(other) and len(self) and len(other):
             raise DataProtoError(f"union: this DataProto has {len(self)} rows but the other has {len(other)}")
@@ -403,7 +365,6 @@ class DataProto:
                 if key in mine and not deep_equal(mine[key], value):
                     raise DataProtoError(f"union: {part} key {key!r} exists in both with different values")
 
-    # ----- row-wise reshaping --------------------------------------------------------------------------
     def chunk(self, chunks: int) -> list[DataProto]:
         """Split into `chunks` equal parts; raises when the rows do not divide (pad first)."""
         if chunks <= 0:
@@ -424,11 +385,7 @@ class DataProto:
 
     @staticmethod
     def concat(data: Sequence[DataProto]) -> DataProto:
-        """Stack DataProtos row-wise (e.g. the outputs of the ranks of a worker group).
-
-        meta_info is merged: each worker's `metrics` are gathered into lists, any other key must hold
-        the same value wherever it appears (see `merge_meta_info`).
-        """
+        """Stack DataProtos row-wise (e.g. the ranks' outputs), merging meta_info by `merge_meta_info`."""
         if not data:
             raise ValueError("concat needs at least one DataProto")
         batches = [d.batch for d in data]
@@ -459,7 +416,6 @@ class DataProto:
             raise ValueError(f"reorder: got {len(reordered)} indices for {len(self)} rows")
         self.batch, self.non_tensor_batch = reordered.batch, reordered.non_tensor_batch
 
-    # ----- devices, copies, persistence ----------------------------------------------------------------
     def to(self, device: str | torch.device) -> DataProto:
         if self.batch is not None:
             self.batch = self.batch.to(device)
@@ -480,11 +436,8 @@ class DataProto:
 
 
 def pad_dataproto_to_divisor(data: DataProto, size_divisor: int) -> tuple[DataProto, int]:
-    """Append copies of the first rows until len(data) divides by size_divisor.
-
-    Returns the padded DataProto and the number of rows added (0 when it already divides).
-    Real rows are used as padding (not zeros) so every worker computes on well-formed inputs.
-    """
+    """Append copies of the first rows (real rows, so workers compute on well-formed inputs) until len(data)
+    divides by size_divisor; returns the padded DataProto and the rows added."""
     if size_divisor <= 0:
         raise ValueError(f"size_divisor must be positive, got {size_divisor}")
     if len(data) == 0:

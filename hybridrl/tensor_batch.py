@@ -1,8 +1,7 @@
-"""TensorBatch: a dict of tensors that share their leading (batch) dimension.
+"""TensorBatch: the `batch` half of `DataProto`, a dict of tensors sharing their leading (batch) dimension.
 
-It is the `batch` half of `DataProto`. It does what verl uses `tensordict.TensorDict` for, and no more:
-a mapping interface, row indexing, concatenation and device moves. Keeping it this small avoids
-tensordict's tight pin on torch versions, and every operation checks shapes and names the key at fault.
+It does what verl uses `tensordict.TensorDict` for (mapping, row indexing, concatenation, device moves)
+without tensordict's tight torch pin, and names the key at fault in every shape error.
 """
 
 from __future__ import annotations
@@ -16,10 +15,8 @@ RowIndex = int | slice | Sequence[int] | np.ndarray | torch.Tensor
 
 
 def _as_index(index: RowIndex) -> int | slice | torch.Tensor:
-    """Normalise a row index to something `tensor[index]` understands the same way for every key.
-
-    Index tensors live on the CPU, whatever the device of the rows: numpy columns are indexed with them
-    too, and a CUDA tensor accepts CPU indices."""
+    """A row index `tensor[index]` reads the same way for every key; index tensors live on the CPU (numpy
+    columns are indexed with them too, and CUDA tensors accept CPU indices)."""
     if isinstance(index, (int, np.integer)):
         return int(index)
     if isinstance(index, slice):
@@ -40,8 +37,7 @@ class TensorBatch(Mapping[str, torch.Tensor]):
     """Tensors keyed by name, all with the same size along dim 0."""
 
     def __init__(self, tensors: Mapping[str, torch.Tensor] | None = None, batch_size: int | None = None):
-        """`tensors` may be a dict, another TensorBatch or a tensordict.TensorDict (whose row count is
-        kept even when it holds no tensor)."""
+        """`tensors`: a dict, a TensorBatch or a tensordict.TensorDict (whose row count is kept even when empty)."""
         self._tensors: dict[str, torch.Tensor] = {}
         if batch_size is None and hasattr(tensors, "batch_size"):
             dims = tuple(tensors.batch_size)
@@ -55,7 +51,6 @@ class TensorBatch(Mapping[str, torch.Tensor]):
         if self._batch_size is None:
             self._batch_size = 0
 
-    # ----- mapping interface ---------------------------------------------------------------------------
     def __getitem__(self, key: str) -> torch.Tensor:
         try:
             return self._tensors[key]
@@ -105,7 +100,6 @@ class TensorBatch(Mapping[str, torch.Tensor]):
         del self._tensors[key]
         return tensor
 
-    # ----- row and key operations ----------------------------------------------------------------------
     def rows(self, index: RowIndex) -> TensorBatch:
         """Rows picked by an int, slice, integer array or boolean mask; an int keeps a batch of one."""
         idx = _as_index(index)
@@ -145,11 +139,9 @@ class TensorBatch(Mapping[str, torch.Tensor]):
         total = sum(b.num_rows for b in batches)
         return TensorBatch({k: torch.cat([b[k] for b in batches], dim=0) for k in keys}, batch_size=total)
 
-    # ----- transport -----------------------------------------------------------------------------------
     def __getstate__(self) -> dict:
-        # Tensors travel as numpy arrays: pickle protocol 5 (used by Ray) then moves their buffers out
-        # of band without copying, which is much faster than torch's own storage pickling.
-        # bfloat16 has no numpy dtype, so it travels as its int16 bit pattern.
+        # Tensors travel as numpy arrays, whose buffers pickle protocol 5 (Ray) moves out of band without a
+        # copy; bfloat16, which numpy lacks, travels as its int16 bits.
         arrays = {}
         for key, value in self._tensors.items():
             value = value.detach().cpu().contiguous()

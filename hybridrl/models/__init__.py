@@ -1,8 +1,5 @@
-"""Model loading from local Hugging Face checkpoints (`loading`), and the offline tiny model factory (`tiny`).
-
-`hybridrl.models.tiny` is not imported here: it is also a command (`python -m hybridrl.models.tiny`),
-and importing it from the package first would make runpy warn that the module was already loaded.
-"""
+"""Model loading from local Hugging Face checkpoints (`loading`) and the offline tiny model factory (`tiny`,
+not imported here: as a command, runpy would warn that it was already loaded)."""
 
 from hybridrl.models.loading import (
     ModelDirectoryError,

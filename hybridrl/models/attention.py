@@ -1,26 +1,10 @@
-"""Grouped-query attention that reads each key/value head in place: `attn_implementation="grouped_eager"`,
-and `"grouped_sdpa"` for decoding.
+"""Attention implementations registered with transformers on import (hybridrl's model loader imports this).
 
-transformers' eager attention copies every key and value head `heads / kv_heads` times (`repeat_kv`)
-before its two matmuls. While decoding, that copies the whole KV cache of every layer at every step, a
-large share of a small model's decoding time on a CPU. Here the query heads that share a key/value head
-are stacked along the query axis instead, so each matmul reads the cache as it is:
-
-    scores[b, g, r*Q + q, k] = <query[b, g*R + r, q], key[b, g, k]> * scaling     (R = heads / kv_heads)
-
-which is eager attention's arithmetic, softmax in fp32 included, in another order of memory.
-`default_attention` picks it for half precision on a CPU, where torch's fused sdpa kernels are slower.
-
-`grouped_sdpa_attention` does the same for torch's sdpa kernel while decoding (one query token): the
-query heads that share a key/value head become that head's queries, so sdpa reads the cache once per
-key/value head. transformers' own sdpa attention stacks them that way only since 5.23; before, it
-copied the cache `heads / kv_heads` times at every layer and step (a 1.5B-layout Qwen2 decoding 256
-rows: 6 copies of each layer's keys and values, ~8 GB moved per step). Any other call is transformers'
-sdpa attention unchanged. `decoding_attention` picks it wherever decoding runs sdpa.
-Importing this module registers both with transformers (hybridrl's model loader imports it).
-
-`shared_prompt_forward` runs one forward over rows that share prompts (the rollout.n responses of a
-group), computing each distinct prompt once through a third attention implementation, `SHARED_PROMPT`.
+`grouped_eager`: eager attention's arithmetic with the query heads that share a key/value head stacked
+along the query axis, so no key/value head is copied (`default_attention` picks it for half precision on
+a CPU). `grouped_sdpa`: sdpa reading each key/value head once while decoding one token (picked by
+`decoding_attention`). `SHARED_PROMPT`, through `shared_prompt_forward`: one forward over rows that share
+prompts (a group's rollout.n responses), computing each distinct prompt once.
 """
 
 from __future__ import annotations
@@ -50,8 +34,8 @@ def grouped_eager_attention(
     dropout: float = 0.0,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """query (B, H, Q, D), key/value (B, KVH, K, D), additive mask (B, 1, Q, K) -> output (B, Q, H, D)
-    and the attention probabilities (B, H, Q, K)."""
+    """query (B, H, Q, D), key/value (B, KVH, K, D), additive mask (B, 1, Q, K) -> output (B, Q, H, D) and
+    probabilities (B, H, Q, K); scores[b, g, r*Q + q, k] = <query[b, g*R + r, q], key[b, g, k]> * scaling."""
     batch, heads, q_len, head_dim = query.shape
     kv_heads, k_len = key.shape[1], key.shape[2]
     group = heads // kv_heads
@@ -100,13 +84,12 @@ def decoding_attention(compute_dtype: torch.dtype, device_type: str) -> str:
 
 
 def default_attention(compute_dtype: torch.dtype, device_type: str) -> str:
-    """The attention implementation a model computing in `compute_dtype` on `device_type` runs best with.
+    """The attention a model computing in `compute_dtype` on `device_type` runs best with.
 
-    sdpa, except on a CPU in half precision: there torch's fused CPU attention kernels are slower than
-    plain matmul + softmax, which `grouped_eager_attention` runs without copying the key/value heads
-    (measured in bf16: benchmarks/README.md, "GRPO side by side with TRL (`grpo_vs_trl.py`)"); in fp32
-    sdpa is no slower than eager. Decoding: hybridrl/workers/rollout/hf.py, `attention_for_decoding`.
-    `model.override_config.attn_implementation` overrides this choice.
+    sdpa, except `grouped_eager` on a CPU in half precision, where torch's fused CPU kernels are slower
+    (benchmarks/README.md, "GRPO side by side with TRL (`grpo_vs_trl.py`)"). Decoding:
+    `attention_for_decoding` in hybridrl/workers/rollout/hf.py. `model.override_config.attn_implementation`
+    overrides this choice.
     """
     half = compute_dtype in (torch.bfloat16, torch.float16)
     return GROUPED_EAGER if device_type == "cpu" and half else "sdpa"
@@ -126,34 +109,16 @@ LAYOUT_KWARG = "shared_prompt_layout"
 _base_of_mode: dict[int, str] = {}
 
 
-# One forward pass over rows that share prompts, computing each distinct prompt once.
-#
-# GRPO, RLOO and every `rollout.n > 1` run train on n responses per prompt. A padded forward pass over
-# those rows computes each prompt n times, although its hidden states, keys and values are the same in
-# every copy (causal attention: a prompt token never sees the response). Here the distinct prompts go
-# through the model once and every response attends to its prompt's keys and values:
-#
-#     packed sequence (batch 1):  [prompt_1 | ... | prompt_U | response_1 | ... | response_B]
-#     prompt part:    causal attention within each prompt (left padding masked)
-#     response part:  response b attends to prompt u(b)'s keys/values, then causally to its own tokens
-#
-# Token-wise work (projections, MLP, norms, rotary with each token's own position id) runs on U x P + B x R
-# tokens instead of B x (P + R). The arithmetic of every kept position is the padded pass's, in another
-# order of sums, and gradients reach the shared prompt through the gather (its backward sums the n
-# responses' contributions, as the n copies' gradients would have summed). The saving grows with the
-# prompt's share of each row and with n, and shows in whole steps (measured for the critic's passes:
-# benchmarks/results/critic_passes.md; the actor's with benchmarks/grpo_vs_trl.py, runner
-# hybridrl-local-padded against hybridrl-local).
-#
-# It runs through transformers' attention interface: the model's `_attn_implementation` is switched to
-# `SHARED_PROMPT` for the call, the layout rides along in the forward's keyword arguments to every
-# attention layer, and the model's own attention (sdpa, eager or grouped_eager) computes both parts with
-# masks built here. transformers builds no mask of its own for an implementation without a registered
-# mask function, so no (U x P + B x R)^2 mask is ever made.
+# Shared-prompt forward. The packed sequence (batch 1) is [prompt_1 | ... | prompt_U | response_1 | ... |
+# response_B]: each prompt attends causally to itself, each response to its prompt's keys/values and then
+# causally to its own tokens. Token-wise work runs on U*P + B*R tokens instead of B*(P + R), with the padded
+# pass's arithmetic in another order of sums; the gather's backward sums the n responses' gradients into the
+# shared prompt. The model's `_attn_implementation` is SHARED_PROMPT for the call, the layout rides in the
+# forward's kwargs, and with no mask function registered transformers builds no (U*P + B*R)^2 mask.
+# Measured: benchmarks/results/critic_passes.md.
 def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(group id of each row (rows,), first row of each group (groups,)): rows whose prompt columns
-    (token ids where the mask is 1, and the mask itself) are equal share an id; ids are numbered in order
-    of first appearance."""
+    """(group id of each row (rows,), first row of each group (groups,)): rows with equal prompt tokens (where
+    the mask is 1) and masks share an id; ids are numbered in order of first appearance."""
     keyed = torch.where(prompt_mask.bool(), prompt_ids, torch.full_like(prompt_ids, -1))  # pad ids ignored
     _, inverse = torch.unique(keyed, dim=0, return_inverse=True)
     # renumber by first appearance so the ids do not depend on torch.unique's sort order
@@ -173,9 +138,8 @@ def _earlier_real_keys(mask: torch.Tensor) -> torch.Tensor:
 
 
 class SharedPromptLayout:
-    """Where each part lies in the packed sequence, and the masks of both parts (built once per call and
-    dtype, then read by every layer). A plain class, not a dataclass: FSDP's input casting walks
-    dataclasses and would rebuild it for every layer."""
+    """The packed sequence's parts and their masks (built once per dtype, read by every layer). Not a
+    dataclass: FSDP's input casting would rebuild a dataclass for every layer."""
 
     def __init__(self, prompt_of_row: torch.Tensor, prompt_mask: torch.Tensor, response_mask: torch.Tensor,
                  base_attention: str) -> None:
@@ -183,29 +147,14 @@ class SharedPromptLayout:
         self.prompt_mask = prompt_mask.bool()  # (U, P) 1 on real prompt tokens
         self.response_mask = response_mask.bool()  # (B, R) 1 on tokens the row attends to
         self.base_attention = base_attention
+        self.unique_prompts, self.prompt_width = self.prompt_mask.shape
+        self.rows, self.response_width = self.response_mask.shape
         self.calls = 0  # attention layers that read this layout (a model that drops the kwarg reads none)
         self._masks: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    @property
-    def unique_prompts(self) -> int:
-        return self.prompt_mask.shape[0]
-
-    @property
-    def prompt_width(self) -> int:
-        return self.prompt_mask.shape[1]
-
-    @property
-    def rows(self) -> int:
-        return self.response_mask.shape[0]
-
-    @property
-    def response_width(self) -> int:
-        return self.response_mask.shape[1]
-
     def masks(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """(prompt part (U, 1, P, P), response part (B, 1, R, P + R)): boolean (True attends) for sdpa,
-        additive in `dtype` for the eager kinds. A query attends to itself always, so a padding query
-        (whose output nothing reads) has one key and softmax stays finite."""
+        """(prompt part (U, 1, P, P), response part (B, 1, R, P + R)): boolean for sdpa, additive in `dtype` for
+        the eager kinds. A query always attends to itself, so softmax stays finite on padding queries."""
         key = torch.bool if self.base_attention == "sdpa" else dtype
         if key not in self._masks:
             device = self.prompt_mask.device
@@ -223,11 +172,8 @@ class SharedPromptLayout:
 
 
 def _base_attention(name: str):
-    if name == "sdpa":
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        return sdpa_attention_forward
-    return grouped_eager_attention  # eager's arithmetic without copying the key/value heads
+    # grouped_eager is eager's arithmetic without copying the key/value heads
+    return sdpa_attention_forward if name == "sdpa" else grouped_eager_attention
 
 
 def shared_prompt_attention(
@@ -292,11 +238,10 @@ def supports_shared_prompt(module: nn.Module) -> bool:
 
 @contextlib.contextmanager
 def shared_prompt_mode(module: nn.Module) -> Iterator[None]:
-    """The model's attention is `SHARED_PROMPT` for the block (from the model's own, which comes back after).
+    """The model's attention is `SHARED_PROMPT` for the block, its own again after.
 
-    `shared_prompt_forward` switches for its own call; a block around forward *and* backward is needed
-    where the backward runs a layer's forward again (gradient checkpointing), and then every forward in
-    it must be a `shared_prompt_forward`.
+    Needed around forward *and* backward where the backward reruns layers (gradient checkpointing); every
+    forward in the block must then be a `shared_prompt_forward`.
     """
     current = module.config._attn_implementation
     if current == SHARED_PROMPT:
@@ -317,10 +262,9 @@ def _head_takes_logits_to_keep(module_class: type) -> bool:
 
 
 def head_on_kept_positions(module: nn.Module, keep: torch.Tensor | int) -> tuple[dict, Callable]:
-    """(extra forward kwargs, a function of the output's logits) that give the head's outputs at `keep` only
-    (a count of last columns, or column indices into the sequence): a causal LM computes its head there
-    alone (`logits_to_keep`); a head without that argument (a token-classification model: a critic's
-    values, one number per position) runs on every position and is indexed after."""
+    """(extra forward kwargs, a function of the output's logits) giving the head's outputs at `keep` only (a
+    count of last columns, or column indices): `logits_to_keep` where the head takes it, else indexing after
+    (a token-classification head, such as a critic's)."""
     if _head_takes_logits_to_keep(type(module)):
         return {"logits_to_keep": keep}, lambda logits: logits
     if isinstance(keep, int):
@@ -338,13 +282,11 @@ def shared_prompt_forward(
     prompt_of_row: torch.Tensor,
     unique_rows: torch.Tensor,
 ) -> torch.Tensor:
-    """Logits predicting each kept response token, (B, response_kept, vocab), as a padded forward pass over
-    `input_ids` (B, response_start + response_kept) would give them; for a token-classification model
-    (a critic) its outputs at the same positions, (B, response_kept, labels).
+    """What a padded forward over `input_ids` (B, response_start + response_kept) gives at the kept response
+    positions, (B, response_kept, vocab or labels), computing each distinct prompt once.
 
-    `prompt_of_row` (B,) numbers each row's prompt among the distinct ones; `unique_rows` (U,) is one row
-    holding each distinct prompt, in that numbering. Columns before `response_start` are the prompt
-    (left-padded), the rest the response (right-padded).
+    `prompt_of_row` (B,) numbers each row's prompt; `unique_rows` (U,) is one row holding each distinct
+    prompt. Prompts are left-padded before `response_start`, responses right-padded after it.
     """
     if response_kept < 1:
         raise ValueError("shared_prompt_forward needs at least one response column")

@@ -1,19 +1,10 @@
-"""Load local Hugging Face checkpoints: causal LMs for actors, value models for critics and reward models.
+"""Load local Hugging Face checkpoints (causal LMs for actors, value models for critics and reward models)
+and save full state dicts as model directories (`save_hf_model`).
 
-Everything here is offline: a model path must be a local directory (or a repo id already in the local
-Hugging Face cache), and every `from_pretrained` call gets `local_files_only=True`, so nothing reaches
-for the network whether or not `HF_HUB_OFFLINE` is set. A missing or malformed directory raises
-`ModelDirectoryError` naming the path and what is missing, before transformers gets a chance to raise
-something vaguer.
-
-Padding side: `padding_side` assigned to a tokenizer after it is built is not saved with it, and
-batched generation with a decoder-only model needs *left* padding (prompts end where generation starts)
-while SFT batches use right padding. Pass `padding_side=` to `load_tokenizer`, or wrap a call in
-`with padding_side(tokenizer, "left"): ...`.
-
-Saving goes the other way: `save_hf_model` builds a model around a full state dict and writes a plain
-model directory, for a checkpoint's `hf_model` (hybridrl/workers/checkpoint.py) and for the merger of a
-sharded checkpoint (hybridrl/model_merger.py).
+Offline only: a path is a local directory or a repo id already in the HF cache, and every
+`from_pretrained` gets `local_files_only=True`. A missing or malformed directory raises
+`ModelDirectoryError` naming what is missing. Generation needs left padding and SFT right padding:
+pass `padding_side=` to `load_tokenizer` or use `with padding_side(tokenizer, "left")`.
 """
 
 from __future__ import annotations
@@ -51,9 +42,8 @@ class ModelExportError(ValueError):
 def build_hf_model(state_dict: Mapping[str, torch.Tensor], config: PretrainedConfig) -> PreTrainedModel:
     """The model class named by `config.architectures`, holding exactly `state_dict`'s tensors.
 
-    The module is built on the meta device and the tensors are assigned, not copied, so a 7B model costs
-    one copy of its weights in memory. Tied input/output embeddings (Qwen2's small models) arrive as two
-    equal entries (`lm_head.weight` and `model.embed_tokens.weight`): they are checked equal and re-tied.
+    Built on the meta device with the tensors assigned, not copied (one copy of the weights in memory).
+    Tied embeddings arrive as two entries, which must be equal, and are re-tied.
     """
     architecture = (getattr(config, "architectures", None) or ["AutoModelForCausalLM"])[0]
     model_cls = getattr(transformers, architecture, None)
@@ -122,8 +112,8 @@ class ModelDirectoryError(OSError):
 
 def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
     """`torch.float32` or one of its names ("float32", "fp32", "bf16", ...); "auto" is bf16 where this
-    process's device multiplies it natively and fp32 elsewhere; None (a dtype key left unset) is the
-    device's default, bf16 on a bf16 GPU and fp32 on a CPU (hybridrl/utils/device.py)."""
+    process's device multiplies it natively, else fp32; None is the device's default
+    (hybridrl/utils/device.py)."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype is None:
@@ -197,11 +187,8 @@ def check_model_dir(model_dir: Path, *, need_weights: bool = True, need_tokenize
 
 
 def apply_override_config(config: PretrainedConfig, override: Mapping[str, Any] | None) -> PretrainedConfig:
-    """Set `override`'s entries on `config` in place (verl's `override_config`); nested dicts merge.
-
-    A key the config did not have is still set (model code may read it) but logged, since it is
-    usually a typo.
-    """
+    """Set `override`'s entries on `config` in place (verl's `override_config`); nested dicts merge. A key the
+    config lacks is still set, with a warning (usually a typo)."""
     for key, value in (override or {}).items():
         current = getattr(config, key, None)
         if isinstance(current, PretrainedConfig) and isinstance(value, Mapping):
@@ -282,9 +269,8 @@ def _pretrained_kwargs(
 
 def _finish(model: PreTrainedModel, gradient_checkpointing: bool) -> PreTrainedModel:
     if gradient_checkpointing:
-        # transformers 5.x renamed gradient checkpointing to activation checkpointing (the old name warns
-        # and goes in v6); fall back to the old name for 4.x.
-        # Non-reentrant checkpointing works with inputs that do not require grad and with FSDP2.
+        # transformers 5.x renamed it activation checkpointing (the old name warns); 4.x has only the old.
+        # Non-reentrant: works with inputs that do not require grad and with FSDP2.
         if hasattr(model, "activation_checkpointing_enable"):
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         else:
@@ -303,10 +289,10 @@ def load_causal_lm(
     gradient_checkpointing: bool = False,
     override_config: Mapping[str, Any] | None = None,
 ) -> PreTrainedModel:
-    """An `AutoModelForCausalLM` from a local checkpoint (the actor, reference and rollout model).
+    """An `AutoModelForCausalLM` from a local checkpoint (actor, reference, rollout).
 
-    `attn_implementation`: "eager", "sdpa" or "flash_attention_2" (GPU only); None lets transformers pick.
-    An `attn_implementation` entry of `override_config` (verl's way to choose it) wins over the argument.
+    `attn_implementation`: "eager", "sdpa", "flash_attention_2" (GPU) or None (transformers picks); an
+    `attn_implementation` in `override_config` (verl's way) wins over it.
     """
     model_dir = resolve_model_dir(path)
     check_model_dir(model_dir)
@@ -319,10 +305,9 @@ def load_causal_lm(
 
 
 class BiasAddedLinear(nn.Linear):
-    """An nn.Linear that adds its bias after the product: the same parameters, the same values up to the
-    rounding of a separate add, and an output that owns its memory. torch's biased linear over (batch, seq, in) returns a view of a 2-d product, and FSDP2
-    warns about a wrapped model that returns a view (an in-place op on it would skip the backward hook);
-    the separate add costs one elementwise pass over the (batch, seq, 1) values."""
+    """An nn.Linear that adds its bias after the product, so its output owns its memory: torch's biased linear
+    over (batch, seq, in) returns a view, which FSDP2 warns about (an in-place op on it would skip the
+    backward hook). Same parameters; values equal up to the rounding of the separate add."""
 
     computes_plain_linear = True  # x @ W.T + b and nothing more (hybridrl/models/onednn_linear.py)
 
@@ -341,15 +326,10 @@ def load_value_model(
     override_config: Mapping[str, Any] | None = None,
     head_init_seed: int = 0,
 ) -> PreTrainedModel:
-    """A token-classification model with one output per token, for critics and reward models.
+    """A token-classification model with one output per token (critics, reward models), as verl builds it.
 
-    Built like verl's critic: `AutoModelForTokenClassification` with `num_labels=1` and no classifier
-    dropout, from the same checkpoint as the actor. The transformer body loads from the checkpoint; the
-    scalar head (`score`, hidden -> 1) is freshly initialised unless the checkpoint already has one (a
-    trained critic or reward model). Output `logits` have shape (batch, seq_len, 1).
-
-    A fresh head is drawn from `head_init_seed` (the caller's RNG is left alone), so every rank of a
-    sharded critic, and every run, starts from the same head.
+    `num_labels=1`, no classifier dropout; logits are (batch, seq_len, 1). The scalar head is drawn from
+    `head_init_seed` (the caller's RNG untouched, every rank alike) unless the checkpoint has a trained one.
     """
     model_dir = resolve_model_dir(path)
     check_model_dir(model_dir)

@@ -1,19 +1,10 @@
 """Linear layers that multiply through oneDNN on an x86 CPU.
 
-`OneDNNLinear` (training and log-prob passes, fp32): an `nn.Linear` whose forward `x @ W.T + b` and
-input gradient `g @ W` go through `torch.ops.mkldnn._linear_pointwise` on the plain weight (it changes
-every optimizer step), where torch would call MKL's sgemm; the weight gradient `g.T @ x` stays on
-torch's path. The sums are in oneDNN's order, so results agree with `F.linear` to fp32 rounding
-(tests/models/test_onednn_linear.py). Every other call (another dtype, a GPU tensor, autocast, no rows)
-is `F.linear` itself. Why: benchmarks/results/grpo_vs_trl_fp32_onednn.md.
-
-`prepacked_linears` (generation): inside the block every plain linear runs on a copy of its weight
-reordered once into oneDNN's blocked layout (`torch.ops.mkldnn._reorder_linear_weight`); the many
-decoding steps that reuse it repay the reorder. bf16 outputs equal `F.linear`'s bit for bit
-(tests/models/test_packed_linear.py); fp32 ones are oneDNN's sums. Only for weights fixed while the
-block runs: a call that needs gradients, or whose weight was replaced or modified in place, runs
-`F.linear` instead of a stale pack. Training passes keep the plain call, which packing did not speed up
-(benchmarks/results/packed_linear.md).
+`OneDNNLinear` (fp32 training and log-prob passes) runs its forward and input gradient through oneDNN on
+the plain weight instead of MKL (benchmarks/results/grpo_vs_trl_fp32_onednn.md), equal to `F.linear` up
+to fp32 rounding; other calls are `F.linear`. `prepacked_linears` (generation) runs each plain linear on
+a copy of its weight reordered once for oneDNN, bf16 bit for bit, falling back to `F.linear` for calls
+that need gradients or whose weight changed; training gains nothing from it (benchmarks/results/packed_linear.md).
 """
 
 from __future__ import annotations
@@ -28,8 +19,7 @@ from torch import nn
 
 
 def onednn_fp32_supported() -> bool:
-    """Whether this process can run fp32 linears through oneDNN: an x86-64 CPU and a torch build with
-    oneDNN enabled and its linear op."""
+    """Whether fp32 linears can run through oneDNN here: an x86-64 CPU and a torch build with oneDNN."""
     return (
         platform.machine().lower() in ("x86_64", "amd64")
         and torch.backends.mkldnn.is_available()
@@ -40,11 +30,8 @@ def onednn_fp32_supported() -> bool:
 
 def _onednn_linear(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                    shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
-    """(rows, in) @ (out, in).T + bias through oneDNN, returned in `shape` (rows unflattened, then out).
-
-    The result owns its memory instead of being a view of the op's (rows, out) output, which nothing else
-    holds: FSDP2 warns about a wrapped module that returns a view (an LM head's logits), since an in-place op
-    on a view would bypass its backward hook."""
+    """(rows, in) @ (out, in).T + bias through oneDNN, in `shape`, owning its memory: FSDP2 warns about a
+    module that returns a view (an in-place op on it would bypass the backward hook)."""
     out2d = torch.ops.mkldnn._linear_pointwise(x2d, weight, bias, "none", [], "")
     return out2d.new_empty(0).set_(out2d.untyped_storage(), out2d.storage_offset(), shape)
 
@@ -77,9 +64,7 @@ class _OneDNNLinearFunction(torch.autograd.Function):
 
 
 class OneDNNLinear(nn.Linear):
-    """An `nn.Linear` computing through oneDNN where its input and weight are fp32 CPU tensors (the module
-    docstring says why); `F.linear` for everything else. Same parameters, state dict and outputs up to
-    fp32 rounding."""
+    """An `nn.Linear` computing through oneDNN for fp32 CPU tensors (module docstring), `F.linear` otherwise."""
 
     # a subclass whose forward is x @ W.T + b and nothing more: the decoding paths may treat it as nn.Linear
     computes_plain_linear = True
@@ -100,8 +85,8 @@ class OneDNNLinear(nn.Linear):
 
 
 def use_onednn_linears(module: nn.Module) -> int:
-    """Turn every plain `nn.Linear` of `module` (its class exactly nn.Linear) into a `OneDNNLinear`, in place,
-    where `onednn_fp32_supported()`; returns how many. Parameters, hooks and state dict stay as they are."""
+    """Turn every plain `nn.Linear` (class exactly nn.Linear) of `module` into a `OneDNNLinear` in place where
+    `onednn_fp32_supported()`; returns how many."""
     if not onednn_fp32_supported():
         return 0
     count = 0
@@ -118,27 +103,23 @@ def is_plain_linear(module: object) -> bool:
 
 
 def packing_supported(weight: torch.Tensor) -> bool:
-    """Whether `weight` can run packed: a plain 2-D bf16 or fp32 tensor on an x86-64 CPU, with oneDNN (and
-    its bf16 kernels, for bf16) in this torch build."""
+    """Whether `weight` can run packed: a plain 2-D bf16 or fp32 CPU tensor on x86-64, with oneDNN (and its bf16
+    kernels, for bf16)."""
     ops = torch.ops.mkldnn
     return (
         type(weight.data) is torch.Tensor  # not a DTensor or another subclass
         and weight.dim() == 2
         and weight.device.type == "cpu"
         and weight.dtype in (torch.bfloat16, torch.float32)
-        and platform.machine().lower() in ("x86_64", "amd64")
-        and torch.backends.mkldnn.is_available()
-        and torch.backends.mkldnn.enabled
+        and onednn_fp32_supported()
         and hasattr(ops, "_reorder_linear_weight")
-        and hasattr(ops, "_linear_pointwise")
         and (weight.dtype != torch.bfloat16 or ops._is_mkldnn_bf16_supported())
     )
 
 
 class FixedLinear:
-    """`x @ weight.T + bias` for a weight that stays fixed while this object lives: over a oneDNN pack of
-    the weight where `packing_supported`, through `F.linear` elsewhere. For weights nobody else holds (a
-    stack of several layers' weights, say); a layer's own weight packs with `prepacked_linears`."""
+    """`x @ weight.T + bias` for a weight fixed while this object lives, over a oneDNN pack where
+    `packing_supported` (for weights nobody else holds; a layer's own packs with `prepacked_linears`)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.bias = bias
@@ -172,13 +153,8 @@ class _PackedForward:
 
 @contextlib.contextmanager
 def prepacked_linears(module: nn.Module) -> Iterator[int]:
-    """Within the block, every plain `nn.Linear` of `module` (`is_plain_linear`: nn.Linear's own forward or
-    `OneDNNLinear`'s) with a packable weight (`packing_supported`) runs on a pack of that weight; yields how
-    many do. On exit they are as before.
-
-    The pack is a copy: the block holds one more copy of those weights. A module whose forward was
-    replaced on the instance by someone else is left alone.
-    """
+    """Within the block, every plain linear of `module` (`is_plain_linear`) with a packable weight runs on a
+    pack (a copy) of it; yields how many. Modules whose forward was replaced on the instance are left alone."""
     patched: list[nn.Linear] = []
     try:
         for sub in module.modules():

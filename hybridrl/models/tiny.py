@@ -2,22 +2,10 @@
 
     python -m hybridrl.models.tiny --out models/tiny-qwen2-1m --arch qwen2 --size 1m --seed 0
 
-The directory holds `config.json`, `model.safetensors`, `generation_config.json`, `tokenizer.json`,
-`tokenizer_config.json` (with the chat template) and reloads with `from_pretrained` or
-`hybridrl.models.load_causal_lm`. The weights are random (seeded): the model is meant to be trained from
-scratch by SFT and RL on hybridrl's tasks. Same arguments and seed give byte-identical files.
-
-Size presets (parameter counts with the default ~512-token vocabulary and tied embeddings):
-
-    name   hidden  layers  heads  kv_heads  intermediate   parameters
-    1m     128     4       4      2         448            ~0.95M
-    3m     192     6       6      2         640            ~2.9M
-    10m    256     10      8      4         1024           ~10M
-    50m    512     12      8      4         2048           ~47M
-
-Any of hidden size, layers, heads, kv heads and intermediate size can be overridden.
-
-The tokenizer is a small byte-level BPE trained here with Qwen2's own pipeline (`build_tiny_tokenizer`).
+Random (seeded, byte-identical for the same arguments) weights, meant to be trained from scratch by SFT
+and RL on hybridrl's tasks. Presets (`SIZES`; hidden size, layers, heads and intermediate size can be
+overridden): 1m (~0.95M parameters), 3m (~2.9M), 10m (~10M), 50m (~47M), and Qwen2.5-0.5B's and
+-1.5B's layer layouts as 400m and 1b. The tokenizer is a small byte-level BPE (`build_tiny_tokenizer`).
 """
 
 from __future__ import annotations
@@ -43,8 +31,8 @@ from transformers import (
 
 from hybridrl.utils.registry import Registry
 
-# Qwen2's pre-tokenization regex, as transformers' Qwen2Tokenizer rebuilds it. It must match that
-# class character for character, or reloading a `qwen2` directory changes the ids (see module doc).
+# Qwen2's pre-tokenization regex, character for character as transformers' Qwen2Tokenizer rebuilds it, or
+# reloading a `qwen2` directory would change the ids.
 QWEN2_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
 # Upper bound of the learned vocabulary: 256 bytes + 4 special tokens + ~250 merges of common words.
@@ -57,8 +45,7 @@ EOS_TOKEN = "<|im_end|>"
 # Order fixes the ids: pad=0, bos=1, im_start=2, eos=3.
 SPECIAL_TOKENS = (PAD_TOKEN, BOS_TOKEN, IM_START, EOS_TOKEN)
 
-# Jinja chat template (ChatML). `add_generation_prompt=True` appends the assistant header so a model
-# continues with the answer; every turn ends with the EOS token, so SFT teaches the model to stop.
+# ChatML; every turn ends with the EOS token, so SFT teaches the model to stop.
 CHAT_TEMPLATE = (
     "{{- bos_token }}"
     "{%- for message in messages %}"
@@ -67,9 +54,8 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
-# Text the BPE merges are learned from: the phrasing of hybridrl's tasks (arithmetic, countdown,
-# GSM8K/MATH style), the chat roles, and every printable ASCII character. Merges only shorten
-# sequences; coverage of every character comes from the byte-level alphabet, not from this corpus.
+# Text the BPE merges are learned from: the phrasing of hybridrl's tasks, the chat roles and printable
+# ASCII (coverage of every character comes from the byte-level alphabet, not from this corpus).
 _CORPUS_LINES = (
     "Compute 37 + 48 column by column; put the result in <answer></answer>.",
     "7+8+0=5 c1\n3+4+1=8 c0\n<answer>85</answer>",
@@ -98,25 +84,11 @@ _CORPUS_LINES = (
 )
 
 
-# A small byte-level BPE tokenizer, trained locally, for hybridrl's tiny models.
-#
-# Design (why it looks like Qwen's tokenizer):
-#
-# * transformers 5.x ignores the pipeline stored in a `qwen2` directory's `tokenizer.json`: `AutoTokenizer`
-#   rebuilds a `Qwen2Tokenizer` from the vocab and merges alone, with Qwen's NFC normalizer, Qwen's
-#   pre-tokenization regex and a byte-level mapping (`qwen2` is in transformers'
-#   `MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS`). A tokenizer trained with any other pipeline would silently
-#   get different ids after reloading. So we train with exactly that pipeline; reloading through the
-#   `qwen2` path or verbatim from `tokenizer.json` (the `llama` path) then gives identical ids.
-# * Qwen's regex isolates every digit (`\p{N}` matches one character), so no merge can ever join two digits:
-#   each digit is its own token, which the arithmetic tasks need (a tiny model learns digit-by-digit
-#   procedures, not memorised multi-digit chunks).
-# * The byte-level alphabet holds all 256 bytes, so any text (accents, emoji, control characters) encodes
-#   without an unknown token and decodes back unchanged.
-#
-# Special tokens and the chat template follow ChatML (the format of Qwen2.5-Instruct), with a BOS token
-# in front: ``<|begin_of_text|><|im_start|>user\n...<|im_end|>\n<|im_start|>assistant\n``. The EOS token
-# is ``<|im_end|>`` so generation stops at the end of the assistant's turn; ``<|endoftext|>`` pads.
+# The tiny tokenizer mirrors Qwen2's: transformers 5.x rebuilds a `qwen2` directory's tokenizer from its
+# vocab and merges alone with Qwen's normalizer, regex and byte-level mapping, so training with exactly
+# that pipeline keeps the ids on reload. Qwen's regex isolates every digit (what the arithmetic tasks need),
+# and the 256-byte alphabet encodes any text without an unknown token. Chat format: ChatML behind a BOS
+# token; `<|im_end|>` is EOS and `<|endoftext|>` pads.
 def tiny_corpus(repeats: int = 4) -> list[str]:
     """The built-in training text, repeated so that pairs occurring once still reach `min_frequency`."""
     return list(_CORPUS_LINES) * repeats
@@ -147,8 +119,8 @@ def _qwen2_pipeline_tokenizer() -> Tokenizer:
 def build_raw_tokenizer(vocab_size: int = DEFAULT_VOCAB_SIZE, corpus: list[str] | None = None) -> Tokenizer:
     """Train the byte-level BPE on `corpus` (default: the built-in task corpus).
 
-    `vocab_size` is an upper bound: training stops early when no pair reaches frequency 2, so the real
-    size is `len(tokenizer)`. It must leave room for the 256 byte symbols and the 4 special tokens.
+    `vocab_size` is an upper bound (training stops when no pair occurs twice; the real size is
+    `len(tokenizer)`) and must leave room for the 256 bytes and the 4 special tokens.
     """
     minimum = 256 + len(SPECIAL_TOKENS)
     if vocab_size < minimum:
@@ -170,10 +142,8 @@ def build_raw_tokenizer(vocab_size: int = DEFAULT_VOCAB_SIZE, corpus: list[str] 
 def build_tiny_tokenizer(
     vocab_size: int = DEFAULT_VOCAB_SIZE, corpus: list[str] | None = None
 ) -> PreTrainedTokenizerFast:
-    """The trained tokenizer wrapped for transformers, with special tokens and the chat template set.
-
-    Encoding adds no special tokens by itself (like Qwen); the chat template writes the BOS token.
-    """
+    """The trained tokenizer wrapped for transformers, with special tokens and the chat template; encoding adds
+    no special tokens (the chat template writes the BOS)."""
     return PreTrainedTokenizerFast(
         tokenizer_object=build_raw_tokenizer(vocab_size, corpus),
         bos_token=BOS_TOKEN,
@@ -216,20 +186,11 @@ DEFAULT_MAX_POSITIONS = 2048
 SIZES: Registry[TinySpec] = Registry("tiny model size")
 SIZES.add("1m", TinySpec(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=448))
 SIZES.add("3m", TinySpec(hidden_size=192, num_layers=6, num_heads=6, num_kv_heads=2, intermediate_size=640))
-SIZES.add(
-    "10m", TinySpec(hidden_size=256, num_layers=10, num_heads=8, num_kv_heads=4, intermediate_size=1024)
-)
-SIZES.add(
-    "50m", TinySpec(hidden_size=512, num_layers=12, num_heads=8, num_kv_heads=4, intermediate_size=2048)
-)
-# Qwen2.5-0.5B's and Qwen2.5-1.5B's layer layouts (with the small tokenizer's vocabulary: 358M and 1.31B
-# parameters), for GPU benchmarks; random weights, as every preset.
-SIZES.add(
-    "400m", TinySpec(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864)
-)
-SIZES.add(
-    "1b", TinySpec(hidden_size=1536, num_layers=28, num_heads=12, num_kv_heads=2, intermediate_size=8960)
-)
+SIZES.add("10m", TinySpec(hidden_size=256, num_layers=10, num_heads=8, num_kv_heads=4, intermediate_size=1024))
+SIZES.add("50m", TinySpec(hidden_size=512, num_layers=12, num_heads=8, num_kv_heads=4, intermediate_size=2048))
+# Qwen2.5-0.5B's and -1.5B's layer layouts (358M and 1.31B parameters with this vocabulary), for GPU benchmarks.
+SIZES.add("400m", TinySpec(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864))
+SIZES.add("1b", TinySpec(hidden_size=1536, num_layers=28, num_heads=12, num_kv_heads=2, intermediate_size=8960))
 
 
 @dataclass(frozen=True)
@@ -238,9 +199,7 @@ class TinyArch:
 
     config_cls: type[PretrainedConfig]
     model_cls: type[PreTrainedModel]
-    # Written to tokenizer_config.json. For qwen2 transformers uses Qwen2Tokenizer whatever we write;
-    # declaring it keeps the directory honest. "PreTrainedTokenizerFast" loads tokenizer.json verbatim in
-    # transformers 4.x and 5.x alike.
+    # Written to tokenizer_config.json (for qwen2 transformers uses Qwen2Tokenizer whatever it says).
     tokenizer_class: str
 
 
@@ -258,11 +217,8 @@ def resolve_spec(
     num_kv_heads: int | None = None,
     intermediate_size: int | None = None,
 ) -> TinySpec:
-    """The preset `size` with explicit overrides applied.
-
-    A new hidden size without new head counts keeps the preset's head dimension; a new hidden size
-    without a new intermediate size uses ~8/3 x hidden (Llama's ratio) rounded up to a multiple of 32.
-    """
+    """The preset `size` with explicit overrides applied: a new hidden size keeps the preset's head dimension
+    and, without an intermediate size, uses ~8/3 x hidden rounded up to a multiple of 32."""
     base = SIZES.get(size)
     hidden = hidden_size if hidden_size is not None else base.hidden_size
     if num_heads is None:
@@ -328,10 +284,9 @@ def build_tiny_model(
     max_position_embeddings: int = DEFAULT_MAX_POSITIONS,
     **overrides: int | None,
 ) -> Path:
-    """Write a tiny `arch` model with random weights (seeded) and the tiny tokenizer to `out`.
+    """Write a tiny `arch` model with seeded random weights and the tiny tokenizer to `out`; returns it.
 
-    `overrides` are `resolve_spec`'s keywords (hidden_size, num_layers, num_heads, num_kv_heads,
-    intermediate_size). The global torch RNG is left as it was. Returns `out` as a Path.
+    `overrides` are `resolve_spec`'s keywords. The global torch RNG is left as it was.
     """
     arch_entry = ARCHS.get(arch)
     spec = resolve_spec(size, **overrides)
@@ -381,19 +336,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parse_args(argv)
-    out = build_tiny_model(
-        args.out,
-        arch=args.arch,
-        size=args.size,
-        seed=args.seed,
-        vocab_size=args.vocab_size,
-        max_position_embeddings=args.max_position_embeddings,
-        hidden_size=args.hidden_size,
-        num_layers=args.num_layers,
-        num_heads=args.num_heads,
-        num_kv_heads=args.num_kv_heads,
-        intermediate_size=args.intermediate_size,
-    )
+    out = build_tiny_model(**vars(args))  # the flags are build_tiny_model's keywords
     model = ARCHS.get(args.arch).model_cls.from_pretrained(out)
     print(
         f"wrote {args.arch} model ({count_parameters(model):,} parameters, vocab {model.config.vocab_size}) to {out}"

@@ -1,18 +1,9 @@
 """This process's device: which one it computes on, the dtypes it computes in, and its memory.
 
-The device type is chosen in one place: the driver resolves `trainer.device` once
-(`resolve_device_type`: `auto` becomes cuda where torch sees a GPU, else cpu) and the worker-group
-launchers hand the result to every worker process in `DEVICE_ENV`, as they hand over the
-torch.distributed coordinates (a Ray group in each actor's environment, cuda exactly when its pool
-reserves GPU bundles; the local group in the driver's own environment for the group's life).
-Everything that places a model, picks a process-group backend or asks about the device (FSDP mesh,
-CUDA index, peak FLOP/s, `auto` dtype, vLLM's memory mode, RNG state) asks this module, so
-`trainer.device=cpu` on a machine with a GPU keeps every worker on the CPU. Where `DEVICE_ENV` is
-unset (a script or notebook that builds engines itself, no worker group): cuda when torch sees a GPU,
-else cpu.
-
-Compute dtypes follow the device (`auto_dtype`, `device_default_dtype`), and memory is reported per
-process (`process_memory`) and kept for reuse on the host (`keep_freed_memory`).
+The driver resolves `trainer.device` once (`resolve_device_type`) and the worker-group launchers pass
+the result to every worker in `DEVICE_ENV`; everything that places a model or asks about the device
+asks `device_type()`, so `trainer.device=cpu` keeps every worker on the CPU even where a GPU is visible.
+Without `DEVICE_ENV` (a script that builds engines itself): cuda where torch sees a GPU, else cpu.
 """
 
 from __future__ import annotations
@@ -36,16 +27,14 @@ AUTO = "auto"  # trainer.device=auto, and a dtype key's `auto`
 
 
 def resolve_device_type(setting: str) -> str:
-    """`trainer.device` as a device type: `auto` is cuda where torch sees a GPU, else cpu; cpu and cuda
-    stay as they are (the config checks say what is wrong with any other value)."""
+    """`trainer.device` as a device type: `auto` is cuda where torch sees a GPU, else cpu; others unchanged."""
     if setting == AUTO:
         return "cuda" if torch.cuda.is_available() else "cpu"
     return setting
 
 
 def device_setting_problem(setting: str, key: str = "trainer.device") -> str | None:
-    """What is wrong with `setting` (a `trainer.device` after `resolve_device_type`) here, or None: the one
-    check behind every entry point's config validation."""
+    """What is wrong with `setting` (a resolved `trainer.device`) on this machine, or None."""
     if setting not in DEVICE_TYPES:
         return f"{key} must be 'cpu', 'cuda' or 'auto', got {setting!r}"
     if setting == "cuda" and not torch.cuda.is_available():
@@ -65,16 +54,11 @@ def device_type() -> str:
 
 
 def cuda_index(local_rank: int) -> int:
-    """The CUDA device index a rank with `local_rank` (its position on its node) computes on.
+    """The CUDA device index (among those this process sees) that the rank with `local_rank` computes on.
 
-    The index counts the devices this process can see, not the node's. A process that sees one GPU uses
-    it (index 0): Ray narrows CUDA_VISIBLE_DEVICES so each GPU actor sees only its own. A Ray actor that
-    sees several (Ray leaves them all visible under RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES) takes the
-    GPU Ray assigned it (`ray_assigned_gpu`), which need not be the one at its local rank. Any other process
-    that sees several takes the one at its local rank: the local backend's single rank (local rank 0) and
-    launchers such as torchrun leave every GPU of the node visible. A local rank beyond the visible
-    devices means more ranks on the node than GPUs: it raises here, where NCCL would later refuse two
-    ranks on one device with a less telling message.
+    One visible GPU: index 0 (Ray narrows CUDA_VISIBLE_DEVICES per actor). Several: the one Ray assigned
+    (`ray_assigned_gpu`), else the one at `local_rank` (torchrun, the local backend). Raises for a local rank
+    beyond the visible devices, where NCCL would later fail less clearly.
     """
     count = torch.cuda.device_count()
     if count == 0:
@@ -93,8 +77,7 @@ def cuda_index(local_rank: int) -> int:
 
 
 def ray_assigned_gpu() -> str | None:
-    """The id of the one GPU Ray assigned this process, where it is a Ray actor that holds exactly one;
-    else None (the driver, CPU actors, processes that never imported ray)."""
+    """The id of the one GPU Ray assigned this process (a Ray actor holding exactly one), else None."""
     ray = sys.modules.get("ray")  # a process that never imported ray is not a Ray actor
     if ray is None or not ray.is_initialized():
         return None
@@ -103,8 +86,7 @@ def ray_assigned_gpu() -> str | None:
 
 
 def visible_index(gpu_id: str) -> int:
-    """The index torch gives the GPU with node id `gpu_id`: its position in CUDA_VISIBLE_DEVICES when that
-    is set, else the id itself."""
+    """The index torch gives the GPU with node id `gpu_id`: its position in CUDA_VISIBLE_DEVICES, if set."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if not visible:
         return int(gpu_id)
@@ -116,8 +98,7 @@ def visible_index(gpu_id: str) -> int:
 
 
 def local_device(local_rank: int | None = None) -> torch.device:
-    """The device of the rank with `local_rank` in this process (default: the LOCAL_RANK its launcher set,
-    0 where none did): the CPU, or the CUDA device `cuda_index` picks."""
+    """The device of the rank with `local_rank` (default: LOCAL_RANK, else 0): the CPU or `cuda_index`'s GPU."""
     if device_type() == "cpu":
         return torch.device("cpu")
     if local_rank is None:
@@ -126,14 +107,12 @@ def local_device(local_rank: int | None = None) -> torch.device:
 
 
 def distributed_backend() -> str:
-    """The process group's backends: gloo alone on CPU; on CUDA, nccl for CUDA tensors and gloo for the
-    CPU tensors that still meet in collectives (offloaded state, counts reduced as Python numbers)."""
+    """gloo on CPU; on CUDA nccl for CUDA tensors and gloo for the CPU tensors that still meet in collectives."""
     return "cpu:gloo,cuda:nccl" if device_type() == "cuda" else "gloo"
 
 
 def cuda_in_use() -> bool:
-    """Whether this process has started CUDA (memory reports read CUDA's peaks only then, so a CPU
-    process, or a driver that never touches the GPU, does not create a CUDA context to report zero)."""
+    """Whether this process has started CUDA (so a CPU process does not create a context just to report zero)."""
     return torch.cuda.is_available() and torch.cuda.is_initialized()
 
 
@@ -146,8 +125,8 @@ def device_env(device: str) -> dict[str, str]:
 
 @contextmanager
 def pinned(device: str) -> Iterator[None]:
-    """This process computes on `device` (cpu / cuda / auto) inside the block; the previous setting
-    (or its absence) comes back afterwards. For a driver that is its own single worker."""
+    """This process computes on `device` (cpu / cuda / auto) inside the block, for a driver that is its own
+    single worker; the previous setting comes back after."""
     saved = os.environ.get(DEVICE_ENV)
     os.environ.update(device_env(resolve_device_type(device)))
     try:
@@ -163,13 +142,8 @@ BF16_NAMES = ("bfloat16", "bf16")  # what a dtype key may say for bf16 (hybridrl
 
 
 def native_bf16(device: str | None = None) -> bool:
-    """Whether `device` ("cpu" / "cuda"; default: this process's, `device_type`) multiplies bf16 natively.
-
-    A GPU does when torch reports bf16 support (Ampere and later); a CPU with AVX512_BF16 or AMX
-    multiplies bf16 several times faster than fp32, while one without those instructions (AVX2 only)
-    emulates bf16 and is slower in it than in fp32 (benchmarks/results/grpo_vs_trl.md, its fp32 and
-    bf16 rows).
-    """
+    """Whether `device` (default: this process's) multiplies bf16 natively: a GPU that torch says supports it,
+    or a CPU with AVX512_BF16 or AMX (AVX2-only CPUs emulate bf16, slower than fp32)."""
     device = device or device_type()
     if device == "cuda":
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
@@ -179,29 +153,21 @@ def native_bf16(device: str | None = None) -> bool:
 
 
 def auto_dtype(device: str | None = None) -> torch.dtype:
-    """bf16 where `native_bf16`, else fp32: what `dtype: auto` means on this process's device.
-
-    Master weights, optimizer state, gradient reduction and log-softmax stay fp32 whatever the compute
-    dtype (FSDP2's MixedPrecisionPolicy keeps the sharded parameters in their loaded dtype;
-    `logprobs_from_logits` upcasts).
-    """
+    """What `dtype: auto` means: bf16 where `native_bf16`, else fp32. Master weights, optimizer state, gradient
+    reduction and log-softmax stay fp32 whatever the compute dtype."""
     return torch.bfloat16 if native_bf16(device) else torch.float32
 
 
 def device_default_dtype(device: str | None = None) -> torch.dtype:
-    """What an unset (null) compute dtype means: bf16 on a bf16 GPU, fp32 on a CPU or an older GPU.
-
-    On a GPU that is what verl's defaults compute in; on a CPU the defaults stay what every recipe and
-    test was measured with (the quickstart opts in to bf16 with `auto`).
-    """
+    """What an unset (null) compute dtype means: bf16 on a bf16 GPU (verl's defaults), fp32 on a CPU or an
+    older GPU (what the CPU recipes were measured with)."""
     device = device or device_type()
     return torch.bfloat16 if device == "cuda" and native_bf16("cuda") else torch.float32
 
 
 def emulated_bf16_warning(key: str, value: str | None, device: str) -> str | None:
-    """The warning for dtype key `key` set to bf16 by name (`value`) where the device (`device`, as
-    trainer.device resolved) emulates bf16, or None: a CPU without AVX512_BF16 or AMX runs it many times
-    slower than fp32 (`native_bf16`), which a user who asked for bf16 to go faster should hear at once."""
+    """The warning for dtype key `key` set to bf16 by name where the device (`device`, resolved) emulates
+    bf16, many times slower than fp32; else None."""
     if value not in BF16_NAMES or device != "cpu" or native_bf16("cpu"):
         return None
     return (f"{key}={value} on a CPU without native bf16 (no AVX512_BF16 or AMX; torch's capability: "
@@ -214,11 +180,8 @@ GIB = 1024**3
 
 @dataclass(frozen=True)
 class ProcessMemory:
-    """One process's peaks in GiB; the CUDA fields are None where this process never initialised CUDA.
-
-    Every worker reports its own (`Worker.process_memory`) and the driver adds its own, so a run's
-    metrics cover all of its processes (`hybridrl.trainer.metrics.compute_memory_metrics`).
-    """
+    """One process's peaks in GiB (CUDA fields None where it never initialised CUDA); every worker and the
+    driver report theirs (`hybridrl.trainer.metrics.compute_memory_metrics`)."""
 
     host: str
     pid: int
@@ -239,8 +202,7 @@ def peak_rss_gb() -> float:
 
 
 def process_memory() -> ProcessMemory:
-    """The calling process's peaks. CUDA is read only when this process already uses it, so a CPU run
-    (or a driver that never touches the GPU) does not create a CUDA context just to report zero."""
+    """The calling process's peaks (CUDA only where `cuda_in_use`)."""
     allocated = reserved = None
     if cuda_in_use():
         allocated = torch.cuda.max_memory_allocated() / GIB
@@ -261,20 +223,12 @@ _applied = False
 
 
 def keep_freed_memory() -> bool:
-    """Set glibc's mmap and trim thresholds for this process (once). Returns whether they are set.
+    """Raise glibc's mmap and trim thresholds for this process (once); returns whether they are set.
 
-    Keeps freed host memory in the process for the next tensor instead of handing it back to the
-    kernel. A training or decoding pass on a CPU allocates and frees activations of a few to tens of
-    megabytes many times a second; glibc's malloc serves such blocks with mmap and returns them with
-    munmap when freed (above its mmap threshold), and trims the top of its heap whenever more than the
-    trim threshold is free, so the next tensor of that size touches fresh pages again, each 4 KiB page a
-    page fault zeroed by the kernel (benchmarks/README.md, "Host memory", counts them).
-
-    `mallopt` raises both thresholds (what the MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_
-    environment variables set at start-up): blocks up to 32 MiB come from the heap, and freed memory
-    stays there unless over 1 GiB of it is free at the top. The cost is a resident size that stays near
-    the process's peak instead of shrinking between passes. Other C libraries (musl) and other systems
-    are left alone, and so is a process started with HYBRIDRL_KEEP_FREED_MEMORY=0 (`KEEP_ENV`).
+    Freed host memory then stays in the process for the next tensor instead of returning to the kernel,
+    which would fault fresh pages in for every activation of a CPU pass
+    (benchmarks/README.md, "Host memory"). The resident size stays near the peak. Linux with glibc only;
+    HYBRIDRL_KEEP_FREED_MEMORY=0 (`KEEP_ENV`) turns it off.
     """
     global _applied
     if _applied:

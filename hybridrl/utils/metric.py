@@ -1,18 +1,11 @@
-"""The numbers workers report and the trainer reduces: metric lists, and the time each stage took.
+"""The numbers workers report and the trainer reduces: metric lists, stage times and MFU.
 
-A worker reports each metric once per micro-batch or mini-batch (and concat gathers the ranks'
-reports), so a metric arrives as a list: `reduce_metrics` takes the mean, or the max / min for keys
-named so, and a value that must be summed instead travels as a `Metric` that carries its own
-aggregation. Stage times follow verl's `marked_timer` convention: the fit loop wraps each stage in
-`with timer("gen", timing_raw): ...`, and a worker's own share of a stage rides back in its output's
-metrics (`report_worker_seconds`) to be filed as `<stage>_worker`.
-
-Model FLOPs utilisation is here too: MFU = model FLOPs / (seconds x the devices' peak FLOP/s), with
-~2N FLOPs per real token for a forward pass and ~6N for forward plus backward over the N parameters that
-multiply (Kaplan et al. 2020, "Scaling Laws for Neural Language Models", section 2.1; attention scores
-left out, so long contexts read slightly low). Padding and recomputation lower MFU rather than inflate
-it, as in verl and PaLM. The peak is the datasheet figure on GPUs listed here, otherwise the best of a
-few square matmuls in the compute dtype with this process's threads.
+`reduce_metrics` takes a list's mean, or max / min for keys named so; a `Metric` carries its own
+aggregation. Stage times follow verl's `marked_timer`; a worker's own share comes back in its output's
+metrics (`report_worker_seconds`). MFU = model FLOPs / (seconds x peak FLOP/s), with 2N FLOPs per token
+forward and 6N forward + backward over the N multiplying parameters (Kaplan et al. 2020, "Scaling Laws
+for Neural Language Models", section 2.1; attention left out; padding lowers it, as in verl); the peak
+is a listed GPU's datasheet figure, else measured.
 """
 
 from __future__ import annotations
@@ -36,10 +29,8 @@ from hybridrl.utils.device import device_type as process_device_type
 FORWARD_FLOPS_PER_PARAM = 2
 TRAIN_FLOPS_PER_PARAM = 6
 
-# Dense (no sparsity) tensor-core peaks from NVIDIA's datasheets, FLOP/s, keyed by a substring of
-# torch.cuda.get_device_name() in lower case (the lookup lower-cases the name). fp32 is the plain
-# (non-TF32) figure: torch does not use TF32 for matmuls unless torch.backends.cuda.matmul.allow_tf32 is
-# set. First match wins, so the more specific names come first.
+# Dense tensor-core peaks from NVIDIA's datasheets, FLOP/s, by a substring of the lower-cased device name
+# (first match wins). fp32 is the non-TF32 figure, since torch matmuls do not use TF32 by default.
 _GPU_PEAKS: tuple[tuple[str, dict[torch.dtype, float]], ...] = (
     ("h100 pcie", {torch.bfloat16: 756e12, torch.float16: 756e12, torch.float32: 51e12}),
     ("h100", {torch.bfloat16: 989e12, torch.float16: 989e12, torch.float32: 67e12}),  # SXM
@@ -49,33 +40,22 @@ _GPU_PEAKS: tuple[tuple[str, dict[torch.dtype, float]], ...] = (
 
 
 def model_flops(params: int, tokens: int, flops_per_param: int, passes: int = 1) -> float:
-    """FLOPs of `passes` passes of a model with `params` multiplying parameters over `tokens` tokens.
-
-    flops = flops_per_param x params x tokens x passes, with flops_per_param 2 for a forward pass
-    (generation, log-probs, values) and 6 for forward + backward (an update; `passes` = its epochs).
-    E.g. 1M parameters, 1,000 tokens, one training epoch: 6 x 1e6 x 1e3 = 6e9 FLOPs.
-    """
+    """flops_per_param x params x tokens x passes: flops_per_param is 2 for a forward pass (generation,
+    log-probs, values) and 6 for forward + backward (an update; `passes` = its epochs)."""
     return float(flops_per_param) * params * tokens * passes
 
 
 def mfu(flops: float, seconds: float, peak_flops: float) -> float:
-    """Model FLOPs utilisation: flops / (seconds x peak_flops), the share of the peak the work used.
-
-    `peak_flops` is the sum over the processes that shared the work (each rank's peak), `seconds` the
-    wall time of the slowest (they finish together: FSDP's collectives keep ranks in lockstep).
-    """
+    """flops / (seconds x peak_flops), where `peak_flops` sums the ranks' peaks and `seconds` is the slowest
+    rank's wall time."""
     if seconds <= 0 or peak_flops <= 0:
         raise ValueError(f"mfu needs positive seconds and peak_flops, got {seconds} and {peak_flops}")
     return flops / (seconds * peak_flops)
 
 
 def matmul_params(model: nn.Module) -> int:
-    """Parameters that multiply each token: all of them except an input embedding not tied to the head.
-
-    An embedding lookup does no arithmetic, but the output head multiplies every token by the whole
-    vocabulary matrix; with tied embeddings that matrix is the input embedding, counted once.
-    (A checkpoint's stored parameter count is the same number for tied models.)
-    """
+    """Parameters that multiply each token: all but an input embedding not tied to the output head (a lookup
+    does no arithmetic; a tied one is the head's matrix, counted once)."""
     total = sum(p.numel() for p in model.parameters())  # parameters() yields a tied tensor once
     get_in = getattr(model, "get_input_embeddings", None)
     get_out = getattr(model, "get_output_embeddings", None)
@@ -88,12 +68,8 @@ def matmul_params(model: nn.Module) -> int:
 
 def matmul_peak_flops(dtype: torch.dtype = torch.float32, device: str = "cpu", size: int = 2048,
                       repeats: int = 6) -> float:
-    """The best FLOP/s of `repeats` (size x size) @ (size x size) matmuls (2 x size^3 FLOPs each).
-
-    Runs with this process's current torch thread count; the first matmul (allocation, kernel warm-up)
-    is not timed. A private generator fills the matrices, so probing leaves torch's global random
-    state (and with it a run's sampling) untouched.
-    """
+    """The best FLOP/s of `repeats` (size x size) matmuls after one untimed warm-up, with the current torch
+    thread count; a private generator leaves the global random state alone."""
     generator = torch.Generator().manual_seed(0)
     a = torch.randn(size, size, generator=generator).to(device, dtype)  # (size, size)
     b = torch.randn(size, size, generator=generator).to(device, dtype)  # (size, size)
@@ -127,21 +103,15 @@ def _cached_peak(device_type: str, dtype: torch.dtype, threads: int) -> float:
 
 
 def device_peak_flops(dtype: torch.dtype) -> float:
-    """This process's peak FLOP/s in `dtype` on its device: measured once per (dtype, thread count).
-
-    CUDA: the datasheet figure of a known GPU, else a measured one; CPU: measured with the current
-    torch thread count (a rank's share of the cores).
-    """
+    """This process's peak FLOP/s in `dtype`, cached per (dtype, thread count): a known GPU's datasheet figure,
+    else measured."""
     return _cached_peak(process_device_type(), dtype, torch.get_num_threads())
 
 
 @dataclass(frozen=True)
 class ModelPass:
-    """One kind of model pass a worker runs (a generation, a log-prob pass, an update), for MFU.
-
-    flops_per_param: 2 (forward) or 6 (forward + backward); passes: over the data per call (an
-    update's epochs); peak_flops: the process's peak in the pass's compute dtype.
-    """
+    """One kind of model pass a worker runs (generation, log-probs, an update), for MFU; `passes` counts
+    passes over the data per call (an update's epochs), `peak_flops` is in the pass's compute dtype."""
 
     params: int
     flops_per_param: int
@@ -176,11 +146,8 @@ class AggregationType(str, Enum):
 
 
 class Metric:
-    """Values of one metric together with how to reduce them (`aggregate()`).
-
-    For values that `reduce_metrics` must not average: a loss already divided by the whole mini-batch's
-    token count, whose micro-batch parts add up to the mini-batch loss, travels as a SUM metric.
-    """
+    """Values of one metric with their reduction (`aggregate()`), for values `reduce_metrics` must not average:
+    e.g. a micro-batch loss already divided by the mini-batch's token count is a SUM."""
 
     def __init__(self, aggregation: str | AggregationType, value: Any = None) -> None:
         self.aggregation = AggregationType(aggregation)  # raises on an unknown name
@@ -231,13 +198,8 @@ def _reduction(key: str) -> str:
 
 
 def reduce_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """One number per key from the per-micro-batch (or per-rank) lists the workers return.
-
-    A `Metric` reduces by its own aggregation. A plain list takes the mean, except for keys whose last
-    path segment has a `max` or `min` word (`response_length/max`, `perf/max_memory_rss_gb`), which
-    take the max or min, as newer verl does: the mean of per-rank maxima is not a maximum. An empty
-    list gives NaN (nothing was measured).
-    """
+    """One number per key: a `Metric` by its aggregation; a list by its mean, or max / min where the key's last
+    path segment has a `max` / `min` word (the mean of per-rank maxima is not a maximum); empty gives NaN."""
     reduced = {}
     for key, values in metrics.items():
         if isinstance(values, Metric):
@@ -252,10 +214,8 @@ def reduce_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
 
 
 def append_to_dict(data: MutableMapping[str, Any], new_data: Mapping[str, Any], prefix: str = "") -> None:
-    """Append each of new_data's values to the list (or Metric) under the same key in data, in place.
-
-    A list value is extended rather than nested. `prefix` is put before keys that do not have it yet.
-    """
+    """Append new_data's values to data's lists (or Metrics) in place, extending with list values; `prefix` is
+    put before keys that lack it."""
     for key, value in new_data.items():
         name = key if key.startswith(prefix) else f"{prefix}{key}"
         if name not in data:
@@ -266,24 +226,18 @@ def append_to_dict(data: MutableMapping[str, Any], new_data: Mapping[str, Any], 
             data[name].append(value)
 
 
-# The key under meta_info["metrics"] that carries a rank's own seconds for one call. Inside `metrics`
-# because concatenating the ranks' outputs gathers metrics into one list per key (rank order), where
-# any other meta_info key must be equal on every rank.
+# A rank's own seconds for one call, inside meta_info["metrics"], which concat gathers per rank (any other
+# meta_info key must be equal on every rank).
 WORKER_SECONDS = "worker_seconds"
 
 
 @contextmanager
 def timer(name: str, timing_raw: MutableMapping[str, float]) -> Iterator[None]:
-    """Add the seconds spent in the `with` body to `timing_raw[name]` (created at 0.0 if absent).
+    """Add the `with` body's seconds to `timing_raw[name]`, also when it raises.
 
-    `compute_timing_metrics` turns the step's `timing_raw` into `timing_s/<stage>` and
-    `timing_per_token_ms/<stage>`. verl's stage names are `step`, `gen`, `reward`, `old_log_prob`, `ref`,
-    `values`, `adv`, `update_critic`, `update_actor`, `testing` and `save_checkpoint`; `step` spans the
-    whole iteration and is what `compute_throughput_metrics` divides by.
-
-    Accumulating rather than overwriting matters when a stage runs several times in one step (DAPO's
-    dynamic sampling generates until the batch is full). The time is recorded even when the body raises,
-    so a crash report still shows how long the failing stage ran.
+    Accumulates, since a stage may run several times in a step (DAPO's dynamic sampling).
+    `compute_timing_metrics` reports verl's stage names (`step`, `gen`, `reward`, `old_log_prob`, `ref`,
+    `values`, `adv`, `update_critic`, `update_actor`, `testing`, `save_checkpoint`).
     """
     start = time.perf_counter()  # monotonic: immune to wall-clock adjustments during long runs
     try:
@@ -298,31 +252,21 @@ def timer(name: str, timing_raw: MutableMapping[str, float]) -> Iterator[None]:
 def marked_timer(
     name: str, timing_raw: MutableMapping[str, float], color: str | None = None
 ) -> Iterator[None]:
-    """verl's signature (`color` names an NVTX range colour there); here it is the same as `timer`.
-
-    There are no NVTX profiler ranges on CPU, so `color` is accepted and ignored to keep verl call sites
-    working unchanged.
-    """
+    """verl's signature for `timer`; `color` (an NVTX colour there) is ignored."""
     del color
     with timer(name, timing_raw):
         yield
 
 
 def worker_stage(stage: str) -> str:
-    """The timing name of a stage's time on the workers: `gen` -> `gen_worker` (`timing_s/gen_worker`).
-
-    The trainer files the slowest rank's time under it, so `timing_s/gen` and `timing_s/gen_worker` sit
-    side by side and their difference is what dispatch, transfer and collection cost.
-    """
+    """The timing name of a stage's time on the workers (`gen` -> `gen_worker`), the slowest rank's; its gap to
+    the stage's own time is what dispatch and transfer cost."""
     return f"{stage}_worker"
 
 
 def report_worker_seconds(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorate a worker method returning a DataProto: its wall time goes into the output's metrics.
-
-    Apply it below `@register`, so the time covers the method's own work and not the fetching of its
-    input shards.
-    """
+    """Decorate a worker method returning a DataProto so its wall time goes into the output's metrics; apply it
+    below `@register`, so the time excludes fetching the input."""
 
     @functools.wraps(method)
     def timed(*args: Any, **kwargs: Any) -> Any:
@@ -335,11 +279,8 @@ def report_worker_seconds(method: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def pop_worker_seconds(meta_info: MutableMapping[str, Any]) -> float | None:
-    """Take the ranks' seconds out of a collected output's metrics; the slowest rank's, or None if absent.
-
-    The maximum is the honest wall time: ranks meet in collectives, so the call ends with the slowest.
-    Drops `metrics` when nothing else is left in it.
-    """
+    """Take the ranks' seconds out of a collected output's metrics (dropping an emptied `metrics`); the slowest
+    rank's, or None."""
     metrics = meta_info.get("metrics")
     if not metrics or WORKER_SECONDS not in metrics:
         return None

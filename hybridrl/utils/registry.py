@@ -1,9 +1,5 @@
-"""One small registry type for everything hybridrl looks up by name.
-
-Advantage estimators, policy losses, reward managers, rollout engines and dispatch modes all use it,
-so they share the same behaviour: registering a name twice raises, and asking for an unknown name
-lists the names that exist.
-"""
+"""The one registry type for everything hybridrl looks up by name (estimators, losses, reward managers,
+rollout engines, ...): a duplicate name raises, and an unknown name lists the registered ones."""
 
 from __future__ import annotations
 
@@ -14,8 +10,7 @@ T = TypeVar("T")
 
 
 class UnknownNameError(KeyError, ValueError):
-    """A name that is not registered. A KeyError for hybridrl callers, a ValueError for code written
-    against verl, whose registries raise ValueError for an unknown name."""
+    """A name that is not registered: a KeyError for hybridrl, a ValueError for code written against verl."""
 
     def __str__(self) -> str:  # KeyError would show the message in quotes
         return str(self.args[0]) if self.args else ""
@@ -36,11 +31,7 @@ class Registry(Generic[T]):
         self._entries: dict[str, T] = {}
 
     def register(self, name: str, *, override: bool = False) -> Callable[[T], T]:
-        """Decorator that stores the decorated object under `name`.
-
-        `override=True` replaces an existing entry on purpose (e.g. a user's patched estimator);
-        without it a duplicate name raises, since two modules silently fighting over a name is a bug.
-        """
+        """Decorator storing the object under `name`; a duplicate raises unless `override=True`."""
 
         def decorator(obj: T) -> T:
             self.add(name, obj, override=override)
@@ -65,8 +56,7 @@ class Registry(Generic[T]):
             known = ", ".join(sorted(self._entries)) or "(none)"
             raise UnknownNameError(f"unknown {self.kind} {name!r}; registered: {known}") from None
 
-    # verl keeps its registries in plain dicts, and code written for verl indexes, assigns and clears
-    # them; these behave as a dict's do (assignment replaces, like add(..., override=True)).
+    # verl's registries are plain dicts that its users index, assign and clear (assignment overrides)
     def __getitem__(self, name: str) -> T:
         return self.get(name)
 

@@ -1,10 +1,5 @@
-"""Small tensor helpers shared by the algorithms and the workers.
-
-Masked statistics (`masked_sum`, `masked_mean`, `masked_var`, `masked_whiten`) and the two per-token
-quantities every RL step needs from a language model's logits: the log-probability of the chosen
-token and the entropy of the next-token distribution. Names and conventions follow
-`verl.utils.torch_functional` so verl users can switch imports one-to-one.
-"""
+"""Small tensor helpers with `verl.utils.torch_functional`'s names: masked statistics, and the per-token
+log-probability and entropy of a language model's logits."""
 
 from __future__ import annotations
 
@@ -13,18 +8,13 @@ from collections.abc import Callable
 import torch
 from torch.utils.checkpoint import checkpoint
 
-# Rows of (flattened) logits processed at once. 256 rows of a 150k vocabulary in fp32 is ~150 MB per
-# temporary instead of a full (batch * seq, vocab) copy. Measured on 2048 x 16000 fp32 logits: entropy
-# without grad peaks at +31 MB chunked vs +250 MB in one piece (a full softmax copy and p * z).
+# Logit rows processed at once: one chunk's temporaries instead of a full (batch * seq, vocab) copy.
 DEFAULT_CHUNK_ROWS = 256
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor, axis: int | None = None) -> torch.Tensor:
-    """sum_i mask_i * values_i over `axis` (all elements when None).
-
-    Masked-out slots contribute exactly 0 even if they hold NaN or inf (padding after EOS often holds
-    garbage), which plain `values * mask` would turn into NaN.
-    """
+    """sum_i mask_i * values_i over `axis` (all elements when None); masked-out slots count 0 even when they
+    hold NaN or inf (padding after EOS often does)."""
     weighted = torch.where(
         mask != 0, values * mask, torch.zeros((), dtype=values.dtype, device=values.device)
     )
@@ -39,10 +29,8 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, axis: int | None = Non
 
 
 def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
-    """Variance of the masked elements, with Bessel's correction n/(n-1) when `unbiased`.
-
-    Raises when fewer than 2 elements are unmasked, as an unbiased variance is then undefined.
-    """
+    """Variance of the masked elements, with Bessel's correction n/(n-1) when `unbiased` (which raises for
+    fewer than 2 unmasked elements)."""
     mean = masked_mean(values, mask)
     variance = masked_mean((values - mean) ** 2, mask)
     if unbiased:
@@ -75,20 +63,13 @@ def clip_by_value(x: torch.Tensor, tensor_min: torch.Tensor, tensor_max: torch.T
 def _rowwise_chunked(
     fn: Callable[[torch.Tensor], torch.Tensor], rows: torch.Tensor, chunk_rows: int
 ) -> torch.Tensor:
-    """Apply a row reduction `fn` ((n, vocab) -> (n,)) chunk by chunk.
-
-    Under autograd each chunk runs inside activation checkpointing, so backward recomputes the
-    chunk's softmax instead of keeping every chunk's full-vocabulary temporaries alive at once.
-    """
+    """Apply a row reduction `fn` ((n, vocab) -> (n,)) chunk by chunk; under autograd each chunk is
+    checkpointed, so backward recomputes its softmax instead of keeping every chunk's temporaries."""
     if chunk_rows <= 0:
         raise ValueError(f"chunk_rows must be positive, got {chunk_rows}")
     track_grad = torch.is_grad_enabled() and rows.requires_grad
-    outs = []
-    for chunk in rows.split(chunk_rows, dim=0):
-        if track_grad:
-            outs.append(checkpoint(fn, chunk, use_reentrant=False))
-        else:
-            outs.append(fn(chunk))
+    outs = [checkpoint(fn, chunk, use_reentrant=False) if track_grad else fn(chunk)
+            for chunk in rows.split(chunk_rows, dim=0)]
     if not outs:  # zero rows
         return rows.new_zeros((0,), dtype=torch.promote_types(rows.dtype, torch.float32))
     return torch.cat(outs, dim=0)
@@ -102,16 +83,9 @@ def _entropy_rows(logits: torch.Tensor) -> torch.Tensor:
 
 
 def entropy_from_logits(logits: torch.Tensor, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> torch.Tensor:
-    """Entropy of softmax(logits) along the last (vocabulary) dimension.
+    """Entropy of softmax(logits) over the last dimension: (..., vocab) -> (...), fp32 for half-precision input.
 
-    H(p) = -sum_v p_v log p_v = logsumexp(z) - sum_v p_v z_v with p = softmax(z), which never takes the
-    log of a tiny probability. The leading dimensions (batch, seq) are flattened and processed
-    `chunk_rows` at a time, so peak memory is one chunk's softmax, not the whole (batch, seq, vocab).
-
-    Args:
-        logits: (..., vocab) finite logits.
-    Returns:
-        (...) entropies in fp32 for half-precision input, else in the input dtype.
+    H = logsumexp(z) - sum_v p_v z_v (never the log of a tiny probability), `chunk_rows` rows at a time.
     """
     rows = logits.reshape(-1, logits.shape[-1])  # (n_rows, vocab)
     return _rowwise_chunked(_entropy_rows, rows, chunk_rows).reshape(logits.shape[:-1])
@@ -125,17 +99,9 @@ def _logsumexp_rows(logits: torch.Tensor) -> torch.Tensor:
 def logprobs_from_logits(
     logits: torch.Tensor, labels: torch.Tensor, chunk_rows: int = DEFAULT_CHUNK_ROWS
 ) -> torch.Tensor:
-    """log softmax(logits)[label] for each position, without building a log-softmax copy.
+    """log softmax(logits)[label] = z_y - logsumexp(z), chunked, without a log-softmax copy.
 
-    log p(y) = z_y - logsumexp(z): the label's logit is gathered, and logsumexp is taken chunk by
-    chunk (in fp32 for half-precision input, where a bf16 logsumexp loses ~2 digits).
-
-    Args:
-        logits: (..., vocab)
-        labels: (...) integer token ids in [0, vocab)
-    Returns:
-        (...) log-probabilities; fp32 for half-precision input (PPO ratios exp(logp - old_logp)
-        need the precision), else the input dtype.
+    logits (..., vocab), labels (...) -> (...); fp32 for half-precision input (PPO ratios need it).
     """
     if labels.shape != logits.shape[:-1]:
         raise ValueError(

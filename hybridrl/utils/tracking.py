@@ -1,18 +1,7 @@
-"""Experiment tracking: one `Tracking` object fans each step's metrics out to the configured backends.
-
-`trainer.logger` takes verl's forms, a single name (`trainer.logger=console`) or a list
-(`trainer.logger=['console','wandb']`). Backends, each registered in `LOGGER_BACKENDS`:
-
-- `console`: an aligned table per step, metrics grouped by their first path segment;
-- `file`: one JSON object per step (with a `step` key) appended to `<log_dir>/metrics.jsonl`;
-- `tensorboard`: scalars through `torch.utils.tensorboard.SummaryWriter`;
-- `wandb`: a Weights & Biases run (`WANDB_MODE=offline` logs locally without network);
-- `mlflow`: an MLflow run, in a local SQLite store under `<log_dir>/mlflow` unless
-  `MLFLOW_TRACKING_URI` says otherwise.
-
-wandb and mlflow are optional extras, imported only when selected. `StepProgress` is the tqdm bar over
-training steps.
-"""
+"""Experiment tracking: `Tracking` sends each step's metrics to the backends `trainer.logger` names (one
+name or a list, as in verl), registered in `LOGGER_BACKENDS`: console (a table per step), file
+(`<log_dir>/metrics.jsonl`), tensorboard, wandb and mlflow (optional extras, imported when selected).
+`StepProgress` is the tqdm bar over training steps."""
 
 from __future__ import annotations
 
@@ -55,14 +44,12 @@ def _missing_extra(package: str, backend: str) -> ImportError:
 
 
 def _as_scalar(key: str, value: Any) -> float | int:
-    """A Python number from a float/int/bool, a numpy scalar or a one-element tensor."""
+    """A Python number from a number, a numpy scalar or a one-element tensor; TypeError otherwise."""
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
             raise TypeError(f"metric {key!r} is a tensor of shape {tuple(value.shape)}; log scalars only")
         value = value.item()
-    if isinstance(value, np.ndarray) and value.size == 1:
-        value = value.item()
-    if isinstance(value, np.generic):
+    if isinstance(value, (np.ndarray, np.generic)) and value.size == 1:
         value = value.item()
     if isinstance(value, bool):
         return int(value)
@@ -72,7 +59,7 @@ def _as_scalar(key: str, value: Any) -> float | int:
 
 
 def _plain_config(config: Any) -> dict[str, Any] | None:
-    """A plain dict from a dict or an OmegaConf config (resolved), for backends that store the config."""
+    """A plain (resolved) dict from a dict or an OmegaConf config, for backends that store the config."""
     if config is None:
         return None
     try:
@@ -86,7 +73,7 @@ def _plain_config(config: Any) -> dict[str, Any] | None:
 
 
 def _format_value(value: float | int) -> str:
-    """Compact: ints as is, floats with 4 significant digits (scientific when very small or large)."""
+    """Ints as they are, floats with 4 significant digits."""
     if isinstance(value, int):
         return str(value)
     if math.isnan(value) or math.isinf(value):
@@ -95,11 +82,8 @@ def _format_value(value: float | int) -> str:
 
 
 def format_metrics_table(data: Mapping[str, float], step: int, width: int = 110) -> str:
-    """The console view of one step: a header, then one block per metric group in aligned columns.
-
-    Keys are grouped by their first path segment (`critic/score/mean` -> group `critic`, shown as
-    `score/mean`); keys without a slash form the group `misc`.
-    """
+    """The console view of one step: one block per metric group (a key's first path segment; `misc` for keys
+    without a slash), in aligned columns."""
     groups: dict[str, list[tuple[str, str]]] = {}
     for key in sorted(data):
         group, _, name = key.partition("/")
@@ -160,12 +144,8 @@ def _write_lines_durably(path: Path, lines: Sequence[str]) -> None:
 
 
 def rewind_metrics_file(path: Path, keep_through: int) -> int:
-    """Keep the lines of `path` up to step `keep_through`; move the rest to `<path>.rolled_back`.
-
-    A resumed run starts again after its checkpoint's step; the lines of later steps came from the run
-    that went past that checkpoint, and keeping them would give those steps twice. They are appended
-    to the side file (never deleted), together with lines that do not parse. Returns how many moved.
-    """
+    """Keep the lines of `path` up to step `keep_through` and append the rest (and unparsable lines) to
+    `<path>.rolled_back`, which a resumed run would otherwise log twice; returns how many moved."""
     if not path.is_file():
         return 0
     lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
@@ -186,14 +166,10 @@ def rewind_metrics_file(path: Path, keep_through: int) -> int:
 
 @LOGGER_BACKENDS.register("file")
 class FileLogger:
-    """Writes `{"step": step, **metrics}` as one JSON line per step to `<log_dir>/metrics.jsonl`.
+    """Appends `{"step": step, **metrics}` as one fsynced JSON line per step to `<log_dir>/metrics.jsonl`.
 
-    Each line is flushed and fsynced before `log` returns, so a killed run keeps every logged step.
-    NaN and infinities are written as null, keeping every line strict JSON for jq or other languages.
-    Appending (not truncating) lets a resumed run continue the same file; `rewind` first moves aside the
-    lines after the checkpoint it resumed from. One line per step: logging the newest step again (a
-    resumed run validating its checkpoint's step) adds the new keys to that line, and values already
-    written for the step are kept.
+    NaN and infinities become null (strict JSON). A resumed run appends after `rewind`; logging the newest
+    step again adds the new keys to its line and keeps the values already written.
     """
 
     def __init__(self, project_name: str, experiment_name: str, config: Any, log_dir: str | None) -> None:
@@ -251,10 +227,8 @@ class FileLogger:
 
 @LOGGER_BACKENDS.register("tensorboard")
 class TensorboardLogger:
-    """Scalars to a SummaryWriter in `$TENSORBOARD_DIR` (verl's variable), else `<log_dir>/tensorboard`.
-
-    Without either, verl's default `tensorboard_log/<project>/<experiment>` in the working directory.
-    """
+    """Scalars to a SummaryWriter in `$TENSORBOARD_DIR` (verl's variable), else `<log_dir>/tensorboard`, else
+    verl's `tensorboard_log/<project>/<experiment>`."""
 
     def __init__(self, project_name: str, experiment_name: str, config: Any, log_dir: str | None) -> None:
         try:
@@ -277,12 +251,8 @@ class TensorboardLogger:
         self._writer.flush()
 
     def rewind(self, keep_through: int) -> None:
-        """Hide the events of steps after `keep_through` (-1: all) that earlier runs wrote to this directory.
-
-        A new event file starts with TensorBoard's purge marker (SummaryWriter's `purge_step`): readers
-        drop the earlier events at or after that step, so a resumed run's steps are drawn once, with the
-        resumed run's values. The event files themselves are left as they are.
-        """
+        """Hide the events of steps after `keep_through` (-1: all) that earlier runs wrote here: a new event file
+        starts with TensorBoard's purge marker; the old files are left as they are."""
         self._writer.close()
         self._writer = type(self._writer)(log_dir=str(self.directory), purge_step=keep_through + 1)
 
@@ -292,7 +262,7 @@ class TensorboardLogger:
 
 @LOGGER_BACKENDS.register("wandb")
 class WandbLogger:
-    """A wandb run named after the experiment, its files under `log_dir`; `WANDB_MODE=offline` works."""
+    """A wandb run named after the experiment, with its files under `log_dir`."""
 
     def __init__(self, project_name: str, experiment_name: str, config: Any, log_dir: str | None) -> None:
         try:
@@ -325,11 +295,10 @@ def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
 
 @LOGGER_BACKENDS.register("mlflow")
 class MlflowLogger:
-    """An MLflow run (experiment = project, run name = experiment) through an explicit `MlflowClient`.
+    """An MLflow run (experiment = project, run name = experiment) through an `MlflowClient`.
 
-    The tracking URI is `$MLFLOW_TRACKING_URI`, else a local SQLite store `<log_dir>/mlflow/mlflow.db`
-    (no server needed; browse it with `mlflow ui --backend-store-uri sqlite:///<that path>`). The
-    full `mlflow` package (the `hybridrl[mlflow]` extra) brings the SQLAlchemy it needs. MLflow rejects `@` in metric names, so `mean@4` is logged as `mean_at_4` (as verl does).
+    The store is `$MLFLOW_TRACKING_URI`, else SQLite at `<log_dir>/mlflow/mlflow.db` (no server; MLflow 3
+    refuses a file store by default). `@` in metric names becomes `_at_`, as in verl.
     """
 
     def __init__(self, project_name: str, experiment_name: str, config: Any, log_dir: str | None) -> None:
@@ -342,8 +311,7 @@ class MlflowLogger:
         store = (Path(log_dir if log_dir is not None else ".") / "mlflow").resolve()
         uri = os.environ.get("MLFLOW_TRACKING_URI")
         if not uri:
-            # a SQLite file, not a ./mlruns directory: MLflow 3 refuses the file-system store unless
-            # MLFLOW_ALLOW_FILE_STORE=true, and SQLite is MLflow's own recommended local store
+            # MLflow 3 refuses a ./mlruns file store unless MLFLOW_ALLOW_FILE_STORE=true; SQLite it recommends
             store.mkdir(parents=True, exist_ok=True)
             uri = f"sqlite:///{store / 'mlflow.db'}"
         self.tracking_uri = uri
@@ -370,10 +338,7 @@ class MlflowLogger:
 
 
 def parse_logger_backends(backends: str | Sequence[str] | None) -> list[str]:
-    """`trainer.logger` as a list of known backend names, in order and without duplicates.
-
-    Accepts a single name (`console`), a list/tuple/ListConfig of names, or None/empty (no logging).
-    """
+    """`trainer.logger` (a name, a list of names, or None) as known backend names, in order, deduplicated."""
     if backends is None:
         return []
     names = [backends] if isinstance(backends, str) else [str(name) for name in backends]
@@ -388,9 +353,8 @@ def parse_logger_backends(backends: str | Sequence[str] | None) -> list[str]:
 class Tracking:
     """Sends each step's metrics to every backend in `default_backend` (verl's class and arguments).
 
-    `log_dir` is where file-based backends write (`metrics.jsonl`, tensorboard events, the MLflow store); the
-    trainer passes `trainer.default_local_dir`. Call `finish()` (or use `with Tracking(...)`) at the
-    end so files are closed and remote runs marked finished.
+    `log_dir` (the trainer's `default_local_dir`) is where file-based backends write. Call `finish()` or use
+    `with Tracking(...)`.
     """
 
     def __init__(
@@ -421,13 +385,8 @@ class Tracking:
                 logger.log(scalars, step)
 
     def rewind(self, keep_through: int) -> None:
-        """Before a resumed run logs: keep metrics.jsonl's lines up to step `keep_through` (-1: none).
-
-        The other lines (steps a killed run logged after its last checkpoint) move to
-        `metrics.jsonl.rolled_back`, with a warning. TensorBoard readers hide the events of those steps
-        (`TensorboardLogger.rewind`). wandb and MLflow keep what they received: a step logged again is
-        a second point at that step there.
-        """
+        """Before a resumed run logs: move metrics.jsonl's lines after step `keep_through` (-1: all) aside, with a
+        warning, and hide TensorBoard's events of those steps; wandb and MLflow keep what they received."""
         tensorboard = self.loggers.get("tensorboard")
         if isinstance(tensorboard, TensorboardLogger):
             tensorboard.rewind(keep_through)
@@ -455,12 +414,8 @@ class Tracking:
 
 
 class StepProgress:
-    """A tqdm bar over training steps whose postfix shows chosen metrics of the last step.
-
-    `postfix` maps a label to (metric key, format spec); `update(step, metrics)` moves the bar to `step`
-    and shows each metric the step has. The default suits RL training (score and step time); the SFT
-    trainer shows its loss instead.
-    """
+    """A tqdm bar over training steps showing chosen metrics of the last step: `postfix` maps a label to
+    (metric key, format spec); the default shows the RL score and step time."""
 
     RL_POSTFIX: Mapping[str, tuple[str, str]] = {"score": ("critic/score/mean", ".3f"),
                                                   "step_s": ("timing_s/step", ".2f")}

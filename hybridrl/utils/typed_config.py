@@ -34,10 +34,8 @@ def as_override(value: Any) -> str:
 
 
 def to_dataclass(cls: type[T], value: Any) -> T:
-    """A `cls` instance from an instance, a dict or an OmegaConf node, type-checked by OmegaConf.
-
-    Unknown keys and values of the wrong type raise with the key's full path in the message.
-    """
+    """A `cls` instance from an instance, a dict or an OmegaConf node; unknown keys and wrong types raise with
+    the key's path."""
     if isinstance(value, cls):
         return value
     merged = OmegaConf.merge(OmegaConf.structured(cls), value if value is not None else {})
@@ -45,12 +43,8 @@ def to_dataclass(cls: type[T], value: Any) -> T:
 
 
 def added_keys(obj: Any, prefix: str = "") -> list[tuple[str, list[str]]]:
-    """Keys a dataclass tree carries beyond its fields, each with the fields of the node it sits in.
-
-    Hydra's `+key=value` adds a key even under a typed node, and `OmegaConf.to_object` then sets it
-    as a plain attribute that no code reads, so a misspelt `+` override would be silently ignored.
-    Fields typed as dicts (override_config, reward_kwargs, ...) become plain dicts and stay open.
-    """
+    """Keys a dataclass tree carries beyond its fields, each with its node's fields: Hydra's `+key=value` sets
+    them as attributes nothing reads. Dict-typed fields (override_config, ...) stay open."""
     if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
         return []
     names = [f.name for f in dataclasses.fields(obj)]

@@ -1,8 +1,5 @@
-"""The PPO actor on one rank: log-probs of responses, and policy updates.
-
-Works on the rank's share of the batch. Sharding, optimizer steps and offload belong to the engine;
-losses come from `hybridrl.algos` by name; the batching loop from `update_loop`.
-"""
+"""The PPO actor on one rank: log-probs of responses, and policy updates (losses from `hybridrl.algos`,
+batching from `update_loop`, sharding and optimizer steps from the engine)."""
 
 from __future__ import annotations
 
@@ -33,13 +30,10 @@ def temperature_of(data: DataProto) -> float:
 
 
 class PPOActor:
-    """compute_log_prob and update_policy for an actor or a reference policy (engine without optimizer).
+    """compute_log_prob and update_policy for an actor or a reference policy (an engine without optimizer).
 
-    share_prompts (`actor_rollout_ref.model.share_prompt_forward`): micro-batches hold whole groups of
-    rows with one prompt, and each forward computes a shared prompt once. Models that cannot
-    (`supports_shared_prompt`: sliding windows, attention other than sdpa/eager/grouped_eager) run padded
-    passes, with a warning. Under gradient checkpointing the backward runs each layer's forward again,
-    so the model stays in `shared_prompt_mode` for a whole update and every pass is packed.
+    share_prompts (`actor_rollout_ref.model.share_prompt_forward`): each forward computes a prompt shared by
+    a group's rows once (`PromptSharing` in hybridrl/workers/response_pass.py).
     """
 
     def __init__(self, config: ActorConfig, engine: FSDPEngine, share_prompts: bool = False) -> None:
@@ -53,8 +47,8 @@ class PPOActor:
 
     def _log_probs(self, micro: DataProto, temperature: float, with_entropy: bool,
                    with_sum_pi_squared: bool = False):
-        """Per-token log-probs, entropies (or None) and sum_v pi_v^2 (or None) of the responses, zero-padded
-        to response_length."""
+        """Per-token log-probs, entropies (or None) and sum_v pi_v^2 (or None) of the responses, (rows,
+        response_length), zero after each response's end."""
         response_length = micro.batch["responses"].shape[-1]
         logits = self.prompt_sharing.outputs(micro)
         logits = logits / temperature  # (rows, kept, vocab)
@@ -81,8 +75,8 @@ class PPOActor:
     def compute_response_outputs(self, data: DataProto, micro_batch_rows: int | None, max_token_len: int | None,
                                  calculate_entropy: bool = False,
                                  calculate_sum_pi_squared: bool = False) -> dict[str, torch.Tensor]:
-        """`log_probs` (rows, response_len) in row order, with `entropy` and `sum_pi_squared` (sum over the
-        vocabulary of pi^2 at each token, for the optimal token baseline) when asked."""
+        """`log_probs` (rows, response_len) in row order, and when asked `entropy` and `sum_pi_squared` (sum over
+        the vocabulary of pi^2 per token, for the optimal token baseline)."""
         self.engine.module.eval()
         temperature = temperature_of(data)
         micro_batches = make_micro_batches(data, micro_batch_rows, max_token_len, self.prompt_sharing.group_ids(data))
@@ -100,14 +94,11 @@ class PPOActor:
         return self._update(data, plan, fused=False)
 
     def update_policy_fused(self, data: DataProto, plan: BatchingPlan) -> tuple[dict[str, list[float]], torch.Tensor]:
-        """One on-policy update whose old log-probs come from its own forward pass; returns the metrics and
-        those log-probs (rows, response_len), in row order.
+        """One on-policy update whose old log-probs come from its own forward; returns the metrics and those
+        log-probs (rows, response_len) in row order.
 
-        With one epoch and one mini-batch no optimizer step happens before a row's forward pass, so the
-        parameters that give its log-probs are the ones a separate no-grad pass would have used:
-        old_log_prob = log_prob.detach() is that pass's value (ratio 1, the clip inactive), without its
-        cost. The log-probs are returned for what reads them after the update (the rollout-agreement
-        metrics).
+        With one epoch over one mini-batch no optimizer step precedes a row's forward, so log_prob.detach() is
+        what a separate no-grad pass would give (ratio 1, clip inactive), without its cost.
         """
         if plan.epochs != 1 or plan.mini_batch_rows != len(data):
             raise ValueError(

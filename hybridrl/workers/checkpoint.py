@@ -2,34 +2,22 @@
 
 Layout (verl's), under `trainer.default_local_dir`:
 
-    latest_checkpointed_iteration.txt       the newest committed step N (written before its step marker)
+    latest_checkpointed_iteration.txt       the newest committed step N
     global_step_N/
-        checkpoint_complete.json            step marker: every role finished (written by commit_checkpoint)
+        checkpoint_complete.json            step marker, written by commit_checkpoint
         actor/                              one CheckpointManager per role, one per rank
             .metadata, __<rank>_0.distcp    model + optimizer + lr scheduler (torch.distributed.checkpoint)
-            extra_state_world_size_W_rank_R.pt   RNG states of rank R (python, numpy, torch CPU, CUDA)
-            huggingface/                    config.json, generation_config.json, tokenizer files
-                                            (+ model.safetensors when "hf_model" is in save_contents)
-            hybridrl_checkpoint.json        role marker: written last, just before the rename
+            extra_state_world_size_W_rank_R.pt   RNG states of rank R
+            huggingface/                    config, generation config, tokenizer (+ weights with "hf_model")
+            hybridrl_checkpoint.json        role marker, written last
         critic/ ...
-        data.pt, run_config.json            the trainer's own state and the run's config (written by it)
-    global_step_N.unloadable/               a step that failed to load, moved aside (checkpoint_resume)
+        data.pt, run_config.json            the trainer's own state and the run's config
 
-Why torch.distributed.checkpoint (DCP) rather than one torch.save file per rank: DCP writes one file per
-rank as well, but records where every shard sits in the global tensor, so a checkpoint saved by N ranks
-loads on M ranks (it reshards) and the merger can reassemble full tensors in one plain process. A
-per-rank pickle would bind the checkpoint to its world size. RNG states are the exception: they belong
-to a rank, so they are restored only when the world size is unchanged (otherwise a warning says so).
-
-Crash safety: a role is written into `<role>.tmp-<id>` and renamed to `<role>` only after every rank has
-finished writing (barrier); the driver then calls `commit_checkpoint`, which atomically replaces the
-tracker file and then writes the step marker. A step is *committed* when it has its step marker, every
-role has its marker, and the tracker is at or above it. `checkpoint_resume.find_latest_ckpt_path` trusts
-only committed steps, so a save that dies at any point leaves the previous checkpoint as the latest: a
-death between the tracker and the step marker leaves a tracked step without a marker, which resume skips
-with a warning.
-
-Which step a run resumes from, and what it may never overwrite, is `checkpoint_resume`'s job.
+DCP records where each shard sits, so N ranks' checkpoint loads on M ranks and the merger reassembles it
+in one process; per-rank RNG states are restored only at the same world size. A role is written to
+`<role>.tmp-<id>` and renamed once every rank finished; `commit_checkpoint` then replaces the tracker and
+writes the step marker. Only committed steps count (`checkpoint_resume.find_latest_ckpt_path`), so a save
+that dies at any point leaves the previous checkpoint as the latest.
 """
 
 from __future__ import annotations
@@ -75,10 +63,8 @@ class CheckpointError(RuntimeError):
 
 
 def resolve_contents(config: CheckpointConfig | Mapping[str, Any] | None) -> tuple[list[str], list[str]]:
-    """(save_contents, load_contents) of a `checkpoint` config node, checked against CONTENTS.
-
-    As in verl, load_contents follows save_contents unless set: a mapping without the key, or None.
-    """
+    """(save_contents, load_contents) of a `checkpoint` config node, checked against CONTENTS; load_contents
+    follows save_contents unless set, as in verl."""
     follows = config is None or (isinstance(config, Mapping) and "load_contents" not in config)
     config = to_dataclass(CheckpointConfig, config)
     save = list(config.save_contents)
@@ -123,15 +109,10 @@ def _broadcast_str(value: str) -> str:
 
 @contextlib.contextmanager
 def _dcp_without_collectives_on_one_rank() -> Iterator[dict[str, bool]]:
-    """DCP's keyword arguments for this world: `no_dist=True` on a single rank, where its planning
-    collectives would only copy this rank's plan to itself.
+    """DCP's keyword arguments for this world: `no_dist=True` on a single rank.
 
-    Those copies run on the gloo process group's worker threads, and a copy that large runs as an OpenMP
-    parallel region there: the thread keeps an OpenMP team of its own for as long as the group lives,
-    and with more OpenMP threads than cores libgomp stops spinning between parallel regions. Every later
-    multi-threaded op of the process then waits on a sleeping worker: after one checkpoint saved by a
-    local-backend run with as many torch threads as cores, a training loop in the same process ran
-    several times slower, for the rest of the run and after it.
+    Its planning collectives there would copy this rank's plan to itself on gloo's worker threads, and the
+    OpenMP team such a copy leaves behind slowed every later multi-threaded op of the process.
     """
     if _world_size() > 1:
         yield {}
@@ -142,17 +123,17 @@ def _dcp_without_collectives_on_one_rank() -> Iterator[dict[str, bool]]:
 
 @contextlib.contextmanager
 def _no_process_group_warning_silenced() -> Iterator[None]:
-    """DCP called with `no_dist=True` warns that it runs without a process group: here that is the point."""
+    """Silence DCP's warning that `no_dist=True` runs without a process group."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
         yield
 
 
-def _write_json_durably(path: Path, payload: dict[str, Any]) -> None:
+def _write_durably(path: Path, text: str) -> None:
     """Write via a temporary file, fsync, and rename, so readers see the whole file or none of it."""
     tmp = path.with_name(path.name + TMP_TAG + uuid.uuid4().hex[:8])
     with open(tmp, "w") as f:
-        json.dump(payload, f, indent=2)
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -167,9 +148,8 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-# ----- RNG states ------------------------------------------------------------------------------------
 def get_rng_state() -> dict[str, Any]:
-    """This process's RNG states, as tensors and plain tuples so `torch.load(weights_only=True)` reads them."""
+    """This process's RNG states, as tensors and tuples `torch.load(weights_only=True)` reads."""
     _, keys, pos, has_gauss, gauss = np.random.get_state()
     state = {
         "python": random.getstate(),
@@ -177,8 +157,7 @@ def get_rng_state() -> dict[str, Any]:
         "torch": torch.get_rng_state(),
     }
     if device_type() == "cuda":  # a CPU rank on a GPU machine leaves CUDA (and its contexts) alone
-        # The rank's own device only (the one init_distributed selected): `get_rng_state_all` would open a
-        # CUDA context on every GPU the process can see, and the local backend sees all of the node's.
+        # the rank's own device only: `get_rng_state_all` would open a context on every visible GPU
         state["cuda"] = torch.cuda.get_rng_state()
     return state
 
@@ -201,7 +180,6 @@ def _extra_file(path: Path, world_size: int, rank: int) -> Path:
     return path / f"extra_state_world_size_{world_size}_rank_{rank}.pt"
 
 
-# ----- validation ------------------------------------------------------------------------------------
 def check_role_dir(path: str | Path) -> dict[str, Any]:
     """The role marker of a finished checkpoint at `path`; raises CheckpointError saying what is wrong."""
     path = Path(path)
@@ -259,12 +237,11 @@ def _step_dirs(default_local_dir: Path) -> list[tuple[int, Path]]:
 
 
 def commit_checkpoint(default_local_dir: str | Path, global_step: int) -> Path:
-    """Point the tracker at `global_step_N` and mark it complete; the driver calls this after all roles saved.
+    """Point the tracker at `global_step_N` and mark it complete, once all roles saved (the driver calls it).
 
-    The tracker goes first: a death between the two writes leaves a tracked step without its marker,
-    which resume skips with a warning (the previous step is the latest), never a committed step above
-    the tracker, which `check_tracker` reports as a tracker moved back. Raises CheckpointError (and
-    leaves the tracker alone) if a role of that step is incomplete.
+    The tracker goes first, so a death between the writes leaves a tracked step without its marker (resume
+    skips it with a warning), never a committed step above the tracker. Raises CheckpointError, leaving the
+    tracker alone, if a role of that step is incomplete.
     """
     root = Path(default_local_dir)
     step_dir = root / f"global_step_{global_step}"
@@ -274,24 +251,16 @@ def commit_checkpoint(default_local_dir: str | Path, global_step: int) -> Path:
         raise CheckpointError(f"{step_dir} holds no saved role; save the workers' checkpoints first")
     for role in roles:
         check_role_dir(step_dir / role)
-    tracker_tmp = root / (TRACKER_FILE + TMP_TAG + uuid.uuid4().hex[:8])
-    with open(tracker_tmp, "w") as f:
-        f.write(str(global_step))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tracker_tmp, root / TRACKER_FILE)
-    _fsync_dir(root)
-    _write_json_durably(step_dir / STEP_MARKER, {"global_step": global_step, "roles": roles})
+    _write_durably(root / TRACKER_FILE, str(global_step))
+    _write_durably(step_dir / STEP_MARKER, json.dumps({"global_step": global_step, "roles": roles}, indent=2))
     return step_dir
 
 
 def prune_checkpoints(default_local_dir: str | Path, role: str, keep: int, current_step: int) -> list[Path]:
     """Delete this role's oldest complete checkpoints so that `keep` remain (the current one included).
 
-    The tracker's step is never deleted: the new step is not committed yet when a role prunes, and
-    deleting the last committed one would leave nothing to resume from if the run died now. With keep=1
-    the previous checkpoint therefore survives until the next save. Steps newer than `current_step`
-    (an abandoned future of a resumed run) are left alone. A step directory left with no role is removed.
+    Never the tracker's step (the new one is not committed yet, so with keep=1 the previous survives until the
+    next save), nor steps after `current_step`. A step directory left with no role is removed.
     """
     root = Path(default_local_dir)
     protected = read_tracker(root)
@@ -310,11 +279,8 @@ def prune_checkpoints(default_local_dir: str | Path, role: str, keep: int, curre
 
 
 def shard_problems(path: str | Path) -> list[str]:
-    """Files of the DCP checkpoint at `path` that are missing or shorter than its `.metadata` says.
-
-    A copy cut short (a full disk, an interrupted transfer) otherwise fails inside DCP with an error
-    that names no file. Checking sizes costs one stat per file.
-    """
+    """Files of the DCP checkpoint at `path` that are missing or shorter than its `.metadata` says (DCP's own
+    error names no file)."""
     path = Path(path)
     try:
         metadata = FileSystemReader(str(path)).read_metadata()
@@ -350,12 +316,11 @@ def read_full_model_state(path: str | Path) -> dict[str, torch.Tensor]:
     return {key[len(prefix):]: value for key, value in state.items()}
 
 
-# ----- the per-role, per-rank manager ----------------------------------------------------------------
 class CheckpointManager:
     """Saves and restores one role's engine (model, optimizer, scheduler), RNG states and HF files.
 
-    One instance per role on every rank; `save_checkpoint` and `load_checkpoint` are collectives.
-    `processing_class` is the tokenizer or processor saved next to the config (None skips it).
+    One per role on every rank; `save_checkpoint` and `load_checkpoint` are collectives. `processing_class`
+    (the tokenizer or processor) is saved next to the config; None skips it.
     """
 
     def __init__(self, engine: Any, processing_class: Any = None,
@@ -367,7 +332,6 @@ class CheckpointManager:
             raise ValueError("checkpoint.save_contents has 'optimizer' but this engine has no optimizer "
                              "(a reference model?); save ['model'] only")
 
-    # -- save --
     def save_checkpoint(self, local_path: str | Path, global_step: int,
                         max_ckpt_to_keep: int | None = None) -> None:
         """Write this role's checkpoint to `local_path` (e.g. `.../global_step_N/actor`) from all ranks."""
@@ -385,10 +349,10 @@ class CheckpointManager:
         self._save_hf_files(tmp / HF_SUBDIR, with_weights="hf_model" in contents)
         _barrier()  # every rank's files are on disk before the directory may look complete
         if _rank() == 0:
-            _write_json_durably(tmp / ROLE_MARKER, {
+            _write_durably(tmp / ROLE_MARKER, json.dumps({
                 "global_step": global_step, "world_size": _world_size(), "contents": list(contents),
                 "format": "torch.distributed.checkpoint", "torch_version": torch.__version__,
-            })
+            }, indent=2))
             self._publish(tmp, final)
             root, step = final.parent.parent, _step_of(final.parent)
             if max_ckpt_to_keep and max_ckpt_to_keep > 0 and step is not None:
@@ -398,7 +362,7 @@ class CheckpointManager:
 
     @staticmethod
     def _prepare(final: Path, tmp: Path) -> None:
-        """Rank 0: un-commit the step being (re)written, clear leftovers of crashed saves, make the temp dir."""
+        """Rank 0: un-commit the step being (re)written, clear crashed saves' leftovers, make the temp dir."""
         step_dir = final.parent
         step_dir.mkdir(parents=True, exist_ok=True)
         (step_dir / STEP_MARKER).unlink(missing_ok=True)  # a half-rewritten step must not look complete
@@ -408,7 +372,7 @@ class CheckpointManager:
 
     @staticmethod
     def _publish(tmp: Path, final: Path) -> None:
-        """Rank 0: swap the finished temp dir in; an older copy of the same step goes only once it is replaced."""
+        """Rank 0: swap the finished temp dir in; an older copy of the same step is deleted only after."""
         old = None
         if final.exists():
             old = final.with_name(final.name + TMP_TAG + "old-" + uuid.uuid4().hex[:8])
@@ -444,12 +408,11 @@ class CheckpointManager:
         if self.processing_class is not None:
             self.processing_class.save_pretrained(out_dir)
 
-    # -- load --
     def load_checkpoint(self, local_path: str | Path) -> dict[str, Any]:
         """Restore `checkpoint.load_contents` from the role checkpoint at `local_path`; returns its marker.
 
-        Any failure to read it (a truncated shard, a missing file) raises CheckpointError naming the path
-        and each failing rank's error, on every rank alike, so the driver can fall back to an older step.
+        Any read failure raises CheckpointError naming the path and each failing rank's error, on every rank,
+        so the driver can fall back to an older step.
         """
         meta = check_role_dir(local_path)
         wanted = [c for c in self.load_contents if c != "hf_model"]

@@ -1,15 +1,10 @@
-"""Which checkpoint a run resumes from, and what it may never overwrite (the trainers' rules).
+"""Which checkpoint a run resumes from, and what it may never overwrite.
 
-A step is committed when it has its step marker (`checkpoint_complete.json`), every role has its role
-marker, and the tracker (`latest_checkpointed_iteration.txt`) is at or above it. With committed steps a
-run never does three things:
-
-- overwrite one: `check_no_committed_after` refuses to start a run that would save over a committed step
-  newer than where it starts, and `check_uncommitted` refuses a save into a committed step;
-- ignore one: a tracker below a committed step (someone wrote an older step into it) is an error naming
-  both, rather than a silent restart that would overwrite the newer steps (`check_tracker`);
-- stop at a broken one: `load_newest_loadable` names a checkpoint that fails to load, moves it aside
-  (`global_step_N.unloadable`, nothing deleted) and falls back to the previous committed step.
+A step is committed when it has its step marker, every role has its role marker and the tracker is at
+or above it (hybridrl/workers/checkpoint.py). A run refuses to overwrite a committed step
+(`check_no_committed_after`, `check_uncommitted`), errs on a tracker moved below one (`check_tracker`),
+and moves a committed step that fails to load aside (`global_step_N.unloadable`) to fall back to the
+previous one (`load_newest_loadable`).
 """
 
 from __future__ import annotations
@@ -20,7 +15,6 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-# the layout helpers of the same package: one definition of the directory layout
 from hybridrl.workers.checkpoint import (
     STEP_MARKER,
     TRACKER_FILE,
@@ -47,12 +41,8 @@ def _names(paths: Iterable[Path]) -> str:
 
 
 def check_tracker(default_local_dir: str | Path) -> int | None:
-    """The tracker's step; a CheckpointError when a step above it was committed.
-
-    `commit_checkpoint` writes the tracker before the step marker, so no save leaves a marked step
-    above the tracker: one there means the tracker was moved back by hand, and resuming from it would
-    train those steps again and overwrite them.
-    """
+    """The tracker's step; CheckpointError when a step above it was committed (no save leaves one there, so
+    the tracker was moved back by hand, and resuming would overwrite those steps)."""
     root = Path(default_local_dir)
     tracked = read_tracker(root)
     if tracked is None:
@@ -87,11 +77,8 @@ def auto_candidates(root: Path) -> Iterator[str]:
 
 def resume_candidates(resume_mode: str, default_local_dir: str | Path,
                       resume_from_path: str | Path | None = None) -> Iterator[str]:
-    """The checkpoints to try, in order, under verl's `trainer.resume_mode` (disable / auto / resume_path).
-
-    auto: every committed step, newest first, so a loader can fall back past one that fails to load;
-    resume_path: only the given one; disable: none.
-    """
+    """The checkpoints to try, in order, under verl's `trainer.resume_mode`: auto, every committed step newest
+    first (so a loader can fall back); resume_path, the given one; disable, none."""
     if resume_mode == "disable":
         return iter(())
     if resume_mode == "auto":
@@ -112,12 +99,8 @@ def resume_candidates(resume_mode: str, default_local_dir: str | Path,
 
 
 def find_latest_ckpt_path(default_local_dir: str | Path) -> str | None:
-    """The newest complete `global_step_N` directory, or None (what `resume_mode=auto` resumes from).
-
-    The tracker's step is tried first; if it is missing or incomplete, older complete steps are used.
-    Steps newer than the tracker were never committed and are skipped; a committed one there is an
-    error (see `check_tracker`).
-    """
+    """The newest complete `global_step_N` at or below the tracker, or None (what `resume_mode=auto` resumes
+    from); see `check_tracker` for committed steps above it."""
     return next(auto_candidates(Path(default_local_dir)), None)
 
 
@@ -148,11 +131,10 @@ def load_newest_loadable(candidates: Iterable[str], load: Callable[[Path], Any],
                          fallback: bool = True) -> Path | None:
     """Call `load(path)` on each candidate until one loads; returns it (None when there are none).
 
-    A candidate that raises CheckpointError is named in a warning and, with `fallback`, the next
-    (previous committed) one is tried; without it (an explicit trainer.resume_from_path) the error is
-    raised. Candidates that failed before one loaded are moved aside by `quarantine_step`: the resumed
-    run saves those steps again, and must not overwrite what is in them. If none loads, the error lists
-    every path and nothing is moved.
+    A candidate that raises CheckpointError is named in a warning and, with `fallback`, the next is tried
+    (without it, for an explicit resume_from_path, the error is raised). Those that failed before one loaded
+    are moved aside (`quarantine_step`), since the run saves those steps again; if none loads, the error
+    lists every path and nothing moves.
     """
     failed: list[tuple[Path, str]] = []
     for candidate in candidates:
@@ -180,10 +162,8 @@ def load_newest_loadable(candidates: Iterable[str], load: Callable[[Path], Any],
 
 
 def check_no_committed_after(default_local_dir: str | Path, step: int) -> None:
-    """Raise CheckpointError if steps newer than `step` (where a run starts) were committed in this directory.
-
-    The run would save those steps again, over a checkpoint that someone may still want.
-    """
+    """Raise CheckpointError if steps newer than `step` (where a run starts) were committed here: the run would
+    save over them."""
     root = Path(default_local_dir)
     newer = [p for s, p in _marked_steps(root) if s > step]
     if newer:

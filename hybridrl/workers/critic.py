@@ -17,12 +17,8 @@ SHARE_KEY = "critic.model.share_prompt_forward"
 
 
 class PPOCritic:
-    """compute_values and update_critic over the rank's rows.
-
-    share_prompts (`critic.model.share_prompt_forward`): as the actor's passes, each forward computes a
-    prompt shared by several rows (the rollout.n responses of a group) once and every response attends
-    to it (`hybridrl.models.attention`): the padded pass's values from fewer tokens.
-    """
+    """compute_values and update_critic over the rank's rows; share_prompts (`critic.model.share_prompt_forward`)
+    as the actor's."""
 
     def __init__(self, config: CriticConfig, engine: FSDPEngine, share_prompts: bool = False) -> None:
         self.config = config

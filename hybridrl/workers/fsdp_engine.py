@@ -1,10 +1,6 @@
-"""FSDP2 training engine: the only place where models are sharded, stepped, offloaded and saved.
-
-A Hugging Face model is wrapped with `fully_shard` per decoder layer and at the root (on one rank, at the
-root only: `shard_model`), over a 1-D device mesh of the worker group's ranks (CPU + gloo here, CUDA + nccl
-on GPUs). Each rank then holds 1/N of every parameter, gradient and optimizer state. The actor, critic and
-reference policy all use this engine.
-"""
+"""FSDP2 training engine: the only place models are sharded, stepped, offloaded and saved (actor, critic,
+reference). `fully_shard` wraps each decoder layer and the root (the root only on one rank) over a 1-D
+mesh of the group's ranks, so each rank holds 1/N of every parameter, gradient and optimizer state."""
 
 from __future__ import annotations
 
@@ -55,15 +51,11 @@ def build_device_mesh(world_size: int, fsdp_size: int = -1) -> DeviceMesh:
 
 
 def shard_model(model: nn.Module, mesh: DeviceMesh, config: FSDPConfig) -> nn.Module:
-    """Apply FSDP2 to every decoder layer and then to the root module; on a one-rank mesh, to the root only.
+    """Apply FSDP2 to every decoder layer and then to the root; on a one-rank mesh, to the root only.
 
-    Per-layer units let a rank gather one layer at a time while it holds 1/N of the others. One rank
-    shards nothing, yet each unit's hooks (gather, cast, gradient accumulation) run in every forward and
-    backward, per layer: host work, which is what a GPU update of small micro-batches waits on. Wrapping
-    the root only measured faster where the time is host work (a deep model with narrow layers) and no
-    slower for a real 10m update on a CPU. What it costs: a pass without gradients (reference log-probs)
-    holds the whole model in the compute dtype at once rather than a layer at a time (an update on one
-    rank holds it anyway: `gradient_sync`).
+    Per-layer units gather one layer at a time; one rank shards nothing but would still pay each unit's
+    hooks per layer in every pass (host work), so it wraps the root only, at the cost of a no-grad pass
+    holding the whole model in the compute dtype at once.
     """
     mp = MixedPrecisionPolicy(
         param_dtype=resolve_dtype(config.mixed_precision.param_dtype),
@@ -91,13 +83,8 @@ def lr_lambda(step: int, warmup_steps: int, total_steps: int, style: str, min_lr
 
 
 def build_optimizer(model: nn.Module, config: OptimConfig) -> tuple[torch.optim.Optimizer, Any]:
-    """AdamW over the (sharded) parameters, and the learning-rate schedule.
-
-    On a CPU AdamW runs its fused kernel (one pass over each parameter, state and gradient): torch's
-    default there steps each parameter with a chain of separate ops, several times slower on FSDP2's
-    DTensor parameters. On a GPU torch's default (its multi-tensor path) stays: the fused kernel there has
-    not been measured against it.
-    """
+    """AdamW over the (sharded) parameters and the learning-rate schedule; on a CPU AdamW's fused kernel,
+    several times faster on FSDP2's DTensors than torch's default there."""
     params = list(model.parameters())
     fused = bool(params) and all(p.device.type == "cpu" and p.is_floating_point() for p in params)
     optimizer = torch.optim.AdamW(
@@ -116,10 +103,9 @@ def build_optimizer(model: nn.Module, config: OptimConfig) -> tuple[torch.optim.
 
 
 def offload_refusals(config: FSDPConfig, key: str, device_type: str) -> list[str]:
-    """One message per `param_offload` / `optimizer_offload` set where nothing moves the state: offload
-    happens only in the actor's rollout hand-off (`BaseRollout.serving`). `key` is the config section,
-    e.g. `critic.model`. On a CPU the state already lives in host memory, which is what the keys ask for,
-    so nothing is refused there (verl scripts that offload the reference model run unchanged)."""
+    """One message per `param_offload` / `optimizer_offload` set where nothing would move the state (only the
+    actor's rollout hand-off offloads); none on a CPU, where the state already lives in host memory. `key` is
+    the config section, e.g. `critic.model`."""
     if device_type == "cpu":
         return []
     return [f"{key}.fsdp_config.{name}=true is not supported on {device_type}: parameters and optimizer state "
@@ -129,7 +115,7 @@ def offload_refusals(config: FSDPConfig, key: str, device_type: str) -> list[str
 
 
 def raise_first_refusal(refusals: list[str]) -> None:
-    """A worker's own offload check (for workers built without the trainer): raise the first refusal."""
+    """Raise the first of `refusals` (for workers built without the trainer)."""
     if refusals:
         raise NotImplementedError(refusals[0])
 
@@ -150,8 +136,7 @@ class FSDPEngine:
         if self.device.type == "cpu":
             use_onednn_linears(model)  # fp32 linears through oneDNN, not MKL (hybridrl/models/onednn_linear.py)
         self.module = shard_model(model.to(self.device), self.mesh, fsdp_config)
-        # every fully_shard unit (the root, and with several ranks each decoder layer), for switching their
-        # resharding
+        # every fully_shard unit (the root, and with several ranks each decoder layer)
         self.fsdp_modules = [m for m in self.module.modules() if isinstance(m, FSDPModule)]
         self.grad_clip = grad_clip
         self.optim_config = optim_config
@@ -160,17 +145,12 @@ class FSDPEngine:
             self.optimizer, self.lr_scheduler = build_optimizer(self.module, optim_config)
         self._params_offloaded = self._optimizer_offloaded = False
 
-    # ----- training ------------------------------------------------------------------------------------
     @contextmanager
     def gradient_sync(self, enabled: bool) -> Iterator[None]:
         """Skip the gradient reduce-scatter on all but the last micro-batch of an accumulation.
 
-        On a single rank the parameters also stay gathered (cast to the compute dtype) from the first
-        micro-batch's forward to the last one's backward, instead of being gathered again for every forward
-        and every backward: one rank has no communication to save by resharding, and FSDP holds the gathered
-        parameters at each micro-batch's peak anyway; holding them measured slightly faster per update.
-        With several ranks, holding them would add a full gathered copy per rank between micro-batches, so
-        they reshard as configured (`fsdp_config.reshard_after_forward`).
+        On a single rank the parameters also stay gathered from the first micro-batch's forward to the last
+        one's backward (nothing to save by resharding); several ranks reshard as configured.
         """
         fsdp_modules = self.fsdp_modules if self.mesh.size() == 1 else []
         if isinstance(self.module, FSDPModule):
@@ -192,10 +172,7 @@ class FSDPEngine:
                 m.set_reshard_after_backward(True, recurse=False)
 
     def clip_and_step(self) -> dict[str, float]:
-        """Clip by the global gradient norm (over all shards), step if it is finite, then zero grads.
-
-        A NaN/inf norm skips the update rather than writing NaN into every parameter.
-        """
+        """Clip by the global gradient norm, step if it is finite (a NaN/inf norm skips the update), zero grads."""
         if self.optimizer is None:
             raise RuntimeError("this engine was built without an optimizer (a reference or rollout model)")
         max_norm = self.grad_clip if self.grad_clip and self.grad_clip > 0 else float("inf")
@@ -213,15 +190,10 @@ class FSDPEngine:
         self.lr_scheduler.step()
         return self.lr_scheduler.get_last_lr()[0]
 
-    # ----- generation --------------------------------------------------------------------------------
     @contextmanager
     def summon_full_params(self) -> Iterator[nn.Module]:
-        """Gather every layer's full parameters once and keep them until the block ends.
-
-        Token-by-token generation runs hundreds of forward passes; without this each one would
-        all-gather every layer again. With the parameters held unsharded, forwards need no collectives,
-        so ranks may run different numbers of them (sequences finish at different steps).
-        """
+        """Gather every layer's full parameters once for the block: generation's many forwards then need no
+        collectives, so ranks may run different numbers of them."""
         for m in self.fsdp_modules:
             m.set_reshard_after_forward(False, recurse=False)
             m.unshard()
@@ -234,17 +206,12 @@ class FSDPEngine:
                 m.set_reshard_after_forward(self.config.reshard_after_forward, recurse=False)
 
     def iter_full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(name, full tensor) of every entry of the model's state dict, gathered one at a time.
-
-        For a rollout engine that holds its own copy of the weights (vLLM): every rank gets the whole
-        model, but never more than one gathered tensor beyond it. A collective: every rank must consume
-        the whole iterator, in the same order.
-        """
+        """(name, full tensor) of every state dict entry, gathered one at a time (for an engine with its own
+        weights, such as vLLM); a collective: every rank consumes it all, in order."""
         with torch.no_grad():
             for name, value in self.module.state_dict().items():
                 yield name, (value.full_tensor() if isinstance(value, DTensor) else value).detach()
 
-    # ----- offload -------------------------------------------------------------------------------------
     def offload_params(self) -> None:
         if self.config.param_offload and self.device.type != "cpu" and not self._params_offloaded:
             self.module.to("cpu")
@@ -271,7 +238,6 @@ class FSDPEngine:
                 if isinstance(value, torch.Tensor):
                     state[key] = value.to(device, non_blocking=True)
 
-    # ----- state dicts ---------------------------------------------------------------------------------
     def full_model_state_dict(self) -> dict[str, torch.Tensor]:
         """Unsharded parameters on CPU, on rank 0 only (others get {}); a collective: call on all ranks."""
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -288,10 +254,8 @@ class FSDPEngine:
     def load_sharded_state(self, state: dict[str, Any]) -> None:
         """Restore model and optimizer shards and the schedule's position; hyperparameters stay this run's.
 
-        An optimizer state dict carries its learning rate, betas, eps and weight decay, and the scheduler
-        its base learning rate: loaded as is, a resumed run with a new `optim.lr` would silently train at
-        the checkpoint's. The moments and the step count come from the checkpoint; the settings from the
-        config (the trainer reports which keys differ from the checkpoint's).
+        The moments and step count come from the checkpoint; lr, betas, eps, weight decay and the scheduler's
+        base lr from the config, so a resumed run with a new `optim.lr` trains at it.
         """
         set_model_state_dict(self.module, state["model"])
         if self.optimizer is not None and "optimizer" in state:
@@ -307,7 +271,3 @@ class FSDPEngine:
                          lr=cfg.lr * factor(position))  # the lr this schedule gives at the restored step
         self.lr_scheduler.base_lrs = [cfg.lr] * len(self.optimizer.param_groups)
         self.lr_scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]  # get_last_lr()
-
-    def load_full_model_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
-        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=False)
-        set_model_state_dict(self.module, state_dict, options=options)

@@ -1,16 +1,6 @@
-"""Micro-batches that waste as little compute on padding as possible.
-
-On CPU (and without flash-attention's variable-length kernels) a forward pass costs rows x width, so
-padding columns are paid for. Two things keep that small, for the actor, critic and reference alike:
-
-1. Rows are sorted by their real length before they are cut into micro-batches, so each micro-batch
-   holds sequences of similar length.
-2. Each micro-batch is trimmed to the columns where at least one row has a real token: leading columns
-   that are left-padding in every row and trailing columns that are right-padding in every row go.
-
-Every rank of an FSDP group must run the same number of forward passes (each one all-gathers the
-parameters), so the number of micro-batches is agreed across ranks.
-"""
+"""Micro-batches that waste little compute on padding (a padded forward costs rows x width): rows are
+sorted by real length before they are cut, and each micro-batch drops the columns that are padding in
+every row. The micro-batch count is agreed across an FSDP group's ranks, whose forwards all-gather."""
 
 from __future__ import annotations
 
@@ -49,13 +39,11 @@ def _split_to_count(groups: list[list[int]], count: int) -> list[list[int]]:
 
 
 def cheapest_cuts(sorted_lengths: list[int], max_token_len: int) -> list[tuple[int, int]]:
-    """Cut ascending lengths into contiguous runs [lo, hi) whose padded forward passes cost least in all.
+    """Cut ascending lengths into contiguous runs [lo, hi) whose padded passes cost least in all.
 
-    A run costs (rows + 1) x its longest length: the padded tokens, plus one more row's worth for the
-    pass itself (its parameter gathers, kernel launches and Python), so a pass is added only where it
-    saves more than a row of padding, e.g. between short direct answers and long tool conversations.
-    Each run keeps rows x longest length within `max_token_len` (a row longer than that runs alone).
-    Exact minimum by dynamic programming over the cut points: O(rows x rows per run).
+    A run costs (rows + 1) x its longest length (the extra row stands for a pass's fixed cost) and keeps
+    rows x longest within `max_token_len` (a longer row runs alone). Exact, by dynamic programming over the
+    cut points.
     """
     n = len(sorted_lengths)
     best = [0] + [float("inf")] * n  # best[i]: cheapest cost of the first i rows
@@ -80,18 +68,12 @@ def make_micro_batches(
     max_token_len: int | None = None,
     group_ids: torch.Tensor | None = None,
 ) -> list[MicroBatch]:
-    """Cut `data` into micro-batches of similar-length rows.
+    """Cut `data` into micro-batches of similar-length rows: `micro_batch_size` rows each, or within a
+    `max_token_len` budget of rows x padded width (`cheapest_cuts`).
 
-    `group_ids` (rows,): rows with the same id stay next to each other in the order that is cut (groups
-    ordered by their longest row, rows by length within a group), so a micro-batch holds whole groups
-    where its size allows: the actor passes rows that share a prompt, which it then computes once
-    (`hybridrl.models.attention`).
-
-    Fixed size (`micro_batch_size` rows) or dynamic (`max_token_len`: rows x padded width of each
-    micro-batch stays within the budget, which is what a padded forward pass costs, and the cuts fall
-    where they save the most padding; see `cheapest_cuts`). The count is the
-    same on every rank of the process group; a rank with too few rows runs dummy micro-batches (a real
-    row with its response masked out) whose outputs are dropped.
+    Rows with the same `group_ids` stay together (groups ordered by their longest row), so shared prompts
+    are computed once (`hybridrl.models.attention`). Every rank gets the same count; one with too few rows
+    runs dummy micro-batches (a real row with its response masked out) whose outputs are dropped.
     """
     if (micro_batch_size is None) == (max_token_len is None):
         raise ValueError("give exactly one of micro_batch_size (fixed) or max_token_len (dynamic batch size)")
@@ -135,7 +117,7 @@ def _dummy(data: DataProto) -> MicroBatch:
 
 
 def restore_order(parts: list[torch.Tensor], micro_batches: list[MicroBatch], total: int) -> torch.Tensor:
-    """Scatter per-micro-batch outputs back into the parent batch's row order, on the parts' device."""
+    """Scatter per-micro-batch outputs back into the parent batch's row order."""
     nonempty = [(p, mb) for p, mb in zip(parts, micro_batches, strict=True) if mb.indices]
     stacked = torch.cat([p for p, _ in nonempty], dim=0)  # (rows, ...)
     index = torch.tensor([i for _, mb in nonempty for i in mb.indices], dtype=torch.long, device=stacked.device)

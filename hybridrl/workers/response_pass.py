@@ -1,11 +1,6 @@
 """One pass of a model over rollout rows, read at the response positions: the actor's and reference's
-log-probs and the critic's values.
-
-With prompt sharing (`actor_rollout_ref.model.share_prompt_forward` for the actor and reference,
-`critic.model.share_prompt_forward` for the critic) rows whose prompts are equal (the rollout.n
-responses of a group) compute their prompt once in each forward (`hybridrl.models.attention`), and
-micro-batches keep a group's rows together; otherwise each row runs padded.
-"""
+log-probs and the critic's values; with prompt sharing, rows with equal prompts compute them once per
+forward (`hybridrl.models.attention`)."""
 
 from __future__ import annotations
 
@@ -30,14 +25,12 @@ logger = logging.getLogger(__name__)
 
 def response_logits(module: torch.nn.Module, micro: DataProto, share_prompts: bool, always_packed: bool,
                     share_key: str) -> torch.Tensor:
-    """Logits that predict each response token, (rows, kept_response_len, vocab); for a token-classification
-    model (a critic) its outputs at the same positions, the one before each response token.
+    """Logits predicting each response token, (rows, kept_response_len, vocab) (a critic's outputs at the same
+    positions), on columns trimmed of shared padding, with the head on the response positions only.
 
-    Padding columns shared by all rows are trimmed first; only the response positions go through the
-    LM head (`logits_to_keep`). With `share_prompts`, rows with equal prompts compute their prompt once
-    (`hybridrl.models.attention`: the same logits, from fewer tokens); `always_packed` takes that path
-    even where every prompt is distinct (the model is held in `shared_prompt_mode`). `share_key` is the
-    config key errors name.
+    `share_prompts`: rows with equal prompts compute their prompt once; `always_packed` takes that path
+    even where all prompts differ (the model is held in `shared_prompt_mode`); `share_key` is the config key
+    errors name.
     """
     response_length = micro.batch["responses"].shape[-1]
     trimmed = trim_columns(micro, response_length)
@@ -72,19 +65,16 @@ def prompt_group_ids(data: DataProto) -> torch.Tensor:
 
 
 def activation_checkpointing_on(module: torch.nn.Module) -> bool:
-    """Whether a transformers model recomputes its layers in backward. transformers 5 renamed the property
-    (the old name warns on every read); older releases have only the old one."""
+    """Whether a transformers model recomputes its layers in backward (transformers 5 renamed the property)."""
     name = "is_activation_checkpointing" if hasattr(type(module), "is_activation_checkpointing") \
         else "is_gradient_checkpointing"
     return bool(getattr(module, name, False))
 
 
 class PromptSharing:
-    """Whether and how a worker's passes over `module` share prompts: asked for by the config key
-    `share_key` and possible for the model (`supports_shared_prompt`: full attention with sdpa, eager or
-    grouped_eager); a model that cannot runs padded passes, with a warning naming the key. Under gradient
-    checkpointing the backward runs each layer's forward again, so an update holds the model in
-    `shared_prompt_mode` throughout (`held`) and every pass is packed."""
+    """Whether a worker's passes over `module` share prompts: asked by config key `share_key` and possible
+    for the model (`supports_shared_prompt`; otherwise padded passes, with a warning). Under gradient
+    checkpointing the backward reruns layers, so an update holds the model in `shared_prompt_mode` (`held`)."""
 
     def __init__(self, module: torch.nn.Module, asked: bool, share_key: str) -> None:
         able = supports_shared_prompt(module)

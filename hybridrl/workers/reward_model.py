@@ -1,15 +1,10 @@
-"""The reward model worker: a learned scorer of whole (prompt, response) sequences, `reward_model.*`.
+"""The reward model worker (`reward_model.*`): a learned scorer of whole (prompt, response) sequences.
 
-The model is a token-classification network with one output per token (verl's convention; a
-checkpoint saved as `*ForSequenceClassification` has the same `score` head and loads the same way).
-A sequence's score is that head read at its last valid token, where the model has seen the whole
-conversation. `compute_rm_score` returns it as `rm_scores` (batch, response_len): zero everywhere except
-each row's last valid response token, the same place the rule-based reward managers put their scores;
-the managers pass an existing `rm_scores` through as the reward.
-
-When the reward model's tokenizer or chat template differs from the actor's (`model.input_tokenizer`),
-token ids cannot be shared: each row is decoded to text with the actor's tokenizer and rebuilt as a
-conversation in the reward model's own chat template before scoring.
+A token-classification model (verl's convention; a `*ForSequenceClassification` checkpoint's `score`
+head loads the same way) read at each sequence's last valid token; `compute_rm_score` returns
+`rm_scores` (batch, response_len), zero except on each row's last valid response token, which the
+reward managers pass through. With a different tokenizer or chat template (`model.input_tokenizer`),
+rows are decoded with the actor's and re-templated for the reward model.
 """
 
 from __future__ import annotations
@@ -123,7 +118,6 @@ def normalize_reward_model(config: RewardModelConfig, world_size: int) -> Reward
     return dataclasses.replace(config, micro_batch_size_per_gpu=micro)
 
 
-# ----- re-tokenisation --------------------------------------------------------------------------------------
 def same_tokenization(a: Any, b: Any) -> bool:
     """True when token ids from `a` mean the same to `b`: same vocabulary and the same chat template."""
     return a.get_vocab() == b.get_vocab() and a.chat_template == b.chat_template
@@ -136,11 +130,8 @@ def _prompt_messages(raw_prompt: Any) -> list[dict[str, Any]]:
 
 
 def conversations(data: DataProto, src_tokenizer: Any) -> list[list[dict[str, Any]]]:
-    """Each row as chat messages: its prompt (`raw_prompt`, else the decoded prompt) + the response.
-
-    Without `raw_prompt` (set data.return_raw_chat=True to get it) the prompt text is decoded from the
-    ids without special tokens, so whatever plain text the actor's chat template added stays in it.
-    """
+    """Each row as chat messages: its prompt (`raw_prompt`, else decoded without special tokens, keeping any
+    text the actor's template added) and the response."""
     prompts, responses = data.batch["prompts"], data.batch["responses"]  # (B, P), (B, R)
     prompt_len, response_len = prompts.shape[-1], responses.shape[-1]
     mask = data.batch["attention_mask"]
@@ -160,15 +151,11 @@ def conversations(data: DataProto, src_tokenizer: Any) -> list[list[dict[str, An
 
 def retokenize_for_reward_model(chats: Sequence[list[dict[str, Any]]], rm_tokenizer: Any,
                                 max_length: int | None) -> DataProto:
-    """Right-padded reward-model inputs for the conversations, in the reward model's chat template.
+    """Right-padded reward-model inputs for the conversations, in its chat template (no special tokens added:
+    the template writes them).
 
-    The templated text is tokenised without adding special tokens: the template already writes every
-    marker the reward model expects (BOS included), and adding them again would double the BOS.
-
-    A sequence longer than `max_length` is truncated at the right, as verl does, and a warning counts
-    them. We truncate rather than raise because one overlong sample should not end a long run;
-    truncating the left instead would cut the chat template's opening markers. The price: such a
-    response is scored on its beginning only, so set max_length to cover prompt + response.
+    Sequences over `max_length` are truncated at the right, as in verl, with a warning: the end of such a
+    response goes unscored, but one overlong sample does not stop a run.
     """
     texts = [rm_tokenizer.apply_chat_template(chat, tokenize=False) for chat in chats]
     ids = [rm_tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
@@ -190,7 +177,6 @@ def retokenize_for_reward_model(chats: Sequence[list[dict[str, Any]]], rm_tokeni
                                 "position_ids": position_ids})
 
 
-# ----- scoring ---------------------------------------------------------------------------------------------
 def last_valid_index(attention_mask: torch.Tensor) -> torch.Tensor:
     """Column of each row's last real token, for left, right or both-sides padding. (B, L) -> (B,)."""
     columns = torch.arange(attention_mask.shape[-1], device=attention_mask.device)
@@ -221,10 +207,7 @@ def sequence_scores(module: torch.nn.Module, inputs: DataProto, micro_batch_rows
 
 def place_on_last_response_token(scores: torch.Tensor, attention_mask: torch.Tensor,
                                  response_length: int) -> torch.Tensor:
-    """(B,) scores -> (B, response_length), each on its row's last valid response token.
-
-    A row with an empty response has no token to carry its score and stays zero (as in the managers).
-    """
+    """(B,) scores -> (B, response_length) on each row's last valid response token (an empty response stays 0)."""
     valid = attention_mask[:, -response_length:].sum(dim=-1).long()  # (B,)
     out = torch.zeros((len(scores), response_length), dtype=torch.float32, device=scores.device)  # (B, R)
     rows = (valid > 0).nonzero().squeeze(-1)

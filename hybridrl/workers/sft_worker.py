@@ -1,15 +1,11 @@
 """The SFT worker: one SPMD rank of a supervised fine-tuning group, holding an FSDP2-sharded model.
 
-The driver (`hybridrl.trainer.sft_trainer`) sends each rank its slice of a global batch; the ranks
-compute the loss on assistant tokens only, accumulate gradients over micro-batches and take one
-optimizer step together.
-
-Loss: token mean over the whole global batch (verl's SFT loss), i.e.
+Loss: token mean over the whole global batch (verl's), over every rank's rows:
 
     L = sum_{rows, t} mask[t+1] * -log p(x[t+1] | x[<=t]) / sum_{rows, t} mask[t+1]
 
-where the sums run over every rank's rows. FSDP2 averages gradients over the W ranks, so each rank
-backpropagates (its token-loss sum / global token count) x W; the average of those is exactly dL.
+FSDP2 averages gradients over the W ranks, so each rank backpropagates (its token-loss sum / global
+token count) x W.
 """
 
 from __future__ import annotations
@@ -33,12 +29,8 @@ SFT_KEYS = ("input_ids", "attention_mask", "position_ids", "loss_mask")
 
 
 def token_losses(module: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token negative log-likelihood of the next token and its 0/1 loss mask.
-
-    The dataset's loss_mask marks the tokens an assistant writes (not shifted), so the prediction made at
-    position t for token t+1 counts when loss_mask[t+1] is 1.
-    Returns two (rows, width - 1) tensors.
-    """
+    """Per-token NLL of the next token and its 0/1 mask, each (rows, width - 1): the prediction at t counts
+    where loss_mask[t+1] (the assistant's tokens, unshifted) is 1."""
     logits = module(
         input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
         position_ids=batch["position_ids"], use_cache=False,
@@ -49,13 +41,8 @@ def token_losses(module: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tup
 
 
 def micro_batches(data: DataProto, size: int, max_token_len: int | None) -> list[dict[str, torch.Tensor]]:
-    """Rows grouped by similar length into micro-batches, each trimmed to its longest row.
-
-    `size` rows each, or, with `max_token_len` (data.use_dynamic_bsz), as many rows as fit the token budget
-    with cuts where they save the most padding (`make_micro_batches`). Sequences are right-padded, so
-    columns past the longest real row of a micro-batch are padding in every row; dropping them saves
-    their compute without changing any loss term (causal attention never looks right).
-    """
+    """Rows grouped by similar length into micro-batches (`size` rows, or within `max_token_len`), each trimmed
+    to its longest row: right padding past it changes no loss term."""
     parts = make_micro_batches(data, None if max_token_len else size, max_token_len)
     out = []
     for part in parts:
@@ -129,11 +116,8 @@ class SFTWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def eval_batch(self, data: DataProto) -> DataProto:
-        """Per-row summed NLL on assistant tokens and the token count (the driver forms the mean).
-
-        Per-row outputs rather than a mean: the dispatcher pads a batch that does not divide by the
-        world size and drops the padding rows' outputs, so the driver's sums stay exact.
-        """
+        """Per-row summed NLL on assistant tokens and token counts (rows the dispatcher padded are dropped, so the
+        driver's sums stay exact)."""
         module = self.engine.module
         module.eval()
         size = self.config.data.micro_batch_size_per_gpu

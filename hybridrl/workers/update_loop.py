@@ -1,15 +1,10 @@
-"""The mini-batch / micro-batch update loop shared by the actor and the critic.
+"""The mini-batch / micro-batch update loop shared by the actor and the critic, and its batch-size checks.
 
-One call runs `epochs` passes over the rank's rows; each pass cuts them into mini-batches (one optimizer
-step each) and each mini-batch into micro-batches (one forward/backward each, gradients accumulating).
-The loss of a micro-batch is normalised by its mini-batch's totals over all ranks (`global_batch_info`),
-so the accumulated gradient equals the gradient of the whole mini-batch's loss, whatever the
-aggregation mode, the micro-batch size or the number of ranks.
-
-Batch sizes are checked once per worker here too: `ppo_mini_batch_size` counts prompts over all ranks
-(as in verl), and a rank trains on `mini_batch_rows` = ppo_mini_batch_size x rollout.n / world_size
-rows per optimizer step, a number that lives only in the `BatchingPlan`; verl's older global
-micro-batch keys are divided here, with an error naming the settings when they do not divide.
+Each epoch cuts the rank's rows into mini-batches (one optimizer step each) and those into micro-batches
+(one forward/backward each). A micro-batch's loss is normalised by its mini-batch's totals over all ranks
+(`global_batch_info`), so the accumulated gradient is the whole mini-batch's, whatever the aggregation,
+micro-batch size or rank count. `ppo_mini_batch_size` counts prompts over all ranks (as in verl): a rank
+trains on ppo_mini_batch_size x rollout.n / world_size rows per step.
 """
 
 from __future__ import annotations
@@ -42,11 +37,8 @@ class BatchingPlan:
 
 @dataclass
 class MetricSums:
-    """Per-mini-batch sums that become exact global means after one all-reduce.
-
-    `add(name, value, weight)` accumulates value x weight and weight; `plain(name, value)` sums a
-    value that is already a share of the mini-batch (a micro-batch's loss under global normalisation).
-    """
+    """Per-mini-batch sums that become exact global means after one all-reduce: `add` accumulates a weighted
+    value, `plain` a value already a share of the mini-batch (a loss under global normalisation)."""
 
     weighted: dict[str, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0]))
     shares: dict[str, float] = field(default_factory=lambda: defaultdict(float))
@@ -96,9 +88,9 @@ def run_updates(engine: FSDPEngine, data: DataProto, plan: BatchingPlan, micro_s
                 ) -> dict[str, list[float]]:
     """Run the epochs x mini-batches x micro-batches loop; return per-mini-batch metrics by name.
 
-    micro_step(micro_batch, global_batch_info, sums) returns the micro-batch's loss (a share of the
-    mini-batch loss); the loop back-propagates it with gradient sync only on the last micro-batch.
-    group_ids_of(mini_batch), when given, names the rows that `make_micro_batches` keeps together.
+    micro_step(micro_batch, global_batch_info, sums) returns the micro-batch's loss share; it is
+    back-propagated with gradient sync on the last micro-batch only. group_ids_of(mini_batch) names rows to
+    keep together.
     """
     if len(data) % plan.mini_batch_rows:
         raise ValueError(
@@ -106,8 +98,7 @@ def run_updates(engine: FSDPEngine, data: DataProto, plan: BatchingPlan, micro_s
             f"train_batch_size x rollout.n must be a multiple of ppo_mini_batch_size x rollout.n"
         )
     metrics: dict[str, list[float]] = defaultdict(list)
-    # The shuffle is drawn on the CPU whatever the device, so a seed gives the same order on CPU and GPU
-    # (row indices are CPU tensors anyway: DataProto.select_rows also indexes its numpy columns with them).
+    # drawn on the CPU, so a seed gives the same order on CPU and GPU (row indices are CPU tensors anyway)
     generator = torch.Generator(device="cpu").manual_seed(plan.seed)
     for _ in range(plan.epochs):
         rows = data
@@ -146,8 +137,7 @@ def _micro(per_gpu: int | None, global_size: int | None, world_size: int, prefix
 
 
 def mini_batch_rows(config: ActorConfig | CriticConfig, rollout_n: int, world_size: int, prefix: str) -> int:
-    """Rows one rank trains on per optimizer step: ppo_mini_batch_size prompts x rollout_n samples, split
-    over the data-parallel ranks."""
+    """Rows one rank trains on per optimizer step: ppo_mini_batch_size x rollout_n over the ranks."""
     return per_rank(config.ppo_mini_batch_size * rollout_n, world_size,
                     f"{prefix}.ppo_mini_batch_size ({config.ppo_mini_batch_size}) x rollout.n ({rollout_n})")
 
@@ -197,11 +187,7 @@ def normalize_critic(config: CriticConfig, world_size: int) -> CriticConfig:
 
 
 def update_plan(config: ActorConfig | CriticConfig, rollout_n: int, world_size: int) -> BatchingPlan:
-    """How a normalised actor or critic config cuts a rank's rows (fixed micro-batches or a token budget).
-
-    Both configs carry verl's same update keys (ppo_mini_batch_size, ppo_micro_batch_size_per_gpu,
-    use_dynamic_bsz, ppo_max_token_len_per_gpu, ppo_epochs, shuffle, data_loader_seed).
-    """
+    """How a normalised actor or critic config (verl's same update keys) cuts a rank's rows."""
     rows = mini_batch_rows(config, rollout_n, world_size, "critic" if isinstance(config, CriticConfig) else "actor")
     return BatchingPlan(
         mini_batch_rows=rows,
@@ -215,10 +201,8 @@ def update_plan(config: ActorConfig | CriticConfig, rollout_n: int, world_size: 
 
 def forward_batching(use_dynamic_bsz: bool, micro_batch_rows: int | None,
                      max_token_len: int) -> tuple[int | None, int | None]:
-    """(micro_batch_rows, max_token_len) for a no-grad forward pass (log-probs, values).
-
-    Without a micro-batch size, a rank's whole share goes through in one pass (a budget of 2^31 tokens).
-    """
+    """(micro_batch_rows, max_token_len) of a no-grad pass; without a micro-batch size a rank's share goes
+    through at once (a 2^31-token budget)."""
     if use_dynamic_bsz:
         return None, max_token_len
     if micro_batch_rows is None:

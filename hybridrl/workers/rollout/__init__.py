@@ -1,9 +1,6 @@
 """Rollout engines: turn left-padded prompts into sampled responses with masks and log-probs.
-
-`build_rollout(config, module=..., tokenizer=..., model_path=...)` picks the engine registered under
-`actor_rollout_ref.rollout.name`: "hf" (default, any device) or "vllm" (optional; importing this
-package never imports vllm).
-"""
+`build_rollout(config, ...)` picks the engine `rollout.name` names: "hf" (default) or "vllm" (optional;
+importing this package never imports vllm)."""
 
 from hybridrl.workers.config import RolloutConfig, ValKwargs
 from hybridrl.workers.rollout import vllm as _vllm  # noqa: F401  (registers "vllm" without importing vllm)

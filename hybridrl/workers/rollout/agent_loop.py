@@ -1,39 +1,12 @@
-"""The multi-turn agent loop: generate, run the tools the model calls, append their answers, continue.
+"""The multi-turn agent loop: generate, run the tools the model calls, append their answers, continue
+(user guide: docs/agents.md).
 
-`AgentLoop.generate_sequences(prompts)` returns what a rollout engine returns (the layout in
-hybridrl/workers/rollout/base.py), with every trajectory's turns in its response:
-
-    prompt | model turn 1 | tool answer 1 | model turn 2 | ...            (at most rollout.response_length)
-    response_mask   1 on the model's tokens only: log-probs, KL, entropy and advantages use it, so a tool's
-                    answer is context the model reads, never trained on
-    attention_mask  1 on every real token, model's and tools' alike (the model attends to both)
-    rollout_log_probs  the sampler's log-probs of the model's tokens, 0 elsewhere
-
-The loop sits above the engine and calls `engine.generate_sequences` once per turn for every
-trajectory still generating, so it works with any engine behind the BaseRollout interface; the worker
-calls it inside one `rollout.serving(actor)` block, so every turn samples from the current weights.
-Each turn re-reads the whole context (no KV cache is kept between turns).
-
-A trajectory is a small state machine (`AgentState`): GENERATING -> (the turn ends with tool calls)
-CALLING_TOOLS -> GENERATING ... -> DONE, with the reason it ended (`Finish`): an answer (a turn without
-tool calls), the response length, `multi_turn.max_assistant_turns` or `max_user_turns`. Tools are
-verl-style `BaseTool`s (hybridrl/tools/): a trajectory creates its own instance of a tool at its first
-call of it, with the row's `extra_info.tools_kwargs[<tool>]` (`create_kwargs`, `execute_kwargs`,
-`calc_reward_kwargs`, `release_kwargs`), and scores and releases it when it ends. All tool calls of a
-turn run at once, each under `multi_turn.tool_timeout` seconds (hybridrl/tools/tool_calls.py).
-
-Nothing a tool or the model does stops the run: a call with invalid JSON, of an unknown tool, beyond
-`max_parallel_calls`, a tool that raises, hangs or returns something that is not a response becomes an
-`Error: ...` message in the conversation and a count in the per-sample columns (`tool_errors`,
-`tool_timeouts`; hybridrl/workers/rollout/agent_loop.py).
-
-A row's `agent_name` (verl's per-row key) picks the loop: `tool_agent` or `single_turn_agent` (one
-turn, tool calls left unanswered); rows without one run `rollout.agent.default_agent_loop` (null:
-tool_agent).
-
-After a trajectory ends, its turn-by-turn ids are compared with the whole conversation tokenised at once
-(`multi_turn.tokenization_sanity_check_mode`, hybridrl/workers/rollout/chat_delta.py): a
-difference means the model trained on a context the chat template would not have produced.
+`AgentLoop.generate_sequences(prompts)` returns a rollout engine's layout with every turn in `responses`;
+`response_mask` and `rollout_log_probs` cover the model's tokens only, so tool answers are context, never
+trained on. It calls the engine once per turn for the trajectories still generating (no KV cache is kept
+between turns). A row's `agent_name` picks `tool_agent` or `single_turn_agent` (calls unanswered); a
+trajectory creates its own instance of a tool at its first call (with `extra_info.tools_kwargs`) and
+scores and releases it at the end. Tool failures become `Error: ...` messages and counts, never stop the run.
 """
 
 from __future__ import annotations
@@ -57,26 +30,17 @@ from hybridrl.workers.rollout.base import BaseRollout, assemble_output, check_pr
 from hybridrl.workers.rollout.chat_delta import ChatTemplateDelta, tokenization_mismatch
 from hybridrl.workers.rollout.sampling import CALL_OVERRIDES, resolve_sampling_params
 
-# The per-sample columns the loop adds (numpy object arrays, one entry per response):
-#   __num_turns__ (prompt, assistant and tool turns), tool_calls (malformed included), tool_errors (calls
-#   answered with an error, plus failed create / calc_reward / release), tool_timeouts (the part of
-#   tool_errors past multi_turn.tool_timeout), tool_latency_s (seconds per execute call), agent_finish
-#   (FINISH_REASONS), tool_rewards (execute's step rewards), reward_scores (calc_reward per tool, as verl
-#   reports them), tokenization_mismatch (1 / 0, None when not checked). The reward managers pass
-#   __num_turns__, reward_scores and tool_rewards to the reward function in extra_info.
+# Per-sample columns the loop adds (`sample_columns`); the reward managers pass __num_turns__, reward_scores
+# and tool_rewards to the reward function in extra_info.
 NUMERIC_COLUMNS = ("__num_turns__", "tool_calls", "tool_errors", "tool_timeouts")
 FINISH_COLUMN = "agent_finish"
 FINISH_REASONS = ("answer", "length", "max_assistant_turns", "max_user_turns")
 
 
 def compute_agent_metrics(batch: DataProto) -> dict[str, float]:
-    """`agent/*` metrics of a step's batch; empty when the rollout was single-turn (no agent columns).
-
-    agent/num_turns/{mean,min,max}, agent/tool_calls/mean (per sample), agent/tool_errors and
-    agent/tool_timeouts (counts in the step), agent/tool_latency_s/{mean,max} (seconds per execute call),
-    agent/tokenization_mismatch (count of checked samples whose ids differ), agent/finish/<reason>
-    (share of samples).
-    """
+    """`agent/*` metrics of a step's batch (empty for a single-turn rollout): num_turns/{mean,min,max},
+    tool_calls/mean, tool_errors and tool_timeouts (counts), tool_latency_s/{mean,max}, tokenization_mismatch
+    (count) and finish/<reason> (share of samples)."""
     columns = batch.non_tensor_batch
     if "__num_turns__" not in columns:
         return {}
@@ -108,10 +72,8 @@ logger = logging.getLogger(__name__)
 
 # The prompt columns the loop reads besides the prompt tensors; the trainer sends them to the rollout.
 AGENT_INPUT_COLUMNS = ("extra_info", "agent_name")
-# Turn t of a call with meta_info seed s samples with seed s + t * TURN_SEED_STRIDE: fresh randomness
-# each turn, the same for the same step seed.
+# Turn t of a call seeded s samples with seed s + t * TURN_SEED_STRIDE: fresh randomness each turn.
 TURN_SEED_STRIDE = 7919
-TOOL_KWARGS_KEYS = ("create_kwargs", "execute_kwargs", "calc_reward_kwargs", "release_kwargs")
 
 
 class AgentState(enum.Enum):
@@ -173,7 +135,7 @@ class Trajectory:
 
 
 def sample_columns(trajectories: Sequence[Trajectory]) -> dict[str, np.ndarray]:
-    """The per-sample columns of finished trajectories (`compute_agent_metrics` turns them into `agent/*` metrics)."""
+    """The per-sample columns of finished trajectories (`compute_agent_metrics` reads them)."""
     return {
         "__num_turns__": object_column([1 + t.assistant_turns + t.user_turns for t in trajectories]),
         "tool_calls": object_column([t.tool_calls for t in trajectories]),
@@ -200,7 +162,7 @@ def truncate_text(text: str, limit: int, side: str) -> str:
 
 
 def _created_id(value: Any) -> str:
-    """`create`'s result: (instance_id, ToolResponse) as verl returns now, or the id alone as it used to."""
+    """`create`'s result: (instance_id, ToolResponse) as verl returns it now, or an older tool's bare id."""
     instance = value[0] if isinstance(value, tuple) and value else value
     if not isinstance(instance, str) or not instance:
         raise TypeError(f"create returned {value!r}; expected (instance_id, ToolResponse) or an instance id")
@@ -244,7 +206,6 @@ class AgentLoop:
     def close(self) -> None:
         self.runner.close()
 
-    # ----- one call: every trajectory of the batch ----------------------------------------------------
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         input_ids, attention_mask, _ = check_prompts(prompts)
         params = resolve_sampling_params(self.config, prompts.meta_info, self.eos_token_ids)
@@ -261,8 +222,8 @@ class AgentLoop:
         return self._assemble(prompts, trajectories, params.n)
 
     def _check_tokenization(self, trajectories: list[Trajectory]) -> None:
-        """Mark each trajectory whose turn-by-turn ids differ from its conversation tokenised at once;
-        ones cut by the length limit (their last turn has no end) are not checked."""
+        """Mark each trajectory whose turn-by-turn ids differ from its conversation tokenised at once (those cut
+        by the length limit are not checked)."""
         mode = self.config.multi_turn.tokenization_sanity_check_mode
         if mode == "disable":
             return
@@ -299,7 +260,6 @@ class AgentLoop:
             trajectories += [Trajectory(prompt, name, tools_kwargs) for _ in range(n)]
         return trajectories
 
-    # ----- the model's turn ---------------------------------------------------------------------------
     def _model_turn(self, active: list[Trajectory], meta_info: Mapping[str, Any], turn: int,
                     stop_ids: set[int], device: torch.device) -> None:
         limit = self.config.response_length
@@ -340,7 +300,6 @@ class AgentLoop:
         else:
             t.state, t.pending = AgentState.CALLING_TOOLS, calls
 
-    # ----- the tools' turn ----------------------------------------------------------------------------
     def _tool_turn(self, calling: list[Trajectory]) -> None:
         if not calling:
             return
@@ -444,7 +403,6 @@ class AgentLoop:
     def _bind(method: Any, *args: Any, **kwargs: Any) -> Any:
         return lambda: method(*args, **kwargs)
 
-    # ----- the output ---------------------------------------------------------------------------------
     def _assemble(self, prompts: DataProto, trajectories: list[Trajectory], n: int) -> DataProto:
         width, device = self.config.response_length, prompts.batch["input_ids"].device
 

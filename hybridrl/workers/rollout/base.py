@@ -1,7 +1,8 @@
 """The rollout interface, the registry of engines by `rollout.name`, and the output layout they share.
 
-Every engine turns a batch of LEFT-padded prompts into a DataProto with these tensors (B prompts,
-n samples each, P prompt columns, R = rollout.response_length):
+Every engine turns B LEFT-padded prompts into a DataProto of B*n rows (P prompt columns,
+R = rollout.response_length), each prompt's n samples next to each other as
+`DataProto.repeat(n, interleave=True)` orders them, with every input non-tensor column repeated alike:
 
     prompts            (B*n, P)    the prompt ids, left-padded
     responses          (B*n, R)    generated ids, right-padded with the pad id
@@ -11,20 +12,8 @@ n samples each, P prompt columns, R = rollout.response_length):
     response_mask      (B*n, R)    1 up to and including the stop (EOS) token, 0 after it
     rollout_log_probs  (B*n, R)    the sampler's log-prob of each chosen token, 0 where masked
 
-Rows are interleaved (prompt 0's n samples, then prompt 1's, ...), as `DataProto.repeat(n,
-interleave=True)` orders them, and every non-tensor column of the input is repeated the same way so
-the caller can `union` the two.
-
-The hybrid engine's hand-off is one object per engine: `with rollout.serving(actor):` makes the engine
-generate with the actor's current weights for the duration of the block and frees what generation does
-not need (the worker's `generate_sequences` is its one caller). Each engine says what that takes: the HF
-engine reads the actor's gathered parameters in place; vLLM, which holds its own copy, receives the
-full state dict. `actor_rollout_ref.actor.fsdp_config.optimizer_offload` moves the optimizer state off
-the device for the block, and `param_offload` the actor's parameters where the engine holds its own.
-
-`rollout_logprob_diff_metrics` compares the sampler's `rollout_log_probs` with the actor's recomputed
-`old_log_probs`: with the same weights and precision they agree up to floating-point noise, and a larger
-gap means the rollout sampled from other weights (a weight-sync bug) or in another precision.
+`with rollout.serving(actor):` makes the engine generate with the actor's current weights for the block
+(docs/rollout.md, "The hand-off between training and generation").
 """
 
 from __future__ import annotations
@@ -48,9 +37,10 @@ from hybridrl.workers.config import RolloutConfig
 def rollout_logprob_diff_metrics(
     rollout_log_probs: torch.Tensor, old_log_probs: torch.Tensor, response_mask: torch.Tensor
 ) -> dict[str, float]:
-    """Max and mean of |rollout_log_probs - old_log_probs| over the response tokens.
+    """Max and mean of |rollout_log_probs - old_log_probs| over the response tokens, all (batch, response_len).
 
-    All three tensors are (batch, response_len); only positions with response_mask == 1 count.
+    With the same weights and precision they agree up to rounding; a larger gap means the rollout sampled
+    from other weights (a weight-sync bug) or in another precision.
     """
     shapes = {t.shape for t in (rollout_log_probs, old_log_probs, response_mask)}
     if len(shapes) != 1:
@@ -73,8 +63,8 @@ PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
 
 
 class ServedActor(Protocol):
-    """What a rollout engine asks of the training engine whose weights it generates with
-    (hybridrl/workers/fsdp_engine.py's FSDPEngine is the one there is)."""
+    """What a rollout engine asks of the training engine it generates with (FSDPEngine in
+    hybridrl/workers/fsdp_engine.py)."""
 
     module: nn.Module
 
@@ -95,9 +85,8 @@ class BaseRollout(ABC):
     """A generation engine. Built through `build_rollout`, called by the actor_rollout worker."""
 
     config: RolloutConfig
-    # True where the engine keeps its own copy of the weights (vLLM): the actor's parameters may then
-    # leave the device while it generates (fsdp_config.param_offload). False where it generates with
-    # the actor's own parameters (HF).
+    # True where the engine holds its own copy of the weights (vLLM), so the actor's parameters may leave
+    # the device while it generates (fsdp_config.param_offload)
     holds_own_weights: bool = False
 
     @classmethod
@@ -122,12 +111,10 @@ class BaseRollout(ABC):
 
     @contextlib.contextmanager
     def serving(self, actor: ServedActor | None) -> Iterator[None]:
-        """Generate with `actor`'s current weights for the duration of the block.
+        """Generate with `actor`'s current weights for the block (`actor=None`: the engine's own weights).
 
-        The actor's optimizer state leaves the device for the block where
-        `fsdp_config.optimizer_offload` is set, and comes back after; the engine's own part of the
-        hand-off is `_serve_weights`. `actor=None`: the engine generates with the weights it loaded.
-        A collective where the actor is sharded: every rank enters it.
+        The optimizer state leaves the device for the block where `fsdp_config.optimizer_offload` is set; the
+        engine's part is `_serve_weights`. A collective where the actor is sharded.
         """
         if actor is None:
             with self._awake():
@@ -184,8 +171,8 @@ def build_rollout(
 
 
 def eos_token_ids(*values: int | list[int] | None) -> list[int]:
-    """Merge EOS ids given as ints, lists or None (e.g. the tokenizer's and the generation config's,
-    Qwen lists two) into one deduplicated list, first occurrence first."""
+    """Merge EOS ids given as ints, lists or None (Qwen's generation config lists two) into one list, first
+    occurrence first."""
     ids: list[int] = []
     for value in values:
         if value is None:
@@ -218,10 +205,8 @@ def assemble_output(
     log_probs: torch.Tensor,
     n: int,
 ) -> DataProto:
-    """Build the rollout output from responses (B*n, R) with their lengths (B*n,) and log-probs (B*n, R).
-
-    Positions at or after a row's length must already hold the pad id; log-probs there are zeroed.
-    """
+    """The rollout output from responses (B*n, R) with lengths (B*n,) and log-probs (B*n, R); positions at or
+    after a row's length must hold the pad id."""
     input_ids, attention_mask, position_ids = (
         prompts.batch[key].repeat_interleave(n, dim=0) for key in PROMPT_KEYS
     )  # each (B*n, P)

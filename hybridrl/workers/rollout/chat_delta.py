@@ -1,21 +1,9 @@
 """The tokens the chat template puts between the end of an assistant turn and the model's next turn.
 
-In a multi-turn rollout the model's own tokens are kept exactly as sampled, and only the text the chat
-template adds around new messages (tool responses, the next assistant header) is tokenised. That text
-is found by rendering a fixed two-message chat, once alone and once followed by the new messages with
-the generation prompt: the longer rendering must extend the shorter one, and the difference is what
-the new messages add. What the template writes after an assistant turn's EOS token (ChatML: a newline)
-belongs to the same stretch, since the model stops at the EOS.
-
-For a template whose renderings of shorter chats are prefixes of longer ones, and a tokenizer that
-does not merge tokens across an EOS token or across the end of an assistant header, the ids of the
-prompt, the model's turns and these deltas, concatenated, equal the ids of the whole conversation
-tokenised at once (tests/workers/rollout/test_agent_loop.py checks it for the tiny model's ChatML template).
-
-`tokenization_mismatch` checks that: it compares a trajectory's assembled ids with its conversation
-tokenised at once, per `multi_turn.tokenization_sanity_check_mode` ("strict": any id differs;
-"ignore_strippable": the texts differ beyond whitespace; "disable": no check). The conversation is
-rendered after a fixed one-message prompt, so the check covers the response the loop assembled.
+The model's tokens stay as sampled; only what the template adds around new messages is tokenised: the
+difference between a fixed chat rendered alone and followed by them. With a prefix-stable template that
+equals the conversation tokenised at once, which `tokenization_mismatch` checks per
+`multi_turn.tokenization_sanity_check_mode` (tests/workers/rollout/test_agent_loop.py).
 """
 
 from __future__ import annotations
@@ -65,9 +53,8 @@ class ChatTemplateDelta:
         return list(self.tokenizer(self.text_after_turn(messages), add_special_tokens=False)["input_ids"])
 
     def ids_of_turns(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
-        """The ids the template gives `messages` (assistant and tool turns) after a prompt, tokenised at once:
-        what the turn-by-turn ids should equal. The text after the last assistant turn's EOS is left out,
-        since the model stops at the EOS."""
+        """The ids of `messages` (assistant and tool turns) tokenised at once after a fixed prompt, without the
+        text after the last assistant turn's EOS: what the turn-by-turn ids should equal."""
         full = self._render([*_ANCHOR[:1], *messages], add_generation_prompt=False)
         if not full.startswith(self._prompt_head):
             raise ValueError("the chat template renders the prompt differently once a reply follows; the turns "
@@ -80,9 +67,8 @@ class ChatTemplateDelta:
 
 def tokenization_mismatch(delta: ChatTemplateDelta, messages: Sequence[Mapping[str, Any]], response_ids: Sequence[int],
              mode: str) -> str | None:
-    """None when the turn-by-turn `response_ids` agree with `messages` tokenised at once under `mode`
-    (strict or ignore_strippable; the caller skips the check under disable); otherwise where they first
-    differ (for the log)."""
+    """None when `response_ids` agree with `messages` tokenised at once under `mode` (strict or
+    ignore_strippable: equal beyond whitespace), else where they first differ, for the log."""
     expected = delta.ids_of_turns(messages)
     actual = list(response_ids)
     if expected == actual:

@@ -1,34 +1,11 @@
-"""One decoding step of a Llama-family causal LM (Llama, Qwen2, Mistral without a sliding window), written
-over the model's own weights and modules, for the HF engine's eager loop on a CPU.
+"""One decoding step of a Llama-family causal LM (Llama, Qwen2, Mistral without a sliding window) over the
+model's own weights and modules, for the HF engine's eager loop on a CPU.
 
-A decoding step runs one token per row through every layer; at the rollout's sizes on a CPU, the
-arithmetic of a layer is a few hundred microseconds and transformers' forward spends about as much again
-around it (mask and position bookkeeping, cache objects, three projections where one matrix would do).
-`FusedDecoder.step` computes the same thing with less around it:
-
-- the query, key and value projections as one linear over their weights stacked (`[Wq; Wk; Wv]`), and the
-  gate and up projections as one (`[Wg; Wu]`), each packed once per generation for oneDNN where
-  `packed_linear.packing_supported` says so; the rotary embedding applied to queries and keys in one pass;
-- the additive (eager) or boolean (sdpa) mask built once per step for all layers, not per forward;
-- the model's own norms, activation, output projections, rotary embedding and attention function
-  (whatever `config._attn_implementation` names: `grouped_eager` / `grouped_sdpa` while decoding), so
-  the arithmetic is the model's.
-
-Each output element is the same sum in the same order as in the separate projections, so on the machine
-it was built on the logits come out equal to transformers' forward bit for bit, in bf16 and fp32
-(tests/workers/rollout/test_fused_decoder.py checks it, and that whole generations sample the same
-tokens). The less a model computes per layer, the larger the share of a step that overhead is, so smaller
-models gain more (measured: benchmarks/results/fused_decode.md).
-
-`FusedDecoder.step_shared` does the same for the n samples of each prompt with the prompt's keys and
-values kept once (`SharedPromptKV`): attention reads each prompt's cache once for all its samples instead
-of once per sample. Its attention is eager attention's arithmetic (scores, fp32 softmax, weighted sum)
-whatever the model's attention implementation, and each output is the prompt's part plus the response's
-part, each rounded to the compute dtype, so bf16 logits differ from the forward's by about one bf16 unit
-(fp32: by rounding). hf.py takes it for prompts of at least `SHARE_PROMPT_KV_FROM` columns (the reason there).
-
-`fused_decoder` returns None for anything else (another architecture, a wrapped projection such as a
-LoRA layer, another attention implementation, a sliding window); the loop then calls the model's forward.
+`FusedDecoder.step` gives the forward's logits bit for bit with less around each layer: stacked q/k/v and
+gate/up projections (packed for oneDNN), one rotary pass and one mask per step for all layers
+(benchmarks/results/fused_decode.md). `step_shared` keeps each prompt's keys/values once for its n samples
+(`SharedPromptKV`; bf16 logits within about one unit). `fused_decoder` returns None for other models
+(another architecture or attention, a LoRA or quantized projection, a sliding window).
 """
 
 from __future__ import annotations
@@ -61,8 +38,6 @@ def _stacked(linears: list[nn.Linear]) -> FixedLinear:
     return FixedLinear(weight, bias)
 
 
-
-
 def unsupported_reason(model: nn.Module) -> str | None:
     """Why `model` cannot decode with `FusedDecoder` (None: it can)."""
     config = getattr(model, "config", None)
@@ -90,8 +65,8 @@ def unsupported_reason(model: nn.Module) -> str | None:
 
 
 class FusedDecoder:
-    """Next-token logits for one new token per row, over `model`'s weights as they are at construction
-    (build one per generation, after the weights are gathered and cast)."""
+    """Next-token logits for one new token per row, over `model`'s weights as they are at construction (build
+    one per generation, after the weights are gathered and cast)."""
 
     def __init__(self, model: nn.Module) -> None:
         reason = unsupported_reason(model)
@@ -111,8 +86,8 @@ class FusedDecoder:
             self.gate_up.append(_stacked([mlp.gate_proj, mlp.up_proj]))
 
     def step_mask(self, attention_mask: torch.Tensor, kv_length: int, dtype: torch.dtype) -> torch.Tensor:
-        """(A, 1, 1, kv_length) mask of the attention implementation's kind from the rows' 0/1 mask over
-        the positions written so far plus this step's (A, W <= kv_length); positions past W are masked."""
+        """(A, 1, 1, kv_length) mask of the attention's kind from the rows' 0/1 mask (A, W <= kv_length) over the
+        positions written so far and this step's; positions past W are masked."""
         attend = attention_mask.new_zeros(attention_mask.shape[0], kv_length, dtype=torch.bool)
         attend[:, : attention_mask.shape[1]] = attention_mask.bool()
         if not self.additive_mask:
@@ -122,8 +97,8 @@ class FusedDecoder:
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, cache: object,
              attention_mask: torch.Tensor) -> torch.Tensor:
-        """tokens (A,), their positions (A,), `cache` (a transformers Cache the prompt was prefilled into),
-        the 0/1 mask of each row over the written positions and this one (A, W) -> logits (A, V)."""
+        """tokens (A,), positions (A,), `cache` (a transformers Cache holding the prefilled prompts), the rows' 0/1
+        mask over the written positions and this one (A, W) -> logits (A, V)."""
         kv_length = cache.layers[0].get_mask_sizes(1)[0]
         mask = self.step_mask(attention_mask, kv_length, self.base.embed_tokens.weight.dtype)
 
@@ -135,8 +110,8 @@ class FusedDecoder:
         return self._layers(tokens, positions, attend)
 
     def step_shared(self, tokens: torch.Tensor, positions: torch.Tensor, kv: SharedPromptKV) -> torch.Tensor:
-        """`step` for rows that are samples of shared prompts: the rows of `kv.active`, each attending to
-        its prompt's keys/values (kept once per prompt) and its own response's -> logits (A, V)."""
+        """`step` for samples of shared prompts: the rows of `kv.active`, each attending to its prompt's keys/values
+        (kept once per prompt) and its own response's -> logits (A, V)."""
         mask = kv.step_mask()  # (A, 1, 1, P + W)
         prompt_len, group = kv.prompt_len, self.heads // self.kv_heads
 
@@ -156,8 +131,8 @@ class FusedDecoder:
 
     def _layers(self, tokens: torch.Tensor, positions: torch.Tensor,
                 attend: Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        """The model over one token per row, with `attend(self_attn, query (A, H, D), key (A, KVH, D),
-        value (A, KVH, D))` giving each layer's attention output (A*H*D elements, heads in order)."""
+        """The model over one token per row; `attend(self_attn, query (A, H, D), key (A, KVH, D), value (A, KVH, D))`
+        gives each layer's attention output (A*H*D elements, heads in order)."""
         heads, kv_heads, head_dim = self.heads, self.kv_heads, self.head_dim
         rows = tokens.shape[0]
         x = self.base.embed_tokens(tokens)  # (A, hidden)
@@ -177,18 +152,14 @@ class FusedDecoder:
 
 
 class SharedPromptKV:
-    """Keys and values for `n` samples of each of B prompts: each prompt's once (B rows, prefilled), each
-    sample's response in its own row, and which samples are still decoding.
-
-    Attention over a prompt then reads its keys/values once for all its samples, in one matmul with the
-    samples' queries stacked, where a cache repeated per sample reads them n times in n small matmuls:
-    the prompt's share of the cache traffic drops n-fold (measured: benchmarks/results/fused_decode.md).
-    """
+    """Keys/values of B prompts kept once each (prefilled), each sample's response in its own row, and which
+    samples still decode: attention reads a prompt's keys/values once for all n samples in one matmul
+    instead of n times."""
 
     def __init__(self, prompt: PreallocatedCache, prompt_mask: torch.Tensor, n: int, width: int,
                  dtype: torch.dtype) -> None:
-        """prompt: the cache the B prompts were prefilled into (every layer exactly P wide); prompt_mask
-        (B, P) 0/1; width: the most response tokens a row can write."""
+        """prompt: the cache the B prompts were prefilled into (every layer exactly P wide); prompt_mask (B, P)
+        0/1; width: the most response tokens a row can write."""
         self.prompt, self.n = prompt, n
         self.prompts, self.prompt_len = prompt_mask.shape
         widths = {layer.keys.shape[2] for layer in prompt.layers}
@@ -209,8 +180,8 @@ class SharedPromptKV:
         self.responses.batch_select_indices(keep)
 
     def step_mask(self) -> torch.Tensor:
-        """(A, 1, 1, P + W) additive mask for this step: each row's prompt padding, and the response
-        positions not written yet (this step writes position `length`)."""
+        """(A, 1, 1, P + W) additive mask: each row's prompt padding and the response positions not written yet
+        (this step writes position `length`)."""
         written = self.responses.layers[0].length + 1
         width = self.responses.layers[0].get_mask_sizes(1)[0]
         response = self.prompt_mask.new_full((1, width), self.min_value)
@@ -219,8 +190,7 @@ class SharedPromptKV:
                          dim=1)[:, None, None, :]
 
     def by_prompt(self, x: torch.Tensor) -> torch.Tensor:
-        """(A, KVH, R, X) per row -> (B, KVH, n*R, X): each prompt's samples stacked (rows that left the
-        batch are zeros)."""
+        """(A, KVH, R, X) per row -> (B, KVH, n*R, X), each prompt's samples stacked (rows that left are zeros)."""
         rows, kv_heads, group, size = x.shape
         if rows != self.prompts * self.n:
             padded = x.new_zeros(self.prompts * self.n, kv_heads, group, size)

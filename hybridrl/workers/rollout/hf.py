@@ -1,42 +1,10 @@
 """`rollout.name=hf`: batched sampling with a KV cache over a Hugging Face causal LM (CPU and GPU).
 
-The engine calls the module's forward itself instead of `model.generate`, so it works on whatever
-the worker hands it (a plain `PreTrainedModel` or an FSDP2-wrapped one whose parameters the worker
-has gathered) and it can do three things `generate` does not:
-
-- prefill each prompt once and copy its KV cache n times (`generate` prefills all B*n rows), without
-  the padding columns every prompt of the batch shares (`micro_batch.trim_columns`, as the actor's passes
-  trim theirs): datasets pad to `data.max_prompt_length`, often far beyond a batch's longest prompt;
-- keep keys/values in a cache preallocated for prompt + response and written in place
-  (`kv_cache.PreallocatedCache`), where `generate`'s `DynamicCache` re-copies the whole cache with
-  `torch.cat` on every step (on a CPU attention reads its whole contiguous buffers, masked);
-- drop finished rows from the batch and the cache once an eighth of the batch has finished, so they
-  stop costing compute (dropping copies the survivors' cache, so it is batched rather than per row);
-- run in `rollout.dtype` on a copy of the weights cast once per call (autocast would re-cast
-  activations around every matmul, which measured slower than the copy);
-- decode with the attention that is fastest in that dtype (`attention_for_decoding`: grouped eager on
-  a CPU in half precision, where torch's fused CPU kernel is slow for one query token, and sdpa
-  elsewhere, reading each key/value head of the cache in place);
-- call an FSDP-wrapped actor's layers without FSDP's per-layer hooks (`decoding_module`: the parameters
-  are gathered once for the whole generation, so the hooks have nothing to do at each step);
-- on an x86 CPU, run every linear layer on a copy of its weight reordered once per call for oneDNN
-  (`packed_linear.prepacked_linears`; bf16: the same outputs bit for bit; fp32: oneDNN's sums in place of
-  MKL's; generations faster in both, measured: benchmarks/results/packed_linear.md);
-- on a CPU, run each step after the prefill of a Llama-family model (Llama, Qwen2, Mistral) through
-  `fused_decoder.FusedDecoder`: the model's own modules and weights with stacked q/k/v and gate/up
-  projections and one mask per step for all layers; the same logits bit for bit with less work around
-  each layer (measured: benchmarks/results/fused_decode.md); other models step through their forward;
-- and there, for n > 1 samples of prompts at least `SHARE_PROMPT_KV_FROM` columns long, keep each prompt's
-  keys/values once for all its samples (`fused_decoder.SharedPromptKV`): attention reads a prompt's cache
-  once per step instead of n times (measured: benchmarks/results/fused_decode.md);
-- stop as soon as every row has finished, and return the sampler's log-probs for free;
-- on a GPU, unless `rollout.enforce_eager=true`, replay each decoding step as a CUDA graph
-  (`static_decode`: fixed shapes, no row dropping), since there a step's time is kernel launches.
-
-Measured against `model.generate` in benchmarks/rollout_bench.py (results in benchmarks/results/).
-
-One decoding step is one forward over the active rows plus a few tensor ops on their logits; no
-per-row Python runs inside the loop.
+It calls the actor's own module's forward (FSDP-wrapped or not) instead of `model.generate`, to prefill
+each prompt once without the padding all prompts share, keep a cache written in place, drop finished rows,
+cast the weights once, and take the faster decoding paths: grouped attention, no FSDP hooks, packed oneDNN
+linears and the fused step on a CPU, CUDA graphs on a GPU. Each is tested equal to the plain loop
+(docs/rollout.md, "How the HF engine decodes"); benchmarks/rollout_bench.py compares it with `generate`.
 """
 
 from __future__ import annotations
@@ -83,15 +51,11 @@ from hybridrl.workers.rollout.static_decode import decode_static, hook_free_view
 
 logger = logging.getLogger(__name__)
 
-# Finished rows leave the batch once they are at least this share of it. Dropping copies every
-# surviving row's cache; waiting for a batch of finished rows costs a little wasted compute instead.
-# Dropping at every finish measured slower than waiting, and any share from 1/16 to 1/4 about alike.
+# Finished rows leave the batch once they are this share of it: dropping copies the survivors' cache.
 DROP_FINISHED_SHARE = 0.125
 
-# Prompts (their columns after trimming the padding all share) at least this long keep their keys/values
-# once for their samples while decoding (fused_decoder.SharedPromptKV); below it the extra regrouping costs
-# more than the prompt's share of the attention, and above it sharing gains more the longer the prompt
-# (measured: benchmarks/results/fused_decode.md).
+# Prompts (after trimming shared padding) this long keep their keys/values once for their samples
+# (fused_decoder.SharedPromptKV); shorter ones gain less than the regrouping costs (benchmarks/results/fused_decode.md).
 SHARE_PROMPT_KV_FROM = 32
 
 
@@ -99,17 +63,12 @@ SHARE_PROMPT_KV_FROM = 32
 class HFRollout(BaseRollout):
     """Generate with a causal LM's forward and a preallocated KV cache.
 
-    Args:
-        module: the causal LM (its forward must accept a cache (`cache` or `past_key_values`), `position_ids`,
-            `logits_to_keep`, as every transformers causal LM does). The engine reads its weights in
-            place: updating the module updates the rollout.
-        config: `actor_rollout_ref.rollout.*` (a RolloutConfig, dict or OmegaConf node).
-        tokenizer: gives the pad id and EOS id unless they are passed explicitly.
-        eos_token_id / pad_token_id: explicit ids; EOS may be a list.
+    `module` is read in place (updating it updates the rollout); its forward takes a cache, `position_ids`
+    and `logits_to_keep`, as every transformers causal LM's does. `tokenizer` gives the pad and EOS ids
+    unless `eos_token_id` (an int or a list) / `pad_token_id` are given.
     """
 
-    # with the fused decoder, n > 1 and prompts at least this long, keep each prompt's keys/values once for
-    # its samples (SharedPromptKV); None: never
+    # SharedPromptKV from this many prompt columns (with the fused decoder and n > 1); None: never
     share_prompt_kv_from: int | None = SHARE_PROMPT_KV_FROM
 
     def __init__(
@@ -207,16 +166,16 @@ class HFRollout(BaseRollout):
             all(t == "full_attention" for t in layer_types)
 
     def _graphed_decoding(self) -> bool:
-        """On a GPU, unless `enforce_eager=true`: decode with `static_decode` and a CUDA graph per step. On
-        a CPU the eager loop stays (it drops finished rows, and there are no launches to save)."""
+        """On a GPU, unless `enforce_eager=true`: decode with `static_decode`'s CUDA graphs (a CPU keeps the eager
+        loop, which drops finished rows)."""
         return self.config.enforce_eager is not True and self._device().type == "cuda" and self._full_attention()
 
     def _new_cache(self, max_len: int) -> Cache:
         """A preallocated cache for plain full-attention decoders, transformers' own otherwise."""
         if not self._full_attention():
             return DynamicCache()
-        # On a CPU attention reads the whole buffers: strided prefix views cost a copy in torch's CPU
-        # batched matmul (kv_cache's docstring has the measurements); elsewhere it reads the prefix.
+        # On a CPU attention reads the whole buffers, since a strided prefix view costs a copy in torch's
+        # CPU batched matmul (hybridrl/workers/rollout/kv_cache.py)
         return PreallocatedCache(self.module.config.num_hidden_layers, max_len,
                                  full_width=self._device().type == "cpu")
 
@@ -278,15 +237,13 @@ class HFRollout(BaseRollout):
         generator: torch.Generator,
         decoder: FusedDecoder | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The eager sampling loop over `model` (`decoding_module`'s), dropping finished rows. The prompts
-        are prefilled by the model's forward; each later step by `decoder` where given (`fused_decoder`: the
-        same logits with less around them; over each prompt's keys/values kept once for its samples when
-        n > 1 and the prompts reach `share_prompt_kv_from` columns), else by the model's forward too."""
+        """The eager sampling loop over `model`, dropping finished rows: the model's forward prefills the prompts,
+        and each later step runs through `decoder` (`fused_decoder`; over `SharedPromptKV` for n > 1 and prompts
+        of `share_prompt_kv_from` columns) where given, else through the forward."""
         n, width = params.n, params.response_length
         rows, prompt_len = input_ids.shape[0] * n, input_ids.shape[1]
         device = input_ids.device
-        # With the fused decoder, each prompt's keys/values stay once for its n samples (SharedPromptKV);
-        # otherwise each sample gets a copy of its prompt's.
+        # with the fused decoder, each prompt's keys/values stay once for its n samples, else are copied
         shared = decoder is not None and n > 1 and self.share_prompt_kv_from is not None \
             and prompt_len >= self.share_prompt_kv_from
         cache = self._new_cache(prompt_len + (0 if shared else width))
@@ -339,12 +296,7 @@ class HFRollout(BaseRollout):
 
 def decoding_module(module: nn.Module) -> nn.Module:
     """What the eager loop calls: for an FSDP2-wrapped module (parameters gathered by the caller), a view
-    of it without FSDP's hooks (`static_decode.hook_free_view`); any other module as it is.
-
-    With the parameters already gathered for the whole generation, FSDP's pre/post-forward hooks on every
-    wrapped layer find nothing to do, but they still run at every step, and with them the FSDP-wrapped
-    model measured slower than the same model unwrapped.
-    """
+    without FSDP's hooks (`static_decode.hook_free_view`), which would run at every step with nothing to do."""
     from torch.distributed.fsdp import FSDPModule
 
     if any(isinstance(m, FSDPModule) for m in module.modules()):
@@ -354,14 +306,9 @@ def decoding_module(module: nn.Module) -> nn.Module:
 
 @contextlib.contextmanager
 def attention_for_decoding(module: nn.Module, dtype: torch.dtype) -> Iterator[None]:
-    """For the block, the attention that decodes fastest in `dtype` here (`decoding_attention`): grouped
-    eager on a CPU in bf16/fp16, sdpa elsewhere, in its grouped form (no copies of the cache's key/value
-    heads, whatever the transformers version); the model's own setting (the one its training passes use)
-    comes back when the block ends. Models other than transformers' sdpa/eager ones are left alone.
-
-    Decoding one query token per step, torch's CPU sdpa kernel is slow in bf16 when no prompt is padded
-    (slower than in fp32), and grouped eager measured the fastest in bf16 with or without padded prompts.
-    """
+    """For the block, the attention that decodes fastest in `dtype` here (`decoding_attention`: grouped eager
+    on a CPU in bf16/fp16, else grouped sdpa, neither copying the cache's key/value heads); the model's own
+    comes back after. Models other than transformers' sdpa/eager ones are left alone."""
     current = getattr(getattr(module, "config", None), "_attn_implementation", None)
     wanted = decoding_attention(dtype, next(module.parameters()).device.type)
     switch = current in ("sdpa", "eager", GROUPED_EAGER, GROUPED_SDPA) and wanted != current \
@@ -377,11 +324,10 @@ def attention_for_decoding(module: nn.Module, dtype: torch.dtype) -> Iterator[No
 
 @contextlib.contextmanager
 def weights_in_dtype(module: nn.Module, dtype: torch.dtype) -> Iterator[None]:
-    """Swap every floating parameter's data for a copy in `dtype`, and put the originals back after.
+    """Swap every floating parameter's data for a copy in `dtype`, and put the originals back bit for bit after.
 
-    The Parameter objects stay the same (the optimizer and FSDP keep their references), and the
-    originals come back bit for bit. Buffers are left alone: rotary `inv_freq` stays fp32 as in a model
-    loaded in bf16. Tied weights are one Parameter, so they are cast once and stay tied.
+    The Parameter objects stay (the optimizer and FSDP keep their references) and tied weights stay tied;
+    buffers are left alone (rotary `inv_freq` stays fp32, as in a model loaded in bf16).
     """
     originals: list[tuple[nn.Parameter, torch.Tensor]] = []
     try:

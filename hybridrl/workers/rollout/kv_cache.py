@@ -1,31 +1,9 @@
 """A KV cache preallocated for the whole generation, written in place, with row dropping.
 
-transformers' `DynamicCache` appends each step's keys/values with `torch.cat`, which copies the whole
-cache of every layer on every step: O(L^2) memory traffic over a generation of length L, and at the
-rollout's batch sizes (hundreds of rows) that copy costs as much as the model's matmuls on CPU.
-
-`PreallocatedCache` keeps each layer in (rows, kv_heads, max_len, head_dim) buffers; a step writes its
-keys/values at the current length. What attention reads depends on `full_width`:
-
-- `full_width=False`: a view of the written prefix, exactly the tensor `DynamicCache` would have built.
-  No copy on the cache's side, but the prefix of a longer buffer is not contiguous, and torch's CPU
-  batched matmul copies such an operand (the transposed key, in bf16) before multiplying.
-- `full_width=True`: the whole buffers, contiguous, with the unwritten positions zero and masked out
-  (the mask builder is told the cache is `max_len` long, as for transformers' `StaticCache`). Attention
-  reads `max_len` positions where it needs the written ones, but reads them in place, which measured
-  faster in bf16 than the prefix's copies, with identical tokens; in fp32 with sdpa the two were alike.
-  The HF rollout uses it on the CPU.
-  So that reading the whole buffers does not mean reading every position the longest response could
-  reach from the first step on, a full-width layer starts as wide as the prompt plus `FULL_WIDTH_GROWTH`
-  positions and grows (a copy of the written positions) when a write would overflow it. Decoding reads
-  the cache from memory at every step (a 50M model's cache outgrows a CPU's L3), so the width matters:
-  growing in small steps measured faster than taking the whole width from the start, at 10M and 50M.
-
-Finished rows leave with `batch_select_indices`, which copies only the surviving rows.
-
-It plugs into any transformers model through the public `Cache` / `CacheLayerMixin` API (transformers
-5.x): the model calls `update(key, value, layer_idx)`, and the mask builder asks `get_seq_length` and
-`get_mask_sizes`.
+transformers' `DynamicCache` copies every layer's cache with `torch.cat` at each step; `PreallocatedCache`
+writes into (rows, kv_heads, max_len, head_dim) buffers. Attention reads a view of the written prefix, or
+with `full_width` the whole contiguous buffers, unwritten positions zero and masked (faster on a CPU, whose
+batched matmul copies a strided prefix; such a layer grows from the prompt plus `FULL_WIDTH_GROWTH`).
 """
 
 from __future__ import annotations
@@ -39,10 +17,8 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 
 def cache_keyword(model: nn.Module | type[nn.Module]) -> str:
-    """The keyword `model`'s forward (or a model class's) takes its KV cache by: `cache` in transformers
-    5.24 on, where `past_key_values` is a deprecated alias due to go in 5.40 (after which a cache passed
-    under the old name would land in `**kwargs`, unused), `past_key_values` before and in models that know
-    no other."""
+    """The keyword `model`'s forward (or a model class's) takes its KV cache by: `cache` from transformers 5.24
+    (where `past_key_values` is a deprecated alias), else `past_key_values`."""
     return _cache_keyword_of(model if isinstance(model, type) else type(model))
 
 
@@ -57,11 +33,8 @@ FULL_WIDTH_GROWTH = 16
 
 
 class PreallocatedLayer(CacheLayerMixin):
-    """One attention layer's keys and values in fixed (rows, kv_heads, max_len, head_dim) buffers.
-
-    `full_width`: attention reads the whole buffers (unwritten positions zero, masked) instead of a view
-    of the written prefix; see the module docstring for when each is faster.
-    """
+    """One attention layer's keys and values in (rows, kv_heads, capacity, head_dim) buffers; `full_width`:
+    see the module docstring."""
 
     is_sliding = False
     is_compileable = False
@@ -74,9 +47,8 @@ class PreallocatedLayer(CacheLayerMixin):
         self.capacity = 0  # positions the buffers hold now: max_len, or less while a full width grows
 
     def _capacity_for(self, end: int) -> int:
-        """The buffers' width once `end` positions are written. A prefix view reads only what is written,
-        so its buffers hold max_len from the start; the full width grows in steps of at least
-        `FULL_WIDTH_GROWTH` positions (or a quarter of its width), as needed."""
+        """The buffers' width once `end` positions are written: max_len for a prefix view; a full width grows by
+        at least `FULL_WIDTH_GROWTH` positions (or a quarter of its width) when needed."""
         if not self.full_width:
             return self.max_len
         if end <= self.capacity:
@@ -107,8 +79,8 @@ class PreallocatedLayer(CacheLayerMixin):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write (rows, H, q, D) new states at the current length; return the written ones as views, or
-        the whole buffers with `full_width`."""
+        """Write (rows, H, q, D) states at the current length; return the written prefix as views, or the whole
+        buffers with `full_width`."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         start, end = self.length, self.length + key_states.shape[-2]
@@ -127,9 +99,7 @@ class PreallocatedLayer(CacheLayerMixin):
         return self.keys[:, :, :end], self.values[:, :, :end]  # (rows, H, end, D) views, no copy
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        """(kv_length, kv_offset) for the mask builder: what attention will read after this update (the
-        whole buffer with `full_width`, grown for the query if need be; else the written positions plus
-        the query)."""
+        """(kv_length, kv_offset) for the mask builder: what attention reads after this update."""
         end = self.length + query_length
         return (self._capacity_for(end) if self.full_width else end), 0
 
@@ -146,8 +116,7 @@ class PreallocatedLayer(CacheLayerMixin):
             self.values = self.values.repeat_interleave(repeats, dim=0)
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        """Keep only rows `indices` in fresh buffers (their written prefix; all of it with `full_width`,
-        so the unwritten slots stay zero)."""
+        """Keep only rows `indices`, in fresh buffers (copying the written prefix, or all of a full width)."""
         if not self.is_initialized:
             return
         if self.full_width:
@@ -168,12 +137,8 @@ def _select_prefix(buffer: torch.Tensor, indices: torch.Tensor, length: int) -> 
 
 
 class PreallocatedCache(Cache):
-    """A transformers `Cache` of `num_layers` `PreallocatedLayer`s, each `max_len` positions long.
-
-    Use it for full-attention decoders (every layer attends to every earlier position); the HF
-    rollout falls back to `DynamicCache` for models with sliding-window or other layer types.
-    `full_width`: see `PreallocatedLayer`.
-    """
+    """A transformers `Cache` of `num_layers` `PreallocatedLayer`s of `max_len` positions, for full-attention
+    decoders (the HF rollout uses `DynamicCache` for others)."""
 
     def __init__(self, num_layers: int, max_len: int, full_width: bool = False) -> None:
         super().__init__(layers=[PreallocatedLayer(max_len, full_width) for _ in range(num_layers)])

@@ -1,22 +1,10 @@
 """Per-call sampling settings and the token sampler shared by the rollout engines.
 
-The distribution a token is drawn from is the model's next-token distribution after, in this order
-(the order of Hugging Face's logits warpers and vLLM's sampler):
-
-    1. temperature:  logits / T
-    2. top-k:        keep tokens whose logit is >= the k-th largest (ties at the boundary are kept)
-    3. top-p:        keep the smallest prefix of tokens, by descending probability, whose mass
-                     reaches p (nucleus sampling, Holtzman et al. 2020, "The Curious Case of Neural
-                     Text Degeneration"); the most likely token is always kept
-    4. renormalise:  log_softmax over the kept tokens
-
-`rollout_log_probs` are the log-probs of the chosen tokens under exactly this distribution. Greedy
-decoding takes the argmax; its log-probs are the model's plain log_softmax(logits) (temperature 1, no
-filtering), the distribution greedy decoding approximates.
-
-`DecodeOutputs` holds the buffers both HF decoding loops fill, one column per step: the eager loop
-(hf.py; rows leave the batch as they finish) and static_decode.py's fixed-shape loop record each step's
-tokens and log-probs, each row's length at its stop token, and pad after every row's stop at the end.
+Tokens are drawn after, in Hugging Face's and vLLM's order: temperature; top-k (boundary ties kept);
+top-p, the smallest most-likely prefix reaching mass p (Holtzman et al. 2020, "The Curious Case of Neural
+Text Degeneration"; the top token always kept); log_softmax over the kept tokens. `rollout_log_probs` are
+log-probs under exactly that distribution (greedy: the plain log_softmax). `DecodeOutputs` holds the
+buffers both HF decoding loops fill.
 """
 
 from __future__ import annotations
@@ -59,13 +47,11 @@ def _as_ids(value: int | Iterable[int] | None) -> list[int]:
 def resolve_sampling_params(
     config: RolloutConfig, meta_info: Mapping[str, Any], eos_token_ids: Sequence[int]
 ) -> SamplingParams:
-    """Merge the config with a call's meta_info overrides.
+    """Merge the config with a call's meta_info overrides (`CALL_OVERRIDES`, verl's names).
 
-    `validate=True` switches to `config.val_kwargs`; `do_sample=False` decodes greedily with one
-    sample per prompt (as verl's rollouts do); `temperature`, `top_k`, `top_p`, `n` override single
-    fields; `eos_token_id` (int or list) replaces the engine's EOS ids; `seed` restarts the sampler;
-    `response_length` generates fewer tokens than `config.response_length` in this call (the agent loop's
-    turns share one response budget).
+    `validate=True` takes `config.val_kwargs`; `do_sample=False` is greedy with one sample per prompt (as in
+    verl); `eos_token_id` replaces the engine's EOS ids; `seed` restarts the sampler; `response_length`
+    shortens this call (the agent loop's turns share one budget).
     """
     if meta_info.get("validate", False):
         vk = config.val_kwargs
@@ -137,21 +123,17 @@ def sample_tokens(
 def draw_tokens(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """One token per row of (rows, vocab) probabilities, by inverting each row's CDF at one uniform draw.
 
-    The distribution of `torch.multinomial(probs, 1)`, at a fraction of its cost on a CPU, where
-    multinomial draws an exponential variate for every vocabulary entry of every row at every step
-    (measured: benchmarks/README.md, "Where a hybridrl step spends its time (`step_breakdown.py`)").
-    The uniform u is scaled to each row's total mass and kept strictly below it; the first index whose
-    cumulative mass exceeds u then always has non-zero probability (a filtered-out token adds nothing to
-    the cumulative sum, so an earlier index exceeds u first).
+    `torch.multinomial`'s distribution at a fraction of its CPU cost
+    (benchmarks/README.md, "Where a hybridrl step spends its time (`step_breakdown.py`)"). The draw stays
+    strictly below the row's total mass, so the chosen index never has zero probability.
     """
     cdf = probs.cumsum(dim=-1)  # (rows, vocab)
     total = cdf[:, -1:]  # (rows, 1)
     uniform = torch.rand(total.shape, generator=generator, device=probs.device, dtype=cdf.dtype)
     below_total = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))
     tokens = torch.searchsorted(cdf, below_total, right=True).squeeze(-1)  # (rows,)
-    # NaN or inf probabilities (a diverged model) would index past the vocabulary. On a CPU asking costs
-    # nothing and the error says why; on a GPU it would wait for every step, so the index is kept in range
-    # and the NaN log-probs reach the trainer's divergence guard instead.
+    # Non-finite probabilities (a diverged model) would index past the vocabulary: a CPU raises at no cost;
+    # a GPU would sync every step, so the index is clamped and the trainer's divergence guard sees the NaN.
     if probs.device.type == "cpu" and not bool((torch.isfinite(total) & (total > 0)).all()):
         raise ValueError("sampling: a row's next-token probabilities are NaN, infinite or all zero; the model's "
                          "logits are not finite (its weights may have diverged)")
@@ -179,8 +161,8 @@ class DecodeOutputs:
 
     def record(self, rows: torch.Tensor | slice, step: int, tokens: torch.Tensor,
                token_log_probs: torch.Tensor) -> None:
-        """Column `step` of output rows `rows` (indices, or `slice(None)` for all): finished rows write
-        too, `finish` pads over them."""
+        """Column `step` of output rows `rows` (indices, or `slice(None)`); finished rows write too, `finish` pads
+        over them."""
         self.responses[rows, step] = tokens
         self.log_probs[rows, step] = token_log_probs
 
@@ -189,7 +171,7 @@ class DecodeOutputs:
         return torch.isin(tokens, self.stop_ids)
 
     def finish(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """responses (rows, R) with the pad id after each row's length, lengths (rows,), log-probs (rows, R)."""
+        """responses (rows, R) padded after each row's length, lengths (rows,), log-probs (rows, R)."""
         width = self.responses.shape[1]
         after_stop = torch.arange(width, device=self.responses.device)[None, :] >= self.lengths[:, None]
         self.responses.masked_fill_(after_stop, self.pad_token_id)

@@ -1,33 +1,10 @@
 """The HF rollout's decoding loop with static shapes, replayed as a CUDA graph on a GPU.
 
-It is what `rollout.name=hf` runs on a GPU unless `actor_rollout_ref.rollout.enforce_eager=true` (the key
-verl gives vLLM). Why: decoding one token at a time, the eager loop's time on a GPU is Python and kernel
-launches, not arithmetic: a step takes many times longer than reading the model's weights would
-(measured: benchmarks/results/grpo_vs_trl_gpu.md, its eager-decoding tables). A CUDA graph records one
-step's kernels once per `generate_sequences` call and launches them all with one call per step.
-
-A graph replays the same kernels on the same memory, so everything a step reads or writes has a fixed
-address and shape:
-
-- the step runs the module through `hook_free_view`: the same Parameter objects without their forward
-  hooks (FSDP2's root hook makes its all-gather streams wait on the current stream, which a capture
-  cannot record, and the parameters are already gathered for the whole generation);
-- keys and values live in a `SlotCache`: (rows, kv_heads, max_len, head_dim) buffers, zeroed, written at
-  the positions held in a device tensor the loop advances in place;
-- the attention mask is an additive (rows, 1, 1, max_len) tensor whose response columns open one per
-  step (transformers passes a 4-D mask to attention as it is), and position ids are a (rows, 1) tensor;
-- no row leaves the batch: finished rows keep decoding (their tokens are padded over afterwards), and
-  whether every row has finished is asked every `STOP_CHECK_EVERY` steps, since each ask waits for the
-  GPU.
-
-Sampling stays outside the graph (its generator advances in eager mode as in the eager loop). On a CPU
-the same loop runs without a graph (`capture=False`): that is how the tests check it against the eager
-loop, and why the HF rollout never picks it there (the eager loop drops finished rows, which is faster
-on a CPU).
-
-Graphed steps are the faster ones at every size measured (benchmarks/results/decode_bandwidth_cuda.md).
-Not every model's forward need capture (one that synchronises with the host cannot): the capture error
-is logged once and the loop goes on without a graph.
+What `rollout.name=hf` runs on a GPU unless `rollout.enforce_eager=true`: an eager step there is bound by
+Python and kernel launches (benchmarks/results/decode_bandwidth_cuda.md). A step touches only fixed
+buffers (`hook_free_view`, `SlotCache`, an additive mask opened one column per step); no row leaves the
+batch, and finishing is checked every `STOP_CHECK_EVERY` steps. `capture=False` runs the same loop
+without a graph (the CPU tests); a forward that cannot be captured decodes without one, logged once.
 """
 
 from __future__ import annotations
@@ -44,8 +21,7 @@ from hybridrl.workers.rollout.sampling import DecodeOutputs, SamplingParams, sam
 
 logger = logging.getLogger(__name__)
 
-# How often (in steps) the loop asks whether every row has finished: each ask waits for the GPU, which
-# stops the host from queueing the next steps while the current ones run.
+# Steps between asks whether every row has finished: each ask waits for the GPU, stalling the host's queue.
 STOP_CHECK_EVERY = 8
 _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs",
                "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called", "_backward_hooks",
@@ -53,13 +29,9 @@ _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwar
 
 
 def hook_free_view(module: nn.Module) -> nn.Module:
-    """A copy of `module`'s tree that holds the same Parameter and buffer objects, with no forward or
-    backward hooks and, for FSDP2-wrapped modules, the model's own class.
-
-    Nothing is copied but the module objects: updating or casting a parameter in place (as
-    `weights_in_dtype` does) shows in both. Take the view while the parameters are gathered (FSDP2
-    registers the unsharded parameters on the modules when it gathers them).
-    """
+    """A copy of `module`'s tree holding the same Parameter and buffer objects, with no hooks and, for FSDP2
+    modules, the model's own class. Take it while the parameters are gathered (FSDP2 registers the
+    unsharded ones then); in-place changes to parameters show in both."""
     from torch.distributed.fsdp import FSDPModule
 
     cls = type(module)
@@ -79,11 +51,8 @@ def hook_free_view(module: nn.Module) -> nn.Module:
 
 
 class SlotLayer(CacheLayerMixin):
-    """One layer's keys and values in fixed zeroed buffers, written at the owning cache's `slots`.
-
-    Attention reads the whole buffers; the unwritten slots are zero (garbage could hold NaN, which
-    survives a mask) and masked out by the loop's additive mask.
-    """
+    """One layer's keys and values in fixed zeroed buffers, written at the owning cache's `slots`; attention
+    reads the whole buffers, the unwritten slots zero (garbage could hold NaN) and masked."""
 
     is_sliding = False
     is_compileable = False
@@ -131,10 +100,9 @@ class SlotLayer(CacheLayerMixin):
 class SlotCache(Cache):
     """A transformers `Cache` of `num_layers` `SlotLayer`s, `max_len` positions each.
 
-    `slots` (a long tensor of positions, one per query token) says where the next forward writes; the
-    loop points it at `arange(P)` for the prefill and then at one (1,) tensor it fills in place, so a
-    captured step writes wherever that tensor says at replay. `length` is the number of positions
-    written, kept by the loop for transformers' bookkeeping (no captured kernel depends on it).
+    `slots` says where the next forward writes: `arange(P)` for the prefill, then one (1,) tensor the loop
+    fills in place, so a captured step writes where it says at replay. `length` only feeds transformers'
+    bookkeeping.
     """
 
     def __init__(self, num_layers: int, max_len: int) -> None:
@@ -145,11 +113,8 @@ class SlotCache(Cache):
 
 
 def prefill_mask(attention_mask: torch.Tensor, max_len: int, dtype: torch.dtype) -> torch.Tensor:
-    """Additive (B, 1, P, max_len) mask for the prompts: query i sees the prompt's tokens at j <= i.
-
-    Masked entries hold the dtype's most negative finite value, not -inf, as transformers' own masks
-    do: a left-padding query that sees nothing then gets a uniform softmax instead of NaN.
-    """
+    """Additive (B, 1, P, max_len) mask for the prompts (query i sees real prompt tokens j <= i), with the
+    dtype's most negative value rather than -inf, so a padding query gets a uniform softmax, not NaN."""
     batch, prompt_len = attention_mask.shape
     device = attention_mask.device
     causal = torch.ones(prompt_len, prompt_len, dtype=torch.bool, device=device).tril()  # (P, P)
@@ -191,10 +156,10 @@ def decode_static(
     compute_dtype: torch.dtype,
     capture: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The sampling loop over fixed buffers. Returns responses (B*n, R), lengths (B*n,), log-probs (B*n, R).
+    """The sampling loop over fixed buffers: responses (B*n, R), lengths (B*n,), log-probs (B*n, R).
 
-    `module` is a full-attention causal LM with its weights in `compute_dtype` (the caller's
-    `weights_in_dtype`), run under no_grad. `capture`: replay each decoding step as a CUDA graph.
+    `module`: a full-attention causal LM with its weights in `compute_dtype`, run under no_grad. `capture`:
+    replay each decoding step as a CUDA graph.
     """
     n, width = params.n, params.response_length
     batch, prompt_len = input_ids.shape

