@@ -57,6 +57,9 @@ class WorkerGroup:
         self.worker_cls = worker_cls
         self.world_size = world_size
         self.roles = dict(roles or {})
+        # read once: every call looks its method up here, and a class's registered methods never change
+        self._specs = {None: registered_methods(worker_cls),
+                       **{role: registered_methods(cls) for role, cls in self.roles.items()}}
 
     # ----- backend hooks -------------------------------------------------------------------------------
     def _submit(self, rank: int, role: str | None, method_name: str, args: tuple, kwargs: dict) -> Any:
@@ -71,11 +74,9 @@ class WorkerGroup:
     # ----- calls ---------------------------------------------------------------------------------------
     def method_specs(self, role: str | None = None) -> dict[str, MethodSpec]:
         """The registered methods of the worker class (or of role `role`'s class), by name."""
-        if role is None:
-            return registered_methods(self.worker_cls)
-        if role not in self.roles:
+        if role not in self._specs:
             raise KeyError(f"this group of {self.worker_cls.__name__} has no role {role!r}; it has {sorted(self.roles)}")
-        return registered_methods(self.roles[role])
+        return self._specs[role]
 
     def call(self, method: str | Callable, /, *args: Any, **kwargs: Any) -> Any:
         """Dispatch, execute and collect one registered method of the worker class.
