@@ -56,8 +56,23 @@ def tiny_tokenizer(tiny_model_dir: Path):
     return load_tokenizer(tiny_model_dir)
 
 
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray cluster for the tests that use it: a start costs seconds, and run_ppo / run_sft join a
+    connected driver instead of starting (and stopping) their own. Tests must leave it as they found it."""
+    import ray
+
+    from hybridrl.controller.ray import init_ray
+
+    init_ray(num_cpus=2)
+    yield
+    ray.shutdown()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip the tests marked `gpu` where torch sees no CUDA device, saying so in the report."""
+    """Run the tests on the shared Ray cluster last, so no other test runs in a driver connected to Ray;
+    skip the tests marked `gpu` where torch sees no CUDA device, saying so in the report."""
+    items.sort(key=lambda item: "ray_cluster" in getattr(item, "fixturenames", ()))  # stable: order kept
     gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_tests:
         return

@@ -20,7 +20,6 @@ from hybridrl.controller.ray import (
     RayResourcePool,
     RayWorkerGroup,
     ResourcePoolManager,
-    init_ray,
 )
 from hybridrl.controller.worker import RENDEZVOUS_KEY_ENV
 
@@ -28,12 +27,9 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
+def ray_cluster(ray_cluster):
     # Test helper modules are not importable in Ray's worker processes; ship them by value.
     ray.cloudpickle.register_pickle_by_value(workers_for_tests)
-    init_ray(num_cpus=2)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

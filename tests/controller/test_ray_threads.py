@@ -5,14 +5,13 @@ import ray
 import workers_for_tests
 from workers_for_tests import ScaleWorker
 
-from hybridrl.controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, init_ray
+from hybridrl.controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
-def test_a_rank_with_two_cpus_uses_two_threads():
+def test_a_rank_with_two_cpus_uses_two_threads(ray_cluster):
     ray.cloudpickle.register_pickle_by_value(workers_for_tests)
-    init_ray(num_cpus=2)
     pool = RayResourcePool(process_on_nodes=[1], cpus_per_process=2)
     try:
         group = RayWorkerGroup(pool, RayClassWithInitArgs(ScaleWorker, scale=1.0))
@@ -20,4 +19,3 @@ def test_a_rank_with_two_cpus_uses_two_threads():
         group.shutdown()
     finally:
         pool.remove()
-        ray.shutdown()

@@ -48,7 +48,7 @@ def test_an_on_policy_step_takes_old_log_probs_from_the_update(arithmetic_data, 
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_two_ray_ranks_return_the_update_s_old_log_probs(arithmetic_data, tiny_model_dir, tmp_path):
+def test_two_ray_ranks_return_the_update_s_old_log_probs(ray_cluster, arithmetic_data, tiny_model_dir, tmp_path):
     base = tiny_run_overrides(arithmetic_data, tiny_model_dir, tmp_path / "run")
     history = run_ppo(ppo_config(*base, ONE_MINI_BATCH, "trainer.total_training_steps=1"))
     assert history[0]["actor/old_log_prob_fused"] == 1.0

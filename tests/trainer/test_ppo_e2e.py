@@ -7,7 +7,7 @@ from ppo_helpers import FIXTURES, ppo_config, tiny_run_overrides
 
 from hybridrl.trainer.main_ppo import run_ppo
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray]
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
 
 # Quantities that depend only on the data, the weights and the seeds (not on wall-clock time).
 DETERMINISTIC = ["critic/score/mean", "critic/advantages/max", "actor/pg_loss", "actor/entropy",

@@ -140,14 +140,9 @@ def test_a_local_run_on_the_gpu_starts_from_the_cpu_runs_loss_and_learns(local_r
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_two_ray_ranks_match_one_local_rank(local_run, sft_data, tiny_model_dir, tmp_path):
-    import ray
-
-    try:
-        run_sft(sft_config(sft_data, tiny_model_dir, tmp_path, "trainer.backend=ray", "trainer.n_gpus_per_node=2",
-                           "trainer.total_training_steps=2", "ray_init.num_cpus=2"))
-    finally:
-        ray.shutdown()
+def test_two_ray_ranks_match_one_local_rank(ray_cluster, local_run, sft_data, tiny_model_dir, tmp_path):
+    run_sft(sft_config(sft_data, tiny_model_dir, tmp_path, "trainer.backend=ray", "trainer.n_gpus_per_node=2",
+                       "trainer.total_training_steps=2", "ray_init.num_cpus=2"))
     two, one = read_metrics(tmp_path), read_metrics(local_run)
     for step in (1, 2):  # step 2's loss is computed after an update, so it checks the update too
         assert two[step]["train/loss"] == pytest.approx(one[step]["train/loss"], abs=1e-5)

@@ -19,7 +19,7 @@ from hybridrl.trainer.main_ppo import run_ppo
 
 # 256 prompts x up to 512 tokens through the real Ray pipeline: minutes on 2 cores, more when the machine is
 # shared (it passed the 600 s default on a quiet CI machine and ran past it on one at load 6)
-pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.usefixtures("ray_cluster"), pytest.mark.timeout(1500)]
 
 VERL_QUICKSTART = ["data.train_files=$HOME/data/gsm8k/train.parquet", "data.val_files=$HOME/data/gsm8k/test.parquet", "data.train_batch_size=256", "data.max_prompt_length=512", "data.max_response_length=512", "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct", "actor_rollout_ref.actor.optim.lr=1e-6", "actor_rollout_ref.actor.ppo_mini_batch_size=64", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8", "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.rollout.gpu_memory_utilization=0.4", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "critic.optim.lr=1e-5", "critic.model.path=Qwen/Qwen2.5-0.5B-Instruct", "critic.ppo_micro_batch_size_per_gpu=4", "algorithm.kl_ctrl.kl_coef=0.001", "trainer.logger=console", "trainer.val_before_train=False", "trainer.n_gpus_per_node=1", "trainer.nnodes=1", "trainer.save_freq=10", "trainer.test_freq=10", "trainer.total_epochs=15"]
 

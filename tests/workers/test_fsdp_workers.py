@@ -1,13 +1,12 @@
 """The workers end to end: a 2-rank Ray group against 1 rank, and the rollout hand-off after updates."""
 
 import pytest
-import ray
 import torch
 from batches import rollout_batch
 from spmd import run_on_ranks
 
 from hybridrl.controller import ClassWithInitArgs, LocalWorkerGroup
-from hybridrl.controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, init_ray
+from hybridrl.controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.metrics import reduce_metrics
 from hybridrl.trainer.worker_groups import ActorRolloutRefGroup, CriticGroup
@@ -57,16 +56,18 @@ def _single_rank_reference(rank, world_size, model_dir):
 
 
 @pytest.fixture(scope="module")
-def ray_groups(tiny_model_dir):
-    init_ray(num_cpus=2)
+def ray_groups(ray_cluster, tiny_model_dir):
     pool = RayResourcePool(process_on_nodes=[2], max_colocate_count=2)
-    actor = ActorRolloutRefGroup(RayWorkerGroup(pool, RayClassWithInitArgs(
-        ActorRolloutRefWorker, actor_config(str(tiny_model_dir)), "actor_rollout_ref")))
-    critic = CriticGroup(RayWorkerGroup(pool, RayClassWithInitArgs(CriticWorker, critic_config(str(tiny_model_dir)))))
+    groups = [RayWorkerGroup(pool, RayClassWithInitArgs(
+                  ActorRolloutRefWorker, actor_config(str(tiny_model_dir)), "actor_rollout_ref")),
+              RayWorkerGroup(pool, RayClassWithInitArgs(CriticWorker, critic_config(str(tiny_model_dir))))]
+    actor, critic = ActorRolloutRefGroup(groups[0]), CriticGroup(groups[1])
     actor.init_model()
     critic.init_model()
     yield actor, critic
-    ray.shutdown()
+    for group in groups:
+        group.shutdown()
+    pool.remove()
 
 
 @pytest.mark.slow
