@@ -11,6 +11,7 @@ and the multi-output session variant of the batch advantage.
 from __future__ import annotations
 
 import pickle
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -20,7 +21,7 @@ import numpy as np
 import torch
 
 from hybridrl import protocol as core
-from hybridrl.algos import AdvantageEstimator
+from hybridrl.algos import AdvantageEstimator, compute_policy_loss_vanilla
 from hybridrl.algos.rollout_correction import *  # noqa: F403 - verl's rollout_corr_helper holds all of these names
 from hybridrl.algos.rollout_correction import compute_rollout_correction
 from hybridrl.protocol import (
@@ -33,7 +34,9 @@ from hybridrl.protocol import (
     unpad_dataproto,
 )
 from hybridrl.tensor_batch import RowIndex, TensorBatch
-from hybridrl.trainer.dataflow import compute_advantage
+from hybridrl.trainer import dataflow
+from hybridrl.trainer.ppo_config import AlgorithmConfig
+from hybridrl.workers.config import ActorConfig
 
 __all__ = [
     "DataProto",
@@ -345,6 +348,55 @@ def _final_rows(batch_keys: list[str]) -> tuple[list[int], list[int]]:
             final[session] = (output, row)
     order = {session: i for i, session in enumerate(final)}
     return [row for _, row in final.values()], [order[s] for s in sessions]
+
+
+def compute_policy_loss(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    cliprange: float | None = None,
+    cliprange_low: float | None = None,
+    cliprange_high: float | None = None,
+    clip_ratio_c: float = 3.0,
+    loss_agg_mode: str = "token-mean",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Deprecated (as in verl): `compute_policy_loss_vanilla` with `cliprange*`, returning (pg_loss,
+    pg_clipfrac, ppo_kl, pg_clipfrac_lower)."""
+    warnings.warn("compute_policy_loss is deprecated: use compute_policy_loss_vanilla (an actor config, returns "
+                  "(loss, metrics))", DeprecationWarning, stacklevel=2)
+    clip_ratio = next((c for c in (cliprange, cliprange_low, cliprange_high) if c is not None), None)
+    if clip_ratio is None:
+        raise ValueError("compute_policy_loss needs cliprange (or cliprange_low / cliprange_high)")
+    config = ActorConfig(clip_ratio=clip_ratio, clip_ratio_low=cliprange_low, clip_ratio_high=cliprange_high,
+                         clip_ratio_c=clip_ratio_c)
+    loss, metrics = compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode,
+                                                config)
+    return loss, metrics["pg_clipfrac"], metrics["ppo_kl"], metrics["pg_clipfrac_lower"]
+
+
+def compute_advantage(
+    data: core.DataProto,
+    adv_estimator: str | AdvantageEstimator,
+    gamma: float | None = None,
+    lam: float | None = None,
+    num_repeat: int = 1,
+    norm_adv_by_std_in_grpo: bool | None = None,
+    config: Any = None,
+) -> core.DataProto:
+    """verl's trainer-level call: gamma, lam and norm_adv_by_std_in_grpo as arguments (default 1.0, 1.0,
+    True) or from `config`, the algorithm config; one given both ways with different values raises.
+    `num_repeat` is accepted and unused, as in verl."""
+    explicit = {"gamma": gamma, "lam": lam, "norm_adv_by_std_in_grpo": norm_adv_by_std_in_grpo}
+    if config is None:
+        defaults = {"gamma": 1.0, "lam": 1.0, "norm_adv_by_std_in_grpo": True}
+        config = AlgorithmConfig(**{name: defaults[name] if value is None else value
+                                    for name, value in explicit.items()})
+    for name, value in explicit.items():
+        if value is not None and value != getattr(config, name):
+            raise ValueError(f"compute_advantage: {name}={value!r} was passed but config.{name} is "
+                             f"{getattr(config, name)!r}")
+    return dataflow.compute_advantage(data, adv_estimator, config)
 
 
 def compute_advantage_for_multi_trajectories(

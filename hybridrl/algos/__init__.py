@@ -44,8 +44,6 @@ from hybridrl.algos.kl import (
 )
 from hybridrl.algos.policy_loss import (
     POLICY_LOSS_REGISTRY,
-    compute_pg_loss,
-    compute_policy_loss,
     compute_policy_loss_clip_cov,
     compute_policy_loss_dro,
     compute_policy_loss_gpg,
@@ -53,7 +51,6 @@ from hybridrl.algos.policy_loss import (
     compute_policy_loss_kl_cov,
     compute_policy_loss_vanilla,
     get_policy_loss_fn,
-    known_policy_loss_settings,
     register_policy_loss,
 )
 from hybridrl.algos.policy_loss_variants import (
@@ -91,8 +88,6 @@ __all__ = [
     "compute_opo_outcome_advantage",
     "compute_optimal_token_baseline_advantage",
     "compute_pf_ppo_reweight_data",
-    "compute_pg_loss",
-    "compute_policy_loss",
     "compute_policy_loss_bypass_mode",
     "compute_policy_loss_cispo",
     "compute_policy_loss_clip_cov",
@@ -122,7 +117,6 @@ __all__ = [
     "get_policy_loss_fn",
     "kl_penalty",
     "kl_penalty_forward",
-    "known_policy_loss_settings",
     "register_adv_est",
     "register_kl_penalty",
     "register_loss_agg_mode",

@@ -34,6 +34,7 @@ INPUT_SOURCES = {
     "old_log_probs": "the actor's log-probs of the sampled tokens before the update (the old log-prob pass)",
     "sum_pi_squared": "sum over the vocabulary of pi^2 at each response token, from the old log-prob pass "
                       "with actor_rollout_ref.actor.calculate_sum_pi_squared=true",
+    "config": "the algorithm config (algorithm.*)",
     "gamma": "algorithm.gamma",
     "lam": "algorithm.lam",
 }

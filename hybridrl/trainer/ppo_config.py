@@ -155,13 +155,6 @@ class RolloutCorrectionConfig:
         """Whether the trainer corrects the batch between the old log-prob pass and the update."""
         return self.enabled and not self.bypass_mode
 
-    def bypass_loss_settings(self) -> dict[str, Any]:
-        """What bypass mode's loss reads (hybridrl/algos/bypass_loss.py), as the actor receives it."""
-        return {"loss_type": self.loss_type, "rollout_is": self.rollout_is,
-                "rollout_is_threshold": self.rollout_is_threshold,
-                "rollout_is_batch_normalize": self.rollout_is_batch_normalize, "rollout_rs": self.rollout_rs,
-                "rollout_rs_threshold": self.rollout_rs_threshold}
-
     @classmethod
     def decoupled_token_icepop(cls, threshold: float = 5.0, threshold_lower: float = 0.5) -> RolloutCorrectionConfig:
         """Token IS weights kept inside [threshold_lower, threshold] and zeroed outside; no rejection."""

@@ -18,6 +18,7 @@ from hybridrl.trainer.dataflow import old_log_prob_from_update
 from hybridrl.trainer.metrics import StageCosts
 from hybridrl.trainer.ppo_config import PPOTrainerConfig, RolloutCorrectionConfig
 from hybridrl.trainer.ppo_trainer import PPOTrainer
+from hybridrl.workers.config import ActorConfig
 
 KEY = "algorithm.rollout_correction"
 
@@ -230,7 +231,7 @@ def test_verls_presets_are_valid_and_run_where_they_say(preset):
         rollout, mask = batch.batch["rollout_log_probs"], batch.batch["response_mask"]
         log_prob = (rollout + 0.01).requires_grad_(True)
         loss, metrics = compute_policy_loss_bypass_mode(rollout, log_prob, torch.ones_like(rollout), mask,
-                                                        **config.bypass_loss_settings())
+                                                        "token-mean", ActorConfig(), config)
         assert torch.isfinite(loss) and "rollout_corr/kl" in metrics
     elif config.enabled:
         trainer_with(config)._correct_rollout(batch, {})
