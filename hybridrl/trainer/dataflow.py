@@ -291,7 +291,7 @@ def compute_advantage(data: DataProto, adv_estimator: str | AdvantageEstimator,
     The registered estimator gets every input the batch has (token_level_rewards, response_mask, values,
     reward_baselines, the prompt uids, ...) and, from the algorithm `config` (algorithm.*), gamma, lam,
     norm_adv_by_std_in_grpo and the config itself (reinforce_plus_plus reads its gamma there, gdpo its reward
-    keys). verl's signature, with the settings as arguments, is hybridrl/compat.py's.
+    keys). verl's signature, with the settings as arguments, is compat/verl_trainer.py's.
     """
     require_config_object(config, "compute_advantage", "the algorithm config (algorithm.*)")
     batch = data.batch

@@ -1,10 +1,10 @@
-"""Batch-level advantages: every input the batch has goes to the estimator; multi-output sessions."""
+"""Batch-level advantages: every input the batch has goes to the estimator, its settings from the algorithm
+config."""
 
 import numpy as np
 import pytest
 import torch
 
-from hybridrl.compat import compute_advantage_for_multi_trajectories
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.dataflow import compute_advantage
 from hybridrl.trainer.ppo_config import AlgorithmConfig
@@ -38,16 +38,3 @@ def test_settings_come_from_the_algorithm_config():
     torch.testing.assert_close(data.batch["returns"][1], torch.tensor([2.0, 4.0]))
     with pytest.raises(TypeError, match=r"the algorithm config \(algorithm.\*\); got 0.9"):
         compute_advantage(data, "gae", 0.9)  # verl's positional gamma
-
-
-def test_multi_trajectory_grpo_groups_the_final_output_of_each_session():
-    # session a0 has outputs 0 and 1 (rows 0, 1); sessions a1 and a2 one output each
-    data = batch([9.0, 1.0, 3.0, 2.0], [[1, 1], [0, 1], [1, 0], [1, 1]], ["a"] * 4)
-    keys = ["a_0_0", "a_0_1", "a_1_0", "a_2_0"]
-    compute_advantage_for_multi_trajectories(data, keys, "grpo")
-    # the group is the finals: scores 1 (row 1), 3, 2 -> mean 2, std 1 -> -1, +1, 0; row 0 takes its
-    # session's -1 on its own response tokens (its score 9 is not a final output and counts for nothing)
-    expected = torch.tensor([[-1.0, -1.0], [0.0, -1.0], [1.0, 0.0], [0.0, 0.0]])
-    torch.testing.assert_close(data.batch["advantages"], expected, atol=1e-5, rtol=0)
-    with pytest.raises(ValueError, match="form"):
-        compute_advantage_for_multi_trajectories(data, ["a", "b", "c", "d"], "grpo")
