@@ -3,8 +3,9 @@ code and tests written against verl (compat/verl_shim.py maps those names here).
 
 Every name of hybridrl.algos and hybridrl.algos.rollout_correction, and what only verl's call conventions
 need: an estimator registry that verl code may rebind to a dict of its own (verl's registry tests do), the
-deprecated `compute_policy_loss`, bypass mode's loss with its options on the actor config, and rollout
-correction returning its weights as a DataProto.
+deprecated `compute_policy_loss`, bypass mode's loss with its options on the actor config, rollout
+correction returning its weights as a DataProto, and verl's `compute_rewards` and `compute_entropy_loss`,
+which hybridrl's trainer does not call.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from hybridrl.algos import *  # noqa: F403 - core_algos holds every name of hybr
 from hybridrl.algos.bypass_loss import compute_policy_loss_bypass_mode as core_bypass_mode
 from hybridrl.algos.rollout_correction import *  # noqa: F403 - rollout_corr_helper holds these names
 from hybridrl.algos.rollout_correction import compute_rollout_correction
+from hybridrl.utils.torch_functional import entropy_from_logits
 from hybridrl.workers.config import ActorConfig
 
 # verl's defaults for the options under config.policy_loss.rollout_correction
@@ -129,3 +131,16 @@ def compute_rollout_correction_and_rejection_mask(
         rollout_rs=rollout_rs, rollout_rs_threshold=rollout_rs_threshold)
     proto = DataProto.from_dict({"rollout_is_weights": weights}) if weights is not None else None
     return proto, mask, metrics
+
+
+def compute_rewards(token_level_scores: torch.Tensor, old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor,
+                    kl_ratio: float) -> torch.Tensor:
+    """r_t = score_t - beta * (logp_t - ref_logp_t): the k1 KL-shaped reward of InstructGPT-style RLHF
+    (hybridrl's trainer shapes rewards with `apply_kl_penalty`)."""
+    return token_level_scores - kl_ratio * (old_log_prob - ref_log_prob)
+
+
+def compute_entropy_loss(logits: torch.Tensor, response_mask: torch.Tensor,
+                         loss_agg_mode: str = "token-mean") -> torch.Tensor:
+    """Aggregated entropy of the next-token distributions, logits (batch, response_len, vocab)."""
+    return core.agg_loss(entropy_from_logits(logits), response_mask, loss_agg_mode)

@@ -36,7 +36,6 @@ from hybridrl.algos.kl import (
     AdaptiveKLController,
     FixedKLController,
     apply_kl_penalty,
-    compute_rewards,
     get_kl_controller,
     kl_penalty,
     kl_penalty_forward,
@@ -63,7 +62,7 @@ from hybridrl.algos.policy_loss_variants import (
     compute_policy_loss_topr,
     compute_policy_loss_up,
 )
-from hybridrl.algos.value_loss import compute_entropy_loss, compute_value_loss
+from hybridrl.algos.value_loss import compute_value_loss
 
 __all__ = [
     "ADV_ESTIMATOR_REGISTRY",
@@ -77,7 +76,6 @@ __all__ = [
     "agg_loss",
     "apply_kl_penalty",
     "compute_advantage",
-    "compute_entropy_loss",
     "compute_gae_advantage_return",
     "compute_gdpo_outcome_advantage",
     "compute_gpg_outcome_advantage",
@@ -107,7 +105,6 @@ __all__ = [
     "compute_reinforce_plus_plus_baseline_outcome_advantage",
     "compute_reinforce_plus_plus_outcome_advantage",
     "compute_remax_outcome_advantage",
-    "compute_rewards",
     "compute_rloo_outcome_advantage",
     "compute_rloo_vectorized_outcome_advantage",
     "compute_value_loss",

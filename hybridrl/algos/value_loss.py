@@ -1,11 +1,11 @@
-"""The critic's clipped value loss and the entropy bonus, both aggregated with `agg_loss`."""
+"""The critic's clipped value loss, aggregated with `agg_loss`."""
 
 from __future__ import annotations
 
 import torch
 
 from hybridrl.algos.aggregate import agg_loss
-from hybridrl.utils.torch_functional import clip_by_value, entropy_from_logits, masked_mean
+from hybridrl.utils.torch_functional import clip_by_value, masked_mean
 
 
 def compute_value_loss(
@@ -39,9 +39,3 @@ def compute_value_loss(
         vf_clipfrac = masked_mean((loss_clipped > loss_unclipped).float(), response_mask)
     return vf_loss, vf_clipfrac
 
-
-def compute_entropy_loss(
-    logits: torch.Tensor, response_mask: torch.Tensor, loss_agg_mode: str = "token-mean"
-) -> torch.Tensor:
-    """Aggregated entropy of the next-token distributions, logits (batch, response_len, vocab)."""
-    return agg_loss(entropy_from_logits(logits), response_mask, loss_agg_mode)

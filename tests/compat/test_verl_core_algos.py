@@ -7,7 +7,12 @@ import pytest
 import torch
 import verl_core_algos
 
-from hybridrl.algos import ADV_ESTIMATOR_REGISTRY, compute_policy_loss_vanilla
+from hybridrl.algos import (
+    ADV_ESTIMATOR_REGISTRY,
+    FixedKLController,
+    apply_kl_penalty,
+    compute_policy_loss_vanilla,
+)
 from hybridrl.algos.bypass_loss import compute_policy_loss_bypass_mode as core_bypass_mode
 from hybridrl.trainer.ppo_config import RolloutCorrectionConfig
 from hybridrl.workers.config import ActorConfig
@@ -66,3 +71,19 @@ def test_verls_bypass_call_reads_its_options_on_the_actor_config():
     assert verl_config.policy_loss.loss_mode == "bypass_mode"  # the caller's config is left as it was
     with pytest.raises(ValueError, match="policy_loss.rollout_correction"):
         verl_core_algos.compute_policy_loss_bypass_mode(rollout, log_prob, adv, mask, "token-mean", ActorConfig())
+
+
+def test_kl_shaped_rewards_agree_with_the_trainers_penalty():
+    scores = torch.tensor([[0.0, 1.0, 0.0]])
+    old = torch.tensor([[-1.0, -1.0, -1.0]])
+    ref = torch.tensor([[-1.5, -1.0, -9.0]])
+    rewards, _ = apply_kl_penalty(scores, old, ref, torch.tensor([[1, 1, 0]]), FixedKLController(0.1), "kl")
+    # k1 = [0.5, 0, (masked)] -> [0 - 0.1 * 0.5, 1 - 0] on the valid tokens
+    torch.testing.assert_close(verl_core_algos.compute_rewards(scores, old, ref, 0.1)[:, :2], rewards[:, :2])
+    torch.testing.assert_close(rewards[:, :2], torch.tensor([[-0.05, 1.0]]))
+
+
+def test_entropy_loss_of_uniform_policy_is_log_vocab():
+    logits = torch.zeros(2, 3, 8)
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    assert verl_core_algos.compute_entropy_loss(logits, mask).item() == pytest.approx(math.log(8), rel=1e-6)
