@@ -1,8 +1,9 @@
 """A pytest plugin that lets verl's own unit tests import hybridrl under verl's module names.
 
-It renames, and does nothing else: each verl module a test imports is replaced by the hybridrl module
-listed in `MODULES`, and the one top-level name verl's tests take from the `verl` package is listed in
-`TOP_LEVEL_NAMES`. Every package on the way to a listed module (`verl`, `verl.trainer`, ...) is an
+It renames, and does nothing else: each verl module a test imports is replaced by the module listed in
+`MODULES`, a hybridrl module or one of this folder's (verl_*.py: the core's names and verl's call
+conventions over them), and the one top-level name verl's tests take from the `verl` package is listed
+in `TOP_LEVEL_NAMES`. Every package on the way to a listed module (`verl`, `verl.trainer`, ...) is an
 empty stand-in package, so nothing of hybridrl is patched and no verl code is ever run.
 
 Loaded with `python -m pytest -p verl_shim` (see run_verl_tests.py); the finder is installed when this
@@ -17,22 +18,24 @@ import importlib.machinery
 import sys
 import types
 
-# verl module -> the hybridrl module that provides the same names.
+# verl module -> the module that provides the same names (the verl_* ones are in this folder).
 MODULES = {
-    "verl.protocol": "hybridrl.compat",
-    "verl.trainer.ppo.core_algos": "hybridrl.algos",
-    "verl.trainer.ppo.rollout_corr_helper": "hybridrl.compat",
-    "verl.trainer.ppo.v1.utils": "hybridrl.compat",
-    "verl.trainer.config.algorithm": "hybridrl.trainer.ppo_config",
+    "verl.protocol": "verl_protocol",
+    "verl.trainer.ppo.core_algos": "verl_core_algos",
+    "verl.trainer.ppo.rollout_corr_helper": "verl_core_algos",
+    "verl.trainer.ppo.ray_trainer": "verl_trainer",
+    "verl.trainer.ppo.v1.utils": "verl_trainer",
+    "verl.trainer.config.algorithm": "verl_trainer",
     "verl.workers.config.actor": "hybridrl.workers.config",
     "verl.utils.torch_functional": "hybridrl.utils.torch_functional",
-    "verl.utils.tensordict_utils": "hybridrl.compat",
-    "verl.utils.metric": "hybridrl.utils.metric",
-    "verl.utils.py_functional": "hybridrl.utils.metric",
+    "verl.utils.tensordict_utils": "verl_protocol",
+    "verl.utils.metric": "verl_metric",
+    "verl.utils.py_functional": "verl_metric",
+    "verl.utils.seqlen_balancing": "verl_seqlen_balancing",
 }
 
 # `from verl import X`: verl re-exports these at its top level.
-TOP_LEVEL_NAMES = {"DataProto": ("hybridrl.compat", "DataProto")}
+TOP_LEVEL_NAMES = {"DataProto": ("verl_protocol", "DataProto")}
 
 
 def _stand_in_packages() -> set[str]:
@@ -79,7 +82,7 @@ class VerlToHybridrlFinder(importlib.abc.MetaPathFinder):
         if fullname in self.packages:
             return importlib.machinery.ModuleSpec(fullname, _EmptyPackageLoader(), is_package=True)
         if fullname == "verl" or fullname.startswith("verl."):
-            raise ModuleNotFoundError(f"{fullname} has no hybridrl counterpart in compat/verl_shim.py")
+            raise ModuleNotFoundError(f"{fullname} has no counterpart in compat/verl_shim.py")
         return None
 
 

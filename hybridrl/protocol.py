@@ -4,7 +4,7 @@ Three parts: `batch`, a `TensorBatch` of tensors sharing the batch dimension; `n
 object arrays with one entry per row (`object_column` builds one); `meta_info`, a plain dict. Row-wise
 operations act on both row parts together. Merging two DataProtos that carry the same key requires equal
 values (NaN equals NaN), else `DataProtoError`, a ValueError and an AssertionError (what verl raises);
-concatenation gathers the workers' `metrics` into lists. verl-only members live in `hybridrl.compat`.
+concatenation gathers the workers' `metrics` into lists. verl-only members live in compat/verl_protocol.py.
 """
 
 from __future__ import annotations
@@ -210,8 +210,9 @@ class DataProto:
     ) -> DataProto:
         """Build from tensors and per-row values, which must agree on the number of rows.
 
-        verl's `num_batch_dims` must be 1 (`hybridrl.compat.fold_batch_dim` folds rows) and `auto_padding` False:
-        pad explicitly with `pad_dataproto_to_divisor`, so no caller mistakes a padded row for data.
+        verl's `num_batch_dims` must be 1 (compat/verl_protocol.py's `fold_batch_dim` folds rows) and
+        `auto_padding` False: pad explicitly with `pad_dataproto_to_divisor`, so no caller mistakes a padded row
+        for data.
         """
         if num_batch_dims != 1:
             raise DataProtoError(f"from_dict: a DataProto has one batch dimension, got num_batch_dims={num_batch_dims}")

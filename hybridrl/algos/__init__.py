@@ -36,7 +36,6 @@ from hybridrl.algos.kl import (
     AdaptiveKLController,
     FixedKLController,
     apply_kl_penalty,
-    compute_rewards,
     get_kl_controller,
     kl_penalty,
     kl_penalty_forward,
@@ -44,8 +43,6 @@ from hybridrl.algos.kl import (
 )
 from hybridrl.algos.policy_loss import (
     POLICY_LOSS_REGISTRY,
-    compute_pg_loss,
-    compute_policy_loss,
     compute_policy_loss_clip_cov,
     compute_policy_loss_dro,
     compute_policy_loss_gpg,
@@ -53,7 +50,6 @@ from hybridrl.algos.policy_loss import (
     compute_policy_loss_kl_cov,
     compute_policy_loss_vanilla,
     get_policy_loss_fn,
-    known_policy_loss_settings,
     register_policy_loss,
 )
 from hybridrl.algos.policy_loss_variants import (
@@ -66,7 +62,7 @@ from hybridrl.algos.policy_loss_variants import (
     compute_policy_loss_topr,
     compute_policy_loss_up,
 )
-from hybridrl.algos.value_loss import compute_entropy_loss, compute_value_loss
+from hybridrl.algos.value_loss import compute_value_loss
 
 __all__ = [
     "ADV_ESTIMATOR_REGISTRY",
@@ -80,7 +76,6 @@ __all__ = [
     "agg_loss",
     "apply_kl_penalty",
     "compute_advantage",
-    "compute_entropy_loss",
     "compute_gae_advantage_return",
     "compute_gdpo_outcome_advantage",
     "compute_gpg_outcome_advantage",
@@ -91,8 +86,6 @@ __all__ = [
     "compute_opo_outcome_advantage",
     "compute_optimal_token_baseline_advantage",
     "compute_pf_ppo_reweight_data",
-    "compute_pg_loss",
-    "compute_policy_loss",
     "compute_policy_loss_bypass_mode",
     "compute_policy_loss_cispo",
     "compute_policy_loss_clip_cov",
@@ -112,7 +105,6 @@ __all__ = [
     "compute_reinforce_plus_plus_baseline_outcome_advantage",
     "compute_reinforce_plus_plus_outcome_advantage",
     "compute_remax_outcome_advantage",
-    "compute_rewards",
     "compute_rloo_outcome_advantage",
     "compute_rloo_vectorized_outcome_advantage",
     "compute_value_loss",
@@ -122,7 +114,6 @@ __all__ = [
     "get_policy_loss_fn",
     "kl_penalty",
     "kl_penalty_forward",
-    "known_policy_loss_settings",
     "register_adv_est",
     "register_kl_penalty",
     "register_loss_agg_mode",

@@ -11,8 +11,7 @@ token_level_rewards and response_mask, no *args) is checked when its spec is rea
 from __future__ import annotations
 
 import inspect
-import sys
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -34,6 +33,7 @@ INPUT_SOURCES = {
     "old_log_probs": "the actor's log-probs of the sampled tokens before the update (the old log-prob pass)",
     "sum_pi_squared": "sum over the vocabulary of pi^2 at each response token, from the old log-prob pass "
                       "with actor_rollout_ref.actor.calculate_sum_pi_squared=true",
+    "config": "the algorithm config (algorithm.*)",
     "gamma": "algorithm.gamma",
     "lam": "algorithm.lam",
 }
@@ -79,13 +79,6 @@ ADV_ESTIMATOR_REGISTRY: Registry[AdvEstimatorFn] = Registry("advantage estimator
 _NEEDS_CRITIC: dict[str, bool] = {}
 
 
-def _active_registry() -> MutableMapping[str, AdvEstimatorFn]:
-    """Whatever `hybridrl.algos.ADV_ESTIMATOR_REGISTRY` holds now: verl code may rebind
-    `core_algos.ADV_ESTIMATOR_REGISTRY` to its own dict (verl's registry tests do), as in verl."""
-    package = sys.modules.get("hybridrl.algos")
-    return getattr(package, "ADV_ESTIMATOR_REGISTRY", ADV_ESTIMATOR_REGISTRY)
-
-
 def _name_of(name_or_enum: str | Enum) -> str:
     return name_or_enum.value if isinstance(name_or_enum, Enum) else name_or_enum
 
@@ -121,12 +114,8 @@ def register_adv_est(
     name = _name_of(name_or_enum)
 
     def decorator(fn: AdvEstimatorFn) -> AdvEstimatorFn:
-        registry = _active_registry()
-        current = registry[name] if name in registry else None  # noqa: SIM401 - Registry.get raises
-        if current is not None and current is not fn and not override:
-            raise ValueError(f"advantage estimator {name!r} is already registered ({current!r}); "
-                             f"pick another name or pass override=True")
-        registry[name] = fn
+        if name not in ADV_ESTIMATOR_REGISTRY or ADV_ESTIMATOR_REGISTRY[name] is not fn:
+            ADV_ESTIMATOR_REGISTRY.add(name, fn, override=override)
         if needs_critic is None:
             _NEEDS_CRITIC.pop(name, None)
         else:
@@ -139,11 +128,10 @@ def register_adv_est(
 def get_adv_estimator_fn(name_or_enum: str | AdvantageEstimator) -> AdvEstimatorFn:
     """The registered estimator (verl's name); an unknown name raises a KeyError that is also a ValueError."""
     name = _name_of(name_or_enum)
-    registry = _active_registry()
-    if name not in registry:
-        known = ", ".join(sorted(registry)) or "(none)"
+    if name not in ADV_ESTIMATOR_REGISTRY:
+        known = ", ".join(ADV_ESTIMATOR_REGISTRY.names()) or "(none)"
         raise UnknownNameError(f"Unknown advantage estimator simply: {name}; registered: {known}")
-    return registry[name]
+    return ADV_ESTIMATOR_REGISTRY[name]
 
 
 def get_adv_estimator_spec(name_or_enum: str | AdvantageEstimator) -> AdvEstimatorSpec:

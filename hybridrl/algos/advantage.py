@@ -16,9 +16,9 @@ import numpy as np
 import torch
 
 from hybridrl.algos.adv_registry import AdvantageEstimator, register_adv_est
-from hybridrl.algos.config_args import config_value
 from hybridrl.protocol import DataProto
 from hybridrl.utils.torch_functional import masked_whiten
+from hybridrl.utils.typed_config import require_config_object
 
 PF_PPO_METHODS = ("pow", "max_min", "max_random")
 
@@ -217,17 +217,16 @@ def compute_opo_outcome_advantage(
 def compute_reinforce_plus_plus_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
-    config: Any = None,
-    *,
-    gamma: float | None = None,
+    config: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ (Hu 2025, https://arxiv.org/abs/2501.03262).
 
     G_t = r_t + gamma * G_next over the valid tokens (masked tool output is skipped and holds 0), then
     whitened over the batch's valid tokens instead of a critic: A_t = (G_t - mean(G)) / sqrt(var(G) + 1e-8).
-    `gamma` comes as a keyword or, as verl passes it, from `config.gamma`.
+    gamma is `config.gamma`, the algorithm config's (verl's call).
     """
-    gamma = config_value(config, "gamma", gamma, "reinforce_plus_plus")
+    require_config_object(config, "reinforce_plus_plus", "the algorithm config (its gamma: algorithm.gamma)")
+    gamma = config.gamma
     mask = _float_mask(response_mask, token_level_rewards)
     returns = torch.zeros_like(token_level_rewards)  # (batch, response_len)
     running = token_level_rewards.new_zeros(token_level_rewards.shape[0])  # (batch,) G of the next valid token

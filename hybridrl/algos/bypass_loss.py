@@ -9,16 +9,15 @@ L = -sg[w] A log pi_theta on those tokens.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from hybridrl.algos.aggregate import agg_loss
-from hybridrl.algos.config_args import policy_loss_settings
-from hybridrl.algos.policy_loss import _apply_is_weights, compute_pg_loss
+from hybridrl.algos.policy_loss import ACTOR_CONFIG, LossConfig, _apply_is_weights, get_policy_loss_fn
 from hybridrl.algos.rollout_correction import compute_rollout_correction
 from hybridrl.utils.torch_functional import masked_mean
+from hybridrl.utils.typed_config import require_config_object
 
 BYPASS_LOSS_TYPES = ("ppo_clip", "reinforce")
 
@@ -29,19 +28,15 @@ def compute_policy_loss_reinforce(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "seq-mean-token-sum",
-    config: Any = None,
+    config: LossConfig | None = None,
     rollout_is_weights: torch.Tensor | None = None,
-    *,
-    global_batch_info: Mapping[str, Any] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """REINFORCE with optional importance weights (verl's name): L = -sg[w] A log pi, w = 1 without them.
-
-    `rollout_log_prob` serves only the `ppo_kl` metric; `config` may carry `global_batch_info` (verl's way).
-    """
-    if config is not None and global_batch_info is None:
-        global_batch_info = policy_loss_settings(config).get("global_batch_info")
+    """REINFORCE with optional importance weights (verl's name and call): L = -sg[w] A log pi, w = 1 without
+    them. `rollout_log_prob` serves only the `ppo_kl` metric; `config` is the actor config (its
+    `global_batch_info`)."""
+    require_config_object(config, "compute_policy_loss_reinforce", ACTOR_CONFIG)
     pg_losses = _apply_is_weights(-advantages * log_prob, rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **dict(global_batch_info or {}))
+    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **config.global_batch_info)
     with torch.no_grad():
         metrics = {"ppo_kl": masked_mean(rollout_log_prob - log_prob, response_mask)}
     return loss, metrics
@@ -52,66 +47,35 @@ def compute_policy_loss_bypass_mode(
     log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
-    *,
-    loss_type: str = "ppo_clip",
-    loss_mode: str = "vanilla",
-    rollout_is: str | None = None,
-    rollout_is_threshold: str | float | None = 2.0,
-    rollout_is_batch_normalize: bool = False,
-    rollout_rs: str | None = None,
-    rollout_rs_threshold: str | float | None = None,
-    global_batch_info: Mapping[str, Any] | None = None,
-    **loss_settings: Any,
+    loss_agg_mode: str,
+    config: LossConfig,
+    correction: Any,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """Bypass mode's loss; returns (loss, metrics), this micro-batch's `rollout_corr/*` among them.
 
-    `loss_mode` / `loss_settings`: the actor's policy loss for `ppo_clip`; the rollout_* options are
-    algorithm.rollout_correction's. verl passes them on `config` (under `policy_loss.rollout_correction`),
-    whose options replace the keywords of the same names: pass them one way, not both.
+    `config`: the actor config; ppo_clip runs its `policy_loss.loss_mode`. `correction`:
+    algorithm.rollout_correction (RolloutCorrectionConfig in hybridrl/trainer/ppo_config.py): its loss_type
+    and rollout_is* / rollout_rs* options.
     """
-    if config is not None:
-        options = _verl_rollout_correction(config)
-        loss_type, rollout_is = options.get("loss_type", loss_type), options.get("rollout_is", rollout_is)
-        rollout_is_threshold = options.get("rollout_is_threshold", rollout_is_threshold)
-        rollout_is_batch_normalize = options.get("rollout_is_batch_normalize", rollout_is_batch_normalize)
-        rollout_rs = options.get("rollout_rs", rollout_rs)
-        rollout_rs_threshold = options.get("rollout_rs_threshold", rollout_rs_threshold)
-        loss_settings = {**loss_settings, "config": config}
-        if global_batch_info is None:
-            global_batch_info = policy_loss_settings(config).get("global_batch_info")
-    if loss_type not in BYPASS_LOSS_TYPES:
+    require_config_object(config, "bypass mode's loss", ACTOR_CONFIG)
+    if correction.loss_type not in BYPASS_LOSS_TYPES:
         raise ValueError(f"algorithm.rollout_correction.loss_type must be one of {BYPASS_LOSS_TYPES}, "
-                         f"got {loss_type!r}")
-    if rollout_is is not None and loss_type != "reinforce":
+                         f"got {correction.loss_type!r}")
+    if correction.rollout_is is not None and correction.loss_type != "reinforce":
         raise ValueError("algorithm.rollout_correction.rollout_is in bypass mode needs loss_type=reinforce: "
                          "with ppo_clip the clipped ratio pi_theta / pi_rollout is the correction already")
     with torch.no_grad():
         weights, kept_mask, metrics = compute_rollout_correction(
-            log_prob.detach().float(), rollout_log_prob.float(), response_mask, rollout_is=rollout_is,
-            rollout_is_threshold=rollout_is_threshold, rollout_is_batch_normalize=rollout_is_batch_normalize,
-            rollout_rs=rollout_rs, rollout_rs_threshold=rollout_rs_threshold)
+            log_prob.detach().float(), rollout_log_prob.float(), response_mask, rollout_is=correction.rollout_is,
+            rollout_is_threshold=correction.rollout_is_threshold,
+            rollout_is_batch_normalize=correction.rollout_is_batch_normalize, rollout_rs=correction.rollout_rs,
+            rollout_rs_threshold=correction.rollout_rs_threshold)
     kept_mask = kept_mask.to(response_mask.dtype)
-    if loss_type == "reinforce":
+    if correction.loss_type == "reinforce":
         is_weights = None if weights is None else weights.to(log_prob.dtype)
         loss, pg_metrics = compute_policy_loss_reinforce(rollout_log_prob, log_prob, advantages, kept_mask,
-                                                         loss_agg_mode, rollout_is_weights=is_weights,
-                                                         global_batch_info=global_batch_info)
+                                                         loss_agg_mode, config, is_weights)
     else:
-        loss, pg_metrics = compute_pg_loss(loss_mode, rollout_log_prob, log_prob, advantages, kept_mask,
-                                           loss_agg_mode, global_batch_info=global_batch_info, **loss_settings)
+        loss, pg_metrics = get_policy_loss_fn(config.policy_loss.loss_mode)(
+            rollout_log_prob, log_prob, advantages, kept_mask, loss_agg_mode, config)
     return loss, {**pg_metrics, **metrics}
-
-
-def _verl_rollout_correction(config: Any) -> dict[str, Any]:
-    """verl's `config.policy_loss.rollout_correction` as a dict; an error naming it when absent."""
-    policy_loss = config.get("policy_loss") if isinstance(config, Mapping) else getattr(config, "policy_loss", None)
-    options = None
-    if policy_loss is not None:
-        options = (policy_loss.get("rollout_correction") if isinstance(policy_loss, Mapping)
-                   else getattr(policy_loss, "rollout_correction", None))
-    if options is None:
-        raise ValueError("bypass mode's loss called with a config needs config.policy_loss.rollout_correction "
-                         "(loss_type, rollout_is, rollout_rs, ...), as verl's trainer sets it")
-    return dict(options) if isinstance(options, Mapping) else dict(vars(options))

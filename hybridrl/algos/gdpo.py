@@ -11,7 +11,7 @@ The parts are the reward function's extra outputs named by `algorithm.gdpo_rewar
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -19,8 +19,8 @@ import torch
 
 from hybridrl.algos.adv_registry import AdvantageEstimator, register_adv_est
 from hybridrl.algos.advantage import Index, compute_grpo_outcome_advantage
-from hybridrl.algos.config_args import optional_config_value
 from hybridrl.utils.torch_functional import masked_whiten
+from hybridrl.utils.typed_config import require_config_object
 
 
 class GDPOInputError(ValueError, AssertionError):
@@ -56,17 +56,18 @@ def compute_gdpo_outcome_advantage(
     config: Any = None,
     non_tensor_batch: Mapping[str, Any] | None = None,
     batch: Any = None,
-    gdpo_reward_keys: Sequence[str] | None = None,
-    gdpo_reward_weights: Sequence[float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GDPO advantages, returned twice (advantages, returns), (batch, response_len) each.
 
-    The keys and weights come as keywords or from the algorithm `config` (verl's way, which requires the
-    keys); without keys the whole score is the one part, as in verl. `batch` is accepted for verl's call.
+    The keys and weights are the algorithm `config`'s gdpo_reward_keys / gdpo_reward_weights, and a config
+    needs the keys (verl's call); without a config the whole score is the one part, as in verl. `batch` is
+    accepted for verl's call.
     """
-    keys = optional_config_value(config, "gdpo_reward_keys", gdpo_reward_keys, "gdpo")
-    weights = optional_config_value(config, "gdpo_reward_weights", gdpo_reward_weights, "gdpo")
     rows = token_level_rewards.shape[0]
+    keys = weights = None
+    if config is not None:
+        require_config_object(config, "gdpo", "the algorithm config (algorithm.gdpo_reward_keys, ...)")
+        keys, weights = config.gdpo_reward_keys, config.gdpo_reward_weights
     if config is not None and not keys:
         raise GDPOInputError("GDPO requires algorithm.gdpo_reward_keys: the reward components (extra keys the "
                              "reward function returns, e.g. ['format_reward', 'accuracy_reward']) it normalises")

@@ -87,13 +87,6 @@ def kl_penalty_forward(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_pena
     return KL_PENALTY_REGISTRY.get(kl_penalty)(logprob, ref_logprob)
 
 
-def compute_rewards(
-    token_level_scores: torch.Tensor, old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kl_ratio: float
-) -> torch.Tensor:
-    """r_t = score_t - beta * (logp_t - ref_logp_t): the k1 KL-shaped reward of InstructGPT-style RLHF."""
-    return token_level_scores - kl_ratio * (old_log_prob - ref_log_prob)
-
-
 class FixedKLController:
     """A constant KL coefficient beta."""
 

@@ -1,36 +1,47 @@
 """Policy-gradient losses, registered by name (`actor_rollout_ref.actor.policy_loss.loss_mode`).
 
-    fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-       config=None, rollout_is_weights=None, **settings) -> (loss, metrics)
+    fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config,
+       rollout_is_weights=None) -> (loss, metrics)
 
-Tensors are (batch, response_len); `metrics` are detached scalars (`pg_clipfrac`, `ppo_kl`,
-`pg_clipfrac_lower`, ...). `settings` are actor-config keywords, or verl's `config` object; a loss
-declares the ones it reads as keyword-only parameters defaulting to the actor config's
-(hybridrl/workers/config.py). `global_batch_info` holds `agg_loss`'s mini-batch totals;
-`rollout_is_weights` multiplies each token's loss. `register_policy_loss` wraps each loss so every call
-takes one settings dict for all losses, hands each loss what it declares, and rejects settings no loss
-declares (misspellings) and rollout_is_weights a loss cannot apply.
+verl's call: tensors are (batch, response_len); `config` is the actor config (hybridrl/workers/config.py's
+ActorConfig, or any object with verl's ActorConfig attributes): a loss reads `config.clip_ratio`,
+`config.policy_loss.kl_cov_ratio`, ... and `config.global_batch_info`, the mini-batch totals `agg_loss`
+normalises by. `rollout_is_weights` multiplies each token's loss; `metrics` are detached scalars
+(`pg_clipfrac`, `ppo_kl`, `pg_clipfrac_lower`, ...).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import warnings
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
 from hybridrl.algos.aggregate import agg_loss
-from hybridrl.algos.config_args import merge_config_settings
 from hybridrl.utils.registry import Registry
 from hybridrl.utils.torch_functional import masked_mean
+from hybridrl.utils.typed_config import require_config_object
 
 PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 POLICY_LOSS_REGISTRY: Registry[PolicyLossFn] = Registry("policy loss")
 # losses whose objective fixes how tokens are averaged, whatever loss_agg_mode says
 _OWN_AGGREGATION: dict[str, str] = {}
+ACTOR_CONFIG = "the actor config (hybridrl.workers.config.ActorConfig, or an object with its attributes)"
+
+
+class LossConfig(Protocol):
+    """What the built-in losses read from `config` (verl's ActorConfig names)."""
+
+    clip_ratio: float
+    clip_ratio_low: float | None
+    clip_ratio_high: float | None
+    clip_ratio_c: float
+    tau_pos: float
+    tau_neg: float
+    policy_loss: Any  # actor.policy_loss: clip_cov_*, kl_cov_ratio, ppo_kl_coef, dro_beta, topr_*
+    global_batch_info: Mapping[str, Any]
 
 
 class LossMetrics(dict):
@@ -44,13 +55,15 @@ class LossMetrics(dict):
 
 def register_policy_loss(name: str, *, override: bool = False,
                          own_aggregation: str | None = None) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Decorator registering a policy loss (verl's name), wrapped for the module docstring's uniform call.
+    """Decorator registering a policy loss (verl's name and call, see the module docstring).
 
-    `own_aggregation`: the loss averages its tokens one fixed way and ignores `loss_agg_mode`.
+    The registered function checks that `config` is a config object and that the loss applies
+    `rollout_is_weights` when given them. `own_aggregation`: the loss averages its tokens one fixed way and
+    ignores `loss_agg_mode`.
     """
 
     def decorator(fn: PolicyLossFn) -> PolicyLossFn:
-        wrapped = _uniform_call(name, fn)
+        wrapped = _checked_call(name, fn)
         POLICY_LOSS_REGISTRY.add(name, wrapped, override=override)
         if own_aggregation is None:
             _OWN_AGGREGATION.pop(name, None)
@@ -66,30 +79,21 @@ def own_aggregation(name: str) -> str | None:
     return _OWN_AGGREGATION.get(name)
 
 
-def _uniform_call(name: str, fn: PolicyLossFn) -> PolicyLossFn:
-    params = inspect.signature(fn).parameters
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    declared = {n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+def _checked_call(name: str, fn: PolicyLossFn) -> PolicyLossFn:
+    takes_weights = applies_rollout_is_weights(fn)
 
     @functools.wraps(fn)
     def call(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
-             rollout_is_weights=None, **settings):
-        if config is not None:
-            settings = merge_config_settings(config, settings, f"policy loss {name!r}")
-        unknown = sorted(set(settings) - known_policy_loss_settings())
-        if unknown:
-            raise ValueError(
-                f"unknown policy loss setting(s) {unknown}; settings declared by the registered losses: "
-                f"{sorted(known_policy_loss_settings())}"
-            )
-        if rollout_is_weights is not None:
-            if not applies_rollout_is_weights(fn):  # **settings would swallow the weights unused
-                raise ValueError(f"policy loss {name!r} does not apply rollout_is_weights; it cannot correct "
-                                 f"for the rollout policy")
-            settings["rollout_is_weights"] = rollout_is_weights
-        if not takes_any:
-            settings = {key: value for key, value in settings.items() if key in declared}
-        loss, metrics = fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, **settings)
+             rollout_is_weights=None):
+        require_config_object(config, f"policy loss {name!r}", ACTOR_CONFIG)
+        if rollout_is_weights is None:
+            loss, metrics = fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config)
+        elif takes_weights:
+            loss, metrics = fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                               rollout_is_weights)
+        else:
+            raise ValueError(f"policy loss {name!r} does not apply rollout_is_weights; it cannot correct for the "
+                             f"rollout policy")
         return loss, LossMetrics(metrics)
 
     return call
@@ -105,16 +109,6 @@ def applies_rollout_is_weights(loss: PolicyLossFn) -> bool:
     return "rollout_is_weights" in inspect.signature(loss).parameters
 
 
-def known_policy_loss_settings() -> set[str]:
-    """Keyword-only settings declared by any registered policy loss (clip_ratio, kl_cov_ratio, ...)."""
-    names: set[str] = set()
-    for loss_name in POLICY_LOSS_REGISTRY:
-        for param in inspect.signature(POLICY_LOSS_REGISTRY.get(loss_name)).parameters.values():
-            if param.kind is inspect.Parameter.KEYWORD_ONLY:
-                names.add(param.name)
-    return names
-
-
 def _apply_is_weights(pg_losses: torch.Tensor, rollout_is_weights: torch.Tensor | None) -> torch.Tensor:
     """Per-token losses times the rollout importance weights (batch, response_len), when given."""
     if rollout_is_weights is None:
@@ -125,11 +119,10 @@ def _apply_is_weights(pg_losses: torch.Tensor, rollout_is_weights: torch.Tensor 
     return pg_losses * rollout_is_weights.detach()  # weights change the sampling measure, not the objective
 
 
-def _clip_bounds(
-    clip_ratio: float, clip_ratio_low: float | None, clip_ratio_high: float | None
-) -> tuple[float, float]:
-    low = clip_ratio if clip_ratio_low is None else clip_ratio_low
-    high = clip_ratio if clip_ratio_high is None else clip_ratio_high
+def _clip_bounds(config: LossConfig) -> tuple[float, float]:
+    """(eps_low, eps_high): clip_ratio_low / clip_ratio_high, each falling back to clip_ratio."""
+    low = config.clip_ratio if config.clip_ratio_low is None else config.clip_ratio_low
+    high = config.clip_ratio if config.clip_ratio_high is None else config.clip_ratio_high
     if low < 0 or high < 0 or low >= 1:
         raise ValueError(
             f"clip ratios must satisfy 0 <= clip_ratio_low < 1 and clip_ratio_high >= 0, got low={low}, high={high}"
@@ -183,12 +176,7 @@ def compute_policy_loss_vanilla(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    *,
-    clip_ratio: float = 0.2,
-    clip_ratio_low: float | None = None,
-    clip_ratio_high: float | None = None,
-    clip_ratio_c: float = 3.0,
-    global_batch_info: Mapping[str, Any] | None = None,
+    config: LossConfig | None = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate (Schulman et al. 2017, https://arxiv.org/abs/1707.06347) with
@@ -198,37 +186,13 @@ def compute_policy_loss_vanilla(
     rho = exp(logp - old_logp);  L = max(-A rho, -A clip(rho, 1 - eps_low, 1 + eps_high)), and for A < 0
     L = min(L, -A c). pg_clipfrac / pg_clipfrac_lower: share of tokens clipped / dual-clipped.
     """
-    low, high = _clip_bounds(clip_ratio, clip_ratio_low, clip_ratio_high)
+    low, high = _clip_bounds(config)
     log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)  # exp() stays finite
-    terms = _dual_clipped(advantages, torch.exp(log_ratio), low, high, clip_ratio_c)  # (batch, response_len)
+    terms = _dual_clipped(advantages, torch.exp(log_ratio), low, high, config.clip_ratio_c)  # (batch, response_len)
     pg_losses = _apply_is_weights(terms.per_token, rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **(global_batch_info or {}))
+    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **config.global_batch_info)
     return loss, _loss_metrics(loss, response_mask, -log_ratio, terms.clipped > terms.unclipped,
                                (terms.ppo > terms.dual) & (advantages < 0))
-
-
-def compute_policy_loss(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    cliprange: float | None = None,
-    cliprange_low: float | None = None,
-    cliprange_high: float | None = None,
-    clip_ratio_c: float = 3.0,
-    loss_agg_mode: str = "token-mean",
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Deprecated (as in verl): `compute_policy_loss_vanilla` with `cliprange*`, returning (pg_loss,
-    pg_clipfrac, ppo_kl, pg_clipfrac_lower)."""
-    warnings.warn("compute_policy_loss is deprecated: use compute_policy_loss_vanilla (clip_ratio=..., returns "
-                  "(loss, metrics))", DeprecationWarning, stacklevel=2)
-    clip_ratio = next((c for c in (cliprange, cliprange_low, cliprange_high) if c is not None), None)
-    if clip_ratio is None:
-        raise ValueError("compute_policy_loss needs cliprange (or cliprange_low / cliprange_high)")
-    loss, metrics = compute_policy_loss_vanilla(
-        old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, clip_ratio=clip_ratio,
-        clip_ratio_low=cliprange_low, clip_ratio_high=cliprange_high, clip_ratio_c=clip_ratio_c)
-    return loss, metrics["pg_clipfrac"], metrics["ppo_kl"], metrics["pg_clipfrac_lower"]
 
 
 @register_policy_loss("gspo", own_aggregation="seq-mean-token-mean")
@@ -238,11 +202,7 @@ def compute_policy_loss_gspo(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "seq-mean-token-mean",
-    *,
-    clip_ratio: float = 0.2,
-    clip_ratio_low: float | None = None,
-    clip_ratio_high: float | None = None,
-    global_batch_info: Mapping[str, Any] | None = None,
+    config: LossConfig | None = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Group Sequence Policy Optimization (Zheng et al. 2025, https://arxiv.org/abs/2507.18071).
@@ -251,7 +211,7 @@ def compute_policy_loss_gspo(
     1 + eps_high], carried by each token as s_it = sg[s_i] pi(y_it) / sg[pi(y_it)] (the paper's gradient).
     Always "seq-mean-token-mean", as in verl. Typical clip ranges: ~3e-4 / 4e-4.
     """
-    low, high = _clip_bounds(clip_ratio, clip_ratio_low, clip_ratio_high)
+    low, high = _clip_bounds(config)
     mask = response_mask.to(log_prob.dtype)
     log_ratio = log_prob - old_log_prob  # (batch, response_len)
     seq_log_ratio = (log_ratio * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)  # (batch,)
@@ -261,7 +221,7 @@ def compute_policy_loss_gspo(
     clipped = -advantages * torch.clamp(ratio, 1 - low, 1 + high)
     pg_losses = torch.maximum(unclipped, clipped)
     pg_losses = _apply_is_weights(pg_losses, rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, "seq-mean-token-mean", **(global_batch_info or {}))
+    loss = agg_loss(pg_losses, response_mask, "seq-mean-token-mean", **config.global_batch_info)
     return loss, _loss_metrics(loss, response_mask, -log_ratio, clipped > unclipped)
 
 
@@ -272,14 +232,13 @@ def compute_policy_loss_gpg(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    *,
-    global_batch_info: Mapping[str, Any] | None = None,
+    config: LossConfig | None = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Group Policy Gradient (Chu et al. 2025, https://arxiv.org/abs/2504.02546): plain REINFORCE
     with no ratio and no clipping, L = -A * logp. Pair it with the `gpg` advantage estimator."""
     pg_losses = _apply_is_weights(-log_prob * advantages, rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **(global_batch_info or {}))
+    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **config.global_batch_info)
     return loss, _loss_metrics(loss, response_mask)
 
 
@@ -296,15 +255,7 @@ def compute_policy_loss_clip_cov(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    *,
-    clip_ratio: float = 0.2,
-    clip_ratio_low: float | None = None,
-    clip_ratio_high: float | None = None,
-    clip_cov_ratio: float = 0.0002,
-    clip_cov_lb: float = 1.0,
-    clip_cov_ub: float = 5.0,
-    generator: torch.Generator | None = None,
-    global_batch_info: Mapping[str, Any] | None = None,
+    config: LossConfig | None = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clip-Cov (Cui et al. 2025, https://arxiv.org/abs/2505.22617).
@@ -313,9 +264,10 @@ def compute_policy_loss_clip_cov(
     tokens whose covariance term lies in (clip_cov_lb, clip_cov_ub) get loss 0, against entropy collapse.
     pg_clipfrac: the share removed that way.
     """
-    if clip_cov_ratio <= 0:
-        raise ValueError(f"clip_cov_ratio must be > 0, got {clip_cov_ratio}")
-    low, high = _clip_bounds(clip_ratio, clip_ratio_low, clip_ratio_high)
+    settings = config.policy_loss
+    if settings.clip_cov_ratio <= 0:
+        raise ValueError(f"policy_loss.clip_cov_ratio must be > 0, got {settings.clip_cov_ratio}")
+    low, high = _clip_bounds(config)
     valid = response_mask != 0
     log_ratio = log_prob - old_log_prob
     ratio = torch.exp(log_ratio)  # (batch, response_len)
@@ -323,18 +275,18 @@ def compute_policy_loss_clip_cov(
     clipped = -advantages * torch.clamp(ratio, 1 - low, 1 + high)
     with torch.no_grad():
         cov = _token_covariance(advantages, log_prob, response_mask)
-        eligible = valid & ~(clipped > unclipped) & (cov > clip_cov_lb) & (cov < clip_cov_ub)
+        eligible = valid & ~(clipped > unclipped) & (cov > settings.clip_cov_lb) & (cov < settings.clip_cov_ub)
         candidates = torch.nonzero(eligible.reshape(-1)).squeeze(-1)  # flat positions
-        n_pick = min(max(int(clip_cov_ratio * int(valid.sum())), 1), candidates.numel())
-        # drawn on the CPU, where `generator` lives: the same picks for a seed on any device
-        order = torch.randperm(candidates.numel(), generator=generator, device="cpu")[:n_pick]
+        n_pick = min(max(int(settings.clip_cov_ratio * int(valid.sum())), 1), candidates.numel())
+        # drawn from the CPU generator: the same picks for a seed on any device
+        order = torch.randperm(candidates.numel(), device="cpu")[:n_pick]
         order = order.to(candidates.device)
         keep = torch.ones(valid.numel(), dtype=log_prob.dtype, device=log_prob.device)
         keep[candidates[order]] = 0
         keep = keep.reshape(valid.shape)  # (batch, response_len) 0 on dropped tokens
     pg_losses = torch.maximum(unclipped, clipped) * keep
     pg_losses = _apply_is_weights(pg_losses, rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **(global_batch_info or {}))
+    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **config.global_batch_info)
     return loss, _loss_metrics(loss, response_mask, -log_ratio, keep == 0)
 
 
@@ -345,10 +297,7 @@ def compute_policy_loss_kl_cov(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    *,
-    kl_cov_ratio: float = 0.0002,
-    ppo_kl_coef: float = 0.1,
-    global_batch_info: Mapping[str, Any] | None = None,
+    config: LossConfig | None = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """KL-Cov (Cui et al. 2025, https://arxiv.org/abs/2505.22617).
@@ -356,8 +305,9 @@ def compute_policy_loss_kl_cov(
     -A rho on every token, plus ppo_kl_coef * |logp - old_logp| on the top max(1, int(kl_cov_ratio *
     n_tokens)) valid tokens by covariance term. ppo_kl reports mean |logp - old_logp| (as verl).
     """
+    kl_cov_ratio, ppo_kl_coef = config.policy_loss.kl_cov_ratio, config.policy_loss.ppo_kl_coef
     if kl_cov_ratio <= 0:
-        raise ValueError(f"kl_cov_ratio must be > 0, got {kl_cov_ratio}")
+        raise ValueError(f"policy_loss.kl_cov_ratio must be > 0, got {kl_cov_ratio}")
     valid = response_mask != 0
     log_ratio = log_prob - old_log_prob
     abs_kl = log_ratio.abs()
@@ -372,7 +322,7 @@ def compute_policy_loss_kl_cov(
         picked = picked.reshape(valid.shape)  # (batch, response_len)
     pg_losses = torch.where(picked, plain + ppo_kl_coef * abs_kl, plain)
     pg_losses = _apply_is_weights(pg_losses, rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **(global_batch_info or {}))
+    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **config.global_batch_info)
     return loss, _loss_metrics(loss, response_mask, abs_kl)
 
 
@@ -383,32 +333,18 @@ def compute_policy_loss_dro(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    *,
-    dro_beta: float | None = None,
-    global_batch_info: Mapping[str, Any] | None = None,
+    config: LossConfig | None = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Direct Reward Optimization (Richemond et al. 2024, https://arxiv.org/abs/2405.19107) as a policy loss:
     L = -(A * logp - beta/2 * (logp - old_logp)^2), beta = actor.policy_loss.dro_beta > 0; no ratio, no clip.
     """
+    dro_beta = config.policy_loss.dro_beta
     if dro_beta is None or dro_beta <= 0:
         raise ValueError(f"the dro policy loss needs actor.policy_loss.dro_beta > 0, got {dro_beta}")
     log_ratio = log_prob - old_log_prob  # (batch, response_len)
     pg_losses = -(log_prob * advantages - 0.5 * dro_beta * log_ratio.square())
     pg_losses = _apply_is_weights(pg_losses, rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **(global_batch_info or {}))
+    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **config.global_batch_info)
     return loss, _loss_metrics(loss, response_mask, -log_ratio)
 
-
-def compute_pg_loss(
-    loss_mode: str,
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    **settings: Any,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Call the loss `loss_mode` with `settings` (those of any loss, `config=`, `rollout_is_weights=`)."""
-    return get_policy_loss_fn(loss_mode)(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode,
-                                         **settings)

@@ -14,6 +14,7 @@ import torch
 
 from hybridrl.algos.aggregate import agg_loss
 from hybridrl.algos.policy_loss import (
+    LossConfig,
     _apply_is_weights,
     _clip_bounds,
     _dual_clipped,
@@ -25,11 +26,10 @@ from hybridrl.utils.torch_functional import masked_mean
 Metrics = dict[str, torch.Tensor]
 
 
-def _bounds(name: str, clip_ratio: float, clip_ratio_low: float | None,
-            clip_ratio_high: float | None) -> tuple[float, float]:
+def _bounds(name: str, config: LossConfig) -> tuple[float, float]:
     """(low, high) from the clip settings; both >= 0 (unlike `_clip_bounds`, no upper limit on low)."""
-    low = clip_ratio if clip_ratio_low is None else clip_ratio_low
-    high = clip_ratio if clip_ratio_high is None else clip_ratio_high
+    low = config.clip_ratio if config.clip_ratio_low is None else config.clip_ratio_low
+    high = config.clip_ratio if config.clip_ratio_high is None else config.clip_ratio_high
     if low < 0 or high < 0:
         raise ValueError(f"the {name} policy loss needs clip_ratio_low and clip_ratio_high >= 0, got low={low}, "
                          f"high={high}")
@@ -53,15 +53,14 @@ def compute_policy_loss_importance_sampling(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    *,
-    global_batch_info: Mapping[str, Any] | None = None,
+    config: LossConfig | None = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Metrics]:
     """L = -rho A: the importance-sampled surrogate (Kakade & Langford's CPI objective, PPO without its
     clip). Nothing bounds its gradient, so it suits data near pi_old (one epoch, one mini-batch)."""
     log_ratio = _log_ratio(log_prob, old_log_prob)
     pg_losses = _apply_is_weights(-advantages * torch.exp(log_ratio), rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **(global_batch_info or {}))
+    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **config.global_batch_info)
     return loss, _loss_metrics(loss, response_mask, -log_ratio)
 
 
@@ -72,12 +71,7 @@ def compute_policy_loss_up(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    *,
-    clip_ratio: float = 0.2,
-    clip_ratio_low: float | None = None,
-    clip_ratio_high: float | None = None,
-    clip_ratio_c: float = 3.0,
-    global_batch_info: Mapping[str, Any] | None = None,
+    config: LossConfig | None = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Metrics]:
     """UP-GRPO, "unbounded positive" (https://arxiv.org/abs/2607.06987, Eq. 15).
@@ -85,13 +79,13 @@ def compute_policy_loss_up(
     A > 0: -A pi / sg[pi] (REINFORCE's gradient, no pi_old anchor, no upper clip); A <= 0: `vanilla`'s
     dual-clipped loss. pg_clipfrac: share of the A <= 0 tokens clipped.
     """
-    low, high = _clip_bounds(clip_ratio, clip_ratio_low, clip_ratio_high)
+    low, high = _clip_bounds(config)
     log_ratio = _log_ratio(log_prob, old_log_prob)
-    terms = _dual_clipped(advantages, torch.exp(log_ratio), low, high, clip_ratio_c)  # vanilla's, for A <= 0
+    terms = _dual_clipped(advantages, torch.exp(log_ratio), low, high, config.clip_ratio_c)  # vanilla's, for A <= 0
     positive_branch = -advantages * torch.exp(log_prob - log_prob.detach())
     pg_losses = torch.where(advantages > 0, positive_branch, terms.per_token)
     pg_losses = _apply_is_weights(pg_losses, rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **(global_batch_info or {}))
+    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **config.global_batch_info)
     with torch.no_grad():
         non_positive = response_mask * (advantages <= 0)
         metrics = {"pg_clipfrac": masked_mean((terms.clipped > terms.unclipped).float(), non_positive),
@@ -108,11 +102,7 @@ def compute_policy_loss_cispo(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    *,
-    clip_ratio: float = 0.2,
-    clip_ratio_low: float | None = None,
-    clip_ratio_high: float | None = None,
-    global_batch_info: Mapping[str, Any] | None = None,
+    config: LossConfig | None = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Metrics]:
     """CISPO (MiniMax-M1, https://arxiv.org/abs/2506.13585): clip the importance weight, not the update.
@@ -120,12 +110,12 @@ def compute_policy_loss_cispo(
     L = -sg[clip(rho, 1 - eps_low, 1 + eps_high)] A log pi: every token keeps its gradient, only its weight
     is bounded. The paper bounds only the top: set clip_ratio_low near 1. pg_clipfrac: share clipped.
     """
-    low, high = _bounds("cispo", clip_ratio, clip_ratio_low, clip_ratio_high)
+    low, high = _bounds("cispo", config)
     log_ratio = _log_ratio(log_prob, old_log_prob)
     ratio = torch.exp(log_ratio).detach()  # (batch, response_len)
     weight = torch.clamp(ratio, min=1 - low, max=1 + high)
     pg_losses = _apply_is_weights(-weight * advantages * log_prob, rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **(global_batch_info or {}))
+    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **config.global_batch_info)
     return loss, _loss_metrics(loss, response_mask, -log_ratio, weight != ratio)
 
 
@@ -136,10 +126,7 @@ def compute_policy_loss_sapo(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "seq-mean-token-mean",
-    *,
-    tau_pos: float = 1.0,
-    tau_neg: float = 1.05,
-    global_batch_info: Mapping[str, Any] | None = None,
+    config: LossConfig | None = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Metrics]:
     """Soft Adaptive Policy Optimization (https://arxiv.org/abs/2511.20347): a smooth gate for the hard clip.
@@ -147,6 +134,7 @@ def compute_policy_loss_sapo(
     L = -f_tau(rho) A, f_tau(r) = (4 / tau) sigmoid(tau (r - 1)); tau = actor.tau_pos where A > 0, else
     actor.tau_neg (the paper's 1.0 / 1.05). Always "seq-mean-token-mean", as the paper and verl.
     """
+    tau_pos, tau_neg = config.tau_pos, config.tau_neg
     if tau_pos <= 0 or tau_neg <= 0:
         raise ValueError(f"the sapo policy loss needs actor.tau_pos and actor.tau_neg > 0, got {tau_pos}, {tau_neg}")
     log_ratio = _log_ratio(log_prob, old_log_prob)
@@ -154,15 +142,15 @@ def compute_policy_loss_sapo(
     tau = torch.where(advantages > 0, torch.full_like(ratio, tau_pos), torch.full_like(ratio, tau_neg))
     gate = torch.sigmoid(tau * (ratio - 1)) * (4 / tau)
     pg_losses = _apply_is_weights(-gate * advantages, rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, "seq-mean-token-mean", **(global_batch_info or {}))
+    loss = agg_loss(pg_losses, response_mask, "seq-mean-token-mean", **config.global_batch_info)
     return loss, _loss_metrics(loss, response_mask, -log_ratio)
 
 
 def _dppo_loss(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
-               response_mask: torch.Tensor, loss_agg_mode: str, kept: torch.Tensor, clip_ratio_c: float,
-               global_batch_info: Mapping[str, Any] | None,
+               response_mask: torch.Tensor, loss_agg_mode: str, kept: torch.Tensor, config: LossConfig,
                rollout_is_weights: torch.Tensor | None) -> tuple[torch.Tensor, Metrics]:
     """-sg[min(rho, c)] A log pi on the `kept` tokens (batch, response_len), 0 on the others."""
+    clip_ratio_c = config.clip_ratio_c
     if clip_ratio_c <= 0:
         raise ValueError(f"DPPO truncates the ratio at clip_ratio_c, which must be > 0, got {clip_ratio_c}")
     log_ratio = _log_ratio(log_prob, old_log_prob)
@@ -170,7 +158,7 @@ def _dppo_loss(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: t
     kept = kept.detach().to(log_prob.dtype)
     pg_losses = -advantages * torch.clamp(ratio, max=clip_ratio_c) * log_prob * kept
     pg_losses = _apply_is_weights(pg_losses, rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **(global_batch_info or {}))
+    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **config.global_batch_info)
     cut = (ratio > clip_ratio_c).to(kept.dtype) * kept
     return loss, _loss_metrics(loss, response_mask, -log_ratio, 1 - kept, cut)
 
@@ -182,12 +170,7 @@ def compute_policy_loss_dppo_tv(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    *,
-    clip_ratio: float = 0.2,
-    clip_ratio_low: float | None = None,
-    clip_ratio_high: float | None = None,
-    clip_ratio_c: float = 3.0,
-    global_batch_info: Mapping[str, Any] | None = None,
+    config: LossConfig | None = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Metrics]:
     """DPPO with a binary total-variation trust region (https://arxiv.org/abs/2602.04879).
@@ -196,12 +179,12 @@ def compute_policy_loss_dppo_tv(
     >= -eps_low (A <= 0): the clip ratios are probability differences here. c = clip_ratio_c (the paper
     advises ~20). pg_clipfrac: share out of the region; pg_clipfrac_lower: share of kept tokens cut at c.
     """
-    low, high = _bounds("dppo_tv", clip_ratio, clip_ratio_low, clip_ratio_high)
+    low, high = _bounds("dppo_tv", config)
     with torch.no_grad():
         moved = torch.exp(log_prob) - torch.exp(old_log_prob)  # (batch, response_len)
         kept = torch.where(advantages > 0, moved <= high, moved >= -low)
-    return _dppo_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, kept, clip_ratio_c,
-                      global_batch_info, rollout_is_weights)
+    return _dppo_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, kept, config,
+                      rollout_is_weights)
 
 
 @register_policy_loss("dppo_kl")
@@ -211,12 +194,7 @@ def compute_policy_loss_dppo_kl(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    *,
-    clip_ratio: float = 0.2,
-    clip_ratio_low: float | None = None,
-    clip_ratio_high: float | None = None,
-    clip_ratio_c: float = 3.0,
-    global_batch_info: Mapping[str, Any] | None = None,
+    config: LossConfig | None = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Metrics]:
     """DPPO with a binary-KL trust region (https://arxiv.org/abs/2602.04879).
@@ -224,13 +202,13 @@ def compute_policy_loss_dppo_kl(
     As `dppo_tv`, with the divergence KL = p_old log(p_old / p) + (1 - p_old) log((1 - p_old) / (1 - p)):
     a token moved in the advantage's direction by more than eps_high / eps_low of it loses its gradient.
     """
-    low, high = _bounds("dppo_kl", clip_ratio, clip_ratio_low, clip_ratio_high)
+    low, high = _bounds("dppo_kl", config)
     with torch.no_grad():
         p, p_old = torch.exp(log_prob), torch.exp(old_log_prob)
         binary_kl = p_old * (old_log_prob - log_prob) + (1 - p_old) * torch.log((1 - p_old + 1e-8) / (1 - p + 1e-8))
         kept = torch.where(advantages > 0, (binary_kl <= high) | (p <= p_old), (binary_kl <= low) | (p >= p_old))
-    return _dppo_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, kept, clip_ratio_c,
-                      global_batch_info, rollout_is_weights)
+    return _dppo_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, kept, config,
+                      rollout_is_weights)
 
 
 def _sequence_denominator(name: str, rows: int, global_batch_info: Mapping[str, Any] | None) -> float:
@@ -251,11 +229,7 @@ def compute_policy_loss_geo_mean(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    *,
-    clip_ratio: float = 0.2,
-    clip_ratio_low: float | None = None,
-    clip_ratio_high: float | None = None,
-    global_batch_info: Mapping[str, Any] | None = None,
+    config: LossConfig | None = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Metrics]:
     """Geometric-Mean Policy Optimization (GMPO, https://arxiv.org/abs/2507.20673).
@@ -266,7 +240,7 @@ def compute_policy_loss_geo_mean(
     `loss_agg_mode` says; rollout_is_weights enter as their per-sequence geometric mean.
     pg_clipfrac / pg_clipfrac_lower: shares of tokens clipped with A > 0 / A < 0.
     """
-    low, high = _bounds("geo_mean", clip_ratio, clip_ratio_low, clip_ratio_high)
+    low, high = _bounds("geo_mean", config)
     mask = response_mask.to(log_prob.dtype)
     log_ratio = _log_ratio(log_prob, old_log_prob)
     clipped_log_ratio = torch.clamp(log_ratio, min=-low, max=high)
@@ -280,7 +254,7 @@ def compute_policy_loss_geo_mean(
             raise ValueError(f"rollout_is_weights has shape {tuple(rollout_is_weights.shape)}; the per-token "
                              f"losses have {tuple(log_prob.shape)}")
         seq_losses = seq_losses * torch.exp(_sequence_mean(torch.log(rollout_is_weights.detach() + 1e-10), mask))
-    loss = seq_losses.sum() / _sequence_denominator("geo_mean", log_prob.shape[0], global_batch_info)
+    loss = seq_losses.sum() / _sequence_denominator("geo_mean", log_prob.shape[0], config.global_batch_info)
     clipped = log_ratio != clipped_log_ratio
     return loss, _loss_metrics(loss, response_mask, -log_ratio, clipped & (advantages > 0),
                                clipped & (advantages < 0))
@@ -293,10 +267,7 @@ def compute_policy_loss_topr(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "seq-mean-token-mean",
-    *,
-    topr_negative_ratio_lower: float = 0.0,
-    topr_negative_ratio_upper: float = 1.0,
-    global_batch_info: Mapping[str, Any] | None = None,
+    config: LossConfig | None = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Metrics]:
     """Tapered Off-Policy REINFORCE (TOPR, https://arxiv.org/abs/2503.14286).
@@ -305,18 +276,19 @@ def compute_policy_loss_topr(
     exp(mean_t log rho_it) clipped to [topr_negative_ratio_lower, _upper] (the paper's [0, 1]). Always
     "seq-mean-token-mean". topr_taper_weight_mean: mean w over sequences with valid tokens.
     """
-    if not 0 <= topr_negative_ratio_lower <= topr_negative_ratio_upper:
+    lower, upper = config.policy_loss.topr_negative_ratio_lower, config.policy_loss.topr_negative_ratio_upper
+    if not 0 <= lower <= upper:
         raise ValueError(f"topr needs 0 <= policy_loss.topr_negative_ratio_lower <= topr_negative_ratio_upper, got "
-                         f"{topr_negative_ratio_lower}, {topr_negative_ratio_upper}")
+                         f"{lower}, {upper}")
     mask = response_mask.to(log_prob.dtype)
     log_ratio = _log_ratio(log_prob, old_log_prob)
     with torch.no_grad():
         seq_ratio = torch.exp(_sequence_mean(log_ratio, mask))  # (batch,)
         negative = _sequence_mean(advantages, mask) < 0
-        tapered = torch.clamp(seq_ratio, min=topr_negative_ratio_lower, max=topr_negative_ratio_upper)
+        tapered = torch.clamp(seq_ratio, min=lower, max=upper)
         weight = torch.where(negative, tapered, torch.ones_like(seq_ratio))
     pg_losses = _apply_is_weights(-advantages * log_prob * weight.unsqueeze(-1), rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, "seq-mean-token-mean", **(global_batch_info or {}))
+    loss = agg_loss(pg_losses, response_mask, "seq-mean-token-mean", **config.global_batch_info)
     has_tokens = (mask.sum(dim=-1) > 0).to(weight.dtype)
     return loss, {**_loss_metrics(loss, response_mask, -log_ratio),
                   "topr_taper_weight_mean": masked_mean(weight, has_tokens)}

@@ -177,7 +177,7 @@ def compute_rollout_correction(
 ) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, float]]:
     """(IS weights (batch, response_len) or None without rollout_is, the mask after rejection, metrics
     under `rollout_corr/`). verl's DataProto form: `compute_rollout_correction_and_rejection_mask` in
-    hybridrl/compat.py."""
+    compat/verl_core_algos.py."""
     if old_log_prob.shape != rollout_log_prob.shape or old_log_prob.shape != response_mask.shape:
         raise ValueError(f"shapes differ: old_log_prob {tuple(old_log_prob.shape)}, rollout_log_prob "
                          f"{tuple(rollout_log_prob.shape)}, response_mask {tuple(response_mask.shape)}")

@@ -1,14 +1,11 @@
-"""The critic's clipped value loss and the entropy bonus, both aggregated with `agg_loss`."""
+"""The critic's clipped value loss, aggregated with `agg_loss`."""
 
 from __future__ import annotations
-
-from collections.abc import Mapping
-from typing import Any
 
 import torch
 
 from hybridrl.algos.aggregate import agg_loss
-from hybridrl.utils.torch_functional import clip_by_value, entropy_from_logits, masked_mean
+from hybridrl.utils.torch_functional import clip_by_value, masked_mean
 
 
 def compute_value_loss(
@@ -22,14 +19,12 @@ def compute_value_loss(
     batch_num_tokens: float | torch.Tensor | None = None,
     global_batch_size: float | torch.Tensor | None = None,
     loss_scale_factor: float | None = None,
-    *,
-    global_batch_info: Mapping[str, Any] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO clipped value loss (Schulman et al. 2017, https://arxiv.org/abs/1707.06347; as OpenAI baselines).
 
     V_clip = values + clip(vpreds - values, -c, c);  L = 0.5 * agg(max((vpreds - R)^2, (V_clip - R)^2)).
-    vpreds, returns, values (rollout-time predictions): (batch, response_len). The mini-batch totals come
-    as verl's keywords or as one `global_batch_info` dict (hybridrl's critic), not both (see `agg_loss`).
+    vpreds, returns, values (rollout-time predictions): (batch, response_len). dp_size, batch_num_tokens,
+    global_batch_size and loss_scale_factor are the mini-batch totals `agg_loss` normalises by (verl's call).
     Returns vf_loss and vf_clipfrac, the share of valid tokens where the clipped term was larger.
     """
     if cliprange_value < 0:
@@ -37,22 +32,10 @@ def compute_value_loss(
     vpred_clipped = clip_by_value(vpreds, values - cliprange_value, values + cliprange_value)
     loss_unclipped = (vpreds - returns) ** 2
     loss_clipped = (vpred_clipped - returns) ** 2
-    totals = {"dp_size": dp_size, "batch_num_tokens": batch_num_tokens, "global_batch_size": global_batch_size,
-              "loss_scale_factor": loss_scale_factor}
-    if global_batch_info is not None:
-        given = [k for k, v in totals.items() if v is not None and not (k == "dp_size" and v == 1)]
-        if given:
-            raise ValueError(f"compute_value_loss: pass the totals either as global_batch_info or as keywords, "
-                             f"not both (got global_batch_info and {given})")
-        totals = dict(global_batch_info)
-    vf_loss = 0.5 * agg_loss(torch.max(loss_unclipped, loss_clipped), response_mask, loss_agg_mode, **totals)
+    vf_loss = 0.5 * agg_loss(torch.max(loss_unclipped, loss_clipped), response_mask, loss_agg_mode, dp_size=dp_size,
+                             batch_num_tokens=batch_num_tokens, global_batch_size=global_batch_size,
+                             loss_scale_factor=loss_scale_factor)
     with torch.no_grad():
         vf_clipfrac = masked_mean((loss_clipped > loss_unclipped).float(), response_mask)
     return vf_loss, vf_clipfrac
 
-
-def compute_entropy_loss(
-    logits: torch.Tensor, response_mask: torch.Tensor, loss_agg_mode: str = "token-mean"
-) -> torch.Tensor:
-    """Aggregated entropy of the next-token distributions, logits (batch, response_len, vocab)."""
-    return agg_loss(entropy_from_logits(logits), response_mask, loss_agg_mode)

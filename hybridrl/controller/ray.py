@@ -14,8 +14,6 @@ import os
 import sys
 import types
 import uuid
-from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -160,38 +158,6 @@ class RayResourcePool:
         for g in self._placement_groups or []:
             remove_placement_group(g)
         self._placement_groups = None
-
-
-@dataclass
-class ResourcePoolManager:
-    """Maps roles to named resource pools: `{"global_pool": [2]}` and `{Role.ActorRollout: "global_pool"}`."""
-
-    resource_pool_spec: Mapping[str, list[int]]
-    mapping: Mapping[object, str]
-    use_gpu: bool = False
-    max_colocate_count: int = 1
-    cpus_per_process: float = 1.0
-
-    def __post_init__(self) -> None:
-        unknown = {role: pool for role, pool in self.mapping.items() if pool not in self.resource_pool_spec}
-        if unknown:
-            raise ValueError(f"roles mapped to undefined pools: {unknown}; pools: {list(self.resource_pool_spec)}")
-        self.resource_pools: dict[str, RayResourcePool] = {}
-
-    def create_resource_pool(self) -> None:
-        for name, process_on_nodes in self.resource_pool_spec.items():
-            pool = RayResourcePool(process_on_nodes, self.use_gpu, self.max_colocate_count,
-                                   self.cpus_per_process, name_prefix=name)
-            pool.get_placement_groups()
-            self.resource_pools[name] = pool
-
-    def get_resource_pool(self, role: object) -> RayResourcePool:
-        if role not in self.mapping:
-            raise KeyError(f"role {role!r} is not mapped to a resource pool; mapped roles: {list(self.mapping)}")
-        return self.resource_pools[self.mapping[role]]
-
-    def get_n_processes(self) -> int:
-        return sum(sum(nodes) for nodes in self.resource_pool_spec.values())
 
 
 class RayClassWithInitArgs(ClassWithInitArgs):

@@ -141,7 +141,7 @@ def _check_estimator_settings(config: PPOTrainerConfig, spec: AdvEstimatorSpec) 
     """Keys that only some estimators read (gdpo's reward keys, PF-PPO, sum_pi_squared) against the one
     chosen: set for an estimator that ignores them, or missing where it needs them, they raise."""
     algo, arr = config.algorithm, config.actor_rollout_ref
-    reads_gdpo_keys = spec.accepts_any_input or {"config", "gdpo_reward_keys"} & set(spec.parameters)
+    reads_gdpo_keys = spec.accepts_any_input or "config" in spec.parameters
     for key in ("gdpo_reward_keys", "gdpo_reward_weights"):
         require(getattr(algo, key) is None or bool(reads_gdpo_keys),
                  f"algorithm.{key} is set but algorithm.adv_estimator={algo.adv_estimator} does not read it: use "

@@ -269,6 +269,8 @@ UNSUPPORTED: dict[str, Unsupported] = {
         "interactions (a simulated user answering between turns) are not implemented; tools are"),
     "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": Unsupported(
         "multi-turn rollouts are not repeated; rollout.n sets the samples per prompt"),
+    "actor_rollout_ref.actor.global_batch_info": Unsupported(
+        "the actor fills it per mini-batch with the totals the policy loss normalises by; it is not a setting"),
     "actor_rollout_ref.rollout.agent.agent_loop_config_path": Unsupported(
         "custom agent loops are not supported; the loops are tool_agent and single_turn_agent "
         "(hybridrl/workers/rollout/agent_loop.py)"),

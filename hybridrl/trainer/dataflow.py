@@ -21,7 +21,6 @@ import torch
 
 from hybridrl.algos import AdvantageEstimator, get_adv_estimator_spec
 from hybridrl.algos import compute_advantage as run_estimator
-from hybridrl.algos.config_args import check_config_object
 from hybridrl.algos.rollout_correction import compute_rollout_correction
 from hybridrl.data.seqlen_balancing import get_seqlen_balanced_partitions, log_seqlen_unbalance
 from hybridrl.protocol import DataProto
@@ -30,11 +29,12 @@ from hybridrl.rewards.managers import REWARD_MANAGERS, RewardManager
 from hybridrl.rewards.scorers import default_compute_score
 from hybridrl.trainer.ppo_config import (
     ROLLOUT_CORRECTION_KEY,
+    AlgorithmConfig,
     DataConfig,
     PPOTrainerConfig,
     RolloutCorrectionConfig,
 )
-from hybridrl.utils.typed_config import to_dataclass
+from hybridrl.utils.typed_config import require_config_object, to_dataclass
 from hybridrl.workers.reward_model import RewardModelConfig
 
 __all__ = ["BackgroundReward", "load_reward_manager"]
@@ -284,42 +284,16 @@ def bypass_metric_names(actor_metrics: dict[str, float]) -> dict[str, float]:
             for name, value in actor_metrics.items()}
 
 
-# verl's defaults for the settings compute_advantage resolves
-_ADVANTAGE_DEFAULTS = {"gamma": 1.0, "lam": 1.0, "norm_adv_by_std_in_grpo": True}
-
-
-def _advantage_settings(config: Any, **explicit: Any) -> dict[str, Any]:
-    """Each setting from its keyword, else from `config`, else verl's default; a disagreement raises."""
-    check_config_object(config, "compute_advantage")
-    settings = {}
-    for name, value in explicit.items():
-        from_config = getattr(config, name, None) if config is not None else None
-        if value is not None and from_config is not None and value != from_config:
-            raise ValueError(f"compute_advantage: {name}={value!r} was passed but config.{name} is {from_config!r}")
-        settings[name] = next(v for v in (value, from_config, _ADVANTAGE_DEFAULTS[name]) if v is not None)
-    return settings
-
-
-def compute_advantage(
-    data: DataProto,
-    adv_estimator: str | AdvantageEstimator,
-    gamma: float | None = None,
-    lam: float | None = None,
-    num_repeat: int = 1,
-    norm_adv_by_std_in_grpo: bool | None = None,
-    config: Any = None,
-) -> DataProto:
+def compute_advantage(data: DataProto, adv_estimator: str | AdvantageEstimator,
+                      config: AlgorithmConfig) -> DataProto:
     """Set data.batch["advantages"] and ["returns"] (batch, response_len) from `adv_estimator`; returns data.
 
-    verl's trainer-level function: it hands the registered estimator every input the batch has
-    (token_level_rewards, response_mask, values, reward_baselines, the prompt uids). verl's multi-output
-    variant, `compute_advantage_for_multi_trajectories`, is in hybridrl/compat.py.
-
-    gamma, lam and norm_adv_by_std_in_grpo come from the keywords or from `config` (verl's algorithm
-    config), else default to 1.0, 1.0 and True; an estimator that takes `config` gets it too (gdpo reads
-    its reward keys there). `num_repeat` is accepted and unused, as in verl.
+    The registered estimator gets every input the batch has (token_level_rewards, response_mask, values,
+    reward_baselines, the prompt uids, ...) and, from the algorithm `config` (algorithm.*), gamma, lam,
+    norm_adv_by_std_in_grpo and the config itself (reinforce_plus_plus reads its gamma there, gdpo its reward
+    keys). verl's signature, with the settings as arguments, is compat/verl_trainer.py's.
     """
-    settings = _advantage_settings(config, gamma=gamma, lam=lam, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo)
+    require_config_object(config, "compute_advantage", "the algorithm config (algorithm.*)")
     batch = data.batch
     advantages, returns = run_estimator(
         adv_estimator,
@@ -334,7 +308,9 @@ def compute_advantage(
         non_tensor_batch=data.non_tensor_batch,  # the reward function's extra outputs (gdpo's components)
         batch=batch,
         config=config,
-        **settings,
+        gamma=config.gamma,
+        lam=config.lam,
+        norm_adv_by_std_in_grpo=config.norm_adv_by_std_in_grpo,
     )
     batch["advantages"], batch["returns"] = advantages, returns
     return data

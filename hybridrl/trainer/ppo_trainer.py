@@ -306,8 +306,7 @@ class PPOTrainer:
         """7. Advantages and returns from the configured estimator, given every input the batch has; with
         PF-PPO, the batch redrawn toward extreme rewards (seeded by the step, so a resume redraws the same)."""
         algo = self.config.algorithm
-        dataflow.compute_advantage(batch, algo.adv_estimator, gamma=algo.gamma, lam=algo.lam,
-                                    norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo, config=algo)
+        dataflow.compute_advantage(batch, algo.adv_estimator, algo)
         if not algo.use_pf_ppo:
             return batch
         generator = torch.Generator().manual_seed(self.config.actor_rollout_ref.rollout.seed + self.global_steps)
@@ -332,7 +331,7 @@ class PPOTrainer:
             batch.meta_info["fuse_old_log_prob"] = self.fuse_old_log_prob
             correction = self.config.algorithm.rollout_correction
             if correction.bypass_mode:
-                batch.meta_info["bypass_correction"] = correction.bypass_loss_settings()
+                batch.meta_info["bypass_correction"] = correction
             with timer("update_actor", timing):
                 output = self.groups.actor_rollout.update_actor(batch)
             self.costs.record("update_actor", output, real_tokens(batch), timing)

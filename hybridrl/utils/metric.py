@@ -1,8 +1,7 @@
 """The numbers workers report and the trainer reduces: metric lists, stage times and MFU.
 
-`reduce_metrics` takes a list's mean, or max / min for keys named so; a `Metric` carries its own
-aggregation. Stage times follow verl's `marked_timer`; a worker's own share comes back in its output's
-metrics (`report_worker_seconds`). MFU = model FLOPs / (seconds x peak FLOP/s), with 2N FLOPs per token
+`reduce_metrics` takes a list's mean, or max / min for keys named so. Stage times accumulate per name
+(`timer`); a worker's own share comes back in its output's metrics (`report_worker_seconds`). MFU = model FLOPs / (seconds x peak FLOP/s), with 2N FLOPs per token
 forward and 6N forward + backward over the N multiplying parameters (Kaplan et al. 2020, "Scaling Laws
 for Neural Language Models", section 2.1; attention left out; padding lowers it, as in verl); the peak
 is a listed GPU's datasheet figure, else measured.
@@ -13,10 +12,9 @@ from __future__ import annotations
 import functools
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from enum import Enum
 from typing import Any
 
 import numpy as np
@@ -138,92 +136,22 @@ def combine_ranks(per_rank: Sequence[Mapping[str, ModelPass]]) -> dict[str, Mode
     return combined
 
 
-class AggregationType(str, Enum):
-    MEAN = "mean"
-    SUM = "sum"
-    MIN = "min"
-    MAX = "max"
-
-
-class Metric:
-    """Values of one metric with their reduction (`aggregate()`), for values `reduce_metrics` must not average:
-    e.g. a micro-batch loss already divided by the mini-batch's token count is a SUM."""
-
-    def __init__(self, aggregation: str | AggregationType, value: Any = None) -> None:
-        self.aggregation = AggregationType(aggregation)  # raises on an unknown name
-        self.values: list[float] = []
-        if isinstance(value, (list, tuple, Metric)):
-            self.extend(value)
-        elif value is not None:
-            self.append(value)
-
-    def __repr__(self) -> str:
-        return f"Metric({self.aggregation.value}, {self.values})"
-
-    def append(self, value: Any) -> None:
-        if isinstance(value, Metric):
-            self.extend(value)
-            return
-        if isinstance(value, torch.Tensor):
-            if value.numel() != 1:
-                raise ValueError(f"a metric value must be a scalar, got a tensor of shape {tuple(value.shape)}")
-            value = value.detach().item()
-        if not isinstance(value, (int, float, np.number)):
-            raise TypeError(f"a metric value must be a number, got {type(value).__name__}")
-        self.values.append(float(value))
-
-    def extend(self, values: Metric | Iterable[Any]) -> None:
-        if isinstance(values, Metric):
-            if values.aggregation != self.aggregation:
-                raise ValueError(f"cannot merge a {values.aggregation.value} metric into a {self.aggregation.value} one")
-            values = values.values
-        for value in values:
-            self.append(value)
-
-    def init_list(self) -> Metric:
-        """An empty Metric with the same aggregation (what append_to_dict starts a key with)."""
-        return Metric(self.aggregation)
-
-    def aggregate(self) -> float:
-        if not self.values:
-            return math.nan
-        reduce = {AggregationType.MEAN: np.mean, AggregationType.SUM: np.sum,
-                  AggregationType.MIN: np.min, AggregationType.MAX: np.max}[self.aggregation]
-        return float(reduce(self.values))
-
-
 def _reduction(key: str) -> str:
     tokens = key.rsplit("/", 1)[-1].split("_")
     return "max" if "max" in tokens else "min" if "min" in tokens else "mean"
 
 
 def reduce_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """One number per key: a `Metric` by its aggregation; a list by its mean, or max / min where the key's last
-    path segment has a `max` / `min` word (the mean of per-rank maxima is not a maximum); empty gives NaN."""
+    """One number per key: a list's mean, or max / min where the key's last path segment has a `max` / `min`
+    word (the mean of per-rank maxima is not a maximum); empty gives NaN."""
     reduced = {}
     for key, values in metrics.items():
-        if isinstance(values, Metric):
-            reduced[key] = values.aggregate()
-            continue
         array = np.asarray(values if isinstance(values, (list, tuple, np.ndarray)) else [values], float)
         if array.size == 0:
             reduced[key] = math.nan
             continue
         reduced[key] = float(getattr(np, _reduction(key))(array))
     return reduced
-
-
-def append_to_dict(data: MutableMapping[str, Any], new_data: Mapping[str, Any], prefix: str = "") -> None:
-    """Append new_data's values to data's lists (or Metrics) in place, extending with list values; `prefix` is
-    put before keys that lack it."""
-    for key, value in new_data.items():
-        name = key if key.startswith(prefix) else f"{prefix}{key}"
-        if name not in data:
-            data[name] = value.init_list() if isinstance(value, Metric) else []
-        if isinstance(value, list):
-            data[name].extend(value)
-        else:
-            data[name].append(value)
 
 
 # A rank's own seconds for one call, inside meta_info["metrics"], which concat gathers per rank (any other
@@ -246,16 +174,6 @@ def timer(name: str, timing_raw: MutableMapping[str, float]) -> Iterator[None]:
             yield
     finally:
         timing_raw[name] = timing_raw.get(name, 0.0) + (time.perf_counter() - start)
-
-
-@contextmanager
-def marked_timer(
-    name: str, timing_raw: MutableMapping[str, float], color: str | None = None
-) -> Iterator[None]:
-    """verl's signature for `timer`; `color` (an NVTX colour there) is ignored."""
-    del color
-    with timer(name, timing_raw):
-        yield
 
 
 def worker_stage(stage: str) -> str:

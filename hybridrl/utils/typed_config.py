@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+from numbers import Number
 from typing import Any, TypeVar
 
 from omegaconf import OmegaConf
@@ -20,6 +21,13 @@ def require(ok: bool, message: str) -> None:
     """Raise ConfigError(message) unless `ok`."""
     if not ok:
         raise ConfigError(message)
+
+
+def require_config_object(config: Any, owner: str, expected: str) -> None:
+    """Raise unless `config` is a config object: None, or a number from an old positional call such as
+    f(rewards, mask, 0.99), names what `owner` expects there."""
+    if config is None or isinstance(config, Number):
+        raise TypeError(f"{owner} reads its settings from `config`, {expected}; got {config!r}")
 
 
 def as_override(value: Any) -> str:

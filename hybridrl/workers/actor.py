@@ -3,12 +3,13 @@ batching from `update_loop`, sharding and optimizer steps from the engine)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 
-from hybridrl.algos import agg_loss, compute_pg_loss, kl_penalty
+from hybridrl.algos import agg_loss, get_policy_loss_fn, kl_penalty
 from hybridrl.algos.bypass_loss import compute_policy_loss_bypass_mode
-from hybridrl.algos.config_args import policy_loss_settings
 from hybridrl.protocol import DataProto
 from hybridrl.utils.torch_functional import entropy_from_logits, logprobs_from_logits, masked_sum
 from hybridrl.workers.config import ActorConfig
@@ -118,13 +119,15 @@ class PPOActor:
         self.engine.module.train()
         temperature = temperature_of(data)
         cfg = self.config
-        settings = policy_loss_settings(cfg)  # every loss's settings; each loss takes what it declares
-        # bypass mode's rollout correction, computed per micro-batch inside the loss (the trainer sends it)
+        policy_loss = get_policy_loss_fn(cfg.policy_loss.loss_mode)
+        # bypass mode's rollout correction (algorithm.rollout_correction), computed per micro-batch inside the
+        # loss (the trainer sends it)
         bypass = data.meta_info.get("bypass_correction")
 
         def micro_step(micro: DataProto, info: dict, sums: MetricSums) -> torch.Tensor:
             batch = micro.batch
             mask = batch["response_mask"]
+            loss_config = replace(cfg, global_batch_info=info)  # the mini-batch's totals, where losses read them
             tokens = float(mask.sum())
             log_prob, entropy, _ = self._log_probs(micro, temperature, with_entropy=True)
             if fused:
@@ -134,14 +137,10 @@ class PPOActor:
                 old_log_prob = batch["old_log_probs"]
             if bypass is not None:  # old_log_prob holds the rollout's log-probs
                 pg_loss, pg_metrics = compute_policy_loss_bypass_mode(
-                    old_log_prob, log_prob, batch["advantages"], mask, cfg.loss_agg_mode,
-                    loss_mode=cfg.policy_loss.loss_mode, global_batch_info=info, **bypass, **settings)
+                    old_log_prob, log_prob, batch["advantages"], mask, cfg.loss_agg_mode, loss_config, bypass)
             else:  # the trainer adds `rollout_is_weights` (rows, response_len) when rollout correction is on
-                pg_loss, pg_metrics = compute_pg_loss(
-                    cfg.policy_loss.loss_mode, old_log_prob, log_prob, batch["advantages"], mask,
-                    cfg.loss_agg_mode, global_batch_info=info, rollout_is_weights=batch.get("rollout_is_weights"),
-                    **settings,
-                )
+                pg_loss, pg_metrics = policy_loss(old_log_prob, log_prob, batch["advantages"], mask,
+                                                  cfg.loss_agg_mode, loss_config, batch.get("rollout_is_weights"))
             loss = pg_loss
             if cfg.entropy_coeff != 0:
                 loss = loss - cfg.entropy_coeff * agg_loss(entropy, mask, cfg.loss_agg_mode, **info)

@@ -339,6 +339,9 @@ class ActorConfig:
     # Sequence parallelism and torch.compile: only the default runs in hybridrl (hybridrl/trainer/config_rules.py).
     ulysses_sequence_parallel_size: int = 1
     use_torch_compile: bool = False
+    # Not a setting: the actor fills it per mini-batch with the totals the policy loss normalises by
+    # (batch_num_tokens, global_batch_size, dp_size), where verl's losses read it.
+    global_batch_info: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -55,9 +55,7 @@ class PPOCritic:
             tokens = float(mask.sum())
             vpreds = self._values(micro)
             vf_loss, vf_clipfrac = compute_value_loss(
-                vpreds, batch["returns"], batch["values"], mask, cfg.cliprange_value, cfg.loss_agg_mode,
-                global_batch_info=info,
-            )
+                vpreds, batch["returns"], batch["values"], mask, cfg.cliprange_value, cfg.loss_agg_mode, **info)
             sums.plain("vf_loss", float(vf_loss.detach()))
             sums.add("vf_clipfrac", float(vf_clipfrac), tokens)
             sums.add("vpred_mean", float(masked_sum(vpreds.detach(), mask)) / max(tokens, 1.0), tokens)

@@ -13,6 +13,7 @@ from hybridrl.algos import (
     get_adv_estimator_fn,
 )
 from hybridrl.algos.gdpo import GDPOInputError
+from hybridrl.trainer.ppo_config import AlgorithmConfig
 from hybridrl.utils.torch_functional import masked_whiten
 
 INDEX = np.array(["a", "a", "b", "b"], dtype=object)
@@ -21,8 +22,8 @@ COMPONENTS = {"accuracy": np.array([1.0, 0.0, 0.0, 1.0]), "format": np.array([0.
 
 def gdpo(keys=("accuracy", "format"), weights=None, components=COMPONENTS, mask=None):
     mask = torch.ones(4, 3) if mask is None else mask
-    return compute_gdpo_outcome_advantage(torch.zeros(4, 3), mask, INDEX, non_tensor_batch=components,
-                                          gdpo_reward_keys=list(keys), gdpo_reward_weights=weights)
+    config = AlgorithmConfig(adv_estimator="gdpo", gdpo_reward_keys=list(keys), gdpo_reward_weights=weights)
+    return compute_gdpo_outcome_advantage(torch.zeros(4, 3), mask, INDEX, config=config, non_tensor_batch=components)
 
 
 def test_components_cancel_or_add_as_worked_by_hand():
@@ -53,7 +54,7 @@ def test_missing_or_empty_components_name_the_key():
     with pytest.raises(ValueError, match="'format': row 2 holds None"):
         gdpo(components={**COMPONENTS, "format": np.array([0.0, 1.0, None, 1.0], dtype=object)})
     with pytest.raises(ValueError, match="requires algorithm.gdpo_reward_keys"):
-        compute_gdpo_outcome_advantage(torch.zeros(4, 3), torch.ones(4, 3), INDEX, config={"gamma": 1.0})
+        compute_gdpo_outcome_advantage(torch.zeros(4, 3), torch.ones(4, 3), INDEX, config=AlgorithmConfig())
 
 
 def test_without_components_it_is_grpo_then_batch_whitening():

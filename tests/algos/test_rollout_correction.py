@@ -76,5 +76,3 @@ def test_thresholds_and_config_are_checked():
         correct(rollout_rs="token_k3")
     with pytest.raises(ValueError, match="rollout_is must be one of"):
         RolloutCorrectionConfig(rollout_is="tokens")
-    icepop = RolloutCorrectionConfig.decoupled_token_icepop()
-    assert (icepop.rollout_is, icepop.rollout_is_threshold, icepop.rollout_rs) == ("token", "0.5_5.0", None)

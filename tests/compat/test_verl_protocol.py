@@ -1,18 +1,18 @@
-"""verl's extra DataProto members and protocol functions (hybridrl/compat.py), by hand-worked
+"""verl's extra DataProto members and protocol functions (compat/verl_protocol.py), by hand-worked
 values; the core DataProto's behaviour is tests/test_protocol.py's."""
 
 import pytest
 import torch
 from test_protocol import ids_of
 from test_protocol import make as make_core
-
-from hybridrl.compat import (
+from verl_protocol import (
     DataProto,
     deserialize_single_tensor,
     fold_batch_dim,
     serialize_single_tensor,
     unfold_batch_dim,
 )
+
 from hybridrl.protocol import DataProto as CoreDataProto
 
 

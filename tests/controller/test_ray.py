@@ -19,7 +19,6 @@ from hybridrl.controller.ray import (
     RayClassWithInitArgs,
     RayResourcePool,
     RayWorkerGroup,
-    ResourcePoolManager,
 )
 from hybridrl.controller.worker import RENDEZVOUS_KEY_ENV
 
@@ -118,15 +117,6 @@ def test_unsatisfiable_pool_fails_fast_naming_the_setting(ray_cluster):
     assert time.monotonic() - start < 30  # a generous bound: the point is "no silent hang"
     with pytest.raises(RuntimeError, match="GPUs"):
         RayResourcePool(process_on_nodes=[1], use_gpu=True).get_placement_groups()
-
-
-def test_resource_pool_manager_maps_roles(ray_cluster):
-    with pytest.raises(ValueError, match="undefined pools"):
-        ResourcePoolManager({"global_pool": [2]}, {"actor": "other_pool"})
-    manager = ResourcePoolManager({"global_pool": [1]}, {"actor": "global_pool", "critic": "global_pool"})
-    assert manager.get_n_processes() == 1
-    with pytest.raises(KeyError, match="'reward'"):
-        manager.get_resource_pool("reward")
 
 
 def test_torch_config_modules_pickle_by_name_after_the_fix():

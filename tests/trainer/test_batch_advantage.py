@@ -1,14 +1,13 @@
-"""Batch-level advantages: every input the batch has goes to the estimator; multi-output sessions."""
-
-from types import SimpleNamespace
+"""Batch-level advantages: every input the batch has goes to the estimator, its settings from the algorithm
+config."""
 
 import numpy as np
 import pytest
 import torch
 
-from hybridrl.compat import compute_advantage_for_multi_trajectories
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.dataflow import compute_advantage
+from hybridrl.trainer.ppo_config import AlgorithmConfig
 
 
 def batch(scores, masks, uids):
@@ -25,30 +24,17 @@ def batch(scores, masks, uids):
 
 def test_grpo_on_a_batch_writes_advantages_and_returns():
     data = batch([1.0, 3.0], [[1, 1], [1, 0]], ["p", "p"])
-    compute_advantage(data, "grpo")
+    compute_advantage(data, "grpo", AlgorithmConfig())
     # mean 2, unbiased std sqrt(2): (1 - 2) / 1.414 = -0.7071 on both tokens, +0.7071 on the valid one
     expected = torch.tensor([[-0.70711, -0.70711], [0.70711, 0.0]])
     torch.testing.assert_close(data.batch["advantages"], expected, atol=1e-4, rtol=0)
     torch.testing.assert_close(data.batch["returns"], data.batch["advantages"])
 
 
-def test_settings_come_from_keywords_or_config_and_must_agree():
+def test_settings_come_from_the_algorithm_config():
     data = batch([0.0, 4.0], [[1, 1], [1, 1]], ["p", "q"])
-    compute_advantage(data, "reinforce_plus_plus", config=SimpleNamespace(gamma=0.5))
+    compute_advantage(data, "reinforce_plus_plus", AlgorithmConfig(gamma=0.5))
     # row 1 returns: 0.5 * 4 = 2 then 4
     torch.testing.assert_close(data.batch["returns"][1], torch.tensor([2.0, 4.0]))
-    with pytest.raises(ValueError, match="gamma=0.9 was passed but config.gamma is 0.5"):
-        compute_advantage(data, "reinforce_plus_plus", gamma=0.9, config=SimpleNamespace(gamma=0.5))
-
-
-def test_multi_trajectory_grpo_groups_the_final_output_of_each_session():
-    # session a0 has outputs 0 and 1 (rows 0, 1); sessions a1 and a2 one output each
-    data = batch([9.0, 1.0, 3.0, 2.0], [[1, 1], [0, 1], [1, 0], [1, 1]], ["a"] * 4)
-    keys = ["a_0_0", "a_0_1", "a_1_0", "a_2_0"]
-    compute_advantage_for_multi_trajectories(data, keys, "grpo")
-    # the group is the finals: scores 1 (row 1), 3, 2 -> mean 2, std 1 -> -1, +1, 0; row 0 takes its
-    # session's -1 on its own response tokens (its score 9 is not a final output and counts for nothing)
-    expected = torch.tensor([[-1.0, -1.0], [0.0, -1.0], [1.0, 0.0], [0.0, 0.0]])
-    torch.testing.assert_close(data.batch["advantages"], expected, atol=1e-5, rtol=0)
-    with pytest.raises(ValueError, match="form"):
-        compute_advantage_for_multi_trajectories(data, ["a", "b", "c", "d"], "grpo")
+    with pytest.raises(TypeError, match=r"the algorithm config \(algorithm.\*\); got 0.9"):
+        compute_advantage(data, "gae", 0.9)  # verl's positional gamma

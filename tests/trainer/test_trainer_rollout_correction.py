@@ -87,8 +87,8 @@ def test_sequence_weights_and_icepop_and_no_correction():
     assert batch.batch["response_mask"].tolist() == MASK  # no rejection asked for
 
     batch = hand_batch()
-    trainer_with(RolloutCorrectionConfig.decoupled_token_icepop(threshold=1.5, threshold_lower=0.5)) \
-        ._correct_rollout(batch, {})
+    icepop = RolloutCorrectionConfig(rollout_is="token", rollout_is_threshold="0.5_1.5")
+    trainer_with(icepop)._correct_rollout(batch, {})
     # IcePop zeroes weights outside [0.5, 1.5]: e^0.5 = 1.65, e^-1.5 = 0.22 and e^2 go, e^0 and e^0.1 stay
     expected = torch.tensor([[0.0, 1.0, 0.0], [math.exp(0.1), 0.0, 0.0]])
     torch.testing.assert_close(batch.batch["rollout_is_weights"], expected)
@@ -115,7 +115,7 @@ def test_missing_rollout_log_probs_name_the_column_and_the_keys():
     trainer._recompute(batch, {}, {})
     with pytest.raises(KeyError, match=message):
         trainer._correct_rollout(batch, {})
-    trainer = trainer_with(RolloutCorrectionConfig.bypass_ppo_clip(), CountingActor())
+    trainer = trainer_with(RolloutCorrectionConfig(bypass_mode=True), CountingActor())
     with pytest.raises(KeyError, match=message):
         trainer._recompute(hand_batch(with_rollout=False, with_old=False), {}, {})
 
@@ -123,7 +123,7 @@ def test_missing_rollout_log_probs_name_the_column_and_the_keys():
 def test_bypass_mode_skips_the_old_log_prob_pass():
     actor = CountingActor()
     batch, metrics, timing = hand_batch(with_old=False), {}, {}
-    trainer_with(RolloutCorrectionConfig.bypass_ppo_clip(), actor)._recompute(batch, metrics, timing)
+    trainer_with(RolloutCorrectionConfig(bypass_mode=True), actor)._recompute(batch, metrics, timing)
     assert actor.calls == 0 and "old_log_prob" not in timing and "actor/entropy" not in metrics
     torch.testing.assert_close(batch.batch["old_log_probs"], torch.tensor(ROLLOUT))
     # decoupled mode runs the pass and keeps the actor's log-probs
@@ -209,29 +209,3 @@ def run_ppo_local(data, model, tmp_path, extra):
     from hybridrl.trainer.main_ppo import run_ppo
 
     return run_ppo(ppo_config(*tiny_run_overrides(data, model, tmp_path / "run"), *LOCAL, *extra))
-
-
-PRESETS = ["decoupled_token_icepop", "decoupled_geo_rs_seq_tis", "bypass_ppo_clip", "decoupled_token_is",
-           "decoupled_seq_is", "decoupled_seq_is_rs", "decoupled_geo_rs", "decoupled_geo_rs_token_tis",
-           "decoupled_k3_rs", "decoupled_k3_rs_seq_tis", "decoupled_k3_rs_token_tis", "bypass_ppo_clip_geo_rs",
-           "bypass_ppo_clip_k3_rs", "bypass_pg_is", "bypass_pg_geo_rs", "bypass_pg_geo_rs_seq_tis",
-           "bypass_pg_geo_rs_token_tis", "disabled"]
-
-
-@pytest.mark.parametrize("preset", PRESETS)
-def test_verls_presets_are_valid_and_run_where_they_say(preset):
-    from hybridrl.algos.bypass_loss import compute_policy_loss_bypass_mode
-
-    config = getattr(RolloutCorrectionConfig, preset)()  # __post_init__ checks the combination
-    assert config.bypass_mode == preset.startswith("bypass")
-    assert (config.loss_type == "reinforce") == preset.startswith("bypass_pg")
-    batch = hand_batch()
-    if config.bypass_mode:
-        rollout, mask = batch.batch["rollout_log_probs"], batch.batch["response_mask"]
-        log_prob = (rollout + 0.01).requires_grad_(True)
-        loss, metrics = compute_policy_loss_bypass_mode(rollout, log_prob, torch.ones_like(rollout), mask,
-                                                        **config.bypass_loss_settings())
-        assert torch.isfinite(loss) and "rollout_corr/kl" in metrics
-    elif config.enabled:
-        trainer_with(config)._correct_rollout(batch, {})
-        assert ("rollout_is_weights" in batch.batch) == (config.rollout_is is not None)

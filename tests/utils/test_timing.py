@@ -1,11 +1,11 @@
-"""timer / marked_timer: seconds accumulate per stage name, against a scripted clock."""
+"""timer: seconds accumulate per stage name, against a scripted clock."""
 
 from __future__ import annotations
 
 import pytest
 
 from hybridrl.utils import metric
-from hybridrl.utils.metric import marked_timer, timer
+from hybridrl.utils.metric import timer
 
 
 @pytest.fixture
@@ -21,7 +21,7 @@ def test_a_stage_timed_twice_accumulates(clock):
         pass
     with timer("gen", timing_raw):  # 20.0 -> 21.25
         pass
-    with marked_timer("adv", timing_raw, color="red"):  # 30.0 -> 33.0; colour is accepted and unused
+    with timer("adv", timing_raw):  # 30.0 -> 33.0
         pass
     assert timing_raw == {"gen": 0.5 + 1.25, "adv": 3.0}
 

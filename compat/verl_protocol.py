@@ -1,11 +1,9 @@
-"""verl's call conventions over hybridrl's core, for code and tests written against verl.
+"""verl's `verl.protocol` (and `from verl import DataProto`, `verl.utils.tensordict_utils`) over hybridrl's
+core DataProto, for code and tests written against verl (compat/verl_shim.py maps those names here).
 
-compat/verl_shim.py maps verl's modules onto this one (`verl.protocol`, `verl.utils.tensordict_utils`,
-`verl.trainer.ppo.rollout_corr_helper`, `verl.trainer.ppo.v1.utils`); the core never imports it
-(tests/test_import_graph.py). `DataProto` adds verl's extra members to the core's, and the core's
-operations keep the class of their input. The module functions are verl's: batch folding, tensor
-serialisation, the union and padding helpers, `get_tensordict`, rollout correction returning a DataProto,
-and the multi-output session variant of the batch advantage.
+`DataProto` adds verl's extra members to the core's, and the core's operations keep the class of their
+input. The module functions are verl's: batch folding, tensor serialisation, the union and padding
+helpers, and the TensorDict conversions (with the optional tensordict package).
 """
 
 from __future__ import annotations
@@ -20,9 +18,6 @@ import numpy as np
 import torch
 
 from hybridrl import protocol as core
-from hybridrl.algos import AdvantageEstimator
-from hybridrl.algos.rollout_correction import *  # noqa: F403 - verl's rollout_corr_helper holds all of these names
-from hybridrl.algos.rollout_correction import compute_rollout_correction
 from hybridrl.protocol import (
     DataProtoError,
     DataProtoItem,
@@ -33,7 +28,6 @@ from hybridrl.protocol import (
     unpad_dataproto,
 )
 from hybridrl.tensor_batch import RowIndex, TensorBatch
-from hybridrl.trainer.dataflow import compute_advantage
 
 __all__ = [
     "DataProto",
@@ -42,6 +36,7 @@ __all__ = [
     "deserialize_single_tensor",
     "deserialize_tensordict",
     "fold_batch_dim",
+    "get_tensordict",
     "pad_dataproto_to_divisor",
     "serialize_single_tensor",
     "serialize_tensordict",
@@ -306,75 +301,3 @@ def get_tensordict(tensor_dict: Mapping[str, Any], non_tensor_dict: Mapping[str,
             raise ValueError(f"get_tensordict: {key!r} is both a column and a batch-wide value")
         out[key] = td.NonTensorData(value)
     return out
-
-
-# ---------------------------------------------------------------- verl.trainer.ppo.rollout_corr_helper
-
-
-def compute_rollout_correction_and_rejection_mask(
-    old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor,
-    rollout_is: str | None = None, rollout_is_threshold: str | float | None = 2.0,
-    rollout_is_batch_normalize: bool = False, rollout_rs: str | None = None,
-    rollout_rs_threshold: str | float | None = None,
-) -> tuple[DataProto | None, torch.Tensor, dict[str, float]]:
-    """`compute_rollout_correction` with the IS weights as a DataProto of batch key `rollout_is_weights`
-    (None without rollout_is), as verl returns them."""
-    weights, mask, metrics = compute_rollout_correction(
-        old_log_prob, rollout_log_prob, response_mask, rollout_is=rollout_is,
-        rollout_is_threshold=rollout_is_threshold, rollout_is_batch_normalize=rollout_is_batch_normalize,
-        rollout_rs=rollout_rs, rollout_rs_threshold=rollout_rs_threshold)
-    proto = DataProto.from_dict({"rollout_is_weights": weights}) if weights is not None else None
-    return proto, mask, metrics
-
-
-# ---------------------------------------------------------------- verl.trainer.ppo.v1.utils
-
-
-def _final_rows(batch_keys: list[str]) -> tuple[list[int], list[int]]:
-    """For keys "{uid}_{session}_{output}": the row of each session's last output, and for every row its
-    session's index in that list."""
-    final: dict[str, tuple[int, int]] = {}  # session -> (output index, row)
-    sessions = []
-    for row, key in enumerate(batch_keys):
-        parts = key.rsplit("_", 2)
-        if len(parts) != 3 or not parts[2].isdigit():
-            raise DataProtoError(f"batch key {key!r} is not of the form '{{uid}}_{{session_id}}_{{output_index}}'")
-        session, output = f"{parts[0]}_{parts[1]}", int(parts[2])
-        sessions.append(session)
-        if session not in final or final[session][0] < output:
-            final[session] = (output, row)
-    order = {session: i for i, session in enumerate(final)}
-    return [row for _, row in final.values()], [order[s] for s in sessions]
-
-
-def compute_advantage_for_multi_trajectories(
-    data: core.DataProto,
-    batch_keys: list[str],
-    adv_estimator: str | AdvantageEstimator,
-    gamma: float | None = None,
-    lam: float | None = None,
-    num_repeat: int = 1,
-    norm_adv_by_std_in_grpo: bool | None = None,
-    config: Any = None,
-) -> core.DataProto:
-    """Advantages when an agent session returns several rows and only its last is scored (verl's v1 utility).
-
-    For GRPO the group is formed by each session's final row (`batch_keys`: "{uid}_{session_id}_{output_index}"
-    per row), and its advantage at the first response token goes to every row of the session; other
-    estimators see the rows as they are, as in verl. Writes into and returns `data`.
-    """
-    if len(batch_keys) != len(data):
-        raise DataProtoError(f"{len(batch_keys)} batch keys for {len(data)} rows")
-    kwargs = dict(gamma=gamma, lam=lam, num_repeat=num_repeat, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
-                  config=config)
-    name = adv_estimator.value if isinstance(adv_estimator, AdvantageEstimator) else adv_estimator
-    if name not in (AdvantageEstimator.GRPO.value, AdvantageEstimator.GRPO_VECTORIZED.value):
-        return compute_advantage(data, adv_estimator, **kwargs)
-    final_rows, session_of_row = _final_rows(batch_keys)
-    finals = compute_advantage(data.select_rows(final_rows), adv_estimator, **kwargs)
-    first_token = finals.batch["response_mask"].argmax(dim=1)  # (sessions,); 0 for an empty response
-    per_session = finals.batch["advantages"][torch.arange(len(finals)), first_token]  # (sessions,)
-    mask = data.batch["response_mask"].to(per_session.dtype)
-    scores = per_session[session_of_row].unsqueeze(-1) * mask  # (rows, response_len)
-    data.batch["advantages"], data.batch["returns"] = scores, scores
-    return data
