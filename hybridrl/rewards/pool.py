@@ -372,13 +372,6 @@ def _exit_text(code: int | None) -> str:
     return f"exit code {code}"
 
 
-def score_in_pool(fn: Callable[..., Any], kwargs_list: Sequence[Mapping[str, Any]], num_workers: int,
-                  timeout: float, check: Callable[[Any, Mapping[str, Any]], Any] = accept_any) -> list[Outcome]:
-    """Call `fn(**kwargs)` for each entry on a pool made for this one batch; results keep the input order."""
-    with RewardPool(fn, num_workers, timeout, check) as pool:
-        return pool.map(kwargs_list)
-
-
 def default_num_workers() -> int:
     """The CPUs this process may run on (its affinity, not the machine's count), at most 64."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
