@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import logging
 import re
@@ -241,17 +242,6 @@ def _fix_fracs(s: str) -> str:
     return out
 
 
-def _fix_slash_fraction(s: str) -> str:
-    """`3/4` (two plain integers) -> `\\frac{3}{4}`."""
-    match = re.fullmatch(r"(\d+)/(\d+)", s)
-    return f"\\frac{{{match.group(1)}}}{{{match.group(2)}}}" if match else s
-
-
-def _fix_sqrt(s: str) -> str:
-    """`\\sqrt3` -> `\\sqrt{3}` (one-character argument)."""
-    return re.sub(r"\\sqrt(?!\{)(\w)", r"\\sqrt{\1}", s)
-
-
 def strip_string(s: str) -> str:
     """Normalise a MATH answer string so that equal answers written differently compare equal."""
     s = s.replace("\n", "").replace("\\!", "").replace("\\\\", "\\")
@@ -268,12 +258,12 @@ def strip_string(s: str) -> str:
     parts = s.split("=")
     if len(parts) == 2 and len(parts[0].strip()) <= 2:
         s = parts[1]
-    s = _fix_sqrt(s)
-    s = s.replace(" ", "")
-    s = _fix_fracs(s)
+    s = re.sub(r"\\sqrt(?!\{)(\w)", r"\\sqrt{\1}", s)  # \sqrt3 -> \sqrt{3}
+    s = _fix_fracs(s.replace(" ", ""))
     if s == "0.5":
-        s = "\\frac{1}{2}"
-    return _fix_slash_fraction(s)
+        return "\\frac{1}{2}"
+    fraction = re.fullmatch(r"(\d+)/(\d+)", s)  # 3/4 -> \frac{3}{4}
+    return f"\\frac{{{fraction.group(1)}}}{{{fraction.group(2)}}}" if fraction else s
 
 
 def is_equiv(str1: str | None, str2: str | None) -> bool:
@@ -447,12 +437,9 @@ def sandbox_sources(data_sources: Iterable[str]) -> list[str]:
     """The `data_sources` whose built-in scorer runs programs (unknown ones fail where they are scored)."""
     found = set()
     for source in set(data_sources):
-        try:
-            name = scorer_name(source)
-        except NotImplementedError:
-            continue
-        if name in SANDBOX_SCORERS:
-            found.add(source)
+        with contextlib.suppress(UnknownDataSourceError):
+            if scorer_name(source) in SANDBOX_SCORERS:
+                found.add(source)
     return sorted(found)
 
 
@@ -470,9 +457,7 @@ def default_compute_score(
     if sandbox_limits is not None and name in SANDBOX_SCORERS:
         kwargs = {**kwargs, "sandbox_limits": sandbox_limits}
     result = SCORERS[name](solution_str, ground_truth, **kwargs)
-    if isinstance(result, dict):
-        return result
-    return float(result)
+    return result if isinstance(result, dict) else float(result)
 
 
 def check_code_sandbox(data_sources: Iterable[object], limits: SandboxLimits) -> None:
