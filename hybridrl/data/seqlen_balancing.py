@@ -26,14 +26,12 @@ def _check_args(seqlen_list: Sequence[int], k_partitions: int, equal_size: bool)
     if k_partitions < 1:
         raise ValueError(f"k_partitions must be >= 1, got {k_partitions}")
     if len(seqlen_list) < k_partitions:
-        raise ValueError(
-            f"cannot split {len(seqlen_list)} sequences into {k_partitions} non-empty partitions"
-        )
+        raise ValueError(f"cannot split {len(seqlen_list)} sequences into {k_partitions} non-empty "
+                         f"partitions")
     if equal_size and len(seqlen_list) % k_partitions:
-        raise ValueError(
-            f"equal_size needs the number of sequences ({len(seqlen_list)}) to be divisible by "
-            f"k_partitions ({k_partitions}); make the batch size a multiple of the data-parallel size"
-        )
+        raise ValueError(f"equal_size needs the number of sequences ({len(seqlen_list)}) to be divisible by "
+                         f"k_partitions ({k_partitions}); make the batch size a multiple of the "
+                         f"data-parallel size")
 
 
 class _Partial:
@@ -65,9 +63,8 @@ def karmarkar_karp(seqlen_list: Sequence[int], k_partitions: int, equal_size: bo
         groups = [order[s : s + k_partitions] for s in range(0, len(order), k_partitions)]
         partials = [_Partial([(seqlen_list[i], [i]) for i in g]) for g in groups]
     else:
-        partials = [
-            _Partial([(seqlen_list[i], [i])] + [(0, []) for _ in range(k_partitions - 1)]) for i in order
-        ]
+        partials = [_Partial([(seqlen_list[i], [i])] + [(0, []) for _ in range(k_partitions - 1)])
+                    for i in order]
     tiebreak = itertools.count()  # equal spreads pop in insertion order, so results are deterministic
     heap = [(-p.spread, next(tiebreak), p) for p in partials]
     heapq.heapify(heap)
@@ -97,14 +94,11 @@ def _spread(seqlen_list: Sequence[int], partitions: Sequence[Sequence[int]]) -> 
     return max(sums) - min(sums)
 
 
-def get_seqlen_balanced_partitions(
-    seqlen_list: Sequence[int], k_partitions: int, equal_size: bool
-) -> list[list[int]]:
+def get_seqlen_balanced_partitions(seqlen_list: Sequence[int], k_partitions: int, equal_size: bool
+                                   ) -> list[list[int]]:
     """Balanced non-empty partitions of sorted indices, ordered by first index: KK or greedy, the tighter."""
-    candidates = [
-        karmarkar_karp(seqlen_list, k_partitions, equal_size),
-        greedy_partition(seqlen_list, k_partitions, equal_size),
-    ]
+    candidates = [karmarkar_karp(seqlen_list, k_partitions, equal_size),
+                  greedy_partition(seqlen_list, k_partitions, equal_size)]
     partitions = min(candidates, key=lambda p: _spread(seqlen_list, p))  # KK on ties
     seen = sorted(i for p in partitions for i in p)
     if seen != list(range(len(seqlen_list))) or any(not p for p in partitions):
@@ -112,23 +106,17 @@ def get_seqlen_balanced_partitions(
     return sorted(partitions, key=lambda p: p[0])
 
 
-def log_seqlen_unbalance(
-    seqlen_list: Sequence[int], partitions: Sequence[Sequence[int]], prefix: str
-) -> dict:
+def log_seqlen_unbalance(seqlen_list: Sequence[int], partitions: Sequence[Sequence[int]],
+                         prefix: str) -> dict:
     """Token totals of a naive contiguous equal-count split (min/max/minmax_diff, as verl reports them)
     next to the balanced partitions' (balanced_min/balanced_max), and the mean per partition."""
     k = len(partitions)
     chunk = ceildiv(len(seqlen_list), k)
     naive = [sum(seqlen_list[s : s + chunk]) for s in range(0, len(seqlen_list), chunk)]
     balanced = [sum(seqlen_list[i] for i in p) for p in partitions]
-    return {
-        f"{prefix}/min": min(naive),
-        f"{prefix}/max": max(naive),
-        f"{prefix}/minmax_diff": max(naive) - min(naive),
-        f"{prefix}/balanced_min": min(balanced),
-        f"{prefix}/balanced_max": max(balanced),
-        f"{prefix}/mean": sum(seqlen_list) / k,
-    }
+    return {f"{prefix}/min": min(naive), f"{prefix}/max": max(naive),
+            f"{prefix}/minmax_diff": max(naive) - min(naive), f"{prefix}/balanced_min": min(balanced),
+            f"{prefix}/balanced_max": max(balanced), f"{prefix}/mean": sum(seqlen_list) / k}
 
 
 def _attention_mask(batch: Any) -> torch.Tensor:
@@ -158,29 +146,21 @@ def _within_budget(seqlens: Sequence[int], k: int, max_token_len: int) -> list[l
     return sorted(candidates[best], key=lambda p: p[0]) if heaviest[best] <= max_token_len else None
 
 
-def _fewest_micro_batches(
-    seqlens: Sequence[int], start: int, step: int, max_token_len: int
-) -> tuple[int, list[list[int]]]:
+def _fewest_micro_batches(seqlens: Sequence[int], start: int, step: int, max_token_len: int
+                          ) -> tuple[int, list[list[int]]]:
     """The smallest k >= start, in steps of `step`, with a partition whose every part is within budget."""
     k = start
     while (parts := _within_budget(seqlens, k, max_token_len)) is None:
         k += step
         if k > len(seqlens):
-            raise ValueError(
-                f"cannot split {len(seqlens)} sequences into a multiple of {step} micro-batches within "
-                f"{max_token_len} tokens each; raise the token budget or the batch size"
-            )
+            raise ValueError(f"cannot split {len(seqlens)} sequences into a multiple of {step} micro-batches "
+                             f"within {max_token_len} tokens each; raise the token budget or the batch size")
     return k, parts
 
 
-def rearrange_micro_batches(
-    batch: Any,
-    max_token_len: int,
-    dp_group: dist.ProcessGroup | None = None,
-    num_batches_divided_by: int | None = None,
-    same_micro_num_in_dp: bool = True,
-    min_num_micro_batch: int | None = None,
-) -> tuple[list[Any], list[list[int]]]:
+def rearrange_micro_batches(batch: Any, max_token_len: int, dp_group: dist.ProcessGroup | None = None,
+                            num_batches_divided_by: int | None = None, same_micro_num_in_dp: bool = True,
+                            min_num_micro_batch: int | None = None) -> tuple[list[Any], list[list[int]]]:
     """Split `batch` into micro-batches of at most `max_token_len` real tokens (`attention_mask`) each.
 
     Their count starts at ceil(total / max_token_len) (at least `min_num_micro_batch`, a multiple of
@@ -190,10 +170,9 @@ def rearrange_micro_batches(
     """
     seqlens = _attention_mask(batch).sum(dim=-1).tolist()  # (batch,) real tokens per row
     if max(seqlens) > max_token_len:
-        raise ValueError(
-            f"a sequence has {max(seqlens)} tokens, more than max_token_len={max_token_len}; raise "
-            f"ppo_max_token_len_per_gpu (or log_prob_max_token_len_per_gpu) to at least prompt + response length"
-        )
+        raise ValueError(f"a sequence has {max(seqlens)} tokens, more than max_token_len={max_token_len}; "
+                         f"raise ppo_max_token_len_per_gpu (or log_prob_max_token_len_per_gpu) to at least "
+                         f"prompt + response length")
     step = num_batches_divided_by or 1
     start = max(ceildiv(sum(seqlens), max_token_len), min_num_micro_batch or 1)
     k, micro_bsz_idx = _fewest_micro_batches(seqlens, ceildiv(start, step) * step, step, max_token_len)
@@ -202,9 +181,8 @@ def rearrange_micro_batches(
     return [_select_rows(batch, idx) for idx in micro_bsz_idx], micro_bsz_idx
 
 
-def _agree_across_ranks(
-    seqlens: Sequence[int], k: int, step: int, max_token_len: int, group: dist.ProcessGroup
-) -> list[list[int]]:
+def _agree_across_ranks(seqlens: Sequence[int], k: int, step: int, max_token_len: int,
+                        group: dist.ProcessGroup) -> list[list[int]]:
     """Raise k to the largest any rank needs, until that count fits on every rank (KK guarantees no
     monotonicity, so each round re-checks)."""
     while True:
@@ -218,7 +196,7 @@ def _agree_across_ranks(
 
 
 def get_reverse_idx(idx_map: Sequence[int]) -> list[int]:
-    """Inverse permutation: if outputs were produced in `idx_map` order, `outputs[reverse]` is original order."""
+    """Inverse permutation: if outputs came in `idx_map` order, `outputs[reverse]` is the original order."""
     reverse = [0] * len(idx_map)
     for position, original in enumerate(idx_map):
         reverse[original] = position
