@@ -39,18 +39,16 @@ def extract_answer(solution_str: str) -> str | None:
     return found[-1].strip() if found else None
 
 
-def arithmetic_score(
-    solution_str: str, ground_truth: str | int, format_score: float = 0.0, score: float = 1.0
-) -> float:
+def arithmetic_score(solution_str: str, ground_truth: str | int, format_score: float = 0.0,
+                     score: float = 1.0) -> float:
     """`score` if the last `<answer>` tag holds the integer `ground_truth` ("85", "-12"), `format_score` if
     it holds anything else, 0.0 without a tag. Only the last tag counts, so listing answers cannot hedge.
     """
     try:
         target = int(str(ground_truth).strip())
     except ValueError:
-        raise ValueError(
-            f"arithmetic ground_truth must be an integer string such as '85' or '-12', got {ground_truth!r}"
-        ) from None
+        raise ValueError(f"arithmetic ground_truth must be an integer string such as '85' or '-12', got "
+                         f"{ground_truth!r}") from None
     answer = extract_answer(solution_str)
     if answer is None:
         return 0.0
@@ -119,22 +117,16 @@ def uses_numbers(used: list[int], available: list[int], number_use: str) -> bool
     raise ValueError(f"countdown number_use must be 'exactly_once' or 'at_most_once', got {number_use!r}")
 
 
-def countdown_score(
-    solution_str: str,
-    ground_truth: Mapping,
-    format_score: float = 0.1,
-    score: float = 1.0,
-    number_use: str = "exactly_once",
-) -> float:
+def countdown_score(solution_str: str, ground_truth: Mapping, format_score: float = 0.1, score: float = 1.0,
+                    number_use: str = "exactly_once") -> float:
     """`score` if the last `<answer>` expression uses the numbers as `number_use` says and equals `target`.
 
     Parsed with `ast` and evaluated exactly over integers, + - * / and parentheses (no `eval`, no `**`).
     As in TinyZero, a tag that is present but wrong in any way earns `format_score`.
     """
     if not isinstance(ground_truth, Mapping) or "target" not in ground_truth or "numbers" not in ground_truth:
-        raise ValueError(
-            f"countdown ground_truth must be a dict with 'target' and 'numbers', got {ground_truth!r}"
-        )
+        raise ValueError(f"countdown ground_truth must be a dict with 'target' and 'numbers', got "
+                         f"{ground_truth!r}")
     target = int(ground_truth["target"])
     numbers = [int(n) for n in ground_truth["numbers"]]  # parquet gives numpy arrays; normalise
     expr = extract_answer(solution_str)
@@ -172,13 +164,8 @@ def extract_solution(solution_str: str, method: str = "strict") -> str | None:
     return candidates[-1].replace(",", "") if candidates else None
 
 
-def gsm8k_score(
-    solution_str: str,
-    ground_truth: str,
-    method: str = "strict",
-    format_score: float = 0.0,
-    score: float = 1.0,
-) -> float:
+def gsm8k_score(solution_str: str, ground_truth: str, method: str = "strict", format_score: float = 0.0,
+                score: float = 1.0) -> float:
     """`score` for a correct answer, `format_score` for a found but wrong one, 0.0 for none.
 
     `method="strict"` accepts only the dataset's marker (`#### 42`), `"flexible"` the last number; both
@@ -362,12 +349,8 @@ def run_tests(code: str, tests: Mapping, limits: SandboxLimits | None = None) ->
     return [check(r, expected) for r, expected in zip(results, tests["outputs"], strict=True)]
 
 
-def code_score(
-    solution_str: str,
-    ground_truth: Any,
-    continuous: bool = True,
-    sandbox_limits: SandboxLimits | None = None,
-) -> float:
+def code_score(solution_str: str, ground_truth: Any, continuous: bool = True,
+               sandbox_limits: SandboxLimits | None = None) -> float:
     """Fraction of test cases passed (`continuous`) or 1.0/0.0 for all-or-nothing.
 
     `ground_truth`: APPS / TACO / CodeContests' dict (or JSON) of `inputs` and `outputs`, optionally
@@ -443,14 +426,8 @@ def sandbox_sources(data_sources: Iterable[str]) -> list[str]:
     return sorted(found)
 
 
-def default_compute_score(
-    data_source: str,
-    solution_str: str,
-    ground_truth: Any,
-    extra_info: dict | None = None,
-    sandbox_limits: SandboxLimits | None = None,
-    **kwargs: Any,
-) -> float | dict:
+def default_compute_score(data_source: str, solution_str: str, ground_truth: Any,
+                          extra_info: dict | None = None, sandbox_limits: SandboxLimits | None = None, **kwargs: Any) -> float | dict:
     """Score one response with its `data_source`'s scorer, which gets `kwargs` (`method="flexible"`) and,
     if it runs programs, `sandbox_limits`. Returns a float, or the scorer's dict unchanged."""
     name = scorer_name(data_source)
