@@ -176,11 +176,10 @@ class RewardPool:
         try:
             self._payload = pickle.dumps((fn, check))
         except Exception as err:
-            raise ValueError(
-                f"the reward function {fn!r} cannot be sent to a worker process ({type(err).__name__}: {err}). "
-                f"Define it at module level in a file (custom_reward_function.path/name), or run it in the "
-                f"driver with reward_model.reward_fn_workers=0 (no timeout, no crash isolation)"
-            ) from err
+            raise ValueError(f"the reward function {fn!r} cannot be sent to a worker process "
+                             f"({type(err).__name__}: {err}). Define it at module level in a file "
+                             "(custom_reward_function.path/name), or run it in the driver with "
+                             "reward_model.reward_fn_workers=0 (no timeout, no crash isolation)") from err
         self.num_workers, self.timeout = num_workers, timeout
         self._fault_dir = tempfile.mkdtemp(prefix="hybridrl-reward-pool-")
         self._workers: list[_Worker | None] = []

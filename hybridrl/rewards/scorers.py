@@ -409,11 +409,10 @@ def scorer_name(data_source: str) -> str:
     for prefix, name in _PREFIXES.items():
         if data_source.startswith(prefix):
             return name
-    raise UnknownDataSourceError(
-        f"no built-in reward function for data_source={data_source!r}. Known sources: "
-        f"{', '.join(known_sources())}. For another source set custom_reward_function.path "
-        f"(and .name) to a file defining compute_score(data_source, solution_str, ground_truth, extra_info=None)."
-    )
+    raise UnknownDataSourceError(f"no built-in reward function for data_source={data_source!r}. Known "
+                                 f"sources: {', '.join(known_sources())}. For another source set "
+                                 "custom_reward_function.path (and .name) to a file defining "
+                                 "compute_score(data_source, solution_str, ground_truth, extra_info=None).")
 
 
 def sandbox_sources(data_sources: Iterable[str]) -> list[str]:
