@@ -2,8 +2,8 @@
 functions of a DataProto (or of plain lists) returning `{name: float}`, so the fit loop only merges dicts.
 `StageCosts` gathers what each stage cost on the workers: their own seconds and each pass's model FLOPs.
 
-Batch layout (docs/architecture.md, "The batch"): `prompts` (B, P) left-padded, `responses` (B, R) right-padded,
-`attention_mask` (B, P + R) covering both, `response_mask` (B, R), and per-token float tensors
+Batch layout (docs/architecture.md, "The batch"): `prompts` (B, P) left-padded, `responses` (B, R)
+right-padded, `attention_mask` (B, P + R) covering both, `response_mask` (B, R), and per-token float tensors
 `token_level_scores`, `token_level_rewards`, `advantages`, `returns`, `values` (B, R).
 """
 
@@ -60,11 +60,8 @@ def _lengths(batch: DataProto) -> tuple[torch.Tensor, torch.Tensor, int, int]:
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
     """`{prefix}/mean`, `/max`, `/min` of a 1-D tensor."""
     values = values.detach().float()
-    return {
-        f"{prefix}/mean": values.mean().item(),
-        f"{prefix}/max": values.max().item(),
-        f"{prefix}/min": values.min().item(),
-    }
+    return {f"{prefix}/mean": values.mean().item(), f"{prefix}/max": values.max().item(),
+            f"{prefix}/min": values.min().item()}
 
 
 def _length_stats(prefix: str, lengths: torch.Tensor, max_len: int) -> dict[str, float]:
@@ -75,19 +72,13 @@ def _length_stats(prefix: str, lengths: torch.Tensor, max_len: int) -> dict[str,
 def compute_data_metrics(batch: DataProto, use_critic: bool = True) -> dict[str, float]:
     """Per-step statistics of the training batch (verl's `compute_data_metrics`).
 
-    - `critic/score/*`: sequence score = sum_t token_level_scores[t] (the reward function's output,
-      placed on the last response token), over non-aborted rows;
-    - `critic/rewards/*`: the same sum of `token_level_rewards` (scores minus the KL penalty if any);
-    - `critic/advantages/*`, `critic/returns/*` (and `critic/values/*` with a critic): over the valid
-      response tokens (`response_mask == 1`) of the whole batch;
-    - `critic/vf_explained_var` = 1 - Var[returns - values] / (Var[returns] + 1e-5), unbiased
-      variances over valid tokens: 1 means the critic predicts returns perfectly, 0 no better than
-      a constant;
-    - `response_length/*`, `prompt_length/*`: lengths in tokens; `clip_ratio` = share of rows whose
-      length equals the padded maximum (the response hit `max_response_length`, or the prompt filled
-      `max_prompt_length`);
-    - `response/aborted_ratio`: share of rows with an empty response, and `response_length_non_aborted/*`
-      without them (an aborted row's zero length would drag the mean down).
+    - `critic/score/*`, `critic/rewards/*`: sum_t token_level_scores[t] (the reward function's output)
+      and sum_t token_level_rewards[t] (minus the KL penalty if any), over non-aborted rows;
+    - `critic/advantages/*`, `critic/returns/*` (and `critic/values/*`): over the valid response tokens;
+    - `critic/vf_explained_var` = 1 - Var[returns - values] / (Var[returns] + 1e-5), unbiased variances
+      over valid tokens (1: the critic predicts returns perfectly, 0: no better than a constant);
+    - `response_length/*`, `prompt_length/*` in tokens, `clip_ratio` the share filling the padded width;
+    - `response/aborted_ratio`: share of empty responses, which `response_length_non_aborted/*` leaves out.
     """
     keys = ["token_level_scores", "token_level_rewards", "advantages", "returns", "response_mask"]
     _require(batch, keys + (["values"] if use_critic else []), "compute_data_metrics")
@@ -151,8 +142,8 @@ def compute_throughput_metrics(
     verl's `n_gpus` (`trainer.nnodes * trainer.n_gpus_per_node`; worker processes on CPU).
     """
     if "step" not in timing_raw:
-        raise KeyError("compute_throughput_metrics: timing_raw has no 'step' entry; wrap the whole iteration in "
-                       f"`with timer('step', timing_raw)` (have {sorted(timing_raw)})")
+        raise KeyError("compute_throughput_metrics: timing_raw has no 'step' entry; wrap the whole iteration "
+                       f"in `with timer('step', timing_raw)` (have {sorted(timing_raw)})")
     if n_workers < 1:
         raise ValueError(f"compute_throughput_metrics: n_workers must be >= 1, got {n_workers}")
     _require(batch, ("attention_mask",), "compute_throughput_metrics")
@@ -301,8 +292,8 @@ def process_validation_metrics(
     n_rows = len(data_sources)
     for name, column in {"sample_uids": sample_uids, **infos_dict}.items():
         if len(column) != n_rows:
-            raise ValueError(f"process_validation_metrics: {name} has {len(column)} entries but data_sources has "
-                             f"{n_rows}; every list needs one entry per validation response")
+            raise ValueError(f"process_validation_metrics: {name} has {len(column)} entries but data_sources "
+                             f"has {n_rows}; every list needs one entry per validation response")
     groups: dict[str, dict[Hashable, list[int]]] = defaultdict(lambda: defaultdict(list))
     for row, (source, uid) in enumerate(zip(data_sources, sample_uids, strict=True)):
         groups[source][uid].append(row)
