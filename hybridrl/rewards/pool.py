@@ -341,14 +341,9 @@ def processing_order(rows: int) -> list[int]:
     if rows <= 0:
         return []
     bits = (rows - 1).bit_length()
-    order, seen = [], set()
-    for j in range(1 << bits):
-        reversed_j = int(format(j, f"0{bits}b")[::-1], 2) if bits else 0
-        index = reversed_j * rows >> bits  # floor(rows * reversed_j / 2^bits): each row once over all j
-        if index not in seen:
-            seen.add(index)
-            order.append(index)
-    return order
+    reversed_j = (int(format(j, f"0{bits}b")[::-1], 2) if bits else 0 for j in range(1 << bits))
+    # floor(rows * r / 2^bits) reaches every row over all j; keep each row's first appearance
+    return list(dict.fromkeys(r * rows >> bits for r in reversed_j))
 
 
 def _loads_outcome(data: bytes) -> Outcome:
