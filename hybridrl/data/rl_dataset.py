@@ -27,6 +27,8 @@ from transformers import PreTrainedTokenizerBase
 
 from hybridrl.protocol import object_column
 
+logger = logging.getLogger(__name__)
+
 MAX_LISTED = 5  # rows listed in one error; the rest are counted
 
 PROMPT_FIX = ("store each prompt as a non-empty list of {\"role\": ..., \"content\": ...} messages (or a "
@@ -58,8 +60,7 @@ def prompt_problem(prompt: Any) -> str | None:
     if isinstance(prompt, str):
         return None if prompt.strip() else "the prompt is an empty string"
     if not isinstance(prompt, list | tuple):
-        return (f"must hold a list of chat messages or a string, got {type(prompt).__name__} "
-                f"{_short(prompt)}")
+        return f"must hold a list of chat messages or a string, got {type(prompt).__name__} {_short(prompt)}"
     if not prompt:
         return "the prompt is an empty list of chat messages"
     for turn, message in enumerate(prompt):
@@ -90,13 +91,9 @@ def raise_if_any(problems: list[RowProblem], total_rows: int) -> None:
     if len(problems) > MAX_LISTED:
         lines.append(f"  ... and {len(problems) - MAX_LISTED} more")
     fixes = list(dict.fromkeys(p.fix for p in problems))  # distinct, in order of first appearance
-    raise DataError(
-        f"{len(problems)} of {total_rows} data rows cannot be used (checked before training starts):\n"
-        + "\n".join(lines) + "\nFix: " + "\nFix: ".join(fixes)
-    )
+    raise DataError(f"{len(problems)} of {total_rows} data rows cannot be used (checked before training "
+                    f"starts):\n" + "\n".join(lines) + "\nFix: " + "\nFix: ".join(fixes))
 
-
-logger = logging.getLogger(__name__)
 
 TRUNCATION_MODES = ("error", "left", "right", "middle")
 OVERLONG_FIX = ("set data.truncation=left|right|middle, set data.filter_overlong_prompts=True to drop such "
@@ -170,15 +167,12 @@ def truncate(ids: list[int], max_length: int, mode: str, where: str) -> list[int
     if mode == "middle":
         head = max_length // 2
         return ids[:head] + ids[len(ids) - (max_length - head) :]
-    raise ValueError(
-        f"{where}: the prompt has {len(ids)} tokens, more than data.max_prompt_length={max_length}. "
-        f"Fix: {OVERLONG_FIX}"
-    )
+    raise ValueError(f"{where}: the prompt has {len(ids)} tokens, more than "
+                     f"data.max_prompt_length={max_length}. Fix: {OVERLONG_FIX}")
 
 
-def left_pad(
-    ids: list[int], length: int, pad_token_id: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def left_pad(ids: list[int], length: int, pad_token_id: int
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """input_ids, attention_mask and position_ids, each (length,), with the prompt at the right end."""
     pad = length - len(ids)
     input_ids = torch.tensor([pad_token_id] * pad + ids, dtype=torch.long, device="cpu")  # (length,)
@@ -195,15 +189,9 @@ def _clean_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any
 class RLHFDataset(Dataset):
     """Prompts from one or many parquet files, in file order; `require_ground_truth` for rule-based rewards."""
 
-    def __init__(
-        self,
-        data_files: str | Path | Sequence[str | Path],
-        tokenizer: PreTrainedTokenizerBase,
-        config: Mapping[str, Any] | RLDatasetConfig | None = None,
-        processor: Any = None,
-        *,
-        require_ground_truth: bool = False,
-    ) -> None:
+    def __init__(self, data_files: str | Path | Sequence[str | Path], tokenizer: PreTrainedTokenizerBase,
+                 config: Mapping[str, Any] | RLDatasetConfig | None = None, processor: Any = None, *,
+                 require_ground_truth: bool = False) -> None:
         if processor is not None:
             raise NotImplementedError("multi-modal prompts (processor=...) are not supported yet")
         self.config = RLDatasetConfig.from_mapping(config)
@@ -229,27 +217,20 @@ class RLHFDataset(Dataset):
     def _pad_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if pad is None:
-            raise ValueError(
-                "the tokenizer has neither a pad token nor an EOS token to left-pad prompts with"
-            )
+            raise ValueError("the tokenizer has neither a pad token nor an EOS token to left-pad prompts")
         return pad
 
     def _read(self, path: Path, require_ground_truth: bool) -> None:
         if not path.is_file():
-            raise FileNotFoundError(
-                f"data file {path} does not exist (check data.train_files / data.val_files)"
-            )
+            raise FileNotFoundError(f"data file {path} does not exist (check data.train_files / "
+                                    f"data.val_files)")
         table = pq.read_table(path)
         if self.config.prompt_key not in table.column_names:
-            raise KeyError(
-                f"{path} has no column {self.config.prompt_key!r} (data.prompt_key); its columns are "
-                f"{table.column_names}"
-            )
+            raise KeyError(f"{path} has no column {self.config.prompt_key!r} (data.prompt_key); its columns "
+                           f"are {table.column_names}")
         if require_ground_truth and "reward_model" not in table.column_names:
-            raise KeyError(
-                f"{path} has no column 'reward_model', where rule-based rewards read each row's "
-                f"ground_truth; its columns are {table.column_names}. Fix: {GROUND_TRUTH_FIX}"
-            )
+            raise KeyError(f"{path} has no column 'reward_model', where rule-based rewards read each row's "
+                           f"ground_truth; its columns are {table.column_names}. Fix: {GROUND_TRUTH_FIX}")
         if table.num_rows == 0:
             raise ValueError(f"{path} has no rows; regenerate it or drop it from data.train_files")
         self.rows += table.to_pylist()
@@ -260,18 +241,13 @@ class RLHFDataset(Dataset):
         if isinstance(prompt, str):
             return prompt, True
         if not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError(
-                f"{where}: the prompt is a list of chat messages but the tokenizer has no chat_template; "
-                f"use a tokenizer with one, or store the prompt as a plain string"
-            )
+            raise ValueError(f"{where}: the prompt is a list of chat messages but the tokenizer has no "
+                             f"chat_template; use a tokenizer with one, or store the prompt as a plain "
+                             f"string")
         tools = {"tools": self.tool_schemas} if self.tool_schemas else {}
-        text = self.tokenizer.apply_chat_template(
-            _clean_messages(prompt),
-            add_generation_prompt=True,
-            tokenize=False,
-            **tools,
-            **self.config.apply_chat_template_kwargs,
-        )
+        text = self.tokenizer.apply_chat_template(_clean_messages(prompt), add_generation_prompt=True,
+                                                  tokenize=False, **tools,
+                                                  **self.config.apply_chat_template_kwargs)
         return text, False  # the chat template already placed its own special tokens
 
     def _encode(self, index: int) -> tuple[list[int], str]:
@@ -314,28 +290,22 @@ class RLHFDataset(Dataset):
     def _check_lengths(self) -> None:
         """Under truncation=error, every prompt must fit max_prompt_length."""
         limit = self.config.max_prompt_length
-        problems = [
-            RowProblem(origin, repr(self.config.prompt_key),
-                       f"the prompt has {length} tokens, more than data.max_prompt_length={limit}", OVERLONG_FIX)
-            for origin, length in zip(self.origins, self.prompt_lengths(), strict=True) if length > limit
-        ]
+        problems = [RowProblem(origin, repr(self.config.prompt_key),
+                               f"the prompt has {length} tokens, more than data.max_prompt_length={limit}",
+                               OVERLONG_FIX)
+                    for origin, length in zip(self.origins, self.prompt_lengths(), strict=True)
+                    if length > limit]
         raise_if_any(problems, len(self.rows))
 
     def _filter_overlong(self) -> None:
         lengths = self.prompt_lengths()
         keep = [i for i, length in enumerate(lengths) if length <= self.config.max_prompt_length]
         self.num_filtered = len(self.rows) - len(keep)
-        logger.info(
-            "filtered %d of %d prompts longer than max_prompt_length=%d",
-            self.num_filtered,
-            len(self.rows),
-            self.config.max_prompt_length,
-        )
+        logger.info("filtered %d of %d prompts longer than max_prompt_length=%d", self.num_filtered,
+                    len(self.rows), self.config.max_prompt_length)
         if not keep:
-            raise ValueError(
-                f"every prompt in {[str(p) for p in self.data_files]} is longer than "
-                f"data.max_prompt_length={self.config.max_prompt_length}; raise it"
-            )
+            raise ValueError(f"every prompt in {[str(p) for p in self.data_files]} is longer than "
+                             f"data.max_prompt_length={self.config.max_prompt_length}; raise it")
         self.rows = [self.rows[i] for i in keep]
         self.origins = [self.origins[i] for i in keep]
 
@@ -345,12 +315,11 @@ class RLHFDataset(Dataset):
     def __getitem__(self, index: int) -> dict[str, Any]:
         ids, text = self._encode(index)
         ids = truncate(ids, self.config.max_prompt_length, self.config.truncation, self.origins[index])
-        input_ids, attention_mask, position_ids = left_pad(
-            ids, self.config.max_prompt_length, self.pad_token_id
-        )
+        input_ids, attention_mask, position_ids = left_pad(ids, self.config.max_prompt_length,
+                                                           self.pad_token_id)
         item = {key: value for key, value in self.rows[index].items() if key != self.config.prompt_key}
-        item.update(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
-        item["raw_prompt_ids"] = ids
+        item.update(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                    raw_prompt_ids=ids)
         if self.config.return_raw_chat:
             prompt = self.rows[index][self.config.prompt_key]
             item["raw_prompt"] = prompt if isinstance(prompt, str) else _clean_messages(prompt)
@@ -369,15 +338,11 @@ def collate_fn(data_list: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     keys = list(data_list[0])
     for i, item in enumerate(data_list):
         if set(item) != set(keys):
-            raise KeyError(
-                f"batch item {i} has keys {sorted(item)}, item 0 has {sorted(keys)}; every data file "
-                f"in one dataset needs the same columns"
-            )
+            raise KeyError(f"batch item {i} has keys {sorted(item)}, item 0 has {sorted(keys)}; every data "
+                           f"file in one dataset needs the same columns")
     out: dict[str, Any] = {}
     for key in keys:
         values = [item[key] for item in data_list]
-        if isinstance(values[0], torch.Tensor):
-            out[key] = torch.stack(values)  # (batch, ...)
-        else:
-            out[key] = object_column(values)
+        # tensors stack to (batch, ...)
+        out[key] = torch.stack(values) if isinstance(values[0], torch.Tensor) else object_column(values)
     return out

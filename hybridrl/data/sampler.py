@@ -49,15 +49,12 @@ class ResumableSampler(Sampler[int]):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if (state["seed"], state["shuffle"]) != (self.seed, self.shuffle):
-            raise ValueError(
-                f"checkpoint was taken with data.seed={state['seed']}, data.shuffle={state['shuffle']} but this "
-                f"run has seed={self.seed}, shuffle={self.shuffle}; resuming would change the prompt order"
-            )
+            raise ValueError(f"checkpoint was taken with data.seed={state['seed']}, "
+                             f"data.shuffle={state['shuffle']} but this run has seed={self.seed}, "
+                             f"shuffle={self.shuffle}; resuming would change the prompt order")
         if not 0 <= state["position"] <= self.data_len:
-            raise ValueError(
-                f"checkpoint position {state['position']} does not fit a dataset of {self.data_len} rows; "
-                f"was the dataset changed since the checkpoint?"
-            )
+            raise ValueError(f"checkpoint position {state['position']} does not fit a dataset of "
+                             f"{self.data_len} rows; was the dataset changed since the checkpoint?")
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
 
@@ -82,9 +79,8 @@ class StatefulDataLoader(DataLoader):
 
     def _rows(self, batch: Any) -> int:
         if self.batch_size is None:
-            raise ValueError(
-                "StatefulDataLoader counts rows by batch_size; pass batch_size, not batch_sampler"
-            )
+            raise ValueError("StatefulDataLoader counts rows by batch_size; pass batch_size, not "
+                             "batch_sampler")
         if isinstance(batch, Mapping):
             for value in batch.values():
                 if hasattr(value, "__len__"):

@@ -22,14 +22,12 @@ def _check_args(seqlen_list: Sequence[int], k_partitions: int, equal_size: bool)
     if k_partitions < 1:
         raise ValueError(f"k_partitions must be >= 1, got {k_partitions}")
     if len(seqlen_list) < k_partitions:
-        raise ValueError(
-            f"cannot split {len(seqlen_list)} sequences into {k_partitions} non-empty partitions"
-        )
+        raise ValueError(f"cannot split {len(seqlen_list)} sequences into {k_partitions} non-empty "
+                         f"partitions")
     if equal_size and len(seqlen_list) % k_partitions:
-        raise ValueError(
-            f"equal_size needs the number of sequences ({len(seqlen_list)}) to be divisible by "
-            f"k_partitions ({k_partitions}); make the batch size a multiple of the data-parallel size"
-        )
+        raise ValueError(f"equal_size needs the number of sequences ({len(seqlen_list)}) to be divisible by "
+                         f"k_partitions ({k_partitions}); make the batch size a multiple of the "
+                         f"data-parallel size")
 
 
 class _Partial:
@@ -61,9 +59,8 @@ def karmarkar_karp(seqlen_list: Sequence[int], k_partitions: int, equal_size: bo
         groups = [order[s : s + k_partitions] for s in range(0, len(order), k_partitions)]
         partials = [_Partial([(seqlen_list[i], [i]) for i in g]) for g in groups]
     else:
-        partials = [
-            _Partial([(seqlen_list[i], [i])] + [(0, []) for _ in range(k_partitions - 1)]) for i in order
-        ]
+        partials = [_Partial([(seqlen_list[i], [i])] + [(0, []) for _ in range(k_partitions - 1)])
+                    for i in order]
     tiebreak = itertools.count()  # equal spreads pop in insertion order, so results are deterministic
     heap = [(-p.spread, next(tiebreak), p) for p in partials]
     heapq.heapify(heap)
@@ -93,14 +90,11 @@ def _spread(seqlen_list: Sequence[int], partitions: Sequence[Sequence[int]]) -> 
     return max(sums) - min(sums)
 
 
-def get_seqlen_balanced_partitions(
-    seqlen_list: Sequence[int], k_partitions: int, equal_size: bool
-) -> list[list[int]]:
+def get_seqlen_balanced_partitions(seqlen_list: Sequence[int], k_partitions: int, equal_size: bool
+                                   ) -> list[list[int]]:
     """Balanced non-empty partitions of sorted indices, ordered by first index: KK or greedy, the tighter."""
-    candidates = [
-        karmarkar_karp(seqlen_list, k_partitions, equal_size),
-        greedy_partition(seqlen_list, k_partitions, equal_size),
-    ]
+    candidates = [karmarkar_karp(seqlen_list, k_partitions, equal_size),
+                  greedy_partition(seqlen_list, k_partitions, equal_size)]
     partitions = min(candidates, key=lambda p: _spread(seqlen_list, p))  # KK on ties
     seen = sorted(i for p in partitions for i in p)
     if seen != list(range(len(seqlen_list))) or any(not p for p in partitions):
@@ -108,9 +102,8 @@ def get_seqlen_balanced_partitions(
     return sorted(partitions, key=lambda p: p[0])
 
 
-def log_seqlen_unbalance(
-    seqlen_list: Sequence[int], partitions: Sequence[Sequence[int]], prefix: str
-) -> dict:
+def log_seqlen_unbalance(seqlen_list: Sequence[int], partitions: Sequence[Sequence[int]],
+                         prefix: str) -> dict:
     """Token totals of a naive contiguous equal-count split (min/max/minmax_diff, as verl reports them)
     next to the balanced partitions' (balanced_min/balanced_max), and the mean per partition."""
     k = len(partitions)

@@ -66,30 +66,24 @@ def _lookup(row: Mapping[str, Any], where: str, key: str, dict_keys: Sequence[st
 
 def _check_messages(messages: Any, where: str, field: str) -> list[Message]:
     if not isinstance(messages, list) or not messages:
-        raise ValueError(
-            f"{where}: {field} must be a non-empty list of chat messages, got {type(messages).__name__}"
-        )
+        raise ValueError(f"{where}: {field} must be a non-empty list of chat messages, got "
+                         f"{type(messages).__name__}")
     for turn, message in enumerate(messages):
         if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
-            raise ValueError(
-                f"{where}: {field}[{turn}] must be a dict with a string 'role', got {message!r}"
-            )
+            raise ValueError(f"{where}: {field}[{turn}] must be a dict with a string 'role', got {message!r}")
         if not isinstance(message.get("content"), str):
-            raise ValueError(
-                f"{where}: {field}[{turn}]['content'] must be a string, got {message.get('content')!r}"
-            )
+            raise ValueError(f"{where}: {field}[{turn}]['content'] must be a string, got "
+                             f"{message.get('content')!r}")
     return [dict(message) for message in messages]
 
 
-def assistant_spans(
-    tokenizer: PreTrainedTokenizerBase, messages: list[Message], **template_kwargs: Any
-) -> tuple[str, list[tuple[int, int]]]:
+def assistant_spans(tokenizer: PreTrainedTokenizerBase, messages: list[Message], **template_kwargs: Any
+                    ) -> tuple[str, list[tuple[int, int]]]:
     """The rendered chat and the [start, end) character spans written by its assistant turns."""
 
     def render(chat: list[Message], generation_prompt: bool) -> str:
-        return tokenizer.apply_chat_template(
-            chat, tokenize=False, add_generation_prompt=generation_prompt, **template_kwargs
-        )
+        return tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=generation_prompt,
+                                             **template_kwargs)
 
     if messages[0]["role"] == "assistant":
         # no earlier text to render, so the turn's start cannot be located
@@ -101,18 +95,16 @@ def assistant_spans(
             continue
         before, through = render(messages[:i], True), render(messages[: i + 1], False)
         if not (through.startswith(before) and text.startswith(through)):
-            raise ValueError(
-                "the chat template does not render a chat's beginning as a prefix of the whole chat, so "
-                "assistant tokens cannot be located; use a template that renders turns independently"
-            )
+            raise ValueError("the chat template does not render a chat's beginning as a prefix of the whole "
+                             "chat, so assistant tokens cannot be located; use a template that renders turns "
+                             "independently")
         # rstrip: the newline after the end-of-turn token is never generated
         spans.append((len(before), len(through.rstrip())))
     return text, spans
 
 
-def encode_chat(
-    tokenizer: PreTrainedTokenizerBase, messages: list[Message], **template_kwargs: Any
-) -> tuple[list[int], list[int]]:
+def encode_chat(tokenizer: PreTrainedTokenizerBase, messages: list[Message], **template_kwargs: Any
+                ) -> tuple[list[int], list[int]]:
     """Token ids of the rendered chat and the 0/1 mask of tokens written by assistant turns."""
     text, spans = assistant_spans(tokenizer, messages, **template_kwargs)
     # the chat template wrote BOS already
@@ -130,20 +122,11 @@ class SFTDataset(Dataset):
     `truncation` "error" refuses the files at build time, naming the rows; "left" / "right" keep the end /
     the start. Encoded rows are kept up to ENCODED_CACHE_TOKENS."""
 
-    def __init__(
-        self,
-        parquet_files: str | Path | Sequence[str | Path],
-        tokenizer: PreTrainedTokenizerBase,
-        *,
-        prompt_key: str = "prompt",
-        prompt_dict_keys: Sequence[str] | None = None,
-        response_key: str = "response",
-        response_dict_keys: Sequence[str] | None = None,
-        messages_key: str | None = None,
-        max_length: int = 1024,
-        truncation: str = "error",
-        apply_chat_template_kwargs: Mapping[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, parquet_files: str | Path | Sequence[str | Path], tokenizer: PreTrainedTokenizerBase,
+                 *, prompt_key: str = "prompt", prompt_dict_keys: Sequence[str] | None = None,
+                 response_key: str = "response", response_dict_keys: Sequence[str] | None = None,
+                 messages_key: str | None = None, max_length: int = 1024, truncation: str = "error",
+                 apply_chat_template_kwargs: Mapping[str, Any] | None = None) -> None:
         if truncation not in TRUNCATION_MODES:
             raise ValueError(f"truncation must be one of {TRUNCATION_MODES}, got {truncation!r}")
         if max_length < 1:
@@ -194,29 +177,22 @@ class SFTDataset(Dataset):
             return
         text, spans = assistant_spans(self.tokenizer, self.chats[0], **self.template_kwargs)
         if not all(self.tokenizer.eos_token in text[lo:hi] for lo, hi in spans):
-            logger.warning(
-                "the chat template ends assistant turns without the EOS token %r, so a model trained on this "
-                "data does not learn to stop; use a template whose assistant turns end with it",
-                self.tokenizer.eos_token,
-            )
+            logger.warning("the chat template ends assistant turns without the EOS token %r, so a model "
+                           "trained on this data does not learn to stop; use a template whose assistant "
+                           "turns end with it", self.tokenizer.eos_token)
 
     @staticmethod
-    def _prompt_response_chat(
-        row: Mapping[str, Any], where: str, prompt_key: str, prompt_dict_keys: list[str],
-        response_key: str, response_dict_keys: list[str],
-    ) -> list[Message]:  # fmt: skip
+    def _prompt_response_chat(row: Mapping[str, Any], where: str, prompt_key: str,
+                              prompt_dict_keys: list[str], response_key: str,
+                              response_dict_keys: list[str]) -> list[Message]:
         prompt = _lookup(row, where, prompt_key, prompt_dict_keys)
         response = _lookup(row, where, response_key, response_dict_keys)
         field = prompt_key + "".join(f"[{k!r}]" for k in prompt_dict_keys)
-        chat = (
-            [{"role": "user", "content": prompt}]
-            if isinstance(prompt, str)
-            else _check_messages(prompt, where, field)
-        )
+        chat = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else \
+            _check_messages(prompt, where, field)
         if not isinstance(response, str):
-            raise ValueError(
-                f"{where}: the response ({response_key}) must be a string, got {type(response).__name__}"
-            )
+            raise ValueError(f"{where}: the response ({response_key}) must be a string, got "
+                             f"{type(response).__name__}")
         return [*chat, {"role": "assistant", "content": response}]
 
     def __len__(self) -> int:
@@ -232,12 +208,8 @@ class SFTDataset(Dataset):
         position_ids = torch.clamp(torch.cumsum(attention_mask, dim=0) - 1, min=0)  # (max_length,)
         padded_loss_mask = torch.zeros(self.max_length, dtype=torch.long)
         padded_loss_mask[:length] = loss_mask
-        return {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "position_ids": position_ids,
-            "loss_mask": padded_loss_mask,
-        }
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
+                "loss_mask": padded_loss_mask}
 
     def _encode(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Row `index`'s token ids and loss mask, fitted to max_length, unpadded, and kept while they fit."""
@@ -257,9 +229,8 @@ class SFTDataset(Dataset):
         if len(ids) <= self.max_length:
             return ids, loss_mask
         if self.truncation == "error":  # __init__ checked every chat's length already
-            raise ValueError(
-                f"{self.origins[index]} has {len(ids)} tokens, more than max_length={self.max_length}; raise "
-                "max_length or set truncation='left' (keep the end) or 'right' (keep the start)"
-            )
+            raise ValueError(f"{self.origins[index]} has {len(ids)} tokens, more than "
+                             f"max_length={self.max_length}; raise max_length or set truncation='left' (keep "
+                             "the end) or 'right' (keep the start)")
         keep = slice(-self.max_length, None) if self.truncation == "left" else slice(0, self.max_length)
         return ids[keep], loss_mask[keep]

@@ -107,14 +107,17 @@ def _child(cfg, entered, status_fd):
     _init(cfg, status_fd, workdir, python_fd)
 
 
+def _become(uid):
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+
+
 def _exec_solution(cfg, status_fd, workdir, python_fd):
     """In the solution's process: limits, the throwaway uid, then exec. Never returns."""
     try:
         _set_limits(cfg)
-        uid = cfg["uid"]
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
+        _become(cfg["uid"])
         _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
         # after setuid, which clears the parent-death signal
         _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
@@ -154,9 +157,7 @@ def kill_uid(uid):
     pid = os.fork()
     if pid == 0:
         try:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
+            _become(uid)
             os.kill(-1, signal.SIGKILL)
         finally:
             os._exit(0)

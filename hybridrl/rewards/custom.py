@@ -65,9 +65,8 @@ def load_custom_reward_function(
     fn = getattr(module, name, None)
     if not callable(fn):
         found = sorted(n for n, obj in vars(module).items() if inspect.isfunction(obj) and not n.startswith("_"))
-        raise AttributeError(
-            f"custom_reward_function.name={name!r} is not a function in {file}; functions there: {found}"
-        )
+        raise AttributeError(f"custom_reward_function.name={name!r} is not a function in {file}; functions "
+                             f"there: {found}")
     return FileRewardFunction(fn, str(file.resolve()), name, dict(reward_kwargs or {}))
 
 

@@ -147,20 +147,15 @@ DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_MAX_FAILURE_SHARE = 0.1
 FAILED_SCORE = 0.0
 
-METRIC_NAMES: dict[Status, str] = {
-    Status.ERROR: "reward/errors",
-    Status.CRASH: "reward/crashes",
-    Status.TIMEOUT: "reward/timeouts",
-    Status.NON_FINITE: "reward/non_finite",
-    Status.WRONG_TYPE: "reward/wrong_type",
+# each counted kind of failure: its metric, and what the reward function did
+_KINDS: dict[Status, tuple[str, str]] = {
+    Status.ERROR: ("reward/errors", "raised"),
+    Status.CRASH: ("reward/crashes", "crashed its worker process"),
+    Status.TIMEOUT: ("reward/timeouts", "timed out (reward_model.reward_fn_timeout)"),
+    Status.NON_FINITE: ("reward/non_finite", "returned a non-finite score"),
+    Status.WRONG_TYPE: ("reward/wrong_type", "returned a value of the wrong type"),
 }
-_KIND_TEXT: dict[Status, str] = {
-    Status.ERROR: "raised",
-    Status.CRASH: "crashed its worker process",
-    Status.TIMEOUT: "timed out (reward_model.reward_fn_timeout)",
-    Status.NON_FINITE: "returned a non-finite score",
-    Status.WRONG_TYPE: "returned a value of the wrong type",
-}
+METRIC_NAMES = {kind: metric for kind, (metric, _) in _KINDS.items()}
 
 
 @dataclasses.dataclass
@@ -218,7 +213,7 @@ def add_reward_metrics(metrics: dict[str, float], new: Mapping[str, float]) -> N
 def describe(kind: Status, row: int, outcome: Outcome, data_sources: Sequence[str]) -> str:
     """'row 3 (data_source='gsm8k'): the reward function raised ValueError: ...' plus the traceback."""
     source = f" (data_source={data_sources[row]!r})" if row < len(data_sources) else ""
-    text = f"row {row}{source}: the reward function {_KIND_TEXT[kind]}"
+    text = f"row {row}{source}: the reward function {_KINDS[kind][1]}"
     if kind is Status.ERROR:
         text += f" {outcome.error}"  # "raised ValueError: ..."
     elif outcome.error:

@@ -141,16 +141,10 @@ class RewardManager:
     # runs in the worker on each call's return value
     check: Callable[[Any, Mapping[str, Any]], Any] = staticmethod(check_score)
 
-    def __init__(
-        self,
-        tokenizer: Any,
-        num_examine: int = 0,
-        compute_score: Callable[..., Any] | None = None,
-        reward_fn_key: str = "data_source",
-        timeout: float = DEFAULT_TIMEOUT_S,
-        num_workers: int | None = None,
-        max_failure_share: float = DEFAULT_MAX_FAILURE_SHARE,
-    ) -> None:
+    def __init__(self, tokenizer: Any, num_examine: int = 0, compute_score: Callable[..., Any] | None = None,
+                 reward_fn_key: str = "data_source", timeout: float = DEFAULT_TIMEOUT_S,
+                 num_workers: int | None = None,
+                 max_failure_share: float = DEFAULT_MAX_FAILURE_SHARE) -> None:
         if not 0.0 <= max_failure_share <= 1.0:
             raise ValueError(f"reward_model.max_failure_share must be in [0, 1] (1.0 never stops the run), "
                              f"got {max_failure_share}")
@@ -262,17 +256,10 @@ class BatchRewardManager(RewardManager):
 
     check = staticmethod(check_batch_scores)
 
-    def __init__(
-        self,
-        tokenizer: Any,
-        num_examine: int = 0,
-        compute_score: Callable[..., Any] | None = None,
-        reward_fn_key: str = "data_source",
-        timeout: float = DEFAULT_TIMEOUT_S,
-        num_workers: int | None = None,
-        max_failure_share: float = DEFAULT_MAX_FAILURE_SHARE,
-        **reward_kwargs: Any,
-    ) -> None:
+    def __init__(self, tokenizer: Any, num_examine: int = 0, compute_score: Callable[..., Any] | None = None,
+                 reward_fn_key: str = "data_source", timeout: float = DEFAULT_TIMEOUT_S,
+                 num_workers: int | None = None, max_failure_share: float = DEFAULT_MAX_FAILURE_SHARE,
+                 **reward_kwargs: Any) -> None:
         if compute_score is None:
             raise ValueError("the batch reward manager needs a batched compute_score; set custom_reward_function.path")
         super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, timeout, num_workers,
@@ -280,13 +267,10 @@ class BatchRewardManager(RewardManager):
         self.reward_kwargs = reward_kwargs
 
     def score_rows(self, rows: list[DecodedRow]) -> list[Outcome]:
-        call = {
-            "data_sources": [r.data_source for r in rows],
-            "solution_strs": [r.response_str for r in rows],
-            "ground_truths": [r.ground_truth for r in rows],
-            "extra_infos": [r.extra_info for r in rows],
-            **self.reward_kwargs,
-        }
+        call = {"data_sources": [r.data_source for r in rows],
+                "solution_strs": [r.response_str for r in rows],
+                "ground_truths": [r.ground_truth for r in rows],
+                "extra_infos": [r.extra_info for r in rows], **self.reward_kwargs}
         (outcome,) = self.runner.map([call])
         if outcome.status is Status.OK:
             return outcome.value
@@ -299,19 +283,10 @@ class PrimeRewardManager(RewardManager):
     override reward_fn_timeout / reward_fn_workers; adds per-sample extras `reward_timeout`, `reward_error`.
     """
 
-    def __init__(
-        self,
-        tokenizer: Any,
-        num_examine: int = 0,
-        compute_score: Callable[..., Any] | None = None,
-        reward_fn_key: str = "data_source",
-        timeout: float = DEFAULT_TIMEOUT_S,
-        num_processes: int | None = None,
-        num_workers: int | None = None,
-        max_failure_share: float = DEFAULT_MAX_FAILURE_SHARE,
-    ) -> None:
-        workers = num_processes if num_processes is not None else num_workers
-        super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, timeout, workers, max_failure_share)
+    def __init__(self, *args: Any, num_processes: int | None = None, **kwargs: Any) -> None:
+        if num_processes is not None:
+            kwargs["num_workers"] = num_processes
+        super().__init__(*args, **kwargs)
 
     def finish(self, row: DecodedRow, outcome: Outcome, score: float, extras: dict) -> tuple[float, dict]:
         timed_out = outcome.status is Status.TIMEOUT
@@ -327,18 +302,9 @@ class DAPORewardManager(RewardManager):
     f = overlong_buffer.penalty_factor; it depends on the length only, so failed rows get it too.
     """
 
-    def __init__(
-        self,
-        tokenizer: Any,
-        num_examine: int = 0,
-        compute_score: Callable[..., Any] | None = None,
-        reward_fn_key: str = "data_source",
-        max_resp_len: int | None = None,
-        overlong_buffer_cfg: OverlongBufferConfig | Mapping[str, Any] | None = None,
-        timeout: float = DEFAULT_TIMEOUT_S,
-        num_workers: int | None = None,
-        max_failure_share: float = DEFAULT_MAX_FAILURE_SHARE,
-    ) -> None:
+    def __init__(self, *args: Any, max_resp_len: int | None = None,
+                 overlong_buffer_cfg: OverlongBufferConfig | Mapping[str, Any] | None = None,
+                 **kwargs: Any) -> None:
         self.overlong_buffer = to_dataclass(OverlongBufferConfig, overlong_buffer_cfg)
         if self.overlong_buffer.enable:
             if max_resp_len is None:
@@ -348,15 +314,12 @@ class DAPORewardManager(RewardManager):
                 raise ValueError(f"reward_model.overlong_buffer.len={self.overlong_buffer.len} must be in "
                                  f"(0, max_resp_len={max_resp_len}]")
         self.max_resp_len = max_resp_len
-        super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, timeout, num_workers, max_failure_share)
+        super().__init__(*args, **kwargs)
 
     @classmethod
     def config_kwargs(cls, reward_model: Any, max_response_length: int) -> dict:
-        return {
-            **super().config_kwargs(reward_model, max_response_length),
-            "max_resp_len": max_response_length,
-            "overlong_buffer_cfg": reward_model.overlong_buffer,
-        }
+        return {**super().config_kwargs(reward_model, max_response_length),
+                "max_resp_len": max_response_length, "overlong_buffer_cfg": reward_model.overlong_buffer}
 
     def overlong_penalty(self, valid_len: int) -> float:
         buffer_len = self.overlong_buffer.len

@@ -176,11 +176,10 @@ class RewardPool:
         try:
             self._payload = pickle.dumps((fn, check))
         except Exception as err:
-            raise ValueError(
-                f"the reward function {fn!r} cannot be sent to a worker process ({type(err).__name__}: {err}). "
-                f"Define it at module level in a file (custom_reward_function.path/name), or run it in the "
-                f"driver with reward_model.reward_fn_workers=0 (no timeout, no crash isolation)"
-            ) from err
+            raise ValueError(f"the reward function {fn!r} cannot be sent to a worker process "
+                             f"({type(err).__name__}: {err}). Define it at module level in a file "
+                             "(custom_reward_function.path/name), or run it in the driver with "
+                             "reward_model.reward_fn_workers=0 (no timeout, no crash isolation)") from err
         self.num_workers, self.timeout = num_workers, timeout
         self._fault_dir = tempfile.mkdtemp(prefix="hybridrl-reward-pool-")
         self._workers: list[_Worker | None] = []
@@ -342,14 +341,9 @@ def processing_order(rows: int) -> list[int]:
     if rows <= 0:
         return []
     bits = (rows - 1).bit_length()
-    order, seen = [], set()
-    for j in range(1 << bits):
-        reversed_j = int(format(j, f"0{bits}b")[::-1], 2) if bits else 0
-        index = reversed_j * rows >> bits  # floor(rows * reversed_j / 2^bits): each row once over all j
-        if index not in seen:
-            seen.add(index)
-            order.append(index)
-    return order
+    reversed_j = (int(format(j, f"0{bits}b")[::-1], 2) if bits else 0 for j in range(1 << bits))
+    # floor(rows * r / 2^bits) reaches every row over all j; keep each row's first appearance
+    return list(dict.fromkeys(r * rows >> bits for r in reversed_j))
 
 
 def _loads_outcome(data: bytes) -> Outcome:
@@ -370,13 +364,6 @@ def _exit_text(code: int | None) -> str:
         except ValueError:
             return f"signal {-code}"
     return f"exit code {code}"
-
-
-def score_in_pool(fn: Callable[..., Any], kwargs_list: Sequence[Mapping[str, Any]], num_workers: int,
-                  timeout: float, check: Callable[[Any, Mapping[str, Any]], Any] = accept_any) -> list[Outcome]:
-    """Call `fn(**kwargs)` for each entry on a pool made for this one batch; results keep the input order."""
-    with RewardPool(fn, num_workers, timeout, check) as pool:
-        return pool.map(kwargs_list)
 
 
 def default_num_workers() -> int:

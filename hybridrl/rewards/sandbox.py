@@ -104,10 +104,9 @@ class SandboxResult:
 def _python_location(python: str) -> tuple[str, str]:
     """(installation prefix, interpreter path relative to it), symlinks resolved."""
     real = os.path.realpath(python)
-    prefix = os.path.realpath(sys.base_prefix) if real == os.path.realpath(sys.executable) \
-        else str(Path(real).parent.parent)
-    if not real.startswith(prefix.rstrip("/") + "/"):
-        prefix = str(Path(real).parent.parent)
+    prefix = os.path.realpath(sys.base_prefix)
+    if real != os.path.realpath(sys.executable) or not real.startswith(prefix.rstrip("/") + "/"):
+        prefix = str(Path(real).parent.parent)  # <prefix>/bin/python
     return prefix, os.path.relpath(real, prefix)
 
 
@@ -316,15 +315,11 @@ def run_code(code: str, stdin: str | bytes | None = None, limits: SandboxLimits 
         if reason:
             raise SandboxUnavailableError(reason)
         max_rss = fields.get("max_rss_kb")
-        return SandboxResult(
-            status=_classify(verdict, fields, stderr, limits),
-            stdout=stdout, stderr=stderr,
-            exit_code=fields.get("exit_code"),
-            wall_time=time.monotonic() - start,
-            cpu_time=fields.get("cpu_time"),
-            max_rss=None if max_rss is None else max_rss * 1024,
-            isolation=fields.get("isolation", {}),
-        )
+        return SandboxResult(status=_classify(verdict, fields, stderr, limits), stdout=stdout, stderr=stderr,
+                             exit_code=fields.get("exit_code"), wall_time=time.monotonic() - start,
+                             cpu_time=fields.get("cpu_time"),
+                             max_rss=None if max_rss is None else max_rss * 1024,
+                             isolation=fields.get("isolation", {}))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import logging
 import re
@@ -38,18 +39,16 @@ def extract_answer(solution_str: str) -> str | None:
     return found[-1].strip() if found else None
 
 
-def arithmetic_score(
-    solution_str: str, ground_truth: str | int, format_score: float = 0.0, score: float = 1.0
-) -> float:
+def arithmetic_score(solution_str: str, ground_truth: str | int, format_score: float = 0.0,
+                     score: float = 1.0) -> float:
     """`score` if the last `<answer>` tag holds the integer `ground_truth` ("85", "-12"), `format_score` if
     it holds anything else, 0.0 without a tag. Only the last tag counts, so listing answers cannot hedge.
     """
     try:
         target = int(str(ground_truth).strip())
     except ValueError:
-        raise ValueError(
-            f"arithmetic ground_truth must be an integer string such as '85' or '-12', got {ground_truth!r}"
-        ) from None
+        raise ValueError(f"arithmetic ground_truth must be an integer string such as '85' or '-12', got "
+                         f"{ground_truth!r}") from None
     answer = extract_answer(solution_str)
     if answer is None:
         return 0.0
@@ -118,22 +117,16 @@ def uses_numbers(used: list[int], available: list[int], number_use: str) -> bool
     raise ValueError(f"countdown number_use must be 'exactly_once' or 'at_most_once', got {number_use!r}")
 
 
-def countdown_score(
-    solution_str: str,
-    ground_truth: Mapping,
-    format_score: float = 0.1,
-    score: float = 1.0,
-    number_use: str = "exactly_once",
-) -> float:
+def countdown_score(solution_str: str, ground_truth: Mapping, format_score: float = 0.1, score: float = 1.0,
+                    number_use: str = "exactly_once") -> float:
     """`score` if the last `<answer>` expression uses the numbers as `number_use` says and equals `target`.
 
     Parsed with `ast` and evaluated exactly over integers, + - * / and parentheses (no `eval`, no `**`).
     As in TinyZero, a tag that is present but wrong in any way earns `format_score`.
     """
     if not isinstance(ground_truth, Mapping) or "target" not in ground_truth or "numbers" not in ground_truth:
-        raise ValueError(
-            f"countdown ground_truth must be a dict with 'target' and 'numbers', got {ground_truth!r}"
-        )
+        raise ValueError(f"countdown ground_truth must be a dict with 'target' and 'numbers', got "
+                         f"{ground_truth!r}")
     target = int(ground_truth["target"])
     numbers = [int(n) for n in ground_truth["numbers"]]  # parquet gives numpy arrays; normalise
     expr = extract_answer(solution_str)
@@ -171,13 +164,8 @@ def extract_solution(solution_str: str, method: str = "strict") -> str | None:
     return candidates[-1].replace(",", "") if candidates else None
 
 
-def gsm8k_score(
-    solution_str: str,
-    ground_truth: str,
-    method: str = "strict",
-    format_score: float = 0.0,
-    score: float = 1.0,
-) -> float:
+def gsm8k_score(solution_str: str, ground_truth: str, method: str = "strict", format_score: float = 0.0,
+                score: float = 1.0) -> float:
     """`score` for a correct answer, `format_score` for a found but wrong one, 0.0 for none.
 
     `method="strict"` accepts only the dataset's marker (`#### 42`), `"flexible"` the last number; both
@@ -241,17 +229,6 @@ def _fix_fracs(s: str) -> str:
     return out
 
 
-def _fix_slash_fraction(s: str) -> str:
-    """`3/4` (two plain integers) -> `\\frac{3}{4}`."""
-    match = re.fullmatch(r"(\d+)/(\d+)", s)
-    return f"\\frac{{{match.group(1)}}}{{{match.group(2)}}}" if match else s
-
-
-def _fix_sqrt(s: str) -> str:
-    """`\\sqrt3` -> `\\sqrt{3}` (one-character argument)."""
-    return re.sub(r"\\sqrt(?!\{)(\w)", r"\\sqrt{\1}", s)
-
-
 def strip_string(s: str) -> str:
     """Normalise a MATH answer string so that equal answers written differently compare equal."""
     s = s.replace("\n", "").replace("\\!", "").replace("\\\\", "\\")
@@ -268,12 +245,12 @@ def strip_string(s: str) -> str:
     parts = s.split("=")
     if len(parts) == 2 and len(parts[0].strip()) <= 2:
         s = parts[1]
-    s = _fix_sqrt(s)
-    s = s.replace(" ", "")
-    s = _fix_fracs(s)
+    s = re.sub(r"\\sqrt(?!\{)(\w)", r"\\sqrt{\1}", s)  # \sqrt3 -> \sqrt{3}
+    s = _fix_fracs(s.replace(" ", ""))
     if s == "0.5":
-        s = "\\frac{1}{2}"
-    return _fix_slash_fraction(s)
+        return "\\frac{1}{2}"
+    fraction = re.fullmatch(r"(\d+)/(\d+)", s)  # 3/4 -> \frac{3}{4}
+    return f"\\frac{{{fraction.group(1)}}}{{{fraction.group(2)}}}" if fraction else s
 
 
 def is_equiv(str1: str | None, str2: str | None) -> bool:
@@ -372,12 +349,8 @@ def run_tests(code: str, tests: Mapping, limits: SandboxLimits | None = None) ->
     return [check(r, expected) for r, expected in zip(results, tests["outputs"], strict=True)]
 
 
-def code_score(
-    solution_str: str,
-    ground_truth: Any,
-    continuous: bool = True,
-    sandbox_limits: SandboxLimits | None = None,
-) -> float:
+def code_score(solution_str: str, ground_truth: Any, continuous: bool = True,
+               sandbox_limits: SandboxLimits | None = None) -> float:
     """Fraction of test cases passed (`continuous`) or 1.0/0.0 for all-or-nothing.
 
     `ground_truth`: APPS / TACO / CodeContests' dict (or JSON) of `inputs` and `outputs`, optionally
@@ -436,43 +409,31 @@ def scorer_name(data_source: str) -> str:
     for prefix, name in _PREFIXES.items():
         if data_source.startswith(prefix):
             return name
-    raise UnknownDataSourceError(
-        f"no built-in reward function for data_source={data_source!r}. Known sources: "
-        f"{', '.join(known_sources())}. For another source set custom_reward_function.path "
-        f"(and .name) to a file defining compute_score(data_source, solution_str, ground_truth, extra_info=None)."
-    )
+    raise UnknownDataSourceError(f"no built-in reward function for data_source={data_source!r}. Known "
+                                 f"sources: {', '.join(known_sources())}. For another source set "
+                                 "custom_reward_function.path (and .name) to a file defining "
+                                 "compute_score(data_source, solution_str, ground_truth, extra_info=None).")
 
 
 def sandbox_sources(data_sources: Iterable[str]) -> list[str]:
     """The `data_sources` whose built-in scorer runs programs (unknown ones fail where they are scored)."""
     found = set()
     for source in set(data_sources):
-        try:
-            name = scorer_name(source)
-        except NotImplementedError:
-            continue
-        if name in SANDBOX_SCORERS:
-            found.add(source)
+        with contextlib.suppress(UnknownDataSourceError):
+            if scorer_name(source) in SANDBOX_SCORERS:
+                found.add(source)
     return sorted(found)
 
 
-def default_compute_score(
-    data_source: str,
-    solution_str: str,
-    ground_truth: Any,
-    extra_info: dict | None = None,
-    sandbox_limits: SandboxLimits | None = None,
-    **kwargs: Any,
-) -> float | dict:
+def default_compute_score(data_source: str, solution_str: str, ground_truth: Any,
+                          extra_info: dict | None = None, sandbox_limits: SandboxLimits | None = None, **kwargs: Any) -> float | dict:
     """Score one response with its `data_source`'s scorer, which gets `kwargs` (`method="flexible"`) and,
     if it runs programs, `sandbox_limits`. Returns a float, or the scorer's dict unchanged."""
     name = scorer_name(data_source)
     if sandbox_limits is not None and name in SANDBOX_SCORERS:
         kwargs = {**kwargs, "sandbox_limits": sandbox_limits}
     result = SCORERS[name](solution_str, ground_truth, **kwargs)
-    if isinstance(result, dict):
-        return result
-    return float(result)
+    return result if isinstance(result, dict) else float(result)
 
 
 def check_code_sandbox(data_sources: Iterable[object], limits: SandboxLimits) -> None:

@@ -128,33 +128,6 @@ class OpenAIFunctionToolSchema:
 
 
 @dataclass
-class OpenAIFunctionParsedSchema:
-    """A tool call as the model wrote it: the name and the arguments still as JSON text."""
-
-    name: str
-    arguments: str
-
-
-@dataclass
-class OpenAIFunctionCallSchema:
-    """A tool call with its arguments decoded."""
-
-    name: str
-    arguments: dict[str, Any]
-
-    @staticmethod
-    def from_openai_function_parsed_schema(parsed: OpenAIFunctionParsedSchema) -> tuple[OpenAIFunctionCallSchema, bool]:
-        """The decoded call and whether decoding failed (then the arguments are empty), as verl returns."""
-        try:
-            arguments = json.loads(parsed.arguments)
-        except json.JSONDecodeError:
-            return OpenAIFunctionCallSchema(parsed.name, {}), True
-        if not isinstance(arguments, dict):
-            return OpenAIFunctionCallSchema(parsed.name, {}), True
-        return OpenAIFunctionCallSchema(parsed.name, arguments), False
-
-
-@dataclass
 class ToolResponse:
     """What a tool answers; the agent loop refuses image and video."""
 

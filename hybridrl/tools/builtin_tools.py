@@ -11,26 +11,29 @@ from fractions import Fraction
 from typing import Any
 
 from hybridrl.rewards.sandbox import SandboxLimits, require_sandbox, run_code
-from hybridrl.tools.base_tool import BaseTool, OpenAIFunctionToolSchema, ToolResponse
+from hybridrl.tools.base_tool import (
+    BaseTool,
+    OpenAIFunctionParametersSchema,
+    OpenAIFunctionPropertySchema,
+    OpenAIFunctionSchema,
+    OpenAIFunctionToolSchema,
+    ToolResponse,
+)
+
+
+def _schema(name: str, description: str, parameter: str, about: str) -> OpenAIFunctionToolSchema:
+    """The schema of a function of one required string parameter."""
+    properties = {parameter: OpenAIFunctionPropertySchema(type="string", description=about)}
+    parameters = OpenAIFunctionParametersSchema(properties=properties, required=[parameter])
+    function = OpenAIFunctionSchema(name=name, description=description, parameters=parameters)
+    return OpenAIFunctionToolSchema(type="function", function=function)
+
 
 # ---------------------------------------------------------------- calculator
 
 MAX_EXPONENT = 64
 MAX_BITS = 4096  # an operand this large ends the evaluation, so each ** stays cheap
 MAX_LENGTH = 200  # characters of expression
-
-CALCULATOR_SCHEMA = {
-    "type": "function",
-    "function": {
-        "name": "calculator",
-        "description": "Evaluate an arithmetic expression with + - * / // % ** and parentheses.",
-        "parameters": {
-            "type": "object",
-            "properties": {"expression": {"type": "string", "description": "e.g. 347 + 568"}},
-            "required": ["expression"],
-        },
-    },
-}
 
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
            ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
@@ -76,7 +79,8 @@ class CalculatorTool(BaseTool):
     """
 
     def get_openai_tool_schema(self) -> OpenAIFunctionToolSchema:
-        return OpenAIFunctionToolSchema.model_validate(CALCULATOR_SCHEMA)
+        return _schema("calculator", "Evaluate an arithmetic expression with + - * / // % ** and "
+                       "parentheses.", "expression", "e.g. 347 + 568")
 
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
                       ) -> tuple[ToolResponse, float, dict]:
@@ -85,18 +89,6 @@ class CalculatorTool(BaseTool):
 
 # ---------------------------------------------------------------- code interpreter
 
-CODE_INTERPRETER_SCHEMA = {
-    "type": "function",
-    "function": {
-        "name": "code_interpreter",
-        "description": "Run a Python program and return what it prints.",
-        "parameters": {
-            "type": "object",
-            "properties": {"code": {"type": "string", "description": "the Python program; print the results"}},
-            "required": ["code"],
-        },
-    },
-}
 LIMIT_KEYS = ("wall_seconds", "cpu_seconds", "address_space_bytes", "output_bytes", "require_isolation")
 MAX_REPLY_CHARS = 4000  # the agent loop truncates further to multi_turn.max_tool_response_length
 
@@ -116,7 +108,8 @@ class SandboxCodeInterpreterTool(BaseTool):
         require_sandbox(self.limits)
 
     def get_openai_tool_schema(self) -> OpenAIFunctionToolSchema:
-        return OpenAIFunctionToolSchema.model_validate(CODE_INTERPRETER_SCHEMA)
+        return _schema("code_interpreter", "Run a Python program and return what it prints.", "code",
+                       "the Python program; print the results")
 
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
                       ) -> tuple[ToolResponse, float, dict]:

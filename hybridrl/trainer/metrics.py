@@ -1,15 +1,9 @@
-"""The numbers the trainer logs each step, under verl's metric names and with verl's definitions.
+"""The numbers the trainer logs each step, under verl's metric names and with verl's definitions: pure
+functions of a DataProto (or of plain lists) returning `{name: float}`, so the fit loop only merges dicts.
+`StageCosts` gathers what each stage cost on the workers: their own seconds and each pass's model FLOPs.
 
-Pure functions of a DataProto (or of plain lists) returning `{name: float}`, so the fit loop only
-merges dicts: `compute_data_metrics` (scores, rewards, advantages, returns, values, lengths),
-`compute_timing_metrics`, `compute_throughput_metrics`, `compute_memory_metrics` (driver and
-workers), `compute_mfu_metrics` (model FLOPs utilisation of each model pass),
-`compute_rollout_agreement_metrics`, `reduce_metrics` (per-micro-batch lists from the workers), and
-the validation summaries `process_validation_metrics` / `validation_metrics_to_flat`. `StageCosts`
-gathers what each stage cost on the workers: their own seconds, and the model FLOPs of each pass.
-
-Batch layout (docs/architecture.md, "The batch"): `prompts` (B, P) left-padded, `responses` (B, R) right-padded,
-`attention_mask` (B, P + R) covering both, `response_mask` (B, R), and per-token float tensors
+Batch layout (docs/architecture.md, "The batch"): `prompts` (B, P) left-padded, `responses` (B, R)
+right-padded, `attention_mask` (B, P + R) covering both, `response_mask` (B, R), and per-token float tensors
 `token_level_scores`, `token_level_rewards`, `advantages`, `returns`, `values` (B, R).
 """
 
@@ -33,20 +27,10 @@ from hybridrl.utils.metric import (
     worker_stage,
 )
 
-__all__ = [
-    "StageCosts",
-    "compute_data_metrics",
-    "compute_memory_metrics",
-    "compute_mfu_metrics",
-    "compute_rollout_agreement_metrics",
-    "compute_throughout_metrics",
-    "compute_throughput_metrics",
-    "compute_timing_metrics",
-    "process_validation_metrics",
-    "real_tokens",
-    "reduce_metrics",
-    "validation_metrics_to_flat",
-]
+__all__ = ["StageCosts", "compute_data_metrics", "compute_memory_metrics", "compute_mfu_metrics",
+           "compute_rollout_agreement_metrics", "compute_throughout_metrics", "compute_throughput_metrics",
+           "compute_timing_metrics", "process_validation_metrics", "real_tokens", "reduce_metrics",
+           "validation_metrics_to_flat"]
 
 # Stages whose per-token time divides by response tokens only (generation produces just those); the
 # other timed passes read whole sequences. Stages outside both sets get `timing_s/` only, as in verl.
@@ -62,10 +46,8 @@ def _require(batch: DataProto, keys: Sequence[str], caller: str) -> None:
 
 
 def _lengths(batch: DataProto) -> tuple[torch.Tensor, torch.Tensor, int, int]:
-    """Per-row prompt and response lengths (float, (B,)) and the padded widths P and R.
-
-    Lengths come from `attention_mask`, as in verl, so they count the tokens the model actually saw.
-    """
+    """Per-row prompt and response lengths (float, (B,)) from `attention_mask`, as verl, and the padded
+    widths P and R."""
     _require(batch, ("responses", "attention_mask"), "metrics")
     max_response_len = batch.batch["responses"].shape[-1]
     attention_mask = batch.batch["attention_mask"]  # (B, P + R)
@@ -78,11 +60,8 @@ def _lengths(batch: DataProto) -> tuple[torch.Tensor, torch.Tensor, int, int]:
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
     """`{prefix}/mean`, `/max`, `/min` of a 1-D tensor."""
     values = values.detach().float()
-    return {
-        f"{prefix}/mean": values.mean().item(),
-        f"{prefix}/max": values.max().item(),
-        f"{prefix}/min": values.min().item(),
-    }
+    return {f"{prefix}/mean": values.mean().item(), f"{prefix}/max": values.max().item(),
+            f"{prefix}/min": values.min().item()}
 
 
 def _length_stats(prefix: str, lengths: torch.Tensor, max_len: int) -> dict[str, float]:
@@ -93,19 +72,13 @@ def _length_stats(prefix: str, lengths: torch.Tensor, max_len: int) -> dict[str,
 def compute_data_metrics(batch: DataProto, use_critic: bool = True) -> dict[str, float]:
     """Per-step statistics of the training batch (verl's `compute_data_metrics`).
 
-    - `critic/score/*`: sequence score = sum_t token_level_scores[t] (the reward function's output,
-      placed on the last response token), over non-aborted rows;
-    - `critic/rewards/*`: the same sum of `token_level_rewards` (scores minus the KL penalty if any);
-    - `critic/advantages/*`, `critic/returns/*` (and `critic/values/*` with a critic): over the valid
-      response tokens (`response_mask == 1`) of the whole batch;
-    - `critic/vf_explained_var` = 1 - Var[returns - values] / (Var[returns] + 1e-5), unbiased
-      variances over valid tokens: 1 means the critic predicts returns perfectly, 0 no better than
-      a constant;
-    - `response_length/*`, `prompt_length/*`: lengths in tokens; `clip_ratio` = share of rows whose
-      length equals the padded maximum (the response hit `max_response_length`, or the prompt filled
-      `max_prompt_length`);
-    - `response/aborted_ratio`: share of rows with an empty response, and `response_length_non_aborted/*`
-      without them (an aborted row's zero length would drag the mean down).
+    - `critic/score/*`, `critic/rewards/*`: sum_t token_level_scores[t] (the reward function's output)
+      and sum_t token_level_rewards[t] (minus the KL penalty if any), over non-aborted rows;
+    - `critic/advantages/*`, `critic/returns/*` (and `critic/values/*`): over the valid response tokens;
+    - `critic/vf_explained_var` = 1 - Var[returns - values] / (Var[returns] + 1e-5), unbiased variances
+      over valid tokens (1: the critic predicts returns perfectly, 0: no better than a constant);
+    - `response_length/*`, `prompt_length/*` in tokens, `clip_ratio` the share filling the padded width;
+    - `response/aborted_ratio`: share of empty responses, which `response_length_non_aborted/*` leaves out.
     """
     keys = ["token_level_scores", "token_level_rewards", "advantages", "returns", "response_mask"]
     _require(batch, keys + (["values"] if use_critic else []), "compute_data_metrics")
@@ -114,10 +87,8 @@ def compute_data_metrics(batch: DataProto, use_critic: bool = True) -> dict[str,
 
     non_aborted = response_length > 0  # (B,)
     if not bool(non_aborted.any()):
-        raise ValueError(
-            "compute_data_metrics: every response in the batch is empty (attention_mask has no response "
-            "tokens); the rollout produced nothing to train on"
-        )
+        raise ValueError("compute_data_metrics: every response in the batch is empty (attention_mask has no "
+                         "response tokens); the rollout produced nothing to train on")
     sequence_score = batch.batch["token_level_scores"].sum(-1)  # (B,)
     sequence_reward = batch.batch["token_level_rewards"].sum(-1)  # (B,)
     valid_returns = torch.masked_select(batch.batch["returns"], response_mask)  # (tokens,)
@@ -133,25 +104,19 @@ def compute_data_metrics(batch: DataProto, use_critic: bool = True) -> dict[str,
         metrics.update(_stats("critic/values", valid_values))
         explained = 1.0 - torch.var(valid_returns - valid_values) / (torch.var(valid_returns) + 1e-5)
         metrics["critic/vf_explained_var"] = explained.item()
-    metrics.update(_length_stats("response_length", response_length, max_response_len))
-    metrics.update(
-        _length_stats("response_length_non_aborted", response_length[non_aborted], max_response_len)
-    )
-    metrics["response/aborted_ratio"] = (~non_aborted).float().mean().item()
-    metrics.update(_length_stats("prompt_length", prompt_length, max_prompt_len))
-    return metrics
+    return {
+        **metrics,
+        **_length_stats("response_length", response_length, max_response_len),
+        **_length_stats("response_length_non_aborted", response_length[non_aborted], max_response_len),
+        "response/aborted_ratio": (~non_aborted).float().mean().item(),
+        **_length_stats("prompt_length", prompt_length, max_prompt_len),
+    }
 
 
 def compute_timing_metrics(batch: DataProto, timing_raw: Mapping[str, float]) -> dict[str, float]:
-    """`timing_s/<stage>` for every timed stage and `timing_per_token_ms/<stage>` for the model passes.
-
-    The stages include the workers' own times, `<stage>_worker` (the slowest rank's seconds inside the
-    worker method), logged as `timing_s/<stage>_worker` beside the driver's `timing_s/<stage>`.
-
-    timing_per_token_ms = 1000 * seconds / tokens, where tokens is the batch's response tokens for
-    `gen` and all (prompt + response) tokens for `ref`, `values`, `adv`, `update_critic`,
-    `update_actor` (verl's choice of denominators).
-    """
+    """`timing_s/<stage>` for every timed stage (the workers' own `<stage>_worker` included) and, for the
+    model passes, timing_per_token_ms = 1000 * seconds / tokens: response tokens for `gen`, all (prompt +
+    response) tokens for the others (verl's denominators)."""
     prompt_length, response_length, _, _ = _lengths(batch)
     response_tokens = response_length.sum().item()
     all_tokens = prompt_length.sum().item() + response_tokens
@@ -177,10 +142,8 @@ def compute_throughput_metrics(
     verl's `n_gpus` (`trainer.nnodes * trainer.n_gpus_per_node`; worker processes on CPU).
     """
     if "step" not in timing_raw:
-        raise KeyError(
-            "compute_throughput_metrics: timing_raw has no 'step' entry; wrap the whole iteration in "
-            f"`with timer('step', timing_raw)` (have {sorted(timing_raw)})"
-        )
+        raise KeyError("compute_throughput_metrics: timing_raw has no 'step' entry; wrap the whole iteration "
+                       f"in `with timer('step', timing_raw)` (have {sorted(timing_raw)})")
     if n_workers < 1:
         raise ValueError(f"compute_throughput_metrics: n_workers must be >= 1, got {n_workers}")
     _require(batch, ("attention_mask",), "compute_throughput_metrics")
@@ -199,21 +162,13 @@ compute_throughout_metrics = compute_throughput_metrics
 
 def compute_memory_metrics(workers: Sequence[ProcessMemory] = (), driver: ProcessMemory | None = None
                            ) -> dict[str, float]:
-    """Peak memory of the run's processes in GiB: the driver (default: this process) and each worker.
+    """Peak memory in GiB of the driver (default: this process) and the worker processes, each counted once
+    (colocated roles share a process; under the local backend the driver is the worker).
 
-    - `perf/max_memory_rss_gb`: the driver's peak resident set size (getrusage);
-    - `perf/max_memory_rss_gb/worker_max`: the largest worker process's peak RSS;
-    - `perf/max_memory_rss_gb/workers_sum`: the sum over the worker processes, each counted once (the
-      roles of a run -- actor, rollout, reference, critic -- are colocated, so they share processes and
-      one figure covers them all);
-    - `perf/max_memory_rss_gb/all_processes`: the sum over the driver and the workers, each process once
-      (under the local backend the driver is the worker);
-    - `perf/max_memory_allocated_gb` / `perf/max_memory_reserved_gb`: torch's CUDA allocator peaks of
-      the process that used the most, i.e. per GPU (verl reports them from its workers); absent when no
-      process uses CUDA.
-
-    Sums of peaks bound the run's simultaneous total from above (processes peak at different moments),
-    and RSS counts pages shared between processes (libraries) in each of them.
+    `perf/max_memory_rss_gb` is the driver's peak RSS, `/worker_max`, `/workers_sum` and `/all_processes`
+    the workers' and everyone's; sums of peaks bound the simultaneous total from above, and RSS counts
+    shared pages in each process. `perf/max_memory_{allocated,reserved}_gb`: the largest CUDA allocator
+    peaks, i.e. per GPU as verl, absent without CUDA.
     """
     driver = driver or process_memory()
     metrics: dict[str, float] = {"perf/max_memory_rss_gb": driver.max_rss_gb}
@@ -235,27 +190,21 @@ def compute_mfu_metrics(flops: Mapping[str, float], seconds: Mapping[str, float]
                         peak_flops: Mapping[str, float]) -> dict[str, float]:
     """`perf/mfu/<pass>` = flops / (seconds x peak_flops) for each model pass that ran this step.
 
-    flops: model FLOPs of the pass over the step's real tokens (`hybridrl.utils.metric.model_flops`:
-    2N per token forward, 6N per token trained, times the epochs); seconds: the workers' own time of
-    the pass (the slowest rank); peak_flops: the sum of the ranks' peaks. Pass names follow verl where
-    it has one: `actor` (update), `actor_infer` (old log-probs), `critic`, plus `rollout`
-    (generation), `ref` and `critic_infer` (values).
+    flops: the pass's model FLOPs over the step's real tokens (2N per token forward, 6N trained, times the
+    epochs: `hybridrl.utils.metric.model_flops`); seconds: the slowest rank's own time; peak_flops: the
+    sum of the ranks' peaks. Pass names are `STAGE_PASSES`' values (verl's where it has one).
     """
     return {f"perf/mfu/{name}": mfu(value, seconds[name], peak_flops[name])
             for name, value in flops.items() if seconds.get(name, 0.0) > 0}
 
 
 def compute_rollout_agreement_metrics(batch: DataProto) -> dict[str, float]:
-    """`rollout/log_prob_diff_{max,mean}` when the batch holds both the rollout's and the actor's log-probs.
-
-    Returns {} when `rollout_log_probs` or `old_log_probs` is absent (e.g. an engine that does not
-    return log-probs), so the fit loop can call it unconditionally.
-    """
+    """`rollout/log_prob_diff_{max,mean}` of the rollout's against the actor's log-probs; {} when the batch
+    lacks either (an engine that returns none), so the fit loop can call it unconditionally."""
     if batch.batch is None or not {"rollout_log_probs", "old_log_probs"} <= set(batch.batch.keys()):
         return {}
     _require(batch, ("response_mask",), "compute_rollout_agreement_metrics")
-    # imported here: the rollout package pulls in the generation engines, slow to import, which a process
-    # that only summarises metrics (tests, offline analysis) should not pay for
+    # imported here: the rollout package pulls in the slow-to-import generation engines
     from hybridrl.workers.rollout.base import rollout_logprob_diff_metrics
 
     return rollout_logprob_diff_metrics(
@@ -266,33 +215,29 @@ def compute_rollout_agreement_metrics(batch: DataProto) -> dict[str, float]:
 # ----- validation ----------------------------------------------------------------------------------
 
 
-def _bootstrap_max_min(values: np.ndarray, subset_size: int, rng: np.random.RandomState, n: int = 1000):
-    """Mean and std over `n` resamples (with replacement) of the best and worst of `subset_size` draws.
+def _bootstrap(values: np.ndarray, preds: Sequence[Hashable] | None, k: int, seed: int,
+               n: int = 1000) -> dict[str, float]:
+    """best@k, worst@k and (with `preds`) maj@k: mean and std over `n` resamples of k responses with
+    replacement of the max, the min, and the value of the majority-voted prediction (ties to the one seen
+    first in the resample, valued as its first response: verl's `calc_maj_val`).
 
-    Estimates best@k / worst@k: the expected max / min score when sampling k responses for a prompt.
+    A fresh generator seeded like verl's np.random.seed(seed) gives verl's numbers for the same data and
+    seed without touching numpy's global random state.
     """
-    idx = rng.choice(len(values), size=(n, subset_size), replace=True)  # (n_bootstrap, subset_size)
-    draws = values[idx]
-    best, worst = draws.max(axis=1), draws.min(axis=1)  # (n_bootstrap,)
-    return (best.mean(), best.std()), (worst.mean(), worst.std())
-
-
-def _bootstrap_majority(
-    values: np.ndarray, preds: Sequence[Hashable], subset_size: int, rng: np.random.RandomState,
-    n: int = 1000,
-) -> tuple[float, float]:
-    """maj@k: the value of the majority-voted prediction among k resampled responses (mean, std).
-
-    Ties go to the prediction seen first in the resample, and the value is that of the first response
-    giving it (verl's `calc_maj_val`).
-    """
-    idx = rng.choice(len(values), size=(n, subset_size), replace=True)  # (n_bootstrap, subset_size)
-    results = np.empty(n)
-    for row, sample in enumerate(idx):
-        counts = Counter(preds[i] for i in sample)  # insertion order = first appearance
-        winner = max(counts, key=counts.__getitem__)
-        results[row] = values[next(i for i in sample if preds[i] == winner)]
-    return results.mean(), results.std()
+    idx = np.random.RandomState(seed).choice(len(values), size=(n, k), replace=True)  # (n, k)
+    picked = values[idx]
+    estimates = {"best": picked.max(axis=1), "worst": picked.min(axis=1)}  # (n,) each
+    if preds is not None:
+        majority = np.empty(n)
+        for row, sample in enumerate(idx):
+            counts = Counter(preds[i] for i in sample)  # insertion order = first appearance
+            winner = max(counts, key=counts.__getitem__)
+            majority[row] = values[next(i for i in sample if preds[i] == winner)]
+        estimates["maj"] = majority
+    metrics: dict[str, float] = {}
+    for name, draws in estimates.items():
+        metrics[f"{name}@{k}/mean"], metrics[f"{name}@{k}/std"] = float(draws.mean()), float(draws.std())
+    return metrics
 
 
 def _subset_sizes(n_resps: int) -> list[int]:
@@ -305,11 +250,8 @@ def _subset_sizes(n_resps: int) -> list[int]:
 
 
 def _pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k of Chen et al. 2021 ("Evaluating LLMs trained on code", eq. 1).
-
-    pass@k = 1 - C(n - c, k) / C(n, k): the chance that k of the n samples, drawn without replacement,
-    include at least one of the c correct ones. For k = n it is 1 if c > 0 else 0.
-    """
+    """Unbiased pass@k of Chen et al. 2021 ("Evaluating LLMs trained on code", eq. 1): 1 - C(n - c, k) /
+    C(n, k), the chance that k of the n samples, drawn without replacement, include one of the c correct."""
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
@@ -327,14 +269,7 @@ def _prompt_metrics(
         return metric
     metric[f"std@{n_resps}"] = float(values.std())
     for k in _subset_sizes(n_resps):
-        # a fresh generator per call, seeded like verl's np.random.seed(seed), so the numbers match
-        # verl's for the same data and seed without touching numpy's global random state
-        (bmean, bstd), (wmean, wstd) = _bootstrap_max_min(values, k, np.random.RandomState(seed))
-        metric[f"best@{k}/mean"], metric[f"best@{k}/std"] = float(bmean), float(bstd)
-        metric[f"worst@{k}/mean"], metric[f"worst@{k}/std"] = float(wmean), float(wstd)
-        if preds is not None:
-            mmean, mstd = _bootstrap_majority(values, preds, k, np.random.RandomState(seed))
-            metric[f"maj@{k}/mean"], metric[f"maj@{k}/std"] = float(mmean), float(mstd)
+        metric.update(_bootstrap(values, preds, k, seed))
     return metric
 
 
@@ -357,10 +292,8 @@ def process_validation_metrics(
     n_rows = len(data_sources)
     for name, column in {"sample_uids": sample_uids, **infos_dict}.items():
         if len(column) != n_rows:
-            raise ValueError(
-                f"process_validation_metrics: {name} has {len(column)} entries but data_sources has {n_rows}; "
-                f"every list needs one entry per validation response"
-            )
+            raise ValueError(f"process_validation_metrics: {name} has {len(column)} entries but data_sources "
+                             f"has {n_rows}; every list needs one entry per validation response")
     groups: dict[str, dict[Hashable, list[int]]] = defaultdict(lambda: defaultdict(list))
     for row, (source, uid) in enumerate(zip(data_sources, sample_uids, strict=True)):
         groups[source][uid].append(row)
@@ -386,23 +319,16 @@ def process_validation_metrics(
 
 
 def validation_metrics_to_flat(nested: Mapping[str, Mapping[str, Mapping[str, float]]]) -> dict[str, float]:
-    """Flatten to `val-core/<source>/<var>/<metric>` and `val-aux/...` (verl's `_validate` naming).
-
-    A metric is core when its variable is the source's core variable (`acc` if present, else
-    `reward`), it is a mean@/maj@/best@/pass@ metric, and it is at the largest n seen for that
-    variable; everything else (std@, worst@, smaller k, other variables) is aux.
-    """
+    """Flatten to `val-core/<source>/<var>/<metric>` and `val-aux/...` (verl's `_validate` naming): core
+    are the mean@/maj@/best@/pass@ metrics at the largest n of the core variable (`acc`, else `reward`)."""
     flat = {}
     for source, var2metrics in nested.items():
         core_var = "acc" if "acc" in var2metrics else "reward"
         for var_name, metrics in var2metrics.items():
             n_max = max(int(name.split("@")[-1].split("/")[0]) for name in metrics)
             for name, value in metrics.items():
-                is_core = (
-                    var_name == core_var
-                    and name.startswith(("mean", "maj", "best", "pass"))
-                    and f"@{n_max}" in name
-                )
+                is_core = (var_name == core_var and name.startswith(("mean", "maj", "best", "pass"))
+                           and f"@{n_max}" in name)
                 flat[f"{'val-core' if is_core else 'val-aux'}/{source}/{var_name}/{name}"] = value
     return flat
 
@@ -418,13 +344,9 @@ def real_tokens(data: DataProto) -> int:
 
 
 class StageCosts:
-    """Accumulates one step's worker seconds and model FLOPs per pass (a stage may run more than once).
-
-    The trainer hands every worker call's output to `record`, which takes the ranks' own seconds out of
-    it (filed as `<stage>_worker` in the step's timing, next to the driver's `<stage>`) and adds the
-    pass's model FLOPs over the real tokens the call processed; `mfu_metrics` turns both into
-    `perf/mfu/<pass>` against the peaks the workers measured at start (`Worker.model_passes`).
-    """
+    """One step's worker seconds and model FLOPs per pass (a stage may run more than once), from every
+    worker call's output (`record`), turned into `perf/mfu/<pass>` against the peaks the workers measured
+    at start (`Worker.model_passes`) by `mfu_metrics`."""
 
     def __init__(self, passes: Mapping[str, ModelPass]) -> None:
         self.passes = dict(passes)

@@ -9,7 +9,6 @@ import json
 import logging
 import math
 import os
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any, Protocol, TextIO
 
 import numpy as np
 import torch
+from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from hybridrl.utils.registry import Registry
@@ -60,25 +60,14 @@ def _as_scalar(key: str, value: Any) -> float | int:
 
 def _plain_config(config: Any) -> dict[str, Any] | None:
     """A plain (resolved) dict from a dict or an OmegaConf config, for backends that store the config."""
-    if config is None:
-        return None
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(config, DictConfig):
-            return OmegaConf.to_container(config, resolve=True)  # type: ignore[return-value]
-    except ImportError:  # omegaconf is a dependency; tolerate its absence for plain-dict callers
-        pass
-    return dict(config)
+    if isinstance(config, DictConfig):
+        return OmegaConf.to_container(config, resolve=True)  # type: ignore[return-value]
+    return None if config is None else dict(config)
 
 
 def _format_value(value: float | int) -> str:
     """Ints as they are, floats with 4 significant digits."""
-    if isinstance(value, int):
-        return str(value)
-    if math.isnan(value) or math.isinf(value):
-        return str(value)
-    return f"{value:.4g}"
+    return str(value) if isinstance(value, int) or not math.isfinite(value) else f"{value:.4g}"
 
 
 def format_metrics_table(data: Mapping[str, float], step: int, width: int = 110) -> str:
@@ -98,10 +87,8 @@ def format_metrics_table(data: Mapping[str, float], step: int, width: int = 110)
         cell_width = name_width + 1 + value_width + 3  # "name value" plus a 3-space gutter
         per_line = max(1, (width - group_width - 3) // cell_width)
         for start in range(0, len(entries), per_line):
-            cells = [
-                f"{name:<{name_width}} {value:>{value_width}}"
-                for name, value in entries[start : start + per_line]
-            ]
+            cells = [f"{name:<{name_width}} {value:>{value_width}}"
+                     for name, value in entries[start : start + per_line]]
             label = group if start == 0 else ""
             lines.append(f"{label:<{group_width}} | " + "   ".join(cells))
     return "\n".join(lines)
@@ -111,13 +98,11 @@ def format_metrics_table(data: Mapping[str, float], step: int, width: int = 110)
 class ConsoleLogger:
     """Prints `format_metrics_table` to stdout each step."""
 
-    def __init__(self, project_name: str, experiment_name: str, config: Any, log_dir: str | None,
-                 stream: TextIO | None = None) -> None:
-        self._stream = stream
+    def __init__(self, project_name: str, experiment_name: str, config: Any, log_dir: str | None) -> None:
+        pass
 
     def log(self, data: Mapping[str, float], step: int) -> None:
-        # tqdm.write keeps an active progress bar intact below the table
-        tqdm.write(format_metrics_table(data, step), file=self._stream or sys.stdout)
+        tqdm.write(format_metrics_table(data, step))  # to stdout, keeping an active progress bar below the table
 
     def finish(self) -> None:
         pass
@@ -174,9 +159,8 @@ class FileLogger:
 
     def __init__(self, project_name: str, experiment_name: str, config: Any, log_dir: str | None) -> None:
         if log_dir is None:
-            raise ValueError(
-                "the 'file' logger needs a directory: set trainer.default_local_dir (Tracking(log_dir=...))"
-            )
+            raise ValueError("the 'file' logger needs a directory: set trainer.default_local_dir "
+                             "(Tracking(log_dir=...))")
         Path(log_dir).mkdir(parents=True, exist_ok=True)
         self.path = Path(log_dir) / "metrics.jsonl"
         self._last: dict[str, Any] | None = self._read_last_record()
@@ -195,8 +179,7 @@ class FileLogger:
             raise ValueError("the 'file' logger writes its own 'step' key; rename the metric called 'step'")
         record: dict[str, Any] = {"step": step}
         for key, value in data.items():
-            finite = not (isinstance(value, float) and (math.isnan(value) or math.isinf(value)))
-            record[key] = value if finite else None
+            record[key] = None if isinstance(value, float) and not math.isfinite(value) else value
         if self._last is not None and self._last["step"] == step:
             self._replace_last_line({**record, **self._last})
             return
@@ -317,11 +300,8 @@ class MlflowLogger:
         self.tracking_uri = uri
         self._client = MlflowClient(tracking_uri=uri)
         experiment = self._client.get_experiment_by_name(project_name)
-        experiment_id = (
-            experiment.experiment_id
-            if experiment
-            else self._client.create_experiment(project_name, artifact_location=(store / "artifacts").as_uri())
-        )
+        experiment_id = experiment.experiment_id if experiment else \
+            self._client.create_experiment(project_name, artifact_location=(store / "artifacts").as_uri())
         self.run_id = self._client.create_run(experiment_id, run_name=experiment_name).info.run_id
         params = [Param(k, v) for k, v in _flatten(_plain_config(config) or {}).items()]
         for start in range(0, len(params), 100):  # log_batch takes at most 100 params per call
@@ -344,9 +324,8 @@ def parse_logger_backends(backends: str | Sequence[str] | None) -> list[str]:
     names = [backends] if isinstance(backends, str) else [str(name) for name in backends]
     unknown = [name for name in names if name not in LOGGER_BACKENDS]
     if unknown:
-        raise ValueError(
-            f"trainer.logger: unknown backend(s) {unknown}; valid: {', '.join(LOGGER_BACKENDS.names())}"
-        )
+        raise ValueError(f"trainer.logger: unknown backend(s) {unknown}; valid: "
+                         f"{', '.join(LOGGER_BACKENDS.names())}")
     return list(dict.fromkeys(names))
 
 
@@ -357,22 +336,16 @@ class Tracking:
     `with Tracking(...)`.
     """
 
-    def __init__(
-        self,
-        project_name: str,
-        experiment_name: str,
-        default_backend: str | Sequence[str] | None = "console",
-        config: Mapping[str, Any] | None = None,
-        log_dir: str | os.PathLike | None = None,
-    ) -> None:
+    def __init__(self, project_name: str, experiment_name: str,
+                 default_backend: str | Sequence[str] | None = "console", config: Mapping[str, Any] | None = None,
+                 log_dir: str | os.PathLike | None = None) -> None:
         self.backend_names = parse_logger_backends(default_backend)
         self._finished = False
         log_dir_str = os.fspath(log_dir) if log_dir is not None else None
         self.loggers: dict[str, LoggerBackend] = {}
         try:
             for name in self.backend_names:
-                cls = LOGGER_BACKENDS.get(name)
-                self.loggers[name] = cls(project_name, experiment_name, config, log_dir_str)
+                self.loggers[name] = LOGGER_BACKENDS.get(name)(project_name, experiment_name, config, log_dir_str)
         except BaseException:
             self.finish()  # close what was opened before the failing backend
             raise

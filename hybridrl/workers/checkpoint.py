@@ -189,10 +189,8 @@ def check_role_dir(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint directory {path} does not exist")
     marker = path / ROLE_MARKER
     if not marker.is_file():
-        raise CheckpointError(
-            f"{path} is incomplete: it has no {ROLE_MARKER}, which a save writes last (the save was "
-            "interrupted, or this is not a hybridrl checkpoint)"
-        )
+        raise CheckpointError(f"{path} is incomplete: it has no {ROLE_MARKER}, which a save writes last (the "
+                              "save was interrupted, or this is not a hybridrl checkpoint)")
     return json.loads(marker.read_text())
 
 
@@ -304,11 +302,9 @@ def read_full_model_state(path: str | Path) -> dict[str, torch.Tensor]:
     """Full (unsharded) model tensors of a role checkpoint, assembled in this process from any world size."""
     metadata = FileSystemReader(str(path)).read_metadata()
     prefix = "model."
-    state = {
-        key: torch.empty(meta.size, dtype=meta.properties.dtype)  # the global (unsharded) shape
-        for key, meta in metadata.state_dict_metadata.items()
-        if key.startswith(prefix) and hasattr(meta, "size")
-    }
+    state = {key: torch.empty(meta.size, dtype=meta.properties.dtype)  # the global (unsharded) shape
+             for key, meta in metadata.state_dict_metadata.items()
+             if key.startswith(prefix) and hasattr(meta, "size")}
     if not state:
         raise CheckpointError(f"{path} holds no model tensors")
     with _no_process_group_warning_silenced():
@@ -418,10 +414,8 @@ class CheckpointManager:
         wanted = [c for c in self.load_contents if c != "hf_model"]
         absent = [c for c in wanted if c not in meta["contents"]]
         if absent:
-            raise CheckpointError(
-                f"checkpoint.load_contents asks for {absent}, but {local_path} was saved with "
-                f"{meta['contents']}; drop them from load_contents"
-            )
+            raise CheckpointError(f"checkpoint.load_contents asks for {absent}, but {local_path} was saved "
+                                  f"with {meta['contents']}; drop them from load_contents")
         error = ""
         try:
             self._load_files(Path(local_path), wanted, meta)

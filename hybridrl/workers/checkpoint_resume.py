@@ -49,12 +49,11 @@ def check_tracker(default_local_dir: str | Path) -> int | None:
         return None
     above = [p for s, p in _marked_steps(root) if s > tracked]
     if above:
-        raise CheckpointError(
-            f"{root / TRACKER_FILE} says step {tracked}, but {_names(above)} above it were committed "
-            f"({STEP_MARKER}); resuming from step {tracked} would train them again and overwrite them. "
-            f"To continue from the newest, write its step into the tracker (echo {_step_of(above[0])} > "
-            f"{root / TRACKER_FILE}); to go back to step {tracked}, first move {_names(above)} out of {root}"
-        )
+        raise CheckpointError(f"{root / TRACKER_FILE} says step {tracked}, but {_names(above)} above it were "
+                              f"committed ({STEP_MARKER}); resuming from step {tracked} would train them "
+                              "again and overwrite them. To continue from the newest, write its step into "
+                              f"the tracker (echo {_step_of(above[0])} > {root / TRACKER_FILE}); to go back "
+                              f"to step {tracked}, first move {_names(above)} out of {root}")
     return tracked
 
 
@@ -85,10 +84,8 @@ def resume_candidates(resume_mode: str, default_local_dir: str | Path,
         return auto_candidates(Path(default_local_dir))
     if resume_mode == "resume_path":
         if not resume_from_path or _step_of(Path(resume_from_path)) is None:
-            raise CheckpointError(
-                f"trainer.resume_mode=resume_path needs trainer.resume_from_path pointing at a "
-                f"global_step_N directory, got {resume_from_path!r}"
-            )
+            raise CheckpointError("trainer.resume_mode=resume_path needs trainer.resume_from_path pointing "
+                                  f"at a global_step_N directory, got {resume_from_path!r}")
         problem = step_dir_problem(resume_from_path)
         if problem is not None:
             latest = next(auto_candidates(Path(resume_from_path).parent), None)
@@ -154,10 +151,9 @@ def load_newest_loadable(candidates: Iterable[str], load: Callable[[Path], Any],
                            "resumed from %s", broken, moved, path)
         return path
     if failed:
-        raise CheckpointError(
-            "no checkpoint could be loaded: " + "; ".join(f"{p}: {e}" for p, e in failed) +
-            ". Repair or move them away, or start afresh in another trainer.default_local_dir"
-        )
+        causes = "; ".join(f"{p}: {e}" for p, e in failed)
+        raise CheckpointError(f"no checkpoint could be loaded: {causes}. Repair or move them away, or start "
+                              "afresh in another trainer.default_local_dir")
     return None
 
 
@@ -168,18 +164,15 @@ def check_no_committed_after(default_local_dir: str | Path, step: int) -> None:
     newer = [p for s, p in _marked_steps(root) if s > step]
     if newer:
         start = f"resumes from step {step}" if step else "starts from scratch"
-        raise CheckpointError(
-            f"{root} (trainer.default_local_dir) holds committed checkpoints {_names(newer)}, but this run "
-            f"{start}, so its saves would overwrite them. Resume from the newest (trainer.resume_mode=auto), "
-            f"choose another trainer.default_local_dir, or move {_names(newer)} out of {root}"
-        )
+        raise CheckpointError(f"{root} (trainer.default_local_dir) holds committed checkpoints "
+                              f"{_names(newer)}, but this run {start}, so its saves would overwrite them. "
+                              "Resume from the newest (trainer.resume_mode=auto), choose another "
+                              f"trainer.default_local_dir, or move {_names(newer)} out of {root}")
 
 
 def check_uncommitted(step_dir: str | Path) -> None:
     """Raise CheckpointError if `global_step_N` is committed: a save never overwrites a committed step."""
     step_dir = Path(step_dir)
     if (step_dir / STEP_MARKER).is_file():
-        raise CheckpointError(
-            f"{step_dir} is a committed checkpoint and a save never overwrites one; move it away or choose "
-            f"another trainer.default_local_dir"
-        )
+        raise CheckpointError(f"{step_dir} is a committed checkpoint and a save never overwrites one; move "
+                              "it away or choose another trainer.default_local_dir")

@@ -11,10 +11,16 @@ import pytest
 
 from hybridrl.rewards.custom import load_custom_reward_function
 from hybridrl.rewards.failures import RewardFailureError, Status
-from hybridrl.rewards.pool import RewardPool, processing_order, score_in_pool
+from hybridrl.rewards.pool import RewardPool, processing_order
 
 FIXTURE = Path(__file__).parent / "fixtures" / "faulty_reward.py"
 SQUARE = load_custom_reward_function(FIXTURE, "square_or_fail")  # loaded by path, as users' files are
+
+
+def score_in_pool(fn, kwargs_list, num_workers, timeout):
+    """One batch on a pool made for it."""
+    with RewardPool(fn, num_workers, timeout) as pool:
+        return pool.map(kwargs_list)
 
 
 def _alive(pid: int) -> bool:

@@ -141,10 +141,6 @@ def allocate(total: int, capacities: Sequence[int]) -> list[int]:
     return counts
 
 
-def _operand_digits(op: str, digits: int, mul_digits: tuple[int, int]) -> tuple[int, int]:
-    return mul_digits if op == "*" else (digits, digits)
-
-
 def generate(
     train_size: int,
     test_size: int,
@@ -160,7 +156,7 @@ def generate(
         raise ValueError(f"--ops must be a non-empty subset of {','.join(OPS)}; got {','.join(ops)!r}")
     if digits < 1 or min(mul_digits) < 1:
         raise ValueError(f"digit counts must be >= 1, got --digits {digits} --mul-digits {mul_digits}")
-    widths = [_operand_digits(op, digits, mul_digits) for op in ops]
+    widths = [mul_digits if op == "*" else (digits, digits) for op in ops]
     spaces = [10 ** (da + db) for da, db in widths]
     check_sizes(train_size, test_size, available=sum(spaces))
     test_counts = allocate(test_size, spaces)
@@ -168,9 +164,8 @@ def generate(
     rng = random.Random(seed)
     train: list[Problem] = []
     test: list[Problem] = []
-    for op, (_, db), space, n_test, n_train in zip(
-        ops, widths, spaces, test_counts, train_counts, strict=True
-    ):
+    for op, (_, db), space, n_test, n_train in zip(ops, widths, spaces, test_counts, train_counts,
+                                                    strict=True):
         ids = rng.sample(range(space), n_test + n_train)
         problems = [Problem(op, i // 10**db, i % 10**db) for i in ids]
         test += problems[:n_test]
@@ -183,18 +178,10 @@ def generate(
 def to_rows(problems: Sequence[Problem], split: str, slips: Sequence[bool] | None = None) -> list[dict]:
     """verl-schema rows; `extra_info.answer` is the demonstration SFT learns from."""
     slips = slips or [False] * len(problems)
-    return [
-        make_row(
-            data_source=DATA_SOURCE,
-            question=p.question,
-            ground_truth=str(p.result),
-            answer=worked_answer(p, drop_sign=slip),
-            split=split,
-            index=i,
-            extra={"operation": p.op, "a": p.a, "b": p.b},
-        )
-        for i, (p, slip) in enumerate(zip(problems, slips, strict=True))
-    ]
+    return [make_row(data_source=DATA_SOURCE, question=p.question, ground_truth=str(p.result),
+                     answer=worked_answer(p, drop_sign=slip), split=split, index=i,
+                     extra={"operation": p.op, "a": p.a, "b": p.b})
+            for i, (p, slip) in enumerate(zip(problems, slips, strict=True))]
 
 
 def _parse_mul_digits(text: str) -> tuple[int, int]:
@@ -208,14 +195,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = base_parser(__doc__.splitlines()[0], train_size=5000, test_size=500)
     parser.add_argument("--ops", default="+,-,*", help="comma-separated subset of +,-,*")
     parser.add_argument("--digits", type=int, default=2, help="max digits of each operand of + and -")
-    parser.add_argument(
-        "--mul-digits", type=_parse_mul_digits, default=(2, 1), help="max digits of the two factors of *"
-    )
-    parser.add_argument(
-        "--teacher-sign-error", type=float, default=0.0,
-        help="share of the train split's demonstrations of negative results whose answer drops the minus "
-        "sign (an imperfect teacher for SFT; ground_truth stays exact). The quickstart uses 0.7",
-    )
+    parser.add_argument("--mul-digits", type=_parse_mul_digits, default=(2, 1),
+                        help="max digits of the two factors of *")
+    parser.add_argument("--teacher-sign-error", type=float, default=0.0,
+                        help="share of the train split's demonstrations of negative results whose answer "
+                        "drops the minus sign (an imperfect teacher for SFT; ground_truth stays exact). The "
+                        "quickstart uses 0.7")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     ops = [op.strip() for op in args.ops.split(",") if op.strip()]

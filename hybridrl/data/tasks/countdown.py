@@ -4,20 +4,22 @@
 
 Every target is reachable: it is drawn from the values of expressions using each number once (dynamic
 programming over subsets, exact `Fraction` arithmetic, preferring non-negative integer steps), and the
-solution is checked by an independent evaluator. `reward_model.ground_truth` is `{"target", "numbers"}`;
-the worked response is the steps in `<think></think>`, then the expression in `<answer></answer>`.
+solution is checked by the countdown scorer's parser. `reward_model.ground_truth` is `{"target",
+"numbers"}`; the worked response is the steps in `<think></think>`, then the expression in
+`<answer></answer>`.
 """
 
 from __future__ import annotations
 
-import ast
 import logging
+import operator
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
 from hybridrl.data.tasks.sources import base_parser, check_sizes, make_row, write_splits
+from hybridrl.rewards.scorers import InvalidExpression, evaluate, literals, parse_expression
 
 DATA_SOURCE = "countdown"
 
@@ -46,9 +48,7 @@ def reachable(numbers: Sequence[int]) -> dict[Fraction, Entry]:
     n = len(numbers)
     if n == 0:
         raise ValueError("countdown needs at least one number")
-    table: dict[int, dict[Fraction, Entry]] = {
-        1 << i: {Fraction(v): Entry(v, v >= 0)} for i, v in enumerate(numbers)
-    }
+    table = {1 << i: {Fraction(v): Entry(v, v >= 0)} for i, v in enumerate(numbers)}
     for mask in sorted(range(1, 1 << n), key=lambda m: bin(m).count("1")):
         if mask in table:
             continue
@@ -85,65 +85,45 @@ def render(expr: Expr, top: bool = True) -> str:
     return text if top else f"({text})"
 
 
+_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
+
+
+def value_of(expr: Expr) -> Fraction:
+    """The exact value of an expression tree."""
+    if isinstance(expr, int):
+        return Fraction(expr)
+    op, left, right = expr
+    return _OPS[op](value_of(left), value_of(right))
+
+
 def steps(expr: Expr) -> list[str]:
     """One line per operation, innermost first: '44 + 19 = 63'."""
     if isinstance(expr, int):
         return []
     op, left, right = expr
-    line = f"{_value_text(left)} {op} {_value_text(right)} = {_value_text(expr)}"
+    line = f"{value_of(left)} {op} {value_of(right)} = {value_of(expr)}"
     return steps(left) + steps(right) + [line]
 
 
-def _value_text(expr: Expr) -> str:
-    return str(evaluate(render(expr))[0])
-
-
-_BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
-
-
-def evaluate(expression: str) -> tuple[Fraction, list[int]]:
-    """(exact value, integers used) of an expression of integers, + - * / and parentheses, parsed from text
-    to check the solver; ValueError for anything else (unary minus and division by zero included)."""
-
-    def walk(node: ast.AST) -> Fraction:
-        if isinstance(node, ast.Constant) and type(node.value) is int:
-            used.append(node.value)
-            return Fraction(node.value)
-        if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-            left, right = walk(node.left), walk(node.right)
-            if isinstance(node.op, ast.Add):
-                return left + right
-            if isinstance(node.op, ast.Sub):
-                return left - right
-            if isinstance(node.op, ast.Mult):
-                return left * right
-            if right == 0:
-                raise ValueError(f"division by zero in {expression!r}")
-            return left / right
-        raise ValueError(f"{expression!r} may only contain integers, + - * / and parentheses")
-
-    used: list[int] = []
-    try:
-        tree = ast.parse(expression, mode="eval")
-    except SyntaxError as err:
-        raise ValueError(f"{expression!r} is not an arithmetic expression: {err.msg}") from err
-    return walk(tree.body), used
-
-
 def is_solution(expression: str, numbers: Sequence[int], target: int) -> bool:
-    """True if `expression` uses exactly the given numbers (each once) and equals `target`."""
+    """True if `expression` uses exactly the given numbers (each once) and equals `target`, judged by the
+    countdown scorer's parser (hybridrl/rewards/scorers.py), not by the solver."""
     try:
-        value, used = evaluate(expression)
-    except ValueError:
+        tree = parse_expression(expression)
+        return sorted(literals(tree)) == sorted(numbers) and evaluate(tree) == target
+    except (InvalidExpression, ZeroDivisionError):
         return False
-    return sorted(used) == sorted(numbers) and value == target
 
 
 @dataclass(frozen=True)
 class Instance:
     numbers: tuple[int, ...]
     target: int
-    solution: str
+    expr: Expr
+
+    @property
+    def solution(self) -> str:
+        return render(self.expr)
 
     @property
     def question(self) -> str:
@@ -155,19 +135,8 @@ class Instance:
 
     @property
     def worked_answer(self) -> str:
-        working = "\n".join(steps(_parse_expr(self.solution)))
+        working = "\n".join(steps(self.expr))
         return f"<think>\n{working}\n</think>\n<answer>{self.solution}</answer>"
-
-
-def _parse_expr(expression: str) -> Expr:
-    """Text back to an expression tree (for the worked steps)."""
-
-    def walk(node: ast.AST) -> Expr:
-        if isinstance(node, ast.Constant):
-            return int(node.value)
-        return (_BINOPS[type(node.op)], walk(node.left), walk(node.right))
-
-    return walk(ast.parse(expression, mode="eval").body)
 
 
 def sample_instance(
@@ -181,10 +150,10 @@ def sample_instance(
     if not targets:
         return None
     target = rng.choice(targets)
-    solution = render(values[Fraction(target)].expr)
-    if not is_solution(solution, numbers, target):  # the solver and the evaluator must agree
-        raise AssertionError(f"solver produced {solution!r}, which does not give {target} from {numbers}")
-    return Instance(numbers, target, solution)
+    instance = Instance(numbers, target, values[Fraction(target)].expr)
+    if not is_solution(instance.solution, numbers, target):  # the solver and the scorer must agree
+        raise AssertionError(f"solver produced {instance.solution!r}, not {target} from {numbers}")
+    return instance
 
 
 def generate(
@@ -207,9 +176,8 @@ def generate(
     while len(instances) < train_size + test_size:
         attempts += 1
         if attempts > 20 * (train_size + test_size) + 1000:
-            raise ValueError(
-                "could not find enough distinct instances; widen --max-number or the target range"
-            )
+            raise ValueError("could not find enough distinct instances; widen --max-number or the target "
+                             "range")
         inst = sample_instance(rng, min_numbers, max_numbers, max_number, target_range)
         if inst is None or (key := (tuple(sorted(inst.numbers)), inst.target)) in seen:
             continue
@@ -219,17 +187,9 @@ def generate(
 
 
 def to_rows(instances: Sequence[Instance], split: str) -> list[dict]:
-    return [
-        make_row(
-            data_source=DATA_SOURCE,
-            question=inst.question,
-            ground_truth={"target": inst.target, "numbers": list(inst.numbers)},
-            answer=inst.worked_answer,
-            split=split,
-            index=i,
-        )
-        for i, inst in enumerate(instances)
-    ]
+    return [make_row(data_source=DATA_SOURCE, question=inst.question, answer=inst.worked_answer, split=split,
+                     ground_truth={"target": inst.target, "numbers": list(inst.numbers)}, index=i)
+            for i, inst in enumerate(instances)]
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -34,17 +34,8 @@ def to_rows(records: Sequence[Record], split: str) -> list[dict]:
         truth = extract_answer(solution)
         if truth is None:
             raise ValueError(f"{rec.source}: answer has no final '#### <number>' line: {solution[-80:]!r}")
-        rows.append(
-            make_row(
-                data_source=DATA_SOURCE,
-                question=question,
-                prompt_text=f"{question} {INSTRUCTION}",
-                ground_truth=truth,
-                answer=solution,
-                split=split,
-                index=i,
-            )
-        )
+        rows.append(make_row(data_source=DATA_SOURCE, question=question, ground_truth=truth, answer=solution,
+                             prompt_text=f"{question} {INSTRUCTION}", split=split, index=i))
     return rows
 
 

@@ -62,22 +62,12 @@ def to_rows(records: Sequence[Record], split: str) -> list[dict]:
         if truth is None:
             skipped += 1
             continue
-        rows.append(
-            make_row(
-                data_source=DATA_SOURCE,
-                question=problem,
-                prompt_text=f"{problem} {INSTRUCTION}",
-                ground_truth=truth,
-                answer=solution,
-                split=split,
-                index=len(rows),
-                extra={"level": rec.fields["level"], "type": rec.fields["type"]},
-            )
-        )
+        rows.append(make_row(data_source=DATA_SOURCE, question=problem, ground_truth=truth, answer=solution,
+                             prompt_text=f"{problem} {INSTRUCTION}", split=split, index=len(rows),
+                             extra={"level": rec.fields["level"], "type": rec.fields["type"]}))
     if skipped:
-        logger.warning(
-            "%s: skipped %d of %d solutions with no \\boxed{} answer", split, skipped, len(records)
-        )
+        logger.warning("%s: skipped %d of %d solutions with no \\boxed{} answer", split, skipped,
+                       len(records))
     return rows
 
 

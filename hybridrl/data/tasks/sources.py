@@ -20,45 +20,30 @@ logger = logging.getLogger(__name__)
 SPLITS = ("train", "test")
 
 
-def make_row(
-    *,
-    data_source: str,
-    question: str,
-    ground_truth: Any,
-    answer: str,
-    split: str,
-    index: int,
-    ability: str = "math",
-    extra: dict[str, Any] | None = None,
-    prompt_text: str | None = None,
-) -> dict[str, Any]:
+def make_row(*, data_source: str, question: str, ground_truth: Any, answer: str, split: str, index: int,
+             ability: str = "math", extra: dict[str, Any] | None = None,
+             prompt_text: str | None = None) -> dict[str, Any]:
     """One row in verl's schema, prompting with `prompt_text` (default `question`). `extra` adds keys to
     `extra_info`, the same for every row of a file (parquet stores it as one struct type)."""
-    extra_info: dict[str, Any] = {"split": split, "index": index, "question": question, "answer": answer}
-    extra_info.update(extra or {})
-    return {
-        "data_source": data_source,
-        "prompt": [{"role": "user", "content": question if prompt_text is None else prompt_text}],
-        "ability": ability,
-        "reward_model": {"style": "rule", "ground_truth": ground_truth},
-        "extra_info": extra_info,
-    }
+    extra_info = {"split": split, "index": index, "question": question, "answer": answer, **(extra or {})}
+    return {"data_source": data_source,
+            "prompt": [{"role": "user", "content": question if prompt_text is None else prompt_text}],
+            "ability": ability, "reward_model": {"style": "rule", "ground_truth": ground_truth},
+            "extra_info": extra_info}
 
 
 def write_parquet(rows: Sequence[dict[str, Any]], path: Path) -> None:
     """Write rows to one parquet file; an empty list is refused since no trainer can use it."""
     if not rows:
-        raise ValueError(
-            f"refusing to write {path}: no rows (raise --train-size/--test-size or check --input)"
-        )
+        raise ValueError(f"refusing to write {path}: no rows (raise --train-size/--test-size or check "
+                         f"--input)")
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(list(rows)), path)
     logger.info("wrote %d rows to %s", len(rows), path)
 
 
-def write_splits(
-    out_dir: str | Path, train_rows: Sequence[dict], test_rows: Sequence[dict]
-) -> tuple[Path, Path]:
+def write_splits(out_dir: str | Path, train_rows: Sequence[dict],
+                 test_rows: Sequence[dict]) -> tuple[Path, Path]:
     """Write `out_dir/train.parquet` and `out_dir/test.parquet`; returns both paths."""
     out = Path(out_dir).expanduser()
     paths = (out / "train.parquet", out / "test.parquet")
@@ -67,9 +52,8 @@ def write_splits(
     return paths
 
 
-def base_parser(
-    description: str, *, train_size: int | None, test_size: int | None
-) -> argparse.ArgumentParser:
+def base_parser(description: str, *, train_size: int | None,
+                test_size: int | None) -> argparse.ArgumentParser:
     """The flags every task command shares; sizes of None mean every input row."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--out", required=True, help="directory for train.parquet and test.parquet")
@@ -85,10 +69,9 @@ def check_sizes(train_size: int, test_size: int, available: int | None = None) -
         if value is None or value <= 0:
             raise ValueError(f"{name} must be a positive integer, got {value}")
     if available is not None and train_size + test_size > available:
-        raise ValueError(
-            f"--train-size + --test-size = {train_size + test_size} exceeds the {available} distinct "
-            f"instances this configuration has; lower the sizes or allow more digits/numbers"
-        )
+        raise ValueError(f"--train-size + --test-size = {train_size + test_size} exceeds the {available} "
+                         f"distinct instances this configuration has; lower the sizes or allow more "
+                         f"digits/numbers")
 
 
 SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -122,10 +105,9 @@ def find_split_files(root: str | Path) -> dict[str, list[Path]]:
             found[split].append(path)
     missing = [split for split, paths in found.items() if not paths]
     if missing:
-        raise FileNotFoundError(
-            f"no {' or '.join(missing)} files under {root}: expected names like train.jsonl, "
-            f"test-00000-of-00001.parquet or train/<subject>/<n>.json (suffixes {', '.join(SUFFIXES)})"
-        )
+        raise FileNotFoundError(f"no {' or '.join(missing)} files under {root}: expected names like "
+                                f"train.jsonl, test-00000-of-00001.parquet or train/<subject>/<n>.json "
+                                f"(suffixes {', '.join(SUFFIXES)})")
     return found
 
 
@@ -158,19 +140,14 @@ def read_split(paths: Sequence[Path], required: Sequence[str]) -> list[Record]:
     for rec in records:
         missing = [col for col in required if col not in rec.fields]
         if missing:
-            raise KeyError(
-                f"{rec.source}: missing column(s) {missing}; this preprocessor expects {list(required)} "
-                f"(found {sorted(rec.fields)})"
-            )
+            raise KeyError(f"{rec.source}: missing column(s) {missing}; this preprocessor expects "
+                           f"{list(required)} (found {sorted(rec.fields)})")
     return records
 
 
-def preprocess_main(
-    description: str,
-    required: Sequence[str],
-    to_rows: Callable[[list[Record], str], list[dict[str, Any]]],
-    argv: Sequence[str] | None = None,
-) -> None:
+def preprocess_main(description: str, required: Sequence[str],
+                    to_rows: Callable[[list[Record], str], list[dict[str, Any]]],
+                    argv: Sequence[str] | None = None) -> None:
     """A preprocessor's command: `to_rows(records, split)` converts each split of `--input` to rows, of which
     the first `--train-size` / `--test-size` are written to `--out`."""
     parser = base_parser(description, train_size=None, test_size=None)

@@ -45,7 +45,8 @@ def teacher_chat(problem: Problem, calls_tool: bool) -> list[dict[str, str]]:
     return [*chat, {"role": "assistant", "content": answer}]
 
 
-def generate(train_size: int, test_size: int, seed: int, ops: Sequence[str]) -> tuple[list[Problem], list[Problem]]:
+def generate(train_size: int, test_size: int, seed: int,
+             ops: Sequence[str]) -> tuple[list[Problem], list[Problem]]:
     """Distinct problems, held-out ones first, none in both splits; ops drawn uniformly."""
     low, high = OPERAND_RANGE
     check_sizes(train_size, test_size, available=len(ops) * (high - low + 1) ** 2)
