@@ -1,8 +1,8 @@
-"""Does the tool-use demo learn on any machine? `hybridrl.examples.tool_agent` over seeds x thread counts.
+"""Does the tool-use demo learn on any machine? `examples/tool_agent.py` over seeds x thread counts.
 
     python benchmarks/tool_agent_learning.py [--seeds 0,1,2] [--threads 1,2] [--workdir runs/tool_agent_bench]
 
-Each run is `python -m hybridrl.examples.tool_agent --seed S --threads T` in a subprocess, in its own
+Each run is `python examples/tool_agent.py --seed S --threads T` in a subprocess, in its own
 directory under `--workdir` (a finished run, one with `summary.json`, is reused), one run at a time so
 each has the machine's cores to itself. Seeds (task data, model init, SFT order) and thread counts (1 or
 2 per process) stand in for other CPUs, whose kernels sum floating-point numbers in another order.
@@ -26,6 +26,7 @@ from learning import cpu_name, thread_env  # noqa: E402  (benchmarks/ is not a p
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
+EXAMPLE = REPO / "examples" / "tool_agent.py"
 TARGET_GAIN = 0.10
 TARGET_MINUTES = 10.0
 
@@ -36,7 +37,7 @@ def run(workdir: Path, seed: int, threads: int) -> dict:
     if not summary.exists():
         out.mkdir(parents=True, exist_ok=True)
         with (out / "tool_agent.log").open("w") as log:
-            subprocess.run([sys.executable, "-m", "hybridrl.examples.tool_agent", "--workdir", str(out),
+            subprocess.run([sys.executable, str(EXAMPLE), "--workdir", str(out),
                             "--seed", str(seed), "--threads", str(threads)],
                            check=True, env=thread_env(threads), stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     return json.loads(summary.read_text())
@@ -47,7 +48,7 @@ def report(runs: list[tuple[int, int, dict]], missing: list[str]) -> tuple[str, 
         "# Tool-use demo: held-out accuracy and tool calls over seeds and thread counts",
         "",
         f"CPU: {cpu_name()}. Command: `python benchmarks/tool_agent_learning.py` "
-        "(each run: `python -m hybridrl.examples.tool_agent --seed S --threads T`, one at a time).",
+        "(each run: `python examples/tool_agent.py --seed S --threads T`, one at a time).",
         f"Bar: accuracy +{TARGET_GAIN:.2f} or more on every run, tool calls per sample rising, "
         f"<= {TARGET_MINUTES:.0f} minutes per run.",
         "",

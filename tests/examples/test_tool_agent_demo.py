@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 
 import pytest
+import tool_agent
 import torch
 
-from hybridrl.examples import tool_agent
 from hybridrl.trainer.config_checks import read_run_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

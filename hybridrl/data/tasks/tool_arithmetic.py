@@ -1,4 +1,4 @@
-"""Three-digit arithmetic with a calculator tool: the multi-turn demo's task (hybridrl/examples/tool_agent.py).
+"""Three-digit arithmetic with a calculator tool: the multi-turn demo's task (examples/tool_agent.py).
 
     python -m hybridrl.data.tasks.tool_arithmetic --out ~/data/tool_arithmetic [--call-shares +=0.3,-=0.9]
 

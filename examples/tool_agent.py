@@ -1,6 +1,6 @@
 """Multi-turn agent RL on CPU: a tiny model learns when to call a calculator.
 
-`python -m hybridrl.examples.tool_agent --workdir DIR` runs, in DIR:
+`python examples/tool_agent.py --workdir DIR` runs, in DIR:
 
 1. the task (hybridrl/data/tasks/tool_arithmetic.py): three-digit + and -, and a teacher whose
    conversations call the calculator for most subtractions and few additions, answering the rest by hand;
@@ -8,7 +8,7 @@
 3. a multi-turn SFT warm start on the teacher's conversations (tool answers masked out of the loss),
    after which the student copies operands and results well and gets no sum right by hand;
 4. GRPO with the agent loop (`actor_rollout_ref.rollout.multi_turn.*`, the calculator from
-   hybridrl/examples/calculator_tool.yaml), validating greedily on held-out problems;
+   examples/calculator_tool.yaml), validating greedily on held-out problems;
 5. prints and writes `summary.json`: held-out accuracy and tool calls per sample, before and after.
 
 It reuses the quickstart's stages (hybridrl/quickstart.py) with this task's settings.

@@ -1,1 +1,0 @@
-"""Runnable demonstrations built from the project's entry points (`python -m hybridrl.examples.<name>`)."""
