@@ -13,7 +13,7 @@ on one that emulates it, see hybridrl/utils/device.py), three settings alternati
   `hf.fused_decoder` for one that declines);
 - fused: `FusedDecoder.step`, the prompts' keys/values copied per sample (`share_prompt_kv_from=None`);
 - shared: `FusedDecoder.step_shared` at every prompt length (`share_prompt_kv_from=1`; the engine's own
-  threshold is hf.SHARE_PROMPT_KV_FROM).
+  threshold is `HFRollout.share_prompt_kv_from`).
 
 Prompts are an arithmetic question repeated 1, 4 or 12 times (11, 47 and 143 tokens). Each cell is the
 median of `--runs` generations; "same as forward" says whether the fused step sampled the forward's tokens

@@ -3,8 +3,9 @@
 `grouped_eager`: eager attention's arithmetic with the query heads that share a key/value head stacked
 along the query axis, so no key/value head is copied (`default_attention` picks it for half precision on
 a CPU). `grouped_sdpa`: sdpa reading each key/value head once while decoding one token (picked by
-`decoding_attention`). `SHARED_PROMPT`, through `shared_prompt_forward`: one forward over rows that share
-prompts (a group's rollout.n responses), computing each distinct prompt once.
+`decoding_attention`; `attention_for_decoding` switches a model to it for a generation). `SHARED_PROMPT`,
+through `shared_prompt_forward`: one forward over rows that share prompts (a group's rollout.n
+responses), computing each distinct prompt once.
 """
 
 from __future__ import annotations
@@ -83,13 +84,30 @@ def decoding_attention(compute_dtype: torch.dtype, device_type: str) -> str:
     return GROUPED_SDPA if chosen == "sdpa" else chosen
 
 
+@contextlib.contextmanager
+def attention_for_decoding(module: nn.Module, dtype: torch.dtype) -> Iterator[None]:
+    """For the block, the attention that decodes fastest in `dtype` on the module's device
+    (`decoding_attention`); the model's own comes back after. Models other than transformers' sdpa/eager
+    ones are left alone."""
+    current = getattr(getattr(module, "config", None), "_attn_implementation", None)
+    wanted = decoding_attention(dtype, next(module.parameters()).device.type)
+    switch = current in ("sdpa", "eager", GROUPED_EAGER, GROUPED_SDPA) and wanted != current \
+        and hasattr(module, "set_attn_implementation")
+    if switch:
+        module.set_attn_implementation(wanted)
+    try:
+        yield
+    finally:
+        if switch:
+            module.set_attn_implementation(current)
+
+
 def default_attention(compute_dtype: torch.dtype, device_type: str) -> str:
     """The attention a model computing in `compute_dtype` on `device_type` runs best with.
 
     sdpa, except `grouped_eager` on a CPU in half precision, where torch's fused CPU kernels are slower
     (benchmarks/README.md, "GRPO side by side with TRL (`grpo_vs_trl.py`)"). Decoding:
-    `attention_for_decoding` in hybridrl/workers/rollout/hf.py. `model.override_config.attn_implementation`
-    overrides this choice.
+    `attention_for_decoding`. `model.override_config.attn_implementation` overrides this choice.
     """
     half = compute_dtype in (torch.bfloat16, torch.float16)
     return GROUPED_EAGER if device_type == "cpu" and half else "sdpa"

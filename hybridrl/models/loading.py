@@ -121,6 +121,25 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
     return auto_dtype() if dtype == AUTO else DTYPES.get(dtype)
 
 
+@contextmanager
+def weights_in_dtype(module: nn.Module, dtype: torch.dtype) -> Iterator[None]:
+    """Swap every floating parameter's data for a copy in `dtype`, and put the originals back bit for bit after.
+
+    The Parameter objects stay (the optimizer and FSDP keep their references) and tied weights stay tied;
+    buffers are left alone (rotary `inv_freq` stays fp32, as in a model loaded in bf16).
+    """
+    originals: list[tuple[nn.Parameter, torch.Tensor]] = []
+    try:
+        for param in module.parameters():
+            if param.is_floating_point() and param.dtype != dtype:
+                originals.append((param, param.data))
+                param.data = param.data.to(dtype)
+        yield
+    finally:
+        for param, data in originals:
+            param.data = data
+
+
 def resolve_model_dir(path: str | Path) -> Path:
     """The local directory for `path`: the path itself, or a repo id's snapshot in the local HF cache."""
     local = Path(path).expanduser()

@@ -5,7 +5,8 @@ model's own weights and modules, for the HF engine's eager loop on a CPU.
 gate/up projections (packed for oneDNN), one rotary pass and one mask per step for all layers
 (benchmarks/results/fused_decode.md). `step_shared` keeps each prompt's keys/values once for its n samples
 (`SharedPromptKV`; bf16 logits within about one unit). `fused_decoder` returns None for other models
-(another architecture or attention, a LoRA or quantized projection, a sliding window).
+(another architecture or attention, a LoRA or quantized projection, a sliding window). `FusedSteps` and
+`SharedPromptSteps` run them behind the eager loop's step interface (`kv_cache.ForwardSteps`).
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.cache_utils import Cache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from hybridrl.models.attention import GROUPED_EAGER, GROUPED_SDPA
 from hybridrl.models.onednn_linear import FixedLinear, is_plain_linear
-from hybridrl.workers.rollout.kv_cache import PreallocatedCache
+from hybridrl.workers.rollout.kv_cache import ForwardSteps, PreallocatedCache, forward_logits
 
 FUSED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 # attention implementations by the kind of mask they take: additive float, or boolean (True = attend)
@@ -210,3 +212,34 @@ def fused_decoder(model: nn.Module) -> FusedDecoder | None:
     """`FusedDecoder(model)` where it applies, else None."""
     return FusedDecoder(model) if unsupported_reason(model) is None else None
 
+
+class FusedSteps(ForwardSteps):
+    """`FusedDecoder.step` after the forward's prefill: the forward's logits bit for bit, with less per layer."""
+
+    def __init__(self, decoder: FusedDecoder, cache: Cache) -> None:
+        super().__init__(decoder.model, cache)
+        self.decoder = decoder
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+        return self.decoder.step(tokens, positions, self.cache, seen)
+
+
+class SharedPromptSteps(FusedSteps):
+    """`FusedDecoder.step_shared`: each prompt's keys/values kept once for its n samples (`SharedPromptKV`),
+    not copied per sample; `cache` holds the prompts only."""
+
+    def __init__(self, decoder: FusedDecoder, cache: Cache, width: int) -> None:
+        super().__init__(decoder, cache)
+        self.width = width
+
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                n: int) -> torch.Tensor:
+        logits = forward_logits(self.model, input_ids, attention_mask, position_ids, self.cache)  # (B, V)
+        self.kv = SharedPromptKV(self.cache, attention_mask, n, self.width, logits.dtype)
+        return logits.repeat_interleave(n, dim=0)
+
+    def select(self, keep: torch.Tensor) -> None:
+        self.kv.select(keep)
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+        return self.decoder.step_shared(tokens, positions, self.kv)

@@ -1,10 +1,12 @@
 """`rollout.name=hf`: batched sampling with a KV cache over a Hugging Face causal LM (CPU and GPU).
 
 It calls the actor's own module's forward (FSDP-wrapped or not) instead of `model.generate`, to prefill
-each prompt once without the padding all prompts share, keep a cache written in place, drop finished rows,
-cast the weights once, and take the faster decoding paths: grouped attention, no FSDP hooks, packed oneDNN
-linears and the fused step on a CPU, CUDA graphs on a GPU. Each is tested equal to the plain loop
-(docs/rollout.md, "How the HF engine decodes"); benchmarks/rollout_bench.py compares it with `generate`.
+each prompt once without the padding all prompts share, keep a cache written in place, drop finished rows
+and cast the weights once. `decode_eagerly` is the decoding loop, the reference: each step runs through
+`ForwardSteps` (the model's forward, kv_cache.py) or a fused step (fused_decoder.py), and
+`HFRollout._decode` alone chooses which, or CUDA graphs (static_decode.py). Each path is tested equal to
+the plain loop (docs/rollout.md, "How the HF engine decodes"); benchmarks/rollout_bench.py compares it with
+`generate`.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ import torch
 from torch import nn
 from transformers import Cache, DynamicCache
 
-from hybridrl.models.attention import GROUPED_EAGER, GROUPED_SDPA, decoding_attention
-from hybridrl.models.loading import resolve_dtype
+from hybridrl.models.attention import attention_for_decoding
+from hybridrl.models.loading import resolve_dtype, weights_in_dtype
 from hybridrl.models.onednn_linear import prepacked_linears
 from hybridrl.protocol import DataProto
 from hybridrl.utils.typed_config import to_dataclass
@@ -36,27 +38,24 @@ from hybridrl.workers.rollout.base import (
 )
 from hybridrl.workers.rollout.fused_decoder import (
     FusedDecoder,
-    SharedPromptKV,
+    FusedSteps,
+    SharedPromptSteps,
     fused_decoder,
     unsupported_reason,
 )
-from hybridrl.workers.rollout.kv_cache import PreallocatedCache, cache_keyword
+from hybridrl.workers.rollout.kv_cache import ForwardSteps, PreallocatedCache
 from hybridrl.workers.rollout.sampling import (
     DecodeOutputs,
     SamplingParams,
     resolve_sampling_params,
     sample_tokens,
 )
-from hybridrl.workers.rollout.static_decode import decode_static, hook_free_view
+from hybridrl.workers.rollout.static_decode import decode_static, decoding_module
 
 logger = logging.getLogger(__name__)
 
 # Finished rows leave the batch once they are this share of it: dropping copies the survivors' cache.
 DROP_FINISHED_SHARE = 0.125
-
-# Prompts (after trimming shared padding) this long keep their keys/values once for their samples
-# (fused_decoder.SharedPromptKV); shorter ones gain less than the regrouping costs (benchmarks/results/fused_decode.md).
-SHARE_PROMPT_KV_FROM = 32
 
 
 @ROLLOUT_ENGINES.register("hf")
@@ -68,8 +67,10 @@ class HFRollout(BaseRollout):
     unless `eos_token_id` (an int or a list) / `pad_token_id` are given.
     """
 
-    # SharedPromptKV from this many prompt columns (with the fused decoder and n > 1); None: never
-    share_prompt_kv_from: int | None = SHARE_PROMPT_KV_FROM
+    # With the fused step and n > 1, prompts (after trimming shared padding) this long keep their keys/values
+    # once for their samples (SharedPromptSteps); shorter ones gain less than the regrouping costs
+    # (benchmarks/results/fused_decode.md). None: never.
+    share_prompt_kv_from: int | None = 32
 
     def __init__(
         self,
@@ -84,9 +85,8 @@ class HFRollout(BaseRollout):
         self.config = config = to_dataclass(RolloutConfig, config)
         if eos_token_id is None:
             generation_config = getattr(module, "generation_config", None)
-            self.eos_token_ids = eos_token_ids(
-                getattr(tokenizer, "eos_token_id", None), getattr(generation_config, "eos_token_id", None)
-            )
+            self.eos_token_ids = eos_token_ids(getattr(tokenizer, "eos_token_id", None),
+                                               getattr(generation_config, "eos_token_id", None))
         else:
             self.eos_token_ids = eos_token_ids(eos_token_id)
         if pad_token_id is None:
@@ -100,14 +100,8 @@ class HFRollout(BaseRollout):
         self.generator = torch.Generator(device=self._device()).manual_seed(config.seed)
 
     @classmethod
-    def build(
-        cls,
-        config: RolloutConfig,
-        *,
-        module: nn.Module | None,
-        tokenizer: Any,
-        model_path: str | Path | None,
-    ) -> HFRollout:
+    def build(cls, config: RolloutConfig, *, module: nn.Module | None, tokenizer: Any,
+              model_path: str | Path | None) -> HFRollout:
         if module is None:
             raise ValueError("rollout.name=hf generates with the actor's module; build it with module=...")
         return cls(module, config, tokenizer)
@@ -123,10 +117,8 @@ class HFRollout(BaseRollout):
     def _serve_weights(self, actor: ServedActor) -> Iterator[None]:
         """The actor's own module, its parameters gathered once for the whole block (no copy)."""
         if actor.module is not self.module:
-            raise ValueError(
-                "rollout.name=hf generates with the actor's module in place; build the engine with "
-                "module=actor.module to serve that actor"
-            )
+            raise ValueError("rollout.name=hf generates with the actor's module in place; build the engine with "
+                             "module=actor.module to serve that actor")
         with actor.summon_full_params():
             yield
 
@@ -145,17 +137,14 @@ class HFRollout(BaseRollout):
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         input_ids, attention_mask, position_ids = check_prompts(prompts)
         params = resolve_sampling_params(self.config, prompts.meta_info, self.eos_token_ids)
-        generator = self.generator
-        if params.seed is not None:
-            generator = torch.Generator(device=input_ids.device).manual_seed(params.seed)
+        seed = params.seed  # a per-call seed restarts the sampler; else the engine's generator goes on
+        generator = self.generator if seed is None else torch.Generator(device=input_ids.device).manual_seed(seed)
         # the output keeps the prompts as given; only the decoding skips their shared padding (prompts are
         # left-padded, check_prompts: every row's last column is kept, and position ids are each row's own)
         trimmed = trim_columns(prompts, response_length=0)
         input_ids, attention_mask, position_ids = trimmed.input_ids, trimmed.attention_mask, trimmed.position_ids
         with self._generation_mode():
-            responses, lengths, log_probs = self._decode(
-                input_ids, attention_mask, position_ids, params, generator
-            )
+            responses, lengths, log_probs = self._decode(input_ids, attention_mask, position_ids, params, generator)
         return assemble_output(prompts, responses, lengths, log_probs, params.n)
 
     def _full_attention(self) -> bool:
@@ -179,37 +168,27 @@ class HFRollout(BaseRollout):
         return PreallocatedCache(self.module.config.num_hidden_layers, max_len,
                                  full_width=self._device().type == "cpu")
 
-    def _forward(self, model: nn.Module, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
-                 cache: Cache) -> torch.Tensor:
-        """Next-token logits (rows, vocab) for the last column of `input_ids`, appending to `cache`."""
-        out = model(
-            input_ids=input_ids,
-            attention_mask=mask,
-            position_ids=positions,
-            **{cache_keyword(model): cache},
-            use_cache=True,
-            logits_to_keep=1,  # only the last position's logits: the prefill skips P-1 vocab projections
-        )
-        return out.logits[:, -1, :]
-
-    def _decode(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        position_ids: torch.Tensor,
-        params: SamplingParams,
-        generator: torch.Generator,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The sampling loop. Returns responses (B*n, R), lengths (B*n,), log-probs (B*n, R)."""
+    def _decode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                params: SamplingParams, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Responses (B*n, R), lengths (B*n,), log-probs (B*n, R), by the decoding path chosen here and only here:
+        CUDA graphs (`_graphed_decoding`: `decode_static`), else `decode_eagerly` over the fused steps on a CPU
+        for a model `fused_decoder` supports (with n > 1 and prompts of `share_prompt_kv_from` columns, over
+        keys/values kept once per prompt), else over the model's forward."""
         if self._graphed_decoding():
             return decode_static(self.module, input_ids, attention_mask, position_ids, params, generator,
                                  self.pad_token_id, self.dtype, capture=input_ids.device.type == "cuda")
         model = decoding_module(self.module)
-        # the weights stay as they are for the whole call: on a CPU each linear's is packed once
-        with prepacked_linears(model):
+        with prepacked_linears(model):  # the weights stay as they are for the call: on a CPU each is packed once
             decoder = fused_decoder(model) if self._device().type == "cpu" and self._full_attention() else None
             self._log_decoding_path(model, decoder)
-            return self._decode_eagerly(model, input_ids, attention_mask, position_ids, params, generator, decoder)
+            prompt_len, width = input_ids.shape[1], params.response_length
+            if decoder is None:
+                steps = ForwardSteps(model, self._new_cache(prompt_len + width))
+            elif params.n > 1 and self.share_prompt_kv_from is not None and prompt_len >= self.share_prompt_kv_from:
+                steps = SharedPromptSteps(decoder, self._new_cache(prompt_len), width)
+            else:
+                steps = FusedSteps(decoder, self._new_cache(prompt_len + width))
+            return decode_eagerly(steps, input_ids, attention_mask, position_ids, params, generator, self.pad_token_id)
 
     def _log_decoding_path(self, model: nn.Module, decoder: FusedDecoder | None) -> None:
         """Say once per engine which step the eager loop runs, and why not the fused one."""
@@ -227,115 +206,44 @@ class HFRollout(BaseRollout):
             reason = unsupported_reason(model) if self._full_attention() else "layers other than full attention"
             logger.info("HF rollout: %s decodes with its forward, not the fused step: %s", name, reason)
 
-    def _decode_eagerly(
-        self,
-        model: nn.Module,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        position_ids: torch.Tensor,
-        params: SamplingParams,
-        generator: torch.Generator,
-        decoder: FusedDecoder | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The eager sampling loop over `model`, dropping finished rows: the model's forward prefills the prompts,
-        and each later step runs through `decoder` (`fused_decoder`; over `SharedPromptKV` for n > 1 and prompts
-        of `share_prompt_kv_from` columns) where given, else through the forward."""
-        n, width = params.n, params.response_length
-        rows, prompt_len = input_ids.shape[0] * n, input_ids.shape[1]
-        device = input_ids.device
-        # with the fused decoder, each prompt's keys/values stay once for its n samples, else are copied
-        shared = decoder is not None and n > 1 and self.share_prompt_kv_from is not None \
-            and prompt_len >= self.share_prompt_kv_from
-        cache = self._new_cache(prompt_len + (0 if shared else width))
-        # Prefill each prompt once.
-        logits = self._forward(model, input_ids, attention_mask, position_ids, cache)  # (B, V)
-        kv = SharedPromptKV(cache, attention_mask, n, width, logits.dtype) if shared else None
-        if n > 1:
-            if not shared:
-                cache.batch_repeat_interleave(n)
-            logits = logits.repeat_interleave(n, dim=0)  # (B*n, V)
-        # The full mask of every row's prompt + response; step t attends to its first P+t+1 columns.
-        mask = torch.cat(
-            [attention_mask.repeat_interleave(n, dim=0), attention_mask.new_ones(rows, width)], dim=1
-        )  # (B*n, P+R)
-        next_position = position_ids[:, -1].repeat_interleave(n) + 1  # (B*n,)
-        out = DecodeOutputs.allocate(rows, width, params, self.pad_token_id, input_ids.dtype, device)
-        active = torch.arange(rows, device=device)  # output row of each row still in the batch
-        finished = torch.zeros(rows, dtype=torch.bool, device=device)  # stopped, not yet dropped
-        for step in range(width):
-            tokens, token_log_probs = sample_tokens(logits, params, generator)  # (A,), (A,)
-            out.record(active, step, tokens, token_log_probs)
-            if step == width - 1:
+
+def decode_eagerly(steps: ForwardSteps, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   position_ids: torch.Tensor, params: SamplingParams, generator: torch.Generator,
+                   pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The sampling loop: prefill each prompt once, then sample each row's token, record it, stop rows that drew
+    a stop token, drop finished rows, and step, for R tokens at most. `steps` runs the model over its cache
+    (`ForwardSteps` or a faster one, `HFRollout._decode` chooses). Returns responses (B*n, R), lengths (B*n,),
+    log-probs (B*n, R)."""
+    n, width = params.n, params.response_length
+    rows, prompt_len = input_ids.shape[0] * n, input_ids.shape[1]
+    device = input_ids.device
+    logits = steps.prefill(input_ids, attention_mask, position_ids, n)  # (B*n, V)
+    # The full mask of every row's prompt + response; step t attends to its first P+t+1 columns.
+    mask = torch.cat([attention_mask.repeat_interleave(n, dim=0), attention_mask.new_ones(rows, width)],
+                     dim=1)  # (B*n, P+R)
+    next_position = position_ids[:, -1].repeat_interleave(n) + 1  # (B*n,)
+    out = DecodeOutputs.allocate(rows, width, params, pad_token_id, input_ids.dtype, device)
+    active = torch.arange(rows, device=device)  # output row of each row still in the batch
+    finished = torch.zeros(rows, dtype=torch.bool, device=device)  # stopped, not yet dropped
+    for step in range(width):
+        tokens, token_log_probs = sample_tokens(logits, params, generator)  # (A,), (A,)
+        out.record(active, step, tokens, token_log_probs)
+        if step == width - 1:
+            break
+        done = out.is_stop(tokens) & ~finished  # (A,) rows stopping at this step
+        if bool(done.any()):
+            out.lengths[active[done]] = step + 1  # the stop token itself is part of the response
+            finished |= done
+            stopped = int(finished.sum())
+            if stopped == finished.numel():
                 break
-            done = out.is_stop(tokens) & ~finished  # (A,) rows stopping at this step
-            if bool(done.any()):
-                out.lengths[active[done]] = step + 1  # the stop token itself is part of the response
-                finished |= done
-                stopped = int(finished.sum())
-                if stopped == finished.numel():
-                    break
-                if stopped >= DROP_FINISHED_SHARE * finished.numel():
-                    # Finished rows leave the batch and the cache, so later steps skip them.
-                    keep = torch.nonzero(~finished).squeeze(1)  # (A',)
-                    if shared:
-                        kv.select(keep)
-                    else:
-                        cache.batch_select_indices(keep)
-                    active, tokens, mask, next_position = active[keep], tokens[keep], mask[keep], next_position[keep]
-                    finished = finished[keep]
-            seen = mask[:, : prompt_len + step + 1]  # (A, P+step+1): the prompt, the response so far, this token
-            if shared:
-                logits = decoder.step_shared(tokens, next_position, kv)  # (A, V)
-            elif decoder is not None:
-                logits = decoder.step(tokens, next_position, cache, seen)  # (A, V)
-            else:
-                logits = self._forward(model, tokens[:, None], seen, next_position[:, None], cache)  # (A, V)
-            next_position = next_position + 1
-        return out.finish()
-
-
-def decoding_module(module: nn.Module) -> nn.Module:
-    """What the eager loop calls: for an FSDP2-wrapped module (parameters gathered by the caller), a view
-    without FSDP's hooks (`static_decode.hook_free_view`), which would run at every step with nothing to do."""
-    from torch.distributed.fsdp import FSDPModule
-
-    if any(isinstance(m, FSDPModule) for m in module.modules()):
-        return hook_free_view(module)
-    return module
-
-
-@contextlib.contextmanager
-def attention_for_decoding(module: nn.Module, dtype: torch.dtype) -> Iterator[None]:
-    """For the block, the attention that decodes fastest in `dtype` here (`decoding_attention`: grouped eager
-    on a CPU in bf16/fp16, else grouped sdpa, neither copying the cache's key/value heads); the model's own
-    comes back after. Models other than transformers' sdpa/eager ones are left alone."""
-    current = getattr(getattr(module, "config", None), "_attn_implementation", None)
-    wanted = decoding_attention(dtype, next(module.parameters()).device.type)
-    switch = current in ("sdpa", "eager", GROUPED_EAGER, GROUPED_SDPA) and wanted != current \
-        and hasattr(module, "set_attn_implementation")
-    if switch:
-        module.set_attn_implementation(wanted)
-    try:
-        yield
-    finally:
-        if switch:
-            module.set_attn_implementation(current)
-
-
-@contextlib.contextmanager
-def weights_in_dtype(module: nn.Module, dtype: torch.dtype) -> Iterator[None]:
-    """Swap every floating parameter's data for a copy in `dtype`, and put the originals back bit for bit after.
-
-    The Parameter objects stay (the optimizer and FSDP keep their references) and tied weights stay tied;
-    buffers are left alone (rotary `inv_freq` stays fp32, as in a model loaded in bf16).
-    """
-    originals: list[tuple[nn.Parameter, torch.Tensor]] = []
-    try:
-        for param in module.parameters():
-            if param.is_floating_point() and param.dtype != dtype:
-                originals.append((param, param.data))
-                param.data = param.data.to(dtype)
-        yield
-    finally:
-        for param, data in originals:
-            param.data = data
+            if stopped >= DROP_FINISHED_SHARE * finished.numel():
+                # Finished rows leave the batch and the cache, so later steps skip them.
+                keep = torch.nonzero(~finished).squeeze(1)  # (A',)
+                steps.select(keep)
+                active, tokens, mask, next_position = active[keep], tokens[keep], mask[keep], next_position[keep]
+                finished = finished[keep]
+        seen = mask[:, : prompt_len + step + 1]  # (A, P+step+1): the prompt, the response so far, this token
+        logits = steps.step(tokens, next_position, seen)  # (A, V)
+        next_position = next_position + 1
+    return out.finish()

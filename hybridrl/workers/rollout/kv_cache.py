@@ -1,4 +1,5 @@
-"""A KV cache preallocated for the whole generation, written in place, with row dropping.
+"""A KV cache preallocated for the whole generation, written in place, with row dropping; `forward_logits`,
+the model's forward over a cache (both HF loops call it); and `ForwardSteps`, the eager loop's plain step.
 
 transformers' `DynamicCache` copies every layer's cache with `torch.cat` at each step; `PreallocatedCache`
 writes into (rows, kv_heads, max_len, head_dim) buffers. Attention reads a view of the written prefix, or
@@ -26,6 +27,16 @@ def cache_keyword(model: nn.Module | type[nn.Module]) -> str:
 def _cache_keyword_of(model_class: type) -> str:
     parameters = inspect.signature(model_class.forward).parameters
     return "cache" if "cache" in parameters else "past_key_values"
+
+
+def forward_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   position_ids: torch.Tensor, cache: Cache) -> torch.Tensor:
+    """`model`'s next-token logits (rows, vocab) after the last column of `input_ids`, its keys/values
+    written into `cache`."""
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                **{cache_keyword(model): cache}, use_cache=True,
+                logits_to_keep=1)  # only the last position's logits: a prefill skips P-1 vocab projections
+    return out.logits[:, -1, :]
 
 
 # The least a full-width cache grows by when a write overflows it (it also grows by a quarter of its width).
@@ -142,3 +153,31 @@ class PreallocatedCache(Cache):
 
     def __init__(self, num_layers: int, max_len: int, full_width: bool = False) -> None:
         super().__init__(layers=[PreallocatedLayer(max_len, full_width) for _ in range(num_layers)])
+
+
+class ForwardSteps:
+    """The plain decoding step (what the HF engine's eager loop calls; the reference): the model's forward over
+    a KV cache holding every sample's prompt and response. The fused steps (fused_decoder.py) subclass it,
+    each tested equal to it."""
+
+    def __init__(self, model: nn.Module, cache: Cache) -> None:
+        self.model, self.cache = model, cache
+
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                n: int) -> torch.Tensor:
+        """Each prompt (B, P) through the model once, its keys/values and next-token logits copied for its n
+        samples -> logits (B*n, V)."""
+        logits = forward_logits(self.model, input_ids, attention_mask, position_ids, self.cache)  # (B, V)
+        if n > 1:
+            self.cache.batch_repeat_interleave(n)
+            logits = logits.repeat_interleave(n, dim=0)
+        return logits
+
+    def select(self, keep: torch.Tensor) -> None:
+        """Only the rows `keep` (indices into the current rows) go on decoding."""
+        self.cache.batch_select_indices(keep)
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+        """tokens (A,) at positions (A,), the rows' 0/1 mask over what they attend to, this token last (A, W)
+        -> next-token logits (A, V)."""
+        return forward_logits(self.model, tokens[:, None], seen, positions[:, None], self.cache)

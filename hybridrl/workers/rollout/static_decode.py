@@ -4,7 +4,8 @@ What `rollout.name=hf` runs on a GPU unless `rollout.enforce_eager=true`: an eag
 Python and kernel launches (benchmarks/results/decode_bandwidth_cuda.md). A step touches only fixed
 buffers (`hook_free_view`, `SlotCache`, an additive mask opened one column per step); no row leaves the
 batch, and finishing is checked every `STOP_CHECK_EVERY` steps. `capture=False` runs the same loop
-without a graph (the CPU tests); a forward that cannot be captured decodes without one, logged once.
+without a graph (the CPU tests); a forward that cannot be captured decodes without one, logged once. The
+eager loop runs an FSDP-wrapped actor through the same hook-free view (`decoding_module`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from hybridrl.workers.rollout.kv_cache import cache_keyword
+from hybridrl.workers.rollout.kv_cache import forward_logits
 from hybridrl.workers.rollout.sampling import DecodeOutputs, SamplingParams, sample_tokens
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,16 @@ def hook_free_view(module: nn.Module) -> nn.Module:
             state[name] = type(state[name])()
     view.__dict__.update(state)
     return view
+
+
+def decoding_module(module: nn.Module) -> nn.Module:
+    """What the eager loop calls: for an FSDP2-wrapped module (parameters gathered by the caller), its
+    `hook_free_view`, since FSDP's hooks would run at every step with nothing to do; else the module."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if any(isinstance(m, FSDPModule) for m in module.modules()):
+        return hook_free_view(module)
+    return module
 
 
 class SlotLayer(CacheLayerMixin):
@@ -167,18 +178,10 @@ def decode_static(
     device = input_ids.device
     model = hook_free_view(module)
     cache = SlotCache(module.config.num_hidden_layers, max_len)
-
-    cache_argument = {cache_keyword(model): cache}
-
-    def forward(ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, **cache_argument,
-                    use_cache=True, logits_to_keep=1)
-        return out.logits[:, -1, :]  # (rows, V)
-
     # Prefill each prompt once, then give each of its n samples a copy of the cache.
     cache.slots = torch.arange(prompt_len, device=device)
     prompt_mask = prefill_mask(attention_mask, max_len, compute_dtype)  # (B, 1, P, max_len)
-    logits = forward(input_ids, prompt_mask, position_ids)  # (B, V)
+    logits = forward_logits(model, input_ids, prompt_mask, position_ids, cache)  # (B, V)
     cache.length = prompt_len
     if n > 1:
         cache.batch_repeat_interleave(n)
@@ -192,7 +195,7 @@ def decode_static(
     step_mask = prompt_mask[:, :, -1:].repeat_interleave(n, dim=0)  # (B*n, 1, 1, max_len), a new buffer
 
     def step() -> torch.Tensor:
-        return forward(step_tokens, step_mask, step_positions)
+        return forward_logits(model, step_tokens, step_mask, step_positions, cache)
 
     out = DecodeOutputs.allocate(rows, width, params, pad_token_id, input_ids.dtype, device)
     finished = torch.zeros(rows, dtype=torch.bool, device=device)

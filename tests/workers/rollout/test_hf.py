@@ -232,7 +232,7 @@ def test_decoding_on_cpu_runs_packed_linears_and_samples_what_plain_ones_do(dtyp
 
 
 def test_half_precision_decoding_on_cpu_runs_eager_attention_and_restores_sdpa(tiny_model, tiny_tokenizer):
-    from hybridrl.workers.rollout.hf import attention_for_decoding
+    from hybridrl.models.attention import attention_for_decoding
 
     assert tiny_model.config._attn_implementation == "sdpa"  # the loader's default
     seen = []
@@ -308,7 +308,7 @@ def _fsdp_decoding_skips_the_hooks(rank, world_size, model_dir):
     from hybridrl.models.loading import load_causal_lm, load_tokenizer
     from hybridrl.workers.config import FSDPConfig, OptimConfig
     from hybridrl.workers.fsdp_engine import FSDPEngine
-    from hybridrl.workers.rollout.hf import decoding_module
+    from hybridrl.workers.rollout.static_decode import decoding_module
 
     plain = load_causal_lm(model_dir)
     engine = FSDPEngine(load_causal_lm(model_dir), FSDPConfig(), OptimConfig(lr=1e-3))
