@@ -6,7 +6,7 @@ step, and the fused step with each prompt's keys/values kept once for its sample
 
 What it compares (hybridrl/workers/rollout/fused_decoder.py and hf.py are the code under test): one
 `HFRollout.generate_sequences` call, 16 prompts x 8 samples x 64 new tokens, temperature 1, the same seed,
-rollout.dtype `--dtype` over the fp32 weights (default auto: bf16 where the CPU multiplies it natively, fp32
+rollout.dtype `--dtype` over the fp32 weights (default: bf16 where the CPU multiplies it natively, fp32
 on one that emulates it, see hybridrl/utils/device.py), three settings alternating in one process:
 
 - forward: every step after the prefill through the model's forward (this script swaps
@@ -43,6 +43,7 @@ from hybridrl.data.rl_dataset import left_pad  # noqa: E402
 from hybridrl.models.loading import load_causal_lm, load_tokenizer, resolve_dtype  # noqa: E402
 from hybridrl.models.tiny import build_tiny_model  # noqa: E402
 from hybridrl.protocol import DataProto  # noqa: E402
+from hybridrl.utils.device import native_bf16  # noqa: E402
 from hybridrl.workers.rollout import HFRollout, RolloutConfig  # noqa: E402
 from hybridrl.workers.rollout import hf as hf_engine  # noqa: E402
 
@@ -120,10 +121,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", default="1,2", help="torch thread counts to measure at")
     parser.add_argument("--repeats", default="1,4,12", help="how many times each prompt says its question")
     parser.add_argument("--runs", type=int, default=3, help="generations per setting and prompt length")
-    parser.add_argument("--dtype", default="auto", help="rollout.dtype: auto, bfloat16 or float32")
+    parser.add_argument("--dtype", default=None,
+                        help="rollout.dtype: bfloat16 or float32 (default bfloat16 where the CPU multiplies it natively)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    dtype = str(resolve_dtype(args.dtype)).removeprefix("torch.")
+    dtype = str(resolve_dtype(args.dtype or ("bfloat16" if native_bf16("cpu") else "float32"))).removeprefix("torch.")
     sizes, threads = args.sizes.split(","), [int(t) for t in args.threads.split(",")]
     repeats, runs = [int(r) for r in args.repeats.split(",")], args.runs
     if args.quick:

@@ -18,8 +18,8 @@ AdamW wd 0.01, clip 1.0, no KL, token-mean loss, temperature 1, 64 tokens; held-
 the same 500 problems every 10 generation steps.
 
 `--override KEY=VALUE` (repeatable) adds a Hydra override to every quickstart's GRPO run, e.g. the bf16
-settings `actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=auto` and
-`actor_rollout_ref.rollout.dtype=auto`; give such a run its own `--workdir` and `--name`.
+settings `actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bfloat16` and
+`actor_rollout_ref.rollout.dtype=bfloat16`; give such a run its own `--workdir` and `--name`.
 
 Writes `benchmarks/results/<name>.md` and `<name>.png` (default name `learning`): for every run the SFT accuracy, the accuracy
 after GRPO and the gain, their min and mean, and TRL's, with the samples each needed to gain 10 points.

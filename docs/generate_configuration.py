@@ -27,7 +27,7 @@ HEADER = """\
 
 Every key a run accepts, with its type, default and what it does, read from the dataclasses that define
 them (`hybridrl/trainer/ppo_config.py`, `hybridrl/workers/config.py`,
-`hybridrl/workers/config.py`, `hybridrl/workers/reward_model.py`, `hybridrl/trainer/sft_config.py`
+`hybridrl/workers/reward_model.py`, `hybridrl/trainer/sft_config.py`
 and the modules they import). Keys are verl's; a key marked as verl's that hybridrl does not implement
 stops the run when set to anything but its default (`hybridrl/trainer/config_rules.py`).
 
@@ -35,9 +35,11 @@ Set a key on the command line as a Hydra override, e.g.
 `python -m hybridrl.trainer.main_ppo actor_rollout_ref.actor.optim.lr=1e-6`. A misspelt key, a value of
 the wrong type, a number out of its range (`hybridrl/trainer/config_rules.py`) or an impossible batch
 setting stops the run before any worker starts, naming the key. Only dict-typed keys (such as
-`model.override_config`) take new entries with `+key=value`. `trainer.dry_run=true` prints the resolved
-config. The defaults below are the schema's; `hybridrl/trainer/config/ppo_trainer.yaml` changes a few
-for the built-in quickstart (its batch sizes and lengths).
+`model.override_config`) take new entries with `+key=value`. The run reads its config resolved once,
+before any worker starts: checked, every setting that follows another key filled in, and frozen;
+`trainer.dry_run=true` prints it. The defaults below are the schema's;
+`hybridrl/trainer/config/ppo_trainer.yaml` changes a few for the built-in quickstart (its batch sizes and
+lengths).
 """
 
 ROOTS = [

@@ -7,7 +7,7 @@
 2. builds a ~1M-parameter Qwen2-style model and tokenizer offline;
 3. warm-starts it with SFT on the worked answers (cached: a second run reuses it), which copies the slip;
 4. trains it with GRPO, 2 worker processes under Ray, in bf16 where the CPU multiplies it natively
-   (`PRECISION`), validating on held-out problems: the reward checks the exact result, so the model
+   (`precision_overrides`), validating on held-out problems: the reward checks the exact result, so the model
    learns to do better than its teacher;
 5. prints a summary (held-out accuracy before and after, time per step) and writes `curves.png`.
 
@@ -30,12 +30,9 @@ from hydra import compose, initialize_config_dir
 
 CONFIG_DIR = str(Path(__file__).parent / "trainer" / "config")
 ACCURACY_KEY = "val-core/arithmetic/reward/mean@1"
-# GRPO computes in bf16 where the CPU multiplies it natively (AMX, AVX512_BF16), fp32 elsewhere; master
-# weights and optimizer state stay fp32. bf16 steps are faster and every seed and thread count still
-# learns (measured: benchmarks/results/grpo_vs_trl.md, benchmarks/results/learning_bf16.md). Overrides on
-# the command line win.
-PRECISION = ["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=auto",
-             "actor_rollout_ref.rollout.dtype=auto"]
+# The compute dtypes GRPO names on a CPU that multiplies bf16 natively; master weights and optimizer state
+# stay fp32.
+PRECISION_KEYS = ("actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype", "actor_rollout_ref.rollout.dtype")
 
 
 def _compose(config_name: str, overrides: list[str]):
@@ -188,14 +185,27 @@ def torch_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def precision_overrides(extra: list[str]) -> list[str]:
+    """bf16 compute where the run's device is a CPU that multiplies it natively (AMX, AVX512_BF16): bf16 steps
+    are faster and every seed and thread count still learns (measured: benchmarks/results/grpo_vs_trl.md,
+    benchmarks/results/learning_bf16.md). Elsewhere nothing: the default `auto` is fp32 on other CPUs and
+    bf16 on a GPU that has it."""
+    from hybridrl.utils.device import native_bf16, resolve_device_type
+
+    device = next((o.split("=", 1)[1] for o in reversed(extra) if o.startswith("trainer.device=")), "auto")
+    if resolve_device_type(device) != "cpu" or not native_bf16("cpu"):
+        return []
+    return [f"{key}=bfloat16" for key in PRECISION_KEYS]
+
+
 def grpo_run_overrides(threads: int | None, extra: list[str]) -> list[str]:
-    """The GRPO run's own overrides: `PRECISION`, then the command line's (which win), with `threads`.
+    """The GRPO run's own overrides: `precision_overrides`, then the command line's (which win), with `threads`.
 
     `trainer.backend=local` runs one rank in this process, so it brings `trainer.n_gpus_per_node=1` (the
     recipe's 2 would be refused) unless the command line names a count itself."""
     one_rank = (["trainer.n_gpus_per_node=1"] if "trainer.backend=local" in extra
                 and not any(o.startswith("trainer.n_gpus_per_node=") for o in extra) else [])
-    return with_threads(threads, [*PRECISION, *one_rank, *extra])
+    return with_threads(threads, [*precision_overrides(extra), *one_rank, *extra])
 
 
 def sft_run_overrides(extra: list[str]) -> list[str]:

@@ -40,12 +40,16 @@ def test_another_seed_rebuilds_the_base_model(tmp_path):
     assert (base / "model.safetensors").read_bytes() != weights
 
 
-def test_grpo_computes_in_auto_precision_and_the_command_line_wins():
+def test_grpo_computes_in_bf16_where_the_cpu_has_it_and_the_command_line_wins():
     import hybridrl.trainer.ppo_config  # noqa: F401 - registers the schema with Hydra's ConfigStore
+    from hybridrl.utils.device import native_bf16
 
-    default = quickstart._compose("ppo_trainer", quickstart.grpo_run_overrides(None, []))
-    assert default.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype == "auto"
-    assert default.actor_rollout_ref.rollout.dtype == "auto"
+    expected = "bfloat16" if native_bf16("cpu") else "auto"  # auto: fp32 on a CPU
+    default = quickstart._compose("ppo_trainer", quickstart.grpo_run_overrides(None, ["trainer.device=cpu"]))
+    assert default.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype == expected
+    assert default.actor_rollout_ref.rollout.dtype == expected
+    gpu = quickstart._compose("ppo_trainer", quickstart.grpo_run_overrides(None, ["trainer.device=cuda"]))
+    assert gpu.actor_rollout_ref.rollout.dtype == "auto"  # bf16 where the GPU has it
     fp32 = quickstart._compose("ppo_trainer", quickstart.grpo_run_overrides(None, [
         "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=float32",
         "actor_rollout_ref.rollout.dtype=float32"]))

@@ -26,6 +26,7 @@ from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
 from hybridrl.protocol import object_column
+from hybridrl.utils.typed_config import FreezableConfig
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +103,7 @@ TOKENIZE_CHUNK = 1024  # prompts per batched tokenizer call when measuring lengt
 
 
 @dataclass
-class RLDatasetConfig:
+class RLDatasetConfig(FreezableConfig):
     """The `data.*` keys RLHFDataset reads (verl's names and defaults)."""
 
     # column holding the prompt: a list of chat messages, or a plain string used as-is

@@ -31,7 +31,7 @@ from transformers import (
 )
 
 from hybridrl.models import attention  # noqa: F401 - registers attn_implementation='grouped_eager'
-from hybridrl.utils.device import AUTO, BF16_NAMES, auto_dtype, device_default_dtype
+from hybridrl.utils.device import AUTO, BF16_NAMES, auto_dtype
 from hybridrl.utils.registry import Registry
 
 
@@ -110,14 +110,13 @@ class ModelDirectoryError(OSError):
     """A model path that is not a usable local Hugging Face directory."""
 
 
-def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
-    """`torch.float32` or one of its names ("float32", "fp32", "bf16", ...); "auto" is bf16 where this
-    process's device multiplies it natively, else fp32; None is the device's default
-    (hybridrl/utils/device.py)."""
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """`torch.float32` or one of its names ("float32", "fp32", "bf16", ...); "auto" is this process's device's
+    compute dtype (`hybridrl.utils.device.auto_dtype`: bf16 on a bf16 GPU, else fp32)."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype is None:
-        return device_default_dtype()
+        raise ValueError(f"a compute dtype of None: the automatic value is {AUTO!r}; pass {AUTO!r} or a dtype name")
     return auto_dtype() if dtype == AUTO else DTYPES.get(dtype)
 
 

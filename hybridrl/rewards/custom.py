@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hybridrl.utils.typed_config import to_dataclass
+from hybridrl.utils.typed_config import FreezableConfig, to_dataclass
 
 
 @dataclass
-class CustomRewardFunctionConfig:
+class CustomRewardFunctionConfig(FreezableConfig):
     """`custom_reward_function.*`: the one home of these keys' defaults."""
 
     # A .py file defining compute_score(data_source, solution_str, ground_truth, extra_info=None).

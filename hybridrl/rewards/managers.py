@@ -33,13 +33,13 @@ from hybridrl.rewards.failures import (
 from hybridrl.rewards.pool import make_runner
 from hybridrl.rewards.scorers import default_compute_score
 from hybridrl.utils.registry import Registry
-from hybridrl.utils.typed_config import to_dataclass
+from hybridrl.utils.typed_config import FreezableConfig, to_dataclass
 
 REWARD_MANAGERS: Registry = Registry("reward manager")
 
 
 @dataclasses.dataclass
-class OverlongBufferConfig:
+class OverlongBufferConfig(FreezableConfig):
     """`reward_model.overlong_buffer.*`: DAPO's soft overlong punishment (the one home of its defaults)."""
 
     enable: bool = False

@@ -74,19 +74,6 @@ class SandboxLimits:
 
 
 @dataclasses.dataclass
-class SandboxConfig:
-    """`reward_model.sandbox.*`: how the built-in code scorer runs programs (SANDBOX.md)."""
-
-    # true: programs run only fully isolated (namespaces + a throwaway uid); a host that refuses
-    # namespaces (root without CAP_SYS_ADMIN, e.g. a default Docker container) stops the run at start.
-    # false: there, accept the weaker uid-only mode (no network isolation; see SANDBOX.md).
-    require_isolation: bool = True
-
-    def limits(self) -> SandboxLimits:
-        return SandboxLimits(require_isolation=self.require_isolation)
-
-
-@dataclasses.dataclass
 class SandboxResult:
     """One run. `status`: ok, runtime_error, memory_error, timeout, cpu_limit, output_limit or killed (by
     another signal); `isolation`: the namespaces the run got."""

@@ -1,9 +1,11 @@
-"""Checks of a run's config: before any worker starts, and on resume against the config saved then.
+"""A run's config resolved once, before any worker starts, and checked on resume against the config saved then.
 
-`validate_config` fails in the first second instead of ten minutes into a run, naming the keys involved
-and the fix: keys a `+` override added beyond the schema, values outside their rules
-(hybridrl/trainer/config_rules.py), unknown registry names, and the relations between settings
-(placement, batch sizes, lengths, estimator needs). `batch_plan` is the arithmetic a dry run prints.
+`resolve_config` is the one step from the composed config to the one the run reads: it fails in the first
+second instead of ten minutes into a run, naming the keys involved and the fix (keys a `+` override added
+beyond the schema, values outside their rules (hybridrl/trainer/config_rules.py), unknown registry names,
+and the relations between settings: placement, batch sizes, lengths, estimator needs), fills in every
+setting that follows another key (hybridrl/trainer/ppo_config.py), and returns the result frozen: the
+driver and the workers only read it. `batch_plan` is the arithmetic a dry run prints.
 
 A resumed run takes its settings from its own command line; the checkpoint contributes the weights,
 the optimizer's moments, the schedule's position, the RNG states and the data position. So that no
@@ -14,39 +16,45 @@ differs (`report_config_changes`).
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import DictConfig, OmegaConf
 
 from hybridrl.algos import get_adv_estimator_spec, get_kl_controller, get_policy_loss_fn, kl_penalty
 from hybridrl.algos.adv_registry import AdvEstimatorSpec
 from hybridrl.algos.policy_loss import applies_rollout_is_weights, own_aggregation
-from hybridrl.models.loading import DTYPES, resolve_dtype
+from hybridrl.models.loading import DTYPES
 from hybridrl.rewards.managers import REWARD_MANAGERS
 from hybridrl.trainer.config_rules import offload_errors, range_errors, unsupported_errors
-from hybridrl.trainer.ppo_config import PPOTrainerConfig, fill_derived
-from hybridrl.utils.device import AUTO, device_setting_problem, emulated_bf16_warning, resolve_device_type
-from hybridrl.utils.typed_config import ConfigError, added_keys, require, unknown_key_message
+from hybridrl.trainer.ppo_config import PPOTrainerConfig, fill_derived, fill_training_steps, world_size
+from hybridrl.utils.device import AUTO, device_setting_problem, emulated_bf16_warning
+from hybridrl.utils.typed_config import ConfigError, added_keys, freeze, require, unknown_key_message
 from hybridrl.workers.rollout import ROLLOUT_ENGINES
 
-__all__ = ["ConfigError", "batch_plan", "read_run_config", "report_config_changes", "validate_config",
+__all__ = ["ConfigError", "batch_plan", "read_run_config", "report_config_changes", "resolve_config",
            "world_size", "write_run_config"]
 
 logger = logging.getLogger(__name__)
 
 
-def world_size(config: PPOTrainerConfig) -> int:
-    return config.trainer.nnodes * config.trainer.n_gpus_per_node
+def resolve_config(config: PPOTrainerConfig | DictConfig,
+                   train_rows: Callable[[PPOTrainerConfig], int] | None = None) -> PPOTrainerConfig:
+    """The run's config: checked, every derived value filled in, frozen (assigning any key raises, naming it).
 
-
-def validate_config(config: PPOTrainerConfig) -> None:
-    """Raise ConfigError on the first impossible setting (all unknown keys, or all out-of-range and
-    unsupported values, in one message); fills in the settings that follow other keys, in place."""
+    Raises ConfigError on the first impossible setting (all unknown keys, or all out-of-range and unsupported
+    values, in one message). `train_rows(config)` counts the training prompts once the checks have passed
+    (run_ppo loads the datasets there, which is slow, so a bad setting fails first); its count fills in
+    trainer.total_training_steps and the optimizers' total_training_steps. Without it (a dry run, a check)
+    they stay as set. `config` itself is left as it was.
+    """
+    config = OmegaConf.to_object(config) if isinstance(config, DictConfig) else copy.deepcopy(config)
     errors = [unknown_key_message(key, known) for key, known in added_keys(config)] or \
         range_errors(config) + unsupported_errors(config)
     require(not errors, "\n".join(errors))
@@ -57,6 +65,9 @@ def validate_config(config: PPOTrainerConfig) -> None:
     _check_names(config)
     _check_batches(config)
     _check_lengths(config)
+    if train_rows is not None:
+        fill_training_steps(config, train_rows(config))
+    return freeze(config)
 
 
 def _check_placement(config: PPOTrainerConfig) -> None:
@@ -64,8 +75,6 @@ def _check_placement(config: PPOTrainerConfig) -> None:
     require(t.backend in ("ray", "local"), f"trainer.backend must be 'ray' or 'local', got {t.backend!r}")
     device_problem = device_setting_problem(t.device)
     require(device_problem is None, device_problem)
-    require(t.nnodes >= 1 and t.n_gpus_per_node >= 1,
-             f"trainer.nnodes ({t.nnodes}) and trainer.n_gpus_per_node ({t.n_gpus_per_node}) must be >= 1")
     require(config.ray_init.cpus_per_worker >= 1,
              f"ray_init.cpus_per_worker must be >= 1 (CPUs and torch threads per worker rank), "
              f"got {config.ray_init.cpus_per_worker}")
@@ -91,18 +100,16 @@ def _check_placement(config: PPOTrainerConfig) -> None:
 
 
 def _check_dtype(key: str, value: str | None, compute_device: str | None = None) -> None:
-    """A dtype key's value must name a dtype; `compute_device` (trainer.device) where the key is a compute
-    dtype, for the warning about bf16 on a CPU that emulates it."""
-    if value is None or value == AUTO:
-        return  # device-dependent: the workers resolve them on their own device, the driver need not ask it
-    try:
-        resolve_dtype(value)
-    except (KeyError, ValueError):
-        names = ", ".join(DTYPES.names())
-        raise ConfigError(f"{key}={value!r} is not a dtype: use one of {names}, or {AUTO} (bf16 where the device "
-                          f"multiplies it natively, fp32 elsewhere), or leave it unset (null: bf16 on a bf16 GPU, "
-                          f"fp32 on a CPU)") from None
-    warning = compute_device and emulated_bf16_warning(key, value, resolve_device_type(compute_device))
+    """A dtype key's value must name a dtype or be `auto`; `compute_device` (trainer.device) where the key is a
+    compute dtype, for the warning about bf16 on a CPU that emulates it."""
+    automatic = f"{AUTO} (bf16 on a GPU that multiplies it natively, fp32 on a CPU)"
+    if value is None:
+        raise ConfigError(f"{key}=null is not a dtype; the automatic one is {automatic}: set {key}={AUTO}, or one "
+                          f"of {', '.join(DTYPES.names())}")
+    if value == AUTO:
+        return  # device-dependent: a GPU worker resolves it on its own device, the driver need not ask it
+    require(value in DTYPES, f"{key}={value!r} is not a dtype: use one of {', '.join(DTYPES.names())}, or {automatic}")
+    warning = compute_device and emulated_bf16_warning(key, value, compute_device)
     if warning:
         logger.warning(warning)
 

@@ -1,18 +1,21 @@
 """Entry point: `python -m hybridrl.trainer.main_ppo key=value ...` (or `hybridrl-train key=value ...`).
 
-Parses the Hydra config (`config/ppo_trainer.yaml` on top of the typed schema), checks it, starts or
-joins Ray (unless trainer.backend=local), builds the worker groups, trains, and stops what it started.
+Parses the Hydra config (`config/ppo_trainer.yaml` on top of the typed schema), resolves it once
+(`resolve_config`: checked, derived values filled in, frozen), starts or joins Ray (unless
+trainer.backend=local), builds the worker groups, trains, and stops what it started.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import asdict
+from typing import Any
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from hybridrl.controller import ray_for_backend, sigterm_raises_exit
-from hybridrl.trainer.config_checks import batch_plan, bounds_read_as_numbers, validate_config
+from hybridrl.trainer.config_checks import batch_plan, bounds_read_as_numbers, resolve_config
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
 from hybridrl.utils.typed_config import ConfigError
 
@@ -20,7 +23,7 @@ from hybridrl.utils.typed_config import ConfigError
 def print_dry_run(config: PPOTrainerConfig) -> None:
     from hybridrl.trainer.worker_groups import role_classes
 
-    # the checked config, with the settings that follow other keys filled in (critic.rollout_n, ...)
+    # the resolved config, with the settings that follow other keys filled in (critic.rollout_n, ...)
     print(OmegaConf.to_yaml(OmegaConf.structured(config)))
     print("batch arithmetic:")
     for name, value in batch_plan(config).items():
@@ -39,30 +42,33 @@ def run_ppo(cfg: DictConfig) -> list[dict[str, float]]:
     from hybridrl.trainer.ppo_trainer import PPOTrainer
     from hybridrl.trainer.worker_groups import WorkerGroups
 
-    config: PPOTrainerConfig = OmegaConf.to_object(cfg)
-    validate_config(config)
+    loaded: dict[str, Any] = {}  # what train_rows loads: the tokenizer and the datasets
+
+    def train_rows(checked: PPOTrainerConfig) -> int:
+        model = checked.actor_rollout_ref.model
+        # data.tokenizer, when set, is the model's tokenizer_path (fill_derived): the workers load the same one
+        tokenizer = load_tokenizer(model.tokenizer_path or model.path,
+                                   trust_remote_code=checked.data.trust_remote_code or model.trust_remote_code)
+        # Every row is checked here, before Ray starts; rule-based rewards need each row's ground truth.
+        needs_truth = not checked.reward_model.enable
+        loaded["tokenizer"] = tokenizer
+        loaded["train"] = RLHFDataset(checked.data.train_files, tokenizer, checked.data,
+                                      require_ground_truth=needs_truth)
+        loaded["val"] = RLHFDataset(checked.data.val_files, tokenizer, checked.data,
+                                    require_ground_truth=needs_truth) if checked.data.val_files else None
+        return len(loaded["train"])
+
+    config = resolve_config(cfg, None if cfg.trainer.dry_run else train_rows)  # a dry run loads no data
     if config.trainer.dry_run:
         print_dry_run(config)
         return []
-    model = config.actor_rollout_ref.model
-    # validate_config made data.tokenizer, when set, the model's tokenizer_path: the workers load the same one
-    tokenizer = load_tokenizer(model.tokenizer_path or model.path,
-                               trust_remote_code=config.data.trust_remote_code or model.trust_remote_code)
-    # Every row is checked here, before Ray starts; rule-based rewards need each row's ground truth.
-    needs_truth = not config.reward_model.enable
-    train_dataset = RLHFDataset(config.data.train_files, tokenizer, config.data, require_ground_truth=needs_truth)
-    val_dataset = RLHFDataset(config.data.val_files, tokenizer, config.data, require_ground_truth=needs_truth) \
-        if config.data.val_files else None
-    steps = config.trainer.total_training_steps or \
-        len(train_dataset) // config.data.train_batch_size * config.trainer.total_epochs
-    config.actor_rollout_ref.actor.optim.total_training_steps = steps
-    config.critic.optim.total_training_steps = steps
+    tokenizer, train_dataset, val_dataset = loaded["tokenizer"], loaded["train"], loaded["val"]
     if not (config.custom_reward_function.path or config.reward_model.enable):
         # Before Ray and the workers: code tasks need a sandbox that runs programs here (a custom reward
         # function is not known to need one; it raises SandboxUnavailableError itself when it does).
         check_code_sandbox((row.get(config.data.reward_fn_key) for dataset in (train_dataset, val_dataset)
                             if dataset is not None for row in dataset.rows), config.reward_model.sandbox.limits())
-    plain = OmegaConf.to_container(cfg, resolve=True)
+    plain = asdict(config)
     reward_fn = load_reward_manager(plain, tokenizer, num_examine=0)
     val_reward_fn = load_reward_manager(plain, tokenizer, num_examine=1)
     ri = config.ray_init

@@ -1,10 +1,10 @@
 """The PPO/GRPO trainer's typed config: verl's key names, one home for every default.
 
 `ppo_trainer.yaml` composes `PPOTrainerConfig` (registered with Hydra's ConfigStore) and overrides only
-what differs for the built-in CPU quickstart. Hydra then rejects unknown keys and ill-typed values when
-the command line is parsed, `fill_derived` fills in the settings that follow another key, and
-`validate_config` checks the relations between settings (batch arithmetic, estimator needs) before any
-worker starts.
+what differs for the built-in CPU quickstart. Hydra rejects unknown keys and ill-typed values when the
+command line is parsed; then `resolve_config` (hybridrl/trainer/config_checks.py) checks every value and
+the relations between them, fills in the settings that follow another key (`fill_derived`,
+`fill_training_steps`) and freezes the result, once, before any worker starts.
 """
 
 from __future__ import annotations
@@ -14,19 +14,21 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
+from hybridrl.algos import get_adv_estimator_spec
 from hybridrl.algos.advantage import PF_PPO_METHODS
 from hybridrl.algos.bypass_loss import BYPASS_LOSS_TYPES
 from hybridrl.algos.rollout_correction import IS_LEVELS, parse_is_threshold, parse_rs_options, rs_option_names
 from hybridrl.data.rl_dataset import RLDatasetConfig
 from hybridrl.rewards.custom import CustomRewardFunctionConfig
-from hybridrl.utils.device import resolve_device_type
-from hybridrl.utils.typed_config import ConfigError, require
+from hybridrl.utils.device import AUTO, auto_dtype, resolve_device_type
+from hybridrl.utils.typed_config import ConfigError, FreezableConfig, require
 from hybridrl.workers.config import ActorRolloutRefConfig, CriticConfig
 from hybridrl.workers.reward_model import RewardModelConfig
+from hybridrl.workers.update_loop import micro_batch_per_rank
 
 
 @dataclass
-class CustomClassConfig:
+class CustomClassConfig(FreezableConfig):
     path: str | None = None
     name: str | None = None
 
@@ -62,7 +64,7 @@ class DataConfig(RLDatasetConfig):
 
 
 @dataclass
-class KLControlConfig:
+class KLControlConfig(FreezableConfig):
     # fixed | adaptive (Ziegler et al. 2019)
     type: str = "fixed"
     kl_coef: float = 0.001
@@ -71,7 +73,7 @@ class KLControlConfig:
 
 
 @dataclass
-class FilterGroupsConfig:
+class FilterGroupsConfig(FreezableConfig):
     # DAPO dynamic sampling: drop prompts whose samples all score the same on `metric`.
     enable: bool = False
     # acc | score | seq_reward | seq_final_reward (None: seq_final_reward)
@@ -84,7 +86,7 @@ ROLLOUT_CORRECTION_KEY = "algorithm.rollout_correction"
 
 
 @dataclass
-class RolloutCorrectionConfig:
+class RolloutCorrectionConfig(FreezableConfig):
     """`algorithm.rollout_correction`: correct for the rollout engine's policy differing from the trainer's.
 
     Decoupled mode (bypass_mode false): after the old log-prob pass the trainer computes IS weights and a
@@ -165,7 +167,7 @@ def _as_config_error(parse: Any, key: str, *args: Any) -> None:
 
 
 @dataclass
-class PFPPOConfig:
+class PFPPOConfig(FreezableConfig):
     """`algorithm.pf_ppo`: how PF-PPO weighs each response's score when it redraws the batch."""
 
     # pow (|score|^weight_pow) | max_min (only the best and worst scores) | max_random (best 0.4, rest 0.1)
@@ -179,7 +181,7 @@ class PFPPOConfig:
 
 
 @dataclass
-class AlgorithmConfig:
+class AlgorithmConfig(FreezableConfig):
     gamma: float = 1.0
     lam: float = 1.0
     # A registered advantage estimator: gae, grpo, rloo, reinforce_plus_plus, remax, opo, gpg, ...
@@ -204,11 +206,12 @@ class AlgorithmConfig:
 
 
 @dataclass
-class TrainerConfig:
+class TrainerConfig(FreezableConfig):
     # Reorder rows so each data-parallel rank gets a similar number of tokens.
     balance_batch: bool = True
     total_epochs: int = 30
-    # Overrides total_epochs when set.
+    # Overrides total_epochs when set; unset, the resolved config holds the training set's whole batches x
+    # total_epochs.
     total_training_steps: int | None = None
     project_name: str = "hybridrl"
     experiment_name: str = "run"
@@ -252,7 +255,7 @@ class TrainerConfig:
 
 
 @dataclass
-class RayInitConfig:
+class RayInitConfig(FreezableConfig):
     # CPUs of a local Ray cluster (None: all cores); ignored when joining a running cluster.
     num_cpus: int | None = None
     # CPUs each worker rank reserves on CPU-only nodes, and the torch threads it computes with. With the
@@ -265,7 +268,7 @@ class RayInitConfig:
 
 
 @dataclass
-class PPOTrainerConfig:
+class PPOTrainerConfig(FreezableConfig):
     data: DataConfig = field(default_factory=DataConfig)
     actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
@@ -279,14 +282,22 @@ class PPOTrainerConfig:
 ConfigStore.instance().store(name="ppo_trainer_schema", node=PPOTrainerConfig)
 
 
-def fill_derived(config: PPOTrainerConfig) -> None:
-    """Fill in the settings that follow another key, once on the driver before any worker starts.
+def world_size(config: PPOTrainerConfig) -> int:
+    """Ranks of the one process pool every role of a run shares."""
+    return config.trainer.nnodes * config.trainer.n_gpus_per_node
 
-    A config built in Python gets the same values as one composed from `ppo_trainer.yaml`, and each
-    name keeps one meaning: trainer.device=auto becomes the device found, critic.rollout_n (and the
-    actor's) follows actor_rollout_ref.rollout.n, and data.tokenizer becomes the tokenizer_path of every
-    model that decodes or saves the prompts (and the reward model's input_tokenizer, when that names the
-    actor's model directory), so the driver and the workers load the same tokenizer.
+
+def fill_derived(config: PPOTrainerConfig) -> None:
+    """Fill in the settings that follow another key: once, on the driver, inside `resolve_config`
+    (hybridrl/trainer/config_checks.py), after the per-key checks and before the freeze.
+
+    A config built in Python gets the same values as one composed from `ppo_trainer.yaml`, and each name
+    keeps one meaning: trainer.device=auto becomes the device found; critic.rollout_n (and the actor's)
+    follows actor_rollout_ref.rollout.n; data.tokenizer becomes the tokenizer_path of every model that
+    decodes or saves the prompts (and the reward model's input_tokenizer, when that names the actor's model
+    directory), so the driver and the workers load the same tokenizer; each micro-batch size becomes rows
+    per rank (`*_per_gpu`) where only verl's global key is set; a compute dtype of `auto` becomes float32
+    on a CPU (on a GPU each worker resolves it on its own device: the driver starts no CUDA to ask).
     """
     config.trainer.device = resolve_device_type(config.trainer.device)
     n = config.actor_rollout_ref.rollout.n
@@ -309,3 +320,43 @@ def fill_derived(config: PPOTrainerConfig) -> None:
     actor_model, reward_model = config.actor_rollout_ref.model, config.reward_model.model
     if actor_model.tokenizer_path and reward_model.input_tokenizer == actor_model.path:
         reward_model.input_tokenizer = actor_model.tokenizer_path
+    _fill_micro_batches_per_rank(config)
+    if config.trainer.device == "cpu":
+        arr, on_cpu = config.actor_rollout_ref, str(auto_dtype("cpu")).removeprefix("torch.")
+        for fsdp in (arr.actor.fsdp_config, arr.ref.fsdp_config, config.critic.model.fsdp_config,
+                     config.reward_model.model.fsdp_config):
+            if fsdp.mixed_precision.param_dtype == AUTO:
+                fsdp.mixed_precision.param_dtype = on_cpu
+        if arr.rollout.dtype == AUTO:
+            arr.rollout.dtype = on_cpu
+
+
+def _fill_micro_batches_per_rank(config: PPOTrainerConfig) -> None:
+    """Each unset `*_per_gpu` micro-batch key of a role that runs becomes verl's global key over the ranks."""
+    arr, critic, rm = config.actor_rollout_ref, config.critic, config.reward_model
+    keys = [(arr.actor, "actor_rollout_ref.actor.ppo_micro_batch_size"),
+            (arr.ref, "actor_rollout_ref.ref.log_prob_micro_batch_size")]
+    if get_adv_estimator_spec(config.algorithm.adv_estimator).needs_critic:
+        keys += [(critic, "critic.ppo_micro_batch_size"), (critic, "critic.forward_micro_batch_size")]
+    if rm.enable:
+        keys.append((rm, "reward_model.micro_batch_size"))
+    for node, key in keys:
+        name = key.rpartition(".")[2]
+        setattr(node, f"{name}_per_gpu", micro_batch_per_rank(getattr(node, f"{name}_per_gpu"), getattr(node, name),
+                                                              world_size(config), key))
+
+
+def fill_training_steps(config: PPOTrainerConfig, train_rows: int) -> None:
+    """trainer.total_training_steps (when unset: the whole batches of `train_rows` prompts x total_epochs),
+    and the same count as each optimizer's total_training_steps, which its lr schedule reads."""
+    batch = config.data.train_batch_size
+    require(train_rows >= batch, f"the training set has {train_rows} prompts, fewer than data.train_batch_size="
+                                 f"{batch}; lower data.train_batch_size or add data")
+    steps = config.trainer.total_training_steps or train_rows // batch * config.trainer.total_epochs
+    config.trainer.total_training_steps = steps
+    for key, optim in (("actor_rollout_ref.actor.optim", config.actor_rollout_ref.actor.optim),
+                       ("critic.optim", config.critic.optim)):
+        require(optim.total_training_steps in (-1, steps),
+                f"{key}.total_training_steps={optim.total_training_steps} disagrees with the run's {steps} steps; "
+                f"leave it unset: it follows trainer.total_training_steps (or the data size x trainer.total_epochs)")
+        optim.total_training_steps = steps

@@ -72,14 +72,9 @@ class PPOTrainer:
             train_dataset, sampler=self.sampler, batch_size=config.data.train_batch_size, drop_last=True,
             collate_fn=collate_fn, num_workers=config.data.dataloader_num_workers,
         )
-        if len(self.dataloader) == 0:
-            raise ValueError(
-                f"the training set has {len(train_dataset)} prompts, fewer than data.train_batch_size="
-                f"{config.data.train_batch_size}; lower the batch size or add data"
-            )
         self.validator = Validator(config, tokenizer, groups, val_reward_fn, val_dataset, collate_fn) \
             if val_dataset is not None and val_reward_fn is not None else None
-        self.total_steps = config.trainer.total_training_steps or len(self.dataloader) * config.trainer.total_epochs
+        self.total_steps = config.trainer.total_training_steps  # from the data size (resolve_config)
         self.costs = StageCosts(groups.model_passes())
         self.global_steps = 0
         self.history: list[dict[str, float]] = []

@@ -48,7 +48,8 @@ DATA_STATE = "data.pt"  # the dataloader position, next to the role directories 
 
 
 def validate_config(config: DictConfig) -> DictConfig:
-    """The config checked against the schema (unknown keys, wrong types) and for impossible settings."""
+    """The config checked against the schema (unknown keys, wrong types) and for impossible settings, with
+    trainer.device resolved, returned read-only: the run only reads it."""
     checked = OmegaConf.merge(OmegaConf.structured(SFTSchema), config)
     OmegaConf.resolve(checked)
     # Hydra's `+key=value` adds a key even under the typed nodes; nothing would read it
@@ -80,6 +81,7 @@ def validate_config(config: DictConfig) -> DictConfig:
     steps = trainer.total_training_steps
     require(steps is None or (isinstance(steps, int) and steps > 0),
              f"trainer.total_training_steps must be a positive integer or null, got {steps!r}")
+    OmegaConf.set_readonly(checked, True)
     return checked
 
 

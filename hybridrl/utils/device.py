@@ -153,14 +153,10 @@ def native_bf16(device: str | None = None) -> bool:
 
 
 def auto_dtype(device: str | None = None) -> torch.dtype:
-    """What `dtype: auto` means: bf16 where `native_bf16`, else fp32. Master weights, optimizer state, gradient
-    reduction and log-softmax stay fp32 whatever the compute dtype."""
-    return torch.bfloat16 if native_bf16(device) else torch.float32
-
-
-def device_default_dtype(device: str | None = None) -> torch.dtype:
-    """What an unset (null) compute dtype means: bf16 on a bf16 GPU (verl's defaults), fp32 on a CPU or an
-    older GPU (what the CPU recipes were measured with)."""
+    """What a compute dtype of `auto` (the default) means on `device` (default: this process's): bf16 on a GPU
+    that multiplies it natively (verl's default), fp32 on a CPU, where the CPU recipes were measured, and on
+    older GPUs. bf16 on a CPU with AMX or AVX512_BF16 is asked for by name. Master weights, optimizer
+    state, gradient reduction and log-softmax stay fp32 whatever the compute dtype."""
     device = device or device_type()
     return torch.bfloat16 if device == "cuda" and native_bf16("cuda") else torch.float32
 
@@ -172,7 +168,7 @@ def emulated_bf16_warning(key: str, value: str | None, device: str) -> str | Non
         return None
     return (f"{key}={value} on a CPU without native bf16 (no AVX512_BF16 or AMX; torch's capability: "
             f"{torch.backends.cpu.get_cpu_capability()}): torch emulates bf16 here, many times slower than fp32. "
-            f"Set {key}=auto (bf16 only where the CPU multiplies it natively) or float32")
+            f"Set {key}=float32 (or auto, fp32 on a CPU)")
 
 
 GIB = 1024**3

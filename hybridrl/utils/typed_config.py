@@ -1,5 +1,5 @@
-"""Typed configs: build a dataclass from a dict or an OmegaConf node with OmegaConf's checks, and find
-keys a `+` override added beyond the schema."""
+"""Typed configs: build a dataclass from a dict or an OmegaConf node with OmegaConf's checks, find keys a
+`+` override added beyond the schema, and freeze a resolved config so that nothing writes into it."""
 
 from __future__ import annotations
 
@@ -15,6 +15,48 @@ T = TypeVar("T")
 
 class ConfigError(ValueError):
     """A setting, or a combination of settings, that cannot work."""
+
+
+FROZEN_AT = "_frozen_at"  # a frozen node's dotted key, so that an assignment names the key
+
+
+class FreezableConfig:
+    """Base of the config dataclasses: mutable as built (verl's tests and scripts build and change them),
+    read-only once `freeze` has run over the tree."""
+
+    # a slot, not an entry of __dict__: `vars(node)` stays the node's keys, and pickling carries it
+    __slots__ = (FROZEN_AT,)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        _refuse_if_frozen(self, name)
+        super().__setattr__(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        _refuse_if_frozen(self, name)
+        super().__delattr__(name)
+
+
+def _refuse_if_frozen(node: FreezableConfig, name: str) -> None:
+    where = getattr(node, FROZEN_AT, None)
+    if where is not None:
+        raise dataclasses.FrozenInstanceError(
+            f"{where}{name} is read-only: the config was resolved and frozen before the run started. Set the key "
+            f"on the command line, or compute a per-rank value from the config without writing it back "
+            f"(dataclasses.replace makes a changed copy)")
+
+
+def freeze(config: T, key: str = "") -> T:
+    """Make `config` and every config node under it read-only, in place; returns it. Every node must derive
+    from FreezableConfig, so no part of the tree stays writable."""
+    if not isinstance(config, FreezableConfig) or not dataclasses.is_dataclass(config):
+        raise TypeError(f"{key or 'the config'} ({type(config).__name__}) cannot be frozen: make it a dataclass "
+                        f"deriving from FreezableConfig")
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            freeze(value, f"{key}{f.name}.")
+    object.__setattr__(config, FROZEN_AT, key)
+    return config
 
 
 def require(ok: bool, message: str) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridrl.utils.typed_config import to_dataclass  # noqa: F401 - re-exported for the workers
+from hybridrl.utils.typed_config import FreezableConfig, to_dataclass  # noqa: F401 - to_dataclass: re-exported for the workers
 
 
 def _check_sampling(where: str, temperature: float, top_k: int, top_p: float, n: int) -> None:
@@ -27,7 +27,7 @@ def _check_sampling(where: str, temperature: float, top_k: int, top_p: float, n:
 
 
 @dataclass
-class ValKwargs:
+class ValKwargs(FreezableConfig):
     """Sampling used when a call's meta_info has `validate=True` (verl's `rollout.val_kwargs`)."""
 
     # -1 (or 0) turns top-k filtering off
@@ -52,7 +52,7 @@ AGENT_LOOPS = ("tool_agent", "single_turn_agent")
 
 
 @dataclass
-class MultiTurnConfig:
+class MultiTurnConfig(FreezableConfig):
     """`rollout.multi_turn.*` (verl's keys): the agent loop that lets the model call tools over several turns.
 
     See hybridrl/workers/rollout/agent_loop.py. Responses then hold every turn, model and tool, within
@@ -113,7 +113,7 @@ class MultiTurnConfig:
 
 
 @dataclass
-class AgentConfig:
+class AgentConfig(FreezableConfig):
     """`rollout.agent.*` (verl's keys): which agent loop a prompt row without `agent_name` gets."""
 
     # tool_agent (generate, run the tools called, continue) or single_turn_agent (one turn); null picks
@@ -130,7 +130,7 @@ class AgentConfig:
 
 
 @dataclass
-class RolloutConfig:
+class RolloutConfig(FreezableConfig):
     """`actor_rollout_ref.rollout.*`: which engine generates, and how it samples."""
 
     # engine registered in hybridrl.workers.rollout.ROLLOUT_ENGINES: "hf" (CPU/GPU) or "vllm" (optional)
@@ -149,10 +149,9 @@ class RolloutConfig:
     n: int = 1
     # False decodes greedily
     do_sample: bool = True
-    # compute dtype of generation: float32 | bfloat16 | auto (as fsdp_config.mixed_precision.param_dtype) |
-    # null, the default: the device's (bf16 on a bf16 GPU, as verl; fp32 on a CPU, where rollout and
-    # trainer log-probs agree within ~1e-5)
-    dtype: str | None = None
+    # compute dtype of generation: float32 | bfloat16 | auto, the default: bf16 on a GPU that multiplies it
+    # natively (verl's default), fp32 on a CPU (rollout and trainer log-probs agree within ~1e-5) and older GPUs
+    dtype: str = "auto"
     # seed of the sampler's torch.Generator (the worker adds its rank); same seed, same samples
     seed: int = 0
     # keep generating past EOS (stop_token_ids still stop)
@@ -199,7 +198,7 @@ class RolloutConfig:
 
 
 @dataclass
-class OptimConfig:
+class OptimConfig(FreezableConfig):
     # Peak learning rate of AdamW.
     lr: float = 1e-6
     # Warmup steps; -1 derives them from lr_warmup_steps_ratio x total_training_steps.
@@ -210,7 +209,8 @@ class OptimConfig:
     min_lr_ratio: float = 0.0
     # Cosine cycles over the decay phase; 0.5 is one half-cosine from lr down to the floor.
     num_cycles: float = 0.5
-    # Filled in by the trainer from the data size and epochs; the cosine schedule needs it.
+    # Follows trainer.total_training_steps, filled in when the PPO config is resolved (leave it unset); the
+    # cosine schedule and lr_warmup_steps_ratio need it.
     total_training_steps: int = -1
     weight_decay: float = 0.01
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
@@ -218,18 +218,17 @@ class OptimConfig:
 
 
 @dataclass
-class MixedPrecisionConfig:
-    # Compute dtype of forward/backward: float32 | bfloat16 | auto (bf16 where the device multiplies it
-    # natively: AMX or AVX512_BF16 CPUs, bf16 GPUs; fp32 elsewhere) | null, the default: the device's
-    # (bf16 on a bf16 GPU, as verl; fp32 on a CPU). The sharded master weights and the optimizer state
-    # stay in the loaded dtype (fp32).
-    param_dtype: str | None = None
+class MixedPrecisionConfig(FreezableConfig):
+    # Compute dtype of forward/backward: float32 | bfloat16 | auto, the default: bf16 on a GPU that multiplies
+    # it natively (verl's default), fp32 on a CPU and older GPUs; a CPU with AMX or AVX512_BF16 computes bf16
+    # when it is named. The sharded master weights and the optimizer state stay in the loaded dtype (fp32).
+    param_dtype: str = "auto"
     # dtype of the gradient reduce-scatter across ranks.
     reduce_dtype: str = "float32"
 
 
 @dataclass
-class FSDPConfig:
+class FSDPConfig(FreezableConfig):
     # The actor's only (actor_rollout_ref.actor.fsdp_config): its optimizer state / parameters move to CPU
     # memory while the rollout generates (the hand-off, BaseRollout.serving; param_offload needs an engine
     # with its own weights, rollout.name=vllm). No-ops on CPU. Other models refuse true.
@@ -243,7 +242,7 @@ class FSDPConfig:
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(FreezableConfig):
     # Local Hugging Face checkpoint directory (or a repo id already in the local cache).
     path: str = "???"
     # Tokenizer directory when it differs from `path`.
@@ -265,7 +264,7 @@ class ModelConfig:
 
 
 @dataclass
-class PolicyLossConfig:
+class PolicyLossConfig(FreezableConfig):
     # Registered policy loss: vanilla | gspo | gpg | clip_cov | kl_cov | dro | importance_sampling | up |
     # cispo | sapo | dppo_tv | dppo_kl | geo_mean | topr (or one you register; hybridrl/algos/policy_loss*.py).
     loss_mode: str = "vanilla"
@@ -282,7 +281,7 @@ class PolicyLossConfig:
 
 
 @dataclass
-class CheckpointConfig:
+class CheckpointConfig(FreezableConfig):
     # What a checkpoint holds and what a resume restores: model, optimizer, extra (RNG, scheduler), hf_model.
     save_contents: list[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])
     # None restores what save_contents lists.
@@ -290,7 +289,7 @@ class CheckpointConfig:
 
 
 @dataclass
-class ActorConfig:
+class ActorConfig(FreezableConfig):
     # fsdp | fsdp2 (both run FSDP2 here).
     strategy: str = "fsdp"
     # Prompts per optimizer step (each with rollout.n responses), summed over data-parallel ranks.
@@ -345,7 +344,7 @@ class ActorConfig:
 
 
 @dataclass
-class RefConfig:
+class RefConfig(FreezableConfig):
     # fsdp | fsdp2 (both run FSDP2 here).
     strategy: str = "fsdp"
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
@@ -359,7 +358,7 @@ class RefConfig:
 
 
 @dataclass
-class ActorRolloutRefConfig:
+class ActorRolloutRefConfig(FreezableConfig):
     """`actor_rollout_ref.*`: one model path shared by the actor, the rollout and the reference policy."""
 
     # Actor and rollout share one process and one set of weights; only the default runs in hybridrl (hybridrl/trainer/config_rules.py).
@@ -376,7 +375,7 @@ class CriticModelConfig(ModelConfig):
 
 
 @dataclass
-class CriticConfig:
+class CriticConfig(FreezableConfig):
     """`critic.*`: the value model for GAE (PPO)."""
 
     # fsdp | fsdp2 (both run FSDP2 here).

@@ -33,11 +33,11 @@ from hybridrl.workers.fsdp_engine import FSDPEngine, offload_refusals, raise_fir
 from hybridrl.workers.rollout import ROLLOUT_ENGINES, build_rollout
 from hybridrl.workers.rollout.agent_loop import AgentLoop
 from hybridrl.workers.update_loop import (
-    forward_batching,
+    check_actor_rollout_ref,
+    check_critic,
     log_prob_batching,
-    normalize_actor_rollout_ref,
-    normalize_critic,
     update_plan,
+    value_batching,
 )
 
 ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
@@ -80,7 +80,8 @@ class ActorRolloutRefWorker(Worker):
         super().__init__()
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
-        self.config = normalize_actor_rollout_ref(to_dataclass(ActorRolloutRefConfig, config), self.world_size)
+        self.config = to_dataclass(ActorRolloutRefConfig, config)
+        check_actor_rollout_ref(self.config, self.world_size)
         self.role = role
         self.is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
         self.is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
@@ -170,7 +171,7 @@ class ActorRolloutRefWorker(Worker):
         with actor.calculate_sum_pi_squared."""
         self._require(self.actor, "compute_log_prob", "actor")
         data.meta_info.setdefault("temperature", self.config.rollout.temperature)
-        rows, tokens = log_prob_batching(self.config.rollout)
+        rows, tokens = log_prob_batching(self.config.rollout, self.world_size)
         outputs = self.actor.compute_response_outputs(
             data, rows, tokens, calculate_entropy=True,
             calculate_sum_pi_squared=self.config.actor.calculate_sum_pi_squared)
@@ -184,7 +185,7 @@ class ActorRolloutRefWorker(Worker):
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         self._require(self.ref, "compute_ref_log_prob", "ref")
         data.meta_info.setdefault("temperature", self.config.rollout.temperature)
-        rows, tokens = log_prob_batching(self.config.ref)
+        rows, tokens = log_prob_batching(self.config.ref, self.world_size)
         log_probs, _ = self.ref.compute_log_prob(data, rows, tokens)
         return DataProto.from_dict({"ref_log_prob": log_probs})
 
@@ -233,7 +234,8 @@ class CriticWorker(Worker):
 
     def __init__(self, config: Any) -> None:
         super().__init__()
-        self.config = normalize_critic(to_dataclass(CriticConfig, config), self.world_size)
+        self.config = to_dataclass(CriticConfig, config)
+        check_critic(self.config, self.world_size)
         refuse_offload(self.config.model.fsdp_config, "critic.model", self.device.type)
         self.critic = None
         self.passes: dict[str, ModelPass] = {}  # filled by init_model
@@ -265,9 +267,7 @@ class CriticWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     @report_worker_seconds
     def compute_values(self, data: DataProto) -> DataProto:
-        cfg = self.config
-        rows, tokens = forward_batching(cfg.use_dynamic_bsz, cfg.forward_micro_batch_size_per_gpu,
-                                        cfg.forward_max_token_len_per_gpu)
+        rows, tokens = value_batching(self.config, self.world_size)
         return DataProto.from_dict({"values": self.critic.compute_values(data, rows, tokens)})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

@@ -9,7 +9,6 @@ rows are decoded with the actor's and re-templated for the reward model.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import json
 import logging
@@ -27,11 +26,12 @@ from hybridrl.models.loading import load_tokenizer, load_value_model, resolve_dt
 from hybridrl.protocol import DataProto
 from hybridrl.rewards.failures import DEFAULT_MAX_FAILURE_SHARE, DEFAULT_TIMEOUT_S
 from hybridrl.rewards.managers import OverlongBufferConfig
-from hybridrl.rewards.sandbox import SandboxConfig
+from hybridrl.rewards.sandbox import SandboxLimits
+from hybridrl.utils.typed_config import ConfigError, FreezableConfig
 from hybridrl.workers.config import FSDPConfig, to_dataclass
 from hybridrl.workers.fsdp_engine import FSDPEngine, refuse_offload
 from hybridrl.workers.micro_batch import make_micro_batches, restore_order
-from hybridrl.workers.update_loop import forward_batching, per_rank
+from hybridrl.workers.update_loop import forward_batching, micro_batch_per_rank
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +39,20 @@ STRATEGIES = ("fsdp", "fsdp2")  # both mean FSDP2 (`fully_shard`) here, as in th
 
 
 @dataclass
-class RewardModelModelConfig:
+class SandboxConfig(FreezableConfig):
+    """`reward_model.sandbox.*`: how the built-in code scorer runs programs (hybridrl/rewards/SANDBOX.md)."""
+
+    # true: programs run only fully isolated (namespaces + a throwaway uid); a host that refuses
+    # namespaces (root without CAP_SYS_ADMIN, e.g. a default Docker container) stops the run at start.
+    # false: there, accept the weaker uid-only mode (no network isolation; see SANDBOX.md).
+    require_isolation: bool = True
+
+    def limits(self) -> SandboxLimits:
+        return SandboxLimits(require_isolation=self.require_isolation)
+
+
+@dataclass
+class RewardModelModelConfig(FreezableConfig):
     # The actor's tokenizer directory. When its vocabulary or chat template differs from the reward
     # model's, rows are decoded with it and re-templated for the reward model; None scores the actor's
     # token ids as they are (only right when both tokenizers are the same).
@@ -58,7 +71,7 @@ class RewardModelModelConfig:
 
 
 @dataclass
-class RewardModelConfig:
+class RewardModelConfig(FreezableConfig):
     """`reward_model.*`: the optional reward model worker plus the rule-based reward manager's settings."""
 
     # Score responses with the reward model; False uses only rule-based / custom reward functions.
@@ -101,21 +114,23 @@ class RewardModelConfig:
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
 
-def normalize_reward_model(config: RewardModelConfig, world_size: int) -> RewardModelConfig:
-    """Check the settings and express the micro-batch size in rows per rank."""
+def check_reward_model(config: RewardModelConfig, world_size: int) -> None:
+    """Raise, naming the key, on a setting the worker cannot run at this world size."""
     if config.strategy not in STRATEGIES:
-        raise ValueError(f"reward_model.strategy must be one of {STRATEGIES}, got {config.strategy!r} "
-                         f"(megatron is not supported)")
+        raise ConfigError(f"reward_model.strategy must be one of {STRATEGIES}, got {config.strategy!r} "
+                          f"(megatron is not supported)")
     if config.max_length is not None and config.max_length <= 0:
-        raise ValueError(f"reward_model.max_length must be positive or null, got {config.max_length}")
+        raise ConfigError(f"reward_model.max_length must be positive or null, got {config.max_length}")
     if not config.model.path:
-        raise ValueError("the reward model worker needs reward_model.model.path=<local reward model directory>")
-    micro = config.micro_batch_size_per_gpu
-    if micro is not None and micro <= 0:
-        raise ValueError(f"reward_model.micro_batch_size_per_gpu must be positive, got {micro}")
-    if micro is None and config.micro_batch_size is not None:
-        micro = per_rank(config.micro_batch_size, world_size, "reward_model.micro_batch_size")
-    return dataclasses.replace(config, micro_batch_size_per_gpu=micro)
+        raise ConfigError("the reward model worker needs reward_model.model.path=<local reward model directory>")
+    score_batching(config, world_size)
+
+
+def score_batching(config: RewardModelConfig, world_size: int) -> tuple[int | None, int | None]:
+    """Forward batching of the scoring pass at this world size."""
+    micro = micro_batch_per_rank(config.micro_batch_size_per_gpu, config.micro_batch_size, world_size,
+                                 "reward_model.micro_batch_size")
+    return forward_batching(config.use_dynamic_bsz, micro, config.forward_max_token_len_per_gpu)
 
 
 def same_tokenization(a: Any, b: Any) -> bool:
@@ -233,7 +248,8 @@ class RewardModelWorker(Worker):
 
     def __init__(self, config: Any) -> None:
         super().__init__()
-        self.config = normalize_reward_model(to_dataclass(RewardModelConfig, config), self.world_size)
+        self.config = to_dataclass(RewardModelConfig, config)
+        check_reward_model(self.config, self.world_size)
         refuse_offload(self.config.model.fsdp_config, "reward_model.model", self.device.type)
         self.module = None
         self._warned_no_raw_prompt = False
@@ -276,8 +292,7 @@ class RewardModelWorker(Worker):
         else:
             inputs = data.select(batch_keys=["input_ids", "attention_mask", "position_ids"],
                                  non_tensor_batch_keys=[], meta_info_keys=[])
-        rows, tokens = forward_batching(cfg.use_dynamic_bsz, cfg.micro_batch_size_per_gpu,
-                                        cfg.forward_max_token_len_per_gpu)
+        rows, tokens = score_batching(cfg, self.world_size)
         scores = sequence_scores(self.module, inputs, rows, tokens)  # (B,)
         rm_scores = place_on_last_response_token(scores, data.batch["attention_mask"],
                                                  data.batch["responses"].shape[-1])

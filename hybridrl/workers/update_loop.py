@@ -4,12 +4,12 @@ Each epoch cuts the rank's rows into mini-batches (one optimizer step each) and 
 (one forward/backward each). A micro-batch's loss is normalised by its mini-batch's totals over all ranks
 (`global_batch_info`), so the accumulated gradient is the whole mini-batch's, whatever the aggregation,
 micro-batch size or rank count. `ppo_mini_batch_size` counts prompts over all ranks (as in verl): a rank
-trains on ppo_mini_batch_size x rollout.n / world_size rows per step.
+trains on ppo_mini_batch_size x rollout.n / world_size rows per step. Per-rank sizes are pure functions of
+a config and the world size: a worker computes them and never writes them into its config.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from hybridrl.protocol import DataProto
+from hybridrl.utils.typed_config import ConfigError
 from hybridrl.workers.config import ActorConfig, ActorRolloutRefConfig, CriticConfig, RefConfig, RolloutConfig
 from hybridrl.workers.fsdp_engine import FSDPEngine
 from hybridrl.workers.micro_batch import make_micro_batches
@@ -121,18 +122,18 @@ def run_updates(engine: FSDPEngine, data: DataProto, plan: BatchingPlan, micro_s
 
 def per_rank(total: int, world_size: int, what: str) -> int:
     if total % world_size:
-        raise ValueError(f"{what} ({total}) must be divisible by the data-parallel size ({world_size})")
+        raise ConfigError(f"{what} ({total}) must be divisible by the data-parallel size ({world_size})")
     return total // world_size
 
 
-def _micro(per_gpu: int | None, global_size: int | None, world_size: int, prefix: str) -> int | None:
-    """The per-rank micro-batch size from the per-GPU key, or from verl's older global key."""
+def micro_batch_per_rank(per_gpu: int | None, global_size: int | None, world_size: int, key: str) -> int | None:
+    """Rows per pass on one rank: `{key}_per_gpu`, else verl's older global `{key}` over the ranks, else None."""
     if per_gpu is not None:
         if per_gpu <= 0:
-            raise ValueError(f"{prefix}_per_gpu must be positive, got {per_gpu}")
+            raise ConfigError(f"{key}_per_gpu must be positive, got {per_gpu}")
         return per_gpu
     if global_size is not None:
-        return per_rank(global_size, world_size, prefix)
+        return per_rank(global_size, world_size, key)
     return None
 
 
@@ -142,56 +143,36 @@ def mini_batch_rows(config: ActorConfig | CriticConfig, rollout_n: int, world_si
                     f"{prefix}.ppo_mini_batch_size ({config.ppo_mini_batch_size}) x rollout.n ({rollout_n})")
 
 
-def normalize_actor_rollout_ref(config: ActorRolloutRefConfig, world_size: int) -> ActorRolloutRefConfig:
-    """A checked copy whose micro-batch keys are per rank (ppo_mini_batch_size stays in prompts)."""
+def check_actor_rollout_ref(config: ActorRolloutRefConfig, world_size: int) -> None:
+    """Raise, naming the key, unless every batch size of the actor, rollout and reference cuts a rank's rows
+    at this world size (ppo_mini_batch_size counts prompts, as in verl)."""
     n = config.rollout.n
-    actor = config.actor
-    if actor.rollout_n is not None and actor.rollout_n != n:
-        raise ValueError(f"actor.rollout_n ({actor.rollout_n}) disagrees with rollout.n ({n}); "
-                         f"leave actor.rollout_n unset, it follows rollout.n")
-    mini_batch_rows(actor, n, world_size, "actor")
-    actor = dataclasses.replace(
-        actor,
-        ppo_micro_batch_size_per_gpu=_micro(actor.ppo_micro_batch_size_per_gpu, actor.ppo_micro_batch_size,
-                                            world_size, "actor.ppo_micro_batch_size"),
-    )
-    rollout = dataclasses.replace(
-        config.rollout,
-        log_prob_micro_batch_size_per_gpu=_micro(config.rollout.log_prob_micro_batch_size_per_gpu,
-                                                 getattr(config.rollout, "log_prob_micro_batch_size", None),
-                                                 world_size, "rollout.log_prob_micro_batch_size"),
-    )
-    ref = dataclasses.replace(
-        config.ref,
-        log_prob_micro_batch_size_per_gpu=_micro(config.ref.log_prob_micro_batch_size_per_gpu,
-                                                 config.ref.log_prob_micro_batch_size, world_size,
-                                                 "ref.log_prob_micro_batch_size"),
-    )
-    return dataclasses.replace(config, actor=actor, rollout=rollout, ref=ref)
+    if config.actor.rollout_n not in (None, n):
+        raise ConfigError(f"actor_rollout_ref.actor.rollout_n ({config.actor.rollout_n}) disagrees with "
+                          f"actor_rollout_ref.rollout.n ({n}); leave actor.rollout_n unset, it follows rollout.n")
+    update_plan(config.actor, n, world_size)
+    log_prob_batching(config.rollout, world_size)
+    log_prob_batching(config.ref, world_size)
 
 
-def normalize_critic(config: CriticConfig, world_size: int) -> CriticConfig:
-    """A checked copy whose micro-batch keys are per rank (ppo_mini_batch_size stays in prompts)."""
+def check_critic(config: CriticConfig, world_size: int) -> None:
+    """As `check_actor_rollout_ref`, for the critic."""
     if config.rollout_n is None:
-        raise ValueError("critic.rollout_n is unset: set it to the samples per prompt (the PPO trainer fills it "
-                         "in from actor_rollout_ref.rollout.n)")
-    mini_batch_rows(config, config.rollout_n, world_size, "critic")
-    return dataclasses.replace(
-        config,
-        ppo_micro_batch_size_per_gpu=_micro(config.ppo_micro_batch_size_per_gpu, config.ppo_micro_batch_size,
-                                            world_size, "critic.ppo_micro_batch_size"),
-        forward_micro_batch_size_per_gpu=_micro(config.forward_micro_batch_size_per_gpu,
-                                                config.forward_micro_batch_size, world_size,
-                                                "critic.forward_micro_batch_size"),
-    )
+        raise ConfigError("critic.rollout_n is unset: set it to the samples per prompt (the PPO trainer fills it "
+                          "in from actor_rollout_ref.rollout.n)")
+    update_plan(config, config.rollout_n, world_size)
+    value_batching(config, world_size)
 
 
 def update_plan(config: ActorConfig | CriticConfig, rollout_n: int, world_size: int) -> BatchingPlan:
-    """How a normalised actor or critic config (verl's same update keys) cuts a rank's rows."""
-    rows = mini_batch_rows(config, rollout_n, world_size, "critic" if isinstance(config, CriticConfig) else "actor")
+    """How an actor or critic config (verl's same update keys) cuts a rank's rows at this world size."""
+    prefix = "critic" if isinstance(config, CriticConfig) else "actor_rollout_ref.actor"
+    rows = mini_batch_rows(config, rollout_n, world_size, prefix)
+    micro = micro_batch_per_rank(config.ppo_micro_batch_size_per_gpu, config.ppo_micro_batch_size, world_size,
+                                 f"{prefix}.ppo_micro_batch_size")
     return BatchingPlan(
         mini_batch_rows=rows,
-        micro_batch_rows=None if config.use_dynamic_bsz else (config.ppo_micro_batch_size_per_gpu or rows),
+        micro_batch_rows=None if config.use_dynamic_bsz else (micro or rows),
         max_token_len=config.ppo_max_token_len_per_gpu if config.use_dynamic_bsz else None,
         epochs=config.ppo_epochs,
         shuffle=config.shuffle,
@@ -210,7 +191,19 @@ def forward_batching(use_dynamic_bsz: bool, micro_batch_rows: int | None,
     return micro_batch_rows, None
 
 
-def log_prob_batching(config: RolloutConfig | RefConfig) -> tuple[int | None, int | None]:
-    """Forward batching of a rollout or ref config's log-prob keys."""
-    return forward_batching(config.log_prob_use_dynamic_bsz, config.log_prob_micro_batch_size_per_gpu,
-                            config.log_prob_max_token_len_per_gpu)
+def log_prob_batching(config: RolloutConfig | RefConfig, world_size: int) -> tuple[int | None, int | None]:
+    """Forward batching of a rollout or ref config's log-prob keys (only the reference has verl's global one)."""
+    if isinstance(config, RefConfig):
+        micro = micro_batch_per_rank(config.log_prob_micro_batch_size_per_gpu, config.log_prob_micro_batch_size,
+                                     world_size, "actor_rollout_ref.ref.log_prob_micro_batch_size")
+    else:
+        micro = micro_batch_per_rank(config.log_prob_micro_batch_size_per_gpu, None, world_size,
+                                     "actor_rollout_ref.rollout.log_prob_micro_batch_size")
+    return forward_batching(config.log_prob_use_dynamic_bsz, micro, config.log_prob_max_token_len_per_gpu)
+
+
+def value_batching(config: CriticConfig, world_size: int) -> tuple[int | None, int | None]:
+    """Forward batching of the critic's value pass."""
+    micro = micro_batch_per_rank(config.forward_micro_batch_size_per_gpu, config.forward_micro_batch_size,
+                                 world_size, "critic.forward_micro_batch_size")
+    return forward_batching(config.use_dynamic_bsz, micro, config.forward_max_token_len_per_gpu)

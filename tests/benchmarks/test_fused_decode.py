@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import fused_decode  # noqa: E402
 
-from hybridrl.utils.device import auto_dtype  # noqa: E402
+from hybridrl.utils.device import native_bf16  # noqa: E402
 
 
 @pytest.mark.slow  # ~40 s: three generations per prompt length
@@ -29,7 +29,7 @@ def test_the_quick_run_times_each_setting_and_the_fused_step_samples_the_forward
         assert all(float(cell.split()[0]) > 0 for cell in row[3:6])
         assert row[6] == "yes"  # the fused step: the forward's tokens and log-probs bit for bit
         gaps = [float(cell) for cell in row[7:10]]
-        if auto_dtype("cpu") == torch.bfloat16:
+        if native_bf16("cpu"):  # the script's default dtype: bf16 where the CPU multiplies it natively
             # bf16 decoding of an fp32 model: every setting's log-probs are the model's to bf16 precision
             assert all(0 < gap < 0.05 for gap in gaps), gaps
         else:  # a CPU that emulates bf16 decodes in fp32: the model's log-probs up to the order of sums

@@ -275,7 +275,7 @@ def _parse(name: str, text: str) -> ast.Module:
 
 
 def _returns(trees: Iterable[ast.Module], classes: dict[str, type]) -> dict[str, set[type]]:
-    """Config classes each function name is annotated to return (`normalize_critic -> CriticConfig`)."""
+    """Config classes each function name is annotated to return (`resolve_config -> PPOTrainerConfig`)."""
     scanner = _Scanner(classes, {}, Evidence())
     found: dict[str, set[type]] = defaultdict(set)
     for tree in trees:

@@ -5,11 +5,10 @@ from pathlib import Path
 
 import pytest
 from config_reads import Evidence, SchemaKey, package_sources, scan_sources, schema_keys, unread_keys
-from omegaconf import OmegaConf
 from ppo_helpers import ppo_config
 
 import hybridrl
-from hybridrl.trainer.config_checks import ConfigError, validate_config
+from hybridrl.trainer.config_checks import ConfigError, resolve_config
 from hybridrl.trainer.config_rules import SAME_EITHER_WAY, UNSUPPORTED
 from hybridrl.trainer.ppo_config import AlgorithmConfig, PPOTrainerConfig
 from hybridrl.trainer.sft_config import SFTSchema
@@ -79,9 +78,7 @@ def reward(config):
 
 
 def checked(*overrides: str) -> PPOTrainerConfig:
-    config = OmegaConf.to_object(ppo_config(*BASE, *overrides))
-    validate_config(config)
-    return config
+    return resolve_config(ppo_config(*BASE, *overrides))
 
 
 @pytest.mark.parametrize("override, message", [
@@ -114,8 +111,7 @@ def test_critic_rollout_n_follows_rollout_n_in_a_config_built_in_python():
     config = PPOTrainerConfig()
     config.data.train_files, config.actor_rollout_ref.model.path = "x.parquet", "some/model"
     config.actor_rollout_ref.rollout.n = 4
-    validate_config(config)
-    assert config.critic.rollout_n == 4
+    assert resolve_config(config).critic.rollout_n == 4
     assert checked("actor_rollout_ref.rollout.n=2").critic.rollout_n == 2  # and from YAML
     with pytest.raises(ConfigError, match=r"critic.rollout_n \(3\) disagrees with actor_rollout_ref.rollout.n \(8\)"):
         checked("critic.rollout_n=3")
@@ -137,17 +133,16 @@ def test_background_reward_cannot_filter_groups():
 
 
 def test_mini_batch_sizes_count_prompts_in_every_config_that_carries_them():
-    from hybridrl.workers.update_loop import normalize_actor_rollout_ref, normalize_critic, update_plan
+    from hybridrl.workers.update_loop import check_critic, update_plan
 
     config = checked("actor_rollout_ref.actor.ppo_mini_batch_size=4", "critic.ppo_mini_batch_size=4")
-    arr = normalize_actor_rollout_ref(config.actor_rollout_ref, world_size=2)
-    critic = normalize_critic(config.critic, world_size=2)
-    assert arr.actor.ppo_mini_batch_size == critic.ppo_mini_batch_size == 4  # still prompts after the worker's pass
+    arr, critic = config.actor_rollout_ref, config.critic
+    assert arr.actor.ppo_mini_batch_size == critic.ppo_mini_batch_size == 4  # still prompts once resolved
     # a rank's rows per optimizer step: 4 prompts x 8 samples / 2 ranks
     assert update_plan(arr.actor, arr.rollout.n, 2).mini_batch_rows == 16
     assert update_plan(critic, critic.rollout_n, 2).mini_batch_rows == 16
     with pytest.raises(ValueError, match="critic.rollout_n is unset"):
-        normalize_critic(CriticConfig(), world_size=1)
+        check_critic(CriticConfig(), world_size=1)
     assert ActorConfig().ppo_mini_batch_size == CriticConfig().ppo_mini_batch_size
 
 

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 from ppo_helpers import ppo_config
 
-from hybridrl.trainer.config_checks import ConfigError, batch_plan, validate_config
+from hybridrl.trainer.config_checks import ConfigError, batch_plan, resolve_config
 from hybridrl.trainer.config_rules import RANGES, UNCHECKED
 from hybridrl.trainer.main_ppo import run_ppo
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
@@ -30,9 +30,7 @@ def no_gpu(monkeypatch):
 
 
 def checked(*overrides: str):
-    config = OmegaConf.to_object(ppo_config(*BASE, *overrides))
-    validate_config(config)
-    return config
+    return resolve_config(ppo_config(*BASE, *overrides))
 
 
 def test_defaults_are_valid_and_resolve_the_lengths(no_gpu):
@@ -230,14 +228,23 @@ def test_open_dicts_take_plus_added_keys():
     assert config.data.apply_chat_template_kwargs == {"enable_thinking": False}
 
 
-def test_dtype_keys_default_to_unset_the_devices_own_and_pass_the_checks():
-    from hybridrl.trainer.config_checks import _check_dtype
-
+def test_dtype_keys_default_to_auto_which_a_cpu_run_resolves_to_float32(no_gpu):
     cfg = ppo_config()
     for node in (cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.ref, cfg.critic.model):
-        assert node.fsdp_config.mixed_precision.param_dtype is None  # bf16 on a bf16 GPU, fp32 on a CPU
-    assert cfg.actor_rollout_ref.rollout.dtype is None
-    _check_dtype("actor_rollout_ref.rollout.dtype", None)  # unset is valid
+        assert node.fsdp_config.mixed_precision.param_dtype == "auto"  # bf16 on a bf16 GPU, fp32 on a CPU
+    assert cfg.actor_rollout_ref.rollout.dtype == "auto"
+    config = checked("trainer.device=cpu", "actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype=bfloat16")
+    arr = config.actor_rollout_ref
+    assert (arr.actor.fsdp_config.mixed_precision.param_dtype, arr.rollout.dtype) == ("float32", "float32")
+    assert arr.ref.fsdp_config.mixed_precision.param_dtype == "bfloat16"  # a named dtype stays as named
+
+
+def test_null_is_not_a_dtype_and_the_error_names_auto(no_gpu):
+    config = OmegaConf.to_object(ppo_config(*BASE))
+    config.actor_rollout_ref.rollout.dtype = None  # a config built in Python; Hydra refuses null for a str key
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref.rollout.dtype=null is not a dtype; the automatic one is "
+                                          r"auto .*set actor_rollout_ref.rollout.dtype=auto"):
+        resolve_config(config)
 
 
 def test_bounds_that_the_command_line_turns_into_one_number_are_named():
@@ -279,3 +286,53 @@ def test_a_loss_with_its_own_aggregation_says_loss_agg_mode_does_not_apply(no_gp
         checked("actor_rollout_ref.actor.policy_loss.loss_mode=sapo",
                 "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean")
     assert "does not apply" not in caplog.text
+
+
+def test_the_resolved_config_is_frozen_and_an_assignment_names_the_key(no_gpu):
+    import pickle
+
+    from hybridrl.workers.config import ActorConfig
+
+    composed = OmegaConf.to_object(ppo_config(*BASE))
+    config = resolve_config(composed)
+    with pytest.raises(dataclasses.FrozenInstanceError, match=r"^actor_rollout_ref.actor.optim.lr is read-only"):
+        config.actor_rollout_ref.actor.optim.lr = 1.0
+    with pytest.raises(dataclasses.FrozenInstanceError, match=r"^trainer is read-only"):
+        config.trainer = None
+    with pytest.raises(dataclasses.FrozenInstanceError, match=r"^critic.rollout_n is read-only"):
+        pickle.loads(pickle.dumps(config)).critic.rollout_n = 3  # as a worker receives it
+    composed.trainer.device = "cuda"  # the input stays as built, writable
+    assert composed.critic.rollout_n is None
+    changed = dataclasses.replace(config.actor_rollout_ref.rollout, seed=1)  # a per-rank copy is the worker's own
+    changed.seed = 2
+    direct = ActorConfig()  # verl's tests and scripts build the dataclasses and change them
+    direct.ppo_epochs = 2
+    assert direct.ppo_epochs == 2 and config.actor_rollout_ref.rollout.seed == 0
+
+
+def test_step_counts_follow_the_data_size_unless_set(no_gpu):
+    base = [*BASE, "data.train_batch_size=16", "trainer.total_epochs=3"]
+    # 50 prompts make 3 whole batches of 16; 3 epochs of them
+    config = resolve_config(ppo_config(*base, "trainer.total_training_steps=null"), lambda checked: 50)
+    assert config.trainer.total_training_steps == 9
+    assert config.actor_rollout_ref.actor.optim.total_training_steps == config.critic.optim.total_training_steps == 9
+    config = resolve_config(ppo_config(*base, "trainer.total_training_steps=4"), lambda checked: 50)
+    assert config.actor_rollout_ref.actor.optim.total_training_steps == 4
+    with pytest.raises(ConfigError, match="the training set has 10 prompts, fewer than data.train_batch_size=16"):
+        resolve_config(ppo_config(*base), lambda checked: 10)
+    with pytest.raises(ConfigError, match=r"critic.optim.total_training_steps=7 disagrees with the run's 30 steps"):
+        resolve_config(ppo_config(*base, "critic.optim.total_training_steps=7"), lambda checked: 50)
+
+
+def test_micro_batch_sizes_become_rows_per_rank_where_only_the_global_key_is_set(no_gpu):
+    unset = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",
+             "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=null", "critic.forward_micro_batch_size_per_gpu=null"]
+    config = checked(*unset, "actor_rollout_ref.actor.ppo_micro_batch_size=8",
+                     "actor_rollout_ref.ref.log_prob_micro_batch_size=6", "algorithm.adv_estimator=gae",
+                     "critic.forward_micro_batch_size=4")
+    arr = config.actor_rollout_ref
+    assert arr.actor.ppo_micro_batch_size_per_gpu == 4 and arr.ref.log_prob_micro_batch_size_per_gpu == 3  # 2 ranks
+    assert config.critic.forward_micro_batch_size_per_gpu == 2
+    assert arr.actor.ppo_micro_batch_size == 8  # the key as set stays
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref.ref.log_prob_micro_batch_size \(5\) must be divisible"):
+        checked(*unset, "actor_rollout_ref.ref.log_prob_micro_batch_size=5")

@@ -10,8 +10,10 @@ import pytest
 from ppo_helpers import ppo_config, tiny_run_overrides
 
 from hybridrl.trainer.main_ppo import run_ppo
+from hybridrl.utils.device import native_bf16
 
 LOCAL = ["trainer.backend=local", "trainer.n_gpus_per_node=1", "trainer.total_training_steps=1"]
+BF16_WHERE_NATIVE = "bfloat16" if native_bf16("cpu") else "float32"
 
 
 @pytest.mark.parametrize("extra, expected_keys", [
@@ -29,9 +31,10 @@ LOCAL = ["trainer.backend=local", "trainer.n_gpus_per_node=1", "trainer.total_tr
     (["algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=10"],
      {"train/num_gen_batches"}),
     # bf16 compute where the CPU has it (fp32 elsewhere), for every model of the step
-    (["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=auto", "actor_rollout_ref.rollout.dtype=auto",
-      "actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype=auto", "algorithm.adv_estimator=gae",
-      "critic.model.fsdp_config.mixed_precision.param_dtype=auto", "critic.ppo_micro_batch_size_per_gpu=8"],
+    ([f"actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype={BF16_WHERE_NATIVE}",
+      f"actor_rollout_ref.rollout.dtype={BF16_WHERE_NATIVE}",
+      f"actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype={BF16_WHERE_NATIVE}", "algorithm.adv_estimator=gae",
+      f"critic.model.fsdp_config.mixed_precision.param_dtype={BF16_WHERE_NATIVE}", "critic.ppo_micro_batch_size_per_gpu=8"],
      {"critic/vf_loss", "actor/kl_loss", "rollout/log_prob_diff_max"}),
 ])
 def test_one_step_per_estimator_family(arithmetic_data, tiny_model_dir, tmp_path, extra, expected_keys):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from omegaconf.errors import ReadonlyConfigError
 
 import hybridrl.trainer
 from hybridrl.data.sampler import ResumableSampler
@@ -170,7 +171,10 @@ def test_the_device_is_checked_and_auto_resolved(sft_data, tiny_model_dir, tmp_p
         validate_config(sft_config(sft_data, tiny_model_dir, tmp_path, "trainer.device=cuda"))
     with pytest.raises(ValueError, match="trainer.device must be 'cpu', 'cuda' or 'auto', got 'gpu'"):
         validate_config(sft_config(sft_data, tiny_model_dir, tmp_path, "trainer.device=gpu"))
-    assert validate_config(sft_config(sft_data, tiny_model_dir, tmp_path, "trainer.device=auto")).trainer.device == "cpu"
+    config = validate_config(sft_config(sft_data, tiny_model_dir, tmp_path, "trainer.device=auto"))
+    assert config.trainer.device == "cpu"
+    with pytest.raises(ReadonlyConfigError, match="full_key: trainer.device"):  # the run only reads it
+        config.trainer.device = "cuda"
 
 
 def test_local_backend_refuses_two_ranks(sft_data, tiny_model_dir, tmp_path):

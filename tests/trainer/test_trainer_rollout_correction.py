@@ -8,12 +8,11 @@ import math
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 from ppo_helpers import ppo_config, tiny_run_overrides
 
 from hybridrl.protocol import DataProto
 from hybridrl.trainer import dataflow
-from hybridrl.trainer.config_checks import ConfigError, validate_config
+from hybridrl.trainer.config_checks import ConfigError, resolve_config
 from hybridrl.trainer.dataflow import old_log_prob_from_update
 from hybridrl.trainer.metrics import StageCosts
 from hybridrl.trainer.ppo_config import PPOTrainerConfig, RolloutCorrectionConfig
@@ -134,10 +133,7 @@ def test_bypass_mode_skips_the_old_log_prob_pass():
 
 
 def checked(*overrides: str) -> PPOTrainerConfig:
-    config = OmegaConf.to_object(ppo_config("data.train_files=x.parquet", "actor_rollout_ref.model.path=m",
-                                            *overrides))
-    validate_config(config)
-    return config
+    return resolve_config(ppo_config("data.train_files=x.parquet", "actor_rollout_ref.model.path=m", *overrides))
 
 
 def test_config_defaults_are_verls_and_bad_values_name_the_key():

@@ -1,4 +1,5 @@
-"""`auto` compute dtype: bf16 exactly where the CPU has native bf16 instructions, fp32 master weights."""
+"""Compute dtypes: `auto` (the one automatic value) is bf16 on a bf16 GPU and fp32 on a CPU; a CPU's native bf16
+is found exactly where the kernel reports the instructions."""
 
 from pathlib import Path
 
@@ -19,12 +20,9 @@ def cpu_flags() -> set[str]:
     pytest.skip("/proc/cpuinfo lists no flags")
 
 
-def test_auto_is_bf16_exactly_where_the_cpu_multiplies_bf16_natively(monkeypatch):
+def test_native_bf16_is_found_exactly_where_the_cpu_multiplies_bf16_natively():
     # the kernel's own CPUID report, independent of torch's probe
-    native = bool(cpu_flags() & {"amx_bf16", "avx512_bf16"})
-    assert native_bf16("cpu") is native
-    monkeypatch.setenv(DEVICE_ENV, "cpu")  # a CPU process: `auto` asks the CPU, on any machine
-    assert auto_dtype() == resolve_dtype("auto") == (torch.bfloat16 if native else torch.float32)
+    assert native_bf16("cpu") is bool(cpu_flags() & {"amx_bf16", "avx512_bf16"})
 
 
 def test_named_dtypes_resolve_as_before():
@@ -42,15 +40,17 @@ def test_half_precision_on_a_cpu_runs_eager_attention_and_everything_else_sdpa()
 
 
 @pytest.mark.parametrize("device, bf16_gpu, expected", [
-    ("cpu", True, torch.float32),  # CPU defaults stay fp32 whatever the CPU (recipes opt in with `auto`)
+    ("cpu", True, torch.float32),  # fp32 on any CPU, native bf16 or not (a recipe names bfloat16 to opt in)
     ("cuda", True, torch.bfloat16),  # verl's default compute dtype on a GPU
     ("cuda", False, torch.float32),  # a GPU without bf16 (pre-Ampere)
 ])
-def test_an_unset_dtype_is_the_devices_default(monkeypatch, device, bf16_gpu, expected):
+def test_auto_is_the_devices_compute_dtype(monkeypatch, device, bf16_gpu, expected):
     monkeypatch.setenv(DEVICE_ENV, device)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: bf16_gpu)
-    assert resolve_dtype(None) is expected
+    assert resolve_dtype("auto") is auto_dtype() is expected
+    with pytest.raises(ValueError, match="the automatic value is 'auto'"):
+        resolve_dtype(None)
 
 
 
@@ -64,8 +64,8 @@ def test_bf16_named_on_a_cpu_that_emulates_it_gets_a_warning_naming_the_key():
         warning = emulated_bf16_warning(key, name, "cpu")
         assert (warning is None) is native
         if not native:
-            assert warning.startswith(f"{key}={name} on a CPU without native bf16") and f"{key}=auto" in warning
+            assert warning.startswith(f"{key}={name} on a CPU without native bf16") and f"{key}=float32" in warning
     # never for the other values, nor on a GPU (torch.cuda reports its own bf16 support)
-    for name in ("auto", "float32", None):
+    for name in ("auto", "float32"):
         assert emulated_bf16_warning(key, name, "cpu") is None
     assert emulated_bf16_warning(key, "bf16", "cuda") is None

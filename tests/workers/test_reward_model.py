@@ -19,12 +19,13 @@ from hybridrl.utils.typed_config import to_dataclass
 from hybridrl.workers.reward_model import (
     RewardModelConfig,
     RewardModelWorker,
+    check_reward_model,
     conversations,
     last_valid_index,
-    normalize_reward_model,
     place_on_last_response_token,
     retokenize_for_reward_model,
     same_tokenization,
+    score_batching,
 )
 
 # The reward model's own template, unlike the actor's ChatML: "### role: content" lines, no BOS.
@@ -246,13 +247,14 @@ def test_config_keys_and_errors():
         "overlong_buffer": {"enable": True, "len": 4, "penalty_factor": 1.0},
     })
     assert config.model.fsdp_config.param_offload and config.overlong_buffer.len == 4
-    assert normalize_reward_model(config, world_size=2).micro_batch_size_per_gpu == 4  # 8 rows over 2 ranks
+    assert score_batching(config, world_size=2) == (4, None)  # 8 rows over 2 ranks
+    assert config.micro_batch_size_per_gpu is None  # computed, not written back
     with pytest.raises(ValueError, match=r"reward_model.micro_batch_size \(8\).*divisible"):
-        normalize_reward_model(config, world_size=3)
+        check_reward_model(config, world_size=3)
     for bad, key in [({"strategy": "megatron"}, "strategy"), ({"max_length": 0}, "max_length"),
                      ({"micro_batch_size_per_gpu": 0}, "micro_batch_size_per_gpu"),
                      ({"model": {"path": None}}, "model.path")]:
         with pytest.raises(ValueError, match=f"reward_model.{key}"):
-            normalize_reward_model(to_dataclass(RewardModelConfig, {"model": {"path": "/rm"}, **bad}), world_size=1)
+            check_reward_model(to_dataclass(RewardModelConfig, {"model": {"path": "/rm"}, **bad}), world_size=1)
     with pytest.raises(Exception, match="sandbox_fusion"):
         to_dataclass(RewardModelConfig, {"sandbox_fusion": {"url": "http://x"}})

@@ -128,7 +128,7 @@ OUTSIDE_THE_HAND_OFF = [
 @pytest.mark.parametrize("key, role", OUTSIDE_THE_HAND_OFF)
 def test_offload_outside_the_hand_off_is_refused_on_an_accelerator_before_any_worker_starts(key, role):
     """Only the actor's rollout hand-off moves state off the device; elsewhere the keys would do nothing
-    on a GPU. The trainer's check (`offload_errors`, run by validate_config before Ray) names the key; the
+    on a GPU. The trainer's check (`offload_errors`, run by resolve_config before Ray) names the key; the
     workers run the same check for themselves (`refuse_offload`)."""
     # a run that has every role: GAE (critic), a KL loss (reference), a reward model
     if role == "actor":  # an actor without a rollout is not a trainer role: the worker's own rule
