@@ -169,7 +169,7 @@ LAYERS = {
     "controller": 3,
     "workers": 4,
     "trainer": 5,
-    "model_merger": 6, "quickstart": 6, "examples": 6,
+    "model_merger": 6, "quickstart": 6,
 }
 
 

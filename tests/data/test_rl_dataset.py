@@ -265,7 +265,7 @@ def test_tool_schemas_reach_the_chat_template(tmp_path, tiny_model_dir):
         "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
         "'<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
     path = write(tmp_path / "a.parquet", rows(["1+1"]))
-    tool_yaml = Path(__file__).parents[2] / "hybridrl" / "examples" / "calculator_tool.yaml"
+    tool_yaml = Path(__file__).parents[2] / "examples" / "calculator_tool.yaml"
     settings = {"max_prompt_length": 64, "return_full_prompt": True}
     with_tools = RLHFDataset(path, tok, {**settings, "tool_config_path": str(tool_yaml)})[0]
     without = RLHFDataset(path, tok, settings)[0]
