@@ -27,7 +27,7 @@ from hybridrl.controller.decorator import (
     resolve,
 )
 from hybridrl.controller.worker import HybridWorker, Worker
-from hybridrl.utils.device import DEVICE_ENV, ProcessMemory, device_env, resolve_device_type
+from hybridrl.utils.device import DEVICE_ENV, ProcessMemory, device_env, resolve_device_type, restore_env
 from hybridrl.utils.metric import ModelPass
 
 
@@ -107,14 +107,11 @@ class WorkerGroup:
             )
             for rank in ranks
         ]
-        if not spec.blocking:
-            if spec.execute_mode is Execute.RANK_ZERO:
-                return futures[0]
-            return DataProtoFuture(futures) if mode.concatenates_protos else futures
-        outputs = resolve(futures)
         if spec.execute_mode is Execute.RANK_ZERO:
-            return outputs[0]
-        return mode.collect_fn(self, outputs)
+            return resolve(futures)[0] if spec.blocking else futures[0]
+        if not spec.blocking:
+            return DataProtoFuture(futures) if mode.concatenates_protos else futures
+        return mode.collect_fn(self, resolve(futures))
 
 
 def hybrid_worker(roles: Mapping[str, ClassWithInitArgs]) -> ClassWithInitArgs:
@@ -185,15 +182,6 @@ class TypedWorkerGroup:
 DIST_ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-# The local backend: a world-size-1 group whose only rank lives in the driver process.
-#
-# Same API as RayWorkerGroup, no Ray: a breakpoint inside a worker method stops the driver itself, so a
-# whole PPO step can be stepped through in an ordinary debugger.
-#
-# The rank's torch.distributed coordinates and its device type (`hybridrl.utils.device`) are environment
-# variables of the driver process itself, and its process group is the driver's. `shutdown` puts both back
-# as they were before the group started, so a second run in the same process starts afresh and a child
-# process inherits nothing of the first.
 def _set_single_rank_env() -> None:
     # A driver that already joined a process group (a second local group) keeps its coordinates.
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -205,15 +193,6 @@ def _set_single_rank_env() -> None:
                 f"the local backend runs one rank in this process, but {key}={os.environ[key]} is set; "
                 f"unset it or use trainer.backend=ray"
             )
-
-
-def restore_env(saved: dict[str, str | None]) -> None:
-    """Put environment variables back to `saved` values (None: the variable was unset)."""
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
 
 
 class _Release:
@@ -235,7 +214,12 @@ class _Release:
 
 
 class LocalWorkerGroup(WorkerGroup):
-    """One rank, built and run in the calling process.
+    """The local backend: one rank, built and run in the driver process, with RayWorkerGroup's API.
+
+    A breakpoint inside a worker method stops the driver itself, so a whole PPO step can be stepped through in
+    an ordinary debugger. The rank's torch.distributed coordinates and device type are the driver's own
+    environment variables, and its process group is the driver's; `shutdown` puts both back as they were, so
+    a second run in the same process starts afresh and a child process inherits nothing of the first.
 
     device: the rank's device type, `trainer.device` (cpu / cuda / auto); None keeps this process's own
     (`hybridrl.utils.device.device_type`), e.g. inside a test's CPU-pinned rank.
