@@ -91,6 +91,20 @@ class DataProto(core.DataProto):
         _check_verl_layout(1, auto_padding)
         return super().from_single_dict(data, meta_info)
 
+    def rename(self, old_keys: str | Sequence[str], new_keys: str | Sequence[str]) -> DataProto:
+        """Rename batch keys in place (and return self, for chaining)."""
+        old_keys = [old_keys] if isinstance(old_keys, str) else list(old_keys)
+        new_keys = [new_keys] if isinstance(new_keys, str) else list(new_keys)
+        if len(old_keys) != len(new_keys):
+            raise ValueError(f"rename: {len(old_keys)} old keys but {len(new_keys)} new keys")
+        for old, new in zip(old_keys, new_keys, strict=True):
+            self.batch[new] = self.batch.pop(old)
+        return self
+
+    def copy(self) -> DataProto:
+        """A deep copy (tensors cloned)."""
+        return self.select(deepcopy=True)
+
     def select_idxs(self, idxs: RowIndex) -> DataProto:
         """verl's name for `select_rows` with integer indices or a boolean mask."""
         return self.select_rows(idxs)

@@ -283,16 +283,6 @@ class DataProto:
             self.meta_info.pop(key)
         return popped
 
-    def rename(self, old_keys: str | Sequence[str], new_keys: str | Sequence[str]) -> DataProto:
-        """Rename batch keys in place (and return self, for chaining)."""
-        old_keys = [old_keys] if isinstance(old_keys, str) else list(old_keys)
-        new_keys = [new_keys] if isinstance(new_keys, str) else list(new_keys)
-        if len(old_keys) != len(new_keys):
-            raise ValueError(f"rename: {len(old_keys)} old keys but {len(new_keys)} new keys")
-        for old, new in zip(old_keys, new_keys, strict=True):
-            self.batch[new] = self.batch.pop(old)
-        return self
-
     def union(self, other: DataProto) -> DataProto:
         """Merge `other`'s columns and meta_info into this DataProto (in place; returns self).
 
@@ -379,9 +369,6 @@ class DataProto:
         if self.batch is not None:
             self.batch = self.batch.to(device)
         return self
-
-    def copy(self) -> DataProto:
-        return self.select(deepcopy=True)
 
     def __getstate__(self) -> tuple:
         # the TensorBatch pickles its tensors as numpy buffers (see TensorBatch.__getstate__)

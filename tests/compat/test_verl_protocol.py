@@ -120,3 +120,14 @@ def test_from_dict_has_one_batch_dimension_and_no_auto_padding():
     with pytest.raises(ValueError, match="pad_dataproto_to_divisor"):
         DataProto.from_single_dict({"x": torch.zeros(2, 3)}, auto_padding=True)
     assert type(DataProto.from_single_dict({"x": torch.zeros(2, 3)})) is DataProto
+
+
+def test_rename_in_place_and_copy_is_deep():
+    data = make(2)
+    assert data.rename("ids", "input_ids") is data
+    assert list(data.batch.keys()) == ["input_ids"]
+    with pytest.raises(ValueError, match="1 old keys but 2 new keys"):
+        data.rename(["input_ids"], ["a", "b"])
+    copied = data.copy()
+    copied.batch["input_ids"][0, 0] = -1
+    assert type(copied) is DataProto and data.batch["input_ids"][0, 0] == 0
