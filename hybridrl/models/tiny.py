@@ -89,11 +89,6 @@ _CORPUS_LINES = (
 # that pipeline keeps the ids on reload. Qwen's regex isolates every digit (what the arithmetic tasks need),
 # and the 256-byte alphabet encodes any text without an unknown token. Chat format: ChatML behind a BOS
 # token; `<|im_end|>` is EOS and `<|endoftext|>` pads.
-def tiny_corpus(repeats: int = 4) -> list[str]:
-    """The built-in training text, repeated so that pairs occurring once still reach `min_frequency`."""
-    return list(_CORPUS_LINES) * repeats
-
-
 def _qwen2_pipeline_tokenizer() -> Tokenizer:
     """An empty BPE tokenizer with the exact normalizer / pre-tokenizer / decoder of Qwen2Tokenizer."""
     tokenizer = Tokenizer(
@@ -117,7 +112,8 @@ def _qwen2_pipeline_tokenizer() -> Tokenizer:
 
 
 def build_raw_tokenizer(vocab_size: int = DEFAULT_VOCAB_SIZE, corpus: list[str] | None = None) -> Tokenizer:
-    """Train the byte-level BPE on `corpus` (default: the built-in task corpus).
+    """Train the byte-level BPE on `corpus` (default: the built-in task corpus, four times over, so that pairs
+    occurring once still reach `min_frequency`).
 
     `vocab_size` is an upper bound (training stops when no pair occurs twice; the real size is
     `len(tokenizer)`) and must leave room for the 256 bytes and the 4 special tokens.
@@ -135,7 +131,7 @@ def build_raw_tokenizer(vocab_size: int = DEFAULT_VOCAB_SIZE, corpus: list[str] 
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(corpus if corpus is not None else tiny_corpus(), trainer=trainer)
+    tokenizer.train_from_iterator(corpus if corpus is not None else list(_CORPUS_LINES) * 4, trainer=trainer)
     return tokenizer
 
 
