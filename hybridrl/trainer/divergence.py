@@ -67,8 +67,9 @@ class DivergenceGuard:
             raise ValueError(f"{LIMIT_KEY} must be 0 or more (0 stops at the first non-finite step), got "
                              f"{self.max_consecutive_skipped_steps}")
 
-    def check(self, step: int, metrics: dict[str, float]) -> bool:
-        """True for a healthy step; False for a tolerated unhealthy one (do not save it); raises past the limit.
+    def check(self, step: int, metrics: dict[str, float], log: Callable[[], None] = lambda: None) -> bool:
+        """True for a healthy step; False for a tolerated unhealthy one (do not save it); past the limit, calls
+        `log` (the diverged step's numbers belong in the log too) and raises.
 
         Adds `STREAK_METRIC` to `metrics`, so the count is logged with the step.
         """
@@ -85,6 +86,7 @@ class DivergenceGuard:
             where = (f"The last checkpoint is {checkpoint}; the update just before the first non-finite step "
                      f"may already have harmed it, so compare its logged loss and entropy with earlier steps "
                      f"before resuming from it" if checkpoint else "No checkpoint was saved before it")
+            log()
             raise TrainingDivergedError(
                 f"training diverged at step {step}: {shown} (non-finite, so the optimizer skipped those "
                 f"updates); {self.streak} such step(s) in a row, and {LIMIT_KEY}={limit} allows {limit}. "

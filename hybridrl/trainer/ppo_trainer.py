@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from hybridrl.rewards.failures import add_reward_metrics
 from hybridrl.trainer import dataflow
 from hybridrl.trainer.config_checks import report_config_changes, write_run_config
 from hybridrl.trainer.dataflow import BackgroundReward
-from hybridrl.trainer.divergence import DivergenceGuard, TrainingDivergedError
+from hybridrl.trainer.divergence import DivergenceGuard
 from hybridrl.trainer.metrics import (
     StageCosts,
     compute_data_metrics,
@@ -45,7 +46,7 @@ from hybridrl.trainer.validation import Validator, generation_records, write_gen
 from hybridrl.trainer.worker_groups import WorkerGroups
 from hybridrl.utils.metric import timer
 from hybridrl.utils.tracking import StepProgress, Tracking
-from hybridrl.workers.checkpoint import CheckpointError, commit_checkpoint
+from hybridrl.workers.checkpoint import commit_checkpoint, load_state_file
 from hybridrl.workers.checkpoint_resume import (
     check_no_committed_after,
     check_uncommitted,
@@ -119,7 +120,7 @@ class PPOTrainer:
             while self.global_steps < self.total_steps:
                 self.global_steps += 1
                 metrics = self.train_step()
-                healthy = self._check_divergence(tracker, metrics)
+                healthy = self.guard.check(self.global_steps, metrics, log=partial(self._log, tracker, metrics))
                 metrics.update(self._periodic(save=healthy))
                 self._log(tracker, metrics)
                 bar.update(self.global_steps, metrics)
@@ -161,13 +162,11 @@ class PPOTrainer:
 
     # ----- stages --------------------------------------------------------------------------------------
     def _next_prompts(self) -> DataProto:
-        if self._batches is None:
+        batch = next(self._batches, None) if self._batches is not None else None
+        if batch is None:  # the first step, or an epoch boundary: the sampler has moved on to the next epoch's order
             self._batches = iter(self.dataloader)
-        try:
-            return dataflow.new_prompt_batch(next(self._batches))
-        except StopIteration:  # epoch boundary: the sampler has moved on to the next epoch's order
-            self._batches = iter(self.dataloader)
-            return dataflow.new_prompt_batch(next(self._batches))
+            batch = next(self._batches)
+        return dataflow.new_prompt_batch(batch)
 
     def _collect_batch(self, metrics: dict, timing: dict) -> DataProto:
         """Generate and score until the batch is full (more than one round only with filter_groups)."""
@@ -346,14 +345,6 @@ class PPOTrainer:
             metrics.update(compute_rollout_agreement_metrics(batch))
 
     # ----- validation, checkpoints, logging ------------------------------------------------------------
-    def _check_divergence(self, tracker: Tracking, metrics: dict[str, float]) -> bool:
-        """False for a step whose update was skipped (not to be saved); past the limit, log it and stop."""
-        try:
-            return self.guard.check(self.global_steps, metrics)
-        except TrainingDivergedError:
-            self._log(tracker, metrics)  # the diverged step's numbers belong in the log too
-            raise
-
     def _periodic(self, save: bool = True) -> dict[str, float]:
         """9. Validate every test_freq steps and at the end; checkpoint every save_freq steps and at the end.
 
@@ -407,10 +398,7 @@ class PPOTrainer:
         self.groups.actor_rollout.load_checkpoint(str(step_dir / "actor"))
         if self.groups.critic is not None:
             self.groups.critic.load_checkpoint(str(step_dir / "critic"))
-        try:
-            state = torch.load(step_dir / "data.pt", weights_only=False)
-        except Exception as err:
-            raise CheckpointError(f"could not read {step_dir / 'data.pt'}: {type(err).__name__}: {err}") from err
+        state = load_state_file(step_dir / "data.pt", weights_only=False)
         changes = report_config_changes(step_dir, asdict(self.config))
         self.dataloader.load_state_dict(state["dataloader"])
         # the adaptive controller's coefficient is state, but a kl_coef or type given anew on resume wins

@@ -176,6 +176,14 @@ def set_rng_state(state: dict[str, Any]) -> None:
             torch.cuda.set_rng_state(cuda_state)
 
 
+def load_state_file(path: Path, weights_only: bool = True) -> Any:
+    """`torch.load(path)`, or a CheckpointError naming the file and the cause."""
+    try:
+        return torch.load(path, weights_only=weights_only)
+    except Exception as err:
+        raise CheckpointError(f"could not read {path}: {type(err).__name__}: {err}") from err
+
+
 def _extra_file(path: Path, world_size: int, rank: int) -> Path:
     return path / f"extra_state_world_size_{world_size}_rank_{rank}.pt"
 
@@ -439,12 +447,7 @@ class CheckpointManager:
             self._load_engine_state(path, wanted)
         if "extra" in wanted:
             if meta["world_size"] == _world_size():
-                extra = _extra_file(path, _world_size(), _rank())
-                try:
-                    rng_state = torch.load(extra, weights_only=True)
-                except Exception as err:
-                    raise CheckpointError(f"{extra} cannot be read: {type(err).__name__}: {err}") from err
-                set_rng_state(rng_state)
+                set_rng_state(load_state_file(_extra_file(path, _world_size(), _rank())))
             else:
                 logger.warning("checkpoint %s was saved by %d ranks, this run has %d: model and optimizer are "
                                "resharded, but per-rank RNG states are not restored", path,
