@@ -8,7 +8,7 @@ they need (values, baselines) and the trainer provides what is declared.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import asdict
 from functools import partial
@@ -249,18 +249,18 @@ class PPOTrainer:
     def _recompute(self, batch: DataProto, metrics: dict, timing: dict) -> None:
         """5. The actor's log-probs of its own samples (unless the update gives them), the reference's, and
         the critic's values."""
-        tokens = real_tokens(batch)
         self._old_log_probs(batch, metrics, timing)
         if self.groups.uses_reference:
-            with timer("ref", timing):
-                ref = self.groups.actor_rollout.compute_ref_log_prob(batch)
-            self.costs.record("ref", ref, tokens, timing)
-            batch.union(ref)
+            batch.union(self._run("ref", self.groups.actor_rollout.compute_ref_log_prob, batch, timing))
         if self.groups.critic is not None:
-            with timer("values", timing):
-                values = self.groups.critic.compute_values(batch)
-            self.costs.record("values", values, tokens, timing)
-            batch.union(values)
+            batch.union(self._run("values", self.groups.critic.compute_values, batch, timing))
+
+    def _run(self, stage: str, call: Callable[[DataProto], DataProto], batch: DataProto, timing: dict) -> DataProto:
+        """One worker call on the step's batch: its time under `stage`, its FLOPs over the batch's real tokens."""
+        with timer(stage, timing):
+            output = call(batch)
+        self.costs.record(stage, output, real_tokens(batch), timing)
+        return output
 
     def _old_log_probs(self, batch: DataProto, metrics: dict, timing: dict) -> None:
         """5. `old_log_probs`: the actor's pass; the rollout's own log-probs in bypass mode; or, on a fully
@@ -272,9 +272,7 @@ class PPOTrainer:
             return
         if self.fuse_old_log_prob:
             return
-        with timer("old_log_prob", timing):
-            old = self.groups.actor_rollout.compute_log_prob(batch)
-        self.costs.record("old_log_prob", old, real_tokens(batch), timing)
+        old = self._run("old_log_prob", self.groups.actor_rollout.compute_log_prob, batch, timing)
         mask = batch.batch["response_mask"]
         entropy = old.batch.pop("entropys")
         metrics["actor/entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
@@ -319,9 +317,7 @@ class PPOTrainer:
 
     def _update_critic(self, batch: DataProto, metrics: dict, timing: dict) -> None:
         if self.groups.critic is not None:
-            with timer("update_critic", timing):
-                output = self.groups.critic.update_critic(batch)
-            self.costs.record("update_critic", output, real_tokens(batch), timing)
+            output = self._run("update_critic", self.groups.critic.update_critic, batch, timing)
             metrics.update(reduce_metrics(output.meta_info["metrics"]))
 
     def _update_actor(self, batch: DataProto, metrics: dict, timing: dict) -> None:
@@ -331,9 +327,7 @@ class PPOTrainer:
             correction = self.config.algorithm.rollout_correction
             if correction.bypass_mode:
                 batch.meta_info["bypass_correction"] = correction
-            with timer("update_actor", timing):
-                output = self.groups.actor_rollout.update_actor(batch)
-            self.costs.record("update_actor", output, real_tokens(batch), timing)
+            output = self._run("update_actor", self.groups.actor_rollout.update_actor, batch, timing)
             metrics.update(dataflow.bypass_metric_names(reduce_metrics(output.meta_info["metrics"])))
             if self.fuse_old_log_prob:  # the update's forward pass gave them
                 batch.union(output.select(batch_keys=["old_log_probs"], meta_info_keys=[]))
