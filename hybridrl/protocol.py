@@ -272,15 +272,11 @@ class DataProto:
         meta_info_keys: Iterable[str] | None = None,
     ) -> DataProto:
         """Remove the named keys from this DataProto and return them as a new one (same rows)."""
-        batch_keys, non_tensor_batch_keys = list(batch_keys or []), list(non_tensor_batch_keys or [])
-        meta_info_keys = list(meta_info_keys or [])
-        popped = self.select(batch_keys, non_tensor_batch_keys, meta_info_keys)  # validates the keys
-        for key in batch_keys:
-            self.batch.pop(key)
-        for key in non_tensor_batch_keys:
-            self.non_tensor_batch.pop(key)
-        for key in meta_info_keys:
-            self.meta_info.pop(key)
+        keys = [list(batch_keys or []), list(non_tensor_batch_keys or []), list(meta_info_keys or [])]
+        popped = self.select(*keys)  # validates the keys
+        for part, names in zip((self.batch, self.non_tensor_batch, self.meta_info), keys, strict=True):
+            for name in names:
+                part.pop(name)
         return popped
 
     def union(self, other: DataProto) -> DataProto:

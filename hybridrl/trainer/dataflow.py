@@ -226,11 +226,6 @@ def old_log_prob_blockers(config: PPOTrainerConfig) -> list[str]:
     return reasons
 
 
-def old_log_prob_from_update(config: PPOTrainerConfig) -> bool:
-    """True when the update's forward pass gives the old log-probs (see `old_log_prob_blockers`)."""
-    return not old_log_prob_blockers(config)
-
-
 def rollout_log_probs(batch: DataProto, why: str) -> torch.Tensor:
     """The rollout engine's log-probs of the sampled tokens, (batch, response_len); a clear error without them."""
     if "rollout_log_probs" not in batch.batch:

@@ -98,8 +98,8 @@ class PPOTrainer:
         self._reward_extra_keys: set[str] = set()  # per-sample values the reward function returned
         # rule-based rewards scored while the workers recompute log-probs (reward_model.launch_reward_fn_async)
         self.background_reward = BackgroundReward(reward_fn) if config.reward_model.launch_reward_fn_async else None
-        # on a fully on-policy step the update's own forward pass gives the old log-probs (dataflow.old_log_prob_blockers)
-        self.fuse_old_log_prob = dataflow.old_log_prob_from_update(config)
+        # on a fully on-policy step the update's own forward pass gives the old log-probs
+        self.fuse_old_log_prob = not dataflow.old_log_prob_blockers(config)
 
     # ----- the loop ------------------------------------------------------------------------------------
     def fit(self) -> list[dict[str, float]]:

@@ -108,25 +108,16 @@ def _broadcast_str(value: str) -> str:
 
 
 @contextlib.contextmanager
-def _dcp_without_collectives_on_one_rank() -> Iterator[dict[str, bool]]:
-    """DCP's keyword arguments for this world: `no_dist=True` on a single rank.
+def _dcp_options(one_process: bool = False) -> Iterator[dict[str, bool]]:
+    """DCP's keyword arguments: `no_dist=True` on a single rank (or for `one_process` work), with DCP's warning
+    that it runs without a process group silenced.
 
-    Its planning collectives there would copy this rank's plan to itself on gloo's worker threads, and the
-    OpenMP team such a copy leaves behind slowed every later multi-threaded op of the process.
+    On a single rank DCP's planning collectives would copy this rank's plan to itself on gloo's worker threads,
+    and the OpenMP team such a copy leaves behind slowed every later multi-threaded op of the process.
     """
-    if _world_size() > 1:
-        yield {}
-        return
-    with _no_process_group_warning_silenced():
-        yield {"no_dist": True}
-
-
-@contextlib.contextmanager
-def _no_process_group_warning_silenced() -> Iterator[None]:
-    """Silence DCP's warning that `no_dist=True` runs without a process group."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
-        yield
+        yield {"no_dist": True} if one_process or _world_size() == 1 else {}
 
 
 def _write_durably(path: Path, text: str) -> None:
@@ -315,8 +306,8 @@ def read_full_model_state(path: str | Path) -> dict[str, torch.Tensor]:
              if key.startswith(prefix) and hasattr(meta, "size")}
     if not state:
         raise CheckpointError(f"{path} holds no model tensors")
-    with _no_process_group_warning_silenced():
-        dcp.load(state, storage_reader=FileSystemReader(str(path)), no_dist=True)
+    with _dcp_options(one_process=True) as dcp_options:
+        dcp.load(state, storage_reader=FileSystemReader(str(path)), **dcp_options)
     return {key[len(prefix):]: value for key, value in state.items()}
 
 
@@ -348,7 +339,7 @@ class CheckpointManager:
         if "extra" in contents:
             torch.save(get_rng_state(), _extra_file(tmp, _world_size(), _rank()))
         if "model" in contents or "optimizer" in contents:
-            with _dcp_without_collectives_on_one_rank() as dcp_options:
+            with _dcp_options() as dcp_options:
                 dcp.save(self._engine_state(contents), checkpoint_id=str(tmp), **dcp_options)
         self._save_hf_files(tmp / HF_SUBDIR, with_weights="hf_model" in contents)
         _barrier()  # every rank's files are on disk before the directory may look complete
@@ -457,7 +448,7 @@ class CheckpointManager:
         state = self.engine.sharded_state()  # the target layout of this run's shards
         to_read = {k: v for k, v in state.items()
                    if (k == "model" and "model" in wanted) or (k != "model" and "optimizer" in wanted)}
-        with _dcp_without_collectives_on_one_rank() as dcp_options:
+        with _dcp_options() as dcp_options:
             dcp.load(to_read, checkpoint_id=str(path), **dcp_options)
         state.update(to_read)
         self.engine.load_sharded_state(state if "optimizer" in wanted else {"model": state["model"]})
