@@ -140,9 +140,7 @@ class FSDPEngine:
         self.fsdp_modules = [m for m in self.module.modules() if isinstance(m, FSDPModule)]
         self.grad_clip = grad_clip
         self.optim_config = optim_config
-        self.optimizer, self.lr_scheduler = (None, None)
-        if optim_config is not None:
-            self.optimizer, self.lr_scheduler = build_optimizer(self.module, optim_config)
+        self.optimizer, self.lr_scheduler = build_optimizer(self.module, optim_config) if optim_config else (None, None)
         self._params_offloaded = self._optimizer_offloaded = False
 
     @contextmanager

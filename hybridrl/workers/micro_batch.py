@@ -99,8 +99,7 @@ def make_micro_batches(
             )
         sorted_lengths = [lengths[i] for i in order]
         groups = [order[lo:hi] for lo, hi in cheapest_cuts(sorted_lengths, max_token_len)]
-    groups = [g for g in groups if g]
-    count = _agree_max(len(groups))
+    count = _agree_max(len([g for g in groups if g]))
     micro = [MicroBatch(data.select_rows(g), g) for g in _split_to_count(groups, count)]
     while len(micro) < count:  # too few rows here to match the other ranks' forward passes
         micro.append(_dummy(data))
