@@ -265,7 +265,6 @@ class MethodSpec:
     dispatch_mode: Dispatch | str | dict | DispatchMode
     execute_mode: Execute
     blocking: bool
-    materialize_futures: bool
 
 
 _SPEC_ATTR = "hybridrl_method_spec"
@@ -275,27 +274,21 @@ def register(
     dispatch_mode: Dispatch | str | dict | DispatchMode = Dispatch.ALL_TO_ALL,
     execute_mode: Execute = Execute.ALL,
     blocking: bool = True,
-    materialize_futures: bool = True,
 ) -> Callable[[Callable], Callable]:
     """Mark a worker method as callable from a WorkerGroup.
 
-    materialize_futures: resolve DataProtoFutures and shards on the worker before calling the method
-    (turn it off only for methods that forward futures unopened).
-
-    With materialize_futures, DataProto arguments also move to the worker's `device` (a `Worker` property;
-    an object without one, e.g. a plain test class, keeps them where they are) and the result's tensors
-    to the CPU (`on_device`, `to_cpu`).
+    On the worker, shards and DataProtoFutures are fetched before the method runs, DataProto arguments move to
+    the worker's `device` (a `Worker` property; an object without one, e.g. a plain test class, keeps them
+    where they are) and the result's tensors to the CPU (`on_device`, `to_cpu`).
     """
     get_dispatch_mode(dispatch_mode)  # fail at class definition for an unknown mode
     if dispatch_mode == Dispatch.RANK_ZERO:
         execute_mode = Execute.RANK_ZERO
-    spec = MethodSpec(dispatch_mode, Execute(execute_mode), blocking, materialize_futures)
+    spec = MethodSpec(dispatch_mode, Execute(execute_mode), blocking)
 
     def decorator(func: Callable) -> Callable:
         @functools.wraps(func)
         def wrapper(self, *args, **kwargs):
-            if not spec.materialize_futures:  # a forwarder: the method it calls opens and places the data
-                return func(self, *args, **kwargs)
             device = getattr(self, "device", None)
             shards = [a for a in (*args, *kwargs.values()) if isinstance(a, ProtoShard)]
             args = tuple(_open_arg(a, device) for a in args)
