@@ -149,9 +149,7 @@ class TypedWorkerGroup:
         have = group.method_specs(role)
         want = registered_methods(self.worker_cls)
         missing = sorted(set(want) - set(have))
-        differ = sorted(name for name in set(want) & set(have)
-                        if (want[name].dispatch_mode, want[name].execute_mode, want[name].blocking)
-                        != (have[name].dispatch_mode, have[name].execute_mode, have[name].blocking))
+        differ = sorted(name for name in set(want) & set(have) if want[name] != have[name])
         if missing or differ:
             of = group.worker_cls.__name__ if role is None else f"role {role!r} of {group.worker_cls.__name__}"
             raise TypeError(f"{type(self).__name__} drives {self.worker_cls.__name__}, but this group ({of}) "
