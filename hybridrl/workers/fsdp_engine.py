@@ -41,13 +41,12 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 
 def build_device_mesh(world_size: int, fsdp_size: int = -1) -> DeviceMesh:
-    size = world_size if fsdp_size in (-1, world_size) else fsdp_size
-    if size != world_size:
+    if fsdp_size not in (-1, world_size):
         raise ValueError(
             f"fsdp_config.fsdp_size={fsdp_size} must be -1 or the world size ({world_size}); "
             f"hybrid sharding is not supported yet"
         )
-    return init_device_mesh(process_device_type(), (size,), mesh_dim_names=("fsdp",))
+    return init_device_mesh(process_device_type(), (world_size,), mesh_dim_names=("fsdp",))
 
 
 def shard_model(model: nn.Module, mesh: DeviceMesh, config: FSDPConfig) -> nn.Module:

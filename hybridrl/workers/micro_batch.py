@@ -140,10 +140,9 @@ def trim_columns(data: DataProto, response_length: int) -> TrimmedInputs:
     width = mask.shape[-1]
     prompt_len = width - response_length
     used = mask.any(dim=0).nonzero().squeeze(-1)
-    first = int(used[0]) if used.numel() else prompt_len
-    last = int(used[-1]) if used.numel() else prompt_len - 1
-    first = min(first, prompt_len - 1)  # keep the last prompt column: it predicts the first response token
-    last = max(last, prompt_len - 1)
+    # keep the last prompt column either way: it predicts the first response token
+    first = min(int(used[0]), prompt_len - 1) if used.numel() else prompt_len - 1
+    last = max(int(used[-1]), prompt_len - 1) if used.numel() else prompt_len - 1
     cols = slice(first, last + 1)
     return TrimmedInputs(
         input_ids=data.batch["input_ids"][:, cols],
