@@ -187,12 +187,11 @@ class SFTTrainer:
 
     def _train_step(self, batch: DataProto) -> dict[str, float]:
         start = time.perf_counter()
-        metrics = self.wg.train_batch(batch)[0]  # every rank returns the same all-reduced numbers
+        # loss, num_tokens, grad_norm, lr and skipped_step: every rank returns the same all-reduced numbers
+        metrics = self.wg.train_batch(batch)[0]
         self.global_step += 1
-        elapsed = time.perf_counter() - start
-        return {"train/loss": metrics["loss"], "train/lr": metrics["lr"], "train/grad_norm": metrics["grad_norm"],
-                "train/skipped_step": metrics["skipped_step"], "train/num_tokens": metrics["num_tokens"], "timing_s/step": elapsed,
-                "epoch": (self.global_step - 1) // self.steps_per_epoch}
+        return {**{f"train/{name}": value for name, value in metrics.items()},
+                "timing_s/step": time.perf_counter() - start, "epoch": (self.global_step - 1) // self.steps_per_epoch}
 
     def _should_validate(self) -> bool:
         """After the last step, and every test_freq steps when it is positive (else at epoch ends)."""
