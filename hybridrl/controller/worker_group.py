@@ -193,24 +193,6 @@ def _set_single_rank_env() -> None:
             )
 
 
-class _Release:
-    """What shutting the group down must undo, once, however often `shutdown` is called."""
-
-    def __init__(self) -> None:
-        self.saved_env: dict[str, str | None] | None = {key: os.environ.get(key)
-                                                         for key in (*DIST_ENV_KEYS, DEVICE_ENV)}
-        # a group nested inside another (same process group) must leave the outer one's group open
-        self.owns_process_group = not dist.is_initialized()
-
-    def __call__(self) -> None:
-        if self.saved_env is None:
-            return
-        if self.owns_process_group and dist.is_initialized():
-            dist.destroy_process_group()
-        restore_env(self.saved_env)
-        self.saved_env = None
-
-
 class LocalWorkerGroup(WorkerGroup):
     """The local backend: one rank, built and run in the driver process, with RayWorkerGroup's API.
 
@@ -224,14 +206,17 @@ class LocalWorkerGroup(WorkerGroup):
     """
 
     def __init__(self, cls_with_init: ClassWithInitArgs, device: str | None = None) -> None:
-        self._release = _Release()
+        self._saved_env: dict[str, str | None] | None = {key: os.environ.get(key)
+                                                          for key in (*DIST_ENV_KEYS, DEVICE_ENV)}
+        # a group nested inside another (same process group) must leave the outer one's group open
+        self._owns_process_group = not dist.is_initialized()
         try:
             _set_single_rank_env()
             if device is not None:
                 os.environ.update(device_env(resolve_device_type(device)))
             self.worker = cls_with_init.build()
         except BaseException:
-            self._release()
+            self.shutdown()
             raise
         super().__init__(cls_with_init.cls, world_size=1, roles=roles_of(cls_with_init))
 
@@ -241,6 +226,12 @@ class LocalWorkerGroup(WorkerGroup):
         return self.worker.execute_role(role, method_name, *args, **kwargs)
 
     def shutdown(self) -> None:
-        """Drop the rank, close the process group it opened and restore the distributed env variables."""
+        """Drop the rank, close the process group it opened and restore the distributed env variables (once,
+        however often it is called)."""
         self.worker = None
-        self._release()
+        if self._saved_env is None:
+            return
+        if self._owns_process_group and dist.is_initialized():
+            dist.destroy_process_group()
+        restore_env(self._saved_env)
+        self._saved_env = None
