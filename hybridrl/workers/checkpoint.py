@@ -65,10 +65,9 @@ class CheckpointError(RuntimeError):
 def resolve_contents(config: CheckpointConfig | Mapping[str, Any] | None) -> tuple[list[str], list[str]]:
     """(save_contents, load_contents) of a `checkpoint` config node, checked against CONTENTS; load_contents
     follows save_contents unless set, as in verl."""
-    follows = config is None or (isinstance(config, Mapping) and "load_contents" not in config)
     config = to_dataclass(CheckpointConfig, config)
     save = list(config.save_contents)
-    load = save if follows or config.load_contents is None else list(config.load_contents)
+    load = save if config.load_contents is None else list(config.load_contents)
     for key, values in (("save_contents", save), ("load_contents", load)):
         unknown = sorted(set(values) - set(CONTENTS))
         if unknown:
