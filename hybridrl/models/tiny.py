@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import string
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -161,6 +161,9 @@ class TinySpec:
     intermediate_size: int
 
     def validate(self) -> None:
+        for name, value in vars(self).items():  # first: the divisibility checks below divide by them
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
         if self.hidden_size % self.num_heads:
             raise ValueError(
                 f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}; "
@@ -171,9 +174,6 @@ class TinySpec:
                 f"num_heads={self.num_heads} is not divisible by num_kv_heads={self.num_kv_heads}; "
                 "grouped-query attention shares each kv head among a whole number of query heads"
             )
-        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 # Context length written to config.json and tokenizer_config.json (RoPE works beyond it, but HF warns).
@@ -223,17 +223,9 @@ def resolve_spec(
     if num_kv_heads is None:
         num_kv_heads = base.num_kv_heads if num_heads % base.num_kv_heads == 0 else num_heads
     if intermediate_size is None:
-        intermediate_size = (
-            base.intermediate_size if hidden == base.hidden_size else -(-hidden * 8 // 3 // 32) * 32
-        )
-    spec = replace(
-        base,
-        hidden_size=hidden,
-        num_layers=num_layers if num_layers is not None else base.num_layers,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        intermediate_size=intermediate_size,
-    )
+        intermediate_size = base.intermediate_size if hidden == base.hidden_size else -(-hidden * 8 // 3 // 32) * 32
+    spec = TinySpec(hidden, num_layers if num_layers is not None else base.num_layers, num_heads, num_kv_heads,
+                    intermediate_size)
     spec.validate()
     return spec
 
