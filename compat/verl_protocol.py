@@ -9,7 +9,7 @@ helpers, and the TensorDict conversions (with the optional tensordict package).
 from __future__ import annotations
 
 import pickle
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -21,10 +21,9 @@ from hybridrl import protocol as core
 from hybridrl.protocol import (
     DataProtoError,
     DataProtoItem,
+    deep_equal,
     object_column,
     pad_dataproto_to_divisor,
-    union_numpy_dict,
-    union_tensor_dict,
     unpad_dataproto,
 )
 from hybridrl.tensor_batch import RowIndex, TensorBatch
@@ -65,8 +64,46 @@ def non_tensor_stack(values: Any):
     return td.NonTensorStack.from_list([td.NonTensorData(item) for item in values])
 
 
+def _check_verl_layout(num_batch_dims: int, auto_padding: bool) -> None:
+    """verl's `num_batch_dims` must be 1 (`fold_batch_dim` folds rows) and `auto_padding` False: pad explicitly
+    with `pad_dataproto_to_divisor`, so no caller mistakes a padded row for data."""
+    if num_batch_dims != 1:
+        raise DataProtoError(f"from_dict: a DataProto has one batch dimension, got num_batch_dims={num_batch_dims}")
+    if auto_padding:
+        raise DataProtoError("from_dict: auto_padding is not supported; pad with pad_dataproto_to_divisor(data, n) "
+                             "before chunking and unpad_dataproto afterwards")
+
+
 class DataProto(core.DataProto):
     """The core DataProto with verl's extra members (see the module docstring)."""
+
+    @classmethod
+    def from_dict(cls, tensors: Mapping[str, torch.Tensor] | None = None, non_tensors: Mapping[str, Any] | None = None,
+                  meta_info: Mapping[str, Any] | None = None, num_batch_dims: int = 1,
+                  auto_padding: bool = False) -> DataProto:
+        """The core's `from_dict` with verl's two layout arguments (`_check_verl_layout`)."""
+        _check_verl_layout(num_batch_dims, auto_padding)
+        return super().from_dict(tensors, non_tensors, meta_info)
+
+    @classmethod
+    def from_single_dict(cls, data: Mapping[str, Any], meta_info: Mapping[str, Any] | None = None,
+                         auto_padding: bool = False) -> DataProto:
+        _check_verl_layout(1, auto_padding)
+        return super().from_single_dict(data, meta_info)
+
+    def rename(self, old_keys: str | Sequence[str], new_keys: str | Sequence[str]) -> DataProto:
+        """Rename batch keys in place (and return self, for chaining)."""
+        old_keys = [old_keys] if isinstance(old_keys, str) else list(old_keys)
+        new_keys = [new_keys] if isinstance(new_keys, str) else list(new_keys)
+        if len(old_keys) != len(new_keys):
+            raise ValueError(f"rename: {len(old_keys)} old keys but {len(new_keys)} new keys")
+        for old, new in zip(old_keys, new_keys, strict=True):
+            self.batch[new] = self.batch.pop(old)
+        return self
+
+    def copy(self) -> DataProto:
+        """A deep copy (tensors cloned)."""
+        return self.select(deepcopy=True)
 
     def select_idxs(self, idxs: RowIndex) -> DataProto:
         """verl's name for `select_rows` with integer indices or a boolean mask."""
@@ -139,6 +176,35 @@ class DataProto(core.DataProto):
         if not isinstance(data, core.DataProto):
             raise TypeError(f"{path} does not hold a DataProto (found {type(data).__name__})")
         return data
+
+
+def union_tensor_dict(tensor_dict1: MutableMapping, tensor_dict2: Mapping) -> MutableMapping:
+    """Add tensor_dict2's tensors to tensor_dict1 (a TensorBatch or TensorDict, in place; returned); batch
+    sizes must match and shared keys hold equal tensors."""
+    if tuple(tensor_dict1.batch_size) != tuple(tensor_dict2.batch_size):
+        raise DataProtoError(f"union_tensor_dict: batch sizes differ ({tuple(tensor_dict1.batch_size)} vs "
+                             f"{tuple(tensor_dict2.batch_size)})")
+    for key in tensor_dict2.keys():  # noqa: SIM118 - TensorDict refuses `in` without .keys()
+        value = tensor_dict2[key]
+        if key in tensor_dict1.keys() and not deep_equal(tensor_dict1[key], value):  # noqa: SIM118
+            raise DataProtoError(f"union_tensor_dict: `{key}` in tensor_dict1 and tensor_dict2 are not the same "
+                                 f"object (their values differ)")
+        tensor_dict1[key] = value
+    return tensor_dict1
+
+
+def union_numpy_dict(tensor_dict1: dict[str, np.ndarray], tensor_dict2: Mapping[str, np.ndarray]
+                     ) -> dict[str, np.ndarray]:
+    """Add tensor_dict2's arrays to tensor_dict1 (in place; returned); shared keys must hold equal arrays."""
+    for key, value in tensor_dict2.items():
+        if key in tensor_dict1:
+            if not (isinstance(value, np.ndarray) and isinstance(tensor_dict1[key], np.ndarray)):
+                raise DataProtoError(f"union_numpy_dict: `{key}` must be a numpy array in both dicts")
+            if not deep_equal(tensor_dict1[key], value):
+                raise DataProtoError(f"union_numpy_dict: `{key}` in tensor_dict1 and tensor_dict2 are not the "
+                                     f"same object (their values differ)")
+        tensor_dict1[key] = value
+    return tensor_dict1
 
 
 def fold_batch_dim(data: DataProto, new_batch_size: int) -> DataProto:

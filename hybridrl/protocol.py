@@ -10,7 +10,7 @@ concatenation gathers the workers' `metrics` into lists. verl-only members live 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping, MutableMapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,35 +75,6 @@ def deep_equal(a: Any, b: Any, _seen: set[tuple[int, int]] | None = None) -> boo
         return bool(a == b)
     except Exception:  # an object whose == raises or is ambiguous cannot be shown equal
         return False
-
-
-def union_tensor_dict(tensor_dict1: MutableMapping, tensor_dict2: Mapping) -> MutableMapping:
-    """Add tensor_dict2's tensors to tensor_dict1 (a TensorBatch or TensorDict, in place; returned); batch
-    sizes must match and shared keys hold equal tensors."""
-    if tuple(tensor_dict1.batch_size) != tuple(tensor_dict2.batch_size):
-        raise DataProtoError(f"union_tensor_dict: batch sizes differ ({tuple(tensor_dict1.batch_size)} vs "
-                             f"{tuple(tensor_dict2.batch_size)})")
-    for key in tensor_dict2.keys():  # noqa: SIM118 - TensorDict refuses `in` without .keys()
-        value = tensor_dict2[key]
-        if key in tensor_dict1.keys() and not deep_equal(tensor_dict1[key], value):  # noqa: SIM118
-            raise DataProtoError(f"union_tensor_dict: `{key}` in tensor_dict1 and tensor_dict2 are not the same "
-                                 f"object (their values differ)")
-        tensor_dict1[key] = value
-    return tensor_dict1
-
-
-def union_numpy_dict(tensor_dict1: dict[str, np.ndarray], tensor_dict2: Mapping[str, np.ndarray]
-                     ) -> dict[str, np.ndarray]:
-    """Add tensor_dict2's arrays to tensor_dict1 (in place; returned); shared keys must hold equal arrays."""
-    for key, value in tensor_dict2.items():
-        if key in tensor_dict1:
-            if not (isinstance(value, np.ndarray) and isinstance(tensor_dict1[key], np.ndarray)):
-                raise DataProtoError(f"union_numpy_dict: `{key}` must be a numpy array in both dicts")
-            if not deep_equal(tensor_dict1[key], value):
-                raise DataProtoError(f"union_numpy_dict: `{key}` in tensor_dict1 and tensor_dict2 are not the "
-                                     f"same object (their values differ)")
-        tensor_dict1[key] = value
-    return tensor_dict1
 
 
 def _metric_dicts(value: Any) -> list[Mapping[str, Any]]:
@@ -183,8 +154,7 @@ class DataProto:
         self.check_consistency()
 
     @classmethod
-    def from_single_dict(cls, data: Mapping[str, Any], meta_info: Mapping[str, Any] | None = None,
-                         auto_padding: bool = False) -> DataProto:
+    def from_single_dict(cls, data: Mapping[str, Any], meta_info: Mapping[str, Any] | None = None) -> DataProto:
         """Split one dict into tensors (-> batch) and numpy arrays (-> non_tensor_batch)."""
         tensors, non_tensors = {}, {}
         for key, value in data.items():
@@ -197,7 +167,7 @@ class DataProto:
                     f"from_single_dict: {key!r} is a {type(value).__name__}; values must be torch.Tensor "
                     f"(batch) or np.ndarray (non_tensor_batch). Put scalars and settings in meta_info."
                 )
-        return cls.from_dict(tensors, non_tensors, meta_info, auto_padding=auto_padding)
+        return cls.from_dict(tensors, non_tensors, meta_info)
 
     @classmethod
     def from_dict(
@@ -205,20 +175,8 @@ class DataProto:
         tensors: Mapping[str, torch.Tensor] | None = None,
         non_tensors: Mapping[str, Any] | None = None,
         meta_info: Mapping[str, Any] | None = None,
-        num_batch_dims: int = 1,
-        auto_padding: bool = False,
     ) -> DataProto:
-        """Build from tensors and per-row values, which must agree on the number of rows.
-
-        verl's `num_batch_dims` must be 1 (compat/verl_protocol.py's `fold_batch_dim` folds rows) and
-        `auto_padding` False: pad explicitly with `pad_dataproto_to_divisor`, so no caller mistakes a padded row
-        for data.
-        """
-        if num_batch_dims != 1:
-            raise DataProtoError(f"from_dict: a DataProto has one batch dimension, got num_batch_dims={num_batch_dims}")
-        if auto_padding:
-            raise DataProtoError("from_dict: auto_padding is not supported; pad with pad_dataproto_to_divisor(data, n) "
-                                 "before chunking and unpad_dataproto afterwards")
+        """Build from tensors and per-row values, which must agree on the number of rows."""
         tensors = dict(tensors or {})
         if not tensors and not non_tensors:
             raise ValueError("from_dict needs at least one tensor or non-tensor column")
@@ -314,26 +272,12 @@ class DataProto:
         meta_info_keys: Iterable[str] | None = None,
     ) -> DataProto:
         """Remove the named keys from this DataProto and return them as a new one (same rows)."""
-        batch_keys, non_tensor_batch_keys = list(batch_keys or []), list(non_tensor_batch_keys or [])
-        meta_info_keys = list(meta_info_keys or [])
-        popped = self.select(batch_keys, non_tensor_batch_keys, meta_info_keys)  # validates the keys
-        for key in batch_keys:
-            self.batch.pop(key)
-        for key in non_tensor_batch_keys:
-            self.non_tensor_batch.pop(key)
-        for key in meta_info_keys:
-            self.meta_info.pop(key)
+        keys = [list(batch_keys or []), list(non_tensor_batch_keys or []), list(meta_info_keys or [])]
+        popped = self.select(*keys)  # validates the keys
+        for part, names in zip((self.batch, self.non_tensor_batch, self.meta_info), keys, strict=True):
+            for name in names:
+                part.pop(name)
         return popped
-
-    def rename(self, old_keys: str | Sequence[str], new_keys: str | Sequence[str]) -> DataProto:
-        """Rename batch keys in place (and return self, for chaining)."""
-        old_keys = [old_keys] if isinstance(old_keys, str) else list(old_keys)
-        new_keys = [new_keys] if isinstance(new_keys, str) else list(new_keys)
-        if len(old_keys) != len(new_keys):
-            raise ValueError(f"rename: {len(old_keys)} old keys but {len(new_keys)} new keys")
-        for old, new in zip(old_keys, new_keys, strict=True):
-            self.batch[new] = self.batch.pop(old)
-        return self
 
     def union(self, other: DataProto) -> DataProto:
         """Merge `other`'s columns and meta_info into this DataProto (in place; returns self).
@@ -421,9 +365,6 @@ class DataProto:
         if self.batch is not None:
             self.batch = self.batch.to(device)
         return self
-
-    def copy(self) -> DataProto:
-        return self.select(deepcopy=True)
 
     def __getstate__(self) -> tuple:
         # the TensorBatch pickles its tensors as numpy buffers (see TensorBatch.__getstate__)

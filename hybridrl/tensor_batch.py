@@ -121,9 +121,6 @@ class TensorBatch(Mapping[str, torch.Tensor]):
     def clone(self) -> TensorBatch:
         return TensorBatch({k: v.clone() for k, v in self._tensors.items()}, batch_size=self._batch_size)
 
-    def contiguous(self) -> TensorBatch:
-        return TensorBatch({k: v.contiguous() for k, v in self._tensors.items()}, batch_size=self._batch_size)
-
     @staticmethod
     def cat(batches: Sequence[TensorBatch]) -> TensorBatch:
         """Concatenate along rows; every batch must carry the same keys."""

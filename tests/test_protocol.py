@@ -11,8 +11,6 @@ from hybridrl.protocol import (
     DataProtoError,
     DataProtoItem,
     pad_dataproto_to_divisor,
-    union_numpy_dict,
-    union_tensor_dict,
     unpad_dataproto,
 )
 from hybridrl.tensor_batch import TensorBatch
@@ -248,29 +246,20 @@ def test_conflicts_raise_an_error_that_is_both_value_and_assertion_error():
     assert issubclass(DataProtoError, ValueError)
 
 
-def test_union_helpers_compare_values_with_nan_and_nesting():
-    nested = np.empty(2, dtype=object)
-    nested[:] = [np.array([1.0, np.nan]), {"k": [1, 2]}]
-    same = np.empty(2, dtype=object)
-    same[:] = [np.array([1.0, np.nan]), {"k": [1, 2]}]
-    merged = union_numpy_dict({"a": nested}, {"a": same, "b": np.arange(2)})
-    assert set(merged) == {"a", "b"}
-    other = np.empty(2, dtype=object)
-    other[:] = [np.array([1.0, 2.0]), {"k": [1, 2]}]  # NaN vs 2.0
-    with pytest.raises(ValueError, match="`a` in tensor_dict1 and tensor_dict2 are not the same object"):
-        union_numpy_dict({"a": nested}, {"a": other})
-    batch = TensorBatch({"x": torch.zeros(2)})
-    union_tensor_dict(batch, TensorBatch({"x": torch.zeros(2), "y": torch.ones(2)}))
-    assert set(batch) == {"x", "y"}
-    with pytest.raises(ValueError, match="`x`"):
-        union_tensor_dict(batch, TensorBatch({"x": torch.ones(2)}))
+def test_union_compares_values_with_nan_and_nesting():
+    def nested(second: float) -> np.ndarray:
+        column = np.empty(2, dtype=object)
+        column[:] = [np.array([1.0, second]), {"k": [1, 2]}]
+        return column
+
+    data = DataProto(non_tensor_batch={"a": nested(np.nan)})
+    data.union(DataProto(non_tensor_batch={"a": nested(np.nan), "b": np.arange(2)}))  # NaN equals NaN
+    assert set(data.non_tensor_batch) == {"a", "b"}
+    with pytest.raises(ValueError, match="non_tensor_batch key 'a' exists in both with different values"):
+        data.union(DataProto(non_tensor_batch={"a": nested(2.0)}))
 
 
-def test_from_dict_has_one_batch_dimension_and_no_auto_padding():
-    with pytest.raises(ValueError, match="num_batch_dims=2"):
-        DataProto.from_dict({"x": torch.zeros(2, 3)}, num_batch_dims=2)
-    with pytest.raises(ValueError, match="pad_dataproto_to_divisor"):
-        DataProto.from_dict({"x": torch.zeros(2, 3)}, auto_padding=True)
+def test_from_dict_keeps_numpy_columns_n_dimensional():
     grid = DataProto.from_dict(non_tensors={"g": np.array([[1, 2], [3, 4]])})  # numpy arrays stay N-d
     assert grid.non_tensor_batch["g"].shape == (2, 2) and len(grid) == 2
 

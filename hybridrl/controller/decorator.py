@@ -67,22 +67,18 @@ class ProtoShard:
     world_size: int = 1
 
     def materialize(self) -> DataProto:
-        if self.data is not None:
-            return self.data
-        whole = DataProto.concat(resolve(self.futures))
-        padded, _ = pad_dataproto_to_divisor(whole, self.world_size)
-        chunk = padded.chunk(self.world_size)[self.rank]
-        self.real_rows = max(0, min(len(chunk), len(whole) - self.rank * len(chunk)))
-        self.data = chunk
-        return chunk
+        if self.data is None:
+            whole = DataProto.concat(resolve(self.futures))
+            self.data, self.real_rows = rank_chunks(whole, self.world_size)[self.rank]
+        return self.data
 
 
-def materialize_arg(value: Any) -> Any:
-    if isinstance(value, ProtoShard):
-        return value.materialize()
-    if isinstance(value, DataProtoFuture):
-        return value.get()
-    return value
+def rank_chunks(data: DataProto, world_size: int) -> list[tuple[DataProto, int]]:
+    """Each rank's chunk of `data` (padded to divide by `world_size`) and its count of real, not padding, rows."""
+    padded, _ = pad_dataproto_to_divisor(data, world_size)
+    chunks = padded.chunk(world_size)
+    rows = len(chunks[0])
+    return [(chunk, max(0, min(rows, len(data) - r * rows))) for r, chunk in enumerate(chunks)]
 
 
 def trim_padding(output: Any, shard: ProtoShard) -> Any:
@@ -178,11 +174,7 @@ def _collect_list(wg, outputs: list) -> list:
 def _shard_proto(value: Any, world_size: int) -> list:
     """Per-rank shards of a DataProto (padded to divide) or a DataProtoFuture; other values broadcast."""
     if isinstance(value, DataProto):
-        padded, pad = pad_dataproto_to_divisor(value, world_size)
-        chunks = padded.chunk(world_size)
-        rows = len(chunks[0])
-        real = [max(0, min(rows, len(value) - r * rows)) for r in range(world_size)]
-        return [ProtoShard(data=c, real_rows=n) for c, n in zip(chunks, real, strict=True)]
+        return [ProtoShard(data=chunk, real_rows=real) for chunk, real in rank_chunks(value, world_size)]
     if isinstance(value, DataProtoFuture):
         return [ProtoShard(futures=value.futures, rank=r, world_size=world_size) for r in range(world_size)]
     return [value] * world_size
@@ -256,7 +248,12 @@ def to_cpu(value: Any) -> Any:
     return value
 
 
-def _to_worker_device(value: Any, device: torch.device | None) -> Any:
+def _open_arg(value: Any, device: torch.device | None) -> Any:
+    """One argument as the worker method sees it: shards and futures fetched, a DataProto on `device`."""
+    if isinstance(value, ProtoShard):
+        value = value.materialize()
+    elif isinstance(value, DataProtoFuture):
+        value = value.get()
     return on_device(value, device) if device is not None and isinstance(value, DataProto) else value
 
 
@@ -268,7 +265,6 @@ class MethodSpec:
     dispatch_mode: Dispatch | str | dict | DispatchMode
     execute_mode: Execute
     blocking: bool
-    materialize_futures: bool
 
 
 _SPEC_ATTR = "hybridrl_method_spec"
@@ -278,31 +274,25 @@ def register(
     dispatch_mode: Dispatch | str | dict | DispatchMode = Dispatch.ALL_TO_ALL,
     execute_mode: Execute = Execute.ALL,
     blocking: bool = True,
-    materialize_futures: bool = True,
 ) -> Callable[[Callable], Callable]:
     """Mark a worker method as callable from a WorkerGroup.
 
-    materialize_futures: resolve DataProtoFutures and shards on the worker before calling the method
-    (turn it off only for methods that forward futures unopened).
-
-    With materialize_futures, DataProto arguments also move to the worker's `device` (a `Worker` property;
-    an object without one, e.g. a plain test class, keeps them where they are) and the result's tensors
-    to the CPU (`on_device`, `to_cpu`).
+    On the worker, shards and DataProtoFutures are fetched before the method runs, DataProto arguments move to
+    the worker's `device` (a `Worker` property; an object without one, e.g. a plain test class, keeps them
+    where they are) and the result's tensors to the CPU (`on_device`, `to_cpu`).
     """
     get_dispatch_mode(dispatch_mode)  # fail at class definition for an unknown mode
     if dispatch_mode == Dispatch.RANK_ZERO:
         execute_mode = Execute.RANK_ZERO
-    spec = MethodSpec(dispatch_mode, Execute(execute_mode), blocking, materialize_futures)
+    spec = MethodSpec(dispatch_mode, Execute(execute_mode), blocking)
 
     def decorator(func: Callable) -> Callable:
         @functools.wraps(func)
         def wrapper(self, *args, **kwargs):
-            if not spec.materialize_futures:  # a forwarder: the method it calls opens and places the data
-                return func(self, *args, **kwargs)
             device = getattr(self, "device", None)
             shards = [a for a in (*args, *kwargs.values()) if isinstance(a, ProtoShard)]
-            args = tuple(_to_worker_device(materialize_arg(a), device) for a in args)
-            kwargs = {k: _to_worker_device(materialize_arg(v), device) for k, v in kwargs.items()}
+            args = tuple(_open_arg(a, device) for a in args)
+            kwargs = {k: _open_arg(v, device) for k, v in kwargs.items()}
             output = func(self, *args, **kwargs)
             return to_cpu(trim_padding(output, shards[0]) if shards else output)
 

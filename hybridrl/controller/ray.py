@@ -190,15 +190,10 @@ def rank_environment(pool: RayResourcePool, rank: int, local_rank: int, n_local:
 class RayWorkerGroup(WorkerGroup):
     """Spawns `resource_pool.world_size` actors of one worker class and drives them as a group."""
 
-    def __init__(
-        self,
-        resource_pool: RayResourcePool,
-        ray_cls_with_init: ClassWithInitArgs,
-        name_prefix: str | None = None,
-    ) -> None:
+    def __init__(self, resource_pool: RayResourcePool, ray_cls_with_init: ClassWithInitArgs) -> None:
         register_torch_module_reducers()
         self.resource_pool = resource_pool
-        self.name_prefix = name_prefix or ray_cls_with_init.cls.__name__
+        self.name_prefix = ray_cls_with_init.cls.__name__
         self.workers = self._spawn(resource_pool, ray_cls_with_init)
         super().__init__(ray_cls_with_init.cls, world_size=len(self.workers), roles=roles_of(ray_cls_with_init))
 

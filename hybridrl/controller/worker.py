@@ -3,9 +3,7 @@
 A worker group starts one process per rank and gives it the standard torch.distributed environment
 (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK) and its device type (`hybridrl.utils.device`).
 The base class reads them (`DistEnv`), sets the rank's share of CPU threads, and joins the group's
-process group: gloo on CPU, gloo + nccl on CUDA. Rank 0 hosts torch.distributed's TCP store, and no
-port is picked ahead of its bind (`rank_store`): `MASTER_PORT=0` lets rank 0 bind one of the OS's
-choosing, which a Ray group then announces to the other ranks (`announce_address`, `await_address`).
+process group (gloo on CPU, gloo + nccl on CUDA) on a TCP store that rank 0 hosts (`rank_store`).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from hybridrl.controller.decorator import (
     resolve,
 )
 from hybridrl.controller.worker import HybridWorker, Worker
-from hybridrl.utils.device import DEVICE_ENV, ProcessMemory, device_env, resolve_device_type
+from hybridrl.utils.device import DEVICE_ENV, ProcessMemory, device_env, resolve_device_type, restore_env
 from hybridrl.utils.metric import ModelPass
 
 
@@ -107,14 +107,11 @@ class WorkerGroup:
             )
             for rank in ranks
         ]
-        if not spec.blocking:
-            if spec.execute_mode is Execute.RANK_ZERO:
-                return futures[0]
-            return DataProtoFuture(futures) if mode.concatenates_protos else futures
-        outputs = resolve(futures)
         if spec.execute_mode is Execute.RANK_ZERO:
-            return outputs[0]
-        return mode.collect_fn(self, outputs)
+            return resolve(futures)[0] if spec.blocking else futures[0]
+        if not spec.blocking:
+            return DataProtoFuture(futures) if mode.concatenates_protos else futures
+        return mode.collect_fn(self, resolve(futures))
 
 
 def hybrid_worker(roles: Mapping[str, ClassWithInitArgs]) -> ClassWithInitArgs:
@@ -152,9 +149,7 @@ class TypedWorkerGroup:
         have = group.method_specs(role)
         want = registered_methods(self.worker_cls)
         missing = sorted(set(want) - set(have))
-        differ = sorted(name for name in set(want) & set(have)
-                        if (want[name].dispatch_mode, want[name].execute_mode, want[name].blocking)
-                        != (have[name].dispatch_mode, have[name].execute_mode, have[name].blocking))
+        differ = sorted(name for name in set(want) & set(have) if want[name] != have[name])
         if missing or differ:
             of = group.worker_cls.__name__ if role is None else f"role {role!r} of {group.worker_cls.__name__}"
             raise TypeError(f"{type(self).__name__} drives {self.worker_cls.__name__}, but this group ({of}) "
@@ -185,15 +180,6 @@ class TypedWorkerGroup:
 DIST_ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-# The local backend: a world-size-1 group whose only rank lives in the driver process.
-#
-# Same API as RayWorkerGroup, no Ray: a breakpoint inside a worker method stops the driver itself, so a
-# whole PPO step can be stepped through in an ordinary debugger.
-#
-# The rank's torch.distributed coordinates and its device type (`hybridrl.utils.device`) are environment
-# variables of the driver process itself, and its process group is the driver's. `shutdown` puts both back
-# as they were before the group started, so a second run in the same process starts afresh and a child
-# process inherits nothing of the first.
 def _set_single_rank_env() -> None:
     # A driver that already joined a process group (a second local group) keeps its coordinates.
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -207,49 +193,30 @@ def _set_single_rank_env() -> None:
             )
 
 
-def restore_env(saved: dict[str, str | None]) -> None:
-    """Put environment variables back to `saved` values (None: the variable was unset)."""
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-
-
-class _Release:
-    """What shutting the group down must undo, once, however often `shutdown` is called."""
-
-    def __init__(self) -> None:
-        self.saved_env: dict[str, str | None] | None = {key: os.environ.get(key)
-                                                         for key in (*DIST_ENV_KEYS, DEVICE_ENV)}
-        # a group nested inside another (same process group) must leave the outer one's group open
-        self.owns_process_group = not dist.is_initialized()
-
-    def __call__(self) -> None:
-        if self.saved_env is None:
-            return
-        if self.owns_process_group and dist.is_initialized():
-            dist.destroy_process_group()
-        restore_env(self.saved_env)
-        self.saved_env = None
-
-
 class LocalWorkerGroup(WorkerGroup):
-    """One rank, built and run in the calling process.
+    """The local backend: one rank, built and run in the driver process, with RayWorkerGroup's API.
+
+    A breakpoint inside a worker method stops the driver itself, so a whole PPO step can be stepped through in
+    an ordinary debugger. The rank's torch.distributed coordinates and device type are the driver's own
+    environment variables, and its process group is the driver's; `shutdown` puts both back as they were, so
+    a second run in the same process starts afresh and a child process inherits nothing of the first.
 
     device: the rank's device type, `trainer.device` (cpu / cuda / auto); None keeps this process's own
     (`hybridrl.utils.device.device_type`), e.g. inside a test's CPU-pinned rank.
     """
 
     def __init__(self, cls_with_init: ClassWithInitArgs, device: str | None = None) -> None:
-        self._release = _Release()
+        self._saved_env: dict[str, str | None] | None = {key: os.environ.get(key)
+                                                          for key in (*DIST_ENV_KEYS, DEVICE_ENV)}
+        # a group nested inside another (same process group) must leave the outer one's group open
+        self._owns_process_group = not dist.is_initialized()
         try:
             _set_single_rank_env()
             if device is not None:
                 os.environ.update(device_env(resolve_device_type(device)))
             self.worker = cls_with_init.build()
         except BaseException:
-            self._release()
+            self.shutdown()
             raise
         super().__init__(cls_with_init.cls, world_size=1, roles=roles_of(cls_with_init))
 
@@ -259,6 +226,12 @@ class LocalWorkerGroup(WorkerGroup):
         return self.worker.execute_role(role, method_name, *args, **kwargs)
 
     def shutdown(self) -> None:
-        """Drop the rank, close the process group it opened and restore the distributed env variables."""
+        """Drop the rank, close the process group it opened and restore the distributed env variables (once,
+        however often it is called)."""
         self.worker = None
-        self._release()
+        if self._saved_env is None:
+            return
+        if self._owns_process_group and dist.is_initialized():
+            dist.destroy_process_group()
+        restore_env(self._saved_env)
+        self._saved_env = None

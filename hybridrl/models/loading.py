@@ -269,20 +269,19 @@ def padding_side(tokenizer: PreTrainedTokenizerBase, side: str) -> Iterator[PreT
         tokenizer.padding_side = previous
 
 
-def _pretrained_kwargs(
-    dtype: str | torch.dtype, attn_implementation: str | None, trust_remote_code: bool,
-    override_config: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+def _prepare(path: str | Path, dtype: str | torch.dtype, attn_implementation: str | None, trust_remote_code: bool,
+             override_config: Mapping[str, Any] | None) -> tuple[Path, PretrainedConfig, dict[str, Any]]:
+    """The checked model directory, its config with `override_config` applied, and from_pretrained's keywords."""
+    model_dir = resolve_model_dir(path)
+    check_model_dir(model_dir)
+    config = load_model_config(model_dir, override_config=override_config, trust_remote_code=trust_remote_code)
+    kwargs: dict[str, Any] = {"dtype": resolve_dtype(dtype), "trust_remote_code": trust_remote_code,
+                              "local_files_only": True}
     # verl picks the attention through model.override_config; that choice wins over the caller's default
     attn_implementation = (override_config or {}).get("attn_implementation", attn_implementation)
-    kwargs: dict[str, Any] = {
-        "dtype": resolve_dtype(dtype),
-        "trust_remote_code": trust_remote_code,
-        "local_files_only": True,
-    }
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
-    return kwargs
+    return model_dir, config, kwargs
 
 
 def _finish(model: PreTrainedModel, gradient_checkpointing: bool) -> PreTrainedModel:
@@ -312,14 +311,8 @@ def load_causal_lm(
     `attn_implementation`: "eager", "sdpa", "flash_attention_2" (GPU) or None (transformers picks); an
     `attn_implementation` in `override_config` (verl's way) wins over it.
     """
-    model_dir = resolve_model_dir(path)
-    check_model_dir(model_dir)
-    config = load_model_config(
-        model_dir, override_config=override_config, trust_remote_code=trust_remote_code
-    )
-    kwargs = _pretrained_kwargs(dtype, attn_implementation, trust_remote_code, override_config)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, config=config, **kwargs)
-    return _finish(model, gradient_checkpointing)
+    model_dir, config, kwargs = _prepare(path, dtype, attn_implementation, trust_remote_code, override_config)
+    return _finish(AutoModelForCausalLM.from_pretrained(model_dir, config=config, **kwargs), gradient_checkpointing)
 
 
 class BiasAddedLinear(nn.Linear):
@@ -349,14 +342,9 @@ def load_value_model(
     `num_labels=1`, no classifier dropout; logits are (batch, seq_len, 1). The scalar head is drawn from
     `head_init_seed` (the caller's RNG untouched, every rank alike) unless the checkpoint has a trained one.
     """
-    model_dir = resolve_model_dir(path)
-    check_model_dir(model_dir)
-    config = load_model_config(
-        model_dir, override_config=override_config, trust_remote_code=trust_remote_code
-    )
+    model_dir, config, kwargs = _prepare(path, dtype, attn_implementation, trust_remote_code, override_config)
     config.num_labels = 1
     config.classifier_dropout = 0.0
-    kwargs = _pretrained_kwargs(dtype, attn_implementation, trust_remote_code, override_config)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(head_init_seed)
         model = AutoModelForTokenClassification.from_pretrained(model_dir, config=config, **kwargs)

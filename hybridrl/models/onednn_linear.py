@@ -28,12 +28,15 @@ def onednn_fp32_supported() -> bool:
     )
 
 
-def _onednn_linear(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                   shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
-    """(rows, in) @ (out, in).T + bias through oneDNN, in `shape`, owning its memory: FSDP2 warns about a
-    module that returns a view (an in-place op on it would bypass the backward hook)."""
-    out2d = torch.ops.mkldnn._linear_pointwise(x2d, weight, bias, "none", [], "")
-    return out2d.new_empty(0).set_(out2d.untyped_storage(), out2d.storage_offset(), shape)
+def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x (..., in) @ weight.T + bias through oneDNN, (..., out), owning its memory: FSDP2 warns about a module
+    that returns a view (an in-place op on it would bypass the backward hook)."""
+    out2d = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]).contiguous(), weight, bias, "none", [], "")
+    return out2d.new_empty(0).set_(out2d.untyped_storage(), out2d.storage_offset(), (*x.shape[:-1], weight.shape[0]))
+
+
+def _needs_grad(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
 
 
 class _OneDNNLinearFunction(torch.autograd.Function):
@@ -41,23 +44,20 @@ class _OneDNNLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        x2d = x.reshape(-1, x.shape[-1]).contiguous()
-        ctx.save_for_backward(x2d, weight)
-        ctx.input_shape = x.shape
+        ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        return _onednn_linear(x2d, weight, bias, (*x.shape[:-1], weight.shape[0]))
+        return _onednn_linear(x, weight, bias)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        x2d, weight = ctx.saved_tensors
-        grad2d = grad_out.reshape(-1, grad_out.shape[-1]).contiguous()  # (rows, out)
+        x, weight = ctx.saved_tensors
+        grad2d = grad_out.reshape(-1, grad_out.shape[-1])  # (rows, out)
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
-            # g @ W is a linear with weight W.T: (rows, out) x (in, out).T
-            grad_x = _onednn_linear(grad2d, weight.t().contiguous(), None, ctx.input_shape)
+            grad_x = _onednn_linear(grad_out, weight.t().contiguous(), None)  # g @ W: a linear with weight W.T
         if ctx.needs_input_grad[1]:
-            grad_w = grad2d.t() @ x2d  # (out, in)
+            grad_w = grad2d.t() @ x.reshape(-1, x.shape[-1])  # (out, in)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = grad2d.sum(0)
         return grad_x, grad_w, grad_b
@@ -76,12 +76,9 @@ class OneDNNLinear(nn.Linear):
                 or (bias is not None and bias.dtype != torch.float32)
                 or torch.is_autocast_enabled("cpu")):
             return F.linear(x, weight, bias)
-        needs_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
-                                                  or (bias is not None and bias.requires_grad))
-        if needs_grad:
+        if _needs_grad(x, weight, bias):
             return _OneDNNLinearFunction.apply(x, weight, bias)
-        x2d = x.reshape(-1, x.shape[-1]).contiguous()
-        return _onednn_linear(x2d, weight, bias, (*x.shape[:-1], weight.shape[0]))
+        return _onednn_linear(x, weight, bias)
 
 
 def use_onednn_linears(module: nn.Module) -> int:
@@ -144,9 +141,7 @@ class _PackedForward:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self.linear.weight, self.linear.bias
         stale = (weight.data_ptr(), weight._version) != self.source
-        needs_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
-                                                  or (bias is not None and bias.requires_grad))
-        if stale or needs_grad or x.dtype != weight.dtype or x.device.type != "cpu":
+        if stale or _needs_grad(x, weight, bias) or x.dtype != weight.dtype or x.device.type != "cpu":
             return F.linear(x, weight, bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
 

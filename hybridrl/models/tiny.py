@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import string
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -89,11 +89,6 @@ _CORPUS_LINES = (
 # that pipeline keeps the ids on reload. Qwen's regex isolates every digit (what the arithmetic tasks need),
 # and the 256-byte alphabet encodes any text without an unknown token. Chat format: ChatML behind a BOS
 # token; `<|im_end|>` is EOS and `<|endoftext|>` pads.
-def tiny_corpus(repeats: int = 4) -> list[str]:
-    """The built-in training text, repeated so that pairs occurring once still reach `min_frequency`."""
-    return list(_CORPUS_LINES) * repeats
-
-
 def _qwen2_pipeline_tokenizer() -> Tokenizer:
     """An empty BPE tokenizer with the exact normalizer / pre-tokenizer / decoder of Qwen2Tokenizer."""
     tokenizer = Tokenizer(
@@ -117,7 +112,8 @@ def _qwen2_pipeline_tokenizer() -> Tokenizer:
 
 
 def build_raw_tokenizer(vocab_size: int = DEFAULT_VOCAB_SIZE, corpus: list[str] | None = None) -> Tokenizer:
-    """Train the byte-level BPE on `corpus` (default: the built-in task corpus).
+    """Train the byte-level BPE on `corpus` (default: the built-in task corpus, four times over, so that pairs
+    occurring once still reach `min_frequency`).
 
     `vocab_size` is an upper bound (training stops when no pair occurs twice; the real size is
     `len(tokenizer)`) and must leave room for the 256 bytes and the 4 special tokens.
@@ -135,7 +131,7 @@ def build_raw_tokenizer(vocab_size: int = DEFAULT_VOCAB_SIZE, corpus: list[str] 
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(corpus if corpus is not None else tiny_corpus(), trainer=trainer)
+    tokenizer.train_from_iterator(corpus if corpus is not None else list(_CORPUS_LINES) * 4, trainer=trainer)
     return tokenizer
 
 
@@ -165,6 +161,9 @@ class TinySpec:
     intermediate_size: int
 
     def validate(self) -> None:
+        for name, value in vars(self).items():  # first: the divisibility checks below divide by them
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
         if self.hidden_size % self.num_heads:
             raise ValueError(
                 f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}; "
@@ -175,9 +174,6 @@ class TinySpec:
                 f"num_heads={self.num_heads} is not divisible by num_kv_heads={self.num_kv_heads}; "
                 "grouped-query attention shares each kv head among a whole number of query heads"
             )
-        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 # Context length written to config.json and tokenizer_config.json (RoPE works beyond it, but HF warns).
@@ -227,17 +223,9 @@ def resolve_spec(
     if num_kv_heads is None:
         num_kv_heads = base.num_kv_heads if num_heads % base.num_kv_heads == 0 else num_heads
     if intermediate_size is None:
-        intermediate_size = (
-            base.intermediate_size if hidden == base.hidden_size else -(-hidden * 8 // 3 // 32) * 32
-        )
-    spec = replace(
-        base,
-        hidden_size=hidden,
-        num_layers=num_layers if num_layers is not None else base.num_layers,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        intermediate_size=intermediate_size,
-    )
+        intermediate_size = base.intermediate_size if hidden == base.hidden_size else -(-hidden * 8 // 3 // 32) * 32
+    spec = TinySpec(hidden, num_layers if num_layers is not None else base.num_layers, num_heads, num_kv_heads,
+                    intermediate_size)
     spec.validate()
     return spec
 

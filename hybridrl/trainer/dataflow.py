@@ -40,14 +40,11 @@ from hybridrl.workers.reward_model import RewardModelConfig
 __all__ = ["BackgroundReward", "load_reward_manager"]
 
 
-# A run's reward function on the driver: the reward manager built from the config, and background scoring.
-#
-# `load_reward_manager` is verl's `verl.trainer.ppo.reward.load_reward_manager`. It lives with the
-# trainer, not in `hybridrl.rewards.managers`, because it reads the trainer's config schema
-# (`DataConfig`, `RewardModelConfig`), and the reward model worker's config imports the managers.
-# `BackgroundReward` scores a batch in a thread of the driver (`reward_model.launch_reward_fn_async`).
+# Here, not in hybridrl.rewards.managers: it reads the trainer's config schema (DataConfig, RewardModelConfig),
+# and the reward model worker's config imports the managers.
 def load_reward_manager(config: Mapping[str, Any], tokenizer: Any, num_examine: int = 0, **kwargs: Any) -> RewardManager:
-    """Build the manager named by `config.reward_model.reward_manager` (verl's `load_reward_manager`).
+    """Build the manager named by `config.reward_model.reward_manager` (verl's
+    `verl.trainer.ppo.reward.load_reward_manager`).
 
     `config` is the PPO config as a plain mapping; a section or key it lacks takes the schema's default
     (the typed configs are the one home of those). The scorer is the custom function
@@ -227,11 +224,6 @@ def old_log_prob_blockers(config: PPOTrainerConfig) -> list[str]:
         reasons.append("algorithm.rollout_correction.rollout_is/rollout_rs (the weights and the rejection mask "
                        "read them before the update)")
     return reasons
-
-
-def old_log_prob_from_update(config: PPOTrainerConfig) -> bool:
-    """True when the update's forward pass gives the old log-probs (see `old_log_prob_blockers`)."""
-    return not old_log_prob_blockers(config)
 
 
 def rollout_log_probs(batch: DataProto, why: str) -> torch.Tensor:

@@ -3,13 +3,10 @@
 The engine already refuses to apply a non-finite gradient (`FSDPEngine.clip_and_step` skips the
 optimizer step and reports `skipped_step`), but a run that only skips keeps going with rc 0, logs
 NaN every step and checkpoints a model that may have been ruined by the update just before the first
-NaN. The trainers ask this guard about each step's metrics before they validate or save:
-
-- a healthy step resets the count;
-- an unhealthy step (a non-finite `*loss` or `*grad_norm`, or any skipped optimizer step) is counted
-  and logged as a warning, and is never checkpointed;
-- more than `max_consecutive_skipped_steps` unhealthy steps in a row raise `TrainingDivergedError`,
-  naming the metrics, the limit's config key and the last checkpoint saved before the trouble.
+NaN. The trainers ask this guard about each step's metrics before they validate or save: an unhealthy
+step (`unhealthy_metrics`) is logged as a warning and never checkpointed, and more than
+`max_consecutive_skipped_steps` of them in a row raise `TrainingDivergedError`, naming the metrics, the
+limit's config key and the last checkpoint saved before the trouble.
 
 Why the default limit is 0 (stop at the first one): hybridrl trains in fp32 or bf16 without a loss
 scaler, so a non-finite gradient is not the routine fp16 overflow that loss scalers skip; it means the
@@ -67,8 +64,9 @@ class DivergenceGuard:
             raise ValueError(f"{LIMIT_KEY} must be 0 or more (0 stops at the first non-finite step), got "
                              f"{self.max_consecutive_skipped_steps}")
 
-    def check(self, step: int, metrics: dict[str, float]) -> bool:
-        """True for a healthy step; False for a tolerated unhealthy one (do not save it); raises past the limit.
+    def check(self, step: int, metrics: dict[str, float], log: Callable[[], None] = lambda: None) -> bool:
+        """True for a healthy step; False for a tolerated unhealthy one (do not save it); past the limit, calls
+        `log` (the diverged step's numbers belong in the log too) and raises.
 
         Adds `STREAK_METRIC` to `metrics`, so the count is logged with the step.
         """
@@ -85,6 +83,7 @@ class DivergenceGuard:
             where = (f"The last checkpoint is {checkpoint}; the update just before the first non-finite step "
                      f"may already have harmed it, so compare its logged loss and entropy with earlier steps "
                      f"before resuming from it" if checkpoint else "No checkpoint was saved before it")
+            log()
             raise TrainingDivergedError(
                 f"training diverged at step {step}: {shown} (non-finite, so the optimizer skipped those "
                 f"updates); {self.streak} such step(s) in a row, and {LIMIT_KEY}={limit} allows {limit}. "

@@ -8,9 +8,10 @@ they need (values, baselines) and the trainer provides what is declared.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from hybridrl.rewards.failures import add_reward_metrics
 from hybridrl.trainer import dataflow
 from hybridrl.trainer.config_checks import report_config_changes, write_run_config
 from hybridrl.trainer.dataflow import BackgroundReward
-from hybridrl.trainer.divergence import DivergenceGuard, TrainingDivergedError
+from hybridrl.trainer.divergence import DivergenceGuard
 from hybridrl.trainer.metrics import (
     StageCosts,
     compute_data_metrics,
@@ -45,7 +46,7 @@ from hybridrl.trainer.validation import Validator, generation_records, write_gen
 from hybridrl.trainer.worker_groups import WorkerGroups
 from hybridrl.utils.metric import timer
 from hybridrl.utils.tracking import StepProgress, Tracking
-from hybridrl.workers.checkpoint import CheckpointError, commit_checkpoint
+from hybridrl.workers.checkpoint import commit_checkpoint, load_state_file
 from hybridrl.workers.checkpoint_resume import (
     check_no_committed_after,
     check_uncommitted,
@@ -92,8 +93,8 @@ class PPOTrainer:
         self._reward_extra_keys: set[str] = set()  # per-sample values the reward function returned
         # rule-based rewards scored while the workers recompute log-probs (reward_model.launch_reward_fn_async)
         self.background_reward = BackgroundReward(reward_fn) if config.reward_model.launch_reward_fn_async else None
-        # on a fully on-policy step the update's own forward pass gives the old log-probs (dataflow.old_log_prob_blockers)
-        self.fuse_old_log_prob = dataflow.old_log_prob_from_update(config)
+        # on a fully on-policy step the update's own forward pass gives the old log-probs
+        self.fuse_old_log_prob = not dataflow.old_log_prob_blockers(config)
 
     # ----- the loop ------------------------------------------------------------------------------------
     def fit(self) -> list[dict[str, float]]:
@@ -114,7 +115,7 @@ class PPOTrainer:
             while self.global_steps < self.total_steps:
                 self.global_steps += 1
                 metrics = self.train_step()
-                healthy = self._check_divergence(tracker, metrics)
+                healthy = self.guard.check(self.global_steps, metrics, log=partial(self._log, tracker, metrics))
                 metrics.update(self._periodic(save=healthy))
                 self._log(tracker, metrics)
                 bar.update(self.global_steps, metrics)
@@ -156,13 +157,11 @@ class PPOTrainer:
 
     # ----- stages --------------------------------------------------------------------------------------
     def _next_prompts(self) -> DataProto:
-        if self._batches is None:
+        batch = next(self._batches, None) if self._batches is not None else None
+        if batch is None:  # the first step, or an epoch boundary: the sampler has moved on to the next epoch's order
             self._batches = iter(self.dataloader)
-        try:
-            return dataflow.new_prompt_batch(next(self._batches))
-        except StopIteration:  # epoch boundary: the sampler has moved on to the next epoch's order
-            self._batches = iter(self.dataloader)
-            return dataflow.new_prompt_batch(next(self._batches))
+            batch = next(self._batches)
+        return dataflow.new_prompt_batch(batch)
 
     def _collect_batch(self, metrics: dict, timing: dict) -> DataProto:
         """Generate and score until the batch is full (more than one round only with filter_groups)."""
@@ -245,18 +244,18 @@ class PPOTrainer:
     def _recompute(self, batch: DataProto, metrics: dict, timing: dict) -> None:
         """5. The actor's log-probs of its own samples (unless the update gives them), the reference's, and
         the critic's values."""
-        tokens = real_tokens(batch)
         self._old_log_probs(batch, metrics, timing)
         if self.groups.uses_reference:
-            with timer("ref", timing):
-                ref = self.groups.actor_rollout.compute_ref_log_prob(batch)
-            self.costs.record("ref", ref, tokens, timing)
-            batch.union(ref)
+            batch.union(self._run("ref", self.groups.actor_rollout.compute_ref_log_prob, batch, timing))
         if self.groups.critic is not None:
-            with timer("values", timing):
-                values = self.groups.critic.compute_values(batch)
-            self.costs.record("values", values, tokens, timing)
-            batch.union(values)
+            batch.union(self._run("values", self.groups.critic.compute_values, batch, timing))
+
+    def _run(self, stage: str, call: Callable[[DataProto], DataProto], batch: DataProto, timing: dict) -> DataProto:
+        """One worker call on the step's batch: its time under `stage`, its FLOPs over the batch's real tokens."""
+        with timer(stage, timing):
+            output = call(batch)
+        self.costs.record(stage, output, real_tokens(batch), timing)
+        return output
 
     def _old_log_probs(self, batch: DataProto, metrics: dict, timing: dict) -> None:
         """5. `old_log_probs`: the actor's pass; the rollout's own log-probs in bypass mode; or, on a fully
@@ -268,9 +267,7 @@ class PPOTrainer:
             return
         if self.fuse_old_log_prob:
             return
-        with timer("old_log_prob", timing):
-            old = self.groups.actor_rollout.compute_log_prob(batch)
-        self.costs.record("old_log_prob", old, real_tokens(batch), timing)
+        old = self._run("old_log_prob", self.groups.actor_rollout.compute_log_prob, batch, timing)
         mask = batch.batch["response_mask"]
         entropy = old.batch.pop("entropys")
         metrics["actor/entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
@@ -315,9 +312,7 @@ class PPOTrainer:
 
     def _update_critic(self, batch: DataProto, metrics: dict, timing: dict) -> None:
         if self.groups.critic is not None:
-            with timer("update_critic", timing):
-                output = self.groups.critic.update_critic(batch)
-            self.costs.record("update_critic", output, real_tokens(batch), timing)
+            output = self._run("update_critic", self.groups.critic.update_critic, batch, timing)
             metrics.update(reduce_metrics(output.meta_info["metrics"]))
 
     def _update_actor(self, batch: DataProto, metrics: dict, timing: dict) -> None:
@@ -327,9 +322,7 @@ class PPOTrainer:
             correction = self.config.algorithm.rollout_correction
             if correction.bypass_mode:
                 batch.meta_info["bypass_correction"] = correction
-            with timer("update_actor", timing):
-                output = self.groups.actor_rollout.update_actor(batch)
-            self.costs.record("update_actor", output, real_tokens(batch), timing)
+            output = self._run("update_actor", self.groups.actor_rollout.update_actor, batch, timing)
             metrics.update(dataflow.bypass_metric_names(reduce_metrics(output.meta_info["metrics"])))
             if self.fuse_old_log_prob:  # the update's forward pass gave them
                 batch.union(output.select(batch_keys=["old_log_probs"], meta_info_keys=[]))
@@ -341,14 +334,6 @@ class PPOTrainer:
             metrics.update(compute_rollout_agreement_metrics(batch))
 
     # ----- validation, checkpoints, logging ------------------------------------------------------------
-    def _check_divergence(self, tracker: Tracking, metrics: dict[str, float]) -> bool:
-        """False for a step whose update was skipped (not to be saved); past the limit, log it and stop."""
-        try:
-            return self.guard.check(self.global_steps, metrics)
-        except TrainingDivergedError:
-            self._log(tracker, metrics)  # the diverged step's numbers belong in the log too
-            raise
-
     def _periodic(self, save: bool = True) -> dict[str, float]:
         """9. Validate every test_freq steps and at the end; checkpoint every save_freq steps and at the end.
 
@@ -402,10 +387,7 @@ class PPOTrainer:
         self.groups.actor_rollout.load_checkpoint(str(step_dir / "actor"))
         if self.groups.critic is not None:
             self.groups.critic.load_checkpoint(str(step_dir / "critic"))
-        try:
-            state = torch.load(step_dir / "data.pt", weights_only=False)
-        except Exception as err:
-            raise CheckpointError(f"could not read {step_dir / 'data.pt'}: {type(err).__name__}: {err}") from err
+        state = load_state_file(step_dir / "data.pt", weights_only=False)
         changes = report_config_changes(step_dir, asdict(self.config))
         self.dataloader.load_state_dict(state["dataloader"])
         # the adaptive controller's coefficient is state, but a kl_coef or type given anew on resume wins

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,16 +25,13 @@ from hybridrl.data.sft_dataset import SFTDataset
 from hybridrl.models.loading import load_tokenizer
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.config_checks import report_config_changes, write_run_config
-from hybridrl.trainer.divergence import DivergenceGuard, TrainingDivergedError
+from hybridrl.trainer.divergence import DivergenceGuard
 from hybridrl.trainer.sft_config import SFTSchema
 from hybridrl.trainer.worker_groups import SFTGroup
 from hybridrl.utils.device import device_setting_problem, resolve_device_type
 from hybridrl.utils.tracking import StepProgress, rewind_metrics_file
 from hybridrl.utils.typed_config import added_keys, require, unknown_key_message
-from hybridrl.workers.checkpoint import (
-    CheckpointError,
-    commit_checkpoint,
-)
+from hybridrl.workers.checkpoint import commit_checkpoint, load_state_file
 from hybridrl.workers.checkpoint_resume import (
     check_no_committed_after,
     check_uncommitted,
@@ -173,7 +171,7 @@ class SFTTrainer:
         while self.global_step < self.total_steps:
             for batch in self.loader:
                 last = self._train_step(to_proto(batch))
-                healthy = self._check_divergence(last)
+                healthy = self.guard.check(self.global_step, last, log=partial(self.metrics.log, self.global_step, last))
                 if self._should_validate():
                     last.update(self._validate())
                 self.metrics.log(self.global_step, last)
@@ -189,31 +187,19 @@ class SFTTrainer:
                     self.metrics.log(self.global_step, self._validate())
         return last
 
-    def _check_divergence(self, metrics: dict[str, float]) -> bool:
-        """False for a step whose update was skipped (it is not saved); past the limit, log it and stop."""
-        try:
-            return self.guard.check(self.global_step, metrics)
-        except TrainingDivergedError:
-            self.metrics.log(self.global_step, metrics)
-            raise
-
     def _train_step(self, batch: DataProto) -> dict[str, float]:
         start = time.perf_counter()
-        metrics = self.wg.train_batch(batch)[0]  # every rank returns the same all-reduced numbers
+        # loss, num_tokens, grad_norm, lr and skipped_step: every rank returns the same all-reduced numbers
+        metrics = self.wg.train_batch(batch)[0]
         self.global_step += 1
-        elapsed = time.perf_counter() - start
-        return {"train/loss": metrics["loss"], "train/lr": metrics["lr"], "train/grad_norm": metrics["grad_norm"],
-                "train/skipped_step": metrics["skipped_step"], "train/num_tokens": metrics["num_tokens"], "timing_s/step": elapsed,
-                "epoch": (self.global_step - 1) // self.steps_per_epoch}
+        return {**{f"train/{name}": value for name, value in metrics.items()},
+                "timing_s/step": time.perf_counter() - start, "epoch": (self.global_step - 1) // self.steps_per_epoch}
 
     def _should_validate(self) -> bool:
         """After the last step, and every test_freq steps when it is positive (else at epoch ends)."""
         freq = self.config.trainer.test_freq
-        if self.val_set is None:
-            return False
-        if self.global_step >= self.total_steps:
-            return True
-        return freq > 0 and self.global_step % freq == 0
+        return self.val_set is not None and (self.global_step >= self.total_steps
+                                             or (freq > 0 and self.global_step % freq == 0))
 
     def _validate(self) -> dict[str, float]:
         """Token-mean NLL of assistant tokens over the whole validation set."""
@@ -259,10 +245,7 @@ class SFTTrainer:
 
     def _load_from(self, path: Path) -> None:
         meta = self.wg.load_checkpoint(str(path / ROLE))[0]
-        try:
-            state = torch.load(path / DATA_STATE, weights_only=True)
-        except Exception as err:
-            raise CheckpointError(f"could not read {path / DATA_STATE}: {type(err).__name__}: {err}") from err
+        state = load_state_file(path / DATA_STATE)
         report_config_changes(path, OmegaConf.to_container(self.config, resolve=True))
         self.loader.load_state_dict(state)
         self.global_step = int(meta["global_step"])

@@ -108,6 +108,4 @@ def write_generations(out_dir: str | None, step: int, records: list[dict]) -> Pa
 
 def _plain(value: Any) -> Any:
     """numpy scalars and arrays -> Python values json can write."""
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    return value
+    return value.tolist() if hasattr(value, "tolist") else value

@@ -5,11 +5,9 @@ rollout and reference policy are one role object; the critic and reward model, w
 objects in the same processes, all held by one `HybridWorker` per rank. The backend (Ray or local) is
 one setting.
 
-Each role is driven through its typed handle: one class per role, one method per worker method.
+Each role is driven through its typed handle (`TypedWorkerGroup`, hybridrl/controller/worker_group.py):
 `groups.actor_rollout.generate_sequences(batch)` in the trainer lands on
-`ActorRolloutRefGroup.generate_sequences`, which names `ActorRolloutRefWorker.generate_sequences`, the
-code each rank runs on its share of the batch. Each method has its worker method's parameters; what it
-returns is what the dispatch mode collects (`TypedWorkerGroup`, hybridrl/controller/worker_group.py).
+`ActorRolloutRefGroup.generate_sequences`, which names `ActorRolloutRefWorker.generate_sequences`;
 tests/trainer/test_role_groups.py holds every handle method to its worker method's signature.
 """
 

@@ -127,15 +127,21 @@ def device_env(device: str) -> dict[str, str]:
 def pinned(device: str) -> Iterator[None]:
     """This process computes on `device` (cpu / cuda / auto) inside the block, for a driver that is its own
     single worker; the previous setting comes back after."""
-    saved = os.environ.get(DEVICE_ENV)
+    saved = {DEVICE_ENV: os.environ.get(DEVICE_ENV)}
     os.environ.update(device_env(resolve_device_type(device)))
     try:
         yield
     finally:
-        if saved is None:
-            os.environ.pop(DEVICE_ENV, None)
+        restore_env(saved)
+
+
+def restore_env(saved: dict[str, str | None]) -> None:
+    """Put environment variables back to `saved` values (None: the variable was unset)."""
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
         else:
-            os.environ[DEVICE_ENV] = saved
+            os.environ[key] = value
 
 
 BF16_NAMES = ("bfloat16", "bf16")  # what a dtype key may say for bf16 (hybridrl.models.loading.DTYPES)

@@ -147,10 +147,7 @@ def reduce_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     reduced = {}
     for key, values in metrics.items():
         array = np.asarray(values if isinstance(values, (list, tuple, np.ndarray)) else [values], float)
-        if array.size == 0:
-            reduced[key] = math.nan
-            continue
-        reduced[key] = float(getattr(np, _reduction(key))(array))
+        reduced[key] = float(getattr(np, _reduction(key))(array)) if array.size else math.nan
     return reduced
 
 

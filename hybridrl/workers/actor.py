@@ -46,24 +46,19 @@ class PPOActor:
     def share_prompts(self) -> bool:
         return self.prompt_sharing.enabled
 
-    def _log_probs(self, micro: DataProto, temperature: float, with_entropy: bool,
-                   with_sum_pi_squared: bool = False):
-        """Per-token log-probs, entropies (or None) and sum_v pi_v^2 (or None) of the responses, (rows,
-        response_length), zero after each response's end."""
-        response_length = micro.batch["responses"].shape[-1]
-        logits = self.prompt_sharing.outputs(micro)
-        logits = logits / temperature  # (rows, kept, vocab)
-        kept = logits.shape[1]
-        log_probs = logprobs_from_logits(logits, micro.batch["responses"][:, :kept])  # (rows, kept)
-        mask = micro.batch["response_mask"].to(log_probs.dtype)  # (rows, response_len)
-        log_probs = F.pad(log_probs, (0, response_length - kept)) * mask  # 0 after each response's end
-        entropy = sum_pi_squared = None
+    def _per_token(self, micro: DataProto, temperature: float, with_entropy: bool,
+                   with_sum_pi_squared: bool = False) -> dict[str, torch.Tensor]:
+        """The responses' `log_probs`, and when asked `entropy` and `sum_pi_squared` (sum_v pi_v^2), each (rows,
+        response_length) and zero after each response's end."""
+        logits = self.prompt_sharing.outputs(micro) / temperature  # (rows, kept, vocab)
+        kept, response_length = logits.shape[1], micro.batch["responses"].shape[-1]
+        per_token = {"log_probs": logprobs_from_logits(logits, micro.batch["responses"][:, :kept])}  # (rows, kept)
         if with_entropy:
-            entropy = F.pad(entropy_from_logits(logits), (0, response_length - kept)) * mask
+            per_token["entropy"] = entropy_from_logits(logits)
         if with_sum_pi_squared:
-            probs_squared = torch.softmax(logits.float(), dim=-1).square().sum(dim=-1)  # (rows, kept)
-            sum_pi_squared = F.pad(probs_squared, (0, response_length - kept)) * mask
-        return log_probs, entropy, sum_pi_squared
+            per_token["sum_pi_squared"] = torch.softmax(logits.float(), dim=-1).square().sum(dim=-1)
+        mask = micro.batch["response_mask"].to(per_token["log_probs"].dtype)  # (rows, response_length)
+        return {name: F.pad(value, (0, response_length - kept)) * mask for name, value in per_token.items()}
 
     @torch.no_grad()
     def compute_log_prob(self, data: DataProto, micro_batch_rows: int | None, max_token_len: int | None,
@@ -83,11 +78,9 @@ class PPOActor:
         micro_batches = make_micro_batches(data, micro_batch_rows, max_token_len, self.prompt_sharing.group_ids(data))
         parts: dict[str, list[torch.Tensor]] = {}
         for mb in micro_batches:
-            log_probs, entropy, sum_pi_squared = self._log_probs(mb.data, temperature, calculate_entropy,
-                                                                 calculate_sum_pi_squared)
-            for name, value in (("log_probs", log_probs), ("entropy", entropy), ("sum_pi_squared", sum_pi_squared)):
-                if value is not None:
-                    parts.setdefault(name, []).append(value)
+            for name, value in self._per_token(mb.data, temperature, calculate_entropy,
+                                               calculate_sum_pi_squared).items():
+                parts.setdefault(name, []).append(value)
         return {name: restore_order(values, micro_batches, len(data)) for name, values in parts.items()}
 
     def update_policy(self, data: DataProto, plan: BatchingPlan) -> dict[str, list[float]]:
@@ -129,7 +122,8 @@ class PPOActor:
             mask = batch["response_mask"]
             loss_config = replace(cfg, global_batch_info=info)  # the mini-batch's totals, where losses read them
             tokens = float(mask.sum())
-            log_prob, entropy, _ = self._log_probs(micro, temperature, with_entropy=True)
+            per_token = self._per_token(micro, temperature, with_entropy=True)
+            log_prob, entropy = per_token["log_probs"], per_token["entropy"]
             if fused:
                 old_log_prob = log_prob.detach()
                 old_log_probs_out[batch["row_index"]] = old_log_prob.float()

@@ -65,10 +65,9 @@ class CheckpointError(RuntimeError):
 def resolve_contents(config: CheckpointConfig | Mapping[str, Any] | None) -> tuple[list[str], list[str]]:
     """(save_contents, load_contents) of a `checkpoint` config node, checked against CONTENTS; load_contents
     follows save_contents unless set, as in verl."""
-    follows = config is None or (isinstance(config, Mapping) and "load_contents" not in config)
     config = to_dataclass(CheckpointConfig, config)
     save = list(config.save_contents)
-    load = save if follows or config.load_contents is None else list(config.load_contents)
+    load = save if config.load_contents is None else list(config.load_contents)
     for key, values in (("save_contents", save), ("load_contents", load)):
         unknown = sorted(set(values) - set(CONTENTS))
         if unknown:
@@ -108,25 +107,16 @@ def _broadcast_str(value: str) -> str:
 
 
 @contextlib.contextmanager
-def _dcp_without_collectives_on_one_rank() -> Iterator[dict[str, bool]]:
-    """DCP's keyword arguments for this world: `no_dist=True` on a single rank.
+def _dcp_options(one_process: bool = False) -> Iterator[dict[str, bool]]:
+    """DCP's keyword arguments: `no_dist=True` on a single rank (or for `one_process` work), with DCP's warning
+    that it runs without a process group silenced.
 
-    Its planning collectives there would copy this rank's plan to itself on gloo's worker threads, and the
-    OpenMP team such a copy leaves behind slowed every later multi-threaded op of the process.
+    On a single rank DCP's planning collectives would copy this rank's plan to itself on gloo's worker threads,
+    and the OpenMP team such a copy leaves behind slowed every later multi-threaded op of the process.
     """
-    if _world_size() > 1:
-        yield {}
-        return
-    with _no_process_group_warning_silenced():
-        yield {"no_dist": True}
-
-
-@contextlib.contextmanager
-def _no_process_group_warning_silenced() -> Iterator[None]:
-    """Silence DCP's warning that `no_dist=True` runs without a process group."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
-        yield
+        yield {"no_dist": True} if one_process or _world_size() == 1 else {}
 
 
 def _write_durably(path: Path, text: str) -> None:
@@ -174,6 +164,14 @@ def set_rng_state(state: dict[str, Any]) -> None:
             cuda_state = cuda_state[index] if index < len(cuda_state) else None
         if cuda_state is not None:
             torch.cuda.set_rng_state(cuda_state)
+
+
+def load_state_file(path: Path, weights_only: bool = True) -> Any:
+    """`torch.load(path)`, or a CheckpointError naming the file and the cause."""
+    try:
+        return torch.load(path, weights_only=weights_only)
+    except Exception as err:
+        raise CheckpointError(f"could not read {path}: {type(err).__name__}: {err}") from err
 
 
 def _extra_file(path: Path, world_size: int, rank: int) -> Path:
@@ -307,8 +305,8 @@ def read_full_model_state(path: str | Path) -> dict[str, torch.Tensor]:
              if key.startswith(prefix) and hasattr(meta, "size")}
     if not state:
         raise CheckpointError(f"{path} holds no model tensors")
-    with _no_process_group_warning_silenced():
-        dcp.load(state, storage_reader=FileSystemReader(str(path)), no_dist=True)
+    with _dcp_options(one_process=True) as dcp_options:
+        dcp.load(state, storage_reader=FileSystemReader(str(path)), **dcp_options)
     return {key[len(prefix):]: value for key, value in state.items()}
 
 
@@ -340,7 +338,7 @@ class CheckpointManager:
         if "extra" in contents:
             torch.save(get_rng_state(), _extra_file(tmp, _world_size(), _rank()))
         if "model" in contents or "optimizer" in contents:
-            with _dcp_without_collectives_on_one_rank() as dcp_options:
+            with _dcp_options() as dcp_options:
                 dcp.save(self._engine_state(contents), checkpoint_id=str(tmp), **dcp_options)
         self._save_hf_files(tmp / HF_SUBDIR, with_weights="hf_model" in contents)
         _barrier()  # every rank's files are on disk before the directory may look complete
@@ -439,12 +437,7 @@ class CheckpointManager:
             self._load_engine_state(path, wanted)
         if "extra" in wanted:
             if meta["world_size"] == _world_size():
-                extra = _extra_file(path, _world_size(), _rank())
-                try:
-                    rng_state = torch.load(extra, weights_only=True)
-                except Exception as err:
-                    raise CheckpointError(f"{extra} cannot be read: {type(err).__name__}: {err}") from err
-                set_rng_state(rng_state)
+                set_rng_state(load_state_file(_extra_file(path, _world_size(), _rank())))
             else:
                 logger.warning("checkpoint %s was saved by %d ranks, this run has %d: model and optimizer are "
                                "resharded, but per-rank RNG states are not restored", path,
@@ -454,7 +447,7 @@ class CheckpointManager:
         state = self.engine.sharded_state()  # the target layout of this run's shards
         to_read = {k: v for k, v in state.items()
                    if (k == "model" and "model" in wanted) or (k != "model" and "optimizer" in wanted)}
-        with _dcp_without_collectives_on_one_rank() as dcp_options:
+        with _dcp_options() as dcp_options:
             dcp.load(to_read, checkpoint_id=str(path), **dcp_options)
         state.update(to_read)
         self.engine.load_sharded_state(state if "optimizer" in wanted else {"model": state["model"]})

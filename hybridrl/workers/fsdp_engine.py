@@ -41,13 +41,12 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 
 def build_device_mesh(world_size: int, fsdp_size: int = -1) -> DeviceMesh:
-    size = world_size if fsdp_size in (-1, world_size) else fsdp_size
-    if size != world_size:
+    if fsdp_size not in (-1, world_size):
         raise ValueError(
             f"fsdp_config.fsdp_size={fsdp_size} must be -1 or the world size ({world_size}); "
             f"hybrid sharding is not supported yet"
         )
-    return init_device_mesh(process_device_type(), (size,), mesh_dim_names=("fsdp",))
+    return init_device_mesh(process_device_type(), (world_size,), mesh_dim_names=("fsdp",))
 
 
 def shard_model(model: nn.Module, mesh: DeviceMesh, config: FSDPConfig) -> nn.Module:
@@ -140,9 +139,7 @@ class FSDPEngine:
         self.fsdp_modules = [m for m in self.module.modules() if isinstance(m, FSDPModule)]
         self.grad_clip = grad_clip
         self.optim_config = optim_config
-        self.optimizer, self.lr_scheduler = (None, None)
-        if optim_config is not None:
-            self.optimizer, self.lr_scheduler = build_optimizer(self.module, optim_config)
+        self.optimizer, self.lr_scheduler = build_optimizer(self.module, optim_config) if optim_config else (None, None)
         self._params_offloaded = self._optimizer_offloaded = False
 
     @contextmanager

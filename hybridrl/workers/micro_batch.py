@@ -99,8 +99,7 @@ def make_micro_batches(
             )
         sorted_lengths = [lengths[i] for i in order]
         groups = [order[lo:hi] for lo, hi in cheapest_cuts(sorted_lengths, max_token_len)]
-    groups = [g for g in groups if g]
-    count = _agree_max(len(groups))
+    count = _agree_max(len([g for g in groups if g]))
     micro = [MicroBatch(data.select_rows(g), g) for g in _split_to_count(groups, count)]
     while len(micro) < count:  # too few rows here to match the other ranks' forward passes
         micro.append(_dummy(data))
@@ -141,10 +140,9 @@ def trim_columns(data: DataProto, response_length: int) -> TrimmedInputs:
     width = mask.shape[-1]
     prompt_len = width - response_length
     used = mask.any(dim=0).nonzero().squeeze(-1)
-    first = int(used[0]) if used.numel() else prompt_len
-    last = int(used[-1]) if used.numel() else prompt_len - 1
-    first = min(first, prompt_len - 1)  # keep the last prompt column: it predicts the first response token
-    last = max(last, prompt_len - 1)
+    # keep the last prompt column either way: it predicts the first response token
+    first = min(int(used[0]), prompt_len - 1) if used.numel() else prompt_len - 1
+    last = max(int(used[-1]), prompt_len - 1) if used.numel() else prompt_len - 1
     cols = slice(first, last + 1)
     return TrimmedInputs(
         input_ids=data.batch["input_ids"][:, cols],

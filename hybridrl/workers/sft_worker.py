@@ -43,12 +43,13 @@ def token_losses(module: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tup
 def micro_batches(data: DataProto, size: int, max_token_len: int | None) -> list[dict[str, torch.Tensor]]:
     """Rows grouped by similar length into micro-batches (`size` rows, or within `max_token_len`), each trimmed
     to its longest row: right padding past it changes no loss term."""
-    parts = make_micro_batches(data, None if max_token_len else size, max_token_len)
-    out = []
-    for part in parts:
-        width = int(part.data.batch["attention_mask"].sum(dim=-1).max())
-        out.append({k: part.data.batch[k][:, :width] for k in SFT_KEYS})  # each (rows, width)
-    return out
+    return [_trimmed(part.data) for part in make_micro_batches(data, None if max_token_len else size, max_token_len)]
+
+
+def _trimmed(data: DataProto) -> dict[str, torch.Tensor]:
+    """The SFT columns cut to the longest row, each (rows, width)."""
+    width = int(data.batch["attention_mask"].sum(dim=-1).max())
+    return {k: data.batch[k][:, :width] for k in SFT_KEYS}
 
 
 def _all_reduce_sum(value: float) -> float:
@@ -127,9 +128,7 @@ class SFTWorker(Worker):
         with torch.no_grad():
             for start in range(0, len(data), size):
                 rows = slice(start, start + size)
-                width = int(data.batch["attention_mask"][rows].sum(-1).max())
-                part = {k: data.batch[k][rows, :width] for k in SFT_KEYS}  # each (rows, width)
-                nll, mask = token_losses(module, part)
+                nll, mask = token_losses(module, _trimmed(data.select_rows(rows)))
                 sums[rows], counts[rows] = (nll * mask).sum(-1).double(), mask.sum(-1).double()
         module.train()
         return DataProto.from_dict({"loss_sum": sums, "num_tokens": counts})  # each (rows,)

@@ -1,6 +1,7 @@
 """verl's extra DataProto members and protocol functions (compat/verl_protocol.py), by hand-worked
 values; the core DataProto's behaviour is tests/test_protocol.py's."""
 
+import numpy as np
 import pytest
 import torch
 from test_protocol import ids_of
@@ -11,9 +12,12 @@ from verl_protocol import (
     fold_batch_dim,
     serialize_single_tensor,
     unfold_batch_dim,
+    union_numpy_dict,
+    union_tensor_dict,
 )
 
 from hybridrl.protocol import DataProto as CoreDataProto
+from hybridrl.tensor_batch import TensorBatch
 
 
 def make(rows: int = 4) -> DataProto:
@@ -88,3 +92,42 @@ def test_tensordict_round_trip_when_tensordict_is_installed():
     assert back.batch["x"].tolist() == [1, 2] and back.non_tensor_batch["turns"].tolist() == [[], [0.5]]
     assert back.meta_info == {"step": 7}
     assert len(DataProto(batch=tensordict.TensorDict({}, batch_size=[3])).batch.keys()) == 0
+
+
+def test_union_helpers_compare_values_with_nan_and_nesting():
+    nested = np.empty(2, dtype=object)
+    nested[:] = [np.array([1.0, np.nan]), {"k": [1, 2]}]
+    same = np.empty(2, dtype=object)
+    same[:] = [np.array([1.0, np.nan]), {"k": [1, 2]}]
+    merged = union_numpy_dict({"a": nested}, {"a": same, "b": np.arange(2)})
+    assert set(merged) == {"a", "b"}
+    other = np.empty(2, dtype=object)
+    other[:] = [np.array([1.0, 2.0]), {"k": [1, 2]}]  # NaN vs 2.0
+    with pytest.raises(ValueError, match="`a` in tensor_dict1 and tensor_dict2 are not the same object"):
+        union_numpy_dict({"a": nested}, {"a": other})
+    batch = TensorBatch({"x": torch.zeros(2)})
+    union_tensor_dict(batch, TensorBatch({"x": torch.zeros(2), "y": torch.ones(2)}))
+    assert set(batch) == {"x", "y"}
+    with pytest.raises(ValueError, match="`x`"):
+        union_tensor_dict(batch, TensorBatch({"x": torch.ones(2)}))
+
+
+def test_from_dict_has_one_batch_dimension_and_no_auto_padding():
+    with pytest.raises(ValueError, match="num_batch_dims=2"):
+        DataProto.from_dict({"x": torch.zeros(2, 3)}, num_batch_dims=2)
+    with pytest.raises(ValueError, match="pad_dataproto_to_divisor"):
+        DataProto.from_dict({"x": torch.zeros(2, 3)}, auto_padding=True)
+    with pytest.raises(ValueError, match="pad_dataproto_to_divisor"):
+        DataProto.from_single_dict({"x": torch.zeros(2, 3)}, auto_padding=True)
+    assert type(DataProto.from_single_dict({"x": torch.zeros(2, 3)})) is DataProto
+
+
+def test_rename_in_place_and_copy_is_deep():
+    data = make(2)
+    assert data.rename("ids", "input_ids") is data
+    assert list(data.batch.keys()) == ["input_ids"]
+    with pytest.raises(ValueError, match="1 old keys but 2 new keys"):
+        data.rename(["input_ids"], ["a", "b"])
+    copied = data.copy()
+    copied.batch["input_ids"][0, 0] = -1
+    assert type(copied) is DataProto and data.batch["input_ids"][0, 0] == 0

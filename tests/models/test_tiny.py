@@ -54,6 +54,8 @@ def test_overrides_derive_heads_and_mlp() -> None:
         resolve_spec("1m", hidden_size=100, num_heads=3)
     with pytest.raises(ValueError, match="not divisible by num_kv_heads=3"):
         resolve_spec("1m", num_heads=4, num_kv_heads=3)
+    with pytest.raises(ValueError, match="num_heads must be >= 1, got 0"):  # named, not a ZeroDivisionError
+        resolve_spec("1m", num_heads=0)
     with pytest.raises(KeyError, match="registered: 10m, 1b, 1m, 3m, 400m, 50m"):
         resolve_spec("7m")
     with pytest.raises(KeyError, match="unknown tiny model architecture 'gpt2'"):

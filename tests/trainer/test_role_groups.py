@@ -84,9 +84,9 @@ def test_handle_methods_match_their_worker_methods(handle):
 
 
 def test_expected_return_follows_the_dispatch_mode():
-    proto = MethodSpec(Dispatch.DP_COMPUTE_PROTO, Execute.ALL, True, True)
-    broadcast = MethodSpec(Dispatch.ONE_TO_ALL, Execute.ALL, True, True)
-    rank_zero = MethodSpec(Dispatch.ONE_TO_ALL, Execute.RANK_ZERO, True, True)
+    proto = MethodSpec(Dispatch.DP_COMPUTE_PROTO, Execute.ALL, True)
+    broadcast = MethodSpec(Dispatch.ONE_TO_ALL, Execute.ALL, True)
+    rank_zero = MethodSpec(Dispatch.ONE_TO_ALL, Execute.RANK_ZERO, True)
     assert expected_return(proto, "DataProto") == {"DataProto"}
     assert expected_return(broadcast, "dict") == {"list[dict]"}
     assert expected_return(broadcast, "None") == {"list[None]", "None"}

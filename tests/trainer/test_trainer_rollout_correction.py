@@ -13,7 +13,7 @@ from ppo_helpers import ppo_config, tiny_run_overrides
 from hybridrl.protocol import DataProto
 from hybridrl.trainer import dataflow
 from hybridrl.trainer.config_checks import ConfigError, resolve_config
-from hybridrl.trainer.dataflow import old_log_prob_from_update
+from hybridrl.trainer.dataflow import old_log_prob_blockers
 from hybridrl.trainer.metrics import StageCosts
 from hybridrl.trainer.ppo_config import PPOTrainerConfig, RolloutCorrectionConfig
 from hybridrl.trainer.ppo_trainer import PPOTrainer
@@ -43,7 +43,7 @@ def trainer_with(correction: RolloutCorrectionConfig, actor_rollout=None) -> PPO
     trainer.config.algorithm.rollout_correction = correction
     trainer.groups = type("Groups", (), {"actor_rollout": actor_rollout, "uses_reference": False, "critic": None})()
     trainer.costs = StageCosts({})
-    trainer.fuse_old_log_prob = old_log_prob_from_update(trainer.config)
+    trainer.fuse_old_log_prob = not old_log_prob_blockers(trainer.config)
     return trainer
 
 
