@@ -86,6 +86,7 @@ def test_two_ray_ranks_match_one_rank_after_an_update(ray_groups, tiny_model_dir
         reduce_metrics(expected["critic"])["critic/vf_loss"], rel=1e-4)
 
 
+@pytest.mark.slow  # the module's Ray cluster and two-rank groups cost half a minute to start
 def test_rollout_samples_from_the_updated_actor(ray_groups):
     actor, _ = ray_groups
     prompts = rollout_batch(rows=4).select(batch_keys=["input_ids", "attention_mask", "position_ids"])
