@@ -1,9 +1,9 @@
 """verl's trainer-level names in compat/verl_trainer.py: compute_advantage with the settings as arguments,
 its multi-output session variant, ResourcePoolManager, and the rollout-correction presets."""
 
-import numpy as np
 import pytest
 import torch
+from ppo_helpers import scored_batch
 from verl_trainer import (
     ResourcePoolManager,
     RolloutCorrectionConfig,
@@ -18,20 +18,8 @@ from hybridrl.trainer.ppo_config import AlgorithmConfig
 from hybridrl.workers.config import ActorConfig
 
 
-def batch(scores, masks, uids):
-    # each row's score sits on its last valid token
-    mask = torch.tensor(masks, dtype=torch.long)
-    rewards = torch.zeros(mask.shape)
-    for row, score in enumerate(scores):
-        valid = mask[row].nonzero()
-        if len(valid):
-            rewards[row, valid[-1]] = score
-    return DataProto.from_dict({"token_level_rewards": rewards, "response_mask": mask},
-                               {"uid": np.array(uids, dtype=object)})
-
-
 def test_verls_compute_advantage_takes_settings_as_arguments_or_from_the_config():
-    data = batch([0.0, 4.0], [[1, 1], [1, 1]], ["p", "q"])
+    data = scored_batch([0.0, 4.0], [[1, 1], [1, 1]], ["p", "q"])
     compute_advantage(data, "reinforce_plus_plus", gamma=0.5)
     # row 1 returns: 0.5 * 4 = 2 then 4
     torch.testing.assert_close(data.batch["returns"][1], torch.tensor([2.0, 4.0]))
@@ -45,7 +33,7 @@ def test_verls_compute_advantage_takes_settings_as_arguments_or_from_the_config(
 
 def test_multi_trajectory_grpo_groups_the_final_output_of_each_session():
     # session a0 has outputs 0 and 1 (rows 0, 1); sessions a1 and a2 one output each
-    data = batch([9.0, 1.0, 3.0, 2.0], [[1, 1], [0, 1], [1, 0], [1, 1]], ["a"] * 4)
+    data = scored_batch([9.0, 1.0, 3.0, 2.0], [[1, 1], [0, 1], [1, 0], [1, 1]], ["a"] * 4)
     keys = ["a_0_0", "a_0_1", "a_1_0", "a_2_0"]
     compute_advantage_for_multi_trajectories(data, keys, "grpo")
     # the group is the finals: scores 1 (row 1), 3, 2 -> mean 2, std 1 -> -1, +1, 0; row 0 takes its

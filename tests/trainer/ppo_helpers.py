@@ -56,3 +56,20 @@ def early_stopping_model(out_dir: Path, eos_pull: float = 8.0) -> Path:
         model.get_output_embeddings().weight[tokenizer.eos_token_id] += eos_pull * mean_hidden / mean_hidden.norm() ** 2
     model.save_pretrained(path)
     return path
+
+
+def scored_batch(scores, masks, uids):
+    """A DataProto of token_level_rewards (each row's score on its last valid token), response_mask and uid."""
+    import numpy as np
+    import torch
+
+    from hybridrl.protocol import DataProto
+
+    mask = torch.tensor(masks, dtype=torch.long)
+    rewards = torch.zeros(mask.shape)
+    for row, score in enumerate(scores):
+        valid = mask[row].nonzero()
+        if len(valid):
+            rewards[row, valid[-1]] = score
+    return DataProto.from_dict({"token_level_rewards": rewards, "response_mask": mask},
+                               {"uid": np.array(uids, dtype=object)})

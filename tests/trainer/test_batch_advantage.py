@@ -1,29 +1,16 @@
 """Batch-level advantages: every input the batch has goes to the estimator, its settings from the algorithm
 config."""
 
-import numpy as np
 import pytest
 import torch
+from ppo_helpers import scored_batch
 
-from hybridrl.protocol import DataProto
 from hybridrl.trainer.dataflow import compute_advantage
 from hybridrl.trainer.ppo_config import AlgorithmConfig
 
 
-def batch(scores, masks, uids):
-    # each row's score sits on its last valid token
-    mask = torch.tensor(masks, dtype=torch.long)
-    rewards = torch.zeros(mask.shape)
-    for row, score in enumerate(scores):
-        valid = mask[row].nonzero()
-        if len(valid):
-            rewards[row, valid[-1]] = score
-    return DataProto.from_dict({"token_level_rewards": rewards, "response_mask": mask},
-                               {"uid": np.array(uids, dtype=object)})
-
-
 def test_grpo_on_a_batch_writes_advantages_and_returns():
-    data = batch([1.0, 3.0], [[1, 1], [1, 0]], ["p", "p"])
+    data = scored_batch([1.0, 3.0], [[1, 1], [1, 0]], ["p", "p"])
     compute_advantage(data, "grpo", AlgorithmConfig())
     # mean 2, unbiased std sqrt(2): (1 - 2) / 1.414 = -0.7071 on both tokens, +0.7071 on the valid one
     expected = torch.tensor([[-0.70711, -0.70711], [0.70711, 0.0]])
@@ -32,7 +19,7 @@ def test_grpo_on_a_batch_writes_advantages_and_returns():
 
 
 def test_settings_come_from_the_algorithm_config():
-    data = batch([0.0, 4.0], [[1, 1], [1, 1]], ["p", "q"])
+    data = scored_batch([0.0, 4.0], [[1, 1], [1, 1]], ["p", "q"])
     compute_advantage(data, "reinforce_plus_plus", AlgorithmConfig(gamma=0.5))
     # row 1 returns: 0.5 * 4 = 2 then 4
     torch.testing.assert_close(data.batch["returns"][1], torch.tensor([2.0, 4.0]))
