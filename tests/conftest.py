@@ -23,6 +23,13 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# Under pytest-xdist (`-n auto`) the workers share the cores: each worker's torch, and the processes it
+# starts, take an equal share of them, and OpenMP threads sleep instead of spinning while they wait, so
+# that no worker's busy-wait takes a core from another's (set before torch loads its OpenMP runtime).
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _workers > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // _workers)))
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # The suite computes on the CPU on any machine: code that builds engines or workers in the test process
 # (no launcher to hand it trainer.device) would otherwise take the fallback, cuda where a GPU is visible.
 # Runs that name trainer.device=cuda (the tests marked `gpu`) still get it: their launchers set it.
@@ -56,23 +63,39 @@ def tiny_tokenizer(tiny_model_dir: Path):
     return load_tokenizer(tiny_model_dir)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster():
-    """One local Ray cluster for the tests that use it: a start costs seconds, and run_ppo / run_sft join a
-    connected driver instead of starting (and stopping) their own. Tests must leave it as they found it."""
+    """A local Ray cluster shared by consecutive tests that use it: a start costs seconds, and run_ppo / run_sft
+    join a connected driver instead of starting (and stopping) their own. Tests must leave it as they found
+    it. `pytest_runtest_teardown` below shuts it down after the last of a run of such tests."""
     import ray
 
     from hybridrl.controller.ray import init_ray
 
-    init_ray(num_cpus=2)
-    yield
-    ray.shutdown()
+    if not ray.is_initialized():
+        init_ray(num_cpus=2)
+
+
+def _shares_ray(item: pytest.Item) -> bool:
+    return "ray_cluster" in getattr(item, "fixturenames", ())
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Shut the shared Ray cluster down once the tests that use it are done (after their module fixtures'
+    teardown, which runs first), so no later test runs in a driver connected to Ray."""
+    if _shares_ray(item) and (nextitem is None or not _shares_ray(nextitem)):
+        import ray
+
+        ray.shutdown()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run the tests on the shared Ray cluster last, so no other test runs in a driver connected to Ray;
-    skip the tests marked `gpu` where torch sees no CUDA device, saying so in the report."""
-    items.sort(key=lambda item: "ray_cluster" in getattr(item, "fixturenames", ()))  # stable: order kept
+    """Run the tests on the shared Ray cluster first and together, then those that start their own: under
+    `-n auto` (with the `--dist loadfile --no-loadscope-reorder` of pyproject.toml) each module goes to one
+    worker, so a module's tests share its Ray cluster, and the longest runs start first. Skip the tests
+    marked `gpu` where torch sees no CUDA device."""
+    items.sort(key=lambda item: (not _shares_ray(item), item.get_closest_marker("ray") is None))  # stable
     gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_tests:
         return

@@ -36,7 +36,8 @@ from hybridrl.quickstart import precision_overrides
 from hybridrl.trainer.main_ppo import run_ppo
 
 # Longer hang limit than the suite's 600 s: the shared SFT fixture may run in this module's first setup.
-pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.usefixtures("ray_cluster"), pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.learning, pytest.mark.ray, pytest.mark.usefixtures("ray_cluster"),
+              pytest.mark.timeout(1800)]
 
 STEPS = 30  # the quickstart's
 MARGIN = 0.10  # the quickstart's promise; measured minimum from two seed-0 SFT models +0.188

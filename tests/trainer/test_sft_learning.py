@@ -21,7 +21,7 @@ from hybridrl.rewards.scorers import extract_answer
 
 # The shared SFT fixture (1200 steps, ~3.5 min idle) runs inside the first test's setup; on a machine
 # busy with other work it took over the suite's 600 s hang limit, so these tests get a longer one.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.learning, pytest.mark.timeout(1800)]
 
 
 def test_sft_teaches_the_task_and_copies_the_teachers_slip(quickstart_sft):
