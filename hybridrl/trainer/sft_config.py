@@ -97,7 +97,8 @@ class TrainerSchema:
     # Stop after this many optimizer steps (wins over total_epochs); null means total_epochs x steps
     # per epoch. 600 x 32 rows ~ 4 passes over the 5,000 default training problems, ~3 min on 2 CPU cores.
     total_training_steps: Any = 600
-    # Where metrics go: console (one line per step) and/or file (metrics.jsonl in default_local_dir).
+    # Where metrics go, as for PPO: console (a table per step), file (metrics.jsonl in default_local_dir),
+    # tensorboard, wandb or mlflow (the last two are extras).
     logger: list[str] = field(default_factory=lambda: ["console", "file"])
     # Seed of the model's random state and of the data order.
     seed: int = 0

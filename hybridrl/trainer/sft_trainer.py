@@ -8,7 +8,6 @@ defaults live in `hybridrl.trainer.sft_config`, which `trainer/config/sft_traine
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from functools import partial
@@ -29,7 +28,7 @@ from hybridrl.trainer.divergence import DivergenceGuard
 from hybridrl.trainer.sft_config import SFTSchema
 from hybridrl.trainer.worker_groups import SFTGroup
 from hybridrl.utils.device import device_setting_problem, resolve_device_type
-from hybridrl.utils.tracking import StepProgress, rewind_metrics_file
+from hybridrl.utils.tracking import StepProgress, Tracking, parse_logger_backends
 from hybridrl.utils.typed_config import added_keys, require, unknown_key_message
 from hybridrl.workers.checkpoint import commit_checkpoint, load_state_file
 from hybridrl.workers.checkpoint_resume import (
@@ -72,8 +71,7 @@ def validate_config(config: DictConfig) -> DictConfig:
              f"({data.max_length}) with data.use_dynamic_bsz=true, so that the longest sequence fits one pass")
     require(optim.lr_scheduler in ("constant", "cosine"),
              f"optim.lr_scheduler must be constant or cosine, got {optim.lr_scheduler!r}")
-    require(set(trainer.logger) <= {"console", "file"},
-             f"trainer.logger supports console and file, got {list(trainer.logger)}")
+    parse_logger_backends(list(trainer.logger))  # raises naming trainer.logger and the valid backends
     require(trainer.resume_mode in ("auto", "disable", "resume_path"),
              f"trainer.resume_mode must be auto, disable or resume_path, got {trainer.resume_mode!r}")
     steps = trainer.total_training_steps
@@ -107,30 +105,6 @@ def to_proto(batch: dict[str, torch.Tensor]) -> DataProto:
     return DataProto.from_dict(dict(batch))  # input_ids, attention_mask, position_ids, loss_mask: (rows, len)
 
 
-class MetricsLog:
-    """One line per step on stdout and/or one JSON object per step in metrics.jsonl."""
-
-    def __init__(self, backends: list[str], out_dir: Path) -> None:
-        self.console = "console" in backends
-        self.path = out_dir / "metrics.jsonl" if "file" in backends else None
-        if self.path is not None:
-            out_dir.mkdir(parents=True, exist_ok=True)
-
-    def rewind(self, keep_through: int) -> None:
-        """Before a resumed run logs: lines of steps after `keep_through` move to metrics.jsonl.rolled_back."""
-        if self.path is not None and rewind_metrics_file(self.path, keep_through):
-            print(f"{self.path}: moved the lines of steps after {keep_through}, which this run logs again, "
-                  f"to {self.path.name}.rolled_back", flush=True)
-
-    def log(self, step: int, metrics: dict[str, float]) -> None:
-        if self.console:
-            # tqdm.write keeps the progress bar intact below the line
-            tqdm.write(f"step {step}: " + "  ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
-        if self.path is not None:
-            with self.path.open("a") as f:
-                f.write(json.dumps({"step": step, **metrics}) + "\n")
-
-
 class SFTTrainer:
     """Drives an SFT worker group (any backend) over the configured data; `fit()` runs the whole job."""
 
@@ -145,7 +119,9 @@ class SFTTrainer:
         sampler = ResumableSampler(len(self.train_set), shuffle=True, seed=config.trainer.seed)
         self.loader = StatefulDataLoader(self.train_set, sampler=sampler,
                                          batch_size=config.data.train_batch_size, drop_last=True)
-        self.metrics = MetricsLog(list(config.trainer.logger), self.out_dir)
+        trainer = config.trainer
+        self.tracker = Tracking(trainer.project_name, trainer.experiment_name, list(trainer.logger),
+                                config=OmegaConf.to_container(config, resolve=True), log_dir=self.out_dir)
         self.global_step = 0
         self.guard = DivergenceGuard(
             config.trainer.max_consecutive_skipped_steps, last_checkpoint=lambda: find_latest_ckpt_path(self.out_dir),
@@ -159,22 +135,23 @@ class SFTTrainer:
         print(f"SFT: {info['params']:,} parameters ({info['local_params']:,} on rank 0), {len(self.train_set)} "
               f"train rows, {self.steps_per_epoch} steps/epoch, {self.total_steps} steps", flush=True)
         self._resume()
-        self.metrics.rewind(self.global_step if self.global_step else -1)
+        self.tracker.rewind(self.global_step if self.global_step else -1)
         bar = StepProgress(self.total_steps, initial_step=self.global_step, desc="SFT", postfix=SFT_POSTFIX)
         try:
             return self._train_loop(bar)
         finally:
             bar.close()
+            self.tracker.finish()
 
     def _train_loop(self, bar: StepProgress) -> dict[str, float]:
         last: dict[str, float] = {}
         while self.global_step < self.total_steps:
             for batch in self.loader:
                 last = self._train_step(to_proto(batch))
-                healthy = self.guard.check(self.global_step, last, log=partial(self.metrics.log, self.global_step, last))
+                healthy = self.guard.check(self.global_step, last, log=partial(self.tracker.log, last, self.global_step))
                 if self._should_validate():
                     last.update(self._validate())
-                self.metrics.log(self.global_step, last)
+                self.tracker.log(last, self.global_step)
                 bar.update(self.global_step, last)
                 done = self.global_step >= self.total_steps
                 freq = self.config.trainer.save_freq
@@ -184,7 +161,7 @@ class SFTTrainer:
                     break
             else:  # the epoch ran out before the step budget
                 if self.config.trainer.test_freq <= 0 and self.val_set is not None:
-                    self.metrics.log(self.global_step, self._validate())
+                    self.tracker.log(self._validate(), self.global_step)
         return last
 
     def _train_step(self, batch: DataProto) -> dict[str, float]:
