@@ -38,7 +38,8 @@ python3 -c "import torch, transformers; print(torch.__version__, transformers.__
 if wants tests; then
     say "gpu-marked tests"
     # every gpu-marked test lives in these two folders, whose modules import without Ray
-    timeout 240 python3 -m pytest -m gpu -q -p no:cacheprovider tests/trainer tests/workers/rollout 2>&1 | tail -25
+    # -o addopts= : the project's options name pytest-xdist, which the device need not have
+    timeout 240 python3 -m pytest -o addopts= -m gpu -q -p no:cacheprovider tests/trainer tests/workers/rollout 2>&1 | tail -25
 fi
 if wants decode; then
     say "decoding: eager vs CUDA graphs"
