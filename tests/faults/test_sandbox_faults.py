@@ -158,6 +158,7 @@ def _train_under_setpriv(tmp_path: Path, model: Path, *extra: str) -> tuple[subp
     return proc, run_dir
 
 
+@pytest.mark.slow  # an entry-point run in a new process
 @needs_root_and_setpriv
 def test_a_run_with_code_tasks_stops_before_any_worker_when_namespaces_are_refused(tmp_path, tiny_model_dir):
     proc, run_dir = _train_under_setpriv(tmp_path, tiny_model_dir)
@@ -169,6 +170,7 @@ def test_a_run_with_code_tasks_stops_before_any_worker_when_namespaces_are_refus
     assert not run_dir.exists()  # stopped before anything was started or written
 
 
+@pytest.mark.slow  # an entry-point run in a new process
 @needs_root_and_setpriv
 def test_an_opted_in_run_scores_code_tasks_in_the_weaker_mode(tmp_path, tiny_model_dir):
     proc, run_dir = _train_under_setpriv(tmp_path, tiny_model_dir, "reward_model.sandbox.require_isolation=false")

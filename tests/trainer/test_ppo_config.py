@@ -261,6 +261,7 @@ def test_bounds_that_the_command_line_turns_into_one_number_are_named():
     assert bounds_read_as_numbers(fine) == []
 
 
+@pytest.mark.slow  # a new process per case, importing the whole stack
 @pytest.mark.parametrize(("value", "misread"), [("0.5_5", True), ("'0.5_5'", False)])
 def test_the_entry_point_stops_before_training_on_bounds_read_as_a_number(value, misread):
     import subprocess
