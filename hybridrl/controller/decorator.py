@@ -1,19 +1,8 @@
 """`@register`: how a worker method is split across ranks, run, and its results merged.
 
-A worker class marks its remote-callable methods with `@register(dispatch_mode=..., execute_mode=...)`.
-The decorator stores a typed `MethodSpec` on the function; a WorkerGroup reads those specs from an
-explicit list (`registered_methods`) and binds one group-level method per entry.
-
-The call path for `wg.compute_log_prob(batch)` is:
-  driver:  dispatch_fn splits the arguments into one list entry per rank (a `ProtoShard` per rank for a
-           DataProto) -> execute on every rank (or rank 0) -> collect_fn merges the per-rank outputs
-  worker:  the registered wrapper materialises shards/futures, moves DataProto arguments to the worker's
-           device, calls the method, trims padding rows and moves the result's tensors to the CPU.
-
-The wrapper is the one owner of device placement: the driver's tensors stay on the CPU, and worker code
-allocates on the device of the tensors it receives (see `on_device`). A non-blocking DP_COMPUTE_PROTO
-call returns a `DataProtoFuture` whose per-rank results stay in Ray's object store; passed to the next
-call, each rank fetches its rows from the store itself, so the batch never travels through the driver.
+The decorator stores a typed `MethodSpec` on the function (`registered_methods` lists them). The call path
+(dispatch_fn per rank, the wrapper that owns device placement, collect_fn; `DataProtoFuture` keeping a
+batch in Ray's object store) is described in docs/architecture.md, "Worker groups and dispatch".
 """
 
 from __future__ import annotations

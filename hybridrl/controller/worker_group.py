@@ -1,12 +1,8 @@
 """WorkerGroup: the driver-side handle on N ranks of one worker class, and the typed handles over it.
 
-`wg.call(Worker.method, *args)` dispatches the arguments of a `@register`-ed method, runs it on the
-ranks and collects the results; it is the one way to call a worker method. Backends (Ray, local) only
-say how to start ranks and how to run one method on one rank. The trainers reach a group through a
-typed handle (`TypedWorkerGroup`): one explicit method per worker method, with the worker's signature,
-which an editor and a type checker can follow from the trainer's call to the worker's code.
-
-`LocalWorkerGroup` is the local backend: one rank in the driver process, no Ray.
+`wg.call(Worker.method, *args)` is the one way to call a worker method; backends (Ray, local) only say
+how to start ranks and run one method on one rank. `LocalWorkerGroup` is the local backend: one rank in
+the driver process, no Ray.
 """
 
 from __future__ import annotations

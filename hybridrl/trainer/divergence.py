@@ -3,14 +3,10 @@
 The engine already refuses to apply a non-finite gradient (`FSDPEngine.clip_and_step` skips the
 optimizer step and reports `skipped_step`), but a run that only skips keeps going with rc 0, logs
 NaN every step and checkpoints a model that may have been ruined by the update just before the first
-NaN. The trainers ask this guard about each step's metrics before they validate or save: an unhealthy
-step (`unhealthy_metrics`) is logged as a warning and never checkpointed, and more than
-`max_consecutive_skipped_steps` of them in a row raise `TrainingDivergedError`, naming the metrics, the
-limit's config key and the last checkpoint saved before the trouble.
-
-Why the default limit is 0 (stop at the first one): hybridrl trains in fp32 or bf16 without a loss
-scaler, so a non-finite gradient is not the routine fp16 overflow that loss scalers skip; it means the
-model diverged or the data produced NaN, and every further step only spends compute on NaN.
+NaN. An unhealthy step (`unhealthy_metrics`) is logged as a warning and never checkpointed, and more than
+`max_consecutive_skipped_steps` of them in a row raise `TrainingDivergedError`, naming the metrics, the key
+and the last checkpoint. The default limit is 0: without an fp16 loss scaler a non-finite gradient means
+divergence or NaN data, not a routine overflow.
 """
 
 from __future__ import annotations
