@@ -107,12 +107,9 @@ def sigterm_raises_exit() -> Iterator[None]:
 def ray_for_backend(backend: str, **init_kwargs: Any) -> Iterator[None]:
     """Start (or join) Ray for a `ray` backend run, and shut it down afterwards if this call started it.
 
-    `init_kwargs` go to `hybridrl.controller.ray.init_ray`. A driver that was already connected (a
-    notebook, a test, a caller running several jobs) stays connected. Any other backend does not import
-    Ray at all. `ray.init` turns SIGTERM into SystemExit(15) in a Ray driver, as `sigterm_raises_exit`
-    does, so a terminated driver still leaves this block and shuts the cluster down with all of its
-    processes (GCS, raylet, agents, workers); a SIGKILLed driver runs nothing, and its local cluster
-    lingers until Ray's own health checks stop it (about a minute).
+    `init_kwargs` go to `hybridrl.controller.ray.init_ray`; a driver already connected stays connected, and
+    any other backend does not import Ray. `ray.init` turns SIGTERM into SystemExit(15), so a terminated
+    driver still shuts its cluster down here; a SIGKILLed one leaves it to Ray's health checks.
     """
     if backend != "ray":
         yield

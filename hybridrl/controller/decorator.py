@@ -210,11 +210,8 @@ CPU = torch.device("cpu")
 def on_device(data: DataProto, device: torch.device) -> DataProto:
     """`data` with its batch on `device`: the same object where it is there already (always, on a CPU).
 
-    The one place a DataProto changes device. Why here: the driver holds CPU tensors (it has no device, and
-    Ray ships them as numpy buffers), while a worker's model sits on its GPU; moving at this boundary, once
-    per call, lets every worker method and the code it calls simply allocate on its inputs' device. The
-    move works on a shallow copy, so the caller's DataProto (the driver's own, on the local backend) stays
-    where it was; non_tensor_batch and meta_info are shared with it, as they were before the move.
+    The one place a DataProto changes device, so worker code simply allocates on its inputs' device. The move
+    works on a shallow copy (non_tensor_batch and meta_info shared): the caller's DataProto stays where it was.
     """
     if data.batch is None or all(t.device == device for t in data.batch.values()):
         return data

@@ -31,10 +31,9 @@ PLACEMENT_TIMEOUT_S = 60.0
 def register_torch_module_reducers() -> None:
     """Let cloudpickle export classes whose code refers to torch's config modules.
 
-    torch >= 2.11 loads modules such as `torch.distributed.config` as instances of a module subclass
-    (`ConfigModuleInstance`); cloudpickle looks reducers up by exact type, finds none for it, and fails
-    with "cannot pickle 'ConfigModuleInstance' object" when Ray exports an actor class. Pickling those
-    modules by name, as plain modules are, fixes it. Remove once cloudpickle handles module subclasses.
+    torch >= 2.11 loads modules such as `torch.distributed.config` as a module subclass, which cloudpickle's
+    exact-type lookup cannot pickle ("cannot pickle 'ConfigModuleInstance' object"); they pickle by name here.
+    Remove once cloudpickle handles module subclasses.
     """
     config_module_type = getattr(importlib.import_module("torch.utils._config_module"), "ConfigModule", None)
     if config_module_type is None:

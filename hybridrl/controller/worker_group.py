@@ -125,18 +125,9 @@ def roles_of(cls_with_init: ClassWithInitArgs) -> dict[str, type]:
 class TypedWorkerGroup:
     """Base of the typed handles: holds the group and the methods every `Worker` has.
 
-    A handle declares each worker method with the worker's signature and hands the call to the group
-    together with the worker method itself, so jump-to-definition goes from a trainer's call to the
-    handle's method and on to the worker's:
-
-        class CriticGroup(TypedWorkerGroup):
-            worker_cls = CriticWorker
-
-            def compute_values(self, data: DataProto) -> DataProto:
-                return self._call(CriticWorker.compute_values, data)
-
-    The return type is what the dispatch mode collects: a DataProto for DP_COMPUTE_PROTO, a list with
-    one entry per rank for ONE_TO_ALL; a handle returns None where every rank returns None.
+    A handle declares each worker method with the worker's signature and hands the worker method itself to
+    `_call` (e.g. `return self._call(CriticWorker.compute_values, data)`). It returns what the dispatch mode
+    collects: a DataProto for DP_COMPUTE_PROTO, one entry per rank for ONE_TO_ALL (None where all are None).
     """
 
     worker_cls: ClassVar[type[Worker]]
@@ -192,13 +183,9 @@ def _set_single_rank_env() -> None:
 class LocalWorkerGroup(WorkerGroup):
     """The local backend: one rank, built and run in the driver process, with RayWorkerGroup's API.
 
-    A breakpoint inside a worker method stops the driver itself, so a whole PPO step can be stepped through in
-    an ordinary debugger. The rank's torch.distributed coordinates and device type are the driver's own
-    environment variables, and its process group is the driver's; `shutdown` puts both back as they were, so
-    a second run in the same process starts afresh and a child process inherits nothing of the first.
-
-    device: the rank's device type, `trainer.device` (cpu / cuda / auto); None keeps this process's own
-    (`hybridrl.utils.device.device_type`), e.g. inside a test's CPU-pinned rank.
+    A breakpoint inside a worker method stops the driver itself. The rank's torch.distributed environment
+    and process group are the driver's; `shutdown` puts both back, so a second run in the process starts
+    afresh. device: `trainer.device` (cpu / cuda / auto); None keeps this process's own.
     """
 
     def __init__(self, cls_with_init: ClassWithInitArgs, device: str | None = None) -> None:

@@ -46,11 +46,9 @@ def load_reward_manager(config: Mapping[str, Any], tokenizer: Any, num_examine: 
     """Build the manager named by `config.reward_model.reward_manager` (verl's
     `verl.trainer.ppo.reward.load_reward_manager`).
 
-    `config` is the PPO config as a plain mapping; a section or key it lacks takes the schema's default
-    (the typed configs are the one home of those). The scorer is the custom function
-    (`custom_reward_function.path/name/reward_kwargs`) when one is set, else `default_compute_score` with
-    the code sandbox set by `reward_model.sandbox.*`. `reward_model.reward_kwargs` and `kwargs` go to the
-    manager.
+    `config` is the PPO config as a plain mapping (a missing key takes the schema's default). The scorer is
+    `custom_reward_function.*` when set, else `default_compute_score` with the `reward_model.sandbox.*`
+    sandbox; `reward_model.reward_kwargs` and `kwargs` go to the manager.
     """
     reward_model = to_dataclass(RewardModelConfig, config.get("reward_model") or {})
     data = config.get("data") or {}
@@ -70,13 +68,9 @@ RewardFn = Callable[..., dict[str, Any]]
 class BackgroundReward:
     """One background thread that scores batches with `reward_fn(batch, return_dict=True)`.
 
-    The reward functions run in the reward manager's worker processes (hybridrl/rewards/pool.py),
-    so the driver thread that waits for them is idle; a background thread waits instead, and the driver
-    drives the workers' log-prob and value passes meanwhile. The scores are the same as when scored in
-    line: the thread scores the same rows, and the trainer waits for them before it needs them (the KL
-    penalty and the advantages). The thread gets its own shallow copy of the batch (the tensors are
-    shared, not copied): the trainer keeps adding keys to the original (old_log_probs, values), and the
-    manager must not see the dict change under it.
+    The reward functions run in the manager's worker processes, so the thread only waits, while the driver
+    drives the log-prob and value passes; the trainer takes the scores before the KL penalty needs them.
+    The thread scores a shallow copy: the trainer keeps adding keys to the original batch meanwhile.
     """
 
     def __init__(self, reward_fn: RewardFn) -> None:
@@ -194,13 +188,9 @@ def keep_varied_groups(batch: DataProto, metric: str | None) -> tuple[DataProto,
 def old_log_prob_blockers(config: PPOTrainerConfig) -> list[str]:
     """Why this config needs the separate old log-prob pass; empty when the update can give them.
 
-    PPO's ratio pi_theta / pi_old needs the log-probs of the sampled tokens under the weights that were
-    current when the step began. verl always computes them in a no-grad pass before the update. When the
-    step is fully on-policy, one epoch over one mini-batch, no optimizer step happens before any row's
-    forward pass in the update, so that pass already computes exactly those log-probs and the separate
-    pass can be skipped. It stays wherever something reads the old log-probs before the update, or where
-    the update moves the weights before the last row's forward pass; each reason is named, so a user who
-    expected the fused path learns which key keeps it off.
+    On a fully on-policy step (one epoch over one mini-batch) no optimizer step precedes any row's forward
+    in the update, which then gives exactly the old log-probs. The pass stays where something reads them
+    before the update or the weights move first; each reason names the key that keeps the fused path off.
     """
     actor = config.actor_rollout_ref.actor
     reasons = []
@@ -242,12 +232,8 @@ def correct_rollout(batch: DataProto, config: RolloutCorrectionConfig) -> dict[s
     `config.rollout_is` is set, and `response_mask` loses the tokens rejection sampling drops. Returns the
     `rollout_corr/*` metrics (weights, rejected shares, KL and perplexities of rollout vs trainer).
 
-    The rollout engine samples with its own numerics (vLLM kernels, bf16), so its `rollout_log_probs`
-    differ from the actor's `old_log_probs` for the same weights. Decoupled mode reweights and rejects
-    tokens on that difference once per step, after the old log-prob pass; bypass mode skips the pass,
-    trains against the rollout's log-probs directly (`bypass_old_log_probs`) and corrects inside the
-    actor's loss (hybridrl/algos/bypass_loss.py). The tensor arithmetic lives in
-    `hybridrl.algos.rollout_correction`.
+    The tensor arithmetic lives in `hybridrl.algos.rollout_correction`; bypass mode corrects inside the
+    actor's loss instead (hybridrl/algos/bypass_loss.py; docs/algorithms.md).
     """
     where = f"{ROLLOUT_CORRECTION_KEY}.rollout_is / rollout_rs"
     weights, mask, metrics = compute_rollout_correction(

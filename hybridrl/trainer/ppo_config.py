@@ -291,13 +291,11 @@ def fill_derived(config: PPOTrainerConfig) -> None:
     """Fill in the settings that follow another key: once, on the driver, inside `resolve_config`
     (hybridrl/trainer/config_checks.py), after the per-key checks and before the freeze.
 
-    A config built in Python gets the same values as one composed from `ppo_trainer.yaml`, and each name
-    keeps one meaning: trainer.device=auto becomes the device found; critic.rollout_n (and the actor's)
-    follows actor_rollout_ref.rollout.n; data.tokenizer becomes the tokenizer_path of every model that
-    decodes or saves the prompts (and the reward model's input_tokenizer, when that names the actor's model
-    directory), so the driver and the workers load the same tokenizer; each micro-batch size becomes rows
-    per rank (`*_per_gpu`) where only verl's global key is set; a compute dtype of `auto` becomes float32
-    on a CPU (on a GPU each worker resolves it on its own device: the driver starts no CUDA to ask).
+    A config built in Python gets the same values as one composed from `ppo_trainer.yaml`: trainer.device=auto
+    becomes the device found; rollout_n keys follow rollout.n; data.tokenizer becomes every prompt-reading
+    model's tokenizer_path (and the reward model's input_tokenizer where it names the actor's model), so all
+    load one tokenizer; micro-batch sizes become rows per rank (`*_per_gpu`) where only verl's global key
+    is set; a compute dtype of `auto` becomes float32 on a CPU (a GPU worker resolves it on its own device).
     """
     config.trainer.device = resolve_device_type(config.trainer.device)
     n = config.actor_rollout_ref.rollout.n
