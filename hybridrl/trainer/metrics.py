@@ -166,9 +166,8 @@ def compute_memory_metrics(workers: Sequence[ProcessMemory] = (), driver: Proces
     (colocated roles share a process; under the local backend the driver is the worker).
 
     `perf/max_memory_rss_gb` is the driver's peak RSS, `/worker_max`, `/workers_sum` and `/all_processes`
-    the workers' and everyone's; sums of peaks bound the simultaneous total from above, and RSS counts
-    shared pages in each process. `perf/max_memory_{allocated,reserved}_gb`: the largest CUDA allocator
-    peaks, i.e. per GPU as verl, absent without CUDA.
+    (sums of peaks bound the simultaneous total from above); `perf/max_memory_{allocated,reserved}_gb` the
+    largest CUDA allocator peaks, per GPU as verl.
     """
     driver = driver or process_memory()
     metrics: dict[str, float] = {"perf/max_memory_rss_gb": driver.max_rss_gb}
@@ -219,10 +218,7 @@ def _bootstrap(values: np.ndarray, preds: Sequence[Hashable] | None, k: int, see
                n: int = 1000) -> dict[str, float]:
     """best@k, worst@k and (with `preds`) maj@k: mean and std over `n` resamples of k responses with
     replacement of the max, the min, and the value of the majority-voted prediction (ties to the one seen
-    first in the resample, valued as its first response: verl's `calc_maj_val`).
-
-    A fresh generator seeded like verl's np.random.seed(seed) gives verl's numbers for the same data and
-    seed without touching numpy's global random state.
+    first, valued as its first response: verl's `calc_maj_val`). Seeded as verl, without numpy's global RNG.
     """
     idx = np.random.RandomState(seed).choice(len(values), size=(n, k), replace=True)  # (n, k)
     picked = values[idx]
@@ -281,13 +277,10 @@ def process_validation_metrics(
 ) -> dict[str, dict[str, dict[str, float]]]:
     """`{data_source: {variable: {metric: value}}}` from per-response validation results.
 
-    Responses are grouped by data source, then by prompt (`sample_uids`: a uid or the prompt text).
-    For every numeric variable in `infos_dict` (string-valued ones such as `pred` are skipped), each
-    prompt with n responses gets mean@n, and for n > 1 std@n (population std) and, for k in
-    2, 4, 8, ... < n and k = n, bootstrap estimates (1000 resamples) of best@k and worst@k, plus maj@k
-    when a `pred` variable holds each response's final answer. The data source's value is the mean of
-    its prompts' values. The core variable (`acc` if present, else `reward`) also gets pass@k for
-    k = 1, 2, 4, ... < n and k = n, counting a response correct when its value is > 0 (True for acc).
+    Responses are grouped by data source, then by prompt (`sample_uids`). Every numeric variable of
+    `infos_dict` gets, per prompt of n responses, mean@n and for n > 1 std@n and bootstrap best@k, worst@k
+    (and maj@k from a `pred` variable) for k = 2, 4, ... < n and n; the core variable (`acc`, else
+    `reward`) also pass@k, a response counting as correct when > 0. A source's value is its prompts' mean.
     """
     n_rows = len(data_sources)
     for name, column in {"sample_uids": sample_uids, **infos_dict}.items():

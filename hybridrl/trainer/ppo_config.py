@@ -89,13 +89,9 @@ ROLLOUT_CORRECTION_KEY = "algorithm.rollout_correction"
 class RolloutCorrectionConfig(FreezableConfig):
     """`algorithm.rollout_correction`: correct for the rollout engine's policy differing from the trainer's.
 
-    Decoupled mode (bypass_mode false): after the old log-prob pass the trainer computes IS weights and a
-    rejection mask from old_log_probs vs rollout_log_probs (`hybridrl.algos.rollout_correction`); the
-    policy loss multiplies each token by its weight, and rejected tokens leave response_mask. Bypass mode:
-    no old log-prob pass; rollout_log_probs serve as old_log_probs, and the same weights and rejection are
-    computed inside the loss, per micro-batch, from the current policy's detached log-probs
-    (hybridrl/algos/bypass_loss.py): loss_type=ppo_clip clips pi_theta / pi_rollout (rejection only),
-    loss_type=reinforce weights -A log pi_theta by the IS weights.
+    Decoupled mode (bypass_mode false): IS weights and a rejection mask from old_log_probs vs
+    rollout_log_probs after the old log-prob pass. Bypass mode: no such pass; rollout_log_probs serve as
+    old_log_probs and the loss corrects per micro-batch (hybridrl/algos/bypass_loss.py; docs/algorithms.md).
     """
 
     # IS weight level: token | sequence | None (no weights).

@@ -227,10 +227,8 @@ _applied = False
 def keep_freed_memory() -> bool:
     """Raise glibc's mmap and trim thresholds for this process (once); returns whether they are set.
 
-    Freed host memory then stays in the process for the next tensor instead of returning to the kernel,
-    which would fault fresh pages in for every activation of a CPU pass
-    (benchmarks/README.md, "Host memory"). The resident size stays near the peak. Linux with glibc only;
-    HYBRIDRL_KEEP_FREED_MEMORY=0 (`KEEP_ENV`) turns it off.
+    Freed host memory then stays for the next tensor instead of faulting fresh pages in for every activation
+    of a CPU pass (benchmarks/README.md, "Host memory"). Linux with glibc only; `KEEP_ENV`=0 turns it off.
     """
     global _applied
     if _applied:

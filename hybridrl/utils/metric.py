@@ -161,8 +161,6 @@ def timer(name: str, timing_raw: MutableMapping[str, float]) -> Iterator[None]:
     """Add the `with` body's seconds to `timing_raw[name]`, also when it raises.
 
     Accumulates, since a stage may run several times in a step (DAPO's dynamic sampling).
-    `compute_timing_metrics` reports verl's stage names (`step`, `gen`, `reward`, `old_log_prob`, `ref`,
-    `values`, `adv`, `update_critic`, `update_actor`, `testing`, `save_checkpoint`).
     """
     start = time.perf_counter()  # monotonic: immune to wall-clock adjustments during long runs
     try:

@@ -13,11 +13,9 @@ Layout (verl's), under `trainer.default_local_dir`:
         critic/ ...
         data.pt, run_config.json            the trainer's own state and the run's config
 
-DCP records where each shard sits, so N ranks' checkpoint loads on M ranks and the merger reassembles it
-in one process; per-rank RNG states are restored only at the same world size. A role is written to
-`<role>.tmp-<id>` and renamed once every rank finished; `commit_checkpoint` then replaces the tracker and
-writes the step marker. Only committed steps count (`checkpoint_resume.find_latest_ckpt_path`), so a save
-that dies at any point leaves the previous checkpoint as the latest.
+DCP lets N ranks' checkpoint load on M ranks (per-rank RNG states only at the same world size). A role is
+written to `<role>.tmp-<id>` and renamed once every rank finished; only steps `commit_checkpoint` marked
+count, so a save that dies at any point leaves the previous checkpoint as the latest.
 """
 
 from __future__ import annotations
