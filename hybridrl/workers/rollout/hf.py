@@ -1,12 +1,9 @@
 """`rollout.name=hf`: batched sampling with a KV cache over a Hugging Face causal LM (CPU and GPU).
 
-It calls the actor's own module's forward (FSDP-wrapped or not) instead of `model.generate`, to prefill
-each prompt once without the padding all prompts share, keep a cache written in place, drop finished rows
-and cast the weights once. `decode_eagerly` is the decoding loop, the reference: each step runs through
-`ForwardSteps` (the model's forward, kv_cache.py) or a fused step (fused_decoder.py), and
-`HFRollout._decode` alone chooses which, or CUDA graphs (static_decode.py). Each path is tested equal to
-the plain loop (docs/rollout.md, "How the HF engine decodes"); benchmarks/rollout_bench.py compares it with
-`generate`.
+It calls the actor's own module's forward instead of `model.generate`, to prefill each prompt once without
+shared padding, keep a cache written in place, drop finished rows and cast the weights once.
+`decode_eagerly` is the reference loop; `HFRollout._decode` alone chooses the faster paths, each tested
+equal to it (docs/rollout.md, "How the HF engine decodes").
 """
 
 from __future__ import annotations
