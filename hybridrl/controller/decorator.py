@@ -211,7 +211,7 @@ def on_device(data: DataProto, device: torch.device) -> DataProto:
     """`data` with its batch on `device`: the same object where it is there already (always, on a CPU).
 
     The one place a DataProto changes device, so worker code simply allocates on its inputs' device. The move
-    works on a shallow copy (non_tensor_batch and meta_info shared): the caller's DataProto stays where it was.
+    works on a shallow copy (non_tensor_batch and meta_info shared): the caller's DataProto stays put.
     """
     if data.batch is None or all(t.device == device for t in data.batch.values()):
         return data

@@ -92,7 +92,7 @@ class PPOActor:
         log-probs (rows, response_len) in row order.
 
         With one epoch over one mini-batch no optimizer step precedes a row's forward, so log_prob.detach() is
-        what a separate no-grad pass would give (ratio 1, clip inactive), without its cost.
+        what a separate no-grad pass would give.
         """
         if plan.epochs != 1 or plan.mini_batch_rows != len(data):
             raise ValueError(

@@ -51,8 +51,9 @@ def forward_and_update_passes(model: torch.nn.Module, fsdp_dtype: str, epochs: i
     Counted on the loaded, unsharded model; the peak is measured in the FSDP compute dtype.
     """
     params = matmul_params(model)
+    peak = device_peak_flops(resolve_dtype(fsdp_dtype))
     return {infer: forward_pass(params, fsdp_dtype),
-            train: ModelPass(params, TRAIN_FLOPS_PER_PARAM, epochs, device_peak_flops(resolve_dtype(fsdp_dtype)))}
+            train: ModelPass(params, TRAIN_FLOPS_PER_PARAM, epochs, peak)}
 
 
 def forward_pass(params: int, dtype: str) -> ModelPass:
@@ -75,10 +76,9 @@ def load_model_for(model: ModelConfig, gradient_checkpointing: bool, compute_dty
 class ActorRolloutRefWorker(Worker):
     """Actor, rollout and/or reference policy on one rank, by `role`.
 
-    With role `actor_rollout[_ref]` the rollout generates with the actor's current weights: the engine's
-    `serving(actor)` hand-off runs around every generation (the HF engine reads the sharded module,
-    gathered for the block; vLLM receives the full state dict), so the policy that generates is always
-    the one being trained.
+    With role `actor_rollout[_ref]` the rollout generates with the actor's current weights: the
+    `serving(actor)` hand-off runs around every generation
+    (docs/rollout.md, "The hand-off between training and generation").
     """
 
     def __init__(self, config: Any, role: str) -> None:

@@ -71,9 +71,8 @@ def make_micro_batches(
     """Cut `data` into micro-batches of similar-length rows: `micro_batch_size` rows each, or within a
     `max_token_len` budget of rows x padded width (`cheapest_cuts`).
 
-    Rows with the same `group_ids` stay together (groups ordered by their longest row), so shared prompts
-    are computed once (`hybridrl.models.attention`). Every rank gets the same count; one with too few rows
-    runs dummy micro-batches (a real row with its response masked out) whose outputs are dropped.
+    Rows with the same `group_ids` stay together, so shared prompts are computed once. Every rank gets the
+    same count; one with too few rows runs dummy micro-batches whose outputs are dropped.
     """
     if (micro_batch_size is None) == (max_token_len is None):
         raise ValueError("give exactly one of micro_batch_size (fixed) or max_token_len (dynamic batch size)")
