@@ -1,13 +1,9 @@
 """The single controller's machinery: register worker methods, start worker groups, dispatch calls.
 
-`create_worker_group` starts a group on the chosen backend. The Ray backend lives in
-`hybridrl.controller.ray` and is imported only when asked for, so that the local backend, the
-decorators and the run's lifecycle work without starting (or even importing) Ray.
-
-Ending a run cleanly: Python's default reaction to SIGTERM ends the process at once, skipping
-`finally` blocks and atexit hooks. `sigterm_raises_exit` turns SIGTERM into SystemExit for the
-duration of a run, so the run's cleanup (loggers flushed, workers and the local process group closed)
-runs as on any other exit, and `ray_for_backend` shuts down the Ray cluster it started.
+`create_worker_group` starts a group on the chosen backend; `hybridrl.controller.ray` is imported only
+when asked for, so the local backend works without importing Ray. SIGTERM's default action skips
+`finally` blocks, so `sigterm_raises_exit` turns it into SystemExit for a run: its cleanup (loggers,
+workers, process group, the Ray cluster `ray_for_backend` started) runs as on any other exit.
 """
 
 from __future__ import annotations

@@ -3,9 +3,8 @@
 Each epoch cuts the rank's rows into mini-batches (one optimizer step each) and those into micro-batches
 (one forward/backward each). A micro-batch's loss is normalised by its mini-batch's totals over all ranks
 (`global_batch_info`), so the accumulated gradient is the whole mini-batch's, whatever the aggregation,
-micro-batch size or rank count. `ppo_mini_batch_size` counts prompts over all ranks (as in verl): a rank
-trains on ppo_mini_batch_size x rollout.n / world_size rows per step. Per-rank sizes are pure functions of
-a config and the world size: a worker computes them and never writes them into its config.
+micro-batch size or rank count. `ppo_mini_batch_size` counts prompts over all ranks (as in verl); per-rank
+sizes are computed from it and the world size, never written into the config.
 """
 
 from __future__ import annotations
