@@ -1,11 +1,8 @@
 """The driver's stages of a PPO step that act on a whole batch: pure functions on DataProto.
 
-In the order of a step (docs/architecture.md, "One PPO step"): a prompt batch with a `uid` per prompt,
-the rollout's input split off and its responses merged back (stages 1-2), rows balanced across the
-ranks (3), groups without varied scores dropped (DAPO's dynamic sampling), where the old log-probs
-come from (5), rollout correction (5b) and the advantages (7).
-
-The reward side of stage 4 is here too: `load_reward_manager` (verl's name) and `BackgroundReward`.
+In the order of a step (docs/architecture.md, "One PPO step"): prompts with a `uid` each, the rollout's
+input and output (1-2), balancing (3), DAPO's group filter, the reward side of stage 4
+(`load_reward_manager`, `BackgroundReward`), the old log-probs (5), rollout correction (5b), advantages (7).
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """The numbers the trainer logs each step, under verl's metric names and with verl's definitions: pure
-functions of a DataProto (or of plain lists) returning `{name: float}`, so the fit loop only merges dicts.
-`StageCosts` gathers what each stage cost on the workers: their own seconds and each pass's model FLOPs.
-
-Batch layout (docs/architecture.md, "The batch"): `prompts` (B, P) left-padded, `responses` (B, R)
-right-padded, `attention_mask` (B, P + R) covering both, `response_mask` (B, R), and per-token float tensors
-`token_level_scores`, `token_level_rewards`, `advantages`, `returns`, `values` (B, R).
+functions of a DataProto (layout: docs/architecture.md, "The batch") or of plain lists returning
+`{name: float}`. `StageCosts` gathers each stage's worker seconds and model FLOPs.
 """
 
 from __future__ import annotations

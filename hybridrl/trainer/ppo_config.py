@@ -1,10 +1,8 @@
 """The PPO/GRPO trainer's typed config: verl's key names, one home for every default.
 
 `ppo_trainer.yaml` composes `PPOTrainerConfig` (registered with Hydra's ConfigStore) and overrides only
-what differs for the built-in CPU quickstart. Hydra rejects unknown keys and ill-typed values when the
-command line is parsed; then `resolve_config` (hybridrl/trainer/config_checks.py) checks every value and
-the relations between them, fills in the settings that follow another key (`fill_derived`,
-`fill_training_steps`) and freezes the result, once, before any worker starts.
+what differs for the built-in CPU quickstart; `resolve_config` (config_checks.py) then checks it, fills in
+the derived settings (`fill_derived`, `fill_training_steps`) and freezes it, before any worker starts.
 """
 
 from __future__ import annotations

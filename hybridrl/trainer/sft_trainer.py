@@ -1,9 +1,7 @@
 """The SFT loop on the driver: data order, steps, validation, metrics, and the final model directory.
 
-The driver owns the dataloader; each step it sends the global batch to the SFT worker group, whose
-ranks split it, accumulate gradients over micro-batches and step together (see
-`hybridrl.workers.sft_worker` for the loss). Config keys follow verl's SFT trainer; their types and
-defaults live in `hybridrl.trainer.sft_config`, which `trainer/config/sft_trainer.yaml` composes.
+Each step the driver sends the global batch to the SFT worker group, whose ranks split it and step
+together (`hybridrl.workers.sft_worker` has the loss). Keys follow verl's SFT trainer (`sft_config`).
 """
 
 from __future__ import annotations
