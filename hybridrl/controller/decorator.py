@@ -42,11 +42,9 @@ class DataProtoFuture:
 
 @dataclass
 class ProtoShard:
-    """What one rank receives for a DataProto argument of a DP_COMPUTE_PROTO call.
-
-    Either `data` (the rank's chunk, cut by the driver) or `futures` (references to a previous call's
-    per-rank outputs, which the worker fetches and cuts itself). `real_rows` counts the rows of the chunk
-    that are not padding; the worker drops the outputs of padding rows before returning.
+    """What one rank receives for a DataProto argument of a DP_COMPUTE_PROTO call: `data` (its chunk) or
+    `futures` (a previous call's per-rank outputs, which the worker fetches and cuts itself). The outputs of
+    rows past `real_rows` (padding) are dropped before returning.
     """
 
     data: DataProto | None = None
@@ -261,11 +259,9 @@ def register(
     execute_mode: Execute = Execute.ALL,
     blocking: bool = True,
 ) -> Callable[[Callable], Callable]:
-    """Mark a worker method as callable from a WorkerGroup.
-
-    On the worker, shards and DataProtoFutures are fetched before the method runs, DataProto arguments move to
-    the worker's `device` (a `Worker` property; an object without one, e.g. a plain test class, keeps them
-    where they are) and the result's tensors to the CPU (`on_device`, `to_cpu`).
+    """Mark a worker method as callable from a WorkerGroup. On the worker, shards and futures are fetched,
+    DataProto arguments move to the worker's `device` (an object without one keeps them where they are) and
+    the result's tensors to the CPU.
     """
     get_dispatch_mode(dispatch_mode)  # fail at class definition for an unknown mode
     if dispatch_mode == Dispatch.RANK_ZERO:

@@ -227,12 +227,10 @@ class Worker:
 
 
 class HybridWorker(Worker):
-    """Every role of a run in one process per rank: the actor with its rollout and reference, and the
-    critic and reward model when the run has them, sharing the rank's device and process group.
+    """Every role of a run in one process per rank, sharing the rank's device and process group.
 
-    `roles` maps each role's name to its worker class and constructor arguments (a `ClassWithInitArgs`);
-    each role object is built here, in the rank's process. The driver reaches a role's registered method
-    through `WorkerGroup.call_role(role, method, ...)`, which runs `execute_role` on every rank.
+    `roles` maps each role's name to its `ClassWithInitArgs`, built here in the rank's process; the driver
+    reaches a role's method through `WorkerGroup.call_role`, which runs `execute_role` on every rank.
     """
 
     def __init__(self, roles: Mapping[str, Any]) -> None:

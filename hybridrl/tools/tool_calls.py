@@ -111,9 +111,8 @@ def _cancel_all_and_stop(loop: asyncio.AbstractEventLoop) -> None:
 class ToolRunner:
     """Runs batches of tool calls concurrently on one background event loop, each under `wait_for`.
 
-    A tool that blocks the loop itself (`time.sleep` in `async def`) cannot be cancelled: at the deadline
-    its batch's unfinished calls time out and the next batch gets a fresh loop; the blocked daemon thread
-    is abandoned.
+    A tool that blocks the loop itself cannot be cancelled: its batch's unfinished calls time out and the
+    next batch gets a fresh loop, abandoning the blocked daemon thread.
     """
 
     def __init__(self, blocked_loop_grace_s: float = BLOCKED_LOOP_GRACE_S) -> None:

@@ -118,10 +118,9 @@ def attach_responses(batch: DataProto, generated: DataProto) -> DataProto:
 def balance_batch(batch: DataProto, world_size: int, keep_groups: bool = False) -> dict[str, float]:
     """Reorder rows so each data-parallel rank's contiguous chunk holds a similar number of tokens.
 
-    Ranks work in lockstep (FSDP collectives), so the step takes as long as the busiest rank.
-    `keep_groups`: the rows of a prompt (one `uid`) go to one rank together, so that rank computes the
-    prompt once (`actor_rollout_ref.model.share_prompt_forward`); whole groups are balanced by their
-    tokens, where the groups are of one size and divide evenly among the ranks (otherwise rows are).
+    Ranks work in lockstep, so the step takes as long as the busiest rank. `keep_groups`: a prompt's rows
+    (one `uid`) go to one rank together, which computes the prompt once, where the groups are of one size and
+    divide evenly among the ranks (otherwise rows are balanced).
     """
     lengths = batch.batch["attention_mask"].sum(dim=-1).tolist()  # (batch,) real tokens
     groups = _equal_groups(batch, world_size) if keep_groups and world_size > 1 else None
@@ -158,10 +157,9 @@ def sequence_scores(batch: DataProto) -> torch.Tensor:
 def keep_varied_groups(batch: DataProto, metric: str | None) -> tuple[DataProto, int]:
     """DAPO dynamic sampling: keep only prompts whose samples do not all score the same.
 
-    A group with identical scores has zero advantage under GRPO-style estimators and adds nothing but
-    cost. `metric` names a per-sample value in non_tensor_batch (e.g. `acc`), or `seq_reward` /
-    `seq_final_reward` (the sum of token scores / rewards), the default. Returns the kept rows and the
-    number of prompts kept.
+    A group with identical scores has zero advantage under GRPO-style estimators. `metric` names a
+    per-sample value in non_tensor_batch (e.g. `acc`), or `seq_reward` / `seq_final_reward` (the sum of
+    token scores / rewards). Returns the kept rows and the number of prompts kept.
     """
     if metric in (None, "seq_final_reward", "seq_reward", "score"):
         key = "token_level_rewards" if metric == "seq_final_reward" and "token_level_rewards" in batch.batch \
@@ -263,10 +261,8 @@ def compute_advantage(data: DataProto, adv_estimator: str | AdvantageEstimator,
                       config: AlgorithmConfig) -> DataProto:
     """Set data.batch["advantages"] and ["returns"] (batch, response_len) from `adv_estimator`; returns data.
 
-    The registered estimator gets every input the batch has (token_level_rewards, response_mask, values,
-    reward_baselines, the prompt uids, ...) and, from the algorithm `config` (algorithm.*), gamma, lam,
-    norm_adv_by_std_in_grpo and the config itself (reinforce_plus_plus reads its gamma there, gdpo its reward
-    keys). verl's signature, with the settings as arguments, is compat/verl_trainer.py's.
+    The registered estimator gets every input the batch has (rewards, mask, values, baselines, uids, ...),
+    gamma, lam, norm_adv_by_std_in_grpo and `config` (algorithm.*) itself. verl's signature is in compat/.
     """
     require_config_object(config, "compute_advantage", "the algorithm config (algorithm.*)")
     batch = data.batch

@@ -29,9 +29,8 @@ class TrainingDivergedError(RuntimeError):
 def unhealthy_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
     """The metrics that make a step unhealthy: non-finite losses and gradient norms, skipped updates.
 
-    Matched by name, so every role is covered (actor/pg_loss, critic/vf_loss, train/grad_norm, ...):
-    a key whose last segment ends in `loss` or is `grad_norm` must be finite, and `skipped_step` (the
-    fraction of the step's optimizer updates the engine skipped) must be 0.
+    Matched by name, so every role is covered: a key whose last segment ends in `loss` or is `grad_norm`
+    must be finite, and `skipped_step` (the share of the step's updates the engine skipped) must be 0.
     """
     def unhealthy(key: str, value: float) -> bool:
         name = key.rsplit("/", 1)[-1]

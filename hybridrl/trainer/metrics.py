@@ -133,9 +133,8 @@ def compute_throughput_metrics(
 ) -> dict[str, float]:
     """`perf/total_num_tokens`, `perf/time_per_step` and `perf/throughput` in tokens/s per worker.
 
-    throughput = total_num_tokens / (timing_raw["step"] * n_workers), where total_num_tokens counts
-    every attended prompt and response token in the batch (verl's `global_token_num`). `n_workers` is
-    verl's `n_gpus` (`trainer.nnodes * trainer.n_gpus_per_node`; worker processes on CPU).
+    throughput = total_num_tokens / (timing_raw["step"] * n_workers), counting every attended token
+    (verl's `global_token_num`); `n_workers` is verl's `n_gpus` (worker processes on CPU).
     """
     if "step" not in timing_raw:
         raise KeyError("compute_throughput_metrics: timing_raw has no 'step' entry; wrap the whole iteration "
@@ -185,9 +184,8 @@ def compute_mfu_metrics(flops: Mapping[str, float], seconds: Mapping[str, float]
                         peak_flops: Mapping[str, float]) -> dict[str, float]:
     """`perf/mfu/<pass>` = flops / (seconds x peak_flops) for each model pass that ran this step.
 
-    flops: the pass's model FLOPs over the step's real tokens (2N per token forward, 6N trained, times the
-    epochs: `hybridrl.utils.metric.model_flops`); seconds: the slowest rank's own time; peak_flops: the
-    sum of the ranks' peaks. Pass names are `STAGE_PASSES`' values (verl's where it has one).
+    flops: the pass's model FLOPs over the step's real tokens (`hybridrl.utils.metric.model_flops`);
+    seconds: the slowest rank's own time; peak_flops: the sum of the ranks' peaks.
     """
     return {f"perf/mfu/{name}": mfu(value, seconds[name], peak_flops[name])
             for name, value in flops.items() if seconds.get(name, 0.0) > 0}

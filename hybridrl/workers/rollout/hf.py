@@ -59,8 +59,7 @@ DROP_FINISHED_SHARE = 0.125
 class HFRollout(BaseRollout):
     """Generate with a causal LM's forward and a preallocated KV cache.
 
-    `module` is read in place (updating it updates the rollout); its forward takes a cache, `position_ids`
-    and `logits_to_keep`, as every transformers causal LM's does. `tokenizer` gives the pad and EOS ids
+    `module` is read in place (updating it updates the rollout). `tokenizer` gives the pad and EOS ids
     unless `eos_token_id` (an int or a list) / `pad_token_id` are given.
     """
 
