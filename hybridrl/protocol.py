@@ -281,8 +281,7 @@ class DataProto:
     def union(self, other: DataProto) -> DataProto:
         """Merge `other`'s columns and meta_info into this DataProto (in place; returns self).
 
-        A key in both must hold equal values (two different `old_log_probs` would corrupt training); `metrics`
-        are gathered as in `concat`.
+        A key in both must hold equal values; `metrics` are gathered as in `concat`.
         """
         if len(self) != len(other) and len(self) and len(other):
             raise DataProtoError(f"union: this DataProto has {len(self)} rows but the other has {len(other)}")

@@ -69,11 +69,8 @@ def rank_chunks(data: DataProto, world_size: int) -> list[tuple[DataProto, int]]
 
 
 def trim_padding(output: Any, shard: ProtoShard) -> Any:
-    """Drop the outputs that belong to padding rows of this rank's chunk.
-
-    A method may return k rows per input row (e.g. k samples per prompt); padding rows sit at the end of
-    the chunk, so their outputs are the last k * padding rows.
-    """
+    """Drop the outputs of this rank's padding rows: the last k * padding rows, for a method that returns k
+    rows per input row (e.g. k samples per prompt)."""
     rows, real = len(shard.data), shard.real_rows
     if real is None or real == rows or not isinstance(output, DataProto):
         return output

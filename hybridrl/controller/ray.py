@@ -55,8 +55,7 @@ def init_ray(
 ) -> None:
     """Join a running cluster (address or RAY_ADDRESS) or start a small local one sized for a laptop.
 
-    Ray's defaults start a dashboard and reserve 30% of RAM for the object store; on a 2-core machine
-    that costs more than the work. Does nothing if Ray is already initialised.
+    Ray's defaults (a dashboard, 30% of RAM for the object store) cost a 2-core machine more than the work.
     """
     register_torch_module_reducers()
     if ray.is_initialized():

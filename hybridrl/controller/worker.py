@@ -106,8 +106,7 @@ def announce_address(key: str, port: int) -> None:
 def await_address(key: str, rank0: Any, timeout_s: float = default_pg_timeout.total_seconds()) -> tuple[str, int]:
     """The driver: wait until the Ray actor `rank0` announces its store's address under `key`.
 
-    Raises rank 0's own error if its construction fails first (a bad model path, say), instead of
-    leaving the driver waiting on an address that will never come.
+    Raises rank 0's own error if its construction fails first, instead of waiting forever.
     """
     import ray
     from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_get

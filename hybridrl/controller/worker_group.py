@@ -75,11 +75,8 @@ class WorkerGroup:
         return self._specs[role]
 
     def call(self, method: str | Callable, /, *args: Any, **kwargs: Any) -> Any:
-        """Dispatch, execute and collect one registered method of the worker class.
-
-        `method` is the worker class's method itself (`SFTWorker.train_batch`, which a reader can jump
-        to) or its name.
-        """
+        """Dispatch, execute and collect one registered method of the worker class: the method itself
+        (`SFTWorker.train_batch`, which a reader can jump to) or its name."""
         return self.call_role(None, method, *args, **kwargs)
 
     def call_role(self, role: str | None, method: str | Callable, /, *args: Any, **kwargs: Any) -> Any:

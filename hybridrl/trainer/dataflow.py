@@ -97,8 +97,7 @@ def new_prompt_batch(batch_dict: dict) -> DataProto:
 def split_generation_input(batch: DataProto, columns: Sequence[str] = ()) -> DataProto:
     """Take the prompt tensors out of `batch` (the rollout's input); everything else stays.
 
-    `columns` are non-tensor columns the rollout reads too (the agent loop's `extra_info`, `agent_name`):
-    they are copied into the input, and stay in `batch`. Absent ones are skipped.
+    `columns`: non-tensor columns the rollout reads too (the agent loop's), copied into the input if present.
     """
     generation_input = batch.pop(batch_keys=PROMPT_TENSORS)
     for key in columns:

@@ -45,8 +45,7 @@ def unhealthy_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
 class DivergenceGuard:
     """Counts unhealthy steps in a row and stops the run past `max_consecutive_skipped_steps`.
 
-    `last_checkpoint()` names the newest committed checkpoint (or None) for the error; `hint` says what
-    to change, e.g. the learning rates in use.
+    `last_checkpoint()` names the newest committed checkpoint (or None) for the error; `hint` what to change.
     """
 
     max_consecutive_skipped_steps: int
@@ -61,10 +60,8 @@ class DivergenceGuard:
 
     def check(self, step: int, metrics: dict[str, float], log: Callable[[], None] = lambda: None) -> bool:
         """True for a healthy step; False for a tolerated unhealthy one (do not save it); past the limit, calls
-        `log` (the diverged step's numbers belong in the log too) and raises.
-
-        Adds `STREAK_METRIC` to `metrics`, so the count is logged with the step.
-        """
+        `log` (the diverged step's numbers belong in the log too) and raises. Adds `STREAK_METRIC` to
+        `metrics`."""
         bad = unhealthy_metrics(metrics)
         self.streak = self.streak + 1 if bad else 0
         metrics[STREAK_METRIC] = self.streak

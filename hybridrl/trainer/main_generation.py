@@ -65,8 +65,7 @@ def generate_responses(engine: BaseRollout, dataset: RLHFDataset, batch_size: in
                        device: str | torch.device = "cpu") -> list[list[str]]:
     """n decoded responses (special tokens removed) for every dataset row, in row order.
 
-    The prompts go to `device` (where the engine's model is) and the responses come back to the CPU: this
-    driver is its own worker, so it places the data where a worker's `@register` wrapper would.
+    This driver is its own worker, so it moves the prompts to `device` and the responses back to the CPU.
     """
     results: list[list[str]] = []
     for start in range(0, len(dataset), batch_size):

@@ -332,8 +332,7 @@ def parse_logger_backends(backends: str | Sequence[str] | None) -> list[str]:
 class Tracking:
     """Sends each step's metrics to every backend in `default_backend` (verl's class and arguments).
 
-    `log_dir` (the trainer's `default_local_dir`) is where file-based backends write. Call `finish()` or use
-    `with Tracking(...)`.
+    `log_dir` (the trainer's `default_local_dir`) is where file-based backends write.
     """
 
     def __init__(self, project_name: str, experiment_name: str,

@@ -403,8 +403,7 @@ class CheckpointManager:
     def load_checkpoint(self, local_path: str | Path) -> dict[str, Any]:
         """Restore `checkpoint.load_contents` from the role checkpoint at `local_path`; returns its marker.
 
-        Any read failure raises CheckpointError naming the path and each failing rank's error, on every rank,
-        so the driver can fall back to an older step.
+        Any read failure raises CheckpointError naming each failing rank's error, on every rank.
         """
         meta = check_role_dir(local_path)
         wanted = [c for c in self.load_contents if c != "hf_model"]

@@ -167,8 +167,7 @@ def decode_static(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The sampling loop over fixed buffers: responses (B*n, R), lengths (B*n,), log-probs (B*n, R).
 
-    `module`: a full-attention causal LM with its weights in `compute_dtype`, run under no_grad. `capture`:
-    replay each decoding step as a CUDA graph.
+    `module`: a full-attention causal LM with its weights in `compute_dtype`, under no_grad.
     """
     n, width = params.n, params.response_length
     batch, prompt_len = input_ids.shape

@@ -219,8 +219,7 @@ class VLLMRollout(BaseRollout):
     def update_weights(self, state_dict: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load full weights in place, then drop cached prefixes computed with the old ones.
 
-        `state_dict`: a mapping or (name, tensor) pairs, consumed to the end (an iterator that gathers shards
-        is a collective).
+        `state_dict`: a mapping or (name, tensor) pairs, consumed to the end (gathering is a collective).
         """
         pairs = iter(state_dict.items() if isinstance(state_dict, Mapping) else state_dict)
         try:
