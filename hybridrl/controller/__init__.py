@@ -56,11 +56,8 @@ __all__ = [
 
 def create_worker_group(backend: str, cls_with_init: ClassWithInitArgs, resource_pool=None,
                         device: str | None = None) -> WorkerGroup:
-    """Start a worker group on the chosen backend: "ray" (needs a resource pool) or "local".
-
-    device: the local rank's device type (`trainer.device`; None keeps this process's). A Ray group's
-    ranks compute on cuda exactly when its pool reserves GPU bundles (`use_gpu`).
-    """
+    """Start a worker group on the chosen backend: "ray" (needs a resource pool; its ranks compute on cuda
+    exactly when the pool reserves GPUs) or "local" (`device`: `trainer.device`; None: this process's)."""
     if backend == "local":
         return LocalWorkerGroup(cls_with_init, device=device)
     if backend == "ray":
@@ -81,11 +78,8 @@ def _exit_on_signal(signum: int, frame: Any) -> None:
 
 @contextmanager
 def sigterm_raises_exit() -> Iterator[None]:
-    """Inside the block, SIGTERM raises SystemExit(143) in the main thread; outside, nothing changes.
-
-    Only replaces the default action: a program that installed its own SIGTERM handler keeps it, and
-    off the main thread (where Python cannot install handlers) the block runs unchanged.
-    """
+    """Inside the block, SIGTERM raises SystemExit(143) in the main thread; outside, nothing changes. A
+    SIGTERM handler of the program's own is kept, and off the main thread the block runs unchanged."""
     if threading.current_thread() is not threading.main_thread() \
             or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         yield

@@ -306,11 +306,8 @@ def load_causal_lm(
     gradient_checkpointing: bool = False,
     override_config: Mapping[str, Any] | None = None,
 ) -> PreTrainedModel:
-    """An `AutoModelForCausalLM` from a local checkpoint (actor, reference, rollout).
-
-    `attn_implementation`: "eager", "sdpa", "flash_attention_2" (GPU) or None (transformers picks); an
-    `attn_implementation` in `override_config` (verl's way) wins over it.
-    """
+    """An `AutoModelForCausalLM` from a local checkpoint (actor, reference, rollout); an
+    `attn_implementation` in `override_config` (verl's way) wins over the argument."""
     model_dir, config, kwargs = _prepare(path, dtype, attn_implementation, trust_remote_code, override_config)
     return _finish(AutoModelForCausalLM.from_pretrained(model_dir, config=config, **kwargs), gradient_checkpointing)
 

@@ -153,8 +153,7 @@ def rewind_metrics_file(path: Path, keep_through: int) -> int:
 class FileLogger:
     """Appends `{"step": step, **metrics}` as one fsynced JSON line per step to `<log_dir>/metrics.jsonl`.
 
-    NaN and infinities become null (strict JSON). A resumed run appends after `rewind`; logging the newest
-    step again adds the new keys to its line and keeps the values already written.
+    NaN and infinities become null. Logging the newest step again adds its new keys, keeping written values.
     """
 
     def __init__(self, project_name: str, experiment_name: str, config: Any, log_dir: str | None) -> None:

@@ -33,8 +33,7 @@ def temperature_of(data: DataProto) -> float:
 class PPOActor:
     """compute_log_prob and update_policy for an actor or a reference policy (an engine without optimizer).
 
-    share_prompts (`actor_rollout_ref.model.share_prompt_forward`): each forward computes a prompt shared by
-    a group's rows once (`PromptSharing` in hybridrl/workers/response_pass.py).
+    share_prompts (`actor_rollout_ref.model.share_prompt_forward`): a prompt shared by rows is computed once.
     """
 
     def __init__(self, config: ActorConfig, engine: FSDPEngine, share_prompts: bool = False) -> None:

@@ -311,9 +311,8 @@ def read_full_model_state(path: str | Path) -> dict[str, torch.Tensor]:
 class CheckpointManager:
     """Saves and restores one role's engine (model, optimizer, scheduler), RNG states and HF files.
 
-    One per role on every rank; `save_checkpoint` and `load_checkpoint` are collectives. `processing_class`
-    (the tokenizer or processor) is saved next to the config; None skips it.
-    """
+    One per role on every rank; saving and loading are collectives. `processing_class` (the tokenizer) is
+    saved next to the config."""
 
     def __init__(self, engine: Any, processing_class: Any = None,
                  checkpoint_config: CheckpointConfig | Mapping[str, Any] | None = None) -> None:

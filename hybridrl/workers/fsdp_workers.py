@@ -197,8 +197,7 @@ class ActorRolloutRefWorker(Worker):
     def update_actor(self, data: DataProto) -> DataProto:
         """PPO update on this rank's rows; metrics (already averaged over ranks) in meta_info.
 
-        With meta_info["fuse_old_log_prob"] the rows carry no `old_log_probs`: the update's own forward
-        pass gives them (`PPOActor.update_policy_fused`), and they are returned as `old_log_probs`.
+        With meta_info["fuse_old_log_prob"] the update's own forward gives `old_log_probs`, returned.
         """
         self._require(self.actor, "update_actor", "actor")
         data.meta_info.setdefault("temperature", self.config.rollout.temperature)

@@ -113,9 +113,8 @@ class BaseRollout(ABC):
     def serving(self, actor: ServedActor | None) -> Iterator[None]:
         """Generate with `actor`'s current weights for the block (`actor=None`: the engine's own weights).
 
-        The optimizer state leaves the device for the block where `fsdp_config.optimizer_offload` is set; the
-        engine's part is `_serve_weights`. A collective where the actor is sharded.
-        """
+        With `fsdp_config.optimizer_offload` the optimizer state leaves the device for the block. A collective
+        where the actor is sharded."""
         if actor is None:
             with self._awake():
                 yield

@@ -48,11 +48,8 @@ CPU_FALLBACK_KV_CACHE_BYTES = 1 << 30
 
 
 def import_vllm() -> Any:
-    """The vllm package, or an ImportError naming the ways out.
-
-    vLLM's engine is first imported in a thread of its own: vLLM keeps the ImportError of each optional
-    package it lacks, and with it the importing stack's frames, which would pin the worker's models.
-    """
+    """The vllm package, or an ImportError naming the ways out. Imported first in a thread of its own: vLLM
+    keeps the ImportErrors of optional packages, whose stack frames would pin the worker's models."""
     failure: list[BaseException] = []
 
     def import_engine() -> None:
