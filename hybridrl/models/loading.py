@@ -40,11 +40,8 @@ class ModelExportError(ValueError):
 
 
 def build_hf_model(state_dict: Mapping[str, torch.Tensor], config: PretrainedConfig) -> PreTrainedModel:
-    """The model class named by `config.architectures`, holding exactly `state_dict`'s tensors.
-
-    Built on the meta device with the tensors assigned, not copied (one copy of the weights in memory).
-    Tied embeddings arrive as two entries, which must be equal, and are re-tied.
-    """
+    """The model class named by `config.architectures`, holding exactly `state_dict`'s tensors, assigned
+    (not copied) on the meta device. Tied embeddings arrive as two entries, which must be equal."""
     architecture = (getattr(config, "architectures", None) or ["AutoModelForCausalLM"])[0]
     model_cls = getattr(transformers, architecture, None)
     if model_cls is None:

@@ -169,10 +169,8 @@ class WorkerGroups:
 
     @classmethod
     def create(cls, config: PPOTrainerConfig) -> WorkerGroups:
-        """Start every role's ranks on the configured backend and initialise their models.
-
-        If a model fails to initialise, the ranks already started are stopped before the error propagates.
-        """
+        """Start every role's ranks on the configured backend and initialise their models (if one fails, the
+        ranks already started are stopped before the error propagates)."""
         classes = role_classes(config)
         backend = config.trainer.backend
         pool = None

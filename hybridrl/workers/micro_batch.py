@@ -41,9 +41,8 @@ def _split_to_count(groups: list[list[int]], count: int) -> list[list[int]]:
 def cheapest_cuts(sorted_lengths: list[int], max_token_len: int) -> list[tuple[int, int]]:
     """Cut ascending lengths into contiguous runs [lo, hi) whose padded passes cost least in all.
 
-    A run costs (rows + 1) x its longest length (the extra row stands for a pass's fixed cost) and keeps
-    rows x longest within `max_token_len` (a longer row runs alone). Exact, by dynamic programming over the
-    cut points.
+    A run costs (rows + 1) x its longest length (the extra row: a pass's fixed cost) and keeps rows x
+    longest within `max_token_len` (a longer row runs alone). Exact, by dynamic programming.
     """
     n = len(sorted_lengths)
     best = [0] + [float("inf")] * n  # best[i]: cheapest cost of the first i rows

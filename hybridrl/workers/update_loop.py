@@ -88,9 +88,8 @@ def run_updates(engine: FSDPEngine, data: DataProto, plan: BatchingPlan, micro_s
                 ) -> dict[str, list[float]]:
     """Run the epochs x mini-batches x micro-batches loop; return per-mini-batch metrics by name.
 
-    micro_step(micro_batch, global_batch_info, sums) returns the micro-batch's loss share; it is
-    back-propagated with gradient sync on the last micro-batch only. group_ids_of(mini_batch) names rows to
-    keep together.
+    micro_step(micro_batch, global_batch_info, sums) returns the micro-batch's loss share, back-propagated
+    with gradient sync on the last micro-batch only; group_ids_of(mini_batch) names rows to keep together.
     """
     if len(data) % plan.mini_batch_rows:
         raise ValueError(
