@@ -103,11 +103,9 @@ class Execute(str, Enum):
 
 @dataclass(frozen=True)
 class DispatchMode:
-    """A named pair of functions, both taking the worker group first (verl's signatures).
-
-    dispatch_fn(wg, *args, **kwargs) -> (args, kwargs) where every value is a list with one entry per rank.
-    collect_fn(wg, outputs) -> the value returned to the caller, from the list of per-rank outputs.
-    concatenates_protos marks modes whose non-blocking result can be a chainable DataProtoFuture.
+    """A named pair of functions, both taking the worker group first (verl's signatures): dispatch_fn(wg,
+    *args, **kwargs) -> (args, kwargs) with one list entry per rank; collect_fn(wg, outputs) -> the caller's
+    value. concatenates_protos marks modes whose non-blocking result can be a chainable DataProtoFuture.
     """
 
     name: str

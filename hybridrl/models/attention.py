@@ -255,7 +255,7 @@ def supports_shared_prompt(module: nn.Module) -> bool:
 @contextlib.contextmanager
 def shared_prompt_mode(module: nn.Module) -> Iterator[None]:
     """The model's attention is `SHARED_PROMPT` for the block, its own again after: needed around the backward
-    too where it reruns layers (gradient checkpointing). Every forward in it must be a `shared_prompt_forward`.
+    too where it reruns layers (gradient checkpointing). Every forward in it must be `shared_prompt_forward`.
     """
     current = module.config._attn_implementation
     if current == SHARED_PROMPT:

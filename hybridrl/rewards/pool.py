@@ -214,10 +214,9 @@ class RewardPool:
     def map(self, kwargs_list: Sequence[Mapping[str, Any]], max_failures: int | None = None) -> list[Outcome]:
         """One Outcome per kwargs, in input order.
 
-        With `max_failures`, the calls stop once more than that many have failed or one was fatal (the
-        rest `skipped`: the caller stops anyway), or once the first `stall_limit()` calls to end all timed
-        out with rows still waiting (the rest `stalled`: the function hangs on every row). Rows start in
-        `processing_order`, so those first calls come from different prompts.
+        With `max_failures`, the calls stop once more than that many have failed or one was fatal (the rest
+        `skipped`), or once the first `stall_limit()` calls to end all timed out (the rest `stalled`: the
+        function hangs on every row); rows start in `processing_order`, so those come from different prompts.
         """
         outcomes: list[Outcome | None] = [None] * len(kwargs_list)
         todo = deque(processing_order(len(kwargs_list)))

@@ -106,12 +106,9 @@ def _broadcast_str(value: str) -> str:
 
 @contextlib.contextmanager
 def _dcp_options(one_process: bool = False) -> Iterator[dict[str, bool]]:
-    """DCP's keyword arguments: `no_dist=True` on a single rank (or for `one_process` work), with DCP's warning
-    that it runs without a process group silenced.
-
-    On a single rank DCP's planning collectives would copy this rank's plan to itself on gloo's worker threads,
-    and the OpenMP team such a copy leaves behind slowed every later multi-threaded op of the process.
-    """
+    """DCP's keyword arguments: `no_dist=True` on a single rank (or for `one_process` work), its warning about
+    that silenced. There DCP's planning collectives would copy the plan to itself on gloo's threads, and the
+    OpenMP team such a copy leaves behind slowed every later multi-threaded op of the process."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
         yield {"no_dist": True} if one_process or _world_size() == 1 else {}
@@ -234,8 +231,7 @@ def commit_checkpoint(default_local_dir: str | Path, global_step: int) -> Path:
     """Point the tracker at `global_step_N` and mark it complete, once all roles saved (the driver calls it).
 
     The tracker goes first, so a death between the writes leaves a tracked step without its marker (resume
-    skips it with a warning), never a committed step above the tracker. Raises CheckpointError, leaving the
-    tracker alone, if a role of that step is incomplete.
+    skips it), never a committed step above the tracker. An incomplete role raises CheckpointError first.
     """
     root = Path(default_local_dir)
     step_dir = root / f"global_step_{global_step}"

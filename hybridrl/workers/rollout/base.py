@@ -39,8 +39,7 @@ def rollout_logprob_diff_metrics(
 ) -> dict[str, float]:
     """Max and mean of |rollout_log_probs - old_log_probs| over the response tokens, all (batch, response_len).
 
-    With the same weights and precision they agree up to rounding; a larger gap means the rollout sampled
-    from other weights (a weight-sync bug) or in another precision.
+    A gap beyond rounding means the rollout sampled from other weights (a weight-sync bug) or precision.
     """
     shapes = {t.shape for t in (rollout_log_probs, old_log_probs, response_mask)}
     if len(shapes) != 1:
