@@ -55,9 +55,8 @@ def device_type() -> str:
 def cuda_index(local_rank: int) -> int:
     """The CUDA device index (among those this process sees) that the rank with `local_rank` computes on.
 
-    One visible GPU: index 0 (Ray narrows CUDA_VISIBLE_DEVICES per actor). Several: the one Ray assigned
-    (`ray_assigned_gpu`), else the one at `local_rank` (torchrun, the local backend). Raises for a local rank
-    beyond the visible devices, where NCCL would later fail less clearly.
+    One visible GPU: index 0 (Ray narrows CUDA_VISIBLE_DEVICES per actor). Several: the one Ray assigned,
+    else the one at `local_rank`. Raises for a local rank beyond them, where NCCL would fail less clearly.
     """
     count = torch.cuda.device_count()
     if count == 0:

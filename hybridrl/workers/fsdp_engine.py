@@ -249,8 +249,7 @@ class FSDPEngine:
     def load_sharded_state(self, state: dict[str, Any]) -> None:
         """Restore model and optimizer shards and the schedule's position; hyperparameters stay this run's.
 
-        The moments and step count come from the checkpoint; lr, betas, eps, weight decay and the scheduler's
-        base lr from the config, so a resumed run with a new `optim.lr` trains at it.
+        The moments and step count come from the checkpoint, lr, betas, eps and weight decay from the config.
         """
         set_model_state_dict(self.module, state["model"])
         if self.optimizer is not None and "optimizer" in state:
