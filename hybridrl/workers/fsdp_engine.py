@@ -249,8 +249,8 @@ class FSDPEngine:
     def load_sharded_state(self, state: dict[str, Any]) -> None:
         """Restore model and optimizer shards and the schedule's position; hyperparameters stay this run's.
 
-        The moments and step count come from the checkpoint, lr, betas, eps and weight decay from the config.
-        """
+        Moments and step count come from the checkpoint; lr (the scheduler's base too), betas, eps and weight
+        decay from the config, so a resumed run trains at a new `optim.lr`."""
         set_model_state_dict(self.module, state["model"])
         if self.optimizer is not None and "optimizer" in state:
             set_optimizer_state_dict(self.module, self.optimizer, state["optimizer"])
