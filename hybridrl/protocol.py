@@ -1,10 +1,9 @@
 """DataProto: the unit of data that moves between the single controller and the worker groups (verl's).
 
 Three parts: `batch`, a `TensorBatch` of tensors sharing the batch dimension; `non_tensor_batch`, numpy
-object arrays with one entry per row (`object_column` builds one); `meta_info`, a plain dict. Row-wise
-operations act on both row parts together. Merging two DataProtos that carry the same key requires equal
-values (NaN equals NaN), else `DataProtoError`, a ValueError and an AssertionError (what verl raises);
-concatenation gathers the workers' `metrics` into lists. verl-only members live in compat/verl_protocol.py.
+arrays with one entry per row; `meta_info`, a plain dict. Merging two DataProtos that carry the same key
+requires equal values (NaN equals NaN), else `DataProtoError`, a ValueError and an AssertionError (what
+verl raises); concatenation gathers the workers' `metrics` into lists. verl-only members: compat/.
 """
 
 from __future__ import annotations
@@ -282,8 +281,7 @@ class DataProto:
     def union(self, other: DataProto) -> DataProto:
         """Merge `other`'s columns and meta_info into this DataProto (in place; returns self).
 
-        A key in both must hold equal values (two different `old_log_probs` would corrupt training); `metrics`
-        are gathered as in `concat`.
+        A key in both must hold equal values; `metrics` are gathered as in `concat`.
         """
         if len(self) != len(other) and len(self) and len(other):
             raise DataProtoError(f"union: this DataProto has {len(self)} rows but the other has {len(other)}")

@@ -1,16 +1,7 @@
 """The main job: GRPO on the built-in arithmetic task, end to end on a CPU laptop.
 
-`python -m hybridrl.quickstart` runs the whole path in `--workdir` (default `runs/quickstart`):
-
-1. writes the arithmetic task (train/test parquet in verl's schema), whose SFT demonstrations come from
-   an imperfect teacher that often forgets the minus sign of a negative result;
-2. builds a ~1M-parameter Qwen2-style model and tokenizer offline;
-3. warm-starts it with SFT on the worked answers (cached: a second run reuses it), which copies the slip;
-4. trains it with GRPO, 2 worker processes under Ray, in bf16 where the CPU multiplies it natively
-   (`precision_overrides`), validating on held-out problems: the reward checks the exact result, so the model
-   learns to do better than its teacher;
-5. prints a summary (held-out accuracy before and after, time per step) and writes `curves.png`.
-
+`python -m hybridrl.quickstart` writes the task, builds a tiny model, warm-starts it with SFT on an imperfect
+teacher's answers, trains it with GRPO under Ray and summarises (docs/getting-started.md, "The quickstart").
 Every stage is the project's ordinary entry point, driven through its Hydra config.
 """
 

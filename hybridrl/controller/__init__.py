@@ -1,13 +1,9 @@
 """The single controller's machinery: register worker methods, start worker groups, dispatch calls.
 
-`create_worker_group` starts a group on the chosen backend. The Ray backend lives in
-`hybridrl.controller.ray` and is imported only when asked for, so that the local backend, the
-decorators and the run's lifecycle work without starting (or even importing) Ray.
-
-Ending a run cleanly: Python's default reaction to SIGTERM ends the process at once, skipping
-`finally` blocks and atexit hooks. `sigterm_raises_exit` turns SIGTERM into SystemExit for the
-duration of a run, so the run's cleanup (loggers flushed, workers and the local process group closed)
-runs as on any other exit, and `ray_for_backend` shuts down the Ray cluster it started.
+`create_worker_group` starts a group on the chosen backend; `hybridrl.controller.ray` is imported only
+when asked for, so the local backend works without importing Ray. SIGTERM's default action skips
+`finally` blocks, so `sigterm_raises_exit` turns it into SystemExit for a run: its cleanup (loggers,
+workers, process group, the Ray cluster `ray_for_backend` started) runs as on any other exit.
 """
 
 from __future__ import annotations
@@ -60,11 +56,8 @@ __all__ = [
 
 def create_worker_group(backend: str, cls_with_init: ClassWithInitArgs, resource_pool=None,
                         device: str | None = None) -> WorkerGroup:
-    """Start a worker group on the chosen backend: "ray" (needs a resource pool) or "local".
-
-    device: the local rank's device type (`trainer.device`; None keeps this process's). A Ray group's
-    ranks compute on cuda exactly when its pool reserves GPU bundles (`use_gpu`).
-    """
+    """Start a worker group on the chosen backend: "ray" (needs a resource pool; its ranks compute on cuda
+    exactly when the pool reserves GPUs) or "local" (`device`: `trainer.device`; None: this process's)."""
     if backend == "local":
         return LocalWorkerGroup(cls_with_init, device=device)
     if backend == "ray":
@@ -85,11 +78,8 @@ def _exit_on_signal(signum: int, frame: Any) -> None:
 
 @contextmanager
 def sigterm_raises_exit() -> Iterator[None]:
-    """Inside the block, SIGTERM raises SystemExit(143) in the main thread; outside, nothing changes.
-
-    Only replaces the default action: a program that installed its own SIGTERM handler keeps it, and
-    off the main thread (where Python cannot install handlers) the block runs unchanged.
-    """
+    """Inside the block, SIGTERM raises SystemExit(143) in the main thread; outside, nothing changes. A
+    SIGTERM handler of the program's own is kept, and off the main thread the block runs unchanged."""
     if threading.current_thread() is not threading.main_thread() \
             or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         yield
@@ -107,12 +97,9 @@ def sigterm_raises_exit() -> Iterator[None]:
 def ray_for_backend(backend: str, **init_kwargs: Any) -> Iterator[None]:
     """Start (or join) Ray for a `ray` backend run, and shut it down afterwards if this call started it.
 
-    `init_kwargs` go to `hybridrl.controller.ray.init_ray`. A driver that was already connected (a
-    notebook, a test, a caller running several jobs) stays connected. Any other backend does not import
-    Ray at all. `ray.init` turns SIGTERM into SystemExit(15) in a Ray driver, as `sigterm_raises_exit`
-    does, so a terminated driver still leaves this block and shuts the cluster down with all of its
-    processes (GCS, raylet, agents, workers); a SIGKILLed driver runs nothing, and its local cluster
-    lingers until Ray's own health checks stop it (about a minute).
+    `init_kwargs` go to `hybridrl.controller.ray.init_ray`; a driver already connected stays connected, and
+    any other backend does not import Ray. `ray.init` turns SIGTERM into SystemExit(15), so a terminated
+    driver still shuts its cluster down here; a SIGKILLed one leaves it to Ray's health checks.
     """
     if backend != "ray":
         yield

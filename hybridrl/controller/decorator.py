@@ -1,19 +1,8 @@
 """`@register`: how a worker method is split across ranks, run, and its results merged.
 
-A worker class marks its remote-callable methods with `@register(dispatch_mode=..., execute_mode=...)`.
-The decorator stores a typed `MethodSpec` on the function; a WorkerGroup reads those specs from an
-explicit list (`registered_methods`) and binds one group-level method per entry.
-
-The call path for `wg.compute_log_prob(batch)` is:
-  driver:  dispatch_fn splits the arguments into one list entry per rank (a `ProtoShard` per rank for a
-           DataProto) -> execute on every rank (or rank 0) -> collect_fn merges the per-rank outputs
-  worker:  the registered wrapper materialises shards/futures, moves DataProto arguments to the worker's
-           device, calls the method, trims padding rows and moves the result's tensors to the CPU.
-
-The wrapper is the one owner of device placement: the driver's tensors stay on the CPU, and worker code
-allocates on the device of the tensors it receives (see `on_device`). A non-blocking DP_COMPUTE_PROTO
-call returns a `DataProtoFuture` whose per-rank results stay in Ray's object store; passed to the next
-call, each rank fetches its rows from the store itself, so the batch never travels through the driver.
+The decorator stores a typed `MethodSpec` on the function (`registered_methods` lists them). The call path
+(dispatch_fn per rank, the wrapper that owns device placement, collect_fn; `DataProtoFuture` keeping a
+batch in Ray's object store) is described in docs/architecture.md, "Worker groups and dispatch".
 """
 
 from __future__ import annotations
@@ -53,11 +42,9 @@ class DataProtoFuture:
 
 @dataclass
 class ProtoShard:
-    """What one rank receives for a DataProto argument of a DP_COMPUTE_PROTO call.
-
-    Either `data` (the rank's chunk, cut by the driver) or `futures` (references to a previous call's
-    per-rank outputs, which the worker fetches and cuts itself). `real_rows` counts the rows of the chunk
-    that are not padding; the worker drops the outputs of padding rows before returning.
+    """What one rank receives for a DataProto argument of a DP_COMPUTE_PROTO call: `data` (its chunk) or
+    `futures` (a previous call's per-rank outputs, which the worker fetches and cuts itself). The outputs of
+    rows past `real_rows` (padding) are dropped before returning.
     """
 
     data: DataProto | None = None
@@ -82,11 +69,8 @@ def rank_chunks(data: DataProto, world_size: int) -> list[tuple[DataProto, int]]
 
 
 def trim_padding(output: Any, shard: ProtoShard) -> Any:
-    """Drop the outputs that belong to padding rows of this rank's chunk.
-
-    A method may return k rows per input row (e.g. k samples per prompt); padding rows sit at the end of
-    the chunk, so their outputs are the last k * padding rows.
-    """
+    """Drop the outputs of this rank's padding rows: the last k * padding rows, for a method that returns k
+    rows per input row (e.g. k samples per prompt)."""
     rows, real = len(shard.data), shard.real_rows
     if real is None or real == rows or not isinstance(output, DataProto):
         return output
@@ -119,11 +103,9 @@ class Execute(str, Enum):
 
 @dataclass(frozen=True)
 class DispatchMode:
-    """A named pair of functions, both taking the worker group first (verl's signatures).
-
-    dispatch_fn(wg, *args, **kwargs) -> (args, kwargs) where every value is a list with one entry per rank.
-    collect_fn(wg, outputs) -> the value returned to the caller, from the list of per-rank outputs.
-    concatenates_protos marks modes whose non-blocking result can be a chainable DataProtoFuture.
+    """A named pair of functions, both taking the worker group first (verl's signatures): dispatch_fn(wg,
+    *args, **kwargs) -> (args, kwargs) with one list entry per rank; collect_fn(wg, outputs) -> the caller's
+    value. concatenates_protos marks modes whose non-blocking result can be a chainable DataProtoFuture.
     """
 
     name: str
@@ -221,11 +203,8 @@ CPU = torch.device("cpu")
 def on_device(data: DataProto, device: torch.device) -> DataProto:
     """`data` with its batch on `device`: the same object where it is there already (always, on a CPU).
 
-    The one place a DataProto changes device. Why here: the driver holds CPU tensors (it has no device, and
-    Ray ships them as numpy buffers), while a worker's model sits on its GPU; moving at this boundary, once
-    per call, lets every worker method and the code it calls simply allocate on its inputs' device. The
-    move works on a shallow copy, so the caller's DataProto (the driver's own, on the local backend) stays
-    where it was; non_tensor_batch and meta_info are shared with it, as they were before the move.
+    The one place a DataProto changes device, so worker code simply allocates on its inputs' device. The move
+    works on a shallow copy (non_tensor_batch and meta_info shared): the caller's DataProto stays put.
     """
     if data.batch is None or all(t.device == device for t in data.batch.values()):
         return data
@@ -275,11 +254,9 @@ def register(
     execute_mode: Execute = Execute.ALL,
     blocking: bool = True,
 ) -> Callable[[Callable], Callable]:
-    """Mark a worker method as callable from a WorkerGroup.
-
-    On the worker, shards and DataProtoFutures are fetched before the method runs, DataProto arguments move to
-    the worker's `device` (a `Worker` property; an object without one, e.g. a plain test class, keeps them
-    where they are) and the result's tensors to the CPU (`on_device`, `to_cpu`).
+    """Mark a worker method as callable from a WorkerGroup. On the worker, shards and futures are fetched,
+    DataProto arguments move to the worker's `device` (an object without one keeps them where they are) and
+    the result's tensors to the CPU.
     """
     get_dispatch_mode(dispatch_mode)  # fail at class definition for an unknown mode
     if dispatch_mode == Dispatch.RANK_ZERO:

@@ -31,10 +31,9 @@ PLACEMENT_TIMEOUT_S = 60.0
 def register_torch_module_reducers() -> None:
     """Let cloudpickle export classes whose code refers to torch's config modules.
 
-    torch >= 2.11 loads modules such as `torch.distributed.config` as instances of a module subclass
-    (`ConfigModuleInstance`); cloudpickle looks reducers up by exact type, finds none for it, and fails
-    with "cannot pickle 'ConfigModuleInstance' object" when Ray exports an actor class. Pickling those
-    modules by name, as plain modules are, fixes it. Remove once cloudpickle handles module subclasses.
+    torch >= 2.11 loads modules such as `torch.distributed.config` as a module subclass, which cloudpickle's
+    exact-type lookup cannot pickle ("cannot pickle 'ConfigModuleInstance' object"); they pickle by name here.
+    Remove once cloudpickle handles module subclasses.
     """
     config_module_type = getattr(importlib.import_module("torch.utils._config_module"), "ConfigModule", None)
     if config_module_type is None:
@@ -56,8 +55,7 @@ def init_ray(
 ) -> None:
     """Join a running cluster (address or RAY_ADDRESS) or start a small local one sized for a laptop.
 
-    Ray's defaults start a dashboard and reserve 30% of RAM for the object store; on a 2-core machine
-    that costs more than the work. Does nothing if Ray is already initialised.
+    Ray's defaults (a dashboard, 30% of RAM for the object store) cost a 2-core machine more than the work.
     """
     register_torch_module_reducers()
     if ray.is_initialized():

@@ -68,15 +68,10 @@ def rank_store(env: DistEnv) -> dist.TCPStore:
     """The rank's client of the group's TCP store; rank 0 also hosts it (its server listens on every
     interface of rank 0's node). Every rank builds its store here, so all of them agree on its keys.
 
-    A port picked free in one place and bound later in another can be taken in between (gloo binds
-    ephemeral ports for its connections, so two runs on one machine can collide on the rank-0 port), so
-    no port is chosen ahead of its bind: `MASTER_PORT=0` tells rank 0 to bind a port of the operating
-    system's choosing, atomically, and the other ranks learn that port from it afterwards. In a group of
-    one (the local backend, a Ray group of one) nobody else needs the port; in a Ray group of several,
-    the group starts rank 0 with `RENDEZVOUS_KEY_ENV` set, rank 0 announces `ip:port` under that key
-    (`announce_address`) and the driver, waiting on it (`await_address`), starts the other ranks with the
-    port filled in. A port given outright (`MASTER_PORT=29500`, as torchrun and a user's own launcher
-    give it) is used as it is.
+    A port picked free ahead of its bind can be taken in between (gloo binds ephemeral ports too), so
+    `MASTER_PORT=0` has rank 0 bind one of the OS's choosing; in a Ray group of several, rank 0 announces
+    `ip:port` under `RENDEZVOUS_KEY_ENV` (`announce_address`) and the driver (`await_address`) starts the
+    other ranks with it. A port given outright (`MASTER_PORT=29500`, as torchrun gives it) is used as is.
     """
     if env.master_port != 0:
         return dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master=env.rank == 0,
@@ -111,8 +106,7 @@ def announce_address(key: str, port: int) -> None:
 def await_address(key: str, rank0: Any, timeout_s: float = default_pg_timeout.total_seconds()) -> tuple[str, int]:
     """The driver: wait until the Ray actor `rank0` announces its store's address under `key`.
 
-    Raises rank 0's own error if its construction fails first (a bad model path, say), instead of
-    leaving the driver waiting on an address that will never come.
+    Raises rank 0's own error if its construction fails first, instead of waiting forever.
     """
     import ray
     from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_get
@@ -191,10 +185,8 @@ class Worker:
     def measure_peak_flops(self, dtypes: Iterable[torch.dtype]) -> None:
         """Measure this process's peak FLOP/s in each dtype once (`device_peak_flops` caches it).
 
-        A collective: every rank calls it. On CPU the ranks of a node take turns, because they share its
-        cores: a rank probing while its neighbours probe too measures a share of the machine, not its own
-        peak (concurrent probes measured barely more together than each alone). One at a time gives each
-        rank's own figure, as a datasheet gives each GPU's, and as benchmarks/step_breakdown.py measures it.
+        A collective: every rank calls it. On CPU the ranks of a node take turns: they share its cores, and a
+        rank probing beside its neighbours would measure a share of the machine, not its own peak.
         """
         dtypes = list(dtypes)
         turns = 1
@@ -234,12 +226,10 @@ class Worker:
 
 
 class HybridWorker(Worker):
-    """Every role of a run in one process per rank: the actor with its rollout and reference, and the
-    critic and reward model when the run has them, sharing the rank's device and process group.
+    """Every role of a run in one process per rank, sharing the rank's device and process group.
 
-    `roles` maps each role's name to its worker class and constructor arguments (a `ClassWithInitArgs`);
-    each role object is built here, in the rank's process. The driver reaches a role's registered method
-    through `WorkerGroup.call_role(role, method, ...)`, which runs `execute_role` on every rank.
+    `roles` maps each role's name to its `ClassWithInitArgs`, built here in the rank's process; the driver
+    reaches a role's method through `WorkerGroup.call_role`, which runs `execute_role` on every rank.
     """
 
     def __init__(self, roles: Mapping[str, Any]) -> None:

@@ -1,12 +1,8 @@
 """WorkerGroup: the driver-side handle on N ranks of one worker class, and the typed handles over it.
 
-`wg.call(Worker.method, *args)` dispatches the arguments of a `@register`-ed method, runs it on the
-ranks and collects the results; it is the one way to call a worker method. Backends (Ray, local) only
-say how to start ranks and how to run one method on one rank. The trainers reach a group through a
-typed handle (`TypedWorkerGroup`): one explicit method per worker method, with the worker's signature,
-which an editor and a type checker can follow from the trainer's call to the worker's code.
-
-`LocalWorkerGroup` is the local backend: one rank in the driver process, no Ray.
+`wg.call(Worker.method, *args)` is the one way to call a worker method; backends (Ray, local) only say
+how to start ranks and run one method on one rank. `LocalWorkerGroup` is the local backend: one rank in
+the driver process, no Ray.
 """
 
 from __future__ import annotations
@@ -79,11 +75,8 @@ class WorkerGroup:
         return self._specs[role]
 
     def call(self, method: str | Callable, /, *args: Any, **kwargs: Any) -> Any:
-        """Dispatch, execute and collect one registered method of the worker class.
-
-        `method` is the worker class's method itself (`SFTWorker.train_batch`, which a reader can jump
-        to) or its name.
-        """
+        """Dispatch, execute and collect one registered method of the worker class: the method itself
+        (`SFTWorker.train_batch`, which a reader can jump to) or its name."""
         return self.call_role(None, method, *args, **kwargs)
 
     def call_role(self, role: str | None, method: str | Callable, /, *args: Any, **kwargs: Any) -> Any:
@@ -129,18 +122,9 @@ def roles_of(cls_with_init: ClassWithInitArgs) -> dict[str, type]:
 class TypedWorkerGroup:
     """Base of the typed handles: holds the group and the methods every `Worker` has.
 
-    A handle declares each worker method with the worker's signature and hands the call to the group
-    together with the worker method itself, so jump-to-definition goes from a trainer's call to the
-    handle's method and on to the worker's:
-
-        class CriticGroup(TypedWorkerGroup):
-            worker_cls = CriticWorker
-
-            def compute_values(self, data: DataProto) -> DataProto:
-                return self._call(CriticWorker.compute_values, data)
-
-    The return type is what the dispatch mode collects: a DataProto for DP_COMPUTE_PROTO, a list with
-    one entry per rank for ONE_TO_ALL; a handle returns None where every rank returns None.
+    A handle declares each worker method with the worker's signature and hands the worker method itself to
+    `_call` (e.g. `return self._call(CriticWorker.compute_values, data)`). It returns what the dispatch mode
+    collects: a DataProto for DP_COMPUTE_PROTO, one entry per rank for ONE_TO_ALL (None where all are None).
     """
 
     worker_cls: ClassVar[type[Worker]]
@@ -196,13 +180,9 @@ def _set_single_rank_env() -> None:
 class LocalWorkerGroup(WorkerGroup):
     """The local backend: one rank, built and run in the driver process, with RayWorkerGroup's API.
 
-    A breakpoint inside a worker method stops the driver itself, so a whole PPO step can be stepped through in
-    an ordinary debugger. The rank's torch.distributed coordinates and device type are the driver's own
-    environment variables, and its process group is the driver's; `shutdown` puts both back as they were, so
-    a second run in the same process starts afresh and a child process inherits nothing of the first.
-
-    device: the rank's device type, `trainer.device` (cpu / cuda / auto); None keeps this process's own
-    (`hybridrl.utils.device.device_type`), e.g. inside a test's CPU-pinned rank.
+    A breakpoint inside a worker method stops the driver itself. The rank's torch.distributed environment
+    and process group are the driver's; `shutdown` puts both back, so a second run in the process starts
+    afresh. device: `trainer.device` (cpu / cuda / auto); None keeps this process's own.
     """
 
     def __init__(self, cls_with_init: ClassWithInitArgs, device: str | None = None) -> None:

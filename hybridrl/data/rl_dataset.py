@@ -8,8 +8,8 @@ verl's `RLHFDataset`, reading the same `data.*` keys (`RLDatasetConfig`). Each i
     raw_prompt / full_prompts                 the chat messages / templated text, when asked for
     <every other column>                      passed through: data_source, reward_model, extra_info, ...
 
-Every row is checked when the dataset is built, before any worker starts, and a bad one named by file,
-row and column (`prompt_problem`, `ground_truth_problem`, and the length under `truncation=error`).
+Every row is checked when the dataset is built, before any worker starts; a bad one is named by file,
+row and column.
 """
 
 from __future__ import annotations

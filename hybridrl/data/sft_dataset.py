@@ -1,13 +1,11 @@
 """Supervised fine-tuning data: chats from parquet -> token ids with a loss mask on assistant tokens.
 
-Row layouts (verl's): prompt / response columns (`SFTDataset`; `*_dict_keys` walk into dict columns, a
-string prompt becomes a user message), or a `messages_key` column of chats (`MultiTurnSFTDataset`), every
-assistant turn trained on. Each item holds right-padded (max_length,) tensors `input_ids`,
-`attention_mask`, `position_ids` (padding repeats the last position, as verl) and `loss_mask`: 1 on the
-tokens an assistant turn writes, its end-of-turn token included, its role header and trailing newline
-not. `loss_mask[t]` is about token t itself, as in verl's multi-turn dataset: a next-token trainer uses
-`loss_mask[:, 1:]` with `labels = input_ids[:, 1:]`. Assistant spans come from rendering chat prefixes,
-so the template must render a shorter chat as a prefix of a longer one (checked).
+Row layouts (verl's): prompt / response columns (`SFTDataset`; `*_dict_keys` walk into dict columns), or
+a `messages_key` column of chats. Each item holds right-padded (max_length,) `input_ids`, `attention_mask`,
+`position_ids` (padding repeats the last position) and `loss_mask`: 1 on the tokens an assistant turn
+writes, its end-of-turn token included, its role header and trailing newline not; `loss_mask[t]` is
+about token t itself, as in verl (a next-token trainer uses `loss_mask[:, 1:]`). Assistant spans come from
+rendering chat prefixes, so the template must render a shorter chat as a prefix of a longer one (checked).
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Attention implementations registered with transformers on import (hybridrl's model loader imports this).
 
-`grouped_eager`: eager attention's arithmetic with the query heads that share a key/value head stacked
-along the query axis, so no key/value head is copied (`default_attention` picks it for half precision on
-a CPU). `grouped_sdpa`: sdpa reading each key/value head once while decoding one token (picked by
-`decoding_attention`; `attention_for_decoding` switches a model to it for a generation). `SHARED_PROMPT`,
-through `shared_prompt_forward`: one forward over rows that share prompts (a group's rollout.n
-responses), computing each distinct prompt once.
+`grouped_eager`: eager attention with the query heads that share a key/value head stacked, so no key/value
+head is copied (half precision on a CPU). `grouped_sdpa`: sdpa reading each key/value head once while
+decoding (`attention_for_decoding`). `SHARED_PROMPT` (`shared_prompt_forward`): one forward over rows
+that share prompts, computing each distinct prompt once.
 """
 
 from __future__ import annotations
@@ -256,10 +254,8 @@ def supports_shared_prompt(module: nn.Module) -> bool:
 
 @contextlib.contextmanager
 def shared_prompt_mode(module: nn.Module) -> Iterator[None]:
-    """The model's attention is `SHARED_PROMPT` for the block, its own again after.
-
-    Needed around forward *and* backward where the backward reruns layers (gradient checkpointing); every
-    forward in the block must then be a `shared_prompt_forward`.
+    """The model's attention is `SHARED_PROMPT` for the block, its own again after: needed around the backward
+    too where it reruns layers (gradient checkpointing). Every forward in it must be `shared_prompt_forward`.
     """
     current = module.config._attn_implementation
     if current == SHARED_PROMPT:

@@ -40,11 +40,8 @@ class ModelExportError(ValueError):
 
 
 def build_hf_model(state_dict: Mapping[str, torch.Tensor], config: PretrainedConfig) -> PreTrainedModel:
-    """The model class named by `config.architectures`, holding exactly `state_dict`'s tensors.
-
-    Built on the meta device with the tensors assigned, not copied (one copy of the weights in memory).
-    Tied embeddings arrive as two entries, which must be equal, and are re-tied.
-    """
+    """The model class named by `config.architectures`, holding exactly `state_dict`'s tensors, assigned
+    (not copied) on the meta device. Tied embeddings arrive as two entries, which must be equal."""
     architecture = (getattr(config, "architectures", None) or ["AutoModelForCausalLM"])[0]
     model_cls = getattr(transformers, architecture, None)
     if model_cls is None:
@@ -306,11 +303,8 @@ def load_causal_lm(
     gradient_checkpointing: bool = False,
     override_config: Mapping[str, Any] | None = None,
 ) -> PreTrainedModel:
-    """An `AutoModelForCausalLM` from a local checkpoint (actor, reference, rollout).
-
-    `attn_implementation`: "eager", "sdpa", "flash_attention_2" (GPU) or None (transformers picks); an
-    `attn_implementation` in `override_config` (verl's way) wins over it.
-    """
+    """An `AutoModelForCausalLM` from a local checkpoint (actor, reference, rollout); an
+    `attn_implementation` in `override_config` (verl's way) wins over the argument."""
     model_dir, config, kwargs = _prepare(path, dtype, attn_implementation, trust_remote_code, override_config)
     return _finish(AutoModelForCausalLM.from_pretrained(model_dir, config=config, **kwargs), gradient_checkpointing)
 

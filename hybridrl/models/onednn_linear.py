@@ -1,10 +1,9 @@
 """Linear layers that multiply through oneDNN on an x86 CPU.
 
-`OneDNNLinear` (fp32 training and log-prob passes) runs its forward and input gradient through oneDNN on
-the plain weight instead of MKL (benchmarks/results/grpo_vs_trl_fp32_onednn.md), equal to `F.linear` up
-to fp32 rounding; other calls are `F.linear`. `prepacked_linears` (generation) runs each plain linear on
-a copy of its weight reordered once for oneDNN, bf16 bit for bit, falling back to `F.linear` for calls
-that need gradients or whose weight changed; training gains nothing from it (benchmarks/results/packed_linear.md).
+`OneDNNLinear` (fp32 training and log-prob passes) runs its forward and input gradient through oneDNN
+instead of MKL, equal to `F.linear` up to fp32 rounding. `prepacked_linears` (generation) runs each plain
+linear on a copy of its weight reordered once for oneDNN, bf16 bit for bit, falling back to `F.linear`
+where gradients are needed or the weight changed (docs/rollout.md, "How the HF engine decodes").
 """
 
 from __future__ import annotations

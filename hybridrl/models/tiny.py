@@ -3,9 +3,7 @@
     python -m hybridrl.models.tiny --out models/tiny-qwen2-1m --arch qwen2 --size 1m --seed 0
 
 Random (seeded, byte-identical for the same arguments) weights, meant to be trained from scratch by SFT
-and RL on hybridrl's tasks. Presets (`SIZES`; hidden size, layers, heads and intermediate size can be
-overridden): 1m (~0.95M parameters), 3m (~2.9M), 10m (~10M), 50m (~47M), and Qwen2.5-0.5B's and
--1.5B's layer layouts as 400m and 1b. The tokenizer is a small byte-level BPE (`build_tiny_tokenizer`).
+and RL on hybridrl's tasks, in the `SIZES` presets; the tokenizer is a small byte-level BPE.
 """
 
 from __future__ import annotations

@@ -21,10 +21,9 @@ logger = logging.getLogger(__name__)
 class RewardFunctionFatalError(Exception):
     """Raised by a reward function for an error no row can recover from; stops the run at once.
 
-    Any other exception fails one row (docs/rewards.md, "Reward failures never vanish"). Raise (or
-    subclass) this for setup errors, which would otherwise score every row 0.0: a sandbox that cannot
-    isolate, a misconfigured verifier. Raised in a worker, it is re-raised in the driver with the worker's
-    traceback as a note, or as a `RewardFailureError` when it cannot be pickled.
+    Any other exception fails one row (docs/rewards.md, "Reward failures never vanish"); this one is for
+    setup errors that would score every row 0.0 (a sandbox that cannot isolate, a misconfigured verifier).
+    Raised in a worker, it reaches the driver with the worker's traceback (or as a RewardFailureError).
     """
 
 

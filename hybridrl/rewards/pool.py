@@ -143,11 +143,9 @@ class _Worker:
     def stop(self) -> None:
         """Ask an idle worker to exit; kill one that is busy or does not exit within a second."""
         if self.state is WorkerState.IDLE and self.is_alive():
-            try:
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
                 self.conn.send(None)
                 self.proc.wait(timeout=1.0)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
         self.kill()
 
 
@@ -162,11 +160,10 @@ def _stop_all(workers: list[_Worker | None], fault_dir: str) -> None:
 class RewardPool:
     """`num_workers` persistent processes that call `fn(**kwargs)` with a per-call `timeout` in seconds.
 
-    `check(value, kwargs)` runs in the worker on each return value (see `call_guarded`). Unlike
-    ProcessPoolExecutor, a call past its deadline is killed (after a stack dump) and a dead worker
-    replaced, each with an `Outcome` saying so. Workers are fresh interpreters, not forks (which would
-    copy the driver's model and possibly a held lock) nor multiprocessing spawns (which re-run an
-    unguarded `__main__`). The function arrives pickled: a lambda, closure or `__main__` function cannot.
+    `check(value, kwargs)` runs in the worker on each return value. Unlike ProcessPoolExecutor, a call past
+    its deadline is killed (after a stack dump) and a dead worker replaced, each with an `Outcome` saying so.
+    Workers are fresh interpreters: a fork would copy the driver's model and maybe a held lock, a spawn re-run
+    an unguarded `__main__`. The function arrives pickled (a lambda or closure cannot).
     """
 
     def __init__(self, fn: Callable[..., Any], num_workers: int, timeout: float,
@@ -217,10 +214,9 @@ class RewardPool:
     def map(self, kwargs_list: Sequence[Mapping[str, Any]], max_failures: int | None = None) -> list[Outcome]:
         """One Outcome per kwargs, in input order.
 
-        With `max_failures`, the calls stop once more than that many have failed or one was fatal (the
-        rest `skipped`: the caller stops anyway), or once the first `stall_limit()` calls to end all timed
-        out with rows still waiting (the rest `stalled`: the function hangs on every row). Rows start in
-        `processing_order`, so those first calls come from different prompts.
+        With `max_failures`, the calls stop once more than that many have failed or one was fatal (the rest
+        `skipped`), or once the first `stall_limit()` calls to end all timed out (the rest `stalled`: the
+        function hangs on every row); rows start in `processing_order`, so those come from different prompts.
         """
         outcomes: list[Outcome | None] = [None] * len(kwargs_list)
         todo = deque(processing_order(len(kwargs_list)))

@@ -214,10 +214,9 @@ def function_tool(name: str | Callable[..., Any] | None = None, *,
     """Mark a function as a tool: `@function_tool`, `@function_tool("name")` or `@function_tool(schema=...)`.
 
     Without `schema=`, transformers' `get_json_schema` reads it from the signature and the Google-style
-    docstring, so every parameter needs a type hint and an `Args:` line. The function, sync (run in a
-    thread) or async, returns a `ToolResponse`, a string, a dict (sent as JSON) or `(response, reward[,
-    metrics])`; anything else is sent as `str(value)`. It comes back unchanged, its `FunctionToolSpec` in
-    `fn.function_tool_spec`, which `load_function_tools` collects.
+    docstring (every parameter needs a type hint and an `Args:` line). The function, sync (run in a thread)
+    or async, returns a `ToolResponse`, a string, a dict (sent as JSON) or `(response, reward[, metrics])`;
+    anything else is sent as `str(value)`. It comes back unchanged, marked for `load_function_tools`.
     """
 
     def mark(fn: Callable[..., Any], tool_name: str | None) -> Callable[..., Any]:

@@ -58,8 +58,7 @@ def _hermes_call(block: str) -> ParsedCall | CallError:
 def parse_hermes(text: str) -> list[ParsedCall | CallError]:
     """`hermes` (Qwen2.5): every `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` in order.
 
-    `arguments` may also be a JSON string holding the object. A malformed block or an unclosed last tag is
-    a `CallError`, which the agent loop answers in the conversation.
+    `arguments` may also be a JSON string. A malformed block or an unclosed last tag is a `CallError`.
     """
     calls: list[ParsedCall | CallError] = [_hermes_call(m.group(1)) for m in _HERMES_BLOCK.finditer(text)]
     tail = text[text.rfind(HERMES_CLOSE) + len(HERMES_CLOSE):] if HERMES_CLOSE in text else text
@@ -111,9 +110,8 @@ def _cancel_all_and_stop(loop: asyncio.AbstractEventLoop) -> None:
 class ToolRunner:
     """Runs batches of tool calls concurrently on one background event loop, each under `wait_for`.
 
-    A tool that blocks the loop itself (`time.sleep` in `async def`) cannot be cancelled: at the deadline
-    its batch's unfinished calls time out and the next batch gets a fresh loop; the blocked daemon thread
-    is abandoned.
+    A tool that blocks the loop itself cannot be cancelled: its batch's unfinished calls time out and the
+    next batch gets a fresh loop, abandoning the blocked daemon thread.
     """
 
     def __init__(self, blocked_loop_grace_s: float = BLOCKED_LOOP_GRACE_S) -> None:

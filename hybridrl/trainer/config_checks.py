@@ -1,17 +1,13 @@
 """A run's config resolved once, before any worker starts, and checked on resume against the config saved then.
 
 `resolve_config` is the one step from the composed config to the one the run reads: it fails in the first
-second instead of ten minutes into a run, naming the keys involved and the fix (keys a `+` override added
-beyond the schema, values outside their rules (hybridrl/trainer/config_rules.py), unknown registry names,
-and the relations between settings: placement, batch sizes, lengths, estimator needs), fills in every
-setting that follows another key (hybridrl/trainer/ppo_config.py), and returns the result frozen: the
-driver and the workers only read it. `batch_plan` is the arithmetic a dry run prints.
+second, naming the keys and the fix (unknown keys, values outside their rules in config_rules.py, unknown
+registry names, relations between settings), fills in every derived setting (ppo_config.py) and returns
+the result frozen. `batch_plan` is the arithmetic a dry run prints.
 
-A resumed run takes its settings from its own command line; the checkpoint contributes the weights,
-the optimizer's moments, the schedule's position, the RNG states and the data position. So that no
-setting is replaced silently in either direction, the trainers save the config next to the checkpoint
-(`global_step_N/run_config.json`, `write_run_config`) and, on resume, log every key whose value
-differs (`report_config_changes`).
+A resumed run takes its settings from its own command line; so that none is replaced silently, the trainers
+save the config next to the checkpoint (`write_run_config`) and on resume log every key that differs
+(`report_config_changes`).
 """
 
 from __future__ import annotations
@@ -49,10 +45,9 @@ def resolve_config(config: PPOTrainerConfig | DictConfig,
     """The run's config: checked, every derived value filled in, frozen (assigning any key raises, naming it).
 
     Raises ConfigError on the first impossible setting (all unknown keys, or all out-of-range and unsupported
-    values, in one message). `train_rows(config)` counts the training prompts once the checks have passed
-    (run_ppo loads the datasets there, which is slow, so a bad setting fails first); its count fills in
-    trainer.total_training_steps and the optimizers' total_training_steps. Without it (a dry run, a check)
-    they stay as set. `config` itself is left as it was.
+    values, in one message). `train_rows(config)`, called once the checks pass (loading the data is slow),
+    counts the training prompts for the total_training_steps keys; without it they stay as set.
+    `config` itself is left as it was.
     """
     config = OmegaConf.to_object(config) if isinstance(config, DictConfig) else copy.deepcopy(config)
     errors = [unknown_key_message(key, known) for key, known in added_keys(config)] or \

@@ -1,13 +1,9 @@
 """The rule of every PPO key on its own: the numeric range it must lie in, or the values hybridrl runs.
 
-Checked before any worker starts, each failure naming the key, why, and a value that runs (the schema's
-default). `RANGES` maps each numeric key of the schema to its rule and `UNCHECKED` lists the numeric
-keys checked elsewhere or valid at any value, with the reason; tests/trainer/test_ppo_config.py fails
-when a numeric key is in neither. `UNSUPPORTED` lists the verl keys hybridrl accepts but does not
-implement: verl launch scripts set them, so the schema keeps them and a script that leaves them at their
-defaults runs unchanged, while a value that asks for the missing feature stops the run.
-`SAME_EITHER_WAY` lists the keys whose every value runs the same way. The config-walk test
-(tests/trainer/test_config_keys.py) fails on any schema key that no code reads and no table here lists.
+Each failure names the key, why, and a value that runs (the schema's default). `RANGES` holds each
+numeric key's rule, `UNCHECKED` the numeric keys checked elsewhere or valid at any value (the tests fail on
+a numeric key in neither). `UNSUPPORTED` lists the verl keys hybridrl accepts (verl scripts set them) but
+does not implement: only their defaults run. `SAME_EITHER_WAY` lists keys whose every value runs the same.
 """
 
 from __future__ import annotations

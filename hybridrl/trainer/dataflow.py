@@ -1,11 +1,8 @@
 """The driver's stages of a PPO step that act on a whole batch: pure functions on DataProto.
 
-In the order of a step (docs/architecture.md, "One PPO step"): a prompt batch with a `uid` per prompt,
-the rollout's input split off and its responses merged back (stages 1-2), rows balanced across the
-ranks (3), groups without varied scores dropped (DAPO's dynamic sampling), where the old log-probs
-come from (5), rollout correction (5b) and the advantages (7).
-
-The reward side of stage 4 is here too: `load_reward_manager` (verl's name) and `BackgroundReward`.
+In the order of a step (docs/architecture.md, "One PPO step"): prompts with a `uid` each, the rollout's
+input and output (1-2), balancing (3), DAPO's group filter, the reward side of stage 4
+(`load_reward_manager`, `BackgroundReward`), the old log-probs (5), rollout correction (5b), advantages (7).
 """
 
 from __future__ import annotations
@@ -46,11 +43,9 @@ def load_reward_manager(config: Mapping[str, Any], tokenizer: Any, num_examine: 
     """Build the manager named by `config.reward_model.reward_manager` (verl's
     `verl.trainer.ppo.reward.load_reward_manager`).
 
-    `config` is the PPO config as a plain mapping; a section or key it lacks takes the schema's default
-    (the typed configs are the one home of those). The scorer is the custom function
-    (`custom_reward_function.path/name/reward_kwargs`) when one is set, else `default_compute_score` with
-    the code sandbox set by `reward_model.sandbox.*`. `reward_model.reward_kwargs` and `kwargs` go to the
-    manager.
+    `config` is the PPO config as a plain mapping (a missing key takes the schema's default). The scorer is
+    `custom_reward_function.*` when set, else `default_compute_score` with the `reward_model.sandbox.*`
+    sandbox; `reward_model.reward_kwargs` and `kwargs` go to the manager.
     """
     reward_model = to_dataclass(RewardModelConfig, config.get("reward_model") or {})
     data = config.get("data") or {}
@@ -70,13 +65,9 @@ RewardFn = Callable[..., dict[str, Any]]
 class BackgroundReward:
     """One background thread that scores batches with `reward_fn(batch, return_dict=True)`.
 
-    The reward functions run in the reward manager's worker processes (hybridrl/rewards/pool.py),
-    so the driver thread that waits for them is idle; a background thread waits instead, and the driver
-    drives the workers' log-prob and value passes meanwhile. The scores are the same as when scored in
-    line: the thread scores the same rows, and the trainer waits for them before it needs them (the KL
-    penalty and the advantages). The thread gets its own shallow copy of the batch (the tensors are
-    shared, not copied): the trainer keeps adding keys to the original (old_log_probs, values), and the
-    manager must not see the dict change under it.
+    The reward functions run in the manager's worker processes, so the thread only waits, while the driver
+    drives the log-prob and value passes; the trainer takes the scores before the KL penalty needs them.
+    The thread scores a shallow copy: the trainer keeps adding keys to the original batch meanwhile.
     """
 
     def __init__(self, reward_fn: RewardFn) -> None:
@@ -106,8 +97,7 @@ def new_prompt_batch(batch_dict: dict) -> DataProto:
 def split_generation_input(batch: DataProto, columns: Sequence[str] = ()) -> DataProto:
     """Take the prompt tensors out of `batch` (the rollout's input); everything else stays.
 
-    `columns` are non-tensor columns the rollout reads too (the agent loop's `extra_info`, `agent_name`):
-    they are copied into the input, and stay in `batch`. Absent ones are skipped.
+    `columns`: non-tensor columns the rollout reads too (the agent loop's), copied into the input if present.
     """
     generation_input = batch.pop(batch_keys=PROMPT_TENSORS)
     for key in columns:
@@ -127,10 +117,9 @@ def attach_responses(batch: DataProto, generated: DataProto) -> DataProto:
 def balance_batch(batch: DataProto, world_size: int, keep_groups: bool = False) -> dict[str, float]:
     """Reorder rows so each data-parallel rank's contiguous chunk holds a similar number of tokens.
 
-    Ranks work in lockstep (FSDP collectives), so the step takes as long as the busiest rank.
-    `keep_groups`: the rows of a prompt (one `uid`) go to one rank together, so that rank computes the
-    prompt once (`actor_rollout_ref.model.share_prompt_forward`); whole groups are balanced by their
-    tokens, where the groups are of one size and divide evenly among the ranks (otherwise rows are).
+    Ranks work in lockstep, so the step takes as long as the busiest rank. `keep_groups`: a prompt's rows
+    (one `uid`) go to one rank together, which computes the prompt once, where the groups are of one size and
+    divide evenly among the ranks (otherwise rows are balanced).
     """
     lengths = batch.batch["attention_mask"].sum(dim=-1).tolist()  # (batch,) real tokens
     groups = _equal_groups(batch, world_size) if keep_groups and world_size > 1 else None
@@ -167,10 +156,9 @@ def sequence_scores(batch: DataProto) -> torch.Tensor:
 def keep_varied_groups(batch: DataProto, metric: str | None) -> tuple[DataProto, int]:
     """DAPO dynamic sampling: keep only prompts whose samples do not all score the same.
 
-    A group with identical scores has zero advantage under GRPO-style estimators and adds nothing but
-    cost. `metric` names a per-sample value in non_tensor_batch (e.g. `acc`), or `seq_reward` /
-    `seq_final_reward` (the sum of token scores / rewards), the default. Returns the kept rows and the
-    number of prompts kept.
+    A group with identical scores has zero advantage under GRPO-style estimators. `metric` names a
+    per-sample value in non_tensor_batch (e.g. `acc`), or `seq_reward` / `seq_final_reward` (the sum of
+    token scores / rewards). Returns the kept rows and the number of prompts kept.
     """
     if metric in (None, "seq_final_reward", "seq_reward", "score"):
         key = "token_level_rewards" if metric == "seq_final_reward" and "token_level_rewards" in batch.batch \
@@ -194,13 +182,9 @@ def keep_varied_groups(batch: DataProto, metric: str | None) -> tuple[DataProto,
 def old_log_prob_blockers(config: PPOTrainerConfig) -> list[str]:
     """Why this config needs the separate old log-prob pass; empty when the update can give them.
 
-    PPO's ratio pi_theta / pi_old needs the log-probs of the sampled tokens under the weights that were
-    current when the step began. verl always computes them in a no-grad pass before the update. When the
-    step is fully on-policy, one epoch over one mini-batch, no optimizer step happens before any row's
-    forward pass in the update, so that pass already computes exactly those log-probs and the separate
-    pass can be skipped. It stays wherever something reads the old log-probs before the update, or where
-    the update moves the weights before the last row's forward pass; each reason is named, so a user who
-    expected the fused path learns which key keeps it off.
+    On a fully on-policy step (one epoch over one mini-batch) no optimizer step precedes any row's forward
+    in the update, which then gives exactly the old log-probs. The pass stays where something reads them
+    before the update or the weights move first; each reason names the key that keeps the fused path off.
     """
     actor = config.actor_rollout_ref.actor
     reasons = []
@@ -242,12 +226,8 @@ def correct_rollout(batch: DataProto, config: RolloutCorrectionConfig) -> dict[s
     `config.rollout_is` is set, and `response_mask` loses the tokens rejection sampling drops. Returns the
     `rollout_corr/*` metrics (weights, rejected shares, KL and perplexities of rollout vs trainer).
 
-    The rollout engine samples with its own numerics (vLLM kernels, bf16), so its `rollout_log_probs`
-    differ from the actor's `old_log_probs` for the same weights. Decoupled mode reweights and rejects
-    tokens on that difference once per step, after the old log-prob pass; bypass mode skips the pass,
-    trains against the rollout's log-probs directly (`bypass_old_log_probs`) and corrects inside the
-    actor's loss (hybridrl/algos/bypass_loss.py). The tensor arithmetic lives in
-    `hybridrl.algos.rollout_correction`.
+    The tensor arithmetic lives in `hybridrl.algos.rollout_correction`; bypass mode corrects inside the
+    actor's loss instead (hybridrl/algos/bypass_loss.py; docs/algorithms.md).
     """
     where = f"{ROLLOUT_CORRECTION_KEY}.rollout_is / rollout_rs"
     weights, mask, metrics = compute_rollout_correction(
@@ -280,10 +260,8 @@ def compute_advantage(data: DataProto, adv_estimator: str | AdvantageEstimator,
                       config: AlgorithmConfig) -> DataProto:
     """Set data.batch["advantages"] and ["returns"] (batch, response_len) from `adv_estimator`; returns data.
 
-    The registered estimator gets every input the batch has (token_level_rewards, response_mask, values,
-    reward_baselines, the prompt uids, ...) and, from the algorithm `config` (algorithm.*), gamma, lam,
-    norm_adv_by_std_in_grpo and the config itself (reinforce_plus_plus reads its gamma there, gdpo its reward
-    keys). verl's signature, with the settings as arguments, is compat/verl_trainer.py's.
+    The registered estimator gets every input the batch has (rewards, mask, values, baselines, uids, ...),
+    gamma, lam, norm_adv_by_std_in_grpo and `config` (algorithm.*) itself. verl's signature is in compat/.
     """
     require_config_object(config, "compute_advantage", "the algorithm config (algorithm.*)")
     batch = data.batch

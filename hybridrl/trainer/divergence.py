@@ -3,14 +3,10 @@
 The engine already refuses to apply a non-finite gradient (`FSDPEngine.clip_and_step` skips the
 optimizer step and reports `skipped_step`), but a run that only skips keeps going with rc 0, logs
 NaN every step and checkpoints a model that may have been ruined by the update just before the first
-NaN. The trainers ask this guard about each step's metrics before they validate or save: an unhealthy
-step (`unhealthy_metrics`) is logged as a warning and never checkpointed, and more than
-`max_consecutive_skipped_steps` of them in a row raise `TrainingDivergedError`, naming the metrics, the
-limit's config key and the last checkpoint saved before the trouble.
-
-Why the default limit is 0 (stop at the first one): hybridrl trains in fp32 or bf16 without a loss
-scaler, so a non-finite gradient is not the routine fp16 overflow that loss scalers skip; it means the
-model diverged or the data produced NaN, and every further step only spends compute on NaN.
+NaN. An unhealthy step (`unhealthy_metrics`) is logged as a warning and never checkpointed, and more than
+`max_consecutive_skipped_steps` of them in a row raise `TrainingDivergedError`, naming the metrics, the key
+and the last checkpoint. The default limit is 0: without an fp16 loss scaler a non-finite gradient means
+divergence or NaN data, not a routine overflow.
 """
 
 from __future__ import annotations
@@ -33,9 +29,8 @@ class TrainingDivergedError(RuntimeError):
 def unhealthy_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
     """The metrics that make a step unhealthy: non-finite losses and gradient norms, skipped updates.
 
-    Matched by name, so every role is covered (actor/pg_loss, critic/vf_loss, train/grad_norm, ...):
-    a key whose last segment ends in `loss` or is `grad_norm` must be finite, and `skipped_step` (the
-    fraction of the step's optimizer updates the engine skipped) must be 0.
+    Matched by name, so every role is covered: a key whose last segment ends in `loss` or is `grad_norm`
+    must be finite, and `skipped_step` (the share of the step's updates the engine skipped) must be 0.
     """
     def unhealthy(key: str, value: float) -> bool:
         name = key.rsplit("/", 1)[-1]
@@ -50,8 +45,7 @@ def unhealthy_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
 class DivergenceGuard:
     """Counts unhealthy steps in a row and stops the run past `max_consecutive_skipped_steps`.
 
-    `last_checkpoint()` names the newest committed checkpoint (or None) for the error; `hint` says what
-    to change, e.g. the learning rates in use.
+    `last_checkpoint()` names the newest committed checkpoint (or None) for the error; `hint` what to change.
     """
 
     max_consecutive_skipped_steps: int
@@ -66,10 +60,8 @@ class DivergenceGuard:
 
     def check(self, step: int, metrics: dict[str, float], log: Callable[[], None] = lambda: None) -> bool:
         """True for a healthy step; False for a tolerated unhealthy one (do not save it); past the limit, calls
-        `log` (the diverged step's numbers belong in the log too) and raises.
-
-        Adds `STREAK_METRIC` to `metrics`, so the count is logged with the step.
-        """
+        `log` (the diverged step's numbers belong in the log too) and raises. Adds `STREAK_METRIC` to
+        `metrics`."""
         bad = unhealthy_metrics(metrics)
         self.streak = self.streak + 1 if bad else 0
         metrics[STREAK_METRIC] = self.streak

@@ -1,13 +1,10 @@
 """Offline evaluation: `python -m hybridrl.trainer.main_eval key=value ...` (config `evaluation.yaml`).
 
 Scores every response of a generated parquet (main_generation's output) and reports, per data
-source and over all rows, for rows of n responses with scores s_1..s_n:
+source and over all rows, for rows of n responses with scores s_1..s_n (a dict score gives its `score`):
 
-    mean@n = mean over rows of (1/n) sum_i s_i        (expected score of one sample)
-    pass@n = fraction of rows with max_i s_i >= pass_threshold   (some sample solved it)
-
-(pass@n here is the empirical "any of the n samples passes", as in Chen et al. 2021's pass@k with
-k = n.) Dict-valued scores contribute their `score` key.
+    mean@n = mean over rows of (1/n) sum_i s_i                    (expected score of one sample)
+    pass@n = fraction of rows with max_i s_i >= pass_threshold    (Chen et al. 2021's pass@k, k = n)
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Offline generation: `python -m hybridrl.trainer.main_generation key=value ...` (config `generation.yaml`).
 
-Reads prompts from a parquet file, samples `data.n_samples` responses per prompt with the rollout
-engine named by `rollout.name`, and writes the input table plus a `responses` column (a list of
-strings per row) to `data.output_path`. It runs in this process on one rank; a worker-group version
-(several ranks, Ray) is future work, so trainer.nnodes x trainer.n_gpus_per_node must be 1.
+Samples `data.n_samples` responses per prompt of a parquet file with the `rollout.name` engine and writes
+the table plus a `responses` column to `data.output_path`, in this process on one rank (so
+trainer.nnodes x trainer.n_gpus_per_node must be 1).
 """
 
 from __future__ import annotations
@@ -66,8 +65,7 @@ def generate_responses(engine: BaseRollout, dataset: RLHFDataset, batch_size: in
                        device: str | torch.device = "cpu") -> list[list[str]]:
     """n decoded responses (special tokens removed) for every dataset row, in row order.
 
-    The prompts go to `device` (where the engine's model is) and the responses come back to the CPU: this
-    driver is its own worker, so it places the data where a worker's `@register` wrapper would.
+    This driver is its own worker, so it moves the prompts to `device` and the responses back to the CPU.
     """
     results: list[list[str]] = []
     for start in range(0, len(dataset), batch_size):

@@ -1,8 +1,7 @@
 """Entry point: `python -m hybridrl.trainer.main_ppo key=value ...` (or `hybridrl-train key=value ...`).
 
-Parses the Hydra config (`config/ppo_trainer.yaml` on top of the typed schema), resolves it once
-(`resolve_config`: checked, derived values filled in, frozen), starts or joins Ray (unless
-trainer.backend=local), builds the worker groups, trains, and stops what it started.
+Resolves the Hydra config once (`resolve_config`), starts or joins Ray (unless trainer.backend=local),
+builds the worker groups, trains, and stops what it started.
 """
 
 from __future__ import annotations

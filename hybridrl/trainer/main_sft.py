@@ -1,8 +1,7 @@
 """Entry point: `python -m hybridrl.trainer.main_sft key=value ...` (Hydra, config `sft_trainer.yaml`).
 
-Starts (or joins) Ray and a worker group of `trainer.n_gpus_per_node x trainer.nnodes` SFT ranks, or
-one in-process rank with `trainer.backend=local`, then runs the SFT loop; the workers, and Ray if this
-run started it, stop with the run (also on an error or SIGTERM).
+Runs the SFT loop on `trainer.n_gpus_per_node x trainer.nnodes` ranks under Ray, or one in-process rank
+with `trainer.backend=local`; the workers, and Ray if this run started it, stop with the run.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """The numbers the trainer logs each step, under verl's metric names and with verl's definitions: pure
-functions of a DataProto (or of plain lists) returning `{name: float}`, so the fit loop only merges dicts.
-`StageCosts` gathers what each stage cost on the workers: their own seconds and each pass's model FLOPs.
-
-Batch layout (docs/architecture.md, "The batch"): `prompts` (B, P) left-padded, `responses` (B, R)
-right-padded, `attention_mask` (B, P + R) covering both, `response_mask` (B, R), and per-token float tensors
-`token_level_scores`, `token_level_rewards`, `advantages`, `returns`, `values` (B, R).
+functions of a DataProto (layout: docs/architecture.md, "The batch") or of plain lists returning
+`{name: float}`. `StageCosts` gathers each stage's worker seconds and model FLOPs.
 """
 
 from __future__ import annotations
@@ -137,9 +133,8 @@ def compute_throughput_metrics(
 ) -> dict[str, float]:
     """`perf/total_num_tokens`, `perf/time_per_step` and `perf/throughput` in tokens/s per worker.
 
-    throughput = total_num_tokens / (timing_raw["step"] * n_workers), where total_num_tokens counts
-    every attended prompt and response token in the batch (verl's `global_token_num`). `n_workers` is
-    verl's `n_gpus` (`trainer.nnodes * trainer.n_gpus_per_node`; worker processes on CPU).
+    throughput = total_num_tokens / (timing_raw["step"] * n_workers), counting every attended token
+    (verl's `global_token_num`); `n_workers` is verl's `n_gpus` (worker processes on CPU).
     """
     if "step" not in timing_raw:
         raise KeyError("compute_throughput_metrics: timing_raw has no 'step' entry; wrap the whole iteration "
@@ -166,9 +161,8 @@ def compute_memory_metrics(workers: Sequence[ProcessMemory] = (), driver: Proces
     (colocated roles share a process; under the local backend the driver is the worker).
 
     `perf/max_memory_rss_gb` is the driver's peak RSS, `/worker_max`, `/workers_sum` and `/all_processes`
-    the workers' and everyone's; sums of peaks bound the simultaneous total from above, and RSS counts
-    shared pages in each process. `perf/max_memory_{allocated,reserved}_gb`: the largest CUDA allocator
-    peaks, i.e. per GPU as verl, absent without CUDA.
+    (sums of peaks bound the simultaneous total from above); `perf/max_memory_{allocated,reserved}_gb` the
+    largest CUDA allocator peaks, per GPU as verl.
     """
     driver = driver or process_memory()
     metrics: dict[str, float] = {"perf/max_memory_rss_gb": driver.max_rss_gb}
@@ -190,9 +184,8 @@ def compute_mfu_metrics(flops: Mapping[str, float], seconds: Mapping[str, float]
                         peak_flops: Mapping[str, float]) -> dict[str, float]:
     """`perf/mfu/<pass>` = flops / (seconds x peak_flops) for each model pass that ran this step.
 
-    flops: the pass's model FLOPs over the step's real tokens (2N per token forward, 6N trained, times the
-    epochs: `hybridrl.utils.metric.model_flops`); seconds: the slowest rank's own time; peak_flops: the
-    sum of the ranks' peaks. Pass names are `STAGE_PASSES`' values (verl's where it has one).
+    flops: the pass's model FLOPs over the step's real tokens (`hybridrl.utils.metric.model_flops`);
+    seconds: the slowest rank's own time; peak_flops: the sum of the ranks' peaks.
     """
     return {f"perf/mfu/{name}": mfu(value, seconds[name], peak_flops[name])
             for name, value in flops.items() if seconds.get(name, 0.0) > 0}
@@ -219,10 +212,7 @@ def _bootstrap(values: np.ndarray, preds: Sequence[Hashable] | None, k: int, see
                n: int = 1000) -> dict[str, float]:
     """best@k, worst@k and (with `preds`) maj@k: mean and std over `n` resamples of k responses with
     replacement of the max, the min, and the value of the majority-voted prediction (ties to the one seen
-    first in the resample, valued as its first response: verl's `calc_maj_val`).
-
-    A fresh generator seeded like verl's np.random.seed(seed) gives verl's numbers for the same data and
-    seed without touching numpy's global random state.
+    first, valued as its first response: verl's `calc_maj_val`). Seeded as verl, without numpy's global RNG.
     """
     idx = np.random.RandomState(seed).choice(len(values), size=(n, k), replace=True)  # (n, k)
     picked = values[idx]
@@ -281,13 +271,10 @@ def process_validation_metrics(
 ) -> dict[str, dict[str, dict[str, float]]]:
     """`{data_source: {variable: {metric: value}}}` from per-response validation results.
 
-    Responses are grouped by data source, then by prompt (`sample_uids`: a uid or the prompt text).
-    For every numeric variable in `infos_dict` (string-valued ones such as `pred` are skipped), each
-    prompt with n responses gets mean@n, and for n > 1 std@n (population std) and, for k in
-    2, 4, 8, ... < n and k = n, bootstrap estimates (1000 resamples) of best@k and worst@k, plus maj@k
-    when a `pred` variable holds each response's final answer. The data source's value is the mean of
-    its prompts' values. The core variable (`acc` if present, else `reward`) also gets pass@k for
-    k = 1, 2, 4, ... < n and k = n, counting a response correct when its value is > 0 (True for acc).
+    Responses are grouped by data source, then by prompt (`sample_uids`). Every numeric variable of
+    `infos_dict` gets, per prompt of n responses, mean@n and for n > 1 std@n and bootstrap best@k, worst@k
+    (and maj@k from a `pred` variable) for k = 2, 4, ... < n and n; the core variable (`acc`, else
+    `reward`) also pass@k, a response counting as correct when > 0. A source's value is its prompts' mean.
     """
     n_rows = len(data_sources)
     for name, column in {"sample_uids": sample_uids, **infos_dict}.items():

@@ -1,10 +1,8 @@
 """The PPO/GRPO trainer's typed config: verl's key names, one home for every default.
 
 `ppo_trainer.yaml` composes `PPOTrainerConfig` (registered with Hydra's ConfigStore) and overrides only
-what differs for the built-in CPU quickstart. Hydra rejects unknown keys and ill-typed values when the
-command line is parsed; then `resolve_config` (hybridrl/trainer/config_checks.py) checks every value and
-the relations between them, fills in the settings that follow another key (`fill_derived`,
-`fill_training_steps`) and freezes the result, once, before any worker starts.
+what differs for the built-in CPU quickstart; `resolve_config` (config_checks.py) then checks it, fills in
+the derived settings (`fill_derived`, `fill_training_steps`) and freezes it, before any worker starts.
 """
 
 from __future__ import annotations
@@ -89,13 +87,9 @@ ROLLOUT_CORRECTION_KEY = "algorithm.rollout_correction"
 class RolloutCorrectionConfig(FreezableConfig):
     """`algorithm.rollout_correction`: correct for the rollout engine's policy differing from the trainer's.
 
-    Decoupled mode (bypass_mode false): after the old log-prob pass the trainer computes IS weights and a
-    rejection mask from old_log_probs vs rollout_log_probs (`hybridrl.algos.rollout_correction`); the
-    policy loss multiplies each token by its weight, and rejected tokens leave response_mask. Bypass mode:
-    no old log-prob pass; rollout_log_probs serve as old_log_probs, and the same weights and rejection are
-    computed inside the loss, per micro-batch, from the current policy's detached log-probs
-    (hybridrl/algos/bypass_loss.py): loss_type=ppo_clip clips pi_theta / pi_rollout (rejection only),
-    loss_type=reinforce weights -A log pi_theta by the IS weights.
+    Decoupled mode (bypass_mode false): IS weights and a rejection mask from old_log_probs vs
+    rollout_log_probs after the old log-prob pass. Bypass mode: no such pass; rollout_log_probs serve as
+    old_log_probs and the loss corrects per micro-batch (hybridrl/algos/bypass_loss.py; docs/algorithms.md).
     """
 
     # IS weight level: token | sequence | None (no weights).
@@ -291,13 +285,11 @@ def fill_derived(config: PPOTrainerConfig) -> None:
     """Fill in the settings that follow another key: once, on the driver, inside `resolve_config`
     (hybridrl/trainer/config_checks.py), after the per-key checks and before the freeze.
 
-    A config built in Python gets the same values as one composed from `ppo_trainer.yaml`, and each name
-    keeps one meaning: trainer.device=auto becomes the device found; critic.rollout_n (and the actor's)
-    follows actor_rollout_ref.rollout.n; data.tokenizer becomes the tokenizer_path of every model that
-    decodes or saves the prompts (and the reward model's input_tokenizer, when that names the actor's model
-    directory), so the driver and the workers load the same tokenizer; each micro-batch size becomes rows
-    per rank (`*_per_gpu`) where only verl's global key is set; a compute dtype of `auto` becomes float32
-    on a CPU (on a GPU each worker resolves it on its own device: the driver starts no CUDA to ask).
+    A config built in Python gets the same values as one composed from `ppo_trainer.yaml`: trainer.device=auto
+    becomes the device found; rollout_n keys follow rollout.n; data.tokenizer becomes every prompt-reading
+    model's tokenizer_path (and the reward model's input_tokenizer where it names the actor's model), so all
+    load one tokenizer; micro-batch sizes become rows per rank (`*_per_gpu`) where only verl's global key
+    is set; a compute dtype of `auto` becomes float32 on a CPU (a GPU worker resolves it on its own device).
     """
     config.trainer.device = resolve_device_type(config.trainer.device)
     n = config.actor_rollout_ref.rollout.n

@@ -335,10 +335,8 @@ class PPOTrainer:
 
     # ----- validation, checkpoints, logging ------------------------------------------------------------
     def _periodic(self, save: bool = True) -> dict[str, float]:
-        """9. Validate every test_freq steps and at the end; checkpoint every save_freq steps and at the end.
-
-        `save=False` (a step whose update was skipped) keeps the last good checkpoint the latest.
-        """
+        """9. Validate every test_freq steps and at the end; checkpoint every save_freq steps and at the end,
+        unless `save=False` (a skipped update), which keeps the last good checkpoint the latest."""
         cfg = self.config.trainer
         last = self.global_steps == self.total_steps
         metrics = {}
@@ -371,9 +369,7 @@ class PPOTrainer:
 
     def _load_checkpoint(self) -> bool:
         """Resume as trainer.resume_mode says, falling back past a checkpoint that fails to load; True if resumed.
-
-        Then refuse to start if this run would save over committed steps newer than where it starts.
-        """
+        Refuses to start if this run would save over committed steps newer than where it starts."""
         cfg = self.config.trainer
         candidates = resume_candidates(cfg.resume_mode, cfg.default_local_dir, cfg.resume_from_path)
         step_dir = load_newest_loadable(candidates, self._load_from, fallback=cfg.resume_mode == "auto")

@@ -1,8 +1,7 @@
 """The SFT trainer's typed config under verl's SFT key names: the one home of every SFT default.
 
-`sft_trainer.yaml` composes `SFTSchema` (registered with Hydra's ConfigStore), as `ppo_trainer.yaml`
-composes the PPO schema, so the two trainers keep their defaults the same way. The defaults are sized
-for the built-in arithmetic task and a tiny model on a 2-core CPU.
+`sft_trainer.yaml` composes `SFTSchema` (registered with Hydra's ConfigStore). The defaults are sized for
+the built-in arithmetic task and a tiny model on a 2-core CPU.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """The SFT loop on the driver: data order, steps, validation, metrics, and the final model directory.
 
-The driver owns the dataloader; each step it sends the global batch to the SFT worker group, whose
-ranks split it, accumulate gradients over micro-batches and step together (see
-`hybridrl.workers.sft_worker` for the loss). Config keys follow verl's SFT trainer; their types and
-defaults live in `hybridrl.trainer.sft_config`, which `trainer/config/sft_trainer.yaml` composes.
+Each step the driver sends the global batch to the SFT worker group, whose ranks split it and step
+together (`hybridrl.workers.sft_worker` has the loss). Keys follow verl's SFT trainer (`sft_config`).
 """
 
 from __future__ import annotations
@@ -205,11 +203,8 @@ class SFTTrainer:
         return step_dir
 
     def _resume(self) -> None:
-        """Continue from a checkpoint as trainer.resume_mode says: model, optimizer, RNG, data position.
-
-        A checkpoint that fails to load is named, and (resume_mode=auto) the previous committed step is
-        used; a run that would then save over committed steps newer than its start does not start.
-        """
+        """Continue from a checkpoint as trainer.resume_mode says (model, optimizer, RNG, data position),
+        falling back past one that fails to load; a run that would save over newer committed steps stops."""
         trainer = self.config.trainer
         candidates = resume_candidates(trainer.resume_mode, self.out_dir, trainer.resume_from_path)
         path = load_newest_loadable(candidates, self._load_from, fallback=trainer.resume_mode == "auto")

@@ -1,11 +1,8 @@
 """Validation, and the generations a run writes to disk.
 
-`Validator` samples the held-out prompts with `rollout.val_kwargs`, scores them and reports per data
-source. `trainer.rollout_data_dir` / `trainer.validation_data_dir` receive the generations as jsonl,
-one file per step (`write_generations`), in verl's layout: `input` (the prompt text), `output` (the
-response text, as the reward function saw it), `gts` (the ground truth), `score`, `step`, plus every
-per-sample value the reward function returned (e.g. `acc`). Files are named `<step>.jsonl`; a rerun of
-a step overwrites its file, so a resumed run never appends duplicates.
+`trainer.rollout_data_dir` / `trainer.validation_data_dir` receive them as `<step>.jsonl` in verl's layout:
+`input`, `output` (as the reward function saw it), `gts`, `score`, `step` and the reward function's
+per-sample values. A rerun of a step overwrites its file, so a resumed run never appends duplicates.
 """
 
 from __future__ import annotations

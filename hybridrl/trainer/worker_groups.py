@@ -2,13 +2,8 @@
 
 All roles of a run share one pool of processes (`trainer.nnodes x trainer.n_gpus_per_node`): the actor,
 rollout and reference policy are one role object; the critic and reward model, when present, are role
-objects in the same processes, all held by one `HybridWorker` per rank. The backend (Ray or local) is
-one setting.
-
-Each role is driven through its typed handle (`TypedWorkerGroup`, hybridrl/controller/worker_group.py):
-`groups.actor_rollout.generate_sequences(batch)` in the trainer lands on
-`ActorRolloutRefGroup.generate_sequences`, which names `ActorRolloutRefWorker.generate_sequences`;
-tests/trainer/test_role_groups.py holds every handle method to its worker method's signature.
+objects in the same processes, all held by one `HybridWorker` per rank. Each role is driven through
+its typed handle (`TypedWorkerGroup`; docs/architecture.md, "Worker groups and dispatch").
 """
 
 from __future__ import annotations
@@ -174,10 +169,8 @@ class WorkerGroups:
 
     @classmethod
     def create(cls, config: PPOTrainerConfig) -> WorkerGroups:
-        """Start every role's ranks on the configured backend and initialise their models.
-
-        If a model fails to initialise, the ranks already started are stopped before the error propagates.
-        """
+        """Start every role's ranks on the configured backend and initialise their models (if one fails, the
+        ranks already started are stopped before the error propagates)."""
         classes = role_classes(config)
         backend = config.trainer.backend
         pool = None

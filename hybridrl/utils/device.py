@@ -1,8 +1,7 @@
 """This process's device: which one it computes on, the dtypes it computes in, and its memory.
 
-The driver resolves `trainer.device` once (`resolve_device_type`) and the worker-group launchers pass
-the result to every worker in `DEVICE_ENV`; everything that places a model or asks about the device
-asks `device_type()`, so `trainer.device=cpu` keeps every worker on the CPU even where a GPU is visible.
+The driver resolves `trainer.device` once and passes it to every worker in `DEVICE_ENV`, which
+`device_type()` reads, so `trainer.device=cpu` keeps every worker on the CPU even where a GPU is visible.
 Without `DEVICE_ENV` (a script that builds engines itself): cuda where torch sees a GPU, else cpu.
 """
 
@@ -56,9 +55,8 @@ def device_type() -> str:
 def cuda_index(local_rank: int) -> int:
     """The CUDA device index (among those this process sees) that the rank with `local_rank` computes on.
 
-    One visible GPU: index 0 (Ray narrows CUDA_VISIBLE_DEVICES per actor). Several: the one Ray assigned
-    (`ray_assigned_gpu`), else the one at `local_rank` (torchrun, the local backend). Raises for a local rank
-    beyond the visible devices, where NCCL would later fail less clearly.
+    One visible GPU: index 0 (Ray narrows CUDA_VISIBLE_DEVICES per actor). Several: the one Ray assigned,
+    else the one at `local_rank`. Raises for a local rank beyond them, where NCCL would fail less clearly.
     """
     count = torch.cuda.device_count()
     if count == 0:
@@ -227,10 +225,8 @@ _applied = False
 def keep_freed_memory() -> bool:
     """Raise glibc's mmap and trim thresholds for this process (once); returns whether they are set.
 
-    Freed host memory then stays in the process for the next tensor instead of returning to the kernel,
-    which would fault fresh pages in for every activation of a CPU pass
-    (benchmarks/README.md, "Host memory"). The resident size stays near the peak. Linux with glibc only;
-    HYBRIDRL_KEEP_FREED_MEMORY=0 (`KEEP_ENV`) turns it off.
+    Freed host memory then stays for the next tensor instead of faulting fresh pages in for every activation
+    of a CPU pass (benchmarks/README.md, "Host memory"). Linux with glibc only; `KEEP_ENV`=0 turns it off.
     """
     global _applied
     if _applied:

@@ -1,10 +1,10 @@
 """The numbers workers report and the trainer reduces: metric lists, stage times and MFU.
 
 `reduce_metrics` takes a list's mean, or max / min for keys named so. Stage times accumulate per name
-(`timer`); a worker's own share comes back in its output's metrics (`report_worker_seconds`). MFU = model FLOPs / (seconds x peak FLOP/s), with 2N FLOPs per token
-forward and 6N forward + backward over the N multiplying parameters (Kaplan et al. 2020, "Scaling Laws
-for Neural Language Models", section 2.1; attention left out; padding lowers it, as in verl); the peak
-is a listed GPU's datasheet figure, else measured.
+(`timer`; a worker's own come back in its metrics, `report_worker_seconds`). MFU = model FLOPs /
+(seconds x peak FLOP/s), with 2N FLOPs per token forward and 6N forward + backward over the N
+multiplying parameters (Kaplan et al. 2020, "Scaling Laws for Neural Language Models", section 2.1;
+attention left out, as in verl); the peak is a listed GPU's datasheet figure, else measured.
 """
 
 from __future__ import annotations
@@ -161,8 +161,6 @@ def timer(name: str, timing_raw: MutableMapping[str, float]) -> Iterator[None]:
     """Add the `with` body's seconds to `timing_raw[name]`, also when it raises.
 
     Accumulates, since a stage may run several times in a step (DAPO's dynamic sampling).
-    `compute_timing_metrics` reports verl's stage names (`step`, `gen`, `reward`, `old_log_prob`, `ref`,
-    `values`, `adv`, `update_critic`, `update_actor`, `testing`, `save_checkpoint`).
     """
     start = time.perf_counter()  # monotonic: immune to wall-clock adjustments during long runs
     try:

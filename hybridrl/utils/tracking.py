@@ -153,8 +153,7 @@ def rewind_metrics_file(path: Path, keep_through: int) -> int:
 class FileLogger:
     """Appends `{"step": step, **metrics}` as one fsynced JSON line per step to `<log_dir>/metrics.jsonl`.
 
-    NaN and infinities become null (strict JSON). A resumed run appends after `rewind`; logging the newest
-    step again adds the new keys to its line and keeps the values already written.
+    NaN and infinities become null. Logging the newest step again adds its new keys, keeping written values.
     """
 
     def __init__(self, project_name: str, experiment_name: str, config: Any, log_dir: str | None) -> None:
@@ -332,8 +331,7 @@ def parse_logger_backends(backends: str | Sequence[str] | None) -> list[str]:
 class Tracking:
     """Sends each step's metrics to every backend in `default_backend` (verl's class and arguments).
 
-    `log_dir` (the trainer's `default_local_dir`) is where file-based backends write. Call `finish()` or use
-    `with Tracking(...)`.
+    `log_dir` (the trainer's `default_local_dir`) is where file-based backends write.
     """
 
     def __init__(self, project_name: str, experiment_name: str,

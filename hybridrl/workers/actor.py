@@ -33,8 +33,7 @@ def temperature_of(data: DataProto) -> float:
 class PPOActor:
     """compute_log_prob and update_policy for an actor or a reference policy (an engine without optimizer).
 
-    share_prompts (`actor_rollout_ref.model.share_prompt_forward`): each forward computes a prompt shared by
-    a group's rows once (`PromptSharing` in hybridrl/workers/response_pass.py).
+    share_prompts (`actor_rollout_ref.model.share_prompt_forward`): a prompt shared by rows is computed once.
     """
 
     def __init__(self, config: ActorConfig, engine: FSDPEngine, share_prompts: bool = False) -> None:
@@ -92,7 +91,7 @@ class PPOActor:
         log-probs (rows, response_len) in row order.
 
         With one epoch over one mini-batch no optimizer step precedes a row's forward, so log_prob.detach() is
-        what a separate no-grad pass would give (ratio 1, clip inactive), without its cost.
+        what a separate no-grad pass would give.
         """
         if plan.epochs != 1 or plan.mini_batch_rows != len(data):
             raise ValueError(

@@ -13,11 +13,9 @@ Layout (verl's), under `trainer.default_local_dir`:
         critic/ ...
         data.pt, run_config.json            the trainer's own state and the run's config
 
-DCP records where each shard sits, so N ranks' checkpoint loads on M ranks and the merger reassembles it
-in one process; per-rank RNG states are restored only at the same world size. A role is written to
-`<role>.tmp-<id>` and renamed once every rank finished; `commit_checkpoint` then replaces the tracker and
-writes the step marker. Only committed steps count (`checkpoint_resume.find_latest_ckpt_path`), so a save
-that dies at any point leaves the previous checkpoint as the latest.
+DCP lets N ranks' checkpoint load on M ranks (per-rank RNG states only at the same world size). A role is
+written to `<role>.tmp-<id>` and renamed once every rank finished; only steps `commit_checkpoint` marked
+count, so a save that dies at any point leaves the previous checkpoint as the latest.
 """
 
 from __future__ import annotations
@@ -108,12 +106,9 @@ def _broadcast_str(value: str) -> str:
 
 @contextlib.contextmanager
 def _dcp_options(one_process: bool = False) -> Iterator[dict[str, bool]]:
-    """DCP's keyword arguments: `no_dist=True` on a single rank (or for `one_process` work), with DCP's warning
-    that it runs without a process group silenced.
-
-    On a single rank DCP's planning collectives would copy this rank's plan to itself on gloo's worker threads,
-    and the OpenMP team such a copy leaves behind slowed every later multi-threaded op of the process.
-    """
+    """DCP's keyword arguments: `no_dist=True` on a single rank (or for `one_process` work), its warning about
+    that silenced. There DCP's planning collectives would copy the plan to itself on gloo's threads, and the
+    OpenMP team such a copy leaves behind slowed every later multi-threaded op of the process."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
         yield {"no_dist": True} if one_process or _world_size() == 1 else {}
@@ -236,8 +231,7 @@ def commit_checkpoint(default_local_dir: str | Path, global_step: int) -> Path:
     """Point the tracker at `global_step_N` and mark it complete, once all roles saved (the driver calls it).
 
     The tracker goes first, so a death between the writes leaves a tracked step without its marker (resume
-    skips it with a warning), never a committed step above the tracker. Raises CheckpointError, leaving the
-    tracker alone, if a role of that step is incomplete.
+    skips it), never a committed step above the tracker. An incomplete role raises CheckpointError first.
     """
     root = Path(default_local_dir)
     step_dir = root / f"global_step_{global_step}"
@@ -313,9 +307,8 @@ def read_full_model_state(path: str | Path) -> dict[str, torch.Tensor]:
 class CheckpointManager:
     """Saves and restores one role's engine (model, optimizer, scheduler), RNG states and HF files.
 
-    One per role on every rank; `save_checkpoint` and `load_checkpoint` are collectives. `processing_class`
-    (the tokenizer or processor) is saved next to the config; None skips it.
-    """
+    One per role on every rank; saving and loading are collectives. `processing_class` (the tokenizer) is
+    saved next to the config."""
 
     def __init__(self, engine: Any, processing_class: Any = None,
                  checkpoint_config: CheckpointConfig | Mapping[str, Any] | None = None) -> None:
@@ -405,8 +398,7 @@ class CheckpointManager:
     def load_checkpoint(self, local_path: str | Path) -> dict[str, Any]:
         """Restore `checkpoint.load_contents` from the role checkpoint at `local_path`; returns its marker.
 
-        Any read failure raises CheckpointError naming the path and each failing rank's error, on every rank,
-        so the driver can fall back to an older step.
+        Any read failure raises CheckpointError naming each failing rank's error, on every rank.
         """
         meta = check_role_dir(local_path)
         wanted = [c for c in self.load_contents if c != "hf_model"]

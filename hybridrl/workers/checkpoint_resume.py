@@ -129,9 +129,8 @@ def load_newest_loadable(candidates: Iterable[str], load: Callable[[Path], Any],
     """Call `load(path)` on each candidate until one loads; returns it (None when there are none).
 
     A candidate that raises CheckpointError is named in a warning and, with `fallback`, the next is tried
-    (without it, for an explicit resume_from_path, the error is raised). Those that failed before one loaded
-    are moved aside (`quarantine_step`), since the run saves those steps again; if none loads, the error
-    lists every path and nothing moves.
+    (else the error is raised). Those that failed before one loaded are moved aside (`quarantine_step`); if
+    none loads, the error lists every path and nothing moves.
     """
     failed: list[tuple[Path, str]] = []
     for candidate in candidates:

@@ -1,8 +1,5 @@
-"""Typed settings of the workers, under verl's key names (`actor_rollout_ref.*` with its `rollout.*`,
-`critic.*`).
-
-These dataclasses are the one home of the workers' defaults. The Hydra config composes them; every
-worker receives either a dataclass or an OmegaConf node of the same shape (`to_dataclass` converts).
+"""Typed settings of the workers under verl's key names (`actor_rollout_ref.*`, `critic.*`): the one home
+of their defaults. A worker takes a dataclass or an OmegaConf node of the same shape (`to_dataclass`).
 Rollout keys that only the vLLM engine reads are kept, so verl launch scripts run unchanged.
 """
 

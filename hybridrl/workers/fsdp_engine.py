@@ -52,9 +52,8 @@ def build_device_mesh(world_size: int, fsdp_size: int = -1) -> DeviceMesh:
 def shard_model(model: nn.Module, mesh: DeviceMesh, config: FSDPConfig) -> nn.Module:
     """Apply FSDP2 to every decoder layer and then to the root; on a one-rank mesh, to the root only.
 
-    Per-layer units gather one layer at a time; one rank shards nothing but would still pay each unit's
-    hooks per layer in every pass (host work), so it wraps the root only, at the cost of a no-grad pass
-    holding the whole model in the compute dtype at once.
+    One rank shards nothing but would still pay each per-layer unit's hooks in every pass, so it wraps the
+    root only (a no-grad pass then holds the whole model in the compute dtype at once).
     """
     mp = MixedPrecisionPolicy(
         param_dtype=resolve_dtype(config.mixed_precision.param_dtype),
@@ -146,8 +145,7 @@ class FSDPEngine:
     def gradient_sync(self, enabled: bool) -> Iterator[None]:
         """Skip the gradient reduce-scatter on all but the last micro-batch of an accumulation.
 
-        On a single rank the parameters also stay gathered from the first micro-batch's forward to the last
-        one's backward (nothing to save by resharding); several ranks reshard as configured.
+        On a single rank the parameters also stay gathered from the first forward to the last backward.
         """
         fsdp_modules = self.fsdp_modules if self.mesh.size() == 1 else []
         if isinstance(self.module, FSDPModule):
@@ -251,9 +249,8 @@ class FSDPEngine:
     def load_sharded_state(self, state: dict[str, Any]) -> None:
         """Restore model and optimizer shards and the schedule's position; hyperparameters stay this run's.
 
-        The moments and step count come from the checkpoint; lr, betas, eps, weight decay and the scheduler's
-        base lr from the config, so a resumed run with a new `optim.lr` trains at it.
-        """
+        Moments and step count come from the checkpoint; lr (the scheduler's base too), betas, eps and weight
+        decay from the config, so a resumed run trains at a new `optim.lr`."""
         set_model_state_dict(self.module, state["model"])
         if self.optimizer is not None and "optimizer" in state:
             set_optimizer_state_dict(self.module, self.optimizer, state["optimizer"])

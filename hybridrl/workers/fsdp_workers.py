@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -51,16 +52,21 @@ def forward_and_update_passes(model: torch.nn.Module, fsdp_dtype: str, epochs: i
     """
     params = matmul_params(model)
     peak = device_peak_flops(resolve_dtype(fsdp_dtype))
-    return {infer: ModelPass(params, FORWARD_FLOPS_PER_PARAM, 1, peak),
+    return {infer: forward_pass(params, fsdp_dtype),
             train: ModelPass(params, TRAIN_FLOPS_PER_PARAM, epochs, peak)}
 
 
-def load_model_for(model: ModelConfig, gradient_checkpointing: bool, compute_dtype: str,
-                   device_type: str) -> torch.nn.Module:
-    """The causal LM in fp32 (the master copy), with the attention that suits the dtype it computes in."""
+def forward_pass(params: int, dtype: str) -> ModelPass:
+    """A no-grad forward of a model with `params` matmul parameters, computing in `dtype`."""
+    return ModelPass(params, FORWARD_FLOPS_PER_PARAM, 1, device_peak_flops(resolve_dtype(dtype)))
+
+
+def load_model_for(model: ModelConfig, gradient_checkpointing: bool, compute_dtype: str, device_type: str,
+                   loader: Callable[..., torch.nn.Module] = load_causal_lm) -> torch.nn.Module:
+    """The model in fp32 (the master copy), with the attention that suits the dtype it computes in."""
     if model.external_lib:
         importlib.import_module(model.external_lib)
-    return load_causal_lm(
+    return loader(
         model.path, trust_remote_code=model.trust_remote_code, override_config=model.override_config,
         gradient_checkpointing=gradient_checkpointing,
         attn_implementation=default_attention(resolve_dtype(compute_dtype), device_type),
@@ -70,10 +76,9 @@ def load_model_for(model: ModelConfig, gradient_checkpointing: bool, compute_dty
 class ActorRolloutRefWorker(Worker):
     """Actor, rollout and/or reference policy on one rank, by `role`.
 
-    With role `actor_rollout[_ref]` the rollout generates with the actor's current weights: the engine's
-    `serving(actor)` hand-off runs around every generation (the HF engine reads the sharded module,
-    gathered for the block; vLLM receives the full state dict), so the policy that generates is always
-    the one being trained.
+    With role `actor_rollout[_ref]` the rollout generates with the actor's current weights: the
+    `serving(actor)` hand-off runs around every generation
+    (docs/rollout.md, "The hand-off between training and generation").
     """
 
     def __init__(self, config: Any, role: str) -> None:
@@ -131,13 +136,11 @@ class ActorRolloutRefWorker(Worker):
             if multi_turn.enable:
                 tools = load_all_tools(multi_turn.tool_config_path, multi_turn.function_tool_path)
                 self.agent_loop = AgentLoop(self.rollout, self.tokenizer, rollout_cfg, tools)
-            self.passes["rollout"] = ModelPass(params, FORWARD_FLOPS_PER_PARAM, 1,
-                                               device_peak_flops(resolve_dtype(cfg.rollout.dtype)))
+            self.passes["rollout"] = forward_pass(params, cfg.rollout.dtype)
         if self.is_ref:
             ref_dtype = cfg.ref.fsdp_config.mixed_precision.param_dtype
             model = load_model_for(cfg.model, False, ref_dtype, self.device.type)
-            self.passes["ref"] = ModelPass(matmul_params(model), FORWARD_FLOPS_PER_PARAM, 1,
-                                           device_peak_flops(resolve_dtype(ref_dtype)))
+            self.passes["ref"] = forward_pass(matmul_params(model), ref_dtype)
             self.ref = PPOActor(cfg.actor, FSDPEngine(model, cfg.ref.fsdp_config),
                                 share_prompts=cfg.model.share_prompt_forward)
 
@@ -194,8 +197,7 @@ class ActorRolloutRefWorker(Worker):
     def update_actor(self, data: DataProto) -> DataProto:
         """PPO update on this rank's rows; metrics (already averaged over ranks) in meta_info.
 
-        With meta_info["fuse_old_log_prob"] the rows carry no `old_log_probs`: the update's own forward
-        pass gives them (`PPOActor.update_policy_fused`), and they are returned as `old_log_probs`.
+        With meta_info["fuse_old_log_prob"] the update's own forward gives `old_log_probs`, returned.
         """
         self._require(self.actor, "update_actor", "actor")
         data.meta_info.setdefault("temperature", self.config.rollout.temperature)
@@ -243,15 +245,11 @@ class CriticWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         model_cfg = self.config.model
-        if model_cfg.external_lib:
-            importlib.import_module(model_cfg.external_lib)
+        dtype = model_cfg.fsdp_config.mixed_precision.param_dtype
+        model = load_model_for(model_cfg, model_cfg.enable_gradient_checkpointing, dtype, self.device.type,
+                               loader=load_value_model)  # imports model.external_lib first
         self.tokenizer = load_tokenizer(model_cfg.tokenizer_path or model_cfg.path,
                                         trust_remote_code=model_cfg.trust_remote_code)
-        dtype = model_cfg.fsdp_config.mixed_precision.param_dtype
-        model = load_value_model(model_cfg.path, trust_remote_code=model_cfg.trust_remote_code,
-                                 override_config=model_cfg.override_config,
-                                 gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
-                                 attn_implementation=default_attention(resolve_dtype(dtype), self.device.type))
         self.measure_peak_flops([resolve_dtype(dtype)])  # in turns across ranks; read cached just below
         self.passes = forward_and_update_passes(model, dtype, self.config.ppo_epochs, infer="critic_infer",
                                                 train="critic")

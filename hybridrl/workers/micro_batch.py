@@ -41,9 +41,8 @@ def _split_to_count(groups: list[list[int]], count: int) -> list[list[int]]:
 def cheapest_cuts(sorted_lengths: list[int], max_token_len: int) -> list[tuple[int, int]]:
     """Cut ascending lengths into contiguous runs [lo, hi) whose padded passes cost least in all.
 
-    A run costs (rows + 1) x its longest length (the extra row stands for a pass's fixed cost) and keeps
-    rows x longest within `max_token_len` (a longer row runs alone). Exact, by dynamic programming over the
-    cut points.
+    A run costs (rows + 1) x its longest length (the extra row: a pass's fixed cost) and keeps rows x
+    longest within `max_token_len` (a longer row runs alone). Exact, by dynamic programming.
     """
     n = len(sorted_lengths)
     best = [0] + [float("inf")] * n  # best[i]: cheapest cost of the first i rows
@@ -71,9 +70,8 @@ def make_micro_batches(
     """Cut `data` into micro-batches of similar-length rows: `micro_batch_size` rows each, or within a
     `max_token_len` budget of rows x padded width (`cheapest_cuts`).
 
-    Rows with the same `group_ids` stay together (groups ordered by their longest row), so shared prompts
-    are computed once (`hybridrl.models.attention`). Every rank gets the same count; one with too few rows
-    runs dummy micro-batches (a real row with its response masked out) whose outputs are dropped.
+    Rows with the same `group_ids` stay together, so shared prompts are computed once. Every rank gets the
+    same count; one with too few rows runs dummy micro-batches whose outputs are dropped.
     """
     if (micro_batch_size is None) == (max_token_len is None):
         raise ValueError("give exactly one of micro_batch_size (fixed) or max_token_len (dynamic batch size)")

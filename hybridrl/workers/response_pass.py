@@ -28,9 +28,8 @@ def response_logits(module: torch.nn.Module, micro: DataProto, share_prompts: bo
     """Logits predicting each response token, (rows, kept_response_len, vocab) (a critic's outputs at the same
     positions), on columns trimmed of shared padding, with the head on the response positions only.
 
-    `share_prompts`: rows with equal prompts compute their prompt once; `always_packed` takes that path
-    even where all prompts differ (the model is held in `shared_prompt_mode`); `share_key` is the config key
-    errors name.
+    `share_prompts`: rows with equal prompts compute their prompt once (`always_packed`: even where all
+    differ, as in `shared_prompt_mode`); `share_key` is the config key errors name.
     """
     response_length = micro.batch["responses"].shape[-1]
     trimmed = trim_columns(micro, response_length)

@@ -169,8 +169,8 @@ def retokenize_for_reward_model(chats: Sequence[list[dict[str, Any]]], rm_tokeni
     """Right-padded reward-model inputs for the conversations, in its chat template (no special tokens added:
     the template writes them).
 
-    Sequences over `max_length` are truncated at the right, as in verl, with a warning: the end of such a
-    response goes unscored, but one overlong sample does not stop a run.
+    Sequences over `max_length` lose their end, as in verl, with a warning (one overlong sample must not
+    stop a run).
     """
     texts = [rm_tokenizer.apply_chat_template(chat, tokenize=False) for chat in chats]
     ids = [rm_tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]

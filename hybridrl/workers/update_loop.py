@@ -3,9 +3,8 @@
 Each epoch cuts the rank's rows into mini-batches (one optimizer step each) and those into micro-batches
 (one forward/backward each). A micro-batch's loss is normalised by its mini-batch's totals over all ranks
 (`global_batch_info`), so the accumulated gradient is the whole mini-batch's, whatever the aggregation,
-micro-batch size or rank count. `ppo_mini_batch_size` counts prompts over all ranks (as in verl): a rank
-trains on ppo_mini_batch_size x rollout.n / world_size rows per step. Per-rank sizes are pure functions of
-a config and the world size: a worker computes them and never writes them into its config.
+micro-batch size or rank count. `ppo_mini_batch_size` counts prompts over all ranks (as in verl); per-rank
+sizes are computed from it and the world size, never written into the config.
 """
 
 from __future__ import annotations
@@ -89,9 +88,8 @@ def run_updates(engine: FSDPEngine, data: DataProto, plan: BatchingPlan, micro_s
                 ) -> dict[str, list[float]]:
     """Run the epochs x mini-batches x micro-batches loop; return per-mini-batch metrics by name.
 
-    micro_step(micro_batch, global_batch_info, sums) returns the micro-batch's loss share; it is
-    back-propagated with gradient sync on the last micro-batch only. group_ids_of(mini_batch) names rows to
-    keep together.
+    micro_step(micro_batch, global_batch_info, sums) returns the micro-batch's loss share, back-propagated
+    with gradient sync on the last micro-batch only; group_ids_of(mini_batch) names rows to keep together.
     """
     if len(data) % plan.mini_batch_rows:
         raise ValueError(

@@ -2,11 +2,9 @@
 
     python -m hybridrl.data.tasks.countdown --out ~/data/countdown [--min-numbers 3] [--max-numbers 4]
 
-Every target is reachable: it is drawn from the values of expressions using each number once (dynamic
-programming over subsets, exact `Fraction` arithmetic, preferring non-negative integer steps), and the
-solution is checked by the countdown scorer's parser. `reward_model.ground_truth` is `{"target",
-"numbers"}`; the worked response is the steps in `<think></think>`, then the expression in
-`<answer></answer>`.
+Every target is reachable: it is drawn from the values of expressions using each number once (exact
+`Fraction` arithmetic over subsets), checked by the scorer's parser. `reward_model.ground_truth` is
+`{"target", "numbers"}`; the worked response is the steps in `<think>`, then the expression in `<answer>`.
 """
 
 from __future__ import annotations

@@ -2,12 +2,9 @@
 
     python -m hybridrl.data.tasks.tool_arithmetic --out ~/data/tool_arithmetic [--call-shares +=0.3,-=0.9]
 
-writes the RL splits and `sft.parquet`, a `messages` column of teacher conversations for a multi-turn
-SFT warm start. Each problem adds or subtracts two three-digit numbers ("What is 347 + 568?"); the teacher
-either calls the calculator (`<tool_call>{"name": "calculator", ...}</tool_call>`, the tool's answer,
-then `<answer>915</answer>`) or answers by hand, calling per `--call-shares` (90% of subtractions, 30% of
-additions). A tiny student cannot add by hand, so RL must teach it to call for additions too
-(docs/agents.md, "The demo"). Scored as the arithmetic task (`data_source="arithmetic"`).
+writes the RL splits and `sft.parquet`, a `messages` column of teacher conversations that either call the
+calculator or answer by hand, per `--call-shares` (docs/agents.md, "The demo"). Scored as the arithmetic
+task (`data_source="arithmetic"`).
 """
 
 from __future__ import annotations

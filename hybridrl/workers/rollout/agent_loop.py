@@ -1,12 +1,10 @@
 """The multi-turn agent loop: generate, run the tools the model calls, append their answers, continue
 (user guide: docs/agents.md).
 
-`AgentLoop.generate_sequences(prompts)` returns a rollout engine's layout with every turn in `responses`;
-`response_mask` and `rollout_log_probs` cover the model's tokens only, so tool answers are context, never
-trained on. It calls the engine once per turn for the trajectories still generating (no KV cache is kept
-between turns). A row's `agent_name` picks `tool_agent` or `single_turn_agent` (calls unanswered); a
-trajectory creates its own instance of a tool at its first call (with `extra_info.tools_kwargs`) and
-scores and releases it at the end. Tool failures become `Error: ...` messages and counts, never stop the run.
+`AgentLoop.generate_sequences(prompts)` returns a rollout engine's layout with every turn in `responses`,
+calling the engine once per turn (docs/architecture.md, "Multi-turn rollouts with tools"). A row's
+`agent_name` picks `tool_agent` or `single_turn_agent`; a trajectory creates its own instance of a tool at
+its first call and releases it at the end. Tool failures become `Error: ...` messages, never stop the run.
 """
 
 from __future__ import annotations

@@ -39,8 +39,7 @@ def rollout_logprob_diff_metrics(
 ) -> dict[str, float]:
     """Max and mean of |rollout_log_probs - old_log_probs| over the response tokens, all (batch, response_len).
 
-    With the same weights and precision they agree up to rounding; a larger gap means the rollout sampled
-    from other weights (a weight-sync bug) or in another precision.
+    A gap beyond rounding means the rollout sampled from other weights (a weight-sync bug) or precision.
     """
     shapes = {t.shape for t in (rollout_log_probs, old_log_probs, response_mask)}
     if len(shapes) != 1:
@@ -113,9 +112,8 @@ class BaseRollout(ABC):
     def serving(self, actor: ServedActor | None) -> Iterator[None]:
         """Generate with `actor`'s current weights for the block (`actor=None`: the engine's own weights).
 
-        The optimizer state leaves the device for the block where `fsdp_config.optimizer_offload` is set; the
-        engine's part is `_serve_weights`. A collective where the actor is sharded.
-        """
+        With `fsdp_config.optimizer_offload` the optimizer state leaves the device for the block. A collective
+        where the actor is sharded."""
         if actor is None:
             with self._awake():
                 yield

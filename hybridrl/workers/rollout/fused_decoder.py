@@ -1,12 +1,9 @@
 """One decoding step of a Llama-family causal LM (Llama, Qwen2, Mistral without a sliding window) over the
 model's own weights and modules, for the HF engine's eager loop on a CPU.
 
-`FusedDecoder.step` gives the forward's logits bit for bit with less around each layer: stacked q/k/v and
-gate/up projections (packed for oneDNN), one rotary pass and one mask per step for all layers
-(benchmarks/results/fused_decode.md). `step_shared` keeps each prompt's keys/values once for its n samples
-(`SharedPromptKV`; bf16 logits within about one unit). `fused_decoder` returns None for other models
-(another architecture or attention, a LoRA or quantized projection, a sliding window). `FusedSteps` and
-`SharedPromptSteps` run them behind the eager loop's step interface (`kv_cache.ForwardSteps`).
+`FusedDecoder.step` gives the forward's logits bit for bit with stacked q/k/v and gate/up projections and
+one rotary pass and mask per step; `step_shared` keeps each prompt's keys/values once for its n samples.
+`fused_decoder` returns None for other models (docs/rollout.md, "How the HF engine decodes").
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """`rollout.name=hf`: batched sampling with a KV cache over a Hugging Face causal LM (CPU and GPU).
 
-It calls the actor's own module's forward (FSDP-wrapped or not) instead of `model.generate`, to prefill
-each prompt once without the padding all prompts share, keep a cache written in place, drop finished rows
-and cast the weights once. `decode_eagerly` is the decoding loop, the reference: each step runs through
-`ForwardSteps` (the model's forward, kv_cache.py) or a fused step (fused_decoder.py), and
-`HFRollout._decode` alone chooses which, or CUDA graphs (static_decode.py). Each path is tested equal to
-the plain loop (docs/rollout.md, "How the HF engine decodes"); benchmarks/rollout_bench.py compares it with
-`generate`.
+It calls the actor's own module's forward instead of `model.generate`, to prefill each prompt once without
+shared padding, keep a cache written in place, drop finished rows and cast the weights once.
+`decode_eagerly` is the reference loop; `HFRollout._decode` alone chooses the faster paths, each tested
+equal to it (docs/rollout.md, "How the HF engine decodes").
 """
 
 from __future__ import annotations
@@ -62,8 +59,7 @@ DROP_FINISHED_SHARE = 0.125
 class HFRollout(BaseRollout):
     """Generate with a causal LM's forward and a preallocated KV cache.
 
-    `module` is read in place (updating it updates the rollout); its forward takes a cache, `position_ids`
-    and `logits_to_keep`, as every transformers causal LM's does. `tokenizer` gives the pad and EOS ids
+    `module` is read in place (updating it updates the rollout). `tokenizer` gives the pad and EOS ids
     unless `eos_token_id` (an int or a list) / `pad_token_id` are given.
     """
 

@@ -1,10 +1,9 @@
 """A KV cache preallocated for the whole generation, written in place, with row dropping; `forward_logits`,
 the model's forward over a cache (both HF loops call it); and `ForwardSteps`, the eager loop's plain step.
 
-transformers' `DynamicCache` copies every layer's cache with `torch.cat` at each step; `PreallocatedCache`
-writes into (rows, kv_heads, max_len, head_dim) buffers. Attention reads a view of the written prefix, or
-with `full_width` the whole contiguous buffers, unwritten positions zero and masked (faster on a CPU, whose
-batched matmul copies a strided prefix; such a layer grows from the prompt plus `FULL_WIDTH_GROWTH`).
+Unlike transformers' `DynamicCache` (a `torch.cat` per layer per step), `PreallocatedCache` writes into
+(rows, kv_heads, max_len, head_dim) buffers; with `full_width` attention reads them whole, unwritten
+positions masked (a CPU's batched matmul would copy a strided prefix view).
 """
 
 from __future__ import annotations

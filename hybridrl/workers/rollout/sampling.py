@@ -123,9 +123,8 @@ def sample_tokens(
 def draw_tokens(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """One token per row of (rows, vocab) probabilities, by inverting each row's CDF at one uniform draw.
 
-    `torch.multinomial`'s distribution at a fraction of its CPU cost
-    (benchmarks/README.md, "Where a hybridrl step spends its time (`step_breakdown.py`)"). The draw stays
-    strictly below the row's total mass, so the chosen index never has zero probability.
+    `torch.multinomial`'s distribution at a fraction of its CPU cost; the draw stays strictly below the
+    row's total mass, so the chosen index never has zero probability.
     """
     cdf = probs.cumsum(dim=-1)  # (rows, vocab)
     total = cdf[:, -1:]  # (rows, 1)

