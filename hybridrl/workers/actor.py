@@ -13,9 +13,8 @@ from hybridrl.algos.bypass_loss import compute_policy_loss_bypass_mode
 from hybridrl.protocol import DataProto
 from hybridrl.utils.torch_functional import entropy_from_logits, logprobs_from_logits, masked_sum
 from hybridrl.workers.config import ActorConfig
-from hybridrl.workers.fsdp_engine import FSDPEngine
 from hybridrl.workers.micro_batch import make_micro_batches, restore_order
-from hybridrl.workers.response_pass import PromptSharing
+from hybridrl.workers.response_pass import PromptSharingRole
 from hybridrl.workers.update_loop import BatchingPlan, MetricSums, run_updates
 
 SHARE_KEY = "actor_rollout_ref.model.share_prompt_forward"
@@ -30,20 +29,14 @@ def temperature_of(data: DataProto) -> float:
     return float(data.meta_info["temperature"])
 
 
-class PPOActor:
+class PPOActor(PromptSharingRole):
     """compute_log_prob and update_policy for an actor or a reference policy (an engine without optimizer).
 
     share_prompts (`actor_rollout_ref.model.share_prompt_forward`): a prompt shared by rows is computed once.
     """
 
-    def __init__(self, config: ActorConfig, engine: FSDPEngine, share_prompts: bool = False) -> None:
-        self.config = config
-        self.engine = engine
-        self.prompt_sharing = PromptSharing(engine.module, share_prompts, SHARE_KEY)
-
-    @property
-    def share_prompts(self) -> bool:
-        return self.prompt_sharing.enabled
+    SHARE_KEY = SHARE_KEY
+    config: ActorConfig
 
     def _per_token(self, micro: DataProto, temperature: float, with_entropy: bool,
                    with_sum_pi_squared: bool = False) -> dict[str, torch.Tensor]:

@@ -8,26 +8,19 @@ from hybridrl.algos import compute_value_loss
 from hybridrl.protocol import DataProto
 from hybridrl.utils.torch_functional import masked_sum
 from hybridrl.workers.config import CriticConfig
-from hybridrl.workers.fsdp_engine import FSDPEngine
 from hybridrl.workers.micro_batch import make_micro_batches, restore_order
-from hybridrl.workers.response_pass import PromptSharing
+from hybridrl.workers.response_pass import PromptSharingRole
 from hybridrl.workers.update_loop import BatchingPlan, MetricSums, run_updates
 
 SHARE_KEY = "critic.model.share_prompt_forward"
 
 
-class PPOCritic:
+class PPOCritic(PromptSharingRole):
     """compute_values and update_critic over the rank's rows; share_prompts (`critic.model.share_prompt_forward`)
     as the actor's."""
 
-    def __init__(self, config: CriticConfig, engine: FSDPEngine, share_prompts: bool = False) -> None:
-        self.config = config
-        self.engine = engine
-        self.prompt_sharing = PromptSharing(engine.module, share_prompts, SHARE_KEY)
-
-    @property
-    def share_prompts(self) -> bool:
-        return self.prompt_sharing.enabled
+    SHARE_KEY = SHARE_KEY
+    config: CriticConfig
 
     def _values(self, micro: DataProto) -> torch.Tensor:
         """V(s_t) for each response token t: the value head read at the position before it, (rows, R)."""

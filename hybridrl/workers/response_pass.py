@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -18,6 +19,7 @@ from hybridrl.models.attention import (
     supports_shared_prompt,
 )
 from hybridrl.protocol import DataProto
+from hybridrl.workers.fsdp_engine import FSDPEngine
 from hybridrl.workers.micro_batch import trim_columns
 
 logger = logging.getLogger(__name__)
@@ -99,3 +101,19 @@ class PromptSharing:
         """Around an update: the model stays in `shared_prompt_mode` where its layers are checkpointed."""
         with shared_prompt_mode(self.module) if self.hold_packed else contextlib.nullcontext():
             yield
+
+
+class PromptSharingRole:
+    """What the actor and the critic hold alike: their config, their engine and the `PromptSharing` of the
+    engine's module, asked for by the config key `SHARE_KEY`."""
+
+    SHARE_KEY: str
+
+    def __init__(self, config: Any, engine: FSDPEngine, share_prompts: bool = False) -> None:
+        self.config = config
+        self.engine = engine
+        self.prompt_sharing = PromptSharing(engine.module, share_prompts, self.SHARE_KEY)
+
+    @property
+    def share_prompts(self) -> bool:
+        return self.prompt_sharing.enabled
