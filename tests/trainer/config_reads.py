@@ -230,9 +230,13 @@ class _Scanner:
         self.body(node.body, local)
 
     def klass(self, node: ast.ClassDef, env: Env) -> None:
-        """Methods see `self.<attr>` typed by what any method assigns to it."""
+        """Methods see `self.<attr>` typed by what any method assigns to it, or by the class body's annotation
+        of it (`config: ActorConfig` in a subclass of a base that assigns it)."""
         cls = self.classes.get(node.name)
         self_types: dict[str, set[type]] = defaultdict(set)
+        for stmt in node.body:
+            if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+                self_types[stmt.target.id] |= self.annotation_types(stmt.annotation)
         for method in node.body:
             if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 local = Env()
