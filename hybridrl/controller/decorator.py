@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from hybridrl.protocol import DataProto, pad_dataproto_to_divisor
+from hybridrl.utils.cpu_threads import fit_cpu_threads
 from hybridrl.utils.registry import Registry
 
 
@@ -270,6 +271,7 @@ def register(
             shards = [a for a in (*args, *kwargs.values()) if isinstance(a, ProtoShard)]
             args = tuple(_open_arg(a, device) for a in args)
             kwargs = {k: _open_arg(v, device) for k, v in kwargs.items()}
+            fit_cpu_threads()
             output = func(self, *args, **kwargs)
             return to_cpu(trim_padding(output, shards[0]) if shards else output)
 

@@ -22,6 +22,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hybridrl.controller.worker import NUM_THREADS_ENV, RENDEZVOUS_KEY_ENV, await_address
 from hybridrl.controller.worker_group import ClassWithInitArgs, WorkerGroup, roles_of
+from hybridrl.utils.cpu_threads import POLICY_ENV
 from hybridrl.utils.device import device_env
 
 # How long to wait for a placement group that the cluster could hold but has not granted yet.
@@ -174,7 +175,7 @@ class RayClassWithInitArgs(ClassWithInitArgs):
 def rank_environment(pool: RayResourcePool, rank: int, local_rank: int, n_local: int,
                      master: tuple[str, int], threads: int) -> dict[str, str]:
     """What one rank's actor finds in its environment: its torch.distributed coordinates, its share of
-    CPU threads and its device type. GPU bundles are what trainer.device=cuda reserves; without them the
+    CPU threads, its thread policy and its device type. GPU bundles are what trainer.device=cuda reserves; without them the
     ranks compute on the CPU, even on a node whose GPUs torch could see."""
     return {
         "RANK": str(rank), "WORLD_SIZE": str(pool.world_size),
@@ -182,6 +183,8 @@ def rank_environment(pool: RayResourcePool, rank: int, local_rank: int, n_local:
         "MASTER_ADDR": master[0], "MASTER_PORT": str(master[1]),
         NUM_THREADS_ENV: str(threads), "OMP_NUM_THREADS": str(threads),
         **device_env("cuda" if pool.use_gpu else "cpu"),
+        # the driver's thread policy reaches ranks on nodes started without it
+        **({POLICY_ENV: os.environ[POLICY_ENV]} if POLICY_ENV in os.environ else {}),
     }
 
 

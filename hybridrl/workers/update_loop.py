@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from hybridrl.protocol import DataProto
+from hybridrl.utils.cpu_threads import fit_cpu_threads
 from hybridrl.utils.typed_config import ConfigError
 from hybridrl.workers.config import ActorConfig, ActorRolloutRefConfig, CriticConfig, RefConfig, RolloutConfig
 from hybridrl.workers.fsdp_engine import FSDPEngine
@@ -109,6 +110,7 @@ def run_updates(engine: FSDPEngine, data: DataProto, plan: BatchingPlan, micro_s
             group_ids = group_ids_of(mini) if group_ids_of is not None else None
             micro_batches = make_micro_batches(mini, plan.micro_batch_rows, plan.max_token_len, group_ids)
             for i, micro in enumerate(micro_batches):
+                fit_cpu_threads()
                 with engine.gradient_sync(i == len(micro_batches) - 1):
                     micro_step(micro.data, info, sums).backward()
             step = engine.clip_and_step()

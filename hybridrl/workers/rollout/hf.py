@@ -22,6 +22,7 @@ from hybridrl.models.attention import attention_for_decoding
 from hybridrl.models.loading import resolve_dtype, weights_in_dtype
 from hybridrl.models.onednn_linear import prepacked_linears
 from hybridrl.protocol import DataProto
+from hybridrl.utils.cpu_threads import fit_cpu_threads
 from hybridrl.utils.typed_config import to_dataclass
 from hybridrl.workers.config import RolloutConfig
 from hybridrl.workers.micro_batch import trim_columns
@@ -222,6 +223,7 @@ def decode_eagerly(steps: ForwardSteps, input_ids: torch.Tensor, attention_mask:
     active = torch.arange(rows, device=device)  # output row of each row still in the batch
     finished = torch.zeros(rows, dtype=torch.bool, device=device)  # stopped, not yet dropped
     for step in range(width):
+        fit_cpu_threads()  # a generation lasts long enough for a neighbour to start or stop during it
         tokens, token_log_probs = sample_tokens(logits, params, generator)  # (A,), (A,)
         out.record(active, step, tokens, token_log_probs)
         if step == width - 1:

@@ -1,0 +1,149 @@
+"""How many torch threads this process computes with on a CPU: the ones it was given, less the cores that
+other processes keep busy.
+
+Torch's OpenMP threads meet at the end of every parallel region, and a thread that arrives first spins
+before it sleeps. When another process keeps one of our cores busy, the kernel deschedules one of our
+threads, and its peer spins through whole time slices waiting for it: every small op then costs a time
+slice, so a step slows by far more than the share of the CPU the neighbour took. One thread fewer has no
+peer to wait for and runs at its fair share. `fit_cpu_threads` measures, from /proc/stat, how busy the
+other processes keep the cores this process may run on and sets the thread count to what is left; called
+between ops (each worker call, each decode step, each micro-batch), it follows a neighbour that comes and
+goes. The effect, alone and beside neighbours: benchmarks/contention.py.
+
+`HYBRIDRL_CPU_THREADS=fixed` keeps the given count whatever else runs (bit-identical reruns on a loaded
+machine); the given count is torch's own, `OMP_NUM_THREADS`, or a Ray rank's CPUs, as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+
+from hybridrl.utils.device import device_type
+
+logger = logging.getLogger(__name__)
+
+POLICY_ENV = "HYBRIDRL_CPU_THREADS"
+POLICIES = ("adaptive", "fixed")
+# How often the load is sampled: /proc/stat counts in ticks of 10 ms, so half a second measures a core's
+# use to within a few percent, and a neighbour that starts is noticed within a step.
+SAMPLE_INTERVAL_S = 0.5
+# /proc/stat's per-CPU columns that count time a CPU was not available to us: user, nice, system, irq,
+# softirq, steal (another virtual machine ran). Guest time is already inside user.
+_BUSY_COLUMNS = (0, 1, 2, 5, 6, 7)
+
+
+@dataclass(frozen=True)
+class CpuTimes:
+    """Seconds at one moment: wall clock, busy time of the CPUs this process may use (all processes), and
+    this process's own CPU time."""
+
+    wall_s: float
+    busy_s: float
+    own_s: float
+
+
+def cpu_policy() -> str:
+    policy = os.environ.get(POLICY_ENV, "adaptive")
+    if policy not in POLICIES:
+        raise ValueError(f"{POLICY_ENV}={policy!r}: expected one of {POLICIES} (adaptive fits torch's threads to "
+                         f"the cores other processes leave free; fixed keeps the count torch was given)")
+    return policy
+
+
+def read_cpu_times(cpus: set[int], stat_path: str = "/proc/stat") -> CpuTimes | None:
+    """The CPU times now, or None where `stat_path` cannot be read (not Linux)."""
+    try:
+        with open(stat_path) as stat:
+            lines = stat.read().splitlines()
+    except OSError:
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    busy = 0
+    for line in lines:
+        name, *columns = line.split()
+        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+            busy += sum(int(columns[i]) for i in _BUSY_COLUMNS if i < len(columns))
+    return CpuTimes(wall_s=time.monotonic(), busy_s=busy / ticks, own_s=time.process_time())
+
+
+def others_busy_cores(before: CpuTimes, after: CpuTimes) -> float:
+    """How many cores, on average between the two readings, other processes kept busy."""
+    wall = after.wall_s - before.wall_s
+    if wall <= 0:
+        return 0.0
+    return max(0.0, (after.busy_s - before.busy_s) - (after.own_s - before.own_s)) / wall
+
+
+def threads_for(given: int, cpus: int, others_busy: float) -> int:
+    """`given` threads, less one for each core that others keep more than half busy; never fewer than one."""
+    free = cpus - others_busy
+    return max(1, min(given, math.floor(free + 0.5)))
+
+
+class CpuThreadFit:
+    """The process's thread count, refitted to the load at most every `SAMPLE_INTERVAL_S`.
+
+    The given count is whatever torch had when the fit last left it: a caller that sets its own count
+    (`torch.set_num_threads`, the quickstart's `--threads`) makes that the new given count.
+    """
+
+    def __init__(self, stat_path: str = "/proc/stat") -> None:
+        self.stat_path = stat_path
+        self.cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+        self.given: int | None = None
+        self.chosen: int | None = None
+        self.last: CpuTimes | None = None
+        self.next_sample = 0.0
+        self.changes = 0
+
+    def fit(self) -> int | None:
+        """Refit if a sample is due; returns the thread count it set, or None when it left torch's alone."""
+        now = time.monotonic()
+        if now < self.next_sample:
+            return None
+        self.next_sample = now + SAMPLE_INTERVAL_S
+        current = torch.get_num_threads()
+        if current != self.chosen:  # someone else set the count: that is the given count now
+            self.given = current
+        if self.given <= 1:  # nothing to take away
+            self.chosen, self.last = current, None
+            return None
+        sample = read_cpu_times(self.cpus, self.stat_path)
+        before, self.last = self.last, sample
+        if sample is None or before is None:
+            self.chosen = current
+            return None
+        others = others_busy_cores(before, sample)
+        wanted = threads_for(self.given, len(self.cpus), others)
+        self.chosen = wanted
+        if wanted == current:
+            return None
+        torch.set_num_threads(wanted)
+        self.changes += 1
+        (logger.info if self.changes == 1 else logger.debug)(
+            "torch threads %d -> %d: other processes keep %.1f of the %d cores this process may use busy "
+            "(%s=fixed keeps %d)", current, wanted, others, len(self.cpus), POLICY_ENV, self.given)
+        return wanted
+
+
+_FIT: CpuThreadFit | None = None
+
+
+def fit_cpu_threads() -> None:
+    """Fit this process's torch threads to the free cores, where it computes on the CPU under the adaptive
+    policy; cheap enough to call between any two ops (it samples at most every `SAMPLE_INTERVAL_S`)."""
+    global _FIT
+    if _FIT is None:
+        _FIT = CpuThreadFit()
+    if time.monotonic() < _FIT.next_sample:
+        return
+    if cpu_policy() != "adaptive" or device_type() != "cpu":
+        _FIT.next_sample, _FIT.last = time.monotonic() + SAMPLE_INTERVAL_S, None
+        return
+    _FIT.fit()
