@@ -33,6 +33,8 @@ POLICIES = ("adaptive", "fixed")
 # How often the load is sampled: /proc/stat counts in ticks of 10 ms, so half a second measures a core's
 # use to within a few percent, and a neighbour that starts is noticed within a step.
 SAMPLE_INTERVAL_S = 0.5
+# The first fit's window, so that a process started beside a busy neighbour fits before its first step.
+FIRST_WINDOW_S = 0.1
 # /proc/stat's per-CPU columns that count time a CPU was not available to us: user, nice, system, irq,
 # softirq, steal (another virtual machine ran). Guest time is already inside user.
 _BUSY_COLUMNS = (0, 1, 2, 5, 6, 7)
@@ -114,8 +116,11 @@ class CpuThreadFit:
         if self.given <= 1:  # nothing to take away
             self.chosen, self.last = current, None
             return None
-        sample = read_cpu_times(self.cpus, self.stat_path)
-        before, self.last = self.last, sample
+        before = self.last
+        if before is None:  # the first fit of the process measures a short window of its own
+            before = read_cpu_times(self.cpus, self.stat_path)
+            time.sleep(FIRST_WINDOW_S)
+        sample = self.last = read_cpu_times(self.cpus, self.stat_path)
         if sample is None or before is None:
             self.chosen = current
             return None
@@ -126,7 +131,8 @@ class CpuThreadFit:
             return None
         torch.set_num_threads(wanted)
         self.changes += 1
-        (logger.info if self.changes == 1 else logger.debug)(
+        # the first change says that something else is slowing the run (a warning reaches Ray's driver too)
+        (logger.warning if self.changes == 1 else logger.debug)(
             "torch threads %d -> %d: other processes keep %.1f of the %d cores this process may use busy "
             "(%s=fixed keeps %d)", current, wanted, others, len(self.cpus), POLICY_ENV, self.given)
         return wanted

@@ -78,7 +78,7 @@ def test_the_fit_follows_the_load_and_adopts_a_count_set_by_someone_else(tmp_pat
     fit.cpus = {0, 1, 2, 3}
     busy = 0
     stat.write_text(_stat({0: busy}))
-    assert _refit(fit) is None  # the first sample only starts the window
+    assert _refit(fit) is None  # the first fit measures a short window of its own: nothing busy in it
     busy += 10**7  # more busy ticks than the window holds: every CPU taken by others
     stat.write_text(_stat({0: busy}))
     assert _refit(fit) == 1 and torch.get_num_threads() == 1
@@ -105,9 +105,7 @@ def test_a_busy_neighbour_on_one_of_our_cpus_takes_a_thread_and_fixed_keeps_it(m
     neighbour = _spin_on(cpus[0])
     try:
         time.sleep(0.3)  # it starts
-        _refit(fit)
-        time.sleep(cpu_threads.SAMPLE_INTERVAL_S)  # this process sleeps: the busy cpu is all others'
-        assert _refit(fit) == 1 and torch.get_num_threads() == 1
+        assert _refit(fit) == 1 and torch.get_num_threads() == 1  # the first fit's own window sees it
         torch.set_num_threads(2)
         monkeypatch.setenv(cpu_threads.POLICY_ENV, "fixed")
         monkeypatch.setattr(cpu_threads, "_FIT", fit)
