@@ -36,6 +36,26 @@ def test_a_bf16_model_gives_the_same_logits_packed_for_decoding_and_prefill_shap
 
 
 @needs_onednn_bf16
+def test_packs_made_under_two_threads_compute_the_same_under_one(tiny_model_dir):
+    """The CPU thread fit (hybridrl/utils/cpu_threads.py) may change the count between decoding steps."""
+    model = load_causal_lm(tiny_model_dir, dtype="bfloat16").eval()
+    ids = torch.randint(5, 200, (6, 9), generator=torch.Generator().manual_seed(1))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        with torch.no_grad():
+            plain = model(input_ids=ids).logits
+            torch.set_num_threads(2)
+            with prepacked_linears(model):
+                model(input_ids=ids)
+                torch.set_num_threads(1)
+                inside = model(input_ids=ids).logits
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(inside, plain)
+
+
+@needs_onednn_bf16
 def test_gradients_a_replaced_weight_and_an_updated_weight_bypass_the_pack():
     linear = nn.Linear(16, 8).to(torch.bfloat16)
     x = torch.randn(5, 16, dtype=torch.bfloat16)
