@@ -23,6 +23,7 @@ from hybridrl.controller.decorator import (
     resolve,
 )
 from hybridrl.controller.worker import HybridWorker, Worker
+from hybridrl.utils.cpu_threads import restore_given_threads
 from hybridrl.utils.device import DEVICE_ENV, ProcessMemory, device_env, resolve_device_type, restore_env
 from hybridrl.utils.metric import ModelPass
 
@@ -206,12 +207,13 @@ class LocalWorkerGroup(WorkerGroup):
         return self.worker.execute_role(role, method_name, *args, **kwargs)
 
     def shutdown(self) -> None:
-        """Drop the rank, close the process group it opened and restore the distributed env variables (once,
-        however often it is called)."""
+        """Drop the rank, close the process group it opened, restore the distributed env variables and the
+        process's torch threads (once, however often it is called)."""
         self.worker = None
         if self._saved_env is None:
             return
         if self._owns_process_group and dist.is_initialized():
             dist.destroy_process_group()
+        restore_given_threads()
         restore_env(self._saved_env)
         self._saved_env = None

@@ -153,3 +153,12 @@ def fit_cpu_threads() -> None:
         _FIT.next_sample, _FIT.last = time.monotonic() + SAMPLE_INTERVAL_S, None
         return
     _FIT.fit()
+
+
+def restore_given_threads() -> None:
+    """Give this process back the count the fit started from (a local run's driver: a notebook or test that
+    ran it keeps its own count afterwards) and forget the load seen so far."""
+    global _FIT
+    fit, _FIT = _FIT, None
+    if fit is not None and fit.given is not None and fit.chosen is not None and torch.get_num_threads() == fit.chosen:
+        torch.set_num_threads(fit.given)

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from hybridrl.controller import Dispatch, Worker, register
 from hybridrl.controller.ray import RayResourcePool, rank_environment
+from hybridrl.controller.worker_group import ClassWithInitArgs, LocalWorkerGroup
 from hybridrl.utils import cpu_threads
 from hybridrl.utils.cpu_threads import CpuThreadFit, CpuTimes, others_busy_cores, read_cpu_times, threads_for
 
@@ -134,8 +136,6 @@ def test_ray_ranks_get_the_drivers_policy(monkeypatch):
 
 
 def test_a_worker_method_runs_with_the_count_fitted_just_before_it(tmp_path: Path, monkeypatch, given_two_threads):
-    from hybridrl.controller import Dispatch, register
-
     class Probe:
         @register(dispatch_mode=Dispatch.ONE_TO_ALL)
         def threads(self) -> int:
@@ -151,3 +151,28 @@ def test_a_worker_method_runs_with_the_count_fitted_just_before_it(tmp_path: Pat
     monkeypatch.setattr(cpu_threads, "_FIT", fit)
     monkeypatch.delenv(cpu_threads.POLICY_ENV, raising=False)  # the default: adaptive
     assert Probe().threads() == 1
+
+
+class _ThreadsWorker(Worker):
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def threads(self) -> int:
+        return torch.get_num_threads()
+
+
+def test_a_local_run_gives_its_driver_the_count_back_when_its_group_shuts_down(tmp_path, monkeypatch,
+                                                                                given_two_threads):
+    stat = tmp_path / "stat"
+    fit = CpuThreadFit(str(stat))
+    fit.cpus = {0, 1}
+    stat.write_text(_stat({0: 0}))
+    _refit(fit)
+    stat.write_text(_stat({0: 10**7}))
+    fit.next_sample = 0.0
+    monkeypatch.setattr(cpu_threads, "_FIT", fit)
+    monkeypatch.delenv(cpu_threads.POLICY_ENV, raising=False)
+    group = LocalWorkerGroup(ClassWithInitArgs(_ThreadsWorker), device="cpu")
+    try:
+        assert group.call("threads") == [1]  # the load took a thread for the run
+    finally:
+        group.shutdown()
+    assert torch.get_num_threads() == 2 and cpu_threads._FIT is None
