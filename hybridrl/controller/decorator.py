@@ -256,8 +256,9 @@ def register(
     blocking: bool = True,
 ) -> Callable[[Callable], Callable]:
     """Mark a worker method as callable from a WorkerGroup. On the worker, shards and futures are fetched,
-    DataProto arguments move to the worker's `device` (an object without one keeps them where they are) and
-    the result's tensors to the CPU.
+    DataProto arguments move to the worker's `device` (an object without one keeps them where they are), a
+    CPU process's torch threads are fitted to the free cores (`fit_cpu_threads`), and the result's tensors
+    move to the CPU.
     """
     get_dispatch_mode(dispatch_mode)  # fail at class definition for an unknown mode
     if dispatch_mode == Dispatch.RANK_ZERO:
