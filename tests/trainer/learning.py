@@ -2,20 +2,32 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
 from hybridrl.models.loading import load_causal_lm, load_tokenizer, padding_side
 from hybridrl.rewards.scorers import default_compute_score, extract_answer
+from hybridrl.utils.cpu_threads import fit_cpu_threads, restore_given_threads
+
+
+@contextlib.contextmanager
+def _fitted_threads() -> Iterator[None]:
+    try:
+        yield
+    finally:
+        restore_given_threads()  # the test process keeps its own count afterwards
 
 
 def greedy_answers(model_dir: Path, rows: list[dict]) -> list[str]:
     """The greedy response text of each row's chat prompt (96 new tokens: answers are <= ~50)."""
     tokenizer, model = load_tokenizer(model_dir), load_causal_lm(model_dir).eval()
     texts = []
-    with torch.no_grad(), padding_side(tokenizer, "left"):
+    with torch.no_grad(), padding_side(tokenizer, "left"), _fitted_threads():
         for start in range(0, len(rows), 100):
+            fit_cpu_threads()  # plain generate beside a busy neighbour would spin like any CPU work
             chunk = rows[start:start + 100]
             prompts = [tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
                        for r in chunk]
