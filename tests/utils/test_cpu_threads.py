@@ -135,12 +135,9 @@ def test_ray_ranks_get_the_drivers_policy(monkeypatch):
     assert rank_environment(pool, 0, 0, 1, ("127.0.0.1", 1), 2)[cpu_threads.POLICY_ENV] == "fixed"
 
 
-def test_a_worker_method_runs_with_the_count_fitted_just_before_it(tmp_path: Path, monkeypatch, given_two_threads):
-    class Probe:
-        @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-        def threads(self) -> int:
-            return torch.get_num_threads()
-
+def _install_fit_that_will_see_a_busy_cpu(tmp_path: Path, monkeypatch) -> None:
+    """The process's fit, under the default (adaptive) policy, with its next sample due and showing one of its
+    two CPUs busy with others' work since the last."""
     stat = tmp_path / "stat"
     fit = CpuThreadFit(str(stat))
     fit.cpus = {0, 1}
@@ -149,7 +146,16 @@ def test_a_worker_method_runs_with_the_count_fitted_just_before_it(tmp_path: Pat
     stat.write_text(_stat({0: 10**7}))
     fit.next_sample = 0.0
     monkeypatch.setattr(cpu_threads, "_FIT", fit)
-    monkeypatch.delenv(cpu_threads.POLICY_ENV, raising=False)  # the default: adaptive
+    monkeypatch.delenv(cpu_threads.POLICY_ENV, raising=False)
+
+
+def test_a_worker_method_runs_with_the_count_fitted_just_before_it(tmp_path: Path, monkeypatch, given_two_threads):
+    class Probe:
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+        def threads(self) -> int:
+            return torch.get_num_threads()
+
+    _install_fit_that_will_see_a_busy_cpu(tmp_path, monkeypatch)
     assert Probe().threads() == 1
 
 
@@ -161,15 +167,7 @@ class _ThreadsWorker(Worker):
 
 def test_a_local_run_gives_its_driver_the_count_back_when_its_group_shuts_down(tmp_path, monkeypatch,
                                                                                 given_two_threads):
-    stat = tmp_path / "stat"
-    fit = CpuThreadFit(str(stat))
-    fit.cpus = {0, 1}
-    stat.write_text(_stat({0: 0}))
-    _refit(fit)
-    stat.write_text(_stat({0: 10**7}))
-    fit.next_sample = 0.0
-    monkeypatch.setattr(cpu_threads, "_FIT", fit)
-    monkeypatch.delenv(cpu_threads.POLICY_ENV, raising=False)
+    _install_fit_that_will_see_a_busy_cpu(tmp_path, monkeypatch)
     group = LocalWorkerGroup(ClassWithInitArgs(_ThreadsWorker), device="cpu")
     try:
         assert group.call("threads") == [1]  # the load took a thread for the run
