@@ -175,8 +175,8 @@ class RayClassWithInitArgs(ClassWithInitArgs):
 def rank_environment(pool: RayResourcePool, rank: int, local_rank: int, n_local: int,
                      master: tuple[str, int], threads: int) -> dict[str, str]:
     """What one rank's actor finds in its environment: its torch.distributed coordinates, its share of
-    CPU threads, its thread policy and its device type. GPU bundles are what trainer.device=cuda reserves; without them the
-    ranks compute on the CPU, even on a node whose GPUs torch could see."""
+    CPU threads, its thread policy and its device type. GPU bundles are what trainer.device=cuda reserves;
+    without them the ranks compute on the CPU, even on a node whose GPUs torch could see."""
     return {
         "RANK": str(rank), "WORLD_SIZE": str(pool.world_size),
         "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(n_local),

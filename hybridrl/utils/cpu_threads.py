@@ -89,7 +89,8 @@ def threads_for(given: int, cpus: int, others_busy: float) -> int:
 
 
 class CpuThreadFit:
-    """The process's thread count, refitted to the load at most every `SAMPLE_INTERVAL_S`.
+    """The process's thread count, refitted to the load at most every `SAMPLE_INTERVAL_S` where it computes on
+    the CPU under the adaptive policy.
 
     The given count is whatever torch had when the fit last left it: a caller that sets its own count
     (`torch.set_num_threads`, the quickstart's `--threads`) makes that the new given count.
@@ -110,6 +111,9 @@ class CpuThreadFit:
         if now < self.next_sample:
             return None
         self.next_sample = now + SAMPLE_INTERVAL_S
+        if cpu_policy() != "adaptive" or device_type() != "cpu":
+            self.last = None
+            return None
         current = torch.get_num_threads()
         if current != self.chosen:  # someone else set the count: that is the given count now
             self.given = current
@@ -147,11 +151,6 @@ def fit_cpu_threads() -> None:
     global _FIT
     if _FIT is None:
         _FIT = CpuThreadFit()
-    if time.monotonic() < _FIT.next_sample:
-        return
-    if cpu_policy() != "adaptive" or device_type() != "cpu":
-        _FIT.next_sample, _FIT.last = time.monotonic() + SAMPLE_INTERVAL_S, None
-        return
     _FIT.fit()
 
 

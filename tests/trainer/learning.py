@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -13,28 +11,23 @@ from hybridrl.rewards.scorers import default_compute_score, extract_answer
 from hybridrl.utils.cpu_threads import fit_cpu_threads, restore_given_threads
 
 
-@contextlib.contextmanager
-def _fitted_threads() -> Iterator[None]:
-    try:
-        yield
-    finally:
-        restore_given_threads()  # the test process keeps its own count afterwards
-
-
 def greedy_answers(model_dir: Path, rows: list[dict]) -> list[str]:
     """The greedy response text of each row's chat prompt (96 new tokens: answers are <= ~50)."""
     tokenizer, model = load_tokenizer(model_dir), load_causal_lm(model_dir).eval()
     texts = []
-    with torch.no_grad(), padding_side(tokenizer, "left"), _fitted_threads():
-        for start in range(0, len(rows), 100):
-            fit_cpu_threads()  # plain generate beside a busy neighbour would spin like any CPU work
-            chunk = rows[start:start + 100]
-            prompts = [tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
-                       for r in chunk]
-            enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-            out = model.generate(**enc, max_new_tokens=96, do_sample=False, pad_token_id=tokenizer.pad_token_id,
-                                 eos_token_id=tokenizer.eos_token_id)
-            texts += tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    try:
+        with torch.no_grad(), padding_side(tokenizer, "left"):
+            for start in range(0, len(rows), 100):
+                fit_cpu_threads()  # plain generate beside a busy neighbour would spin like any CPU work
+                chunk = rows[start:start + 100]
+                prompts = [tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
+                           for r in chunk]
+                enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+                out = model.generate(**enc, max_new_tokens=96, do_sample=False, pad_token_id=tokenizer.pad_token_id,
+                                     eos_token_id=tokenizer.eos_token_id)
+                texts += tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    finally:
+        restore_given_threads()  # the test process keeps its own count afterwards
     return texts
 
 
