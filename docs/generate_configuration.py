@@ -34,8 +34,11 @@ stops the run when set to anything but its default (`hybridrl/trainer/config_rul
 Set a key on the command line as a Hydra override, e.g.
 `python -m hybridrl.trainer.main_ppo actor_rollout_ref.actor.optim.lr=1e-6`. A misspelt key, a value of
 the wrong type, a number out of its range (`hybridrl/trainer/config_rules.py`) or an impossible batch
-setting stops the run before any worker starts, naming the key. Only dict-typed keys (such as
-`model.override_config`) take new entries with `+key=value`. The run reads its config resolved once,
+setting stops the run before any worker starts, naming the key. Dict-typed keys (such as
+`model.override_config`) take new entries with `+key=value`; a `+` on a key the schema has sets it, as
+verl's scripts write it. verl keys that change nothing in a run (another engine's settings, GPU speed-ups
+hybridrl lacks) are named in a warning (`NO_EFFECT` in config_rules.py); docs/coming-from-verl.md lists
+every difference. The run reads its config resolved once,
 before any worker starts: checked, every setting that follows another key filled in, and frozen;
 `trainer.dry_run=true` prints it. The defaults below are the schema's;
 `hybridrl/trainer/config/ppo_trainer.yaml` changes a few for the built-in quickstart (its batch sizes and

@@ -61,9 +61,6 @@ def compute_policy_loss_bypass_mode(
     if correction.loss_type not in BYPASS_LOSS_TYPES:
         raise ValueError(f"algorithm.rollout_correction.loss_type must be one of {BYPASS_LOSS_TYPES}, "
                          f"got {correction.loss_type!r}")
-    if correction.rollout_is is not None and correction.loss_type != "reinforce":
-        raise ValueError("algorithm.rollout_correction.rollout_is in bypass mode needs loss_type=reinforce: "
-                         "with ppo_clip the clipped ratio pi_theta / pi_rollout is the correction already")
     with torch.no_grad():
         weights, kept_mask, metrics = compute_rollout_correction(
             log_prob.detach().float(), rollout_log_prob.float(), response_mask, rollout_is=correction.rollout_is,
@@ -71,6 +68,7 @@ def compute_policy_loss_bypass_mode(
             rollout_is_batch_normalize=correction.rollout_is_batch_normalize, rollout_rs=correction.rollout_rs,
             rollout_rs_threshold=correction.rollout_rs_threshold)
     kept_mask = kept_mask.to(response_mask.dtype)
+    # ppo_clip reports the weights but leaves them out: its ratio pi_theta / pi_rollout is the correction already
     if correction.loss_type == "reinforce":
         is_weights = None if weights is None else weights.to(log_prob.dtype)
         loss, pg_metrics = compute_policy_loss_reinforce(rollout_log_prob, log_prob, advantages, kept_mask,

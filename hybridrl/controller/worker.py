@@ -13,6 +13,7 @@ import socket
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -135,8 +136,9 @@ def await_address(key: str, rank0: Any, timeout_s: float = default_pg_timeout.to
 NUM_THREADS_ENV = "HYBRIDRL_NUM_THREADS"
 
 
-def init_distributed(env: DistEnv) -> None:
-    """Join the group's process group once per process (colocated roles share it)."""
+def init_distributed(env: DistEnv, collective_timeout_s: float | None = None) -> None:
+    """Join the group's process group once per process (colocated roles share it: the first to join sets
+    how long a collective waits, `collective_timeout_s`, torch's default when None)."""
     if dist.is_initialized():
         if dist.get_world_size() != env.world_size or dist.get_rank() != env.rank:
             raise RuntimeError(
@@ -151,19 +153,21 @@ def init_distributed(env: DistEnv) -> None:
         store=rank_store(env),  # MASTER_PORT=0: rank 0 binds a port of the OS's choosing (rank_store)
         rank=env.rank,
         world_size=env.world_size,
+        timeout=None if collective_timeout_s is None else timedelta(seconds=collective_timeout_s),
     )
 
 
 class Worker:
-    """Base class of SPMD workers. Subclasses call `super().__init__()` first."""
+    """Base class of SPMD workers. Subclasses call `super().__init__()` first; `collective_timeout_s` is how
+    long the process group's collectives wait for a slow rank (the first role of a process sets it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, collective_timeout_s: float | None = None) -> None:
         self.dist_env = DistEnv.from_environ()
         threads = os.environ.get(NUM_THREADS_ENV)
         if threads:
             torch.set_num_threads(int(threads))
         keep_freed_memory()  # activations reuse freed heap pages instead of faulting in fresh ones
-        init_distributed(self.dist_env)
+        init_distributed(self.dist_env, collective_timeout_s)
 
     @property
     def rank(self) -> int:

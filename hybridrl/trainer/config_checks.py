@@ -28,7 +28,7 @@ from hybridrl.algos.adv_registry import AdvEstimatorSpec
 from hybridrl.algos.policy_loss import applies_rollout_is_weights, own_aggregation
 from hybridrl.models.loading import DTYPES
 from hybridrl.rewards.managers import REWARD_MANAGERS
-from hybridrl.trainer.config_rules import offload_errors, range_errors, unsupported_errors
+from hybridrl.trainer.config_rules import no_effect_warnings, offload_errors, range_errors, unsupported_errors
 from hybridrl.trainer.ppo_config import PPOTrainerConfig, fill_derived, fill_training_steps, world_size
 from hybridrl.utils.device import AUTO, device_setting_problem, emulated_bf16_warning
 from hybridrl.utils.typed_config import ConfigError, added_keys, freeze, require, unknown_key_message
@@ -60,6 +60,8 @@ def resolve_config(config: PPOTrainerConfig | DictConfig,
     _check_names(config)
     _check_batches(config)
     _check_lengths(config)
+    for warning in no_effect_warnings(config):
+        logger.warning(warning)
     if train_rows is not None:
         fill_training_steps(config, train_rows(config))
     return freeze(config)
@@ -120,13 +122,18 @@ def _check_names(config: PPOTrainerConfig) -> None:
                        "aggregates its tokens as %s (its paper's objective, as in verl); the entropy and KL loss "
                        "terms still use loss_agg_mode", arr.actor.loss_agg_mode, arr.actor.policy_loss.loss_mode,
                        fixed)
+    correction = algo.rollout_correction
+    if correction.bypass_mode and correction.rollout_is is not None and correction.loss_type == "ppo_clip":
+        logger.warning("algorithm.rollout_correction.rollout_is=%s in bypass mode with loss_type=ppo_clip: the IS "
+                       "weights are reported (rollout_corr/* metrics) but not applied, since the clipped ratio "
+                       "pi_theta / pi_rollout corrects the mismatch already (as in verl); loss_type=reinforce "
+                       "applies them", correction.rollout_is)
     # bypass mode applies its weights in its own REINFORCE loss, not the actor's
     require(algo.rollout_correction.rollout_is is None or algo.rollout_correction.bypass_mode
              or applies_rollout_is_weights(loss),
              f"algorithm.rollout_correction.rollout_is={algo.rollout_correction.rollout_is} needs a policy loss "
              f"that applies rollout_is_weights; actor_rollout_ref.actor.policy_loss.loss_mode="
              f"{arr.actor.policy_loss.loss_mode} does not")
-    correction = algo.rollout_correction
     require(correction.rollout_rs is None or correction.rollout_rs_threshold is not None,
              f"algorithm.rollout_correction.rollout_rs needs rollout_rs_threshold (rollout_rs="
              f"{correction.rollout_rs}): set algorithm.rollout_correction.rollout_rs_threshold, one bound per "

@@ -4,6 +4,8 @@ Each failure names the key, why, and a value that runs (the schema's default). `
 numeric key's rule, `UNCHECKED` the numeric keys checked elsewhere or valid at any value (the tests fail on
 a numeric key in neither). `UNSUPPORTED` lists the verl keys hybridrl accepts (verl scripts set them) but
 does not implement: only their defaults run. `SAME_EITHER_WAY` lists keys whose every value runs the same.
+`NO_EFFECT` lists verl's tuning keys that change nothing in a run (an engine that is not running, a GPU
+speed-up hybridrl does not have): set, they are named in one warning per reason.
 """
 
 from __future__ import annotations
@@ -67,13 +69,15 @@ RANGES: dict[str, Rule] = {
     "data.dataloader_num_workers": at_least(0),
     # actor
     **{f"actor_rollout_ref.actor.optim.{key}": rule for key, rule in OPTIM.items()},
+    "actor_rollout_ref.actor.optim.clip_grad": optional(at_least(0)),
     "actor_rollout_ref.actor.rollout_n": OPTIONAL_COUNT,
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": OPTIONAL_COUNT,
     "actor_rollout_ref.actor.ppo_micro_batch_size": OPTIONAL_COUNT,
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": COUNT,
     "actor_rollout_ref.actor.ppo_epochs": COUNT,
     "actor_rollout_ref.actor.clip_ratio": within(0, 1, high_open=True),
-    "actor_rollout_ref.actor.clip_ratio_low": optional(within(0, 1, high_open=True)),
+    # >= 1 leaves the ratio unbounded below (CISPO's recipe sets 10)
+    "actor_rollout_ref.actor.clip_ratio_low": optional(at_least(0)),
     "actor_rollout_ref.actor.clip_ratio_high": optional(at_least(0)),
     "actor_rollout_ref.actor.clip_ratio_c": above(1),
     "actor_rollout_ref.actor.kl_loss_coef": at_least(0),
@@ -94,6 +98,11 @@ RANGES: dict[str, Rule] = {
     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": COUNT,
     "actor_rollout_ref.rollout.gpu_memory_utilization": Rule("in (0, 1]", lambda v: 0 < v <= 1),
     "actor_rollout_ref.rollout.tensor_model_parallel_size": COUNT,
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size": OPTIONAL_COUNT,
+    "actor_rollout_ref.rollout.max_num_batched_tokens": COUNT,
+    "actor_rollout_ref.rollout.max_num_seqs": COUNT,
+    "actor_rollout_ref.rollout.max_model_len": OPTIONAL_COUNT,
+    "actor_rollout_ref.nccl_timeout": above(0),
     "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": OPTIONAL_COUNT,
     "actor_rollout_ref.rollout.multi_turn.max_user_turns": OPTIONAL_COUNT,
     "actor_rollout_ref.rollout.multi_turn.max_parallel_calls": COUNT,
@@ -101,6 +110,7 @@ RANGES: dict[str, Rule] = {
     "actor_rollout_ref.rollout.multi_turn.tool_timeout": above(0),
     # critic (checked only when the advantage estimator uses one)
     **{f"critic.optim.{key}": rule for key, rule in OPTIM.items()},
+    "critic.optim.clip_grad": optional(at_least(0)),
     "critic.rollout_n": OPTIONAL_COUNT,
     "critic.ppo_mini_batch_size": COUNT,
     "critic.ppo_micro_batch_size_per_gpu": OPTIONAL_COUNT,
@@ -172,6 +182,17 @@ UNCHECKED: dict[str, str] = {
     "trainer.max_actor_ckpt_to_keep": "null or <= 0 keeps every checkpoint",
     "trainer.max_critic_ckpt_to_keep": "null or <= 0 keeps every checkpoint",
     "ray_init.cpus_per_worker": "checked with the placement (config_checks)",
+    **{f"{model}.{key}": "LoRA is not implemented: only the default runs (config_rules.UNSUPPORTED)"
+       for model in ("actor_rollout_ref.model", "critic.model") for key in ("lora_rank", "lora_alpha")},
+    **{f"actor_rollout_ref.rollout.{key}": "only 1 runs (config_rules.UNSUPPORTED)"
+       for key in ("data_parallel_size", "expert_parallel_size", "pipeline_model_parallel_size")},
+    "actor_rollout_ref.rollout.over_sample_rate": "no effect here (config_rules.NO_EFFECT)",
+    "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes":
+        "no effect here (config_rules.NO_EFFECT)",
+    "reward_model.num_workers": "no effect here (config_rules.NO_EFFECT)",
+    **{f"{role}.profiler.ranks": "no effect here (config_rules.NO_EFFECT)"
+       for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")},
+    "global_profiler.steps": "no effect here (config_rules.NO_EFFECT)",
     **{key: "not supported: only its default runs (config_rules.UNSUPPORTED)" for key in (
         "actor_rollout_ref.actor.ulysses_sequence_parallel_size", "actor_rollout_ref.ref.ulysses_sequence_parallel_size",
         "critic.ulysses_sequence_parallel_size", "reward_model.ulysses_sequence_parallel_size",
@@ -232,6 +253,9 @@ NO_COMPILE = Unsupported("models run eagerly; torch.compile is not wired into th
 ONE_ENGINE = Unsupported("FSDP2 (fully_shard) is the only training engine; megatron is not available",
                          runs_with=STRATEGIES)
 NO_HDFS = Unsupported("checkpoints are written to trainer.default_local_dir only; copy them elsewhere yourself")
+NO_LORA = Unsupported("LoRA adapters are not implemented yet; every parameter of the model trains")
+ONE_ROLLOUT_GROUP = Unsupported("the rollout engine runs inside each worker with tensor parallelism only "
+                                "(actor_rollout_ref.rollout.tensor_model_parallel_size)")
 NO_CUSTOM_DATASET = Unsupported("prompts always load through hybridrl.data.rl_dataset.RLHFDataset; "
                                 "a custom dataset class is not supported")
 
@@ -246,6 +270,8 @@ UNSUPPORTED: dict[str, Unsupported] = {
     "actor_rollout_ref.ref.strategy": ONE_ENGINE,
     "critic.strategy": ONE_ENGINE,
     "reward_model.strategy": ONE_ENGINE,
+    **{f"{section}.fsdp_config.strategy": ONE_ENGINE
+       for section in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic.model", "reward_model.model")},
     "data.custom_cls.path": NO_CUSTOM_DATASET,
     "data.custom_cls.name": NO_CUSTOM_DATASET,
     "data.filter_overlong_prompts_workers": Unsupported(
@@ -267,6 +293,18 @@ UNSUPPORTED: dict[str, Unsupported] = {
         "multi-turn rollouts are not repeated; rollout.n sets the samples per prompt"),
     "actor_rollout_ref.actor.global_batch_info": Unsupported(
         "the actor fills it per mini-batch with the totals the policy loss normalises by; it is not a setting"),
+    **{f"{model}.{key}": NO_LORA for model in ("actor_rollout_ref.model", "critic.model")
+       for key in ("lora_rank", "lora_alpha", "target_modules", "exclude_modules", "lora_adapter_path")},
+    **{f"actor_rollout_ref.rollout.{key}": ONE_ROLLOUT_GROUP
+       for key in ("data_parallel_size", "expert_parallel_size", "pipeline_model_parallel_size")},
+    **{f"{section}.fsdp_config.model_dtype": Unsupported(
+        "sharded master weights and optimizer state are kept in fp32; mixed_precision.param_dtype sets the "
+        "compute dtype", runs_with=("fp32", "float32"))
+       for section in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic.model", "reward_model.model")},
+    "data.sampler.class_path": Unsupported("prompts are drawn by hybridrl's seeded shuffle (data.shuffle, "
+                                           "data.seed); a custom sampler class is not supported"),
+    "data.sampler.class_name": Unsupported("prompts are drawn by hybridrl's seeded shuffle (data.shuffle, "
+                                           "data.seed); a custom sampler class is not supported"),
     "actor_rollout_ref.rollout.agent.agent_loop_config_path": Unsupported(
         "custom agent loops are not supported; the loops are tool_agent and single_turn_agent "
         "(hybridrl/workers/rollout/agent_loop.py)"),
@@ -277,7 +315,72 @@ SAME_EITHER_WAY: dict[str, str] = {
     **{f"{model}.use_remove_padding": "padding columns are always trimmed per micro-batch; flash-attention's "
                                       "padding-free kernels are not used"
        for model in ("actor_rollout_ref.model", "critic.model", "reward_model.model")},
+    "trainer.use_legacy_worker_impl": "hybridrl has one worker implementation (hybridrl/workers/fsdp_workers.py)",
+    "reward_model.use_reward_loop": "rule-based rewards score in the driver's reward processes and a reward model "
+                                    "in its worker group, whichever of verl's paths is named",
+    "actor_rollout_ref.actor.use_prefix_grouper": "a prompt shared by a group's responses is computed once "
+                                                  "whenever actor_rollout_ref.model.share_prompt_forward is on",
 }
+
+
+@dataclass(frozen=True)
+class NoEffect:
+    """A verl key accepted so that verl's scripts run, which changes nothing in this run: set away from its
+    default, one warning per reason names it. `acts_when`: the runs where the key does act (no warning)."""
+
+    why: str
+    acts_when: Callable[[PPOTrainerConfig], bool] | None = None
+
+
+def _runs_vllm(config: PPOTrainerConfig) -> bool:
+    return config.actor_rollout_ref.rollout.name == "vllm"
+
+
+VLLM_ONLY = NoEffect("vLLM engine settings, and actor_rollout_ref.rollout.name is not vllm", _runs_vllm)
+GPU_SPEED_UPS = NoEffect("verl's GPU speed and memory switches that change no result; hybridrl's engine has "
+                         "its own (docs/performance.md)")
+NO_PROFILER = NoEffect("verl's profiler is not implemented; profile a step with benchmarks/profile_step.py")
+NOT_SERVED = NoEffect("verl's server-based rollout and reward loop; hybridrl's engines run inside the worker "
+                      "processes and take the actor's weights in-process, the reward model scores in its worker "
+                      "group, and code runs in the local sandbox (reward_model.sandbox)")
+ROLLOUT = "actor_rollout_ref.rollout"
+
+NO_EFFECT: dict[str, NoEffect] = {
+    **{f"{ROLLOUT}.{key}": VLLM_ONLY for key in (
+        "max_num_batched_tokens", "max_num_seqs", "max_model_len", "enable_chunked_prefill", "enable_prefix_caching",
+        "load_format", "disable_log_stats", "cudagraph_capture_sizes", "engine_kwargs.vllm", "gpu_memory_utilization",
+        "tensor_model_parallel_size", "free_cache_engine")},
+    f"{ROLLOUT}.engine_kwargs.sglang": NoEffect("settings of the SGLang engine, which hybridrl does not have"),
+    f"{ROLLOUT}.engine_kwargs.trtllm": NoEffect("settings of the TensorRT-LLM engine, which hybridrl does not have"),
+    f"{ROLLOUT}.multi_stage_wake_up": NoEffect("an SGLang memory setting; hybridrl does not have SGLang"),
+    f"{ROLLOUT}.layered_summon": NoEffect("it gathers LoRA weights layer by layer, and LoRA is not implemented"),
+    f"{ROLLOUT}.mode": NoEffect("verl's server-style asynchronous rollout is not implemented; every batch is "
+                                "generated whole by the engine inside the workers (mode=sync)"),
+    **{f"{ROLLOUT}.{key}": NOT_SERVED for key in (
+        "over_sample_rate", "skip_tokenizer_init", "trace", "prometheus", "checkpoint_engine.backend",
+        "checkpoint_engine.update_weights_bucket_megabytes", "checkpoint_engine.engine_kwargs")},
+    **{f"reward_model.{key}": NOT_SERVED for key in ("num_workers", "rollout", "sandbox_fusion")},
+    **{f"{model}.{key}": GPU_SPEED_UPS
+       for model in ("actor_rollout_ref.model", "critic.model")
+       for key in ("use_shm", "use_fused_kernels", "fused_kernel_options", "use_liger", "enable_activation_offload")},
+    **{f"{role}.{key}": GPU_SPEED_UPS for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref")
+       for key in ("entropy_checkpointing", "entropy_from_logits_with_chunking")},
+    **{f"{fsdp}.fsdp_config.forward_prefetch": GPU_SPEED_UPS for fsdp in (
+        "actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic.model", "reward_model.model")},
+    **{f"{role}.profiler": NO_PROFILER for role in (
+        "actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "reward_model")},
+    "global_profiler": NO_PROFILER,
+}
+
+
+def no_effect_warnings(config: PPOTrainerConfig) -> list[str]:
+    """One message per reason, naming every key set away from its default that acts nowhere in this run."""
+    by_reason: dict[NoEffect, list[str]] = {}
+    for key, rule in NO_EFFECT.items():
+        value = lookup(config, key)
+        if value != lookup(schema_defaults(), key) and not (rule.acts_when and rule.acts_when(config)):
+            by_reason.setdefault(rule, []).append(f"{key}={as_override(value)}")
+    return [f"no effect in this run: {', '.join(keys)} ({rule.why})" for rule, keys in by_reason.items()]
 
 
 def unsupported_errors(config: PPOTrainerConfig) -> list[str]:

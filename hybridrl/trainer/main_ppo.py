@@ -7,6 +7,7 @@ builds the worker groups, trains, and stops what it started.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import asdict
 from typing import Any
 
@@ -14,6 +15,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from hybridrl.controller import ray_for_backend, sigterm_raises_exit
+from hybridrl.trainer.command_line import register_config_search_path, verl_overrides
 from hybridrl.trainer.config_checks import batch_plan, bounds_read_as_numbers, resolve_config
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
 from hybridrl.utils.typed_config import ConfigError
@@ -89,13 +91,20 @@ def run_ppo(cfg: DictConfig) -> list[dict[str, float]]:
 
 
 @hydra.main(config_path="config", config_name="ppo_trainer", version_base=None)
-def main(cfg: DictConfig) -> None:
+def hydra_main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     misread = bounds_read_as_numbers(list(HydraConfig.get().overrides.task))
     if misread:
         raise ConfigError("; ".join(misread))
     run_ppo(cfg)
+
+
+def main() -> None:
+    """The command line as verl reads it (command_line.py), then Hydra."""
+    sys.argv[1:] = verl_overrides(sys.argv[1:], PPOTrainerConfig)
+    register_config_search_path()
+    hydra_main()
 
 
 if __name__ == "__main__":

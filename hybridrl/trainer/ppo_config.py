@@ -7,10 +7,12 @@ the derived settings (`fill_derived`, `fill_training_steps`) and freezes it, bef
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
 from hybridrl.algos import get_adv_estimator_spec
 from hybridrl.algos.advantage import PF_PPO_METHODS
@@ -24,11 +26,19 @@ from hybridrl.workers.config import ActorRolloutRefConfig, CriticConfig
 from hybridrl.workers.reward_model import RewardModelConfig
 from hybridrl.workers.update_loop import micro_batch_per_rank
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass
 class CustomClassConfig(FreezableConfig):
     path: str | None = None
     name: str | None = None
+
+
+@dataclass
+class SamplerClassConfig(FreezableConfig):
+    class_path: str | None = None
+    class_name: str | None = None
 
 
 @dataclass
@@ -59,6 +69,8 @@ class DataConfig(RLDatasetConfig):
     trust_remote_code: bool = False
     # verl's custom dataset class; only the default runs in hybridrl (hybridrl/trainer/config_rules.py).
     custom_cls: CustomClassConfig = field(default_factory=CustomClassConfig)
+    # verl's custom sampler class (curriculum learning); only the default runs in hybridrl (config_rules.py).
+    sampler: SamplerClassConfig = field(default_factory=lambda: SamplerClassConfig())
 
 
 @dataclass
@@ -136,10 +148,6 @@ class RolloutCorrectionConfig(FreezableConfig):
         if not self.bypass_mode and self.loss_type != "ppo_clip":
             raise ConfigError(f"{key}.loss_type={self.loss_type} acts only in bypass mode; set "
                               f"{key}.bypass_mode=true, or leave loss_type at ppo_clip")
-        if self.bypass_mode and self.rollout_is is not None and self.loss_type != "reinforce":
-            raise ConfigError(f"{key}.rollout_is in bypass mode needs {key}.loss_type=reinforce: with ppo_clip "
-                              f"the clipped ratio pi_theta / pi_rollout is the correction already, and weighting "
-                              f"it again would count the mismatch twice")
 
     @property
     def enabled(self) -> bool:
@@ -246,6 +254,8 @@ class TrainerConfig(FreezableConfig):
     dry_run: bool = False
     # verl's; only the default runs in hybridrl (hybridrl/trainer/config_rules.py).
     ray_wait_register_center_timeout: int = 300
+    # verl's choice between its two worker implementations; hybridrl has one (config_rules.SAME_EITHER_WAY).
+    use_legacy_worker_impl: str = "auto"
 
 
 @dataclass
@@ -262,6 +272,17 @@ class RayInitConfig(FreezableConfig):
 
 
 @dataclass
+class GlobalProfilerConfig(FreezableConfig):
+    # verl's whole-run profiler (nsys, torch, npu); not implemented here: a warning names it when set.
+    # Profile a step with benchmarks/profile_step.py instead.
+    tool: str | None = None
+    steps: list[int] | None = None
+    profile_continuous_steps: bool = False
+    save_path: str = "outputs/profile"
+    global_tool_config: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class PPOTrainerConfig(FreezableConfig):
     data: DataConfig = field(default_factory=DataConfig)
     actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
@@ -271,9 +292,27 @@ class PPOTrainerConfig(FreezableConfig):
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     ray_init: RayInitConfig = field(default_factory=RayInitConfig)
+    global_profiler: GlobalProfilerConfig = field(default_factory=GlobalProfilerConfig)
 
 
-ConfigStore.instance().store(name="ppo_trainer_schema", node=PPOTrainerConfig)
+# Dicts whose entries are handed on or only warned about: any key may be set in them without verl's `+`.
+OPEN_DICTS = (
+    *(f"actor_rollout_ref.rollout.engine_kwargs.{engine}" for engine in ("vllm", "sglang", "trtllm")),
+    "actor_rollout_ref.rollout.trace", "actor_rollout_ref.rollout.prometheus",
+    "actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs",
+    *(f"{role}.profiler.tool_config" for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")),
+    "reward_model.rollout", "reward_model.sandbox_fusion", "reward_model.profiler", "global_profiler.global_tool_config",
+)
+
+
+def _schema_node() -> Any:
+    node = OmegaConf.structured(PPOTrainerConfig)
+    for key in OPEN_DICTS:
+        OmegaConf.set_struct(OmegaConf.select(node, key), False)
+    return node
+
+
+ConfigStore.instance().store(name="ppo_trainer_schema", node=_schema_node())
 
 
 def world_size(config: PPOTrainerConfig) -> int:
@@ -313,6 +352,7 @@ def fill_derived(config: PPOTrainerConfig) -> None:
     if actor_model.tokenizer_path and reward_model.input_tokenizer == actor_model.path:
         reward_model.input_tokenizer = actor_model.tokenizer_path
     _fill_micro_batches_per_rank(config)
+    _fill_verl_aliases(config)
     if config.trainer.device == "cpu":
         arr, on_cpu = config.actor_rollout_ref, str(auto_dtype("cpu")).removeprefix("torch.")
         for fsdp in (arr.actor.fsdp_config, arr.ref.fsdp_config, config.critic.model.fsdp_config,
@@ -323,10 +363,35 @@ def fill_derived(config: PPOTrainerConfig) -> None:
             arr.rollout.dtype = on_cpu
 
 
+# verl's engines hybridrl does not have; their scripts generate with the hf engine instead
+ENGINE_STAND_INS = {"sglang": "hf", "trtllm": "hf"}
+
+
+def _fill_verl_aliases(config: PPOTrainerConfig) -> None:
+    """verl's other names: optim.clip_grad is the role's grad_clip; an engine hybridrl lacks becomes hf."""
+    actor = config.actor_rollout_ref.actor
+    for key, role, clip in (("actor_rollout_ref.actor", actor, config.actor_rollout_ref.actor.optim.clip_grad),
+                            ("critic", config.critic, config.critic.optim.clip_grad)):
+        if clip is None:
+            continue
+        require(role.grad_clip in (clip, type(role).grad_clip),
+                f"{key}.optim.clip_grad={clip} and {key}.grad_clip={role.grad_clip} disagree; they name one "
+                f"setting (verl's and hybridrl's name): set one")
+        role.grad_clip = clip
+    rollout = config.actor_rollout_ref.rollout
+    if rollout.name in ENGINE_STAND_INS:
+        logger.warning("actor_rollout_ref.rollout.name=%s: hybridrl has no %s engine; this run generates with its "
+                       "%s engine, which samples the same distribution (set rollout.name=vllm for vLLM where it is "
+                       "installed, or rollout.name=hf to silence this)", rollout.name, rollout.name,
+                       ENGINE_STAND_INS[rollout.name])
+        rollout.name = ENGINE_STAND_INS[rollout.name]
+
+
 def _fill_micro_batches_per_rank(config: PPOTrainerConfig) -> None:
     """Each unset `*_per_gpu` micro-batch key of a role that runs becomes verl's global key over the ranks."""
     arr, critic, rm = config.actor_rollout_ref, config.critic, config.reward_model
     keys = [(arr.actor, "actor_rollout_ref.actor.ppo_micro_batch_size"),
+            (arr.rollout, "actor_rollout_ref.rollout.log_prob_micro_batch_size"),
             (arr.ref, "actor_rollout_ref.ref.log_prob_micro_batch_size")]
     if get_adv_estimator_spec(config.algorithm.adv_estimator).needs_critic:
         keys += [(critic, "critic.ppo_micro_batch_size"), (critic, "critic.forward_micro_batch_size")]

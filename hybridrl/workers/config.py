@@ -127,6 +127,36 @@ class AgentConfig(FreezableConfig):
 
 
 @dataclass
+class EngineKwargs(FreezableConfig):
+    # Extra keyword arguments of each engine's constructor: `vllm` reaches vllm.LLM; the others name engines
+    # hybridrl does not run (a warning names them when set).
+    vllm: dict[str, Any] = field(default_factory=dict)
+    sglang: dict[str, Any] = field(default_factory=dict)
+    trtllm: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CheckpointEngineConfig(FreezableConfig):
+    # verl's transport of weights into a server-style rollout; the engines here take them in-process
+    # (BaseRollout.serving), so these have no effect (a warning names them when set).
+    backend: str = "naive"
+    update_weights_bucket_megabytes: int = 2048
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ProfilerConfig(FreezableConfig):
+    # verl's per-role profiler (nsys, torch, npu); not implemented here: a warning names it when enabled.
+    # Profile a step with benchmarks/profile_step.py instead.
+    tool: str | None = None
+    enable: bool = False
+    all_ranks: bool = False
+    ranks: list[int] = field(default_factory=list)
+    save_path: str | None = None
+    tool_config: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class RolloutConfig(FreezableConfig):
     """`actor_rollout_ref.rollout.*`: which engine generates, and how it samples."""
 
@@ -179,6 +209,37 @@ class RolloutConfig(FreezableConfig):
     enforce_eager: bool | None = None
     # vLLM only: sleep between phases
     free_cache_engine: bool = True
+    # verl's sync | async. Both generate each batch whole, through the engine inside the workers; async
+    # (verl's server-style agent loop) is stated in a warning as running that way (config_rules.NO_EFFECT).
+    mode: str = "sync"
+    # vLLM's scheduler and loader settings, passed to vllm.LLM (`vllm_engine_args` in
+    # hybridrl/workers/rollout/vllm.py); the hf engine has no use for them (a warning names those set).
+    # max_model_len null: prompt + response length.
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    max_model_len: int | None = None
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    load_format: str = "auto"
+    disable_log_stats: bool = True
+    cudagraph_capture_sizes: list[int] | None = None
+    engine_kwargs: EngineKwargs = field(default_factory=EngineKwargs)
+    # verl's older global micro-batch size of the old log-prob pass; divided by the world size when the
+    # per-GPU value is unset.
+    log_prob_micro_batch_size: int | None = None
+    # vLLM data / expert / pipeline parallelism inside the rollout: only 1 runs (config_rules.UNSUPPORTED).
+    data_parallel_size: int = 1
+    expert_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    # verl's SGLang memory staging and LoRA weight gathering, its async rollout's over-sampling, request
+    # tracing and metrics server: no effect here (config_rules.NO_EFFECT warns when set).
+    multi_stage_wake_up: bool = False
+    layered_summon: bool = False
+    over_sample_rate: float = 0.0
+    skip_tokenizer_init: bool = False
+    trace: dict[str, Any] = field(default_factory=dict)
+    prometheus: dict[str, Any] = field(default_factory=dict)
+    checkpoint_engine: CheckpointEngineConfig = field(default_factory=CheckpointEngineConfig)
 
     def __post_init__(self) -> None:
         if isinstance(self.val_kwargs, dict):  # direct construction with a plain dict
@@ -187,6 +248,10 @@ class RolloutConfig(FreezableConfig):
             self.multi_turn = MultiTurnConfig(**self.multi_turn)
         if isinstance(self.agent, dict):
             self.agent = AgentConfig(**self.agent)
+        if isinstance(self.engine_kwargs, dict):
+            self.engine_kwargs = EngineKwargs(**self.engine_kwargs)
+        if isinstance(self.checkpoint_engine, dict):
+            self.checkpoint_engine = CheckpointEngineConfig(**self.checkpoint_engine)
         _check_sampling("rollout", self.temperature, self.top_k, self.top_p, self.n)
         if self.response_length < 1:
             raise ValueError(f"rollout.response_length must be >= 1, got {self.response_length}")
@@ -209,6 +274,8 @@ class OptimConfig(FreezableConfig):
     # Follows trainer.total_training_steps, filled in when the PPO config is resolved (leave it unset); the
     # cosine schedule and lr_warmup_steps_ratio need it.
     total_training_steps: int = -1
+    # verl's name for the role's grad_clip (actor.grad_clip, critic.grad_clip); null leaves grad_clip as set.
+    clip_grad: float | None = None
     weight_decay: float = 0.01
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-8
@@ -239,6 +306,18 @@ class FSDPConfig(FreezableConfig):
 
 
 @dataclass
+class RoleFSDPConfig(FSDPConfig):
+    """A PPO role's FSDP settings: FSDPConfig plus verl's engine keys."""
+
+    # fsdp | fsdp2 (both run FSDP2 here), as the role's own strategy key.
+    strategy: str = "fsdp"
+    # verl's FSDP1 prefetch switch: FSDP2 here prefetches the next layer's all-gather by itself.
+    forward_prefetch: bool = False
+    # dtype of the sharded master weights and optimizer state: only fp32 runs (config_rules.UNSUPPORTED).
+    model_dtype: str = "fp32"
+
+
+@dataclass
 class ModelConfig(FreezableConfig):
     # Local Hugging Face checkpoint directory (or a repo id already in the local cache).
     path: str = "???"
@@ -258,6 +337,19 @@ class ModelConfig(FreezableConfig):
     # group) once, and every response attends to it (hybridrl/models/attention.py): the same
     # log-probs / values and gradients from fewer tokens.
     share_prompt_forward: bool = True
+    # verl's GPU speed-ups that change no result (model files staged in /dev/shm, fused logit kernels,
+    # Liger kernels, activation offload): no effect here (config_rules.NO_EFFECT warns when set).
+    use_shm: bool = False
+    use_fused_kernels: bool = False
+    fused_kernel_options: dict[str, Any] = field(default_factory=lambda: {"impl_backend": "torch"})
+    use_liger: bool = False
+    enable_activation_offload: bool = False
+    # LoRA adapters: not implemented yet, only the defaults run (config_rules.UNSUPPORTED).
+    lora_rank: int = 0
+    lora_alpha: int = 16
+    target_modules: Any = "all-linear"
+    exclude_modules: str | None = None
+    lora_adapter_path: str | None = None
 
 
 @dataclass
@@ -330,7 +422,7 @@ class ActorConfig(FreezableConfig):
     data_loader_seed: int | None = None
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
-    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    fsdp_config: RoleFSDPConfig = field(default_factory=RoleFSDPConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     # Sequence parallelism and torch.compile: only the default runs in hybridrl (hybridrl/trainer/config_rules.py).
     ulysses_sequence_parallel_size: int = 1
@@ -338,13 +430,19 @@ class ActorConfig(FreezableConfig):
     # Not a setting: the actor fills it per mini-batch with the totals the policy loss normalises by
     # (batch_num_tokens, global_batch_size, dp_size), where verl's losses read it.
     global_batch_info: dict[str, Any] = field(default_factory=dict)
+    # verl's memory savers for the entropy of the logits: no effect here (config_rules.NO_EFFECT).
+    entropy_checkpointing: bool = False
+    entropy_from_logits_with_chunking: bool = False
+    # verl's shared-prompt forward: model.share_prompt_forward does it here (config_rules.SAME_EITHER_WAY).
+    use_prefix_grouper: bool = False
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
 
 
 @dataclass
 class RefConfig(FreezableConfig):
     # fsdp | fsdp2 (both run FSDP2 here).
     strategy: str = "fsdp"
-    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    fsdp_config: RoleFSDPConfig = field(default_factory=RoleFSDPConfig)
     log_prob_micro_batch_size_per_gpu: int | None = None
     log_prob_micro_batch_size: int | None = None
     log_prob_use_dynamic_bsz: bool = False
@@ -352,6 +450,9 @@ class RefConfig(FreezableConfig):
     # Sequence parallelism and torch.compile: only the default runs in hybridrl (hybridrl/trainer/config_rules.py).
     ulysses_sequence_parallel_size: int = 1
     use_torch_compile: bool = False
+    entropy_checkpointing: bool = False
+    entropy_from_logits_with_chunking: bool = False
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
 
 
 @dataclass
@@ -364,11 +465,13 @@ class ActorRolloutRefConfig(FreezableConfig):
     actor: ActorConfig = field(default_factory=ActorConfig)
     ref: RefConfig = field(default_factory=RefConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    # Seconds a collective of the workers' process group may wait before it fails (verl's key).
+    nccl_timeout: int = 600
 
 
 @dataclass
 class CriticModelConfig(ModelConfig):
-    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    fsdp_config: RoleFSDPConfig = field(default_factory=RoleFSDPConfig)
 
 
 @dataclass
@@ -402,3 +505,4 @@ class CriticConfig(FreezableConfig):
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     # Only the default runs in hybridrl (hybridrl/trainer/config_rules.py).
     ulysses_sequence_parallel_size: int = 1
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)

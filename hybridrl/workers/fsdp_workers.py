@@ -82,7 +82,7 @@ class ActorRolloutRefWorker(Worker):
     """
 
     def __init__(self, config: Any, role: str) -> None:
-        super().__init__()
+        super().__init__(collective_timeout_s=to_dataclass(ActorRolloutRefConfig, config).nccl_timeout)
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         self.config = to_dataclass(ActorRolloutRefConfig, config)

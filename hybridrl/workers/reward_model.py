@@ -28,7 +28,7 @@ from hybridrl.rewards.failures import DEFAULT_MAX_FAILURE_SHARE, DEFAULT_TIMEOUT
 from hybridrl.rewards.managers import OverlongBufferConfig
 from hybridrl.rewards.sandbox import SandboxLimits
 from hybridrl.utils.typed_config import ConfigError, FreezableConfig
-from hybridrl.workers.config import FSDPConfig, to_dataclass
+from hybridrl.workers.config import RoleFSDPConfig, to_dataclass
 from hybridrl.workers.fsdp_engine import FSDPEngine, refuse_offload
 from hybridrl.workers.micro_batch import make_micro_batches, restore_order
 from hybridrl.workers.update_loop import forward_batching, micro_batch_per_rank
@@ -67,7 +67,7 @@ class RewardModelModelConfig(FreezableConfig):
     # Runs the same either way (hybridrl/trainer/config_rules.py): each micro-batch is trimmed of
     # padding columns instead.
     use_remove_padding: bool = False
-    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    fsdp_config: RoleFSDPConfig = field(default_factory=RoleFSDPConfig)
 
 
 @dataclass
@@ -112,6 +112,16 @@ class RewardModelConfig(FreezableConfig):
     launch_reward_fn_async: bool = False
     # How the built-in code scorer runs programs (require_isolation; see hybridrl/rewards/SANDBOX.md).
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    # verl's choice between its reward loop and its legacy reward worker: both score the same here
+    # (config_rules.SAME_EITHER_WAY).
+    use_reward_loop: bool = True
+    # verl's reward-loop workers and the server that hosts its reward model, and its remote code sandbox:
+    # the reward model scores in the worker group's forward pass and code runs in the local sandbox here,
+    # so these have no effect (config_rules.NO_EFFECT warns when set).
+    num_workers: int = 1
+    rollout: dict[str, Any] = field(default_factory=dict)
+    sandbox_fusion: dict[str, Any] = field(default_factory=dict)
+    profiler: dict[str, Any] = field(default_factory=dict)
 
 
 def check_reward_model(config: RewardModelConfig, world_size: int) -> None:

@@ -128,6 +128,9 @@ def per_rank(total: int, world_size: int, what: str) -> int:
 
 def micro_batch_per_rank(per_gpu: int | None, global_size: int | None, world_size: int, key: str) -> int | None:
     """Rows per pass on one rank: `{key}_per_gpu`, else verl's older global `{key}` over the ranks, else None."""
+    if per_gpu is not None and global_size is not None:
+        raise ConfigError(f"{key}={global_size} and {key}_per_gpu={per_gpu} are both set; set one (the global "
+                          f"size is divided by the world size)")
     if per_gpu is not None:
         if per_gpu <= 0:
             raise ConfigError(f"{key}_per_gpu must be positive, got {per_gpu}")
@@ -192,13 +195,10 @@ def forward_batching(use_dynamic_bsz: bool, micro_batch_rows: int | None,
 
 
 def log_prob_batching(config: RolloutConfig | RefConfig, world_size: int) -> tuple[int | None, int | None]:
-    """Forward batching of a rollout or ref config's log-prob keys (only the reference has verl's global one)."""
-    if isinstance(config, RefConfig):
-        micro = micro_batch_per_rank(config.log_prob_micro_batch_size_per_gpu, config.log_prob_micro_batch_size,
-                                     world_size, "actor_rollout_ref.ref.log_prob_micro_batch_size")
-    else:
-        micro = micro_batch_per_rank(config.log_prob_micro_batch_size_per_gpu, None, world_size,
-                                     "actor_rollout_ref.rollout.log_prob_micro_batch_size")
+    """Forward batching of a rollout or ref config's log-prob keys."""
+    section = "ref" if isinstance(config, RefConfig) else "rollout"
+    micro = micro_batch_per_rank(config.log_prob_micro_batch_size_per_gpu, config.log_prob_micro_batch_size,
+                                 world_size, f"actor_rollout_ref.{section}.log_prob_micro_batch_size")
     return forward_batching(config.log_prob_use_dynamic_bsz, micro, config.log_prob_max_token_len_per_gpu)
 
 

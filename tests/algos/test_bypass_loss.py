@@ -2,7 +2,6 @@
 
 import dataclasses
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -57,7 +56,9 @@ def test_ppo_clip_is_the_actors_loss_on_the_tokens_rejection_keeps():
     torch.testing.assert_close(loss, expected)
     assert metrics["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(1 / 3)
     assert "pg_clipfrac" in metrics and "rollout_corr/kl" in metrics
-    # a correction object that skipped RolloutCorrectionConfig's checks still meets the loss's own
-    unchecked = SimpleNamespace(**{**vars(bypass()), "rollout_is": "token"})
-    with pytest.raises(ValueError, match="needs loss_type=reinforce"):
-        compute_policy_loss_bypass_mode(ROLLOUT, log_prob, ADV, MASK, "token-mean", ACTOR, unchecked)
+    # with rollout_is set, ppo_clip reports the IS weights but leaves the loss as it was (as verl)
+    weighted, weighted_metrics = compute_policy_loss_bypass_mode(
+        ROLLOUT, log_prob, ADV, MASK, "token-mean", ACTOR,
+        bypass(rollout_is="token", rollout_rs="token_k1", rollout_rs_threshold=2.0))
+    torch.testing.assert_close(weighted, expected)
+    assert "rollout_corr/rollout_is_mean" in weighted_metrics

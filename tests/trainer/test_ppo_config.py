@@ -112,7 +112,7 @@ def test_impossible_settings_fail_naming_the_keys(overrides, message, no_gpu):
 @pytest.mark.parametrize("override, registry", [
     ("algorithm.adv_estimator=grpoo", "grpo"),
     ("actor_rollout_ref.actor.policy_loss.loss_mode=vanila", "vanilla"),
-    ("actor_rollout_ref.rollout.name=sglang", "hf"),
+    ("actor_rollout_ref.rollout.name=lmdeploy", "hf"),
     ("reward_model.reward_manager=fancy", "naive"),
 ])
 def test_unknown_names_list_the_registered_ones(override, registry):

@@ -4,6 +4,7 @@
 imports both test directories as top-level modules.)
 """
 
+import logging
 import math
 
 import pytest
@@ -153,7 +154,6 @@ def test_config_defaults_are_verls_and_bad_values_name_the_key():
         (f"{KEY}.rollout_rs_threshold=2",): "acts only with",
         (f"{KEY}.bypass_mode=true", f"{KEY}.loss_type=reinfroce"): f"{KEY}.loss_type must be one of",
         (f"{KEY}.loss_type=reinforce",): "acts only in bypass mode",
-        (f"{KEY}.bypass_mode=true", f"{KEY}.rollout_is=token"): "needs algorithm.rollout_correction.loss_type=reinforce",
     }
     for overrides, message in refused.items():
         with pytest.raises(ConfigError, match=message):
@@ -161,6 +161,13 @@ def test_config_defaults_are_verls_and_bad_values_name_the_key():
     # bypass mode corrects inside the loss: rejection with either loss, IS weights with reinforce
     checked(f"{KEY}.bypass_mode=true", f"{KEY}.rollout_rs=token_k1", f"{KEY}.rollout_rs_threshold=2")
     checked(f"{KEY}.bypass_mode=true", f"{KEY}.loss_type=reinforce", f"{KEY}.rollout_is=sequence")
+
+
+def test_ppo_clip_in_bypass_mode_reports_is_weights_without_applying_them_and_says_so(caplog):
+    # verl's multi-rejection recipe asks for token IS with ppo_clip: the weights become metrics only
+    with caplog.at_level(logging.WARNING):
+        checked(f"{KEY}.bypass_mode=true", f"{KEY}.rollout_is=token")
+    assert "reported (rollout_corr/* metrics) but not applied" in caplog.text
 
 
 def test_the_config_alone_takes_rejection_without_a_threshold_as_verls_does_and_a_run_refuses_it():

@@ -41,8 +41,6 @@ from hybridrl.workers.rollout.base import (
 )
 from hybridrl.workers.rollout.sampling import SamplingParams, resolve_sampling_params
 
-# vLLM's scheduler runs at most this many sequences at once on CPU (its LLM-class default there).
-CPU_MAX_NUM_SEQS = 256
 # KV cache when the model's config does not give the shapes to size it from.
 CPU_FALLBACK_KV_CACHE_BYTES = 1 << 30
 
@@ -83,9 +81,27 @@ class _QuietReload(logging.Filter):
         return "RotaryEmbedding: Failed to load weights" not in record.getMessage()
 
 
-def cpu_kv_cache_bytes(hf_config: Any, dtype: torch.dtype, max_model_len: int) -> int:
+def vllm_engine_args(config: RolloutConfig) -> dict[str, Any]:
+    """The vllm.LLM keyword arguments that verl's rollout keys set (scheduler, prefix cache, loader), then
+    `engine_kwargs.vllm`, which may replace any of them."""
+    args: dict[str, Any] = {
+        "max_model_len": config.max_model_len or config.prompt_length + config.response_length,
+        "max_num_seqs": config.max_num_seqs,
+        "max_num_batched_tokens": config.max_num_batched_tokens,
+        "enable_chunked_prefill": config.enable_chunked_prefill,
+        "enable_prefix_caching": config.enable_prefix_caching,
+        # "dummy" skips reading the checkpoint: `serving` streams the actor's weights before any generation
+        "load_format": config.load_format,
+        "disable_log_stats": config.disable_log_stats,
+    }
+    if config.cudagraph_capture_sizes is not None:
+        args["compilation_config"] = {"cudagraph_capture_sizes": list(config.cudagraph_capture_sizes)}
+    return {**args, **config.engine_kwargs.vllm}
+
+
+def cpu_kv_cache_bytes(hf_config: Any, dtype: torch.dtype, max_model_len: int, max_num_seqs: int) -> int:
     """Bytes of a KV cache for vLLM's CPU batch of full-length sequences: 2 x layers x kv heads x head dim x
-    dtype size per token, for `CPU_MAX_NUM_SEQS` sequences of `max_model_len` rounded up to 256 tokens."""
+    dtype size per token, for `max_num_seqs` sequences of `max_model_len` rounded up to 256 tokens."""
     text = getattr(hf_config, "get_text_config", lambda: hf_config)()
     layers = getattr(text, "num_hidden_layers", None)
     heads = getattr(text, "num_attention_heads", None)
@@ -95,7 +111,7 @@ def cpu_kv_cache_bytes(hf_config: Any, dtype: torch.dtype, max_model_len: int) -
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     head_dim = getattr(text, "head_dim", None) or hidden // heads
     per_token = 2 * layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
-    tokens = CPU_MAX_NUM_SEQS * (-(-max_model_len // 256) * 256)
+    tokens = max_num_seqs * (-(-max_model_len // 256) * 256)
     return per_token * tokens
 
 
@@ -115,14 +131,14 @@ class VLLMRollout(BaseRollout):
         self.config = config = to_dataclass(RolloutConfig, config)
         on_gpu = device_type() == "cuda"
         self.sleep_mode = config.free_cache_engine and on_gpu  # CPU builds lack it
-        max_model_len = config.prompt_length + config.response_length
+        engine_args = vllm_engine_args(config)
         memory: dict[str, Any] = {"gpu_memory_utilization": config.gpu_memory_utilization}
         if not on_gpu:
             from transformers import AutoConfig
 
             hf_config = AutoConfig.from_pretrained(str(model_path))
-            memory = {"kv_cache_memory_bytes": cpu_kv_cache_bytes(hf_config, resolve_dtype(config.dtype),
-                                                                  max_model_len)}
+            memory = {"kv_cache_memory_bytes": cpu_kv_cache_bytes(
+                hf_config, resolve_dtype(config.dtype), engine_args["max_model_len"], engine_args["max_num_seqs"])}
         state = sys.modules.get("vllm.distributed.parallel_state")
         if state is not None and state._WORLD is not None:
             gc.collect()  # an engine dropped by an earlier run in this process releases vLLM's groups
@@ -137,10 +153,9 @@ class VLLMRollout(BaseRollout):
                 seed=config.seed,
                 tensor_parallel_size=config.tensor_model_parallel_size,
                 enforce_eager=True if config.enforce_eager is None else config.enforce_eager,  # null: eager, as before
-                max_model_len=max_model_len,
                 enable_sleep_mode=self.sleep_mode,
                 logprobs_mode="processed_logprobs",
-                **memory,
+                **{**memory, **engine_args},
             )
         finally:
             torch.set_num_threads = set_num_threads

@@ -1,0 +1,183 @@
+"""verl's launch command lines run unchanged through `trainer.dry_run=true`; every verl key they set is wired,
+warned about, or refused naming the missing feature (tests/trainer/verl_command_lines.py holds the lines)."""
+
+import logging
+import shlex
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from ppo_helpers import CONFIG_DIR, ppo_config
+from verl_command_lines import PASSING, REFUSED
+
+from hybridrl.trainer.command_line import register_config_search_path, verl_overrides
+from hybridrl.trainer.config_checks import ConfigError, resolve_config
+from hybridrl.trainer.config_rules import no_effect_warnings
+from hybridrl.trainer.ppo_config import PPOTrainerConfig
+from hybridrl.workers.config import RolloutConfig
+from hybridrl.workers.rollout.vllm import vllm_engine_args
+
+PATHS = {"model": "some/model", "train": "train.parquet", "val": "val.parquet", "out": "/tmp/unused"}
+BASE = ["data.train_files=x.parquet", "actor_rollout_ref.model.path=some/model"]
+
+
+def as_arguments(line: str) -> list[str]:
+    """The arguments a shell passes for `line` (quotes removed as bash removes them)."""
+    return shlex.split(line.format(**PATHS))
+
+
+def resolve_line(line: str) -> PPOTrainerConfig:
+    register_config_search_path()
+    overrides = verl_overrides(as_arguments(line), PPOTrainerConfig)
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        return resolve_config(compose(config_name="ppo_trainer", overrides=[*overrides, "trainer.dry_run=true"]))
+
+
+@pytest.mark.parametrize("name", sorted(PASSING))
+def test_a_verl_launch_line_passes_the_dry_run(name):
+    config = resolve_line(PASSING[name])
+    assert config.trainer.dry_run and config.trainer.n_gpus_per_node >= 2
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_a_feature_hybridrl_lacks_is_refused_naming_the_key(name):
+    line, message = REFUSED[name]
+    with pytest.raises(ConfigError, match=message):
+        resolve_line(line)
+
+
+def test_vllm_keys_reach_the_engine_and_engine_kwargs_replace_them():
+    rollout = RolloutConfig(prompt_length=512, response_length=1024, max_num_seqs=64, max_num_batched_tokens=4096,
+                            enable_chunked_prefill=False, load_format="dummy", cudagraph_capture_sizes=[1, 8])
+    args = vllm_engine_args(rollout)
+    assert args == {"max_model_len": 1536, "max_num_seqs": 64, "max_num_batched_tokens": 4096,
+                    "enable_chunked_prefill": False, "enable_prefix_caching": True, "load_format": "dummy",
+                    "disable_log_stats": True, "compilation_config": {"cudagraph_capture_sizes": [1, 8]}}
+    rollout.max_model_len, rollout.engine_kwargs.vllm = 2048, {"max_num_seqs": 8, "swap_space": 4}
+    assert vllm_engine_args(rollout) | {} == {**args, "max_model_len": 2048, "max_num_seqs": 8, "swap_space": 4}
+
+
+def test_engine_settings_of_an_engine_that_is_not_running_are_named_in_one_warning():
+    hf = resolve_config(ppo_config(*BASE, "actor_rollout_ref.rollout.max_num_batched_tokens=1024",
+                                   "actor_rollout_ref.rollout.enable_chunked_prefill=false",
+                                   "actor_rollout_ref.model.use_shm=true"))
+    warnings = no_effect_warnings(hf)
+    assert len(warnings) == 2  # one per reason: the vLLM settings, the GPU speed-up
+    vllm_warning = next(w for w in warnings if "vLLM" in w)
+    assert "rollout.max_num_batched_tokens=1024" in vllm_warning and "rollout.enable_chunked_prefill=false" in vllm_warning
+    assert "actor_rollout_ref.model.use_shm=true" in next(w for w in warnings if w is not vllm_warning)
+    vllm = resolve_config(ppo_config(*BASE, "actor_rollout_ref.rollout.name=vllm",
+                                     "actor_rollout_ref.rollout.max_num_batched_tokens=1024"))
+    assert no_effect_warnings(vllm) == []  # the vLLM engine reads it
+    assert no_effect_warnings(resolve_config(ppo_config(*BASE))) == []  # defaults warn about nothing
+
+
+def test_an_engine_hybridrl_lacks_generates_with_hf_and_says_so(caplog):
+    with caplog.at_level(logging.WARNING):
+        config = resolve_config(ppo_config(*BASE, "actor_rollout_ref.rollout.name=sglang",
+                                           "actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend=triton"))
+    assert config.actor_rollout_ref.rollout.name == "hf"
+    assert "rollout.name=sglang: hybridrl has no sglang engine; this run generates with its hf engine" in caplog.text
+    assert "engine_kwargs.sglang={attention_backend: triton}" in caplog.text.replace("'", "")
+
+
+def test_rollout_mode_async_states_what_runs():
+    warnings = no_effect_warnings(resolve_config(ppo_config(*BASE, "actor_rollout_ref.rollout.mode=async")))
+    assert warnings == ["no effect in this run: actor_rollout_ref.rollout.mode=async (verl's server-style "
+                        "asynchronous rollout is not implemented; every batch is generated whole by the engine "
+                        "inside the workers (mode=sync))"]
+
+
+def test_verls_names_set_hybridrls_settings():
+    config = resolve_config(ppo_config(*BASE, "trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.optim.clip_grad=0.5",
+                                       "critic.optim.clip_grad=2.0",
+                                       "actor_rollout_ref.rollout.log_prob_micro_batch_size=32"))
+    assert config.actor_rollout_ref.actor.grad_clip == 0.5 and config.critic.grad_clip == 2.0
+    assert config.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu == 8  # 32 over 4 ranks
+    with pytest.raises(ConfigError, match="optim.clip_grad=0.5 and actor_rollout_ref.actor.grad_clip=2.0 disagree"):
+        resolve_config(ppo_config(*BASE, "actor_rollout_ref.actor.optim.clip_grad=0.5",
+                                  "actor_rollout_ref.actor.grad_clip=2.0"))
+    with pytest.raises(ConfigError, match="log_prob_micro_batch_size=32 and .*_per_gpu=4 are both set"):
+        resolve_config(ppo_config(*BASE, "actor_rollout_ref.rollout.log_prob_micro_batch_size=32",
+                                  "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4"))
+
+
+def test_plus_sets_a_declared_key_and_blank_arguments_are_dropped(caplog):
+    args = ["+actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=bfloat16", " ",
+            "+reward_model.reward_kwargs.max_resp_len=8", "++trainer.nnodes=2", "+wandb.project=x"]
+    with caplog.at_level(logging.WARNING):
+        kept = verl_overrides(args, PPOTrainerConfig)
+    # declared: the + goes; inside an open dict, forced, or undeclared: the override stays as written
+    assert kept == ["actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=bfloat16",
+                    "+reward_model.reward_kwargs.max_resp_len=8", "++trainer.nnodes=2", "+wandb.project=x"]
+    assert "blank command-line argument" in caplog.text
+    with pytest.raises(ConfigError, match="unknown config key wandb"):
+        resolve_config(ppo_config(*BASE, "+wandb.project=x"))
+
+
+def test_the_entry_point_composes_a_user_config_that_extends_ppo_trainer(tmp_path, tiny_model_dir):
+    # verl's multi-turn examples: a YAML in the user's folder lists ppo_trainer in its defaults and adds verl's
+    # config folder to the search path; hybridrl's ppo_trainer must win over the one found there
+    verl_configs = tmp_path / "verl_configs"
+    verl_configs.mkdir()
+    (verl_configs / "ppo_trainer.yaml").write_text("a_key_only_verl_has: 1\n")
+    user = tmp_path / "user_configs"
+    user.mkdir()
+    (user / "gsm8k_multiturn_grpo.yaml").write_text(textwrap.dedent(f"""\
+        hydra:
+          searchpath:
+            - file://{verl_configs}
+        defaults:
+          - ppo_trainer
+          - _self_
+        data:
+          max_prompt_length: 36
+          return_raw_chat: True
+        actor_rollout_ref:
+          hybrid_engine: True
+          rollout:
+            name: sglang
+            multi_turn:
+              enable: True
+              max_assistant_turns: 5
+        """))
+    result = subprocess.run(
+        [sys.executable, "-m", "hybridrl.trainer.main_ppo", "--config-path", str(user),
+         "--config-name", "gsm8k_multiturn_grpo", "data.train_files=x.parquet",
+         f"actor_rollout_ref.model.path={tiny_model_dir}", " ",
+         "+actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=bfloat16",
+         "actor_rollout_ref.rollout.mode=async", "trainer.dry_run=true"],
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    printed = result.stdout.split("batch arithmetic:")[0].splitlines()
+    resolved = OmegaConf.create("\n".join(line for line in printed if not line.startswith("[")))  # less log lines
+    assert "hybridrl has no sglang engine" in result.stdout and "rollout.mode=async" in result.stdout
+    assert resolved.data.max_prompt_length == 36 and resolved.actor_rollout_ref.rollout.multi_turn.enable
+    assert resolved.actor_rollout_ref.rollout.name == "hf"
+    assert resolved.actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype == "bfloat16"
+    assert resolved.data.max_response_length == 64  # the rest is hybridrl's ppo_trainer.yaml
+    assert "a_key_only_verl_has" not in result.stdout
+
+
+def test_nccl_timeout_is_the_process_groups_timeout(tmp_path):
+    # a real rank in a process of its own: the actor's worker joins a one-rank group with the configured timeout
+    script = textwrap.dedent("""
+        import os, torch
+        from torch.distributed import distributed_c10d
+        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
+        from hybridrl.utils.device import DEVICE_ENV
+        os.environ[DEVICE_ENV] = "cpu"
+        from hybridrl.workers.config import ActorRolloutRefConfig
+        from hybridrl.workers.fsdp_workers import ActorRolloutRefWorker
+        config = ActorRolloutRefConfig(nccl_timeout=1234)
+        config.model.path = "unused"
+        ActorRolloutRefWorker(config, role="actor")
+        group = distributed_c10d._get_default_group()
+        print(group._get_backend(torch.device("cpu")).options._timeout.total_seconds())
+        """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert float(result.stdout.split()[-1]) == 1234.0
