@@ -3,15 +3,34 @@
 `ResumableSampler` draws each epoch's permutation from (seed, epoch). `StatefulDataLoader` (verl's name)
 counts the rows the consumer has taken, not the indices prefetching workers were handed, so its
 `state_dict()` resumes at the next unseen prompt.
+
+`data.sampler.class_path` / `class_name` name a sampler of your own instead (verl's interface, e.g. a
+curriculum): a `torch.utils.data.Sampler` built as `cls(data_source=dataset, data_config=<data.* as a
+read-only DictConfig>)`;
+its `update(batch)`, if it has one, sees every trained batch, and its `state_dict()` / `load_state_dict()`,
+if it has them, are saved with each checkpoint and restored on resume (exact for a sampler whose state
+counts what it has handed out).
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import logging
 from collections.abc import Iterator, Mapping
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from omegaconf import OmegaConf
 from torch.utils.data import DataLoader, Dataset, Sampler
+
+if TYPE_CHECKING:
+    from hybridrl.trainer.ppo_config import DataConfig
+
+logger = logging.getLogger(__name__)
+
+SAMPLER_KEY = "data.sampler"
 
 
 class ResumableSampler(Sampler[int]):
@@ -59,16 +78,30 @@ class ResumableSampler(Sampler[int]):
 
 
 class StatefulDataLoader(DataLoader):
-    """A DataLoader over a `ResumableSampler` whose state counts the rows handed to the consumer."""
+    """A DataLoader whose state counts the rows handed to the consumer: over a `ResumableSampler`, an
+    epoch and a position; over a sampler of your own, that sampler's `state_dict()` (rows are drawn as the
+    consumer asks for them: a custom sampler needs data.dataloader_num_workers=0)."""
 
-    def __init__(self, dataset: Dataset, *, sampler: ResumableSampler, **kwargs: Any) -> None:
-        if not isinstance(sampler, ResumableSampler):
-            raise TypeError(f"StatefulDataLoader needs a ResumableSampler, got {type(sampler).__name__}")
+    def __init__(self, dataset: Dataset, *, sampler: Sampler, **kwargs: Any) -> None:
+        if not isinstance(sampler, Sampler):
+            raise TypeError(f"StatefulDataLoader needs a torch.utils.data.Sampler, got {type(sampler).__name__}")
+        if not isinstance(sampler, ResumableSampler) and kwargs.get("num_workers", 0):
+            raise ValueError(f"{SAMPLER_KEY} names a sampler of your own, whose state is only exact when the "
+                             f"loader draws rows as they are consumed: set data.dataloader_num_workers=0")
         super().__init__(dataset, sampler=sampler, **kwargs)
-        self._state = sampler.state_dict()
+        self._state = self._sampler_state()
+
+    def _sampler_state(self) -> dict[str, Any]:
+        if isinstance(self.sampler, ResumableSampler):
+            return self.sampler.state_dict()
+        own = getattr(self.sampler, "state_dict", None)
+        return {"sampler": type(self.sampler).__qualname__, "state": own() if callable(own) else None}
 
     def __iter__(self) -> Iterator[Any]:
-        sampler: ResumableSampler = self.sampler  # type: ignore[assignment]
+        if not isinstance(self.sampler, ResumableSampler):
+            yield from super().__iter__()  # its state is read when asked for (state_dict)
+            return
+        sampler = self.sampler
         epoch, position = sampler.epoch, sampler.position
         self._state = sampler.state_dict()
         for batch in super().__iter__():
@@ -88,11 +121,56 @@ class StatefulDataLoader(DataLoader):
         return self.batch_size
 
     def state_dict(self) -> dict[str, Any]:
-        return dict(self._state)
+        # a sampler of your own changes between batches too (update), so its state is read now
+        return dict(self._state) if isinstance(self.sampler, ResumableSampler) else self._sampler_state()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.sampler.load_state_dict(state)  # type: ignore[union-attr]
-        self._state = self.sampler.state_dict()  # type: ignore[union-attr]
+        own = "sampler" in state
+        if own != (not isinstance(self.sampler, ResumableSampler)):
+            raise ValueError(f"the checkpoint's prompt order came from "
+                             f"{state['sampler'] if own else 'the seeded shuffle'}, this run's from "
+                             f"{type(self.sampler).__qualname__}; resume with the same {SAMPLER_KEY}")
+        if not own:
+            self.sampler.load_state_dict(state)  # type: ignore[union-attr]
+        elif state["state"] is not None and callable(getattr(self.sampler, "load_state_dict", None)):
+            self.sampler.load_state_dict(state["state"])  # type: ignore[union-attr]
+        else:
+            logger.warning("%s.%s has no state_dict/load_state_dict: the resumed run draws prompts from its start, "
+                           "not where the checkpoint stopped; give the sampler both methods for an exact resume",
+                           SAMPLER_KEY, type(self.sampler).__qualname__)
+        self._state = self._sampler_state()
+
+
+def load_sampler_class(class_path: str, class_name: str) -> type:
+    """`class_name` from a .py file, or from an importable module written `pkg://package.module` (verl's)."""
+    where = f"{SAMPLER_KEY}.class_path={class_path!r}"
+    if class_path.startswith("pkg://"):
+        module = importlib.import_module(class_path.removeprefix("pkg://"))
+    else:
+        file = Path(class_path).expanduser()
+        if not file.is_file():
+            raise FileNotFoundError(f"{where} is neither a .py file nor pkg://<importable module>")
+        spec = importlib.util.spec_from_file_location(f"hybridrl_sampler_{abs(hash(str(file.resolve())))}", file)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"{where} cannot be imported as a Python module")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    cls = getattr(module, class_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Sampler)):
+        raise TypeError(f"{SAMPLER_KEY}.class_name={class_name!r} in {class_path} must be a torch.utils.data.Sampler "
+                        f"subclass, got {cls!r}")
+    return cls
+
+
+def prompt_sampler(data_config: DataConfig, dataset: Dataset) -> Sampler:
+    """The training prompts' sampler: `data.sampler`'s class when set, else the seeded `ResumableSampler`."""
+    if data_config.sampler.class_path is None:
+        return ResumableSampler(len(dataset), shuffle=data_config.shuffle, seed=data_config.seed)
+    cls = load_sampler_class(data_config.sampler.class_path, data_config.sampler.class_name)
+    # as verl hands it over: a read-only DictConfig (attributes, [] and .get)
+    view = OmegaConf.structured(data_config)
+    OmegaConf.set_readonly(view, True)
+    return cls(data_source=dataset, data_config=view)
 
 
 def create_rl_sampler(data_config: Mapping[str, Any], dataset: Dataset) -> ResumableSampler:

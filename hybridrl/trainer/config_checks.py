@@ -195,6 +195,9 @@ def _check_batches(config: PPOTrainerConfig) -> None:
     require(not (config.algorithm.filter_groups.enable and config.reward_model.launch_reward_fn_async),
              "algorithm.filter_groups.enable needs the scores before the batch is complete, so they cannot be "
              "computed in the background; set reward_model.launch_reward_fn_async=false")
+    require(config.data.sampler.class_path is None or config.data.dataloader_num_workers == 0,
+             f"data.sampler names a sampler of your own, whose state is exact only when prompts are drawn as they "
+             f"are consumed: set data.dataloader_num_workers=0 (got {config.data.dataloader_num_workers})")
     vk = arr.rollout.val_kwargs
     require(vk.n == 1 or (vk.do_sample and vk.temperature > 0),
              f"rollout.val_kwargs.n={vk.n} needs val_kwargs.do_sample=true and val_kwargs.temperature > 0")

@@ -301,10 +301,6 @@ UNSUPPORTED: dict[str, Unsupported] = {
         "sharded master weights and optimizer state are kept in fp32; mixed_precision.param_dtype sets the "
         "compute dtype", runs_with=("fp32", "float32"))
        for section in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic.model", "reward_model.model")},
-    "data.sampler.class_path": Unsupported("prompts are drawn by hybridrl's seeded shuffle (data.shuffle, "
-                                           "data.seed); a custom sampler class is not supported"),
-    "data.sampler.class_name": Unsupported("prompts are drawn by hybridrl's seeded shuffle (data.shuffle, "
-                                           "data.seed); a custom sampler class is not supported"),
     "actor_rollout_ref.rollout.agent.agent_loop_config_path": Unsupported(
         "custom agent loops are not supported; the loops are tool_agent and single_turn_agent "
         "(hybridrl/workers/rollout/agent_loop.py)"),

@@ -37,8 +37,15 @@ class CustomClassConfig(FreezableConfig):
 
 @dataclass
 class SamplerClassConfig(FreezableConfig):
+    # A .py file or pkg://<importable module>, and the torch Sampler class in it, built as
+    # cls(data_source=dataset, data_config=data); both or neither.
     class_path: str | None = None
     class_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.class_path is None) != (self.class_name is None):
+            raise ConfigError(f"data.sampler.class_path={self.class_path} and data.sampler.class_name="
+                              f"{self.class_name}: set both (the file or pkg://module, and the class in it) or neither")
 
 
 @dataclass
@@ -69,7 +76,8 @@ class DataConfig(RLDatasetConfig):
     trust_remote_code: bool = False
     # verl's custom dataset class; only the default runs in hybridrl (hybridrl/trainer/config_rules.py).
     custom_cls: CustomClassConfig = field(default_factory=CustomClassConfig)
-    # verl's custom sampler class (curriculum learning); only the default runs in hybridrl (config_rules.py).
+    # A prompt sampler of your own (verl's interface, e.g. a curriculum; hybridrl/data/sampler.py), instead of
+    # the seeded shuffle.
     sampler: SamplerClassConfig = field(default_factory=lambda: SamplerClassConfig())
 
 

@@ -24,7 +24,7 @@ from hybridrl.algos import (
     get_adv_estimator_spec,
     get_kl_controller,
 )
-from hybridrl.data.sampler import ResumableSampler, StatefulDataLoader
+from hybridrl.data.sampler import StatefulDataLoader, prompt_sampler
 from hybridrl.protocol import DataProto
 from hybridrl.rewards.failures import add_reward_metrics
 from hybridrl.trainer import dataflow
@@ -68,7 +68,7 @@ class PPOTrainer:
         self.reward_fn = reward_fn
         self.estimator = get_adv_estimator_spec(config.algorithm.adv_estimator)
         self.kl_ctrl = get_kl_controller(**vars(config.algorithm.kl_ctrl))
-        self.sampler = ResumableSampler(len(train_dataset), shuffle=config.data.shuffle, seed=config.data.seed)
+        self.sampler = prompt_sampler(config.data, train_dataset)
         self.dataloader = StatefulDataLoader(
             train_dataset, sampler=self.sampler, batch_size=config.data.train_batch_size, drop_last=True,
             collate_fn=collate_fn, num_workers=config.data.dataloader_num_workers,
@@ -147,6 +147,9 @@ class PPOTrainer:
             self._update_critic(batch, metrics, timing)  # 8
             self._update_actor(batch, metrics, timing)
         self._dump_rollouts(batch)
+        update = getattr(self.sampler, "update", None)
+        if callable(update):  # a curriculum sampler (data.sampler) sees every trained batch, as in verl
+            update(batch=batch)
         metrics.update(compute_data_metrics(batch, use_critic=self.groups.critic is not None))
         metrics.update(compute_agent_metrics(batch))
         metrics.update(compute_timing_metrics(batch, timing))

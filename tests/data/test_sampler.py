@@ -93,3 +93,100 @@ def test_create_rl_sampler_reads_data_config(dataset):
     s = create_rl_sampler({"shuffle": False, "seed": 5, "train_batch_size": 4}, dataset)
     assert (s.shuffle, s.seed, s.data_len) == (False, 5, 10)
     assert create_rl_sampler({}, dataset).shuffle is True
+
+
+# A curriculum sampler of a user's own, written to verl's interface: built from (data_source, data_config),
+# easiest prompts first (here: lowest index), moving its window by the batches it is shown.
+CURRICULUM = '''
+import torch
+from torch.utils.data import Sampler
+
+
+class IndexCurriculum(Sampler):
+    def __init__(self, data_source, data_config):
+        self.size = len(data_source)
+        self.batch_size = data_config["train_batch_size"]
+        self.offset = 0  # moved by update()
+        self.seen_batches = []
+
+    def __iter__(self):
+        order = [(i + self.offset) % self.size for i in range(self.size)]
+        yield from order
+
+    def __len__(self):
+        return self.size
+
+    def update(self, batch):
+        self.seen_batches.append(len(batch))
+        self.offset += 1
+
+    def state_dict(self):
+        return {"offset": self.offset, "seen_batches": list(self.seen_batches)}
+
+    def load_state_dict(self, state):
+        self.offset = state["offset"]
+        self.seen_batches = list(state["seen_batches"])
+
+
+class Forgetful(IndexCurriculum):
+    state_dict = None
+'''
+
+
+@pytest.fixture
+def curriculum_file(tmp_path):
+    path = tmp_path / "my_curriculum.py"
+    path.write_text(CURRICULUM)
+    return path
+
+
+def data_config(class_path, class_name="IndexCurriculum", batch=3):
+    from hybridrl.trainer.ppo_config import DataConfig, SamplerClassConfig
+
+    return DataConfig(train_batch_size=batch, sampler=SamplerClassConfig(str(class_path), class_name))
+
+
+def own_loader(dataset, config):
+    from hybridrl.data.sampler import prompt_sampler
+
+    return StatefulDataLoader(dataset, sampler=prompt_sampler(config, dataset), batch_size=config.train_batch_size,
+                              drop_last=True, collate_fn=collate_fn)
+
+
+def test_a_sampler_of_your_own_orders_the_prompts_and_resumes_from_its_state(dataset, curriculum_file):
+    loader = own_loader(dataset, data_config(curriculum_file))
+    batches = iter(loader)
+    assert list(next(batches)["index"]) == [0, 1, 2]
+    loader.sampler.update(batch=[0] * 24)  # what the trainer does after each step
+    state = loader.state_dict()
+    assert state["state"] == {"offset": 1, "seen_batches": [24]}
+    resumed = own_loader(dataset, data_config(curriculum_file))
+    resumed.load_state_dict(state)
+    assert list(next(iter(resumed))["index"]) == [1, 2, 3]  # the curriculum's position, not the first batch
+    with pytest.raises(ValueError, match="resume with the same data.sampler"):
+        make_loader(dataset, 3, True).load_state_dict(state)
+
+
+def test_a_sampler_loads_from_an_importable_module_and_without_state_resumes_from_its_start(
+        dataset, curriculum_file, monkeypatch, caplog):
+    monkeypatch.syspath_prepend(str(curriculum_file.parent))
+    loader = own_loader(dataset, data_config("pkg://my_curriculum", "Forgetful"))
+    assert type(loader.sampler).__name__ == "Forgetful" and loader.state_dict()["state"] is None
+    with caplog.at_level("WARNING"):
+        loader.load_state_dict(loader.state_dict())
+    assert "draws prompts from its start" in caplog.text
+
+
+def test_a_bad_sampler_setting_names_the_key(dataset, curriculum_file, tmp_path):
+    from hybridrl.data.sampler import prompt_sampler
+    from hybridrl.utils.typed_config import ConfigError
+
+    with pytest.raises(FileNotFoundError, match="data.sampler.class_path"):
+        prompt_sampler(data_config(tmp_path / "missing.py"), dataset)
+    with pytest.raises(TypeError, match="must be a torch.utils.data.Sampler"):
+        prompt_sampler(data_config(curriculum_file, "Sampler_that_is_not_there"), dataset)
+    with pytest.raises(ConfigError, match="set both"):
+        data_config(curriculum_file, None)
+    with pytest.raises(ValueError, match="dataloader_num_workers=0"):
+        StatefulDataLoader(dataset, sampler=prompt_sampler(data_config(curriculum_file), dataset), batch_size=3,
+                           num_workers=1)

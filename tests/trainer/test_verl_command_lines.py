@@ -1,12 +1,14 @@
 """verl's launch command lines run unchanged through `trainer.dry_run=true`; every verl key they set is wired,
 warned about, or refused naming the missing feature (tests/trainer/verl_command_lines.py holds the lines)."""
 
+import json
 import logging
 import shlex
 import subprocess
 import sys
 import textwrap
 
+import pyarrow.parquet as pq
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
@@ -181,3 +183,46 @@ def test_nccl_timeout_is_the_process_groups_timeout(tmp_path):
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert float(result.stdout.split()[-1]) == 1234.0
+
+
+REVERSED_ORDER_SAMPLER = '''
+import json
+
+from torch.utils.data import Sampler
+
+
+class LastFirst(Sampler):
+    """verl's sampler interface: prompts in reverse index order; update() logs each trained batch."""
+
+    def __init__(self, data_source, data_config):
+        self.size = len(data_source)
+        assert data_config.get("shuffle") is True and data_config["train_batch_size"] == 4  # verl's DictConfig
+
+    def __iter__(self):
+        yield from reversed(range(self.size))
+
+    def __len__(self):
+        return self.size
+
+    def update(self, batch):
+        with open(LOG, "a") as f:
+            f.write(json.dumps(sorted(set(int(i) for i in batch.non_tensor_batch["index"]))) + "\\n")
+'''
+
+
+def test_a_sampler_of_your_own_orders_the_training_prompts_and_sees_every_trained_batch(
+        arithmetic_data, tiny_model_dir, tmp_path):
+    from ppo_helpers import tiny_run_overrides
+
+    from hybridrl.trainer.main_ppo import run_ppo
+
+    log = tmp_path / "updates.jsonl"
+    sampler_file = tmp_path / "last_first.py"
+    sampler_file.write_text(REVERSED_ORDER_SAMPLER.replace("LOG", repr(str(log))))
+    run_ppo(ppo_config(*tiny_run_overrides(arithmetic_data, tiny_model_dir, tmp_path / "run"),
+                       "trainer.backend=local", "trainer.n_gpus_per_node=1", "trainer.total_training_steps=2",
+                       f"data.sampler.class_path={sampler_file}", "data.sampler.class_name=LastFirst"))
+    size = pq.read_metadata(arithmetic_data / "train.parquet").num_rows
+    updates = [json.loads(line) for line in log.read_text().splitlines()]
+    # two steps of 4 prompts, in the sampler's order: the last 4 rows, then the 4 before them
+    assert updates == [list(range(size - 4, size)), list(range(size - 8, size - 4))]
