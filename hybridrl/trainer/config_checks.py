@@ -199,8 +199,10 @@ def _check_batches(config: PPOTrainerConfig) -> None:
              f"data.sampler names a sampler of your own, whose state is exact only when prompts are drawn as they "
              f"are consumed: set data.dataloader_num_workers=0 (got {config.data.dataloader_num_workers})")
     vk = arr.rollout.val_kwargs
-    require(vk.n == 1 or (vk.do_sample and vk.temperature > 0),
-             f"rollout.val_kwargs.n={vk.n} needs val_kwargs.do_sample=true and val_kwargs.temperature > 0")
+    if vk.n > 1 and not (vk.do_sample and vk.temperature > 0):
+        logger.warning("actor_rollout_ref.rollout.val_kwargs.n=%d with greedy decoding (do_sample=%s, temperature=%s) "
+                       "validates %d identical responses per prompt, as verl does; set val_kwargs.do_sample=true and "
+                       "a temperature > 0 for distinct samples", vk.n, vk.do_sample, vk.temperature, vk.n)
 
 
 def _check_lengths(config: PPOTrainerConfig) -> None:

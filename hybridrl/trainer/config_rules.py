@@ -192,7 +192,6 @@ UNCHECKED: dict[str, str] = {
     "reward_model.num_workers": "no effect here (config_rules.NO_EFFECT)",
     **{f"{role}.profiler.ranks": "no effect here (config_rules.NO_EFFECT)"
        for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")},
-    "global_profiler.steps": "no effect here (config_rules.NO_EFFECT)",
     **{key: "not supported: only its default runs (config_rules.UNSUPPORTED)" for key in (
         "actor_rollout_ref.actor.ulysses_sequence_parallel_size", "actor_rollout_ref.ref.ulysses_sequence_parallel_size",
         "critic.ulysses_sequence_parallel_size", "reward_model.ulysses_sequence_parallel_size",

@@ -226,3 +226,10 @@ def test_a_sampler_of_your_own_orders_the_training_prompts_and_sees_every_traine
     updates = [json.loads(line) for line in log.read_text().splitlines()]
     # two steps of 4 prompts, in the sampler's order: the last 4 rows, then the 4 before them
     assert updates == [list(range(size - 4, size)), list(range(size - 8, size - 4))]
+
+
+def test_greedy_validation_with_several_samples_runs_as_in_verl_and_says_so(caplog):
+    with caplog.at_level(logging.WARNING):
+        config = resolve_config(ppo_config(*BASE, "actor_rollout_ref.rollout.val_kwargs.n=4"))
+    assert config.actor_rollout_ref.rollout.val_kwargs.n == 4
+    assert "val_kwargs.n=4 with greedy decoding" in caplog.text and "4 identical responses" in caplog.text
