@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from hybridrl.algos import get_adv_estimator_spec, get_kl_controller, get_policy_loss_fn, kl_penalty
 from hybridrl.algos.adv_registry import AdvEstimatorSpec
 from hybridrl.algos.policy_loss import applies_rollout_is_weights, own_aggregation
-from hybridrl.models.loading import DTYPES
+from hybridrl.models.loading import DTYPES, resolve_dtype
 from hybridrl.rewards.managers import REWARD_MANAGERS
 from hybridrl.trainer.config_rules import no_effect_warnings, offload_errors, range_errors, unsupported_errors
 from hybridrl.trainer.ppo_config import PPOTrainerConfig, fill_derived, fill_training_steps, world_size
@@ -92,6 +92,7 @@ def _check_placement(config: PPOTrainerConfig) -> None:
                  f"{key}.fsdp_config.fsdp_size={fsdp.fsdp_size} must be -1 or the world size "
                  f"({world_size(config)}); hybrid sharding is not supported, so leave it at -1")
         _check_dtype(f"{key}.fsdp_config.mixed_precision.param_dtype", fsdp.mixed_precision.param_dtype, t.device)
+        _check_weights_dtype(f"{key}.fsdp_config.model_dtype", fsdp.model_dtype)
         _check_dtype(f"{key}.fsdp_config.mixed_precision.reduce_dtype", fsdp.mixed_precision.reduce_dtype)
     _check_dtype("actor_rollout_ref.rollout.dtype", arr.rollout.dtype, t.device)
 
@@ -109,6 +110,12 @@ def _check_dtype(key: str, value: str | None, compute_device: str | None = None)
     warning = compute_device and emulated_bf16_warning(key, value, compute_device)
     if warning:
         logger.warning(warning)
+
+
+def _check_weights_dtype(key: str, value: str) -> None:
+    """Master weights in fp32 or bf16: fp16 ones would need loss scaling, which the engine does not do."""
+    require(value in DTYPES and resolve_dtype(value) in (torch.float32, torch.bfloat16),
+            f"{key}={value!r}: the weights' dtype must be float32 (fp32) or bfloat16 (bf16)")
 
 
 def _check_names(config: PPOTrainerConfig) -> None:

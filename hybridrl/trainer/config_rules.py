@@ -296,10 +296,6 @@ UNSUPPORTED: dict[str, Unsupported] = {
        for key in ("lora_rank", "lora_alpha", "target_modules", "exclude_modules", "lora_adapter_path")},
     **{f"actor_rollout_ref.rollout.{key}": ONE_ROLLOUT_GROUP
        for key in ("data_parallel_size", "expert_parallel_size", "pipeline_model_parallel_size")},
-    **{f"{section}.fsdp_config.model_dtype": Unsupported(
-        "sharded master weights and optimizer state are kept in fp32; mixed_precision.param_dtype sets the "
-        "compute dtype", runs_with=("fp32", "float32"))
-       for section in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic.model", "reward_model.model")},
     "actor_rollout_ref.rollout.agent.agent_loop_config_path": Unsupported(
         "custom agent loops are not supported; the loops are tool_agent and single_turn_agent "
         "(hybridrl/workers/rollout/agent_loop.py)"),

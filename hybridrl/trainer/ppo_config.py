@@ -310,6 +310,7 @@ OPEN_DICTS = (
     "actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs",
     *(f"{role}.profiler.tool_config" for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")),
     "reward_model.rollout", "reward_model.sandbox_fusion", "reward_model.profiler", "global_profiler.global_tool_config",
+    "data.apply_chat_template_kwargs",
 )
 
 

@@ -313,7 +313,8 @@ class RoleFSDPConfig(FSDPConfig):
     strategy: str = "fsdp"
     # verl's FSDP1 prefetch switch: FSDP2 here prefetches the next layer's all-gather by itself.
     forward_prefetch: bool = False
-    # dtype of the sharded master weights and optimizer state: only fp32 runs (config_rules.UNSUPPORTED).
+    # dtype the weights are loaded and sharded in, and so of the optimizer state: fp32 (the default) or bf16
+    # (half the memory; AdamW's updates then round to bf16). mixed_precision.param_dtype is the compute dtype.
     model_dtype: str = "fp32"
 
 

@@ -62,13 +62,15 @@ def forward_pass(params: int, dtype: str) -> ModelPass:
 
 
 def load_model_for(model: ModelConfig, gradient_checkpointing: bool, compute_dtype: str, device_type: str,
-                   loader: Callable[..., torch.nn.Module] = load_causal_lm) -> torch.nn.Module:
-    """The model in fp32 (the master copy), with the attention that suits the dtype it computes in."""
+                   loader: Callable[..., torch.nn.Module] = load_causal_lm,
+                   weights_dtype: str = "float32") -> torch.nn.Module:
+    """The model with its weights in `weights_dtype` (the master copy: fsdp_config.model_dtype, fp32 by
+    default), with the attention that suits the dtype it computes in."""
     if model.external_lib:
         importlib.import_module(model.external_lib)
     return loader(
-        model.path, trust_remote_code=model.trust_remote_code, override_config=model.override_config,
-        gradient_checkpointing=gradient_checkpointing,
+        model.path, dtype=weights_dtype, trust_remote_code=model.trust_remote_code,
+        override_config=model.override_config, gradient_checkpointing=gradient_checkpointing,
         attn_implementation=default_attention(resolve_dtype(compute_dtype), device_type),
     )
 
@@ -113,7 +115,8 @@ class ActorRolloutRefWorker(Worker):
         ) if needed)
         if self.is_actor:
             model = load_model_for(cfg.model, cfg.model.enable_gradient_checkpointing,
-                                   cfg.actor.fsdp_config.mixed_precision.param_dtype, self.device.type)
+                                   cfg.actor.fsdp_config.mixed_precision.param_dtype, self.device.type,
+                                   weights_dtype=cfg.actor.fsdp_config.model_dtype)
             self.passes.update(forward_and_update_passes(
                 model, cfg.actor.fsdp_config.mixed_precision.param_dtype, cfg.actor.ppo_epochs,
                 infer="actor_infer", train="actor"))
@@ -139,7 +142,8 @@ class ActorRolloutRefWorker(Worker):
             self.passes["rollout"] = forward_pass(params, cfg.rollout.dtype)
         if self.is_ref:
             ref_dtype = cfg.ref.fsdp_config.mixed_precision.param_dtype
-            model = load_model_for(cfg.model, False, ref_dtype, self.device.type)
+            model = load_model_for(cfg.model, False, ref_dtype, self.device.type,
+                                   weights_dtype=cfg.ref.fsdp_config.model_dtype)
             self.passes["ref"] = forward_pass(matmul_params(model), ref_dtype)
             self.ref = PPOActor(cfg.actor, FSDPEngine(model, cfg.ref.fsdp_config),
                                 share_prompts=cfg.model.share_prompt_forward)
@@ -247,7 +251,8 @@ class CriticWorker(Worker):
         model_cfg = self.config.model
         dtype = model_cfg.fsdp_config.mixed_precision.param_dtype
         model = load_model_for(model_cfg, model_cfg.enable_gradient_checkpointing, dtype, self.device.type,
-                               loader=load_value_model)  # imports model.external_lib first
+                               loader=load_value_model,  # imports model.external_lib first
+                               weights_dtype=model_cfg.fsdp_config.model_dtype)
         self.tokenizer = load_tokenizer(model_cfg.tokenizer_path or model_cfg.path,
                                         trust_remote_code=model_cfg.trust_remote_code)
         self.measure_peak_flops([resolve_dtype(dtype)])  # in turns across ranks; read cached just below

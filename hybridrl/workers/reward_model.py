@@ -280,7 +280,8 @@ class RewardModelWorker(Worker):
             logger.warning("reward_model.model.path=%s has no trained 'score' head; its scores come from a "
                            "randomly initialised one", model_dir)
         dtype = resolve_dtype(model_cfg.fsdp_config.mixed_precision.param_dtype)
-        model = load_value_model(model_dir, trust_remote_code=model_cfg.trust_remote_code,
+        model = load_value_model(model_dir, dtype=model_cfg.fsdp_config.model_dtype,
+                                 trust_remote_code=model_cfg.trust_remote_code,
                                  override_config=model_cfg.override_config,
                                  attn_implementation=default_attention(dtype, self.device.type))
         self.module = FSDPEngine(model, model_cfg.fsdp_config).module

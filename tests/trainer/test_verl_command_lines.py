@@ -233,3 +233,26 @@ def test_greedy_validation_with_several_samples_runs_as_in_verl_and_says_so(capl
         config = resolve_config(ppo_config(*BASE, "actor_rollout_ref.rollout.val_kwargs.n=4"))
     assert config.actor_rollout_ref.rollout.val_kwargs.n == 4
     assert "val_kwargs.n=4 with greedy decoding" in caplog.text and "4 identical responses" in caplog.text
+
+
+def test_bf16_master_weights_train_and_are_checkpointed_in_bf16(arithmetic_data, tiny_model_dir, tmp_path):
+    import torch
+    from ppo_helpers import tiny_run_overrides
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from hybridrl.trainer.main_ppo import run_ppo
+
+    history = run_ppo(ppo_config(*tiny_run_overrides(arithmetic_data, tiny_model_dir, tmp_path / "run"),
+                                 "trainer.backend=local", "trainer.n_gpus_per_node=1", "trainer.total_training_steps=1",
+                                 "trainer.save_freq=1", "actor_rollout_ref.actor.fsdp_config.model_dtype=bfloat16",
+                                 "actor_rollout_ref.ref.fsdp_config.model_dtype=bf16"))
+    assert history[-1]["actor/grad_norm"] > 0 and torch.isfinite(torch.tensor(history[-1]["actor/pg_loss"]))
+    stored = FileSystemReader(str(tmp_path / "run" / "global_step_1" / "actor")).read_metadata().state_dict_metadata
+    weights = {key: meta.properties.dtype for key, meta in stored.items()
+               if key.startswith("model.") and hasattr(meta, "properties")}
+    moments = {key: meta.properties.dtype for key, meta in stored.items()
+               if key.startswith("optimizer.state.") and key.endswith("exp_avg")}
+    assert weights and set(weights.values()) == {torch.bfloat16}
+    assert moments and set(moments.values()) == {torch.bfloat16}  # AdamW's state follows its parameters
+    with pytest.raises(ConfigError, match="model_dtype='fp16': the weights' dtype must be float32"):
+        resolve_config(ppo_config(*BASE, "actor_rollout_ref.actor.fsdp_config.model_dtype=fp16"))

@@ -150,6 +150,7 @@ actor_rollout_ref.model.path={model} actor_rollout_ref.actor.ppo_mini_batch_size
 actor_rollout_ref.rollout.name=sglang actor_rollout_ref.rollout.mode=async
 actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend=triton actor_rollout_ref.rollout.n=4
 +actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=float32
++actor_rollout_ref.actor.fsdp_config.model_dtype=bfloat16 data.apply_chat_template_kwargs.reasoning_effort=medium
 trainer.n_gpus_per_node=8 trainer.default_local_dir={out}
 """,
     """
@@ -218,6 +219,4 @@ REFUSED = {
                 "ulysses_sequence_parallel_size=2 is not supported by hybridrl: sequence parallelism"),
     "megatron": (GRPO_VLLM_ASYNC + " actor_rollout_ref.actor.strategy=megatron",
                  "actor_rollout_ref.actor.strategy=megatron is not supported by hybridrl"),
-    "bf16_master_weights": (GRPO_VLLM_ASYNC + " +actor_rollout_ref.actor.fsdp_config.model_dtype=bfloat16",
-                            "fsdp_config.model_dtype=bfloat16 is not supported by hybridrl"),
 }
