@@ -22,10 +22,12 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import torch
+from omegaconf import OmegaConf
 from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
 from hybridrl.protocol import object_column
+from hybridrl.utils.external import load_class
 from hybridrl.utils.typed_config import FreezableConfig
 
 logger = logging.getLogger(__name__)
@@ -347,3 +349,18 @@ def collate_fn(data_list: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         # tensors stack to (batch, ...)
         out[key] = torch.stack(values) if isinstance(values[0], torch.Tensor) else object_column(values)
     return out
+
+
+def build_rl_dataset(data_files: Any, tokenizer: PreTrainedTokenizerBase, data_config: Any, *,
+                     require_ground_truth: bool = False) -> Dataset:
+    """The prompts of `data_files` (`data_config`: the PPO config's `data`, a DataConfig): an `RLHFDataset`, or
+    the class `data.custom_cls` names (a .py file or pkg://module), built as verl builds it:
+    cls(data_files=..., tokenizer=..., config=<data.* as a read-only DictConfig>, processor=None), plus
+    require_ground_truth for a subclass of RLHFDataset."""
+    if data_config.custom_cls.path is None:
+        return RLHFDataset(data_files, tokenizer, data_config, require_ground_truth=require_ground_truth)
+    cls = load_class(data_config.custom_cls.path, data_config.custom_cls.name, "data.custom_cls.path", Dataset)
+    view = OmegaConf.structured(data_config)
+    OmegaConf.set_readonly(view, True)
+    ours = {"require_ground_truth": require_ground_truth} if issubclass(cls, RLHFDataset) else {}
+    return cls(data_files=data_files, tokenizer=tokenizer, config=view, processor=None, **ours)

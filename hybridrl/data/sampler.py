@@ -14,16 +14,15 @@ counts what it has handed out).
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import logging
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader, Dataset, Sampler
+
+from hybridrl.utils.external import load_class
 
 if TYPE_CHECKING:
     from hybridrl.trainer.ppo_config import DataConfig
@@ -141,32 +140,12 @@ class StatefulDataLoader(DataLoader):
         self._state = self._sampler_state()
 
 
-def load_sampler_class(class_path: str, class_name: str) -> type:
-    """`class_name` from a .py file, or from an importable module written `pkg://package.module` (verl's)."""
-    where = f"{SAMPLER_KEY}.class_path={class_path!r}"
-    if class_path.startswith("pkg://"):
-        module = importlib.import_module(class_path.removeprefix("pkg://"))
-    else:
-        file = Path(class_path).expanduser()
-        if not file.is_file():
-            raise FileNotFoundError(f"{where} is neither a .py file nor pkg://<importable module>")
-        spec = importlib.util.spec_from_file_location(f"hybridrl_sampler_{abs(hash(str(file.resolve())))}", file)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"{where} cannot be imported as a Python module")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    cls = getattr(module, class_name, None)
-    if not (isinstance(cls, type) and issubclass(cls, Sampler)):
-        raise TypeError(f"{SAMPLER_KEY}.class_name={class_name!r} in {class_path} must be a torch.utils.data.Sampler "
-                        f"subclass, got {cls!r}")
-    return cls
-
-
 def prompt_sampler(data_config: DataConfig, dataset: Dataset) -> Sampler:
     """The training prompts' sampler: `data.sampler`'s class when set, else the seeded `ResumableSampler`."""
     if data_config.sampler.class_path is None:
         return ResumableSampler(len(dataset), shuffle=data_config.shuffle, seed=data_config.seed)
-    cls = load_sampler_class(data_config.sampler.class_path, data_config.sampler.class_name)
+    cls = load_class(data_config.sampler.class_path, data_config.sampler.class_name, f"{SAMPLER_KEY}.class_path",
+                     Sampler)
     # as verl hands it over: a read-only DictConfig (attributes, [] and .get)
     view = OmegaConf.structured(data_config)
     OmegaConf.set_readonly(view, True)

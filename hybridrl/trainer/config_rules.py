@@ -255,9 +255,6 @@ NO_HDFS = Unsupported("checkpoints are written to trainer.default_local_dir only
 NO_LORA = Unsupported("LoRA adapters are not implemented yet; every parameter of the model trains")
 ONE_ROLLOUT_GROUP = Unsupported("the rollout engine runs inside each worker with tensor parallelism only "
                                 "(actor_rollout_ref.rollout.tensor_model_parallel_size)")
-NO_CUSTOM_DATASET = Unsupported("prompts always load through hybridrl.data.rl_dataset.RLHFDataset; "
-                                "a custom dataset class is not supported")
-
 UNSUPPORTED: dict[str, Unsupported] = {
     "actor_rollout_ref.hybrid_engine": Unsupported(
         "the actor, rollout and reference policy always share one process and one set of weights"),
@@ -271,8 +268,6 @@ UNSUPPORTED: dict[str, Unsupported] = {
     "reward_model.strategy": ONE_ENGINE,
     **{f"{section}.fsdp_config.strategy": ONE_ENGINE
        for section in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic.model", "reward_model.model")},
-    "data.custom_cls.path": NO_CUSTOM_DATASET,
-    "data.custom_cls.name": NO_CUSTOM_DATASET,
     "data.filter_overlong_prompts_workers": Unsupported(
         "prompt lengths are measured in the driver with batched tokenizer calls, not in worker processes"),
     "data.return_raw_input_ids": Unsupported(

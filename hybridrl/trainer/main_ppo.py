@@ -36,7 +36,7 @@ def print_dry_run(config: PPOTrainerConfig) -> None:
 
 def run_ppo(cfg: DictConfig) -> list[dict[str, float]]:
     """Train with a composed config; returns every step's metrics."""
-    from hybridrl.data.rl_dataset import RLHFDataset, collate_fn
+    from hybridrl.data.rl_dataset import build_rl_dataset, collate_fn
     from hybridrl.models.loading import load_tokenizer
     from hybridrl.rewards.scorers import check_code_sandbox
     from hybridrl.trainer.dataflow import load_reward_manager
@@ -53,10 +53,10 @@ def run_ppo(cfg: DictConfig) -> list[dict[str, float]]:
         # Every row is checked here, before Ray starts; rule-based rewards need each row's ground truth.
         needs_truth = not checked.reward_model.enable
         loaded["tokenizer"] = tokenizer
-        loaded["train"] = RLHFDataset(checked.data.train_files, tokenizer, checked.data,
-                                      require_ground_truth=needs_truth)
-        loaded["val"] = RLHFDataset(checked.data.val_files, tokenizer, checked.data,
-                                    require_ground_truth=needs_truth) if checked.data.val_files else None
+        loaded["train"] = build_rl_dataset(checked.data.train_files, tokenizer, checked.data,
+                                           require_ground_truth=needs_truth)
+        loaded["val"] = build_rl_dataset(checked.data.val_files, tokenizer, checked.data,
+                                         require_ground_truth=needs_truth) if checked.data.val_files else None
         return len(loaded["train"])
 
     config = resolve_config(cfg, None if cfg.trainer.dry_run else train_rows)  # a dry run loads no data
@@ -68,7 +68,8 @@ def run_ppo(cfg: DictConfig) -> list[dict[str, float]]:
         # Before Ray and the workers: code tasks need a sandbox that runs programs here (a custom reward
         # function is not known to need one; it raises SandboxUnavailableError itself when it does).
         check_code_sandbox((row.get(config.data.reward_fn_key) for dataset in (train_dataset, val_dataset)
-                            if dataset is not None for row in dataset.rows), config.reward_model.sandbox.limits())
+                            if dataset is not None for row in getattr(dataset, "rows", ())),
+                           config.reward_model.sandbox.limits())
     plain = asdict(config)
     reward_fn = load_reward_manager(plain, tokenizer, num_examine=0)
     val_reward_fn = load_reward_manager(plain, tokenizer, num_examine=1)

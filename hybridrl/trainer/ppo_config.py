@@ -31,8 +31,15 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class CustomClassConfig(FreezableConfig):
+    # A .py file or pkg://<importable module>, and the torch Dataset class in it (hybridrl/data/rl_dataset.py,
+    # build_rl_dataset); both or neither.
     path: str | None = None
     name: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.path is None) != (self.name is None):
+            raise ConfigError(f"data.custom_cls.path={self.path} and data.custom_cls.name={self.name}: set both (the "
+                              f"file or pkg://module, and the Dataset class in it) or neither")
 
 
 @dataclass
@@ -74,7 +81,7 @@ class DataConfig(RLDatasetConfig):
     # Run code shipped in the tokenizer's directory when the driver loads it (as verl's data.trust_remote_code;
     # the workers' loads follow actor_rollout_ref.model.trust_remote_code, as in verl).
     trust_remote_code: bool = False
-    # verl's custom dataset class; only the default runs in hybridrl (hybridrl/trainer/config_rules.py).
+    # A prompt dataset class of your own (verl's interface) instead of RLHFDataset.
     custom_cls: CustomClassConfig = field(default_factory=CustomClassConfig)
     # A prompt sampler of your own (verl's interface, e.g. a curriculum; hybridrl/data/sampler.py), instead of
     # the seeded shuffle.

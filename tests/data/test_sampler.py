@@ -183,7 +183,7 @@ def test_a_bad_sampler_setting_names_the_key(dataset, curriculum_file, tmp_path)
 
     with pytest.raises(FileNotFoundError, match="data.sampler.class_path"):
         prompt_sampler(data_config(tmp_path / "missing.py"), dataset)
-    with pytest.raises(TypeError, match="must be a torch.utils.data.Sampler"):
+    with pytest.raises(TypeError, match="must be a torch.utils.data.sampler.Sampler subclass"):
         prompt_sampler(data_config(curriculum_file, "Sampler_that_is_not_there"), dataset)
     with pytest.raises(ConfigError, match="set both"):
         data_config(curriculum_file, None)

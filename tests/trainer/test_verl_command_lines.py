@@ -256,3 +256,43 @@ def test_bf16_master_weights_train_and_are_checkpointed_in_bf16(arithmetic_data,
     assert moments and set(moments.values()) == {torch.bfloat16}  # AdamW's state follows its parameters
     with pytest.raises(ConfigError, match="model_dtype='fp16': the weights' dtype must be float32"):
         resolve_config(ppo_config(*BASE, "actor_rollout_ref.actor.fsdp_config.model_dtype=fp16"))
+
+
+EVEN_ROWS_DATASET = '''
+import json
+
+from hybridrl.data.rl_dataset import RLHFDataset
+
+
+class EvenRows(RLHFDataset):
+    """A dataset of a user's own on verl's interface: the even rows of the files, each item served logged."""
+
+    def __init__(self, data_files, tokenizer, config, processor=None, **kwargs):
+        super().__init__(data_files, tokenizer, config, processor, **kwargs)
+        keep = [i for i, row in enumerate(self.rows) if row["extra_info"]["index"] % 2 == 0]
+        self.rows, self.origins = [self.rows[i] for i in keep], [self.origins[i] for i in keep]
+        self.max_prompt_length = config["max_prompt_length"]  # verl's DictConfig
+
+    def __getitem__(self, item):
+        row = super().__getitem__(item)
+        with open(LOG, "a") as f:
+            f.write(json.dumps(int(self.rows[item]["extra_info"]["index"])) + "\\n")
+        return row
+'''
+
+
+def test_a_dataset_class_of_your_own_serves_the_training_prompts(arithmetic_data, tiny_model_dir, tmp_path):
+    from ppo_helpers import tiny_run_overrides
+
+    from hybridrl.trainer.main_ppo import run_ppo
+
+    log = tmp_path / "served.jsonl"
+    dataset_file = tmp_path / "even_rows.py"
+    dataset_file.write_text(EVEN_ROWS_DATASET.replace("LOG", repr(str(log))))
+    run_ppo(ppo_config(*tiny_run_overrides(arithmetic_data, tiny_model_dir, tmp_path / "run"),
+                       "trainer.backend=local", "trainer.n_gpus_per_node=1", "trainer.total_training_steps=1",
+                       f"data.custom_cls.path={dataset_file}", "data.custom_cls.name=EvenRows"))
+    served = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(served) == 4 and all(index % 2 == 0 for index in served)  # one batch of 4 prompts, even rows only
+    with pytest.raises(ConfigError, match="set both"):
+        resolve_config(ppo_config(*BASE, f"data.custom_cls.path={dataset_file}"))
