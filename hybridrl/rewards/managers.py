@@ -52,7 +52,7 @@ class OverlongBufferConfig(FreezableConfig):
 
 # extra_info key -> the rollout column it is taken from
 ROLLOUT_EXTRA_INFO = {"num_turns": "__num_turns__", "rollout_reward_scores": "reward_scores",
-                      "tool_rewards": "tool_rewards"}
+                      "tool_rewards": "tool_rewards", "turn_scores": "turn_scores"}
 
 
 @dataclasses.dataclass

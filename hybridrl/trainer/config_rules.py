@@ -281,8 +281,6 @@ UNSUPPORTED: dict[str, Unsupported] = {
     "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": Unsupported(
         "the agent loop keeps every turn's tokens as the model sampled them and never re-renders earlier turns "
         "with another chat template"),
-    "actor_rollout_ref.rollout.multi_turn.interaction_config_path": Unsupported(
-        "interactions (a simulated user answering between turns) are not implemented; tools are"),
     "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": Unsupported(
         "multi-turn rollouts are not repeated; rollout.n sets the samples per prompt"),
     "actor_rollout_ref.actor.global_batch_info": Unsupported(

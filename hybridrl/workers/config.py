@@ -81,11 +81,14 @@ class MultiTurnConfig(FreezableConfig):
     # once: strict counts any difference, ignore_strippable only those beyond whitespace, disable skips the
     # check (the count is agent/tokenization_mismatch; the first mismatch is logged)
     tokenization_sanity_check_mode: str = "strict"
+    # verl's interaction YAML (`interaction:` entries of name, class_name, config): simulated users that
+    # answer an assistant turn without a tool call, for rows whose extra_info.interaction_kwargs names one
+    # (hybridrl/tools/interaction.py)
+    interaction_config_path: str | None = None
     # verl's keys for features hybridrl does not have; only their off values are accepted:
     # re-rendering earlier turns with an inference-only chat template (the loop keeps every turn's tokens
-    # as the model sampled them), interactions (simulated users), and repeated multi-turn rollouts
+    # as the model sampled them), and repeated multi-turn rollouts
     use_inference_chat_template: bool = False
-    interaction_config_path: str | None = None
     num_repeat_rollouts: int | None = None
 
     def __post_init__(self) -> None:

@@ -18,6 +18,7 @@ from hybridrl.models.attention import default_attention
 from hybridrl.models.loading import load_causal_lm, load_tokenizer, load_value_model, resolve_dtype
 from hybridrl.protocol import DataProto
 from hybridrl.tools.base_tool import load_all_tools
+from hybridrl.tools.interaction import load_interactions
 from hybridrl.utils.metric import (
     FORWARD_FLOPS_PER_PARAM,
     TRAIN_FLOPS_PER_PARAM,
@@ -138,7 +139,9 @@ class ActorRolloutRefWorker(Worker):
             multi_turn = cfg.rollout.multi_turn
             if multi_turn.enable:
                 tools = load_all_tools(multi_turn.tool_config_path, multi_turn.function_tool_path)
-                self.agent_loop = AgentLoop(self.rollout, self.tokenizer, rollout_cfg, tools)
+                interactions = load_interactions(multi_turn.interaction_config_path) \
+                    if multi_turn.interaction_config_path else {}
+                self.agent_loop = AgentLoop(self.rollout, self.tokenizer, rollout_cfg, tools, interactions)
             self.passes["rollout"] = forward_pass(params, cfg.rollout.dtype)
         if self.is_ref:
             ref_dtype = cfg.ref.fsdp_config.mixed_precision.param_dtype

@@ -95,8 +95,6 @@ def checked(*overrides: str) -> PPOTrainerConfig:
     ("actor_rollout_ref.actor.strategy=megatron", "Remove it or set it to one of fsdp, fsdp2"),
     ("trainer.default_hdfs_dir=hdfs://x", "trainer.default_hdfs_dir=hdfs://x is not supported by hybridrl: "
                                           "checkpoints are written to trainer.default_local_dir only"),
-    ("actor_rollout_ref.rollout.multi_turn.interaction_config_path=i.yaml",
-     "multi_turn.interaction_config_path=i.yaml is not supported by hybridrl: interactions"),
     ("actor_rollout_ref.rollout.multi_turn.use_inference_chat_template=true", "Remove it or set it to false"),
     ("actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts=2", "Remove it or set it to null"),
     ("actor_rollout_ref.rollout.agent.agent_loop_config_path=loops.yaml", "custom agent loops are not supported"),

@@ -296,3 +296,40 @@ def test_a_dataset_class_of_your_own_serves_the_training_prompts(arithmetic_data
     assert len(served) == 4 and all(index % 2 == 0 for index in served)  # one batch of 4 prompts, even rows only
     with pytest.raises(ConfigError, match="set both"):
         resolve_config(ppo_config(*BASE, f"data.custom_cls.path={dataset_file}"))
+
+
+TURN_SCORE_REWARD = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return float(len(extra_info["turn_scores"]))  # how many times the simulated user replied
+'''
+
+
+def test_a_run_with_an_interaction_gives_the_reward_function_each_replys_score(tmp_path):
+    import pyarrow as pa
+    from ppo_helpers import early_stopping_model
+
+    from hybridrl.trainer.main_ppo import run_ppo
+
+    rows = [{"data_source": "gsm8k", "prompt": [{"role": "user", "content": f"What is {i} + {i}?"}],
+             "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(2 * i)},
+             "extra_info": {"index": i, "interaction_kwargs": {"name": "gsm8k", "ground_truth": str(2 * i)}}}
+            for i in range(8)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+    (tmp_path / "interactions.yaml").write_text(
+        "interaction:\n  - name: gsm8k\n    class_name: hybridrl.tools.interaction.Gsm8kInteraction\n")
+    (tmp_path / "reward.py").write_text(TURN_SCORE_REWARD)
+    model = early_stopping_model(tmp_path / "model")  # short answers, so the user gets to reply
+    history = run_ppo(ppo_config(
+        f"data.train_files={tmp_path / 'train.parquet'}", f"actor_rollout_ref.model.path={model}",
+        "algorithm.adv_estimator=grpo", "data.train_batch_size=4", "data.max_prompt_length=48",
+        "data.max_response_length=96", "data.return_raw_chat=true", "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.multi_turn.enable=true",
+        f"actor_rollout_ref.rollout.multi_turn.interaction_config_path={tmp_path / 'interactions.yaml'}",
+        "actor_rollout_ref.rollout.multi_turn.max_user_turns=2", f"custom_reward_function.path={tmp_path / 'reward.py'}",
+        "trainer.backend=local", "trainer.n_gpus_per_node=1", "trainer.total_training_steps=1",
+        "trainer.val_before_train=false", "trainer.test_freq=-1", f"trainer.default_local_dir={tmp_path / 'run'}",
+        "trainer.device=cpu"))
+    step = history[-1]
+    assert step["critic/score/max"] >= 1.0  # a reply's score reached the reward function
+    assert step["agent/num_turns/max"] >= 4  # prompt, answer, the user's reply, another answer
+    assert step["agent/finish/max_user_turns"] + step["agent/finish/length"] + step["agent/finish/interaction"] == 1.0

@@ -5,6 +5,8 @@
 calling the engine once per turn (docs/architecture.md, "Multi-turn rollouts with tools"). A row's
 `agent_name` picks `tool_agent` or `single_turn_agent`; a trajectory creates its own instance of a tool at
 its first call and releases it at the end. Tool failures become `Error: ...` messages, never stop the run.
+A turn without a tool call ends the trajectory, or, for a row whose `extra_info.interaction_kwargs` names an
+interaction (hybridrl/tools/interaction.py), gets the simulated user's reply and continues.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 from hybridrl.data.rl_dataset import left_pad
 from hybridrl.protocol import DataProto, object_column
 from hybridrl.tools.base_tool import BaseTool, ToolResponse
+from hybridrl.tools.interaction import BaseInteraction
 from hybridrl.tools.tool_calls import CALL_FORMATS, CallError, CallOutcome, ParsedCall, ToolRunner
 from hybridrl.workers.config import AGENT_LOOPS, RolloutConfig
 from hybridrl.workers.rollout.base import BaseRollout, assemble_output, check_prompts, eos_token_ids
@@ -32,7 +35,7 @@ from hybridrl.workers.rollout.sampling import CALL_OVERRIDES, resolve_sampling_p
 # and tool_rewards to the reward function in extra_info.
 NUMERIC_COLUMNS = ("__num_turns__", "tool_calls", "tool_errors", "tool_timeouts")
 FINISH_COLUMN = "agent_finish"
-FINISH_REASONS = ("answer", "length", "max_assistant_turns", "max_user_turns")
+FINISH_REASONS = ("answer", "length", "max_assistant_turns", "max_user_turns", "interaction")
 
 
 def compute_agent_metrics(batch: DataProto) -> dict[str, float]:
@@ -69,7 +72,7 @@ def compute_agent_metrics(batch: DataProto) -> dict[str, float]:
 logger = logging.getLogger(__name__)
 
 # The prompt columns the loop reads besides the prompt tensors; the trainer sends them to the rollout.
-AGENT_INPUT_COLUMNS = ("extra_info", "agent_name")
+AGENT_INPUT_COLUMNS = ("extra_info", "agent_name", "raw_prompt")
 # Turn t of a call seeded s samples with seed s + t * TURN_SEED_STRIDE: fresh randomness each turn.
 TURN_SEED_STRIDE = 7919
 
@@ -77,6 +80,7 @@ TURN_SEED_STRIDE = 7919
 class AgentState(enum.Enum):
     GENERATING = "generating"
     CALLING_TOOLS = "calling_tools"
+    INTERACTING = "interacting"
     DONE = "done"
 
 
@@ -85,6 +89,7 @@ class Finish(enum.Enum):
     LENGTH = "length"
     ASSISTANT_TURNS = "max_assistant_turns"
     USER_TURNS = "max_user_turns"
+    INTERACTION = "interaction"  # the interaction ended the conversation
 
 
 @dataclass
@@ -110,6 +115,11 @@ class Trajectory:
     tool_rewards: list[float] = field(default_factory=list)  # execute's step rewards, in call order
     reward_scores: dict[str, float] = field(default_factory=dict)  # calc_reward per tool
     messages: list[dict[str, str]] = field(default_factory=list)  # the turns as chat messages
+    prompt_messages: list[dict[str, Any]] = field(default_factory=list)  # the prompt's chat (data.return_raw_chat)
+    interaction: str | None = None  # the name of the row's interaction, if it has one
+    interaction_kwargs: dict[str, Any] = field(default_factory=dict)  # start_interaction's (less `name`)
+    interaction_id: str | None = None  # set once started
+    turn_scores: list[float] = field(default_factory=list)  # the interaction's score of each reply
     tokenization_mismatch: int | None = None  # 1: the turns' ids differ from the whole chat's; None: unchecked
 
     def room(self, limit: int) -> int:
@@ -143,6 +153,7 @@ def sample_columns(trajectories: Sequence[Trajectory]) -> dict[str, np.ndarray]:
         FINISH_COLUMN: object_column([t.finish.value if t.finish else "" for t in trajectories]),
         "tool_rewards": object_column([list(t.tool_rewards) for t in trajectories]),
         "reward_scores": object_column([dict(t.reward_scores) for t in trajectories]),
+        "turn_scores": object_column([list(t.turn_scores) for t in trajectories]),
         "tokenization_mismatch": object_column([t.tokenization_mismatch for t in trajectories]),
     }
 
@@ -188,11 +199,12 @@ class AgentLoop:
     """Multi-turn generation over `engine` with `tools` (by name), per `config.multi_turn`."""
 
     def __init__(self, engine: BaseRollout, tokenizer: Any, config: RolloutConfig,
-                 tools: Mapping[str, BaseTool]) -> None:
+                 tools: Mapping[str, BaseTool], interactions: Mapping[str, BaseInteraction] | None = None) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.config = config
         self.tools = dict(tools)
+        self.interactions = dict(interactions or {})
         self.parse = CALL_FORMATS.get(config.multi_turn.format)
         self.delta = ChatTemplateDelta(tokenizer)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -214,6 +226,7 @@ class AgentLoop:
             self._model_turn([t for t in trajectories if t.state is AgentState.GENERATING], prompts.meta_info,
                              turn, stop_ids, input_ids.device)
             self._tool_turn([t for t in trajectories if t.state is AgentState.CALLING_TOOLS])
+            self._interaction_turn([t for t in trajectories if t.state is AgentState.INTERACTING])
             turn += 1
         self._close_instances(trajectories)
         self._check_tokenization(trajectories)
@@ -243,6 +256,7 @@ class AgentLoop:
         extra_infos = prompts.non_tensor_batch.get("extra_info", np.full(rows, None, dtype=object))
         default_loop = self.config.agent.default_agent_loop or "tool_agent"
         agent_names = prompts.non_tensor_batch.get("agent_name", np.full(rows, None, dtype=object))
+        raw_prompts = prompts.non_tensor_batch.get("raw_prompt", np.full(rows, None, dtype=object))
         trajectories = []
         for i in range(rows):
             extra = extra_infos[i] if isinstance(extra_infos[i], Mapping) else {}
@@ -254,8 +268,18 @@ class AgentLoop:
             if unknown:
                 raise ValueError(f"prompt row {i}: extra_info.tools_kwargs names tools {unknown} that are not loaded; "
                                  f"loaded: {sorted(self.tools)} (multi_turn.tool_config_path / function_tool_path)")
+            interaction = dict(extra.get("interaction_kwargs") or {})
+            chosen = interaction.pop("name", None)
+            if interaction and chosen is None:
+                raise ValueError(f"prompt row {i}: extra_info.interaction_kwargs has no `name` of the interaction to "
+                                 f"run; loaded: {sorted(self.interactions)}")
+            if chosen is not None and chosen not in self.interactions:
+                raise ValueError(f"prompt row {i}: extra_info.interaction_kwargs.name={chosen!r} is not loaded; loaded: "
+                                 f"{sorted(self.interactions)} (multi_turn.interaction_config_path)")
             prompt = input_ids[i][attention_mask[i].bool()].tolist()
-            trajectories += [Trajectory(prompt, name, tools_kwargs) for _ in range(n)]
+            chat = [dict(m) for m in raw_prompts[i]] if isinstance(raw_prompts[i], (list, np.ndarray)) else []
+            trajectories += [Trajectory(prompt, name, tools_kwargs, prompt_messages=chat, interaction=chosen,
+                                        interaction_kwargs=interaction) for _ in range(n)]
         return trajectories
 
     def _model_turn(self, active: list[Trajectory], meta_info: Mapping[str, Any], turn: int,
@@ -289,8 +313,15 @@ class AgentLoop:
     def _after_model_turn(self, t: Trajectory, text: str) -> None:
         calls = self.parse(text) if t.agent_name == "tool_agent" else []
         max_assistant, max_user = self.config.multi_turn.max_assistant_turns, self.config.multi_turn.max_user_turns
-        if not calls:
+        if not calls and (t.interaction is None or t.agent_name != "tool_agent"):
             t.end(Finish.ANSWER)
+        elif not calls:  # the row's interaction answers, unless a limit says the conversation is over
+            if max_assistant is not None and t.assistant_turns >= max_assistant:
+                t.end(Finish.ASSISTANT_TURNS)
+            elif max_user is not None and t.user_turns >= max_user:
+                t.end(Finish.USER_TURNS)
+            else:
+                t.state = AgentState.INTERACTING
         elif max_assistant is not None and t.assistant_turns >= max_assistant:
             t.end(Finish.ASSISTANT_TURNS)
         elif max_user is not None and t.user_turns >= max_user:
@@ -310,6 +341,40 @@ class AgentLoop:
             messages = [{"role": "tool", "content": text} for text in texts]
             t.messages += messages
             self._append_context(t, self.delta.ids_after_turn(messages))
+
+    def _interaction_turn(self, asking: list[Trajectory]) -> None:
+        """Each trajectory's interaction replies as the user (started first where needed); a failing one
+        ends its trajectory and counts as a tool error."""
+        timeout = self.config.multi_turn.tool_timeout
+        starting = [t for t in asking if t.interaction_id is None]
+        jobs = [(self._bind(self.interactions[t.interaction].start_interaction, None, **t.interaction_kwargs), timeout)
+                for t in starting]
+        for t, outcome in zip(starting, self.runner.run(jobs), strict=True):
+            if outcome.ok and isinstance(outcome.value, str):
+                t.interaction_id = outcome.value
+            else:
+                t.count_failure(outcome)
+                t.end(Finish.ANSWER)
+        asking = [t for t in asking if t.state is AgentState.INTERACTING]
+        # the whole conversation, as verl passes it: the prompt's chat (with data.return_raw_chat) and the turns
+        jobs = [(self._bind(self.interactions[t.interaction].generate_response, t.interaction_id,
+                            t.prompt_messages + t.messages, **t.interaction_kwargs), timeout) for t in asking]
+        for t, outcome in zip(asking, self.runner.run(jobs), strict=True):
+            try:
+                if not outcome.ok:
+                    raise RuntimeError(outcome.error)
+                stop, reply, score, _ = outcome.value
+            except (RuntimeError, TypeError, ValueError):
+                t.count_failure(outcome)
+                t.end(Finish.ANSWER)
+                continue
+            if score is not None:
+                t.turn_scores.append(float(score))
+            message = {"role": "user", "content": str(reply)}
+            t.messages.append(message)
+            self._append_context(t, self.delta.ids_after_turn([message]))
+            if stop and t.state is not AgentState.DONE:
+                t.end(Finish.INTERACTION)
 
     def _call_problem(self, t: Trajectory, index: int, call: ParsedCall | CallError) -> str | None:
         """Why a call cannot run (the message the model reads), or None; counts the failure."""
@@ -380,9 +445,16 @@ class AgentLoop:
             t.state, t.pending = AgentState.GENERATING, []
 
     def _close_instances(self, trajectories: list[Trajectory]) -> None:
-        """calc_reward, then release, every instance the trajectories created."""
+        """calc_reward, then release, every tool instance the trajectories created; finalize every interaction
+        they started."""
         owned = [(t, name, instance) for t in trajectories for name, instance in t.instances.items()]
         timeout = self.config.multi_turn.tool_timeout
+        talked = [t for t in trajectories if t.interaction_id is not None]
+        jobs = [(self._bind(self.interactions[t.interaction].finalize_interaction, t.interaction_id), timeout)
+                for t in talked]
+        for t, outcome in zip(talked, self.runner.run(jobs), strict=True):
+            if not outcome.ok:
+                t.count_failure(outcome)
         for stage in ("calc_reward_kwargs", "release_kwargs"):
             method = "calc_reward" if stage == "calc_reward_kwargs" else "release"
             jobs = [(self._bind(getattr(self.tools[name], method), instance, **t.kwargs_for(name, stage)), timeout)

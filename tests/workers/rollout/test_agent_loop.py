@@ -25,6 +25,7 @@ from hybridrl.protocol import DataProto
 from hybridrl.rewards.managers import decode_rows
 from hybridrl.tools.base_tool import BaseTool, OpenAIFunctionToolSchema, ToolResponse, load_all_tools
 from hybridrl.tools.builtin_tools import CalculatorTool
+from hybridrl.tools.interaction import BaseInteraction, load_interactions
 from hybridrl.workers.rollout import HFRollout, RolloutConfig, build_rollout
 from hybridrl.workers.rollout.agent_loop import AgentLoop, compute_agent_metrics
 from hybridrl.workers.rollout.base import BaseRollout, assemble_output, check_prompts
@@ -421,3 +422,87 @@ def test_rows_without_agent_name_run_the_configured_default_loop(tiny_model, tin
     out = single.generate_sequences(prompts)
     single.close()
     assert out.non_tensor_batch["__num_turns__"].tolist() == [4]
+
+
+class RaisingInteraction(BaseInteraction):
+    async def generate_response(self, instance_id, messages, **kwargs):
+        raise RuntimeError("the simulated user crashed")
+
+
+def interactions_yaml(tmp_path) -> Path:
+    path = tmp_path / "interactions.yaml"
+    path.write_text("interaction:\n  - name: gsm8k\n    class_name: hybridrl.tools.interaction.Gsm8kInteraction\n"
+                    "    config: {}\n")
+    return path
+
+
+def test_an_interaction_answers_turns_without_tool_calls_until_it_ends_the_conversation(
+        tiny_model, tiny_tokenizer, tmp_path):
+    interactions = load_interactions(interactions_yaml(tmp_path))
+    q_retry, q_plain = "What is 36 + 36?", "Say hi"
+    script = {q_retry: ["It is #### 70", "Sorry, #### 72"], q_plain: ["hi"]}
+    infos = [{"interaction_kwargs": {"name": "gsm8k", "ground_truth": "72"}}, {}]
+    prompts = chat_prompts(tiny_tokenizer, [q_retry, q_plain], infos)
+    loop = AgentLoop(ScriptedRollout(tiny_model, tiny_tokenizer, RolloutConfig(response_length=160,
+                                                                               multi_turn={"enable": True}),
+                                     script), tiny_tokenizer, RolloutConfig(response_length=160,
+                                                                            multi_turn={"enable": True}),
+                     {}, interactions)
+    out = loop.generate_sequences(prompts)
+    loop.close()
+    retry_reply = "Your response is incorrect! You need to reflect on your answer and try again."
+    # the conversation, rendered whole by the chat template: the interaction's replies are user turns
+    whole_ids, assistant_mask = encode_chat(tiny_tokenizer, [
+        {"role": "user", "content": q_retry}, {"role": "assistant", "content": "It is #### 70"},
+        {"role": "user", "content": retry_reply}, {"role": "assistant", "content": "Sorry, #### 72"},
+        {"role": "user", "content": "Your response is correct!"}])
+    # after the last user turn the loop has also written the header the model's next turn would follow
+    header = tiny_tokenizer("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+    ids, model_mask = conversation_row(out, 0)
+    assert ids == whole_ids + header
+    assert model_mask == assistant_mask + [0] * len(header)  # user turns are context, not trained on
+    assert out.non_tensor_batch["turn_scores"].tolist() == [[0.0, 1.0], []]
+    assert out.non_tensor_batch["agent_finish"].tolist() == ["interaction", "answer"]
+    assert out.non_tensor_batch["__num_turns__"].tolist() == [5, 2]
+    assert not interactions["gsm8k"]._instance_dict  # finalized
+    out.non_tensor_batch.update(extra_info=np.array(infos, dtype=object),
+                                data_source=np.array(["gsm8k"] * 2, dtype=object),
+                                reward_model=np.array([{"ground_truth": "72"}] * 2, dtype=object))
+    assert decode_rows(out, tiny_tokenizer)[0].extra_info["turn_scores"] == [0.0, 1.0]
+
+
+def test_interaction_limits_failures_and_unknown_names(tiny_model, tiny_tokenizer, tmp_path):
+    config = RolloutConfig(response_length=160, multi_turn={"enable": True, "max_user_turns": 1})
+    script = {"What is 36 + 36?": ["#### 1", "#### 2", "#### 3"]}
+    infos = [{"interaction_kwargs": {"name": "gsm8k", "ground_truth": "72"}}]
+    prompts = chat_prompts(tiny_tokenizer, ["What is 36 + 36?"], infos)
+    loop = AgentLoop(ScriptedRollout(tiny_model, tiny_tokenizer, config, script), tiny_tokenizer, config, {},
+                     load_interactions(interactions_yaml(tmp_path)))
+    out = loop.generate_sequences(prompts)
+    assert out.non_tensor_batch["agent_finish"].tolist() == ["max_user_turns"]  # one reply, then the limit
+    assert out.non_tensor_batch["turn_scores"].tolist() == [[0.0]]
+    crashing = AgentLoop(ScriptedRollout(tiny_model, tiny_tokenizer, config, script), tiny_tokenizer, config, {},
+                         {"gsm8k": RaisingInteraction({})})
+    out = crashing.generate_sequences(prompts)
+    assert out.non_tensor_batch["agent_finish"].tolist() == ["answer"]
+    assert out.non_tensor_batch["tool_errors"].tolist() == [1]  # counted, and the run goes on
+    prompts.non_tensor_batch["extra_info"][0] = {"interaction_kwargs": {"name": "weather"}}
+    with pytest.raises(ValueError, match="interaction_kwargs.name='weather' is not loaded"):
+        loop.generate_sequences(prompts)
+    loop.close()
+    crashing.close()
+
+
+def test_interaction_yaml_names_hybridrl_classes(tmp_path):
+    verl_yaml = tmp_path / "verl.yaml"
+    verl_yaml.write_text("interaction:\n  - name: gsm8k\n    class_name: verl.interactions.gsm8k_interaction."
+                         "Gsm8kInteraction\n")
+    with pytest.raises(ImportError, match="cannot be imported"):
+        load_interactions(verl_yaml)
+    unnamed = tmp_path / "unnamed.yaml"
+    unnamed.write_text("interaction:\n  - class_name: hybridrl.tools.interaction.Gsm8kInteraction\n")
+    assert list(load_interactions(unnamed)) == ["gsm8k"]  # the class name without its suffix
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text("interaction:\n  - class_name: hybridrl.tools.builtin_tools.CalculatorTool\n")
+    with pytest.raises(TypeError, match="not a subclass of hybridrl.tools.interaction.BaseInteraction"):
+        load_interactions(wrong)
