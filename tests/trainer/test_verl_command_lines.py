@@ -31,11 +31,11 @@ def as_arguments(line: str) -> list[str]:
     return shlex.split(line.format(**PATHS))
 
 
-def resolve_line(line: str) -> PPOTrainerConfig:
+def resolve_line(line: str, config_name: str = "ppo_trainer") -> PPOTrainerConfig:
     register_config_search_path()
     overrides = verl_overrides(as_arguments(line), PPOTrainerConfig)
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return resolve_config(compose(config_name="ppo_trainer", overrides=[*overrides, "trainer.dry_run=true"]))
+        return resolve_config(compose(config_name=config_name, overrides=[*overrides, "trainer.dry_run=true"]))
 
 
 @pytest.mark.parametrize("name", sorted(PASSING))
@@ -49,6 +49,12 @@ def test_a_feature_hybridrl_lacks_is_refused_naming_the_key(name):
     line, message = REFUSED[name]
     with pytest.raises(ConfigError, match=message):
         resolve_line(line)
+
+
+def test_verls_megatron_config_name_stops_naming_the_missing_engine():
+    with pytest.raises(ConfigError, match="actor_rollout_ref.actor.strategy=megatron is not supported by hybridrl: "
+                                          "FSDP2 .* is the only training engine"):
+        resolve_line(PASSING["grpo_vllm_async"], config_name="ppo_megatron_trainer")
 
 
 def test_vllm_keys_reach_the_engine_and_engine_kwargs_replace_them():

@@ -219,4 +219,9 @@ REFUSED = {
                 "ulysses_sequence_parallel_size=2 is not supported by hybridrl: sequence parallelism"),
     "megatron": (GRPO_VLLM_ASYNC + " actor_rollout_ref.actor.strategy=megatron",
                  "actor_rollout_ref.actor.strategy=megatron is not supported by hybridrl"),
+    "megatron_keys": (GRPO_VLLM_ASYNC + " actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+                      "megatron.pipeline_model_parallel_size=2 is not supported by hybridrl: Megatron-LM is not "
+                      "available"),
+    "vision_language": (GRPO_VLLM_ASYNC + " data.image_key=images",
+                        "data.image_key=images is not supported by hybridrl: vision-language models"),
 }

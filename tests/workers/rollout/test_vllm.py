@@ -63,3 +63,25 @@ def test_vllm_matches_layout_and_log_probs(tiny_model, tiny_model_dir, tiny_toke
         rollout.close()
     # standalone, vLLM made the process group, and closing the engine closes it
     assert not torch.distributed.is_initialized()
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason=NO_VLLM)
+def test_verls_engine_keys_reach_vllm_and_dummy_weights_serve_once_the_actors_arrive(tiny_model, tiny_model_dir,
+                                                                                     tiny_tokenizer):
+    # verl's default load_format=dummy: vLLM starts from random weights and generates with the ones it is given
+    rollout = build_rollout(
+        RolloutConfig(name="vllm", response_length=16, n=2, prompt_length=16, temperature=0.7, load_format="dummy",
+                      max_num_seqs=4, max_num_batched_tokens=64, enable_chunked_prefill=True,
+                      enable_prefix_caching=False, engine_kwargs={"vllm": {"max_logprobs": 3}}),
+        model_path=tiny_model_dir, tokenizer=tiny_tokenizer,
+    )
+    try:
+        scheduler = rollout.llm.llm_engine.vllm_config.scheduler_config
+        assert (scheduler.max_num_seqs, scheduler.max_num_batched_tokens) == (4, 64)
+        assert rollout.llm.llm_engine.vllm_config.model_config.max_logprobs == 3
+        rollout.update_weights(tiny_model.state_dict())
+        out = rollout.generate_sequences(make_prompts(tiny_tokenizer, length=16, seed=5))
+        expected = full_forward_log_probs(tiny_model, out, temperature=0.7) * out.batch["response_mask"]
+        torch.testing.assert_close(out.batch["rollout_log_probs"], expected, atol=1e-4, rtol=0)
+    finally:
+        rollout.close()

@@ -1,0 +1,142 @@
+"""How many of verl's example launch scripts pass hybridrl's dry run, and what blocks the others.
+
+    python benchmarks/verl_launch_scripts.py --verl /path/to/verl/checkout [--kind fsdp] [--out report.md]
+
+Every `examples/**/*.sh` that starts `verl.trainer.main_ppo` runs under bash with `python`, `python3` and
+the cluster tools (ray, hf, srun, ...) replaced by stand-ins on PATH, so each script builds its command
+line with its shell variables at their defaults and nothing else runs. The captured arguments, with the
+data, model and output paths pointed at a tiny local model and the built-in task's parquet files, then go
+to `python -m hybridrl.trainer.main_ppo ... trainer.dry_run=true` from the checkout's root (so the
+scripts' relative config folders resolve). Scripts are sorted into megatron, npu, vlm and fsdp (the rest)
+by their names and arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+STAND_INS = ("hf", "huggingface-cli", "pip", "pip3", "ray", "nvidia-smi", "npu-smi", "wandb", "git", "wget",
+             "curl", "sleep", "conda", "srun", "sbatch", "scontrol", "module")
+CAPTURE = """#!{python}
+import json, os, sys
+args = sys.argv[1:]
+if "verl.trainer.main_ppo" in args or any(a.endswith("main_ppo.py") for a in args):
+    with open(os.environ["CAPTURE"], "a") as f:
+        f.write(json.dumps({{"cwd": os.getcwd(), "argv": args}}) + "\\n")
+"""
+# values some scripts read without a default (slurm and cluster variables)
+SCRIPT_ENV = {"SLURM_JOB_NUM_NODES": "1", "HDFS_ROOT": "/tmp/hdfs", "DATA_ROOT": "/tmp/data"}
+PATH_KEYS = {"data.train_files": "train", "data.val_files": "val", "trainer.default_local_dir": "out"}
+MODEL_KEY = re.compile(r"(model\.path|tokenizer_path|input_tokenizer|^data\.tokenizer)$")
+
+
+def kind(name: str, argv: list[str]) -> str:
+    line = " ".join(argv)
+    if "megatron" in name or "strategy=megatron" in line or "ppo_megatron_trainer" in line:
+        return "megatron"
+    if "npu" in name or "device=npu" in line:
+        return "npu"
+    if re.search(r"(qwen2_5_vl|qwen3_vl|_vl-|_vl_|glm41v|minicpmo|geo3k)", name.lower()):
+        return "vlm"
+    return "fsdp"
+
+
+def capture(verl: Path, work: Path) -> dict[str, dict]:
+    """Each script's main_ppo arguments and working directory, by script path."""
+    shims = work / "shims"
+    shims.mkdir()
+    for name in ("python", "python3"):
+        (shims / name).write_text(CAPTURE.format(python=sys.executable))
+        (shims / name).chmod(0o755)
+    for name in STAND_INS:
+        (shims / name).write_text("#!/bin/sh\nexit 0\n")
+        (shims / name).chmod(0o755)
+    captured = {}
+    for script in sorted((verl / "examples").rglob("*.sh")):
+        if "verl.trainer.main_ppo" not in script.read_text(errors="replace"):
+            continue
+        out = work / "captured.jsonl"
+        out.unlink(missing_ok=True)
+        env = {**SCRIPT_ENV, "PATH": f"{shims}:/usr/bin:/bin", "HOME": str(work / "home"), "CAPTURE": str(out)}
+        subprocess.run(["bash", str(script)], cwd=verl, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                       timeout=60, check=False)
+        if out.exists():
+            captured[str(script.relative_to(verl))] = json.loads(out.read_text().splitlines()[-1])
+    return captured
+
+
+def pointed(argv: list[str], paths: dict[str, str]) -> list[str]:
+    """The main_ppo arguments after the module, with data, model and output paths replaced."""
+    start = next(i for i, a in enumerate(argv) if a == "verl.trainer.main_ppo" or a.endswith("main_ppo.py"))
+    args = []
+    for arg in argv[start + 1:]:
+        key, sep, _ = arg.partition("=")
+        bare = key.lstrip("+~")
+        if sep and bare in PATH_KEYS:
+            arg = f"{key}={paths[PATH_KEYS[bare]]}"
+        elif sep and MODEL_KEY.search(bare):
+            arg = f"{key}={paths['model']}"
+        args.append(arg)
+    return args
+
+
+def blocker(output: str) -> str:
+    """The line of a failed dry run that says why."""
+    lines = [line for line in output.splitlines() if line.strip()]
+    for line in reversed(lines):  # the last "module.ExceptionClass: message" line of the traceback
+        if re.match(r"[A-Za-z_][\w.]*(Error|Exception|Value|Warning): ", line):
+            return line.strip()[:300]
+    return lines[-1][:300] if lines else "(no output)"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--verl", type=Path, required=True, help="a verl checkout (its examples/ and config folders)")
+    parser.add_argument("--kind", default="fsdp", choices=("fsdp", "megatron", "npu", "vlm", "all"))
+    parser.add_argument("--out", type=Path, help="write the table here as well")
+    args = parser.parse_args()
+    from hybridrl.data.tasks.arithmetic import main as write_task
+    from hybridrl.models.tiny import build_tiny_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        build_tiny_model(work / "model", arch="qwen2", size="1m", seed=0)
+        write_task(["--out", str(work / "data"), "--train-size", "64", "--test-size", "8"])
+        paths = {"model": str(work / "model"), "train": str(work / "data" / "train.parquet"),
+                 "val": str(work / "data" / "test.parquet"), "out": str(work / "out")}
+        scripts = capture(args.verl.resolve(), work)
+        chosen = {name: rec for name, rec in scripts.items()
+                  if args.kind == "all" or kind(Path(name).name, rec["argv"]) == args.kind}
+        results = {}
+        for name, rec in chosen.items():
+            run = subprocess.run([sys.executable, "-m", "hybridrl.trainer.main_ppo", *pointed(rec["argv"], paths),
+                                  "trainer.dry_run=true"], cwd=rec["cwd"], capture_output=True, text=True,
+                                 timeout=600, env={**os.environ, "HYDRA_FULL_ERROR": "1"})
+            results[name] = None if run.returncode == 0 else blocker(run.stdout + run.stderr)
+    passed = sum(reason is None for reason in results.values())
+    kinds = {name: kind(Path(name).name, scripts[name]["argv"]) for name in results}
+    by_kind = ", ".join(f"{k} {sum(results[n] is None for n in results if kinds[n] == k)}/"
+                        f"{sum(kinds[n] == k for n in results)}" for k in sorted(set(kinds.values())))
+    lines = [f"{passed} of {len(results)} {args.kind} scripts pass the dry run ({len(scripts)} captured; {by_kind})",
+             "", "| script | kind | blocked by |", "| --- | --- | --- |"]
+    lines += [f"| `{name}` | {kinds[name]} | {reason.replace('|', '/')} |"
+              for name, reason in sorted(results.items()) if reason]
+    reasons = Counter(re.sub(r"=\S+", "=...", reason)[:120] for reason in results.values() if reason)
+    lines += ["", "| blocked by | scripts |", "| --- | --- |"] + [f"| {r.replace('|', '/')} | {n} |"
+                                                                  for r, n in reasons.most_common()]
+    report = "\n".join(lines)
+    print(report)
+    if args.out:
+        args.out.write_text(report + "\n")
+
+
+if __name__ == "__main__":
+    main()

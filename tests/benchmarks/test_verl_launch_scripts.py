@@ -1,0 +1,62 @@
+"""benchmarks/verl_launch_scripts.py on a made-up checkout: a launch script's command line is captured with
+its shell variables at their defaults, its paths are pointed at local files, and the dry run is counted."""
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import verl_launch_scripts  # noqa: E402
+
+SCRIPT = textwrap.dedent("""\
+    set -x
+    MODEL=${MODEL:-Qwen/Qwen2.5-0.5B-Instruct}
+    hf download $MODEL            # a stand-in: nothing is downloaded
+    python3 -m verl.trainer.main_ppo \\
+        algorithm.adv_estimator=grpo \\
+        data.train_files=$HOME/data/gsm8k/train.parquet \\
+        actor_rollout_ref.model.path=$MODEL \\
+        actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.mode=async \\
+        +actor_rollout_ref.actor.fsdp_config.model_dtype=bfloat16 \\
+        trainer.n_gpus_per_node=8 "$@"
+    """)
+
+
+@pytest.fixture
+def checkout(tmp_path):
+    examples = tmp_path / "verl" / "examples" / "grpo_trainer"
+    examples.mkdir(parents=True)
+    (examples / "run_qwen.sh").write_text(SCRIPT)
+    (examples / "run_megatron.sh").write_text(SCRIPT.replace("vllm", "vllm actor_rollout_ref.actor.strategy=megatron"))
+    (examples / "not_a_launch.sh").write_text("echo hello\n")
+    return tmp_path / "verl"
+
+
+def test_capture_records_each_launch_line_with_its_variables_at_their_defaults(checkout, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    captured = verl_launch_scripts.capture(checkout, work)
+    assert sorted(captured) == ["examples/grpo_trainer/run_megatron.sh", "examples/grpo_trainer/run_qwen.sh"]
+    argv = captured["examples/grpo_trainer/run_qwen.sh"]["argv"]
+    assert "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct" in argv
+    assert verl_launch_scripts.kind("run_megatron.sh", captured["examples/grpo_trainer/run_megatron.sh"]["argv"]) \
+        == "megatron"
+    args = verl_launch_scripts.pointed(argv, {"model": "/m", "train": "/t.parquet", "val": "/v", "out": "/o"})
+    assert args[:3] == ["algorithm.adv_estimator=grpo", "data.train_files=/t.parquet", "actor_rollout_ref.model.path=/m"]
+    assert "+actor_rollout_ref.actor.fsdp_config.model_dtype=bfloat16" in args
+
+
+def test_the_report_counts_the_scripts_that_pass_the_dry_run(checkout, tmp_path):
+    out = tmp_path / "report.md"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "verl_launch_scripts.py"), "--verl",
+                             str(checkout), "--kind", "all", "--out", str(out)], capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = out.read_text()
+    assert report.startswith("1 of 2 all scripts pass the dry run (2 captured; fsdp 1/1, megatron 0/1)")
+    assert "run_megatron.sh` | megatron | hybridrl.utils.typed_config.ConfigError: actor_rollout_ref.actor.strategy=" \
+           "megatron" in report
