@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
-from omegaconf import OmegaConf
 from transformers.utils import get_json_schema
+
+from hybridrl.utils.external import import_class, yaml_list
 
 # ---------------------------------------------------------------- schemas
 # verl's pydantic models as dataclasses with the same fields, `model_validate` and `model_dump`
@@ -297,20 +298,6 @@ def load_function_tools(path: str | Path) -> list[FunctionTool]:
 TOOL_CONFIG_KEY = "actor_rollout_ref.rollout.multi_turn.tool_config_path"
 
 
-def _import_class(dotted: str, where: str) -> type:
-    module_name, _, class_name = dotted.rpartition(".")
-    if not module_name:
-        raise ValueError(f"{where}.class_name must be module.Class, got {dotted!r}")
-    try:
-        cls = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as err:
-        raise ImportError(f"{where}.class_name={dotted!r} cannot be imported: {err}") from err
-    if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
-        raise TypeError(f"{where}.class_name={dotted!r} is not a subclass of hybridrl.tools.base_tool.BaseTool "
-                        f"(a verl tool needs its imports changed from verl.tools to hybridrl.tools)")
-    return cls
-
-
 def _build(entry: Any, where: str) -> BaseTool:
     if not isinstance(entry, Mapping) or "class_name" not in entry:
         raise ValueError(f"{where} must be a mapping with class_name (and config, tool_schema), got {entry!r}")
@@ -321,7 +308,9 @@ def _build(entry: Any, where: str) -> BaseTool:
                                   f"classes in the rollout process) run here; MCP servers do not")
     schema = entry.get("tool_schema")
     schema = OpenAIFunctionToolSchema.model_validate(schema, f"{where}.tool_schema") if schema else None
-    return _import_class(str(entry["class_name"]), where)(config, schema)
+    cls = import_class(str(entry["class_name"]), where, BaseTool,
+                       "a verl tool needs its imports changed from verl.tools to hybridrl.tools")
+    return cls(config, schema)
 
 
 def initialize_tools_from_config(tools_config_file: str | Path) -> list[BaseTool]:
@@ -329,13 +318,7 @@ def initialize_tools_from_config(tools_config_file: str | Path) -> list[BaseTool
     `class_name` (a BaseTool subclass), `config` and an optional `tool_schema`. Only `config.type: native`
     runs here; verl's `mcp` tools are refused.
     """
-    path = Path(tools_config_file).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"{TOOL_CONFIG_KEY}={tools_config_file} is not a file")
-    data = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-    entries = data.get("tools") if isinstance(data, dict) else None
-    if not isinstance(entries, list):
-        raise ValueError(f"{path} ({TOOL_CONFIG_KEY}) must hold a list under `tools:`, got {data!r}")
+    path, entries = yaml_list(tools_config_file, "tools", TOOL_CONFIG_KEY)
     return [_build(entry, f"{path}: tools[{i}]") for i, entry in enumerate(entries)]
 
 

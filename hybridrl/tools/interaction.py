@@ -10,15 +10,13 @@ last, each with its own instance id. Methods may be coroutines (verl's are) or p
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
-from omegaconf import OmegaConf
-
 from hybridrl.rewards.scorers import gsm8k_score
+from hybridrl.utils.external import import_class, yaml_list
 
 INTERACTION_CONFIG_KEY = "actor_rollout_ref.rollout.multi_turn.interaction_config_path"
 
@@ -77,35 +75,18 @@ class Gsm8kInteraction(BaseInteraction):
         self._instance_dict.pop(instance_id, None)
 
 
-def _import_class(dotted: str, where: str) -> type:
-    module_name, _, class_name = dotted.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module_name), class_name) if module_name else None
-    except (ImportError, AttributeError) as err:
-        raise ImportError(f"{where}.class_name={dotted!r} cannot be imported: {err}") from err
-    if not (isinstance(cls, type) and issubclass(cls, BaseInteraction)):
-        raise TypeError(f"{where}.class_name={dotted!r} is not a subclass of hybridrl.tools.interaction.BaseInteraction "
-                        f"(a verl interaction needs its imports changed from verl.interactions to "
-                        f"hybridrl.tools.interaction)")
-    return cls
-
-
 def load_interactions(config_path: str | Path) -> dict[str, BaseInteraction]:
     """The interactions a verl interaction YAML lists under `interaction:` (name, class_name, config), by
     name; a missing name is the class name without its Interaction suffix, lower-cased."""
-    path = Path(config_path).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"{INTERACTION_CONFIG_KEY}={config_path} is not a file")
-    data = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-    entries = data.get("interaction") if isinstance(data, dict) else None
-    if not isinstance(entries, list):
-        raise ValueError(f"{path} ({INTERACTION_CONFIG_KEY}) must hold a list under `interaction:`, got {data!r}")
+    path, entries = yaml_list(config_path, "interaction", INTERACTION_CONFIG_KEY)
     interactions: dict[str, BaseInteraction] = {}
     for i, entry in enumerate(entries):
         where = f"{path}: interaction[{i}]"
         if not isinstance(entry, Mapping) or "class_name" not in entry:
             raise ValueError(f"{where} must be a mapping with class_name (and name, config), got {entry!r}")
-        cls = _import_class(str(entry["class_name"]), where)
+        cls = import_class(str(entry["class_name"]), where, BaseInteraction,
+                           "a verl interaction needs its imports changed from verl.interactions to "
+                           "hybridrl.tools.interaction")
         name = entry.get("name") or cls.__name__.removesuffix("Interaction").lower()
         if name in interactions:
             raise ValueError(f"{where}: two interactions are named {name!r}; names must be unique")

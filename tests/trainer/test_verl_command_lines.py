@@ -7,17 +7,19 @@ import shlex
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
-from ppo_helpers import CONFIG_DIR, ppo_config
+from ppo_helpers import CONFIG_DIR, early_stopping_model, ppo_config, tiny_run_overrides
 from verl_command_lines import PASSING, REFUSED
 
 from hybridrl.trainer.command_line import register_config_search_path, verl_overrides
 from hybridrl.trainer.config_checks import ConfigError, resolve_config
 from hybridrl.trainer.config_rules import no_effect_warnings
+from hybridrl.trainer.main_ppo import run_ppo
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
 from hybridrl.workers.config import RolloutConfig
 from hybridrl.workers.rollout.vllm import vllm_engine_args
@@ -216,20 +218,21 @@ class LastFirst(Sampler):
 '''
 
 
+def run_with_class_of_your_own(source: str, data, model, tmp_path, steps: int, *overrides: str) -> tuple[Path, list]:
+    """A tiny local GRPO run with `source` (whose LOG it logs to) written to tmp_path/own.py; what it logged."""
+    log, file = tmp_path / "log.jsonl", tmp_path / "own.py"
+    file.write_text(source.replace("LOG", repr(str(log))))
+    run_ppo(ppo_config(*tiny_run_overrides(data, model, tmp_path / "run"), "trainer.backend=local",
+                       "trainer.n_gpus_per_node=1", f"trainer.total_training_steps={steps}",
+                       *(o.format(file=file) for o in overrides)))
+    return file, [json.loads(line) for line in log.read_text().splitlines()]
+
+
 def test_a_sampler_of_your_own_orders_the_training_prompts_and_sees_every_trained_batch(
         arithmetic_data, tiny_model_dir, tmp_path):
-    from ppo_helpers import tiny_run_overrides
-
-    from hybridrl.trainer.main_ppo import run_ppo
-
-    log = tmp_path / "updates.jsonl"
-    sampler_file = tmp_path / "last_first.py"
-    sampler_file.write_text(REVERSED_ORDER_SAMPLER.replace("LOG", repr(str(log))))
-    run_ppo(ppo_config(*tiny_run_overrides(arithmetic_data, tiny_model_dir, tmp_path / "run"),
-                       "trainer.backend=local", "trainer.n_gpus_per_node=1", "trainer.total_training_steps=2",
-                       f"data.sampler.class_path={sampler_file}", "data.sampler.class_name=LastFirst"))
+    _, updates = run_with_class_of_your_own(REVERSED_ORDER_SAMPLER, arithmetic_data, tiny_model_dir, tmp_path, 2,
+                                            "data.sampler.class_path={file}", "data.sampler.class_name=LastFirst")
     size = pq.read_metadata(arithmetic_data / "train.parquet").num_rows
-    updates = [json.loads(line) for line in log.read_text().splitlines()]
     # two steps of 4 prompts, in the sampler's order: the last 4 rows, then the 4 before them
     assert updates == [list(range(size - 4, size)), list(range(size - 8, size - 4))]
 
@@ -243,10 +246,7 @@ def test_greedy_validation_with_several_samples_runs_as_in_verl_and_says_so(capl
 
 def test_bf16_master_weights_train_and_are_checkpointed_in_bf16(arithmetic_data, tiny_model_dir, tmp_path):
     import torch
-    from ppo_helpers import tiny_run_overrides
     from torch.distributed.checkpoint import FileSystemReader
-
-    from hybridrl.trainer.main_ppo import run_ppo
 
     history = run_ppo(ppo_config(*tiny_run_overrides(arithmetic_data, tiny_model_dir, tmp_path / "run"),
                                  "trainer.backend=local", "trainer.n_gpus_per_node=1", "trainer.total_training_steps=1",
@@ -288,17 +288,8 @@ class EvenRows(RLHFDataset):
 
 
 def test_a_dataset_class_of_your_own_serves_the_training_prompts(arithmetic_data, tiny_model_dir, tmp_path):
-    from ppo_helpers import tiny_run_overrides
-
-    from hybridrl.trainer.main_ppo import run_ppo
-
-    log = tmp_path / "served.jsonl"
-    dataset_file = tmp_path / "even_rows.py"
-    dataset_file.write_text(EVEN_ROWS_DATASET.replace("LOG", repr(str(log))))
-    run_ppo(ppo_config(*tiny_run_overrides(arithmetic_data, tiny_model_dir, tmp_path / "run"),
-                       "trainer.backend=local", "trainer.n_gpus_per_node=1", "trainer.total_training_steps=1",
-                       f"data.custom_cls.path={dataset_file}", "data.custom_cls.name=EvenRows"))
-    served = [json.loads(line) for line in log.read_text().splitlines()]
+    dataset_file, served = run_with_class_of_your_own(EVEN_ROWS_DATASET, arithmetic_data, tiny_model_dir, tmp_path, 1,
+                                                      "data.custom_cls.path={file}", "data.custom_cls.name=EvenRows")
     assert len(served) == 4 and all(index % 2 == 0 for index in served)  # one batch of 4 prompts, even rows only
     with pytest.raises(ConfigError, match="set both"):
         resolve_config(ppo_config(*BASE, f"data.custom_cls.path={dataset_file}"))
@@ -312,9 +303,6 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 def test_a_run_with_an_interaction_gives_the_reward_function_each_replys_score(tmp_path):
     import pyarrow as pa
-    from ppo_helpers import early_stopping_model
-
-    from hybridrl.trainer.main_ppo import run_ppo
 
     rows = [{"data_source": "gsm8k", "prompt": [{"role": "user", "content": f"What is {i} + {i}?"}],
              "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(2 * i)},
