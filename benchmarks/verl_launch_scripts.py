@@ -1,6 +1,6 @@
 """How many of verl's example launch scripts pass hybridrl's dry run, and what blocks the others.
 
-    python benchmarks/verl_launch_scripts.py --verl /path/to/verl/checkout [--kind fsdp] [--out report.md]
+    python benchmarks/verl_launch_scripts.py --verl /path/to/verl/checkout [--kind fsdp] [--out FILE]
 
 Every `examples/**/*.sh` that starts `verl.trainer.main_ppo` runs under bash with `python`, `python3` and
 the cluster tools (ray, hf, srun, ...) replaced by stand-ins on PATH, so each script builds its command
@@ -127,7 +127,8 @@ def main() -> None:
                         f"{sum(kinds[n] == k for n in results)}" for k in sorted(set(kinds.values())))
     lines = [f"{passed} of {len(results)} {args.kind} scripts pass the dry run ({len(scripts)} captured; {by_kind})",
              "", "| script | kind | blocked by |", "| --- | --- | --- |"]
-    lines += [f"| `{name}` | {kinds[name]} | {reason.replace('|', '/')} |"
+    # scripts named as under examples/, without .sh: verl's files, not this repository's
+    lines += [f"| `{name.removeprefix('examples/').removesuffix('.sh')}` | {kinds[name]} | {reason.replace('|', '/')} |"
               for name, reason in sorted(results.items()) if reason]
     reasons = Counter(re.sub(r"=\S+", "=...", reason)[:120] for reason in results.values() if reason)
     lines += ["", "| blocked by | scripts |", "| --- | --- |"] + [f"| {r.replace('|', '/')} | {n} |"

@@ -58,5 +58,5 @@ def test_the_report_counts_the_scripts_that_pass_the_dry_run(checkout, tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     report = out.read_text()
     assert report.startswith("1 of 2 all scripts pass the dry run (2 captured; fsdp 1/1, megatron 0/1)")
-    assert "run_megatron.sh` | megatron | hybridrl.utils.typed_config.ConfigError: actor_rollout_ref.actor.strategy=" \
+    assert "| `grpo_trainer/run_megatron` | megatron | hybridrl.utils.typed_config.ConfigError: actor_rollout_ref.actor.strategy=" \
            "megatron" in report
