@@ -343,8 +343,8 @@ def fill_derived(config: PPOTrainerConfig) -> None:
     A config built in Python gets the same values as one composed from `ppo_trainer.yaml`: trainer.device=auto
     becomes the device found; rollout_n keys follow rollout.n; data.tokenizer becomes every prompt-reading
     model's tokenizer_path (and the reward model's input_tokenizer where it names the actor's model), so all
-    load one tokenizer; micro-batch sizes become rows per rank (`*_per_gpu`) where only verl's global key
-    is set; a compute dtype of `auto` becomes float32 on a CPU (a GPU worker resolves it on its own device).
+    load one tokenizer; the critic's forward micro-batch follows its update's when unset (as in verl);
+    micro-batch sizes become rows per rank (`*_per_gpu`) where only verl's global key is set; a compute dtype of `auto` becomes float32 on a CPU (a GPU worker resolves it on its own device).
     """
     config.trainer.device = resolve_device_type(config.trainer.device)
     n = config.actor_rollout_ref.rollout.n
@@ -406,6 +406,10 @@ def _fill_verl_aliases(config: PPOTrainerConfig) -> None:
 def _fill_micro_batches_per_rank(config: PPOTrainerConfig) -> None:
     """Each unset `*_per_gpu` micro-batch key of a role that runs becomes verl's global key over the ranks."""
     arr, critic, rm = config.actor_rollout_ref, config.critic, config.reward_model
+    if critic.forward_micro_batch_size_per_gpu is None and critic.forward_micro_batch_size is None:
+        # verl's default: the critic's value pass cuts micro-batches as its update does
+        critic.forward_micro_batch_size_per_gpu = critic.ppo_micro_batch_size_per_gpu
+        critic.forward_micro_batch_size = critic.ppo_micro_batch_size
     keys = [(arr.actor, "actor_rollout_ref.actor.ppo_micro_batch_size"),
             (arr.rollout, "actor_rollout_ref.rollout.log_prob_micro_batch_size"),
             (arr.ref, "actor_rollout_ref.ref.log_prob_micro_batch_size")]

@@ -494,6 +494,7 @@ class CriticConfig(FreezableConfig):
     ppo_mini_batch_size: int = 256
     ppo_micro_batch_size_per_gpu: int | None = None
     ppo_micro_batch_size: int | None = None
+    # The value pass's micro-batch; unset (both), it follows ppo_micro_batch_size(_per_gpu), as in verl.
     forward_micro_batch_size_per_gpu: int | None = None
     forward_micro_batch_size: int | None = None
     use_dynamic_bsz: bool = False

@@ -115,6 +115,16 @@ def test_verls_names_set_hybridrls_settings():
                                   "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4"))
 
 
+def test_the_critics_value_pass_cuts_micro_batches_as_its_update_does_unless_set():
+    gae = [*BASE, "algorithm.adv_estimator=gae", "trainer.n_gpus_per_node=2"]
+    assert resolve_config(ppo_config(*gae, "critic.ppo_micro_batch_size_per_gpu=4")).critic \
+        .forward_micro_batch_size_per_gpu == 4
+    assert resolve_config(ppo_config(*gae, "critic.ppo_micro_batch_size=8")).critic.forward_micro_batch_size_per_gpu == 4
+    assert resolve_config(ppo_config(*gae, "critic.ppo_micro_batch_size_per_gpu=4",
+                                     "critic.forward_micro_batch_size_per_gpu=16")).critic \
+        .forward_micro_batch_size_per_gpu == 16
+
+
 def test_plus_sets_a_declared_key_and_blank_arguments_are_dropped(caplog):
     args = ["+actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=bfloat16", " ",
             "+reward_model.reward_kwargs.max_resp_len=8", "++trainer.nnodes=2", "+wandb.project=x"]
