@@ -344,7 +344,8 @@ def fill_derived(config: PPOTrainerConfig) -> None:
     becomes the device found; rollout_n keys follow rollout.n; data.tokenizer becomes every prompt-reading
     model's tokenizer_path (and the reward model's input_tokenizer where it names the actor's model), so all
     load one tokenizer; the critic's forward micro-batch follows its update's when unset (as in verl);
-    micro-batch sizes become rows per rank (`*_per_gpu`) where only verl's global key is set; a compute dtype of `auto` becomes float32 on a CPU (a GPU worker resolves it on its own device).
+    micro-batch sizes become rows per rank (`*_per_gpu`) where only verl's global key is set; a compute
+    dtype of `auto` becomes float32 on a CPU (a GPU worker resolves it on its own device).
     """
     config.trainer.device = resolve_device_type(config.trainer.device)
     n = config.actor_rollout_ref.rollout.n
@@ -419,8 +420,12 @@ def _fill_micro_batches_per_rank(config: PPOTrainerConfig) -> None:
         keys.append((rm, "reward_model.micro_batch_size"))
     for node, key in keys:
         name = key.rpartition(".")[2]
-        setattr(node, f"{name}_per_gpu", micro_batch_per_rank(getattr(node, f"{name}_per_gpu"), getattr(node, name),
-                                                              world_size(config), key))
+        per_gpu, global_size = getattr(node, f"{name}_per_gpu"), getattr(node, name)
+        # checked on the values as set, before the per-rank one is filled in beside the global one
+        require(per_gpu is None or global_size is None,
+                f"{key}={global_size} and {key}_per_gpu={per_gpu} are both set; set one (the global size is "
+                f"divided by the world size)")
+        setattr(node, f"{name}_per_gpu", micro_batch_per_rank(per_gpu, global_size, world_size(config), key))
 
 
 def fill_training_steps(config: PPOTrainerConfig, train_rows: int) -> None:

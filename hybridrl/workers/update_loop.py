@@ -128,9 +128,6 @@ def per_rank(total: int, world_size: int, what: str) -> int:
 
 def micro_batch_per_rank(per_gpu: int | None, global_size: int | None, world_size: int, key: str) -> int | None:
     """Rows per pass on one rank: `{key}_per_gpu`, else verl's older global `{key}` over the ranks, else None."""
-    if per_gpu is not None and global_size is not None:
-        raise ConfigError(f"{key}={global_size} and {key}_per_gpu={per_gpu} are both set; set one (the global "
-                          f"size is divided by the world size)")
     if per_gpu is not None:
         if per_gpu <= 0:
             raise ConfigError(f"{key}_per_gpu must be positive, got {per_gpu}")

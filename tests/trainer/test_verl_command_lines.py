@@ -23,6 +23,7 @@ from hybridrl.trainer.main_ppo import run_ppo
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
 from hybridrl.workers.config import RolloutConfig
 from hybridrl.workers.rollout.vllm import vllm_engine_args
+from hybridrl.workers.update_loop import log_prob_batching
 
 PATHS = {"model": "some/model", "train": "train.parquet", "val": "val.parquet", "out": "/tmp/unused"}
 BASE = ["data.train_files=x.parquet", "actor_rollout_ref.model.path=some/model"]
@@ -107,6 +108,8 @@ def test_verls_names_set_hybridrls_settings():
                                        "actor_rollout_ref.rollout.log_prob_micro_batch_size=32"))
     assert config.actor_rollout_ref.actor.grad_clip == 0.5 and config.critic.grad_clip == 2.0
     assert config.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu == 8  # 32 over 4 ranks
+    # the workers take the resolved config, the global size beside the per-rank one, as it is
+    assert log_prob_batching(config.actor_rollout_ref.rollout, 4) == (8, None)
     with pytest.raises(ConfigError, match="optim.clip_grad=0.5 and actor_rollout_ref.actor.grad_clip=2.0 disagree"):
         resolve_config(ppo_config(*BASE, "actor_rollout_ref.actor.optim.clip_grad=0.5",
                                   "actor_rollout_ref.actor.grad_clip=2.0"))
