@@ -22,13 +22,12 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import torch
-from omegaconf import OmegaConf
 from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
 from hybridrl.protocol import object_column
 from hybridrl.utils.external import load_class
-from hybridrl.utils.typed_config import FreezableConfig
+from hybridrl.utils.typed_config import FreezableConfig, readonly_view
 
 logger = logging.getLogger(__name__)
 
@@ -360,7 +359,5 @@ def build_rl_dataset(data_files: Any, tokenizer: PreTrainedTokenizerBase, data_c
     if data_config.custom_cls.path is None:
         return RLHFDataset(data_files, tokenizer, data_config, require_ground_truth=require_ground_truth)
     cls = load_class(data_config.custom_cls.path, data_config.custom_cls.name, "data.custom_cls.path", Dataset)
-    view = OmegaConf.structured(data_config)
-    OmegaConf.set_readonly(view, True)
     ours = {"require_ground_truth": require_ground_truth} if issubclass(cls, RLHFDataset) else {}
-    return cls(data_files=data_files, tokenizer=tokenizer, config=view, processor=None, **ours)
+    return cls(data_files=data_files, tokenizer=tokenizer, config=readonly_view(data_config), processor=None, **ours)

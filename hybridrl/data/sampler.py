@@ -6,10 +6,9 @@ counts the rows the consumer has taken, not the indices prefetching workers were
 
 `data.sampler.class_path` / `class_name` name a sampler of your own instead (verl's interface, e.g. a
 curriculum): a `torch.utils.data.Sampler` built as `cls(data_source=dataset, data_config=<data.* as a
-read-only DictConfig>)`;
-its `update(batch)`, if it has one, sees every trained batch, and its `state_dict()` / `load_state_dict()`,
-if it has them, are saved with each checkpoint and restored on resume (exact for a sampler whose state
-counts what it has handed out).
+read-only DictConfig>)`; its `update(batch)`, if it has one, sees every trained batch, and its
+`state_dict()` / `load_state_dict()`, if it has them, are saved with each checkpoint and restored on resume
+(exact for a sampler whose state counts what it has handed out).
 """
 
 from __future__ import annotations
@@ -19,10 +18,10 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from omegaconf import OmegaConf
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from hybridrl.utils.external import load_class
+from hybridrl.utils.typed_config import readonly_view
 
 if TYPE_CHECKING:
     from hybridrl.trainer.ppo_config import DataConfig
@@ -146,10 +145,7 @@ def prompt_sampler(data_config: DataConfig, dataset: Dataset) -> Sampler:
         return ResumableSampler(len(dataset), shuffle=data_config.shuffle, seed=data_config.seed)
     cls = load_class(data_config.sampler.class_path, data_config.sampler.class_name, f"{SAMPLER_KEY}.class_path",
                      Sampler)
-    # as verl hands it over: a read-only DictConfig (attributes, [] and .get)
-    view = OmegaConf.structured(data_config)
-    OmegaConf.set_readonly(view, True)
-    return cls(data_source=dataset, data_config=view)
+    return cls(data_source=dataset, data_config=readonly_view(data_config))
 
 
 def create_rl_sampler(data_config: Mapping[str, Any], dataset: Dataset) -> ResumableSampler:

@@ -69,7 +69,6 @@ def verl_overrides(args: list[str], schema: Any) -> list[str]:
                            "or a comment passes one, and ends the command there)")
             continue
         if arg.startswith("+") and not arg.startswith("++") and "=" in arg:
-            key = arg[1:].split("=", 1)[0]
             node = OmegaConf.structured(schema) if node is None else node
             if declares(node, key):
                 arg = arg[1:]

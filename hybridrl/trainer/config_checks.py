@@ -136,9 +136,8 @@ def _check_names(config: PPOTrainerConfig) -> None:
                        "pi_theta / pi_rollout corrects the mismatch already (as in verl); loss_type=reinforce "
                        "applies them", correction.rollout_is)
     # bypass mode applies its weights in its own REINFORCE loss, not the actor's
-    require(algo.rollout_correction.rollout_is is None or algo.rollout_correction.bypass_mode
-             or applies_rollout_is_weights(loss),
-             f"algorithm.rollout_correction.rollout_is={algo.rollout_correction.rollout_is} needs a policy loss "
+    require(correction.rollout_is is None or correction.bypass_mode or applies_rollout_is_weights(loss),
+             f"algorithm.rollout_correction.rollout_is={correction.rollout_is} needs a policy loss "
              f"that applies rollout_is_weights; actor_rollout_ref.actor.policy_loss.loss_mode="
              f"{arr.actor.policy_loss.loss_mode} does not")
     require(correction.rollout_rs is None or correction.rollout_rs_threshold is not None,

@@ -92,6 +92,14 @@ def to_dataclass(cls: type[T], value: Any) -> T:
     return OmegaConf.to_object(merged)
 
 
+def readonly_view(config: Any) -> Any:
+    """`config` (a dataclass) as verl hands its sections to user classes: a read-only DictConfig
+    (attributes, [] and .get)."""
+    view = OmegaConf.structured(config)
+    OmegaConf.set_readonly(view, True)
+    return view
+
+
 def added_keys(obj: Any, prefix: str = "") -> list[tuple[str, list[str]]]:
     """Keys a dataclass tree carries beyond its fields, each with its node's fields: Hydra's `+key=value` sets
     them as attributes nothing reads. Dict-typed fields (override_config, ...) stay open."""
