@@ -5,7 +5,9 @@
 
 `--local_dir` is one role's checkpoint (`hybridrl.workers.checkpoint.CheckpointManager`), saved by any
 number of ranks and reassembled in this process. Config and tokenizer come from its `huggingface/`
-folder, or from `--hf_model_path` where that is missing.
+folder, or from `--hf_model_path` where that is missing. A LoRA checkpoint holds adapters only: they are
+merged into the base model it names (or `--hf_model_path`), and the PEFT adapter directory is written too,
+as `<target_dir>/lora_adapter/`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from pathlib import Path
 
 from transformers import AutoConfig
 
-from hybridrl.models.loading import TOKENIZER_FILES, ModelExportError, save_hf_model
+from hybridrl.models.loading import TOKENIZER_FILES, ModelExportError, load_causal_lm, save_hf_model
+from hybridrl.models.lora import ADAPTER_SUBDIR, LoRAError, merge_into_base, read_adapter
 from hybridrl.workers.checkpoint import HF_SUBDIR, CheckpointError, check_role_dir, read_full_model_state
 
 logger = logging.getLogger(__name__)
@@ -70,6 +73,8 @@ def merge_checkpoint(local_dir: str | Path, target_dir: str | Path,
     state_dict = read_full_model_state(local)
     target = Path(target_dir)
     target.mkdir(parents=True, exist_ok=True)
+    if "lora" in meta:
+        state_dict = _merge_lora(local, meta, state_dict, hf_model_path, target)
     try:
         save_hf_model(state_dict, config, target)
     except ModelExportError as err:
@@ -83,6 +88,22 @@ def merge_checkpoint(local_dir: str | Path, target_dir: str | Path,
     logger.info("merged %s (%d tensors, saved by %d ranks) into %s; copied %s", local, len(state_dict),
                 meta["world_size"], target, ", ".join(copied) or "no tokenizer files")
     return target
+
+
+def _merge_lora(local: Path, meta: dict, adapters: dict, hf_model_path: str | Path | None, target: Path) -> dict:
+    """The base model with the checkpoint's adapters merged in; the adapter directory copied to the target."""
+    base_path = hf_model_path or meta["lora"].get("base_model_path")
+    if not base_path or not Path(base_path).is_dir():
+        raise CheckpointError(f"{local} holds LoRA adapters of the base model {base_path!r}, which is not a "
+                              "directory here; pass --hf_model_path with the base model's directory")
+    adapter_config, _ = read_adapter(local / ADAPTER_SUBDIR)
+    base = load_causal_lm(base_path).state_dict()
+    try:
+        merged = merge_into_base(base, adapters, adapter_config)
+    except LoRAError as err:
+        raise CheckpointError(f"{local}: {err}") from err
+    shutil.copytree(local / ADAPTER_SUBDIR, target / ADAPTER_SUBDIR, dirs_exist_ok=True)
+    return merged
 
 
 def main(argv: Sequence[str] | None = None) -> None:

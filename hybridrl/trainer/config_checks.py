@@ -27,6 +27,7 @@ from hybridrl.algos import get_adv_estimator_spec, get_kl_controller, get_policy
 from hybridrl.algos.adv_registry import AdvEstimatorSpec
 from hybridrl.algos.policy_loss import applies_rollout_is_weights, own_aggregation
 from hybridrl.models.loading import DTYPES, resolve_dtype
+from hybridrl.models.lora import LoRAError, LoRASettings
 from hybridrl.rewards.managers import REWARD_MANAGERS
 from hybridrl.trainer.config_rules import no_effect_warnings, offload_errors, range_errors, unsupported_errors
 from hybridrl.trainer.ppo_config import PPOTrainerConfig, fill_derived, fill_training_steps, world_size
@@ -58,6 +59,7 @@ def resolve_config(config: PPOTrainerConfig | DictConfig,
     errors = offload_errors(config)
     require(not errors, "\n".join(errors))
     _check_names(config)
+    _check_lora(config)
     _check_batches(config)
     _check_lengths(config)
     for warning in no_effect_warnings(config):
@@ -150,6 +152,14 @@ def _check_names(config: PPOTrainerConfig) -> None:
     kl_penalty(probe, probe, arr.actor.kl_loss_type)
     ROLLOUT_ENGINES.get(arr.rollout.name)
     REWARD_MANAGERS.get(config.reward_model.reward_manager)
+
+
+def _check_lora(config: PPOTrainerConfig) -> None:
+    """The actor's LoRA keys: a rank >= 0, alpha > 0, targets named, an adapter directory that is one."""
+    try:
+        LoRASettings.from_model_config(config.actor_rollout_ref.model)
+    except LoRAError as err:
+        require(False, str(err))
 
 
 def _check_estimator_settings(config: PPOTrainerConfig, spec: AdvEstimatorSpec) -> None:

@@ -182,8 +182,10 @@ UNCHECKED: dict[str, str] = {
     "trainer.max_actor_ckpt_to_keep": "null or <= 0 keeps every checkpoint",
     "trainer.max_critic_ckpt_to_keep": "null or <= 0 keeps every checkpoint",
     "ray_init.cpus_per_worker": "checked with the placement (config_checks)",
-    **{f"{model}.{key}": "LoRA is not implemented: only the default runs (config_rules.UNSUPPORTED)"
-       for model in ("actor_rollout_ref.model", "critic.model") for key in ("lora_rank", "lora_alpha")},
+    **{f"critic.model.{key}": "LoRA trains the actor only: only the default runs (config_rules.UNSUPPORTED)"
+       for key in ("lora_rank", "lora_alpha")},
+    **{f"actor_rollout_ref.model.{key}": "checked when the adapters are configured (hybridrl/models/lora.py)"
+       for key in ("lora_rank", "lora_alpha")},
     **{f"actor_rollout_ref.rollout.{key}": "only 1 runs (config_rules.UNSUPPORTED)"
        for key in ("data_parallel_size", "expert_parallel_size", "pipeline_model_parallel_size")},
     "actor_rollout_ref.rollout.over_sample_rate": "no effect here (config_rules.NO_EFFECT)",
@@ -252,7 +254,8 @@ NO_COMPILE = Unsupported("models run eagerly; torch.compile is not wired into th
 ONE_ENGINE = Unsupported("FSDP2 (fully_shard) is the only training engine; megatron is not available",
                          runs_with=STRATEGIES)
 NO_HDFS = Unsupported("checkpoints are written to trainer.default_local_dir only; copy them elsewhere yourself")
-NO_LORA = Unsupported("LoRA adapters are not implemented yet; every parameter of the model trains")
+NO_CRITIC_LORA = Unsupported("LoRA adapters train the actor only (actor_rollout_ref.model.lora_rank); the critic "
+                             "trains every parameter")
 ONE_ROLLOUT_GROUP = Unsupported("the rollout engine runs inside each worker with tensor parallelism only "
                                 "(actor_rollout_ref.rollout.tensor_model_parallel_size)")
 UNSUPPORTED: dict[str, Unsupported] = {
@@ -285,7 +288,7 @@ UNSUPPORTED: dict[str, Unsupported] = {
         "multi-turn rollouts are not repeated; rollout.n sets the samples per prompt"),
     "actor_rollout_ref.actor.global_batch_info": Unsupported(
         "the actor fills it per mini-batch with the totals the policy loss normalises by; it is not a setting"),
-    **{f"{model}.{key}": NO_LORA for model in ("actor_rollout_ref.model", "critic.model")
+    **{f"critic.model.{key}": NO_CRITIC_LORA
        for key in ("lora_rank", "lora_alpha", "target_modules", "exclude_modules", "lora_adapter_path")},
     **{f"actor_rollout_ref.rollout.{key}": ONE_ROLLOUT_GROUP
        for key in ("data_parallel_size", "expert_parallel_size", "pipeline_model_parallel_size")},
@@ -299,6 +302,8 @@ SAME_EITHER_WAY: dict[str, str] = {
     **{f"{model}.use_remove_padding": "padding columns are always trimmed per micro-batch; flash-attention's "
                                       "padding-free kernels are not used"
        for model in ("actor_rollout_ref.model", "critic.model", "reward_model.model")},
+    "actor_rollout_ref.rollout.layered_summon": "the actor's weights reach an engine with its own copy (vLLM) one gathered tensor "
+                                 "at a time, LoRA merged in, whatever it is set to",
     "trainer.use_legacy_worker_impl": "hybridrl has one worker implementation (hybridrl/workers/fsdp_workers.py)",
     "reward_model.use_reward_loop": "rule-based rewards score in the driver's reward processes and a reward model "
                                     "in its worker group, whichever of verl's paths is named",
@@ -337,7 +342,6 @@ NO_EFFECT: dict[str, NoEffect] = {
     f"{ROLLOUT}.engine_kwargs.sglang": NoEffect("settings of the SGLang engine, which hybridrl does not have"),
     f"{ROLLOUT}.engine_kwargs.trtllm": NoEffect("settings of the TensorRT-LLM engine, which hybridrl does not have"),
     f"{ROLLOUT}.multi_stage_wake_up": NoEffect("an SGLang memory setting; hybridrl does not have SGLang"),
-    f"{ROLLOUT}.layered_summon": NoEffect("it gathers LoRA weights layer by layer, and LoRA is not implemented"),
     f"{ROLLOUT}.mode": NoEffect("verl's server-style asynchronous rollout is not implemented; every batch is "
                                 "generated whole by the engine inside the workers (mode=sync)"),
     **{f"{ROLLOUT}.{key}": NOT_SERVED for key in (

@@ -9,6 +9,7 @@ Layout (verl's), under `trainer.default_local_dir`:
             .metadata, __<rank>_0.distcp    model + optimizer + lr scheduler (torch.distributed.checkpoint)
             extra_state_world_size_W_rank_R.pt   RNG states of rank R
             huggingface/                    config, generation config, tokenizer (+ weights with "hf_model")
+            lora_adapter/                   a LoRA model's adapters as a PEFT adapter directory
             hybridrl_checkpoint.json        role marker, written last
         critic/ ...
         data.pt, run_config.json            the trainer's own state and the run's config
@@ -42,6 +43,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.fsdp import FSDPModule
 
 from hybridrl.models.loading import save_hf_model
+from hybridrl.models.lora import ADAPTER_SUBDIR, save_adapter
 from hybridrl.utils.device import device_type
 from hybridrl.workers.config import CheckpointConfig, to_dataclass
 
@@ -308,12 +310,15 @@ class CheckpointManager:
     """Saves and restores one role's engine (model, optimizer, scheduler), RNG states and HF files.
 
     One per role on every rank; saving and loading are collectives. `processing_class` (the tokenizer) is
-    saved next to the config."""
+    saved next to the config. An engine with LoRA adapters saves only them ("model" is the adapters), plus a
+    PEFT adapter directory naming `base_model_path`; its "hf_model" is the merged model."""
 
     def __init__(self, engine: Any, processing_class: Any = None,
-                 checkpoint_config: CheckpointConfig | Mapping[str, Any] | None = None) -> None:
+                 checkpoint_config: CheckpointConfig | Mapping[str, Any] | None = None,
+                 base_model_path: str | None = None) -> None:
         self.engine = engine
         self.processing_class = processing_class
+        self.base_model_path = base_model_path
         self.save_contents, self.load_contents = resolve_contents(checkpoint_config)
         if "optimizer" in self.save_contents and engine.optimizer is None:
             raise ValueError("checkpoint.save_contents has 'optimizer' but this engine has no optimizer "
@@ -334,11 +339,15 @@ class CheckpointManager:
             with _dcp_options() as dcp_options:
                 dcp.save(self._engine_state(contents), checkpoint_id=str(tmp), **dcp_options)
         self._save_hf_files(tmp / HF_SUBDIR, with_weights="hf_model" in contents)
+        lora = getattr(self.engine, "has_lora", False)
+        if lora and "model" in contents:
+            self._save_adapter(tmp / ADAPTER_SUBDIR)
         _barrier()  # every rank's files are on disk before the directory may look complete
         if _rank() == 0:
             _write_durably(tmp / ROLE_MARKER, json.dumps({
                 "global_step": global_step, "world_size": _world_size(), "contents": list(contents),
                 "format": "torch.distributed.checkpoint", "torch_version": torch.__version__,
+                **({"lora": {"base_model_path": self.base_model_path}} if lora else {}),
             }, indent=2))
             self._publish(tmp, final)
             root, step = final.parent.parent, _step_of(final.parent)
@@ -395,6 +404,11 @@ class CheckpointManager:
         if self.processing_class is not None:
             self.processing_class.save_pretrained(out_dir)
 
+    def _save_adapter(self, out_dir: Path) -> None:
+        adapters = self.engine.full_adapter_state_dict()  # a collective
+        if _rank() == 0:
+            save_adapter(out_dir, adapters, self.engine.module, self.base_model_path)
+
     def load_checkpoint(self, local_path: str | Path) -> dict[str, Any]:
         """Restore `checkpoint.load_contents` from the role checkpoint at `local_path`; returns its marker.
 
@@ -402,6 +416,13 @@ class CheckpointManager:
         """
         meta = check_role_dir(local_path)
         wanted = [c for c in self.load_contents if c != "hf_model"]
+        saved_lora, lora = "lora" in meta, getattr(self.engine, "has_lora", False)
+        if saved_lora != lora and "model" in wanted:
+            raise CheckpointError(
+                f"{local_path} holds {'LoRA adapters' if saved_lora else 'a full model'}, but this run "
+                f"{'trains LoRA adapters' if lora else 'has no LoRA adapters'}: set actor_rollout_ref.model."
+                f"lora_rank as the run that saved it did (or merge it with python -m hybridrl.model_merger and "
+                f"start from the merged model)")
         absent = [c for c in wanted if c not in meta["contents"]]
         if absent:
             raise CheckpointError(f"checkpoint.load_contents asks for {absent}, but {local_path} was saved "

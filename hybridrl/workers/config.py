@@ -348,11 +348,13 @@ class ModelConfig(FreezableConfig):
     fused_kernel_options: dict[str, Any] = field(default_factory=lambda: {"impl_backend": "torch"})
     use_liger: bool = False
     enable_activation_offload: bool = False
-    # LoRA adapters: not implemented yet, only the defaults run (config_rules.UNSUPPORTED).
+    # LoRA adapters on the actor (docs/lora.md; hybridrl/models/lora.py): rank (0 = off) and alpha (the adapter's
+    # scale is alpha / rank); the linears to adapt ("all-linear" or a list of names or a regex) and to leave out;
+    # a PEFT adapter directory to start from (its rank, alpha and targets win). critic.model: 0 only.
     lora_rank: int = 0
-    lora_alpha: int = 16
+    lora_alpha: float = 16
     target_modules: Any = "all-linear"
-    exclude_modules: str | None = None
+    exclude_modules: Any = None
     lora_adapter_path: str | None = None
 
 

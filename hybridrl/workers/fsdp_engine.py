@@ -24,6 +24,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from hybridrl.models.loading import resolve_dtype
+from hybridrl.models.lora import adapter_tensors, adapters_disabled, lora_scalings, merged_weights
 from hybridrl.models.onednn_linear import use_onednn_linears
 from hybridrl.utils.device import device_type as process_device_type
 from hybridrl.utils.device import local_device
@@ -81,9 +82,9 @@ def lr_lambda(step: int, warmup_steps: int, total_steps: int, style: str, min_lr
 
 
 def build_optimizer(model: nn.Module, config: OptimConfig) -> tuple[torch.optim.Optimizer, Any]:
-    """AdamW over the (sharded) parameters and the learning-rate schedule; on a CPU AdamW's fused kernel,
-    several times faster on FSDP2's DTensors than torch's default there."""
-    params = list(model.parameters())
+    """AdamW over the (sharded) trainable parameters (a LoRA model's adapters only) and the learning-rate
+    schedule; on a CPU AdamW's fused kernel, several times faster on FSDP2's DTensors than torch's default."""
+    params = [p for p in model.parameters() if p.requires_grad]
     fused = bool(params) and all(p.device.type == "cpu" and p.is_floating_point() for p in params)
     optimizer = torch.optim.AdamW(
         params, lr=config.lr, betas=tuple(config.betas), eps=config.eps,
@@ -124,11 +125,15 @@ def refuse_offload(config: FSDPConfig, key: str, device_type: str) -> None:
 
 
 class FSDPEngine:
-    """A sharded model plus (optionally) its optimizer, scheduler and offload state."""
+    """A sharded model plus (optionally) its optimizer, scheduler and offload state.
+
+    A model with LoRA layers (hybridrl/models/lora.py) trains its adapters only; its full weights (for the
+    rollout and HF exports) are the merged ones, and its checkpoints hold the adapters only."""
 
     def __init__(self, model: nn.Module, fsdp_config: FSDPConfig, optim_config: OptimConfig | None = None,
                  grad_clip: float | None = 1.0) -> None:
         self.config = fsdp_config
+        self.lora_scalings = lora_scalings(model)  # {LoRA layer: alpha/r}; empty without adapters
         self.device = local_device()  # the rank's device, from the LOCAL_RANK its launcher set
         self.mesh = build_device_mesh(dist.get_world_size(), fsdp_config.fsdp_size)
         if self.device.type == "cpu":
@@ -200,12 +205,26 @@ class FSDPEngine:
                 m.reshard()
                 m.set_reshard_after_forward(self.config.reshard_after_forward, recurse=False)
 
+    @property
+    def has_lora(self) -> bool:
+        return bool(self.lora_scalings)
+
+    @contextmanager
+    def adapters_disabled(self) -> Iterator[None]:
+        """The base model for the block (a LoRA actor's reference policy: no second copy of the weights)."""
+        if not self.has_lora:
+            raise RuntimeError("adapters_disabled needs a model with LoRA adapters (model.lora_rank > 0)")
+        with adapters_disabled(self.module):
+            yield
+
     def iter_full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(name, full tensor) of every state dict entry, gathered one at a time (for an engine with its own
-        weights, such as vLLM); a collective: every rank consumes it all, in order."""
-        with torch.no_grad():
-            for name, value in self.module.state_dict().items():
-                yield name, (value.full_tensor() if isinstance(value, DTensor) else value).detach()
+        """(name, full tensor) of the plain model's state dict (LoRA merged in), gathered one at a time (for an
+        engine with its own weights, such as vLLM); a collective: every rank consumes it all, in order."""
+        def gathered() -> Iterator[tuple[str, torch.Tensor]]:
+            with torch.no_grad():
+                for name, value in self.module.state_dict().items():
+                    yield name, (value.full_tensor() if isinstance(value, DTensor) else value).detach()
+        yield from merged_weights(gathered(), self.lora_scalings) if self.has_lora else gathered()
 
     def offload_params(self) -> None:
         if self.config.param_offload and self.device.type != "cpu" and not self._params_offloaded:
@@ -234,13 +253,28 @@ class FSDPEngine:
                     state[key] = value.to(device, non_blocking=True)
 
     def full_model_state_dict(self) -> dict[str, torch.Tensor]:
-        """Unsharded parameters on CPU, on rank 0 only (others get {}); a collective: call on all ranks."""
+        """The plain model's unsharded parameters (LoRA merged in) on CPU, on rank 0 only (others get {}); a
+        collective: call on all ranks."""
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return get_model_state_dict(self.module, options=options)
+        state = get_model_state_dict(self.module, options=options)
+        return dict(merged_weights(state.items(), self.lora_scalings)) if self.has_lora and state else state
+
+    def full_adapter_state_dict(self) -> dict[str, torch.Tensor]:
+        """The LoRA matrices, unsharded on CPU, on rank 0 only (others get {}); a collective."""
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+        return adapter_tensors(get_model_state_dict(self.module, options=options).items())
+
+    def _model_state_options(self) -> StateDictOptions:
+        """A LoRA model's checkpointed state is its adapters: the frozen base comes from model.path."""
+        return StateDictOptions(ignore_frozen_params=self.has_lora, strict=not self.has_lora)
 
     def sharded_state(self) -> dict[str, Any]:
-        """This rank's shards of model and optimizer state, plus the scheduler (for checkpoints)."""
-        state = {"model": get_model_state_dict(self.module)}
+        """This rank's shards of model (a LoRA model: adapters) and optimizer state, plus the scheduler (for
+        checkpoints)."""
+        model_state = get_model_state_dict(self.module, options=self._model_state_options())
+        if self.has_lora:  # a frozen weight tied to another (lm_head) survives ignore_frozen_params
+            model_state = adapter_tensors(model_state.items())
+        state = {"model": model_state}
         if self.optimizer is not None:
             state["optimizer"] = get_optimizer_state_dict(self.module, self.optimizer)
             state["lr_scheduler"] = self.lr_scheduler.state_dict()
@@ -251,7 +285,7 @@ class FSDPEngine:
 
         Moments and step count come from the checkpoint; lr (the scheduler's base too), betas, eps and weight
         decay from the config, so a resumed run trains at a new `optim.lr`."""
-        set_model_state_dict(self.module, state["model"])
+        set_model_state_dict(self.module, state["model"], options=self._model_state_options())
         if self.optimizer is not None and "optimizer" in state:
             set_optimizer_state_dict(self.module, self.optimizer, state["optimizer"])
             self.lr_scheduler.load_state_dict(state["lr_scheduler"])

@@ -6,6 +6,7 @@ says how the controller splits the batch across ranks and merges the results.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 from collections.abc import Callable
@@ -16,6 +17,7 @@ import torch
 from hybridrl.controller import Dispatch, Worker, register
 from hybridrl.models.attention import default_attention
 from hybridrl.models.loading import load_causal_lm, load_tokenizer, load_value_model, resolve_dtype
+from hybridrl.models.lora import LoRASettings, add_lora
 from hybridrl.protocol import DataProto
 from hybridrl.tools.base_tool import load_all_tools
 from hybridrl.tools.interaction import load_interactions
@@ -76,12 +78,20 @@ def load_model_for(model: ModelConfig, gradient_checkpointing: bool, compute_dty
     )
 
 
+def with_lora(model: torch.nn.Module, settings: LoRASettings, compute_dtype: str) -> torch.nn.Module:
+    """`model` with LoRA adapters (hybridrl/models/lora.py) where `settings` ask for them, its frozen base in the
+    compute dtype; else `model` unchanged."""
+    return add_lora(model, settings, base_dtype=resolve_dtype(compute_dtype)) if settings.enabled else model
+
+
 class ActorRolloutRefWorker(Worker):
     """Actor, rollout and/or reference policy on one rank, by `role`.
 
     With role `actor_rollout[_ref]` the rollout generates with the actor's current weights: the
     `serving(actor)` hand-off runs around every generation
-    (docs/rollout.md, "The hand-off between training and generation").
+    (docs/rollout.md, "The hand-off between training and generation"). With LoRA
+    (`actor_rollout_ref.model.lora_rank > 0`) the actor trains adapters only and, with a reference role, the
+    reference policy is the actor's base with its adapters disabled (no second model).
     """
 
     def __init__(self, config: Any, role: str) -> None:
@@ -94,6 +104,7 @@ class ActorRolloutRefWorker(Worker):
         self.is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
         self.is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
         self.is_ref = role in ("ref", "actor_rollout_ref")
+        self.lora = LoRASettings.from_model_config(self.config.model)
         self.actor = self.ref = self.rollout = None
         self.agent_loop: AgentLoop | None = None  # rollout.multi_turn.enable: multi-turn generation with tools
         self.rollout_weights: FSDPEngine | None = None  # the engine whose weights the rollout serves
@@ -118,18 +129,21 @@ class ActorRolloutRefWorker(Worker):
             model = load_model_for(cfg.model, cfg.model.enable_gradient_checkpointing,
                                    cfg.actor.fsdp_config.mixed_precision.param_dtype, self.device.type,
                                    weights_dtype=cfg.actor.fsdp_config.model_dtype)
+            model = with_lora(model, self.lora, cfg.actor.fsdp_config.mixed_precision.param_dtype)
             self.passes.update(forward_and_update_passes(
                 model, cfg.actor.fsdp_config.mixed_precision.param_dtype, cfg.actor.ppo_epochs,
                 infer="actor_infer", train="actor"))
             engine = FSDPEngine(model, cfg.actor.fsdp_config, cfg.actor.optim, cfg.actor.grad_clip)
             self.actor = PPOActor(cfg.actor, engine, share_prompts=cfg.model.share_prompt_forward)
-            self.checkpoint_manager = CheckpointManager(engine, self.tokenizer, cfg.actor.checkpoint)
+            self.checkpoint_manager = CheckpointManager(engine, self.tokenizer, cfg.actor.checkpoint,
+                                                        base_model_path=cfg.model.path)
         if self.is_rollout:
             rollout_cfg = dataclasses.replace(cfg.rollout, seed=cfg.rollout.seed + self.rank)
             if self.actor:
                 self.rollout_weights, params = self.actor.engine, self.passes["actor"].params
             else:  # a rollout of its own generates with the starting model
-                model = load_model_for(cfg.model, False, cfg.rollout.dtype, self.device.type)
+                model = with_lora(load_model_for(cfg.model, False, cfg.rollout.dtype, self.device.type),
+                                  self.lora, cfg.rollout.dtype)
                 params = matmul_params(model)
                 if not ROLLOUT_ENGINES.get(cfg.rollout.name).holds_own_weights:  # HF: served sharded
                     self.rollout_weights = FSDPEngine(model, cfg.actor.fsdp_config)
@@ -143,7 +157,10 @@ class ActorRolloutRefWorker(Worker):
                     if multi_turn.interaction_config_path else {}
                 self.agent_loop = AgentLoop(self.rollout, self.tokenizer, rollout_cfg, tools, interactions)
             self.passes["rollout"] = forward_pass(params, cfg.rollout.dtype)
-        if self.is_ref:
+        if self.is_ref and self.actor and self.actor.engine.has_lora:  # the base under the actor's adapters
+            self.passes["ref"] = forward_pass(self.passes["actor"].params, cfg.actor.fsdp_config.mixed_precision.param_dtype)
+            self.ref = self.actor
+        elif self.is_ref:
             ref_dtype = cfg.ref.fsdp_config.mixed_precision.param_dtype
             model = load_model_for(cfg.model, False, ref_dtype, self.device.type,
                                    weights_dtype=cfg.ref.fsdp_config.model_dtype)
@@ -196,7 +213,10 @@ class ActorRolloutRefWorker(Worker):
         self._require(self.ref, "compute_ref_log_prob", "ref")
         data.meta_info.setdefault("temperature", self.config.rollout.temperature)
         rows, tokens = log_prob_batching(self.config.ref, self.world_size)
-        log_probs, _ = self.ref.compute_log_prob(data, rows, tokens)
+        # a LoRA actor is its own reference policy with the adapters disabled
+        base_only = self.actor.engine.adapters_disabled() if self.ref is self.actor else contextlib.nullcontext()
+        with base_only:
+            log_probs, _ = self.ref.compute_log_prob(data, rows, tokens)
         return DataProto.from_dict({"ref_log_prob": log_probs})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

@@ -196,6 +196,26 @@ actor_rollout_ref.rollout.max_num_batched_tokens=1536 actor_rollout_ref.rollout.
 actor_rollout_ref.rollout.load_format=safetensors trainer.n_gpus_per_node=8 trainer.default_local_dir={out}
 """
 
+# examples/grpo_trainer/run_qwen2_5-3b_gsm8k_grpo_lora.sh: adapters on the actor, the reference its base.
+LORA = """
+algorithm.adv_estimator=grpo trainer.val_before_train=False data.train_files={train} data.val_files={val}
+data.train_batch_size=16 data.max_prompt_length=512 data.max_response_length=1024 data.filter_overlong_prompts=True
+data.truncation=error data.shuffle=False actor_rollout_ref.model.path={model} actor_rollout_ref.model.lora_rank=64
+actor_rollout_ref.model.lora_alpha=32 actor_rollout_ref.actor.optim.lr=3e-6 actor_rollout_ref.model.use_remove_padding=True
+actor_rollout_ref.actor.ppo_mini_batch_size=16 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=40
+actor_rollout_ref.actor.use_kl_loss=True actor_rollout_ref.actor.kl_loss_coef=0.001
+actor_rollout_ref.actor.kl_loss_type=low_var_kl actor_rollout_ref.actor.entropy_coeff=0
+actor_rollout_ref.model.enable_gradient_checkpointing=True actor_rollout_ref.actor.fsdp_config.param_offload=False
+actor_rollout_ref.actor.fsdp_config.optimizer_offload=False actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=40
+actor_rollout_ref.rollout.tensor_model_parallel_size=2 actor_rollout_ref.rollout.name=vllm
+actor_rollout_ref.rollout.gpu_memory_utilization=0.6 actor_rollout_ref.rollout.n=5
+actor_rollout_ref.rollout.load_format=safetensors actor_rollout_ref.rollout.layered_summon=True
+actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=40 actor_rollout_ref.ref.fsdp_config.param_offload=True
+algorithm.use_kl_in_reward=False trainer.critic_warmup=0 trainer.logger=["console","wandb"]
+trainer.n_gpus_per_node=2 trainer.nnodes=1 trainer.save_freq=20 trainer.test_freq=5 trainer.total_epochs=15
+trainer.default_local_dir={out}
+"""
+
 PASSING = {
     "grpo_vllm_async": GRPO_VLLM_ASYNC,
     "ppo_legacy_workers": PPO_LEGACY_WORKERS,
@@ -208,13 +228,11 @@ PASSING = {
     "profiling_and_sandbox": PROFILING_AND_SANDBOX,
     "rollout_correction_bypass": ROLLOUT_CORRECTION_BYPASS,
     "deprecated_names": DEPRECATED_NAMES,
+    "lora": LORA,
 }
 
 # Features hybridrl lacks: the error names the key and the missing feature.
 REFUSED = {
-    "lora": (GRPO_VLLM_ASYNC + " actor_rollout_ref.model.lora_rank=32 actor_rollout_ref.model.lora_alpha=32 "
-             "actor_rollout_ref.model.target_modules=all-linear actor_rollout_ref.rollout.layered_summon=True",
-             "actor_rollout_ref.model.lora_rank=32 is not supported by hybridrl: LoRA adapters are not implemented"),
     "ulysses": (PPO_LEGACY_WORKERS + " actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
                 "ulysses_sequence_parallel_size=2 is not supported by hybridrl: sequence parallelism"),
     "megatron": (GRPO_VLLM_ASYNC + " actor_rollout_ref.actor.strategy=megatron",

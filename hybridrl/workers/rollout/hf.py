@@ -20,6 +20,7 @@ from transformers import Cache, DynamicCache
 
 from hybridrl.models.attention import attention_for_decoding
 from hybridrl.models.loading import resolve_dtype, weights_in_dtype
+from hybridrl.models.lora import merged_for_generation
 from hybridrl.models.onednn_linear import prepacked_linears
 from hybridrl.protocol import DataProto
 from hybridrl.utils.cpu_threads import fit_cpu_threads
@@ -121,11 +122,12 @@ class HFRollout(BaseRollout):
 
     @contextlib.contextmanager
     def _generation_mode(self) -> Iterator[None]:
-        """eval mode, no autograd, and the weights in rollout.dtype for the duration."""
+        """eval mode, no autograd, LoRA adapters merged into plain linears (the fused step decodes those) and
+        the weights in rollout.dtype for the duration."""
         was_training = self.module.training
         self.module.eval()
         try:
-            with torch.no_grad(), weights_in_dtype(self.module, self.dtype), \
+            with torch.no_grad(), merged_for_generation(self.module), weights_in_dtype(self.module, self.dtype), \
                     attention_for_decoding(self.module, self.dtype):
                 yield
         finally:
