@@ -111,7 +111,9 @@ def add_lora(model: nn.Module, settings: LoRASettings, base_dtype: torch.dtype |
         try:
             inject_adapter_in_model(config, model, adapter_name=ADAPTER)
         except ValueError as err:  # PEFT's "Target modules ... not found in the base model"
-            raise LoRAError(f"{settings.key}.target_modules={settings.target_modules!r}: {err}") from err
+            targets = settings.target_modules
+            shown = targets if isinstance(targets, str) else list(targets)
+            raise LoRAError(f"{settings.key}.target_modules={shown!r}: {err}") from err
     for name, param in model.named_parameters():
         is_adapter = _is_adapter_name(name)
         param.requires_grad_(is_adapter)

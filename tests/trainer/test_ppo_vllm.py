@@ -48,6 +48,16 @@ def test_grpo_with_vllm_samples_from_the_trained_policy(arithmetic_data, tiny_mo
     assert max(gaps) <= TOLERANCE
 
 
+def test_grpo_with_lora_hands_vllm_the_merged_weights(arithmetic_data, tiny_model_dir, tmp_path):
+    """vLLM holds a plain model: the actor's adapters reach it merged into the base weights at every step."""
+    history = vllm_run(arithmetic_data, tiny_model_dir, tmp_path / "lora", "trainer.backend=local",
+                       "trainer.n_gpus_per_node=1", "actor_rollout_ref.model.lora_rank=8")
+    gaps = [m["rollout/log_prob_diff_max"] for m in history]
+    print("rollout/log_prob_diff_max per step, LoRA:", gaps)
+    assert max(gaps) <= 1e-5
+    assert history[-1]["actor/kl_loss"] > 0  # the adapters trained away from the base
+
+
 def test_without_the_hand_off_the_gap_grows(arithmetic_data, tiny_model_dir, tmp_path, monkeypatch):
     """The control: the same run with vLLM's weight push patched out shows the metric catches it."""
     from hybridrl.workers.rollout.vllm import VLLMRollout
