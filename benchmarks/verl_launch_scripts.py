@@ -34,7 +34,8 @@ if "verl.trainer.main_ppo" in args or any(a.endswith("main_ppo.py") for a in arg
 """
 # values some scripts read without a default (slurm and cluster variables)
 SCRIPT_ENV = {"SLURM_JOB_NUM_NODES": "1", "HDFS_ROOT": "/tmp/hdfs", "DATA_ROOT": "/tmp/data"}
-PATH_KEYS = {"data.train_files": "train", "data.val_files": "val", "trainer.default_local_dir": "out"}
+PATH_KEYS = {"data.train_files": "train", "data.val_files": "val", "trainer.default_local_dir": "out",
+             "actor_rollout_ref.model.lora_adapter_path": "adapter"}
 MODEL_KEY = re.compile(r"(model\.path|tokenizer_path|input_tokenizer|^data\.tokenizer)$")
 
 
@@ -88,6 +89,15 @@ def pointed(argv: list[str], paths: dict[str, str]) -> list[str]:
     return args
 
 
+def save_tiny_adapter(model_dir: Path, out: Path) -> None:
+    """A PEFT adapter directory for the tiny model, for scripts that start from one (lora_adapter_path)."""
+    from hybridrl.models.loading import load_causal_lm
+    from hybridrl.models.lora import LoRASettings, adapter_tensors, add_lora, save_adapter
+
+    model = add_lora(load_causal_lm(model_dir), LoRASettings(rank=8, alpha=16))
+    save_adapter(out, adapter_tensors(model.state_dict().items()), model, str(model_dir))
+
+
 def blocker(output: str) -> str:
     """The line of a failed dry run that says why."""
     lines = [line for line in output.splitlines() if line.strip()]
@@ -109,8 +119,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         build_tiny_model(work / "model", arch="qwen2", size="1m", seed=0)
+        save_tiny_adapter(work / "model", work / "adapter")
         write_task(["--out", str(work / "data"), "--train-size", "64", "--test-size", "8"])
-        paths = {"model": str(work / "model"), "train": str(work / "data" / "train.parquet"),
+        paths = {"model": str(work / "model"), "adapter": str(work / "adapter"),
+                 "train": str(work / "data" / "train.parquet"),
                  "val": str(work / "data" / "test.parquet"), "out": str(work / "out")}
         scripts = capture(args.verl.resolve(), work)
         chosen = {name: rec for name, rec in scripts.items()

@@ -22,6 +22,7 @@ SCRIPT = textwrap.dedent("""\
         actor_rollout_ref.model.path=$MODEL \\
         actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.mode=async \\
         +actor_rollout_ref.actor.fsdp_config.model_dtype=bfloat16 \\
+        actor_rollout_ref.model.lora_rank=8 actor_rollout_ref.model.lora_adapter_path=/path/saved/lora_adapter \\
         trainer.n_gpus_per_node=8 "$@"
     """)
 
@@ -45,9 +46,11 @@ def test_capture_records_each_launch_line_with_its_variables_at_their_defaults(c
     assert "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct" in argv
     assert verl_launch_scripts.kind("run_megatron.sh", captured["examples/grpo_trainer/run_megatron.sh"]["argv"]) \
         == "megatron"
-    args = verl_launch_scripts.pointed(argv, {"model": "/m", "train": "/t.parquet", "val": "/v", "out": "/o"})
+    args = verl_launch_scripts.pointed(argv, {"model": "/m", "train": "/t.parquet", "val": "/v", "out": "/o",
+                                              "adapter": "/a"})
     assert args[:3] == ["algorithm.adv_estimator=grpo", "data.train_files=/t.parquet", "actor_rollout_ref.model.path=/m"]
     assert "+actor_rollout_ref.actor.fsdp_config.model_dtype=bfloat16" in args
+    assert "actor_rollout_ref.model.lora_adapter_path=/a" in args  # a LoRA script starts from a local adapter
 
 
 def test_the_report_counts_the_scripts_that_pass_the_dry_run(checkout, tmp_path):

@@ -63,3 +63,15 @@ def test_grpo_with_lora_checkpoints_adapters_resumes_exactly_and_merges(arithmet
         torch.testing.assert_close(merged_logits, adapted_logits, atol=1e-5, rtol=0)
         greedy = {"max_new_tokens": 12, "do_sample": False}
         assert torch.equal(merged.generate(ids, **greedy), adapted.generate(input_ids=ids, **greedy))
+
+
+@pytest.mark.gpu
+def test_grpo_with_lora_on_the_gpu_in_bf16(arithmetic_data, tiny_model_dir, tmp_path):
+    """bf16 compute (the GPU default): the frozen base in bf16, the adapters in fp32, FSDP2 over both."""
+    history = lora_run(arithmetic_data, tiny_model_dir, tmp_path / "gpu", "trainer.total_training_steps=2",
+                       "trainer.device=cuda")
+    step = history[-1]
+    for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "rollout/log_prob_diff_max"):
+        assert torch.isfinite(torch.tensor(step[key])), key
+    assert step["rollout/log_prob_diff_max"] < 1e-1  # bf16: rollout and actor round differently
+    assert step["actor/kl_loss"] > 0

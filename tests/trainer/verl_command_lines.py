@@ -233,6 +233,8 @@ PASSING = {
 
 # Features hybridrl lacks: the error names the key and the missing feature.
 REFUSED = {
+    "critic_lora": (PPO_LEGACY_WORKERS + " critic.model.lora_rank=8",
+                    "critic.model.lora_rank=8 is not supported by hybridrl: LoRA adapters train the actor only"),
     "ulysses": (PPO_LEGACY_WORKERS + " actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
                 "ulysses_sequence_parallel_size=2 is not supported by hybridrl: sequence parallelism"),
     "megatron": (GRPO_VLLM_ASYNC + " actor_rollout_ref.actor.strategy=megatron",
