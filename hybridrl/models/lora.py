@@ -162,10 +162,14 @@ def adapters_disabled(module: nn.Module) -> Iterator[None]:
 
 
 @contextmanager
-def merged_for_generation(module: nn.Module) -> Iterator[None]:
-    """Plain linears holding W + (alpha/r) B A in place of the LoRA layers for the block (a no-grad block with
-    the parameters gathered), so the rollout decodes a plain model; the LoRA layers and their base weights
-    return bit for bit after."""
+def merged_for_generation(module: nn.Module, in_place: bool = False) -> Iterator[None]:
+    """Plain linears holding W + (alpha/r) B A in place of the LoRA layers for the block (a no-grad block), so
+    the rollout decodes a plain model; the LoRA layers return after.
+
+    `in_place=False`: each merged weight is a new tensor and the originals return bit for bit. `in_place=True`
+    adds into the weights themselves and leaves them merged: only for weights that are a temporary gathered
+    copy, thrown away after the block (FSDP's unsharded parameters inside `summon_full_params`), where it
+    saves a copy of every adapted weight."""
     swapped: list[tuple[nn.Module, str, nn.Module, nn.Parameter, torch.Tensor]] = []
     try:
         for name, layer in lora_layers(module):
@@ -174,7 +178,11 @@ def merged_for_generation(module: nn.Module) -> Iterator[None]:
             base = layer.get_base_layer()
             weight = base.weight
             original = weight.data
-            weight.data = original + layer.get_delta_weight(ADAPTER).to(original.dtype)
+            delta = layer.get_delta_weight(ADAPTER).to(original.dtype)
+            if in_place:
+                original.add_(delta)
+            else:
+                weight.data = original + delta
             setattr(parent, attr, base)
             swapped.append((parent, attr, layer, weight, original))
         yield

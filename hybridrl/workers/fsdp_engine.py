@@ -193,7 +193,9 @@ class FSDPEngine:
     @contextmanager
     def summon_full_params(self) -> Iterator[nn.Module]:
         """Gather every layer's full parameters once for the block: generation's many forwards then need no
-        collectives, so ranks may run different numbers of them."""
+        collectives, so ranks may run different numbers of them. The gathered parameters are a copy that the
+        block's end discards: an in-place change to them (a LoRA merge for generation) never reaches the
+        sharded weights."""
         for m in self.fsdp_modules:
             m.set_reshard_after_forward(False, recurse=False)
             m.unshard()

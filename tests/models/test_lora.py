@@ -139,3 +139,14 @@ def test_an_adapter_of_another_shape_or_bad_settings_are_refused_by_name(tiny_mo
         LoRASettings(adapter_path=str(tmp_path)).check()
     with pytest.raises(LoRAError, match=r"target_modules=\['no_such_proj'\]"):
         add_lora(load_causal_lm(tiny_model_dir), LoRASettings(rank=2, target_modules=("no_such_proj",)))
+
+
+def test_adapters_get_gradients_through_activation_checkpointing(tiny_model_dir):
+    """verl's LoRA scripts turn gradient checkpointing on; the frozen embedding's output needs no grad."""
+    model = add_lora(load_causal_lm(tiny_model_dir, gradient_checkpointing=True), LoRASettings(rank=4)).train()
+    model(input_ids=IDS).logits.square().mean().backward()
+    for name, param in model.named_parameters():
+        if ".lora_B." in name:  # lora_A's gradient is B^T (...) = 0 while B is still 0
+            assert param.grad is not None and param.grad.abs().sum() > 0, name
+        elif ".lora_A." not in name:
+            assert param.grad is None, name

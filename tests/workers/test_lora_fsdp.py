@@ -69,3 +69,31 @@ def test_lora_trains_only_the_adapters_on_two_ranks_as_on_one(tiny_model_dir):
     merged.load_state_dict(one["full"])
     with torch.no_grad():
         torch.testing.assert_close(merged(input_ids=IDS).logits, one["lora_logits"], atol=1e-5, rtol=0)
+
+
+def _served_merge(rank, world_size, model_dir):
+    """The HF rollout's hand-off: adapters merged in place into the gathered weights, then resharded."""
+    from hybridrl.models.lora import merged_for_generation
+
+    engine = FSDPEngine(add_lora(load_causal_lm(model_dir), LoRASettings(rank=4, alpha=8)), FSDPConfig())
+    with torch.no_grad():
+        for name, param in engine.module.named_parameters():
+            if ".lora_B." in name:  # as after training: a merge that changes the weights
+                param.copy_(torch.full_like(param, 0.01))
+    before = {k: _full(v).clone() for k, v in engine.module.state_dict().items()}
+    with torch.no_grad():
+        expected = engine.module(input_ids=IDS).logits
+        with engine.summon_full_params(), merged_for_generation(engine.module, in_place=True):
+            merged = engine.module(input_ids=IDS).logits
+        after = {k: _full(v).clone() for k, v in engine.module.state_dict().items()}
+        again = engine.module(input_ids=IDS).logits
+    return {"unchanged": all(torch.equal(before[k], after[k]) for k in before), "expected": expected,
+            "merged": merged, "again": again}
+
+
+def test_a_merge_into_the_gathered_weights_never_reaches_the_sharded_ones(tiny_model_dir):
+    for world_size in (1, 2):
+        for result in run_on_ranks(_served_merge, world_size, str(tiny_model_dir)):
+            assert result["unchanged"], world_size  # the sharded weights (and adapters) as before, bit for bit
+            torch.testing.assert_close(result["merged"], result["expected"], atol=1e-5, rtol=0)
+            assert torch.equal(result["again"], result["expected"])  # the next pass gathers the originals

@@ -113,17 +113,18 @@ class HFRollout(BaseRollout):
 
     @contextlib.contextmanager
     def _serve_weights(self, actor: ServedActor) -> Iterator[None]:
-        """The actor's own module, its parameters gathered once for the whole block (no copy)."""
+        """The actor's own module, its parameters gathered once for the whole block (no copy); LoRA adapters
+        merged into the gathered weights, which the block's end discards."""
         if actor.module is not self.module:
             raise ValueError("rollout.name=hf generates with the actor's module in place; build the engine with "
                              "module=actor.module to serve that actor")
-        with actor.summon_full_params():
+        with actor.summon_full_params(), merged_for_generation(self.module, in_place=True):
             yield
 
     @contextlib.contextmanager
     def _generation_mode(self) -> Iterator[None]:
-        """eval mode, no autograd, LoRA adapters merged into plain linears (the fused step decodes those) and
-        the weights in rollout.dtype for the duration."""
+        """eval mode, no autograd, LoRA adapters merged into plain linears (the fused step decodes those; a
+        served actor's are merged already) and the weights in rollout.dtype for the duration."""
         was_training = self.module.training
         self.module.eval()
         try:
