@@ -1,10 +1,10 @@
 """Peak memory of a GRPO run's processes, full fine-tune against LoRA, and the size of the optimizer state.
 
-    python benchmarks/lora_memory.py [--sizes 50m,400m] [--rank 8] [--workdir runs/lora_memory]
+    python benchmarks/lora_memory.py [--sizes 50m,400m] [--rank 8] [--dtype fp32] [--workdir runs/lora_memory]
 
 For each tiny-model size (hybridrl/models/tiny.py; untrained weights are enough to measure memory) four
-short GRPO runs (2 steps, 4 prompts x 2 samples, 16 response tokens, 2 Ray workers, fp32, no validation,
-no checkpoint), each in a fresh process: the full fine-tune and LoRA (`lora_rank`, all-linear), each with
+short GRPO runs (2 steps, 4 prompts x 2 samples, 16 response tokens, 2 Ray workers, computing and
+generating in `--dtype` with fp32 master weights, no validation, no checkpoint), each in a fresh process: the full fine-tune and LoRA (`lora_rank`, all-linear), each with
 the reference policy (`use_kl_loss=true`) and without it. Reported: the driver's and the workers' peak
 resident memory (`perf/max_memory_rss_gb*`, each process's high-water mark over the run, loading
 included). The reference's cost is the difference a reference makes: a second model for the full
@@ -13,7 +13,7 @@ fine-tune, nothing for LoRA (its reference is the actor's base with the adapters
 Then, in this process on a one-rank gloo group, one optimizer step of the FSDP engine with and without
 LoRA: the bytes of AdamW's state against the trainable parameters (AdamW keeps two fp32 moments per
 trainable value, so state = 8 bytes x trainable values, plus a step counter per tensor).
-Writes `benchmarks/results/lora_memory.md`.
+Writes `benchmarks/results/<--out>.md` (default `lora_memory`).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def prepare(workdir: Path, size: str) -> tuple[Path, Path]:
     return model, data
 
 
-def grpo_run(workdir: Path, model: Path, data: Path, name: str, rank: int, kl: bool) -> dict:
+def grpo_run(workdir: Path, model: Path, data: Path, name: str, rank: int, kl: bool, dtype: str) -> dict:
     run = workdir / name
     subprocess.run([
         sys.executable, "-m", "hybridrl.trainer.main_ppo", "algorithm.adv_estimator=grpo",
@@ -59,7 +59,8 @@ def grpo_run(workdir: Path, model: Path, data: Path, name: str, rank: int, kl: b
         "actor_rollout_ref.model.lora_alpha=16", "trainer.total_training_steps=2", "trainer.test_freq=-1",
         "trainer.val_before_train=false", "trainer.save_freq=-1", "trainer.logger=[file]",
         "trainer.resume_mode=disable", f"trainer.default_local_dir={run}", "trainer.device=cpu",
-        "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32", "actor_rollout_ref.rollout.dtype=fp32",
+        f"actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype={dtype}",
+        f"actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype={dtype}", f"actor_rollout_ref.rollout.dtype={dtype}",
     ], check=True, capture_output=True, cwd=REPO)
     last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
     return {key: last[key] for key in RSS_KEYS}
@@ -99,6 +100,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="50m,400m")
     parser.add_argument("--rank", type=int, default=8)
+    parser.add_argument("--dtype", default="fp32", help="compute and rollout dtype (master weights stay fp32)")
+    parser.add_argument("--out", default="lora_memory", help="results file stem under benchmarks/results/")
     parser.add_argument("--workdir", default="runs/lora_memory")
     args = parser.parse_args()
     workdir = Path(args.workdir).resolve()
@@ -107,7 +110,9 @@ def main() -> None:
     lines = [
         "# Peak memory: full fine-tune against LoRA",
         "",
-        f"CPU: {cpu_name()}; command: `{command}`; LoRA rank {args.rank}, alpha 16, all-linear; fp32.",
+        f"CPU: {cpu_name()}; command: `{command}`; LoRA rank {args.rank}, alpha 16, all-linear; compute and "
+        f"rollout in {args.dtype}, master weights fp32 (LoRA's frozen base in the compute dtype); nothing else ran "
+        "on the machine.",
         "GRPO 2 steps, 4 prompts x 2 samples, 16 response tokens, 2 Ray workers. Peak resident memory (GB) of the "
         "driver, the larger worker and the two workers summed; 'ref' runs have use_kl_loss=true.",
         "",
@@ -120,7 +125,8 @@ def main() -> None:
         runs = {}
         for name, rank, kl in (("full + ref", 0, True), ("LoRA + ref", args.rank, True),
                                ("full", 0, False), ("LoRA", args.rank, False)):
-            runs[name] = grpo_run(workdir, model, data, f"{size}_{name.replace(' + ', '_')}", rank, kl)
+            runs[name] = grpo_run(workdir, model, data, f"{size}_{args.dtype}_{name.replace(' + ', '_')}", rank, kl,
+                                  args.dtype)
             r = runs[name]
             lines.append(f"| {size} | {name} | {r[RSS_KEYS[0]]:.2f} | {r[RSS_KEYS[1]]:.2f} | {r[RSS_KEYS[2]]:.2f} | "
                          f"{r[RSS_KEYS[3]]:.2f} |")
@@ -142,7 +148,7 @@ def main() -> None:
               "|---|---|---:|---:|---:|---:|", *state_lines, ""]
     text = "\n".join(lines)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "lora_memory.md").write_text(text)
+    (RESULTS / f"{args.out}.md").write_text(text)
     print(text)
 
 

@@ -152,13 +152,20 @@ def lora_scalings(module: nn.Module) -> dict[str, float]:
 def adapters_disabled(module: nn.Module) -> Iterator[None]:
     """The base model for the block: every LoRA layer computes W x only (the reference policy of a LoRA actor)."""
     layers = [layer for _, layer in lora_layers(module)]
+    # PEFT also freezes disabled adapters; FSDP fixes its gradient dtypes from what is trainable at the first
+    # forward, which may be this one, so every parameter keeps its flag
+    trainable = [(param, param.requires_grad) for param in module.parameters()]
     for layer in layers:
         layer.enable_adapters(False)
+    for param, flag in trainable:
+        param.requires_grad_(flag)
     try:
         yield
     finally:
         for layer in layers:
             layer.enable_adapters(True)
+        for param, flag in trainable:
+            param.requires_grad_(flag)
 
 
 @contextmanager

@@ -100,8 +100,11 @@ def test_with_adapters_disabled_the_model_is_the_base_model(tiny_model_dir):
     model = trained_lora_model(tiny_model_dir)
     base = logits(load_causal_lm(tiny_model_dir).eval())
     assert not torch.allclose(logits(model), base, atol=1e-3)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     with adapters_disabled(model):
         assert torch.equal(logits(model), base)
+        # the adapters stay trainable: FSDP reads the flags at its first forward, which may be this one
+        assert {n for n, p in model.named_parameters() if p.requires_grad} == trainable
     assert not torch.allclose(logits(model), base, atol=1e-3)  # enabled again after the block
 
 

@@ -65,6 +65,19 @@ def test_grpo_with_lora_checkpoints_adapters_resumes_exactly_and_merges(arithmet
         assert torch.equal(merged.generate(ids, **greedy), adapted.generate(input_ids=ids, **greedy))
 
 
+def test_a_bf16_lora_step_whose_first_pass_is_the_reference(arithmetic_data, tiny_model_dir, tmp_path):
+    """One mini-batch per step: the old log-probs come from the update, so the actor's first pass is the
+    reference's, with the adapters off; the adapters' bf16 gradients must still reach fp32 parameters."""
+    history = lora_run(arithmetic_data, tiny_model_dir, tmp_path / "bf16", "trainer.total_training_steps=2",
+                       "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                       "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+                       "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16",
+                       "actor_rollout_ref.rollout.dtype=bf16")
+    assert [m["training/global_step"] for m in history] == [1, 2]
+    assert all(m["actor/old_log_prob_fused"] == 1.0 for m in history)  # the path under test
+    assert history[0]["actor/grad_norm"] > 0 and history[-1]["actor/kl_loss"] > 0  # the adapters trained
+
+
 @pytest.mark.gpu
 def test_grpo_with_lora_on_the_gpu_in_bf16(arithmetic_data, tiny_model_dir, tmp_path):
     """bf16 compute (the GPU default): the frozen base in bf16, the adapters in fp32, FSDP2 over both."""
