@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shlex
 import statistics
 import sys
 import tempfile
@@ -94,8 +95,8 @@ def main() -> None:
     text = "\n".join([
         "# LoRA generation: merged adapters against the adapter forward",
         "",
-        f"CPU: {cpu_name()}; {args.threads} torch thread(s); command: `python benchmarks/lora_generation.py "
-        f"{' '.join(sys.argv[1:])}`; nothing else ran on the machine.",
+        f"CPU: {cpu_name()}; {args.threads} torch thread(s); command: "
+        f"`{shlex.join(['python', 'benchmarks/lora_generation.py', *sys.argv[1:]])}`; nothing else ran on the machine.",
         f"HFRollout, 32 prompts x 8 samples x 64 new tokens, LoRA rank {args.rank} all-linear; median tokens/s "
         f"over {args.runs} alternating runs.",
         "",
