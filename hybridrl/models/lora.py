@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 ADAPTER = "default"  # PEFT's name for the one adapter a model holds here
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
-ADAPTER_SUBDIR = "lora_adapter"
-INIT_SEED = 0  # of lora_A's random initialisation (lora_B starts at zero)  # where checkpoints and the merger put the PEFT adapter directory
+ADAPTER_SUBDIR = "lora_adapter"  # where checkpoints and the merger put the PEFT adapter directory
+INIT_SEED = 0  # of lora_A's random initialisation (lora_B starts at zero)
 _PEFT_PREFIX = "base_model.model."  # PEFT's adapter files name tensors under its wrapper's prefix
 
 
@@ -299,12 +299,12 @@ def merge_into_base(base: dict[str, torch.Tensor], adapters: dict[str, torch.Ten
     """A plain model's state dict `base` with the model-named `adapters` merged in: for each adapted layer `p`,
     `p.weight + (alpha / r) * lora_B @ lora_A` (alpha and r from `adapter_config`)."""
     layers = sorted({name.rsplit(".lora_", 1)[0] for name in adapters})
-    scalings = scalings_from_adapter_config(adapter_config, layers)
-    stream = ((f"{layer}.base_layer.weight" if layer in scalings and name == f"{layer}.weight" else name, t)
-              for name, t in base.items() for layer in [name.rsplit(".", 1)[0]])
     missing = [layer for layer in layers if f"{layer}.weight" not in base]
     if missing:
         raise LoRAError(f"the adapter adapts {missing[:3]}, which the base model does not have (another base?)")
+    scalings = scalings_from_adapter_config(adapter_config, layers)
+    adapted = {f"{layer}.weight": f"{layer}.base_layer.weight" for layer in layers}  # as a LoRA model names them
+    stream = [(adapted.get(name, name), tensor) for name, tensor in base.items()]
     return dict(merged_weights([*stream, *adapters.items()], scalings))
 
 
