@@ -194,7 +194,7 @@ class RayWorkerGroup(WorkerGroup):
     def __init__(self, resource_pool: RayResourcePool, ray_cls_with_init: ClassWithInitArgs) -> None:
         register_torch_module_reducers()
         self.resource_pool = resource_pool
-        self.name_prefix = ray_cls_with_init.cls.__name__
+        self.name_prefix = f"{resource_pool.name_prefix}_{ray_cls_with_init.cls.__name__}"  # actors: <prefix>_<rank>_<id>
         self.workers = self._spawn(resource_pool, ray_cls_with_init)
         super().__init__(ray_cls_with_init.cls, world_size=len(self.workers), roles=roles_of(ray_cls_with_init))
 
@@ -235,6 +235,13 @@ class RayWorkerGroup(WorkerGroup):
                 rank += 1
         return workers
 
+    def describe_rank(self, rank: int) -> str:
+        return f"rank {rank} of pool {self.resource_pool.name_prefix!r}"
+
+    def results(self, futures: list) -> list:
+        """As the base class, and a rank whose process died is named by its pool and rank (`get_naming_dead`)."""
+        return get_naming_dead([(future, self.describe_rank(rank)) for rank, future in enumerate(futures)])
+
     def _submit(self, rank: int, role: str | None, method_name: str, args: tuple, kwargs: dict) -> Any:
         if role is None:
             return getattr(self.workers[rank], method_name).remote(*args, **kwargs)
@@ -245,3 +252,24 @@ class RayWorkerGroup(WorkerGroup):
         for actor in self.workers:
             ray.kill(actor)
         self.workers = []
+
+
+class WorkerDiedError(RuntimeError):
+    """A worker process of the run is gone (killed, crashed, out of memory); the message names its pool and rank."""
+
+
+def get_naming_dead(labelled: list[tuple[Any, str]]) -> list:
+    """The values of Ray futures, in order. They are waited on together, so the first failure surfaces at once (a
+    dead rank's error does not wait behind a live rank blocked on it in a collective); a future whose actor died
+    raises WorkerDiedError naming its label, any other error propagates as Ray raises it."""
+    label_of = {future: label for future, label in labelled}
+    pending = list(label_of)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        try:
+            ray.get(ready[0])
+        except ray.exceptions.RayActorError as err:
+            raise WorkerDiedError(f"the worker process of {label_of[ready[0]]} died ({type(err).__name__}); the run "
+                                  f"stops. Its last words, if any, are in Ray's logs (/tmp/ray/session_latest/logs). "
+                                  f"{err}") from err
+    return ray.get([future for future, _ in labelled])

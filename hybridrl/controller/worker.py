@@ -104,6 +104,16 @@ def announce_address(key: str, port: int) -> None:
     _internal_kv_put(key, f"{ray.util.get_node_ip_address()}:{port}".encode(), overwrite=True)
 
 
+def node_address() -> str:
+    """This node's address as its Ray cluster knows it (other nodes reach it there); 127.0.0.1 outside Ray."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        return ray.util.get_node_ip_address()
+    return "127.0.0.1"
+
+
 def await_address(key: str, rank0: Any, timeout_s: float = default_pg_timeout.total_seconds()) -> tuple[str, int]:
     """The driver: wait until the Ray actor `rank0` announces its store's address under `key`.
 

@@ -102,10 +102,14 @@ class WorkerGroup:
             for rank in ranks
         ]
         if spec.execute_mode is Execute.RANK_ZERO:
-            return resolve(futures)[0] if spec.blocking else futures[0]
+            return self.results(futures)[0] if spec.blocking else futures[0]
         if not spec.blocking:
             return DataProtoFuture(futures) if mode.concatenates_protos else futures
-        return mode.collect_fn(self, resolve(futures))
+        return mode.collect_fn(self, self.results(futures))
+
+    def results(self, futures: list) -> list:
+        """The values of futures this group's calls returned (of ranks 0..n-1, or of rank 0 alone), in order."""
+        return resolve(futures)
 
 
 def hybrid_worker(roles: Mapping[str, ClassWithInitArgs]) -> ClassWithInitArgs:

@@ -30,6 +30,7 @@ from hybridrl.models.loading import DTYPES, resolve_dtype
 from hybridrl.models.lora import LoRAError, LoRASettings
 from hybridrl.rewards.managers import REWARD_MANAGERS
 from hybridrl.trainer.config_rules import no_effect_warnings, offload_errors, range_errors, unsupported_errors
+from hybridrl.trainer.placement import placement_errors
 from hybridrl.trainer.ppo_config import PPOTrainerConfig, fill_derived, fill_training_steps, world_size
 from hybridrl.utils.device import AUTO, device_setting_problem, emulated_bf16_warning
 from hybridrl.utils.typed_config import ConfigError, added_keys, freeze, require, unknown_key_message
@@ -77,6 +78,8 @@ def _check_placement(config: PPOTrainerConfig) -> None:
     require(config.ray_init.cpus_per_worker >= 1,
              f"ray_init.cpus_per_worker must be >= 1 (CPUs and torch threads per worker rank), "
              f"got {config.ray_init.cpus_per_worker}")
+    errors = placement_errors(config)
+    require(not errors, "\n".join(errors))
     require(t.backend == "ray" or world_size(config) == 1,
              f"trainer.backend=local runs one rank in this process, but trainer.nnodes x trainer.n_gpus_per_node "
              f"= {world_size(config)}; set trainer.n_gpus_per_node=1 trainer.nnodes=1 or use trainer.backend=ray")

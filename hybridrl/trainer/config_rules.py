@@ -16,8 +16,8 @@ from functools import cache
 from typing import Any
 
 from hybridrl.algos import get_adv_estimator_spec
+from hybridrl.trainer.placement import actor_role_name, uses_critic, uses_reference
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
-from hybridrl.trainer.worker_groups import actor_role, uses_critic, uses_reference
 from hybridrl.utils.typed_config import as_override
 from hybridrl.workers.fsdp_engine import offload_refusals
 from hybridrl.workers.fsdp_workers import actor_offload_refusals
@@ -144,6 +144,11 @@ RANGES: dict[str, Rule] = {
     "trainer.max_consecutive_skipped_steps": at_least(0),
     "trainer.nnodes": COUNT,
     "trainer.n_gpus_per_node": COUNT,
+    "rollout.nnodes": COUNT,
+    "rollout.n_gpus_per_node": at_least(0),
+    "reward_model.nnodes": at_least(0),
+    "reward_model.n_gpus_per_node": at_least(0),
+    "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes": COUNT,
     "ray_init.num_cpus": OPTIONAL_COUNT,
     "ray_init.object_store_memory": optional(above(0)),
 }
@@ -259,8 +264,6 @@ NO_CRITIC_LORA = Unsupported("LoRA adapters train the actor only (actor_rollout_
 ONE_ROLLOUT_GROUP = Unsupported("the rollout engine runs inside each worker with tensor parallelism only "
                                 "(actor_rollout_ref.rollout.tensor_model_parallel_size)")
 UNSUPPORTED: dict[str, Unsupported] = {
-    "actor_rollout_ref.hybrid_engine": Unsupported(
-        "the actor, rollout and reference policy always share one process and one set of weights"),
     **{f"{role}.ulysses_sequence_parallel_size": NO_SEQUENCE_PARALLEL
        for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "reward_model")},
     "actor_rollout_ref.actor.use_torch_compile": NO_COMPILE,
@@ -346,7 +349,10 @@ NO_EFFECT: dict[str, NoEffect] = {
                                 "generated whole by the engine inside the workers (mode=sync)"),
     **{f"{ROLLOUT}.{key}": NOT_SERVED for key in (
         "over_sample_rate", "skip_tokenizer_init", "trace", "prometheus", "checkpoint_engine.backend",
-        "checkpoint_engine.update_weights_bucket_megabytes", "checkpoint_engine.engine_kwargs")},
+        "checkpoint_engine.engine_kwargs")},
+    f"{ROLLOUT}.checkpoint_engine.update_weights_bucket_megabytes": NoEffect(
+        "the bucket size of a weight sync to a rollout pool of its own; colocated, the rollout reads the actor's "
+        "weights in place (actor_rollout_ref.hybrid_engine=true)", lambda c: not c.actor_rollout_ref.hybrid_engine),
     **{f"reward_model.{key}": NOT_SERVED for key in ("num_workers", "rollout", "sandbox_fusion")},
     **{f"{model}.{key}": GPU_SPEED_UPS
        for model in ("actor_rollout_ref.model", "critic.model")
@@ -389,7 +395,7 @@ def offload_errors(config: PPOTrainerConfig) -> list[str]:
     """`*.fsdp_config.param_offload` / `optimizer_offload` where this run has nothing that moves the state
     (`trainer.device` filled in): the workers' own checks, run before any of them starts."""
     device = config.trainer.device
-    errors = actor_offload_refusals(config.actor_rollout_ref, actor_role(config).value, device)
+    errors = actor_offload_refusals(config.actor_rollout_ref, actor_role_name(config), device)
     if uses_reference(config):
         errors += offload_refusals(config.actor_rollout_ref.ref.fsdp_config, "actor_rollout_ref.ref", device)
     if uses_critic(config):

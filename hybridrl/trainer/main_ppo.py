@@ -22,16 +22,14 @@ from hybridrl.utils.typed_config import ConfigError
 
 
 def print_dry_run(config: PPOTrainerConfig) -> None:
-    from hybridrl.trainer.worker_groups import role_classes
+    from hybridrl.trainer.placement import describe
 
     # the resolved config, with the settings that follow other keys filled in (critic.rollout_n, ...)
     print(OmegaConf.to_yaml(OmegaConf.structured(config)))
     print("batch arithmetic:")
     for name, value in batch_plan(config).items():
         print(f"  {name:<42} {value}")
-    roles = ", ".join(role_classes(config))
-    print(f"placement: {config.trainer.nnodes} node(s) x {config.trainer.n_gpus_per_node} process(es) on "
-          f"backend={config.trainer.backend}, device={config.trainer.device}; colocated roles: {roles}")
+    print(describe(config))
 
 
 def run_ppo(cfg: DictConfig) -> list[dict[str, float]]:
@@ -40,6 +38,7 @@ def run_ppo(cfg: DictConfig) -> list[dict[str, float]]:
     from hybridrl.models.loading import load_tokenizer
     from hybridrl.rewards.scorers import check_code_sandbox
     from hybridrl.trainer.dataflow import load_reward_manager
+    from hybridrl.trainer.placement import placement
     from hybridrl.trainer.ppo_trainer import PPOTrainer
     from hybridrl.trainer.worker_groups import WorkerGroups
 
@@ -74,7 +73,9 @@ def run_ppo(cfg: DictConfig) -> list[dict[str, float]]:
     reward_fn = load_reward_manager(plain, tokenizer, num_examine=0)
     val_reward_fn = load_reward_manager(plain, tokenizer, num_examine=1)
     ri = config.ray_init
-    num_cpus = ri.num_cpus or max(os.cpu_count() or 1, config.trainer.n_gpus_per_node * ri.cpus_per_worker)
+    # a local cluster big enough for every pool's processes on this one node
+    processes = sum(pool.processes_per_node for pool in placement(config))
+    num_cpus = ri.num_cpus or max(os.cpu_count() or 1, processes * ri.cpus_per_worker)
     # Workers, the local rank's process group and env variables, and a Ray this run started all end
     # with the run: on success, on an error and on SIGTERM.
     with sigterm_raises_exit(), ray_for_backend(config.trainer.backend, num_cpus=num_cpus,

@@ -287,6 +287,14 @@ class RayInitConfig(FreezableConfig):
 
 
 @dataclass
+class RolloutPoolConfig(FreezableConfig):
+    # The rollout's own pool when actor_rollout_ref.hybrid_engine=false (verl's one-step-off keys): nodes,
+    # and processes (GPUs) on each; n_gpus_per_node=0 with the hybrid engine, which has no such pool.
+    nnodes: int = 1
+    n_gpus_per_node: int = 0
+
+
+@dataclass
 class GlobalProfilerConfig(FreezableConfig):
     # verl's whole-run profiler (nsys, torch, npu); not implemented here: a warning names it when set.
     # Profile a step with benchmarks/profile_step.py instead.
@@ -307,6 +315,7 @@ class PPOTrainerConfig(FreezableConfig):
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     ray_init: RayInitConfig = field(default_factory=RayInitConfig)
+    rollout: RolloutPoolConfig = field(default_factory=RolloutPoolConfig)
     global_profiler: GlobalProfilerConfig = field(default_factory=GlobalProfilerConfig)
 
 

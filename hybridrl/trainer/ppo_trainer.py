@@ -105,6 +105,8 @@ class PPOTrainer:
         bar = None
         try:
             resumed = self._load_checkpoint()
+            # a rollout pool of its own starts from the model's files: it takes the (resumed) actor's weights
+            self.groups.sync_rollout_weights(self.global_steps)
             # metrics.jsonl keeps one line per step: lines of steps this run trains again move aside
             tracker.rewind(self.global_steps if resumed else -1)
             if self.validator and cfg.val_before_train:
@@ -146,6 +148,7 @@ class PPOTrainer:
                 batch = self._compute_advantage(batch, metrics)  # 7
             self._update_critic(batch, metrics, timing)  # 8
             self._update_actor(batch, metrics, timing)
+            metrics.update(self.groups.sync_rollout_weights(self.global_steps))  # split: the rollout pool's copy
         self._dump_rollouts(batch)
         update = getattr(self.sampler, "update", None)
         if callable(update):  # a curriculum sampler (data.sampler) sees every trained batch, as in verl
@@ -153,7 +156,7 @@ class PPOTrainer:
         metrics.update(compute_data_metrics(batch, use_critic=self.groups.critic is not None))
         metrics.update(compute_agent_metrics(batch))
         metrics.update(compute_timing_metrics(batch, timing))
-        metrics.update(compute_throughput_metrics(batch, timing, n_workers=self.groups.world_size))
+        metrics.update(compute_throughput_metrics(batch, timing, n_workers=self.groups.total_processes))
         metrics.update(self.costs.mfu_metrics())
         metrics.update(compute_memory_metrics(self.groups.process_memory()))
         return metrics
@@ -173,7 +176,7 @@ class PPOTrainer:
         kept, prompts, rounds = [], 0, 0
         while True:
             rounds += 1
-            batch = self._generate(self._next_prompts(), timing)
+            batch = self._generate(self._next_prompts(), metrics, timing)
             if self.background_reward is not None:  # scored after balancing, in the background
                 return batch
             with timer("reward", timing):
@@ -194,12 +197,16 @@ class PPOTrainer:
                     f"algorithm.filter_groups.max_num_gen_batches (0 = no limit) or disable filter_groups"
                 )
 
-    def _generate(self, batch: DataProto, timing: dict) -> DataProto:
+    def _generate(self, batch: DataProto, metrics: dict, timing: dict) -> DataProto:
         gen_input = dataflow.split_generation_input(batch, self.rollout_columns)
         gen_input.meta_info["seed"] = self.config.actor_rollout_ref.rollout.seed + self.global_steps
         with timer("gen", timing):
-            generated = self.groups.actor_rollout.generate_sequences(gen_input)
+            generated = self.groups.rollout.generate_sequences(gen_input)
         self.costs.record("gen", generated, real_tokens(generated), timing)
+        version = generated.meta_info.pop("weight_version", None)
+        if version is not None:  # a rollout pool of its own: the update its weights came from
+            metrics["rollout/weight_version"] = version
+            metrics["rollout/weight_staleness"] = self.global_steps - 1 - version
         if "reward_baselines" in self.estimator.required_inputs:
             with timer("gen_baseline", timing):
                 batch.batch["reward_baselines"] = self._greedy_baseline(batch, gen_input, timing)
@@ -209,7 +216,7 @@ class PPOTrainer:
         """ReMax's baseline: the score of each prompt's greedy response, (prompts,)."""
         greedy_input = gen_input.select(deepcopy=False)
         greedy_input.meta_info = {"do_sample": False}
-        generated = self.groups.actor_rollout.generate_sequences(greedy_input)
+        generated = self.groups.rollout.generate_sequences(greedy_input)
         self.costs.record("gen_baseline", generated, real_tokens(generated), timing)
         greedy = dataflow.attach_responses(batch.select(deepcopy=True), generated)
         self._score(greedy, {})

@@ -50,7 +50,7 @@ class Validator:
             batch = dataflow.new_prompt_batch(batch_dict)
             gen_input = dataflow.split_generation_input(batch, self.rollout_columns)
             gen_input.meta_info = {"validate": True}
-            batch = dataflow.attach_responses(batch, self.groups.actor_rollout.generate_sequences(gen_input))
+            batch = dataflow.attach_responses(batch, self.groups.rollout.generate_sequences(gen_input))
             result = self.reward_fn(batch, return_dict=True)
             scores = result["reward_tensor"].sum(dim=-1).tolist()
             add_reward_metrics(failures, result.get("reward_metrics", {}))

@@ -1,18 +1,17 @@
-"""The trainer's worker groups: which roles a run needs, where they live, and a typed handle per role.
+"""The trainer's worker groups: the roles a run needs, started on their pools, and a typed handle per role.
 
-All roles of a run share one pool of processes (`trainer.nnodes x trainer.n_gpus_per_node`): the actor,
-rollout and reference policy are one role object; the critic and reward model, when present, are role
-objects in the same processes, all held by one `HybridWorker` per rank. Each role is driven through
-its typed handle (`TypedWorkerGroup`; docs/architecture.md, "Worker groups and dispatch").
+Each pool (hybridrl/trainer/placement.py) is one group of processes, each holding one `HybridWorker` with
+the pool's role objects: colocated, the actor, rollout and reference policy are one role object, beside the
+critic and the reward model. Split, the training pool's actor role has no rollout and a rollout pool holds
+a rollout role of its own, which `WeightSync` keeps on the actor's weights. Each role is driven through its
+typed handle (`TypedWorkerGroup`; docs/architecture.md, "Worker groups and dispatch").
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from enum import Enum
+from dataclasses import dataclass, field
 from typing import Any
 
-from hybridrl.algos import get_adv_estimator_spec
 from hybridrl.controller import (
     ClassWithInitArgs,
     TypedWorkerGroup,
@@ -21,7 +20,9 @@ from hybridrl.controller import (
     hybrid_worker,
 )
 from hybridrl.protocol import DataProto
+from hybridrl.trainer.placement import Pool, is_split, placement, uses_reference
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
+from hybridrl.trainer.weight_sync import WeightSync
 from hybridrl.utils.device import ProcessMemory
 from hybridrl.utils.metric import ModelPass, combine_ranks
 from hybridrl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
@@ -61,6 +62,25 @@ class ActorRolloutRefGroup(TypedWorkerGroup):
     def load_checkpoint(self, local_path: str, hdfs_path: str | None = None,
                         del_local_after_load: bool = False) -> None:
         self._call(ActorRolloutRefWorker.load_checkpoint, local_path, hdfs_path, del_local_after_load)
+
+    # the weight sync between pools (hybridrl/trainer/weight_sync.py); the last three return futures
+    def weight_manifest(self) -> list:
+        return self._call(ActorRolloutRefWorker.weight_manifest)
+
+    def rollout_weight_spec(self) -> list[dict]:
+        return self._call(ActorRolloutRefWorker.rollout_weight_spec)
+
+    def host_weight_sync(self) -> tuple[str, int]:
+        return self._call(ActorRolloutRefWorker.host_weight_sync)
+
+    def join_weight_sync(self, host: str, port: int, world_size: int, timeout_s: float) -> list:
+        return self._call(ActorRolloutRefWorker.join_weight_sync, host, port, world_size, timeout_s)
+
+    def send_weights(self, plan: Any, version: int) -> list:
+        return self._call(ActorRolloutRefWorker.send_weights, plan, version)
+
+    def receive_weights(self, plan: Any, version: int) -> list:
+        return self._call(ActorRolloutRefWorker.receive_weights, plan, version)
 
 
 class CriticGroup(TypedWorkerGroup):
@@ -124,89 +144,112 @@ class SFTGroup(TypedWorkerGroup):
         return self._call(SFTWorker.load_checkpoint, local_path)
 
 
-class Role(str, Enum):
-    """verl's role names, used as keys of the colocated groups."""
-
-    ActorRollout = "actor_rollout"
-    ActorRolloutRef = "actor_rollout_ref"
-    Critic = "critic"
-    RewardModel = "rm"
-
-
-def uses_reference(config: PPOTrainerConfig) -> bool:
-    return config.algorithm.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss
+def role_class(config: PPOTrainerConfig, role: str) -> ClassWithInitArgs:
+    """The worker class (with its constructor arguments) of one role name of a pool."""
+    if role == "critic":
+        return ClassWithInitArgs(CriticWorker, config.critic)
+    if role == "rm":
+        return ClassWithInitArgs(RewardModelWorker, config.reward_model)
+    return ClassWithInitArgs(ActorRolloutRefWorker, config.actor_rollout_ref, role)
 
 
-def uses_critic(config: PPOTrainerConfig) -> bool:
-    return get_adv_estimator_spec(config.algorithm.adv_estimator).needs_critic
+@dataclass
+class StartedPool:
+    pool: Pool
+    processes: WorkerGroup
+    resource_pool: Any = None  # the Ray placement groups it holds
+
+    def stop(self) -> None:
+        self.processes.shutdown()
+        if self.resource_pool is not None:
+            self.resource_pool.remove()
 
 
-def actor_role(config: PPOTrainerConfig) -> Role:
-    """The actor's role: with the reference policy in the same processes when the run needs it."""
-    return Role.ActorRolloutRef if uses_reference(config) else Role.ActorRollout
+def start_pool(config: PPOTrainerConfig, pool: Pool) -> StartedPool:
+    """One pool's processes, each holding the pool's roles (if starting fails, what was reserved is freed)."""
+    classes = {role: role_class(config, role) for role in pool.roles}
+    backend = config.trainer.backend
+    resource_pool = None
+    if backend == "ray":
+        from hybridrl.controller.ray import RayResourcePool
 
-
-def role_classes(config: PPOTrainerConfig) -> dict[str, ClassWithInitArgs]:
-    """The worker class (with its constructor arguments) of every role this run needs."""
-    role = actor_role(config).value
-    classes = {role: ClassWithInitArgs(ActorRolloutRefWorker, config.actor_rollout_ref, role)}
-    if uses_critic(config):
-        classes[Role.Critic.value] = ClassWithInitArgs(CriticWorker, config.critic)
-    if config.reward_model.enable:
-        classes[Role.RewardModel.value] = ClassWithInitArgs(RewardModelWorker, config.reward_model)
-    return classes
+        resource_pool = RayResourcePool(pool.process_on_nodes, use_gpu=config.trainer.device == "cuda",
+                                        name_prefix=pool.name, cpus_per_process=config.ray_init.cpus_per_worker)
+    try:
+        processes = create_worker_group(backend, hybrid_worker(classes), resource_pool, device=config.trainer.device)
+    except BaseException:
+        if resource_pool is not None:
+            resource_pool.remove()
+        raise
+    return StartedPool(pool, processes, resource_pool)
 
 
 @dataclass
 class WorkerGroups:
+    """The run's role handles. `actor_rollout` trains (and, colocated, generates); `rollout` generates: the same
+    handle colocated, the rollout pool's when split, where `weight_sync` moves the actor's weights to it."""
+
     actor_rollout: ActorRolloutRefGroup
     critic: CriticGroup | None
     reward_model: RewardModelGroup | None
     uses_reference: bool
-    world_size: int
-    resource_pool: Any = None
-    processes: WorkerGroup | None = None  # the HybridWorker group every role's handle drives: what `shutdown` stops
+    world_size: int  # the training pool's ranks: the batch is balanced over them
+    rollout: ActorRolloutRefGroup | None = None
+    weight_sync: WeightSync | None = None
+    pools: list[StartedPool] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.rollout is None:
+            self.rollout = self.actor_rollout
 
     @classmethod
     def create(cls, config: PPOTrainerConfig) -> WorkerGroups:
-        """Start every role's ranks on the configured backend and initialise their models (if one fails, the
-        ranks already started are stopped before the error propagates)."""
-        classes = role_classes(config)
-        backend = config.trainer.backend
-        pool = None
-        if backend == "ray":
-            from hybridrl.controller.ray import RayResourcePool
-
-            pool = RayResourcePool([config.trainer.n_gpus_per_node] * config.trainer.nnodes,
-                                   use_gpu=config.trainer.device == "cuda", name_prefix="global_pool",
-                                   cpus_per_process=config.ray_init.cpus_per_worker)
+        """Start every pool's ranks on the configured backend, initialise their models and, split, connect the
+        weight sync (if anything fails, the pools already started are stopped before the error propagates)."""
+        started: list[StartedPool] = []
         try:
-            processes = create_worker_group(backend, hybrid_worker(classes), pool, device=config.trainer.device)
+            for pool in placement(config):
+                started.append(start_pool(config, pool))
         except BaseException:
-            if pool is not None:
-                pool.remove()
+            for pool in started:
+                pool.stop()
             raise
-        actor_role_name = next(iter(classes))
-        critic, reward_model = Role.Critic.value in classes, Role.RewardModel.value in classes
+        handles: dict[str, Any] = {}
+        for entry in started:
+            for role in entry.pool.roles:
+                handle_cls = {"critic": CriticGroup, "rm": RewardModelGroup}.get(role, ActorRolloutRefGroup)
+                handles[role] = handle_cls(entry.processes, role)
+        actor_name = started[0].pool.roles[0]
         created = cls(
-            actor_rollout=ActorRolloutRefGroup(processes, actor_role_name),
-            critic=CriticGroup(processes, Role.Critic.value) if critic else None,
-            reward_model=RewardModelGroup(processes, Role.RewardModel.value) if reward_model else None,
-            uses_reference=actor_role_name == Role.ActorRolloutRef.value,
-            world_size=processes.world_size,
-            resource_pool=pool,
-            processes=processes,
+            actor_rollout=handles[actor_name], critic=handles.get("critic"), reward_model=handles.get("rm"),
+            uses_reference=uses_reference(config), world_size=started[0].processes.world_size,
+            rollout=handles.get("rollout"), pools=started,
         )
         try:
             for group in created.roles():
                 group.init_model()
+            if is_split(config):
+                arr = config.actor_rollout_ref
+                created.weight_sync = WeightSync.connect(
+                    created.actor_rollout, created.rollout,
+                    arr.rollout.checkpoint_engine.update_weights_bucket_megabytes, arr.nccl_timeout)
         except BaseException:
             created.shutdown()
             raise
         return created
 
+    @property
+    def total_processes(self) -> int:
+        return sum(entry.processes.world_size for entry in self.pools) or self.world_size
+
     def roles(self) -> list[ActorRolloutRefGroup | CriticGroup | RewardModelGroup]:
-        return [g for g in (self.actor_rollout, self.critic, self.reward_model) if g is not None]
+        handles = [self.actor_rollout, self.rollout, self.critic, self.reward_model]
+        return [g for i, g in enumerate(handles) if g is not None and all(g is not h for h in handles[:i])]
+
+    def sync_rollout_weights(self, version: int) -> dict[str, float]:
+        """Split: move the actor's current weights to the rollout pool as `version` (its metrics); colocated the
+        rollout reads them in place, so nothing moves."""
+        return {} if self.weight_sync is None else self.weight_sync.sync(version)
 
     def model_passes(self) -> dict[str, ModelPass]:
         """Every role's model passes (for MFU), each with the summed peak of the ranks that run it."""
@@ -220,10 +263,6 @@ class WorkerGroups:
         return [report for group in self.roles() for report in group.process_memory()]
 
     def shutdown(self) -> None:
-        """Stop the worker processes (Ray actors; the local rank's process group) and free the pool."""
-        if self.processes is not None:
-            self.processes.shutdown()
-            self.processes = None
-        if self.resource_pool is not None:
-            self.resource_pool.remove()
-            self.resource_pool = None
+        """Stop every pool's worker processes (Ray actors; the local rank's process group) and free its resources."""
+        while self.pools:
+            self.pools.pop().stop()

@@ -140,8 +140,9 @@ class EngineKwargs(FreezableConfig):
 
 @dataclass
 class CheckpointEngineConfig(FreezableConfig):
-    # verl's transport of weights into a server-style rollout; the engines here take them in-process
-    # (BaseRollout.serving), so these have no effect (a warning names them when set).
+    # verl's transport of weights into the rollout. Colocated, the engines take them in-process
+    # (BaseRollout.serving) and these have no effect (a warning names them when set); with a rollout pool of
+    # its own (hybrid_engine=false) the bucket size is the largest message of a weight sync.
     backend: str = "naive"
     update_weights_bucket_megabytes: int = 2048
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -465,7 +466,9 @@ class RefConfig(FreezableConfig):
 class ActorRolloutRefConfig(FreezableConfig):
     """`actor_rollout_ref.*`: one model path shared by the actor, the rollout and the reference policy."""
 
-    # Actor and rollout share one process and one set of weights; only the default runs in hybridrl (hybridrl/trainer/config_rules.py).
+    # True: the actor, rollout and reference share one pool of processes and the rollout generates with the
+    # actor's weights in place. False: the rollout runs on a pool of its own (top-level `rollout.nnodes` x
+    # `rollout.n_gpus_per_node`) and receives the weights after every update (docs/placement.md).
     hybrid_engine: bool = True
     model: ModelConfig = field(default_factory=ModelConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)

@@ -9,12 +9,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from hybridrl.controller import Dispatch, Worker, register
+from hybridrl.controller import Dispatch, Execute, Worker, register
+from hybridrl.controller.worker import node_address
 from hybridrl.models.attention import default_attention
 from hybridrl.models.loading import load_causal_lm, load_tokenizer, load_value_model, resolve_dtype
 from hybridrl.models.lora import LoRASettings, add_lora
@@ -43,8 +45,16 @@ from hybridrl.workers.update_loop import (
     update_plan,
     value_batching,
 )
+from hybridrl.workers.weight_transfer import (
+    BucketPlan,
+    SyncGroup,
+    host_store,
+    receive_weights,
+    send_weights,
+    weight_manifest,
+)
 
-ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
+ROLES = ("actor", "rollout", "ref", "actor_ref", "actor_rollout", "actor_rollout_ref")
 
 
 def forward_and_update_passes(model: torch.nn.Module, fsdp_dtype: str, epochs: int, infer: str,
@@ -99,15 +109,20 @@ class ActorRolloutRefWorker(Worker):
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         self.config = to_dataclass(ActorRolloutRefConfig, config)
-        check_actor_rollout_ref(self.config, self.world_size)
+        if role != "rollout":  # the batch arithmetic is the training ranks'; a rollout pool only generates
+            check_actor_rollout_ref(self.config, self.world_size)
         self.role = role
-        self.is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
+        self.is_actor = role in ("actor", "actor_ref", "actor_rollout", "actor_rollout_ref")
         self.is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
-        self.is_ref = role in ("ref", "actor_rollout_ref")
+        self.is_ref = role in ("ref", "actor_ref", "actor_rollout_ref")
         self.lora = LoRASettings.from_model_config(self.config.model)
         self.actor = self.ref = self.rollout = None
         self.agent_loop: AgentLoop | None = None  # rollout.multi_turn.enable: multi-turn generation with tools
         self.rollout_weights: FSDPEngine | None = None  # the engine whose weights the rollout serves
+        # a rollout pool of its own: the sync group's end and the version of the weights it last received
+        self.weight_sync: SyncGroup | None = None
+        self.weight_sync_store: Any = None  # the actor's rank 0 hosts the sync group's store
+        self.weight_version: int | None = None
         device_type = self.device.type
         if self.is_actor:
             raise_first_refusal(actor_offload_refusals(self.config, role, device_type))
@@ -139,15 +154,17 @@ class ActorRolloutRefWorker(Worker):
                                                         base_model_path=cfg.model.path)
         if self.is_rollout:
             rollout_cfg = dataclasses.replace(cfg.rollout, seed=cfg.rollout.seed + self.rank)
+            module = None
             if self.actor:
                 self.rollout_weights, params = self.actor.engine, self.passes["actor"].params
-            else:  # a rollout of its own generates with the starting model
-                model = with_lora(load_model_for(cfg.model, False, cfg.rollout.dtype, self.device.type),
-                                  self.lora, cfg.rollout.dtype)
+                module = self.rollout_weights.module
+            else:  # a rollout pool of its own: a whole copy per rank, LoRA merged in by every weight sync
+                model = load_model_for(cfg.model, False, cfg.rollout.dtype, self.device.type,
+                                       weights_dtype=resolve_dtype(cfg.rollout.dtype))
                 params = matmul_params(model)
-                if not ROLLOUT_ENGINES.get(cfg.rollout.name).holds_own_weights:  # HF: served sharded
-                    self.rollout_weights = FSDPEngine(model, cfg.actor.fsdp_config)
-            module = self.rollout_weights.module if self.rollout_weights else None
+                if not ROLLOUT_ENGINES.get(cfg.rollout.name).holds_own_weights:  # HF generates with the module
+                    module = model.to(self.device)
+                del model
             self.rollout = build_rollout(rollout_cfg, module=module, tokenizer=self.tokenizer,
                                          model_path=cfg.model.path)
             multi_turn = cfg.rollout.multi_turn
@@ -185,6 +202,8 @@ class ActorRolloutRefWorker(Worker):
         with self.rollout.serving(self.rollout_weights):  # the hand-off: the current weights, offload
             output = generator.generate_sequences(prompts)
         output.meta_info.setdefault("temperature", self.config.rollout.temperature)
+        if self.weight_version is not None:  # a rollout pool of its own: which update its weights came from
+            output.meta_info["weight_version"] = self.weight_version
         # The ranks' outputs are concatenated, which requires equal meta_info: report the step's seed,
         # not this rank's stream (per-rank values travel in meta_info["metrics"], which concat gathers).
         if step_seed is not None:
@@ -249,6 +268,60 @@ class ActorRolloutRefWorker(Worker):
         self._require(self.actor, "load_checkpoint", "actor")
         _no_remote_storage(hdfs_path)
         self.checkpoint_manager.load_checkpoint(local_path)
+
+    # ----- the weight sync between a training pool and a rollout pool (hybridrl/trainer/weight_sync.py) ------
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def weight_manifest(self) -> list[tuple[str, tuple[int, ...]]] | None:
+        """(name, shape) of the actor's full weights in the order a sync sends them (rank 0 answers; a collective,
+        as it gathers every weight once)."""
+        self._require(self.actor, "weight_manifest", "actor")
+        manifest = weight_manifest(self.actor.engine.iter_full_weights())
+        return manifest if self.rank == 0 else None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def rollout_weight_spec(self) -> dict[str, Any]:
+        """What this rollout takes: `dtype` (rollout.dtype as resolved on its device) and `shapes` (name -> shape,
+        where the engine says: HF's module; None where the engine checks the names itself, as vLLM does)."""
+        self._require(self.rollout, "rollout_weight_spec", "rollout")
+        module = getattr(self.rollout, "module", None)
+        shapes = None if module is None else {name: tuple(t.shape) for name, t in module.state_dict().items()}
+        return {"dtype": str(resolve_dtype(self.config.rollout.dtype)).removeprefix("torch."), "shapes": shapes}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, execute_mode=Execute.RANK_ZERO)
+    def host_weight_sync(self) -> tuple[str, int]:
+        """The actor's rank 0: host the sync group's store; returns its (node address, port)."""
+        self._require(self.actor, "host_weight_sync", "actor")
+        self.weight_sync_store, port = host_store()
+        return node_address(), port
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def join_weight_sync(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
+        """Join the sync group: the actor's rank 0 as its rank 0, rollout rank r as r + 1 (other actor ranks
+        only gather, so they stay out)."""
+        if self.is_actor and self.rank == 0:
+            self.weight_sync = SyncGroup.join(host, port, 0, world_size, self.device, timeout_s,
+                                              store=self.weight_sync_store)
+        elif self.is_rollout and not self.is_actor:
+            self.weight_sync = SyncGroup.join(host, port, self.rank + 1, world_size, self.device, timeout_s)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def send_weights(self, plan: BucketPlan, version: int) -> dict[str, float]:
+        """Gather the actor's weights (every rank) and broadcast them from rank 0 to the rollout pool."""
+        self._require(self.actor, "send_weights", "actor")
+        start = time.perf_counter()
+        sent = send_weights(self.actor.engine.iter_full_weights(), plan, self.weight_sync)
+        return {"bytes": float(sent), "seconds": time.perf_counter() - start, "version": float(version)}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def receive_weights(self, plan: BucketPlan, version: int) -> dict[str, float]:
+        """Take the weights the actor's rank 0 broadcasts into this rollout's engine; they are `version` from now."""
+        self._require(self.rollout, "receive_weights", "rollout")
+        if self.weight_sync is None:
+            raise RuntimeError("receive_weights before join_weight_sync: the driver joins the sync group first")
+        start = time.perf_counter()
+        self.rollout.update_weights(receive_weights(plan, self.weight_sync))
+        self.weight_version = version
+        return {"seconds": time.perf_counter() - start, "version": float(version)}
 
     def _require(self, part: Any, method: str, needs: str) -> None:
         if part is None:

@@ -76,6 +76,11 @@ class RewardModelConfig(FreezableConfig):
 
     # Score responses with the reward model; False uses only rule-based / custom reward functions.
     enable: bool = False
+    # Run the reward model on a pool of processes of its own (`nnodes` x `n_gpus_per_node`) instead of in
+    # the training processes (docs/placement.md).
+    enable_resource_pool: bool = False
+    n_gpus_per_node: int = 0
+    nnodes: int = 0
     # fsdp | fsdp2 (both run FSDP2 here).
     strategy: str = "fsdp"
     model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -107,9 +107,20 @@ class HFRollout(BaseRollout):
     def _device(self) -> torch.device:
         return next(self.module.parameters()).device
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Copy full weights into the module (only needed when the engine holds its own copy)."""
-        self.module.load_state_dict(dict(state_dict), strict=True)
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy full weights into the module in place, one at a time (a rollout pool of its own receives them
+        so); every weight of the module must come, and no other."""
+        own = self.module.state_dict()
+        seen = set()
+        with torch.no_grad():
+            for name, tensor in (state_dict.items() if isinstance(state_dict, Mapping) else state_dict):
+                if name not in own:
+                    raise KeyError(f"update_weights: the rollout's model has no weight {name!r}")
+                own[name].copy_(tensor)
+                seen.add(name)
+        missing = sorted(set(own) - seen)
+        if missing:
+            raise KeyError(f"update_weights: no value came for {len(missing)} of the model's weights, e.g. {missing[:3]}")
 
     @contextlib.contextmanager
     def _serve_weights(self, actor: ServedActor) -> Iterator[None]:

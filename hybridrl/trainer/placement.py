@@ -1,0 +1,110 @@
+"""Where a run's roles live: its pools of processes and the roles each one holds (docs/placement.md).
+
+Colocated (`actor_rollout_ref.hybrid_engine=true`, the default): one pool of `trainer.nnodes x
+trainer.n_gpus_per_node` processes holds every role, and the rollout generates with the actor's weights in
+place. Split (`hybrid_engine=false`, verl's one-step-off keys): the training pool holds the actor (with the
+reference policy and the critic) and a rollout pool of `rollout.nnodes x rollout.n_gpus_per_node` holds the
+rollout, which receives the actor's weights after every update (hybridrl/trainer/weight_sync.py). With
+`reward_model.enable_resource_pool=true` the reward model has a pool of its own in either layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hybridrl.algos import get_adv_estimator_spec
+from hybridrl.trainer.ppo_config import PPOTrainerConfig
+
+TRAINING_POOL = "global_pool"
+ROLLOUT_POOL = "rollout_pool"
+REWARD_POOL = "reward_pool"
+
+
+@dataclass(frozen=True)
+class Pool:
+    """`nnodes` nodes with `processes_per_node` worker processes each (GPUs, or CPU processes), and the
+    names of the roles every one of those processes holds."""
+
+    name: str
+    nnodes: int
+    processes_per_node: int
+    roles: tuple[str, ...]
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.processes_per_node
+
+    @property
+    def process_on_nodes(self) -> list[int]:
+        return [self.processes_per_node] * self.nnodes
+
+
+def uses_reference(config: PPOTrainerConfig) -> bool:
+    return config.algorithm.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss
+
+
+def uses_critic(config: PPOTrainerConfig) -> bool:
+    return get_adv_estimator_spec(config.algorithm.adv_estimator).needs_critic
+
+
+def is_split(config: PPOTrainerConfig) -> bool:
+    """True when the rollout has a pool of its own."""
+    return not config.actor_rollout_ref.hybrid_engine
+
+
+def actor_role_name(config: PPOTrainerConfig) -> str:
+    """The actor's role (hybridrl/workers/fsdp_workers.py): with the rollout unless it has its own pool, with
+    the reference policy when the run needs one."""
+    ref = "_ref" if uses_reference(config) else ""
+    return f"actor{ref}" if is_split(config) else f"actor_rollout{ref}"
+
+
+def placement(config: PPOTrainerConfig) -> list[Pool]:
+    """The run's pools, the training pool first."""
+    t, rm = config.trainer, config.reward_model
+    own_rm_pool = rm.enable and rm.enable_resource_pool
+    training = [actor_role_name(config)] + ["critic"] * uses_critic(config) + ["rm"] * (rm.enable and not own_rm_pool)
+    pools = [Pool(TRAINING_POOL, t.nnodes, t.n_gpus_per_node, tuple(training))]
+    if is_split(config):
+        pools.append(Pool(ROLLOUT_POOL, config.rollout.nnodes, config.rollout.n_gpus_per_node, ("rollout",)))
+    if own_rm_pool:
+        pools.append(Pool(REWARD_POOL, rm.nnodes, rm.n_gpus_per_node, ("rm",)))
+    return pools
+
+
+def placement_errors(config: PPOTrainerConfig) -> list[str]:
+    """What the pool keys ask that cannot run, each naming the key and the fix."""
+    errors = []
+    t, rm, rollout = config.trainer, config.reward_model, config.rollout
+    if is_split(config):
+        if rollout.n_gpus_per_node < 1:
+            errors.append("actor_rollout_ref.hybrid_engine=false gives the rollout a pool of its own, but "
+                          "rollout.n_gpus_per_node=0: set rollout.n_gpus_per_node (processes per node; GPUs on a "
+                          "GPU machine) and rollout.nnodes")
+    elif rollout.n_gpus_per_node > 0:
+        errors.append(f"rollout.n_gpus_per_node={rollout.n_gpus_per_node} sizes a rollout pool of its own, but "
+                      f"actor_rollout_ref.hybrid_engine=true runs the rollout in the training processes: set "
+                      f"actor_rollout_ref.hybrid_engine=false, or remove rollout.n_gpus_per_node")
+    if rm.enable_resource_pool and not rm.enable:
+        errors.append("reward_model.enable_resource_pool=true without reward_model.enable=true: there is no reward "
+                      "model to place; enable it or remove enable_resource_pool")
+    if rm.enable and rm.enable_resource_pool and (rm.nnodes < 1 or rm.n_gpus_per_node < 1):
+        errors.append(f"reward_model.enable_resource_pool=true needs a pool: reward_model.nnodes={rm.nnodes} and "
+                      f"reward_model.n_gpus_per_node={rm.n_gpus_per_node} must both be >= 1")
+    if t.backend == "local" and len(placement(config)) > 1:
+        pools = ", ".join(p.name for p in placement(config)[1:])
+        errors.append(f"trainer.backend=local runs one rank in this process, so it cannot start the pools of their "
+                      f"own this run asks for ({pools}): use trainer.backend=ray, or set "
+                      f"actor_rollout_ref.hybrid_engine=true and reward_model.enable_resource_pool=false")
+    return errors
+
+
+def describe(config: PPOTrainerConfig) -> str:
+    """Every pool, its processes and its roles, for a dry run."""
+    t = config.trainer
+    lines = [f"placement: backend={t.backend}, device={t.device}, "
+             f"{'split: the rollout receives the actor weights after every update' if is_split(config) else 'colocated'}"]
+    for pool in placement(config):
+        lines.append(f"  {pool.name:<12} {pool.nnodes} node(s) x {pool.processes_per_node} process(es) = "
+                     f"{pool.world_size}; roles: {', '.join(pool.roles)}")
+    return "\n".join(lines)

@@ -1,0 +1,152 @@
+"""The wire of a weight sync between pools: the actor's rank 0 broadcasts the full weights, bucket by bucket in
+the rollout's dtype, to every rollout rank over a process group of their own (gloo on CPU, NCCL on GPU).
+
+The group spans two pools, each with its own default process group, so it is built directly on a TCP store
+that the actor's rank 0 hosts (`host_store`) and is used through its own handle, never as a default group.
+Both ends follow one `BucketPlan`, made once from the actor's weight list (`weight_manifest`). The driver's
+side, which starts both ends and measures them, is hybridrl/trainer/weight_sync.py.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from hybridrl.models.loading import resolve_dtype
+
+SYNC_ROOT = 0  # the actor's rank 0 is rank 0 of the sync group; rollout rank r is rank r + 1
+
+
+@dataclass(frozen=True)
+class TensorSlot:
+    name: str
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class BucketPlan:
+    """The weights in the actor's order, cut into buckets of at most `bucket_bytes` each (a tensor larger than
+    that travels alone), sent in `dtype` (the rollout's)."""
+
+    dtype: str
+    buckets: tuple[tuple[TensorSlot, ...], ...]
+
+    @classmethod
+    def from_manifest(cls, manifest: Iterable[tuple[str, tuple[int, ...]]], dtype: str, bucket_bytes: int) -> BucketPlan:
+        item = torch.empty((), dtype=resolve_dtype(dtype)).element_size()
+        buckets: list[tuple[TensorSlot, ...]] = []
+        current: list[TensorSlot] = []
+        size = 0
+        for name, shape in manifest:
+            slot = TensorSlot(name, tuple(shape))
+            if current and size + slot.numel * item > bucket_bytes:
+                buckets.append(tuple(current))
+                current, size = [], 0
+            current.append(slot)
+            size += slot.numel * item
+        if current:
+            buckets.append(tuple(current))
+        return cls(dtype, tuple(buckets))
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return resolve_dtype(self.dtype)
+
+    @property
+    def names(self) -> list[str]:
+        return [slot.name for bucket in self.buckets for slot in bucket]
+
+    @property
+    def total_bytes(self) -> int:
+        item = torch.empty((), dtype=self.torch_dtype).element_size()
+        return sum(slot.numel for bucket in self.buckets for slot in bucket) * item
+
+
+def weight_manifest(pairs: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of every weight, in the order the pairs come."""
+    return [(name, tuple(tensor.shape)) for name, tensor in pairs]
+
+
+def host_store() -> tuple[dist.TCPStore, int]:
+    """The sync group's TCP store, hosted by the actor's rank 0 on a port of the OS's choosing: (store, port)."""
+    store = dist.TCPStore("0.0.0.0", 0, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=300))
+    return store, store.port
+
+
+class SyncGroup:
+    """One end of the process group between the actor's rank 0 and the rollout ranks."""
+
+    def __init__(self, store: dist.Store, rank: int, world_size: int, device: torch.device,
+                 timeout_s: float) -> None:
+        prefixed = dist.PrefixStore("hybridrl_weight_sync", store)
+        timeout = timedelta(seconds=timeout_s)
+        if device.type == "cuda":
+            self.group = dist.ProcessGroupNCCL(prefixed, rank, world_size, dist.ProcessGroupNCCL.Options())
+        else:
+            self.group = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+        self.rank, self.world_size, self.device = rank, world_size, device
+
+    @classmethod
+    def join(cls, host: str, port: int, rank: int, world_size: int, device: torch.device,
+             timeout_s: float, store: dist.Store | None = None) -> SyncGroup:
+        """Join as `rank` (the store's host passes its own store)."""
+        if store is None:
+            store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
+        return cls(store, rank, world_size, device, timeout_s)
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        options = dist.BroadcastOptions()
+        options.rootRank = SYNC_ROOT
+        options.rootTensor = 0
+        self.group.broadcast([tensor], options).wait()
+
+
+def send_weights(pairs: Iterable[tuple[str, torch.Tensor]], plan: BucketPlan, group: SyncGroup | None) -> int:
+    """Consume `pairs` (on every actor rank: gathering a sharded weight is a collective); on the rank holding the
+    sync group, pack each bucket in the plan's dtype and broadcast it. Returns the bytes sent (0 elsewhere)."""
+    pairs = iter(pairs)
+    sent = 0
+    for bucket in plan.buckets:
+        flat = None
+        if group is not None:
+            flat = torch.empty(sum(slot.numel for slot in bucket), dtype=plan.torch_dtype, device=group.device)
+        offset = 0
+        for slot in bucket:
+            name, tensor = next(pairs, (None, None))
+            if name != slot.name or tuple(tensor.shape) != slot.shape:
+                raise RuntimeError(
+                    f"weight sync: the actor's weights changed since the sync was planned: expected {slot.name} "
+                    f"{slot.shape}, got {name} {None if tensor is None else tuple(tensor.shape)}")
+            if flat is not None:
+                flat[offset:offset + slot.numel].copy_(tensor.reshape(-1))  # casts to the rollout's dtype
+            offset += slot.numel
+        if group is not None:
+            group.broadcast(flat)
+            sent += flat.numel() * flat.element_size()
+    leftover = next(pairs, None)
+    if leftover is not None:
+        raise RuntimeError(f"weight sync: the actor has a weight the plan lacks ({leftover[0]}); it was planned "
+                           f"on other weights")
+    return sent
+
+
+def receive_weights(plan: BucketPlan, group: SyncGroup) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of every weight as its bucket arrives; a tensor is a view of its bucket, so copy it before
+    asking for the next bucket's weights if it must outlive them."""
+    for bucket in plan.buckets:
+        flat = torch.empty(sum(slot.numel for slot in bucket), dtype=plan.torch_dtype, device=group.device)
+        group.broadcast(flat)
+        offset = 0
+        for slot in bucket:
+            yield slot.name, flat[offset:offset + slot.numel].view(slot.shape)
+            offset += slot.numel
