@@ -134,7 +134,8 @@ def test_batch_plan_arithmetic():
 def test_dry_run_prints_the_plan_and_starts_nothing(capsys):
     assert run_ppo(ppo_config(*BASE, "trainer.dry_run=true")) == []
     out = capsys.readouterr().out
-    assert "rows per step (global batch)" in out and "colocated roles: actor_rollout" in out
+    assert "rows per step (global batch)" in out and "colocated" in out
+    assert "global_pool  1 node(s) x 2 process(es) = 2; roles: actor_rollout" in out
 
 
 def test_bad_data_fails_before_workers_start(tmp_path, tiny_model_dir):

@@ -216,6 +216,28 @@ trainer.n_gpus_per_node=2 trainer.nnodes=1 trainer.save_freq=20 trainer.test_fre
 trainer.default_local_dir={out}
 """
 
+# verl's one-step-off recipe (verl/experimental/one_step_off_policy/shell/grpo_0.6b_gsm8k_fsdp2_2_6.sh): the
+# rollout on 2 processes of its own, training on the other 6
+ONE_STEP_OFF_PLACEMENT = """
+algorithm.adv_estimator=grpo data.train_files={train} data.val_files={val} data.train_batch_size=1152
+data.max_prompt_length=512 data.max_response_length=1024 data.filter_overlong_prompts=True data.truncation='error'
+actor_rollout_ref.actor.strategy=fsdp2 critic.strategy=fsdp2 actor_rollout_ref.model.path={model}
+actor_rollout_ref.actor.optim.lr=1e-6 actor_rollout_ref.hybrid_engine=False actor_rollout_ref.model.use_remove_padding=True
+actor_rollout_ref.actor.ppo_mini_batch_size=192 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32
+actor_rollout_ref.actor.use_kl_loss=True actor_rollout_ref.actor.kl_loss_coef=0.001
+actor_rollout_ref.actor.kl_loss_type=low_var_kl actor_rollout_ref.actor.entropy_coeff=0
+actor_rollout_ref.model.enable_gradient_checkpointing=True actor_rollout_ref.actor.fsdp_config.param_offload=False
+actor_rollout_ref.actor.fsdp_config.optimizer_offload=False actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32
+actor_rollout_ref.rollout.tensor_model_parallel_size=2 actor_rollout_ref.rollout.name=vllm
+actor_rollout_ref.rollout.gpu_memory_utilization=0.6 actor_rollout_ref.rollout.n=5
+actor_rollout_ref.rollout.load_format=safetensors actor_rollout_ref.rollout.layered_summon=True
+actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=32 actor_rollout_ref.ref.fsdp_config.param_offload=True
+algorithm.use_kl_in_reward=False trainer.critic_warmup=0 trainer.val_before_train=True
+trainer.logger=['console','tensorboard'] trainer.project_name=GRPO trainer.experiment_name=one-step-off-2-6
+trainer.save_freq=-1 trainer.test_freq=5 trainer.total_epochs=2 trainer.nnodes=1 trainer.n_gpus_per_node=6
+rollout.nnodes=1 rollout.n_gpus_per_node=2 trainer.default_local_dir={out}
+"""
+
 PASSING = {
     "grpo_vllm_async": GRPO_VLLM_ASYNC,
     "ppo_legacy_workers": PPO_LEGACY_WORKERS,
@@ -229,6 +251,7 @@ PASSING = {
     "rollout_correction_bypass": ROLLOUT_CORRECTION_BYPASS,
     "deprecated_names": DEPRECATED_NAMES,
     "lora": LORA,
+    "one_step_off_placement": ONE_STEP_OFF_PLACEMENT,
 }
 
 # Features hybridrl lacks: the error names the key and the missing feature.

@@ -1,0 +1,68 @@
+"""Which pool holds which role, from verl's keys; what cannot run is refused naming the key and the fix."""
+
+import pytest
+from ppo_helpers import ppo_config
+
+from hybridrl.trainer.config_checks import ConfigError, resolve_config
+from hybridrl.trainer.main_ppo import run_ppo
+from hybridrl.trainer.placement import Pool, placement
+
+BASE = ["data.train_files=x.parquet", "actor_rollout_ref.model.path=some/model", "algorithm.adv_estimator=grpo"]
+SPLIT = ["actor_rollout_ref.hybrid_engine=false", "rollout.n_gpus_per_node=1", "trainer.n_gpus_per_node=1"]
+RM = ["reward_model.enable=true", "reward_model.model.path=some/rm"]
+RM_POOL = [*RM, "reward_model.enable_resource_pool=true", "reward_model.nnodes=1", "reward_model.n_gpus_per_node=3"]
+
+
+def pools(*overrides: str) -> list[Pool]:
+    return placement(resolve_config(ppo_config(*BASE, *overrides)))
+
+
+def test_colocated_is_one_pool_with_every_role():
+    assert pools() == [Pool("global_pool", 1, 2, ("actor_rollout",))]
+    assert pools("actor_rollout_ref.actor.use_kl_loss=true", "algorithm.adv_estimator=gae", *RM) == [
+        Pool("global_pool", 1, 2, ("actor_rollout_ref", "critic", "rm"))]
+
+
+def test_split_gives_the_rollout_its_pool_and_the_training_pool_the_rest():
+    got = pools(*SPLIT, "rollout.nnodes=2", "actor_rollout_ref.actor.use_kl_loss=true", "algorithm.adv_estimator=gae")
+    assert got == [Pool("global_pool", 1, 1, ("actor_ref", "critic")), Pool("rollout_pool", 2, 1, ("rollout",))]
+    assert got[1].world_size == 2 and got[1].process_on_nodes == [1, 1]
+
+
+def test_a_reward_model_pool_of_its_own_in_either_layout():
+    assert pools(*RM_POOL) == [Pool("global_pool", 1, 2, ("actor_rollout",)), Pool("reward_pool", 1, 3, ("rm",))]
+    assert [p.name for p in pools(*SPLIT, *RM_POOL)] == ["global_pool", "rollout_pool", "reward_pool"]
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["actor_rollout_ref.hybrid_engine=false"], "rollout.n_gpus_per_node=0: set rollout.n_gpus_per_node"),
+    (["rollout.n_gpus_per_node=2"], "actor_rollout_ref.hybrid_engine=true runs the rollout in the training "
+                                    "processes: set actor_rollout_ref.hybrid_engine=false"),
+    ([*SPLIT, "trainer.backend=local"], "cannot start the pools of their own this run asks for \\(rollout_pool\\): "
+                                        "use trainer.backend=ray"),
+    (["reward_model.enable_resource_pool=true"], "without reward_model.enable=true"),
+    ([*RM, "reward_model.enable_resource_pool=true"], "reward_model.nnodes=0 and reward_model.n_gpus_per_node=0"),
+    ([*SPLIT, "rollout.nnodes=0"], "rollout.nnodes=0 is out of range"),
+])
+def test_a_placement_that_cannot_run_is_refused_naming_the_key(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve_config(ppo_config(*BASE, *overrides))
+
+
+def test_the_bucket_size_warns_only_where_no_pool_of_its_own_uses_it(caplog):
+    bucket = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=64"
+    resolve_config(ppo_config(*BASE, *SPLIT, bucket))
+    assert "update_weights_bucket_megabytes" not in caplog.text
+    resolve_config(ppo_config(*BASE, bucket))
+    assert "no effect in this run: actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=64" \
+        in caplog.text
+
+
+def test_the_dry_run_prints_every_pool_its_processes_and_roles(capsys):
+    assert run_ppo(ppo_config(*BASE, *SPLIT, *RM_POOL, "trainer.dry_run=true")) == []
+    out = capsys.readouterr().out
+    assert "split: the rollout receives the actor weights after every update" in out
+    for line in ("global_pool  1 node(s) x 1 process(es) = 1; roles: actor\n",
+                 "rollout_pool 1 node(s) x 1 process(es) = 1; roles: rollout",
+                 "reward_pool  1 node(s) x 3 process(es) = 3; roles: rm"):
+        assert line in out, line
