@@ -194,8 +194,6 @@ UNCHECKED: dict[str, str] = {
     **{f"actor_rollout_ref.rollout.{key}": "only 1 runs (config_rules.UNSUPPORTED)"
        for key in ("data_parallel_size", "expert_parallel_size", "pipeline_model_parallel_size")},
     "actor_rollout_ref.rollout.over_sample_rate": "no effect here (config_rules.NO_EFFECT)",
-    "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes":
-        "no effect here (config_rules.NO_EFFECT)",
     "reward_model.num_workers": "no effect here (config_rules.NO_EFFECT)",
     **{f"{role}.profiler.ranks": "no effect here (config_rules.NO_EFFECT)"
        for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")},

@@ -61,14 +61,14 @@ def actor_role_name(config: PPOTrainerConfig) -> str:
 
 def placement(config: PPOTrainerConfig) -> list[Pool]:
     """The run's pools, the training pool first."""
-    t, rm = config.trainer, config.reward_model
-    own_rm_pool = rm.enable and rm.enable_resource_pool
-    training = [actor_role_name(config)] + ["critic"] * uses_critic(config) + ["rm"] * (rm.enable and not own_rm_pool)
+    t, rm = config.trainer, config.reward_model.enable
+    own_rm_pool = rm and config.reward_model.enable_resource_pool
+    training = [actor_role_name(config)] + ["critic"] * uses_critic(config) + ["rm"] * (rm and not own_rm_pool)
     pools = [Pool(TRAINING_POOL, t.nnodes, t.n_gpus_per_node, tuple(training))]
     if is_split(config):
         pools.append(Pool(ROLLOUT_POOL, config.rollout.nnodes, config.rollout.n_gpus_per_node, ("rollout",)))
     if own_rm_pool:
-        pools.append(Pool(REWARD_POOL, rm.nnodes, rm.n_gpus_per_node, ("rm",)))
+        pools.append(Pool(REWARD_POOL, config.reward_model.nnodes, config.reward_model.n_gpus_per_node, ("rm",)))
     return pools
 
 

@@ -28,6 +28,7 @@ from hybridrl.utils.metric import ModelPass, combine_ranks
 from hybridrl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 from hybridrl.workers.reward_model import RewardModelWorker
 from hybridrl.workers.sft_worker import SFTWorker
+from hybridrl.workers.weight_transfer import BucketPlan
 
 
 class ActorRolloutRefGroup(TypedWorkerGroup):
@@ -63,23 +64,24 @@ class ActorRolloutRefGroup(TypedWorkerGroup):
                         del_local_after_load: bool = False) -> None:
         self._call(ActorRolloutRefWorker.load_checkpoint, local_path, hdfs_path, del_local_after_load)
 
-    # the weight sync between pools (hybridrl/trainer/weight_sync.py); the last three return futures
-    def weight_manifest(self) -> list:
+    # the weight sync between pools (hybridrl/trainer/weight_sync.py); the last three do not block: they hand
+    # back each rank's future of what the annotation says
+    def weight_manifest(self) -> list[list[tuple[str, tuple[int, ...]]] | None]:
         return self._call(ActorRolloutRefWorker.weight_manifest)
 
-    def rollout_weight_spec(self) -> list[dict]:
+    def rollout_weight_spec(self) -> list[dict[str, Any]]:
         return self._call(ActorRolloutRefWorker.rollout_weight_spec)
 
     def host_weight_sync(self) -> tuple[str, int]:
         return self._call(ActorRolloutRefWorker.host_weight_sync)
 
-    def join_weight_sync(self, host: str, port: int, world_size: int, timeout_s: float) -> list:
+    def join_weight_sync(self, host: str, port: int, world_size: int, timeout_s: float) -> list[None]:
         return self._call(ActorRolloutRefWorker.join_weight_sync, host, port, world_size, timeout_s)
 
-    def send_weights(self, plan: Any, version: int) -> list:
+    def send_weights(self, plan: BucketPlan, version: int) -> list[dict[str, float]]:
         return self._call(ActorRolloutRefWorker.send_weights, plan, version)
 
-    def receive_weights(self, plan: Any, version: int) -> list:
+    def receive_weights(self, plan: BucketPlan, version: int) -> list[dict[str, float]]:
         return self._call(ActorRolloutRefWorker.receive_weights, plan, version)
 
 

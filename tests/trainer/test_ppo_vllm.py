@@ -98,3 +98,14 @@ def test_grpo_with_vllm_raises_held_out_greedy_accuracy(quickstart_sft, tmp_path
     assert max(gaps) <= TOLERANCE
     assert abs(trainer_says - after) <= 0.01  # vLLM's greedy validation is model.generate's greedy
     assert after >= before + MARGIN
+
+
+@pytest.mark.ray
+def test_grpo_with_vllm_on_a_rollout_pool_of_its_own(arithmetic_data, tiny_model_dir, tmp_path):
+    """hybrid_engine=false: one training process, one vLLM process; the weights arrive by the weight sync."""
+    history = vllm_run(arithmetic_data, tiny_model_dir, tmp_path / "split", "actor_rollout_ref.hybrid_engine=false",
+                       "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1")
+    gaps = [m["rollout/log_prob_diff_max"] for m in history]
+    print("rollout/log_prob_diff_max per step, split:", gaps)
+    assert max(gaps) <= 1e-5
+    assert [m["rollout/weight_version"] for m in history] == list(range(STEPS))
