@@ -9,7 +9,7 @@ worker process:
 - colocated: 2 processes, each holding actor + rollout (the hybrid engine);
 - split: `actor_rollout_ref.hybrid_engine=false`, 1 training process + 1 rollout process, the rollout's
   weights synced after every update.
-Reported, as medians over the steps after the first: samples/s, step time, each pool's busy share of
+Reported, as medians over the steps after the first (of each step's value): samples/s, step time, each pool's busy share of
 the step (the training pool: old log-prob, reference and update passes plus sending the weights; the
 rollout pool: generation plus receiving them; colocated, both are the same processes), and the weight
 sync's time, bytes, GB/s and share of the step, against this machine's memcpy bandwidth measured in the same
@@ -68,24 +68,31 @@ def grpo_run(workdir: Path, model: Path, data: Path, name: str, layout: list[str
 
 
 def summarise(history: list[dict], split: bool) -> dict:
-    steady = history[1:]  # the first step pays one-time costs (allocations, first sync of the engine)
+    steady = history[1:]  # the first step pays one-time costs (allocations, the engine's first batch)
 
-    def med(key: str) -> float:
-        return statistics.median(m.get(key, 0.0) for m in steady)
+    def per_step(value) -> float:
+        return statistics.median(value(m) for m in steady)
 
-    step = med("timing_s/step")
-    sync = med("timing_s/weight_sync") if split else 0.0
-    training = med("timing_s/old_log_prob_worker") + med("timing_s/ref_worker") + med("timing_s/update_actor_worker")
-    rollout = med("timing_s/gen_worker")
+    def training(m: dict) -> float:
+        return sum(m.get(f"timing_s/{stage}_worker", 0.0) for stage in ("old_log_prob", "ref", "update_actor"))
+
+    def sync(m: dict) -> float:
+        return m.get("timing_s/weight_sync", 0.0)
+
     out = {
-        "step": step, "samples_per_s": 128 / step, "sync": sync, "sync_share": sync / step,
-        "sync_gb": med("perf/weight_sync_bytes") / 1e9, "sync_gbps": med("perf/weight_sync_gbps"),
+        "step": per_step(lambda m: m["timing_s/step"]),
+        "samples_per_s": per_step(lambda m: 128 / m["timing_s/step"]),
+        "sync": per_step(sync), "sync_share": per_step(lambda m: sync(m) / m["timing_s/step"]),
+        "sync_gb": per_step(lambda m: m.get("perf/weight_sync_bytes", 0.0)) / 1e9,
+        "sync_gbps": per_step(lambda m: m.get("perf/weight_sync_gbps", 0.0)),
         "log_prob_diff_max": max(m["rollout/log_prob_diff_max"] for m in history),
     }
-    if split:
-        out["training_busy"], out["rollout_busy"] = (training + sync) / step, (rollout + sync) / step
+    if split:  # each pool's own work, and the sync, which occupies both
+        out["training_busy"] = per_step(lambda m: (training(m) + sync(m)) / m["timing_s/step"])
+        out["rollout_busy"] = per_step(lambda m: (m["timing_s/gen_worker"] + sync(m)) / m["timing_s/step"])
     else:  # the same processes run both phases one after the other
-        out["training_busy"] = out["rollout_busy"] = (training + rollout) / step
+        out["training_busy"] = out["rollout_busy"] = per_step(
+            lambda m: (training(m) + m["timing_s/gen_worker"]) / m["timing_s/step"])
     return out
 
 

@@ -319,7 +319,7 @@ class ActorRolloutRefWorker(Worker):
         if self.weight_sync is None:
             raise RuntimeError("receive_weights before join_weight_sync: the driver joins the sync group first")
         start = time.perf_counter()
-        self.rollout.update_weights(receive_weights(plan, self.weight_sync))
+        self.rollout.receive_weights(receive_weights(plan, self.weight_sync))
         self.weight_version = version
         return {"seconds": time.perf_counter() - start, "version": float(version)}
 

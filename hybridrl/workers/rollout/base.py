@@ -125,6 +125,12 @@ class BaseRollout(ABC):
         finally:
             actor.load_optimizer()
 
+    def receive_weights(self, pairs: Iterator[tuple[str, torch.Tensor]]) -> None:
+        """Load weights sent from another pool into the engine, awake for it (a rollout pool of its own: the
+        weight sync, hybridrl/trainer/weight_sync.py)."""
+        with self._awake():
+            self.update_weights(pairs)
+
     @abstractmethod
     def _serve_weights(self, actor: ServedActor) -> contextlib.AbstractContextManager[None]:
         """The engine's part of `serving`: hand over the actor's weights, release what the block held."""
