@@ -434,7 +434,10 @@ def _fill_micro_batches_per_rank(config: PPOTrainerConfig) -> None:
         require(per_gpu is None or global_size is None,
                 f"{key}={global_size} and {key}_per_gpu={per_gpu} are both set; set one (the global size is "
                 f"divided by the world size)")
-        setattr(node, f"{name}_per_gpu", micro_batch_per_rank(per_gpu, global_size, world_size(config), key))
+        ranks = world_size(config)
+        if node is rm and rm.enable_resource_pool:  # the reward model's own pool divides its batch
+            ranks = config.reward_model.nnodes * config.reward_model.n_gpus_per_node or ranks
+        setattr(node, f"{name}_per_gpu", micro_batch_per_rank(per_gpu, global_size, ranks, key))
 
 
 def fill_training_steps(config: PPOTrainerConfig, train_rows: int) -> None:

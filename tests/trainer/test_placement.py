@@ -32,6 +32,9 @@ def test_split_gives_the_rollout_its_pool_and_the_training_pool_the_rest():
 def test_a_reward_model_pool_of_its_own_in_either_layout():
     assert pools(*RM_POOL) == [Pool("global_pool", 1, 2, ("actor_rollout",)), Pool("reward_pool", 1, 3, ("rm",))]
     assert [p.name for p in pools(*SPLIT, *RM_POOL)] == ["global_pool", "rollout_pool", "reward_pool"]
+    # verl's global micro-batch is divided over the pool that runs the passes: 6 rows over its 3 processes
+    config = resolve_config(ppo_config(*BASE, *RM_POOL, "reward_model.micro_batch_size=6"))
+    assert config.reward_model.micro_batch_size_per_gpu == 2
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
