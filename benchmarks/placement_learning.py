@@ -11,8 +11,8 @@ quickstart's precision keys) or, without it, as the quickstart does (bf16 where 
 
 Reported per seed: held-out greedy accuracy after SFT and after 30 GRPO steps, the gain, the GRPO phase's
 wall time and median step, the split run's median weight sync and the largest rollout/log_prob_diff_max
-of each run. Run it on an otherwise idle machine. Writes its table under benchmarks/results/: placement_learning.md, or with `--dtype` e.g.
-`benchmarks/results/placement_learning_fp32.md`.
+of each run. Run it on an otherwise idle machine. Writes its table under benchmarks/results/, the dtype in the file's name when `--dtype` is given (e.g.
+`benchmarks/results/placement_learning_fp32.md`).
 """
 
 from __future__ import annotations
