@@ -58,6 +58,20 @@ def early_stopping_model(out_dir: Path, eos_pull: float = 8.0) -> Path:
     return path
 
 
+def random_reward_model(model_dir: Path, out_dir: Path) -> Path:
+    """A reward model from the tiny model with a random score head (seeded): scores that vary by response."""
+    import torch
+
+    from hybridrl.models.loading import load_tokenizer, load_value_model
+
+    model = load_value_model(model_dir)
+    with torch.no_grad():
+        model.score.weight.copy_(torch.randn(model.score.weight.shape, generator=torch.Generator().manual_seed(1)))
+    model.save_pretrained(out_dir)
+    load_tokenizer(model_dir).save_pretrained(out_dir)
+    return out_dir
+
+
 def scored_batch(scores, masks, uids):
     """A DataProto of token_level_rewards (each row's score on its last valid token), response_mask and uid."""
     import numpy as np

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 import torch.distributed as dist
-from ppo_helpers import FIXTURES, ppo_config, tiny_run_overrides
+from ppo_helpers import FIXTURES, ppo_config, random_reward_model, tiny_run_overrides
 
 from hybridrl.controller.worker_group import DIST_ENV_KEYS
 from hybridrl.trainer.main_ppo import run_ppo
@@ -126,16 +126,7 @@ def test_device_cpu_keeps_every_stage_on_the_cpu_where_torch_sees_a_gpu(arithmet
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_a_run_scored_by_a_reward_model(arithmetic_data, tiny_model_dir, tmp_path, no_dist_env, device):
     # a model-based reward beside the rule-based one: the reward model's worker scores every response
-    import torch
-
-    from hybridrl.models.loading import load_tokenizer, load_value_model
-
-    rm_dir = tmp_path / "rm"
-    model = load_value_model(tiny_model_dir)
-    with torch.no_grad():
-        model.score.weight.copy_(torch.randn(model.score.weight.shape, generator=torch.Generator().manual_seed(1)))
-    model.save_pretrained(rm_dir)
-    load_tokenizer(tiny_model_dir).save_pretrained(rm_dir)
+    rm_dir = random_reward_model(tiny_model_dir, tmp_path / "rm")
     steps = run_ppo(ppo_config(*tiny_run_overrides(arithmetic_data, tiny_model_dir, tmp_path / "run"), *LOCAL,
                                "reward_model.enable=true", f"reward_model.model.path={rm_dir}",
                                f"trainer.device={device}"))

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ppo_helpers import ppo_config, tiny_run_overrides
+from ppo_helpers import ppo_config, random_reward_model, tiny_run_overrides
 from test_ppo_e2e import DETERMINISTIC
 
 from hybridrl.controller.ray import WorkerDiedError
@@ -89,16 +89,7 @@ def test_a_killed_rollout_process_stops_the_run_naming_it_and_the_run_resumes(ar
 
 
 def test_a_reward_model_on_its_own_pool_scores_as_colocated(arithmetic_data, tiny_model_dir, tmp_path):
-    import torch
-
-    from hybridrl.models.loading import load_tokenizer, load_value_model
-
-    rm_dir = tmp_path / "rm"
-    model = load_value_model(tiny_model_dir)
-    with torch.no_grad():
-        model.score.weight.copy_(torch.randn(model.score.weight.shape, generator=torch.Generator().manual_seed(1)))
-    model.save_pretrained(rm_dir)
-    load_tokenizer(tiny_model_dir).save_pretrained(rm_dir)
+    rm_dir = random_reward_model(tiny_model_dir, tmp_path / "rm")
     rm = ["reward_model.enable=true", f"reward_model.model.path={rm_dir}", "trainer.total_training_steps=1"]
     runs = {}
     for name, pool in (("colocated", []), ("own_pool", ["reward_model.enable_resource_pool=true",
