@@ -2,13 +2,15 @@
 
     python benchmarks/verl_launch_scripts.py --verl /path/to/verl/checkout [--kind fsdp] [--out FILE]
 
-Every `examples/**/*.sh` that starts `verl.trainer.main_ppo` runs under bash with `python`, `python3` and
+Every `examples/**/*.sh` that starts `verl.trainer.main_ppo`, and every script of verl's one-step-off recipe
+(`verl/experimental/one_step_off_policy/shell/*.sh`, which start its own `main_ppo`: the same keys, with the
+rollout on a pool of its own), runs under bash with `python`, `python3` and
 the cluster tools (ray, hf, srun, ...) replaced by stand-ins on PATH, so each script builds its command
 line with its shell variables at their defaults and nothing else runs. The captured arguments, with the
 data, model and output paths pointed at a tiny local model and the built-in task's parquet files, then go
 to `python -m hybridrl.trainer.main_ppo ... trainer.dry_run=true` from the checkout's root (so the
-scripts' relative config folders resolve). Scripts are sorted into megatron, npu, vlm and fsdp (the rest)
-by their names and arguments.
+scripts' relative config folders resolve). Scripts are sorted into megatron, npu, vlm, one_step_off (the recipe's
+FSDP scripts) and fsdp (the rest) by their paths, names and arguments.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ STAND_INS = ("hf", "huggingface-cli", "pip", "pip3", "ray", "nvidia-smi", "npu-s
 CAPTURE = """#!{python}
 import json, os, sys
 args = sys.argv[1:]
-if "verl.trainer.main_ppo" in args or any(a.endswith("main_ppo.py") for a in args):
+if any(a in ("verl.trainer.main_ppo", "verl.experimental.one_step_off_policy.main_ppo") or a.endswith("main_ppo.py")
+       for a in args):
     with open(os.environ["CAPTURE"], "a") as f:
         f.write(json.dumps({{"cwd": os.getcwd(), "argv": args}}) + "\\n")
 """
@@ -39,6 +42,10 @@ PATH_KEYS = {"data.train_files": "train", "data.val_files": "val", "trainer.defa
 MODEL_KEY = re.compile(r"(model\.path|tokenizer_path|input_tokenizer|^data\.tokenizer)$")
 
 
+MODULES = ("verl.trainer.main_ppo", "verl.experimental.one_step_off_policy.main_ppo")
+ONE_STEP_OFF_SHELLS = "verl/experimental/one_step_off_policy/shell"
+
+
 def kind(name: str, argv: list[str]) -> str:
     line = " ".join(argv)
     if "megatron" in name or "strategy=megatron" in line or "ppo_megatron_trainer" in line:
@@ -47,7 +54,16 @@ def kind(name: str, argv: list[str]) -> str:
         return "npu"
     if re.search(r"(qwen2_5_vl|qwen3_vl|_vl-|_vl_|glm41v|minicpmo|geo3k)", name.lower()):
         return "vlm"
+    if MODULES[1] in argv:
+        return "one_step_off"
     return "fsdp"
+
+
+def launch_scripts(verl: Path) -> list[Path]:
+    """verl's example scripts that start main_ppo, then the one-step-off recipe's."""
+    examples = [s for s in sorted((verl / "examples").rglob("*.sh"))
+                if MODULES[0] in s.read_text(errors="replace")]
+    return examples + sorted((verl / ONE_STEP_OFF_SHELLS).glob("*.sh"))
 
 
 def capture(verl: Path, work: Path) -> dict[str, dict]:
@@ -61,9 +77,7 @@ def capture(verl: Path, work: Path) -> dict[str, dict]:
         (shims / name).write_text("#!/bin/sh\nexit 0\n")
         (shims / name).chmod(0o755)
     captured = {}
-    for script in sorted((verl / "examples").rglob("*.sh")):
-        if "verl.trainer.main_ppo" not in script.read_text(errors="replace"):
-            continue
+    for script in launch_scripts(verl):
         out = work / "captured.jsonl"
         out.unlink(missing_ok=True)
         env = {**SCRIPT_ENV, "PATH": f"{shims}:/usr/bin:/bin", "HOME": str(work / "home"), "CAPTURE": str(out)}
@@ -76,7 +90,7 @@ def capture(verl: Path, work: Path) -> dict[str, dict]:
 
 def pointed(argv: list[str], paths: dict[str, str]) -> list[str]:
     """The main_ppo arguments after the module, with data, model and output paths replaced."""
-    start = next(i for i, a in enumerate(argv) if a == "verl.trainer.main_ppo" or a.endswith("main_ppo.py"))
+    start = next(i for i, a in enumerate(argv) if a in MODULES or a.endswith("main_ppo.py"))
     args = []
     for arg in argv[start + 1:]:
         key, sep, _ = arg.partition("=")
@@ -110,7 +124,7 @@ def blocker(output: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--verl", type=Path, required=True, help="a verl checkout (its examples/ and config folders)")
-    parser.add_argument("--kind", default="fsdp", choices=("fsdp", "megatron", "npu", "vlm", "all"))
+    parser.add_argument("--kind", default="fsdp", choices=("fsdp", "one_step_off", "megatron", "npu", "vlm", "all"))
     parser.add_argument("--out", type=Path, help="write the table here as well")
     args = parser.parse_args()
     from hybridrl.data.tasks.arithmetic import main as write_task

