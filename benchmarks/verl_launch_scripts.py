@@ -89,7 +89,8 @@ def capture(verl: Path, work: Path) -> dict[str, dict]:
 
 
 def pointed(argv: list[str], paths: dict[str, str]) -> list[str]:
-    """The main_ppo arguments after the module, with data, model and output paths replaced."""
+    """The main_ppo arguments after the module, with data, model and output paths replaced (and the one-step-off
+    recipe's mode)."""
     start = next(i for i, a in enumerate(argv) if a in MODULES or a.endswith("main_ppo.py"))
     args = []
     for arg in argv[start + 1:]:
@@ -100,6 +101,8 @@ def pointed(argv: list[str], paths: dict[str, str]) -> list[str]:
         elif sep and MODEL_KEY.search(bare):
             arg = f"{key}={paths['model']}"
         args.append(arg)
+    if argv[start] == MODULES[1]:  # verl chooses the mode by the recipe's entry point, hybridrl by a key
+        args.append("async_training.mode=one_step_off")
     return args
 
 

@@ -154,6 +154,10 @@ RANGES: dict[str, Rule] = {
 }
 
 ANY_SEED = "any integer seeds a generator"
+# verl's fully_async keys: the numeric ones (UNSUPPORTED, so UNCHECKED)
+STREAMING_KEYS = ("async_training.staleness_threshold", "async_training.trigger_parameter_sync_step",
+                  "async_training.require_batches", "rollout.total_rollout_steps", "rollout.total_epochs",
+                  "rollout.test_freq")
 UNCHECKED: dict[str, str] = {
     "data.max_prompt_length": "checked when the data config is built (RLDatasetConfig)",
     "data.train_batch_size": "checked with the mini-batch arithmetic (config_checks)",
@@ -198,6 +202,7 @@ UNCHECKED: dict[str, str] = {
     **{f"{role}.profiler.ranks": "no effect here (config_rules.NO_EFFECT)"
        for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")},
     **{key: "not supported: only its default runs (config_rules.UNSUPPORTED)" for key in (
+        *STREAMING_KEYS,
         "actor_rollout_ref.actor.ulysses_sequence_parallel_size", "actor_rollout_ref.ref.ulysses_sequence_parallel_size",
         "critic.ulysses_sequence_parallel_size", "reward_model.ulysses_sequence_parallel_size",
         "trainer.ray_wait_register_center_timeout", "data.filter_overlong_prompts_workers")},
@@ -261,7 +266,12 @@ NO_CRITIC_LORA = Unsupported("LoRA adapters train the actor only (actor_rollout_
                              "trains every parameter")
 ONE_ROLLOUT_GROUP = Unsupported("the rollout engine runs inside each worker with tensor parallelism only "
                                 "(actor_rollout_ref.rollout.tensor_model_parallel_size)")
+NO_STREAMING = Unsupported("verl's fully_async streaming is not implemented; async_training.mode=one_step_off "
+                           "overlaps generation with training one whole batch ahead (docs/placement.md)")
 UNSUPPORTED: dict[str, Unsupported] = {
+    **{key: NO_STREAMING for key in (*STREAMING_KEYS, "async_training.partial_rollout",
+                                     "async_training.use_rollout_log_probs", "async_training.compute_prox_log_prob",
+                                     "async_training.use_trainer_do_validate")},
     **{f"{role}.ulysses_sequence_parallel_size": NO_SEQUENCE_PARALLEL
        for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "reward_model")},
     "actor_rollout_ref.actor.use_torch_compile": NO_COMPILE,
@@ -306,6 +316,8 @@ SAME_EITHER_WAY: dict[str, str] = {
     "actor_rollout_ref.rollout.layered_summon": "the actor's weights reach an engine with its own copy (vLLM) "
                                                 "one gathered tensor at a time, LoRA merged in, whatever it is set to",
     "trainer.use_legacy_worker_impl": "hybridrl has one worker implementation (hybridrl/workers/fsdp_workers.py)",
+    "trainer.weight_sync_with_ray": "a rollout pool of its own always receives the weights through a process group "
+                                    "of its own (hybridrl/workers/weight_transfer.py)",
     "reward_model.use_reward_loop": "rule-based rewards score in the driver's reward processes and a reward model "
                                     "in its worker group, whichever of verl's paths is named",
     "actor_rollout_ref.actor.use_prefix_grouper": "a prompt shared by a group's responses is computed once "

@@ -356,6 +356,13 @@ class StageCosts:
             self.flops[STAGE_PASSES[stage]] += model_pass.flops(tokens)
             self.seconds[STAGE_PASSES[stage]] += seconds
 
+    def add(self, flops: Mapping[str, float], seconds: Mapping[str, float]) -> None:
+        """Count another recorder's passes (a batch generated in the background) in this step."""
+        for name, value in flops.items():
+            self.flops[name] += value
+        for name, value in seconds.items():
+            self.seconds[name] += value
+
     def mfu_metrics(self) -> dict[str, float]:
         peaks = {name: p.peak_flops for name, p in self.passes.items()}
         return compute_mfu_metrics(self.flops, self.seconds, peaks)

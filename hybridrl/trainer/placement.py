@@ -91,6 +91,15 @@ def placement_errors(config: PPOTrainerConfig) -> list[str]:
     if rm.enable and rm.enable_resource_pool and (rm.nnodes < 1 or rm.n_gpus_per_node < 1):
         errors.append(f"reward_model.enable_resource_pool=true needs a pool: reward_model.nnodes={rm.nnodes} and "
                       f"reward_model.n_gpus_per_node={rm.n_gpus_per_node} must both be >= 1")
+    if config.async_training.mode == "one_step_off":
+        if not is_split(config):
+            errors.append("async_training.mode=one_step_off generates the next batch while this one trains, which "
+                          "needs a rollout pool of its own: set actor_rollout_ref.hybrid_engine=false and "
+                          "rollout.n_gpus_per_node (with trainer.n_gpus_per_node for the training pool)")
+        if rm.enable and not rm.enable_resource_pool:
+            errors.append("async_training.mode=one_step_off scores the next batch while the training pool trains, "
+                          "so a reward model cannot share the training pool: set reward_model.enable_resource_pool="
+                          "true with reward_model.n_gpus_per_node, or async_training.mode=sync")
     if t.backend == "local" and len(placement(config)) > 1:
         pools = ", ".join(p.name for p in placement(config)[1:])
         errors.append(f"trainer.backend=local runs one rank in this process, so it cannot start the pools of their "
@@ -102,8 +111,13 @@ def placement_errors(config: PPOTrainerConfig) -> list[str]:
 def describe(config: PPOTrainerConfig) -> str:
     """Every pool, its processes and its roles, for a dry run."""
     t = config.trainer
-    lines = [f"placement: backend={t.backend}, device={t.device}, "
-             f"{'split: the rollout receives the actor weights after every update' if is_split(config) else 'colocated'}"]
+    if not is_split(config):
+        layout = "colocated"
+    elif config.async_training.mode == "one_step_off":
+        layout = "split, one step off: the rollout generates the next batch with the weights of the step before"
+    else:
+        layout = "split: the rollout receives the actor weights after every update"
+    lines = [f"placement: backend={t.backend}, device={t.device}, {layout}"]
     for pool in placement(config):
         lines.append(f"  {pool.name:<12} {pool.nnodes} node(s) x {pool.processes_per_node} process(es) = "
                      f"{pool.world_size}; roles: {', '.join(pool.roles)}")

@@ -271,6 +271,9 @@ class TrainerConfig(FreezableConfig):
     ray_wait_register_center_timeout: int = 300
     # verl's choice between its two worker implementations; hybridrl has one (config_rules.SAME_EITHER_WAY).
     use_legacy_worker_impl: str = "auto"
+    # verl's one-step-off choice between Ray's object store and a process group for the weight sync; hybridrl
+    # always moves them through a process group of their own (config_rules.SAME_EITHER_WAY).
+    weight_sync_with_ray: bool = True
 
 
 @dataclass
@@ -292,6 +295,44 @@ class RolloutPoolConfig(FreezableConfig):
     # and processes (GPUs) on each; n_gpus_per_node=0 with the hybrid engine, which has no such pool.
     nnodes: int = 1
     n_gpus_per_node: int = 0
+    # verl's fully_async keys (the rollouter's own run length and validation period): streaming is not
+    # implemented, so only their defaults run (hybridrl/trainer/config_rules.py).
+    total_rollout_steps: int | None = None
+    total_epochs: int | None = None
+    test_freq: int | None = None
+
+
+ASYNC_MODES = ("sync", "one_step_off")
+
+
+@dataclass
+class AsyncTrainingConfig(FreezableConfig):
+    """`async_training`: whether generation overlaps training (docs/placement.md, "One step off").
+
+    sync: each step generates its batch, then trains on it. one_step_off (split placement only): the rollout
+    pool generates the next step's batch with the weights of the step before while the training pool trains,
+    so every batch is one update old; the weights move at the step boundary. verl selects this mode by its
+    recipe's entry point; hybridrl has one entry point and this key. The other keys are verl's fully_async
+    streaming keys, not implemented: only their defaults run.
+    """
+
+    mode: str = "sync"
+    # one_step_off: correct the one-update-old samples with truncated token-level importance weights
+    # (algorithm.rollout_correction.rollout_is=token) when algorithm.rollout_correction sets nothing itself
+    correct_off_policy: bool = True
+    staleness_threshold: float = 0.0
+    trigger_parameter_sync_step: int = 1
+    require_batches: int = 1
+    partial_rollout: bool = False
+    use_rollout_log_probs: bool = False
+    compute_prox_log_prob: bool = False
+    use_trainer_do_validate: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mode not in ASYNC_MODES:
+            raise ConfigError(f"async_training.mode must be one of {ASYNC_MODES}, got {self.mode!r} (verl's "
+                              f"fully_async streaming is not implemented; one_step_off overlaps generation with "
+                              f"training)")
 
 
 @dataclass
@@ -316,6 +357,7 @@ class PPOTrainerConfig(FreezableConfig):
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     ray_init: RayInitConfig = field(default_factory=RayInitConfig)
     rollout: RolloutPoolConfig = field(default_factory=RolloutPoolConfig)
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
     global_profiler: GlobalProfilerConfig = field(default_factory=GlobalProfilerConfig)
 
 
@@ -379,6 +421,7 @@ def fill_derived(config: PPOTrainerConfig) -> None:
         reward_model.input_tokenizer = actor_model.tokenizer_path
     _fill_micro_batches_per_rank(config)
     _fill_verl_aliases(config)
+    _fill_off_policy_correction(config)
     if config.trainer.device == "cpu":
         arr, on_cpu = config.actor_rollout_ref, str(auto_dtype("cpu")).removeprefix("torch.")
         for fsdp in (arr.actor.fsdp_config, arr.ref.fsdp_config, config.critic.model.fsdp_config,
@@ -411,6 +454,19 @@ def _fill_verl_aliases(config: PPOTrainerConfig) -> None:
                        "installed, or rollout.name=hf to silence this)", rollout.name, rollout.name,
                        ENGINE_STAND_INS[rollout.name])
         rollout.name = ENGINE_STAND_INS[rollout.name]
+
+
+def _fill_off_policy_correction(config: PPOTrainerConfig) -> None:
+    """One step off, each batch was sampled one update ago: unless algorithm.rollout_correction asks for
+    something itself (or async_training.correct_off_policy=false), the update weighs each token by the
+    trainer's probability over the rollout's, truncated at rollout_is_threshold (decoupled PPO)."""
+    correction = config.algorithm.rollout_correction
+    if config.async_training.mode == "one_step_off" and config.async_training.correct_off_policy \
+            and not correction.enabled and not correction.bypass_mode:
+        correction.rollout_is = "token"
+        logger.info("async_training.mode=one_step_off: algorithm.rollout_correction.rollout_is=token (truncated at "
+                    "%s) corrects the one-update-old samples; async_training.correct_off_policy=false turns it off",
+                    correction.rollout_is_threshold)
 
 
 def _fill_micro_batches_per_rank(config: PPOTrainerConfig) -> None:

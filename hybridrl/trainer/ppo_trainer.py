@@ -7,6 +7,7 @@ they need (values, baselines) and the trainer provides what is declared.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -31,6 +32,7 @@ from hybridrl.trainer import dataflow
 from hybridrl.trainer.config_checks import report_config_changes, write_run_config
 from hybridrl.trainer.dataflow import BackgroundReward
 from hybridrl.trainer.divergence import DivergenceGuard
+from hybridrl.trainer.generation_ahead import Collected, GenerationAhead
 from hybridrl.trainer.metrics import (
     StageCosts,
     compute_data_metrics,
@@ -88,6 +90,11 @@ class PPOTrainer:
             hint=f"Lower the learning rate ({', '.join(lrs)}) or look for NaN in the rewards, then run again",
         )
         self._batches: Iterator[dict] | None = None
+        # one step off, the background thread draws prompts while the main thread updates a curriculum sampler
+        # or saves the loader's state
+        self._data_lock = threading.Lock()
+        self.ahead = GenerationAhead(self._collect_ahead) if config.async_training.mode == "one_step_off" else None
+        self._restored: Collected | None = None  # a batch generated before the checkpoint this run resumed from
         # the prompt columns the agent loop reads (tools_kwargs in extra_info, agent_name), when it runs
         self.rollout_columns = AGENT_INPUT_COLUMNS if config.actor_rollout_ref.rollout.multi_turn.enable else ()
         self._reward_extra_keys: set[str] = set()  # per-sample values the reward function returned
@@ -107,6 +114,9 @@ class PPOTrainer:
             resumed = self._load_checkpoint()
             # a rollout pool of its own starts from the model's files: it takes the (resumed) actor's weights
             self.groups.sync_rollout_weights(self.global_steps)
+            if self.ahead is not None and self._restored is not None:
+                self.ahead.restore(self._restored)
+                self._restored = None
             # metrics.jsonl keeps one line per step: lines of steps this run trains again move aside
             tracker.rewind(self.global_steps if resumed else -1)
             if self.validator and cfg.val_before_train:
@@ -126,6 +136,8 @@ class PPOTrainer:
                 bar.close()
             if self.background_reward is not None:
                 self.background_reward.close()
+            if self.ahead is not None:
+                self.ahead.close()
             tracker.finish()
         return self.history
 
@@ -135,7 +147,7 @@ class PPOTrainer:
         timing: dict[str, float] = {}
         self.costs.start_step()
         with timer("step", timing):
-            batch = self._collect_batch(metrics, timing)  # 1, 2, 4: prompts, responses, scores
+            batch = self._next_batch(metrics, timing)  # 1, 2, 4: prompts, responses, scores
             self._balance(batch, metrics)  # 3
             pending = self._score_in_background(batch, timing)  # 4, while 5 runs
             self._recompute(batch, metrics, timing)  # 5: old/ref log-probs, values
@@ -148,11 +160,13 @@ class PPOTrainer:
                 batch = self._compute_advantage(batch, metrics)  # 7
             self._update_critic(batch, metrics, timing)  # 8
             self._update_actor(batch, metrics, timing)
-            metrics.update(self.groups.sync_rollout_weights(self.global_steps))  # split: the rollout pool's copy
+            if self.ahead is None:  # split: the rollout pool's copy (one step off: at the next step's start)
+                metrics.update(self.groups.sync_rollout_weights(self.global_steps))
         self._dump_rollouts(batch)
         update = getattr(self.sampler, "update", None)
         if callable(update):  # a curriculum sampler (data.sampler) sees every trained batch, as in verl
-            update(batch=batch)
+            with self._data_lock:
+                update(batch=batch)
         metrics.update(compute_data_metrics(batch, use_critic=self.groups.critic is not None))
         metrics.update(compute_agent_metrics(batch))
         metrics.update(compute_timing_metrics(batch, timing))
@@ -163,20 +177,63 @@ class PPOTrainer:
 
     # ----- stages --------------------------------------------------------------------------------------
     def _next_prompts(self) -> DataProto:
-        batch = next(self._batches, None) if self._batches is not None else None
-        if batch is None:  # the first step, or an epoch boundary: the sampler has moved on to the next epoch's order
-            self._batches = iter(self.dataloader)
-            batch = next(self._batches)
+        with self._data_lock:
+            batch = next(self._batches, None) if self._batches is not None else None
+            if batch is None:  # the first step, or an epoch boundary: the sampler has moved on to the next epoch's order
+                self._batches = iter(self.dataloader)
+                batch = next(self._batches)
         return dataflow.new_prompt_batch(batch)
 
-    def _collect_batch(self, metrics: dict, timing: dict) -> DataProto:
-        """Generate and score until the batch is full (more than one round only with filter_groups)."""
+    def _next_batch(self, metrics: dict, timing: dict) -> DataProto:
+        """1, 2, 4 of this step: generated now (sync), or taken from the background (one step off), which then
+        starts on the next step's batch with the weights of the update just made."""
+        step = self.global_steps
+        if self._restored is not None and self._restored.step == step:  # generated before the checkpoint
+            batch = self._use_collected(self._restored, metrics, timing)
+            self._restored = None
+        elif self.ahead is None:
+            batch = self._collect_batch(metrics, timing, step, self.costs)
+        else:
+            if not self.ahead.holds(step):  # the run's first step
+                self.ahead.start(step)
+            taken = self.ahead.take()
+            batch = self._use_collected(taken.collected, metrics, timing)
+            timing["trainer_idle"], timing["rollout_idle"] = taken.trainer_idle_s, taken.rollout_idle_s
+            metrics.update(self.groups.sync_rollout_weights(step - 1))
+            if step < self.total_steps:
+                self.ahead.start(step + 1)
+            metrics["async/queue_size"] = self.ahead.in_flight
+        version = metrics.get("rollout/weight_version")
+        if version is not None:  # a rollout pool of its own: updates between the sampling weights and these
+            staleness = step - 1 - version
+            metrics["rollout/weight_staleness"] = staleness
+            if self.ahead is not None:  # every row of a batch was sampled with one version
+                metrics["async/staleness_mean"] = metrics["async/staleness_max"] = staleness
+        return batch
+
+    def _collect_ahead(self, step: int) -> Collected:
+        """The background thread's work: the batch of `step`, with its own metrics, times and costs."""
+        metrics: dict[str, float] = {}
+        timing: dict[str, float] = {}
+        costs = StageCosts(self.costs.passes)
+        batch = self._collect_batch(metrics, timing, step, costs)
+        return Collected(step, batch, metrics, timing, dict(costs.flops), dict(costs.seconds))
+
+    def _use_collected(self, collected: Collected, metrics: dict, timing: dict) -> DataProto:
+        metrics.update(collected.metrics)
+        for stage, seconds in collected.timing.items():
+            timing[stage] = timing.get(stage, 0.0) + seconds
+        self.costs.add(collected.flops, collected.seconds)
+        return collected.batch
+
+    def _collect_batch(self, metrics: dict, timing: dict, step: int, costs: StageCosts) -> DataProto:
+        """Generate and score the batch of `step` until it is full (more than one round only with filter_groups)."""
         groups_cfg = self.config.algorithm.filter_groups
         want = self.config.data.train_batch_size
         kept, prompts, rounds = [], 0, 0
         while True:
             rounds += 1
-            batch = self._generate(self._next_prompts(), metrics, timing)
+            batch = self._generate(self._next_prompts(), metrics, timing, step, costs)
             if self.background_reward is not None:  # scored after balancing, in the background
                 return batch
             with timer("reward", timing):
@@ -197,27 +254,27 @@ class PPOTrainer:
                     f"algorithm.filter_groups.max_num_gen_batches (0 = no limit) or disable filter_groups"
                 )
 
-    def _generate(self, batch: DataProto, metrics: dict, timing: dict) -> DataProto:
+    def _generate(self, batch: DataProto, metrics: dict, timing: dict, step: int, costs: StageCosts) -> DataProto:
         gen_input = dataflow.split_generation_input(batch, self.rollout_columns)
-        gen_input.meta_info["seed"] = self.config.actor_rollout_ref.rollout.seed + self.global_steps
+        gen_input.meta_info["seed"] = self.config.actor_rollout_ref.rollout.seed + step
         with timer("gen", timing):
             generated = self.groups.rollout.generate_sequences(gen_input)
-        self.costs.record("gen", generated, real_tokens(generated), timing)
+        costs.record("gen", generated, real_tokens(generated), timing)
         version = generated.meta_info.pop("weight_version", None)
         if version is not None:  # a rollout pool of its own: the update its weights came from
             metrics["rollout/weight_version"] = version
-            metrics["rollout/weight_staleness"] = self.global_steps - 1 - version
         if "reward_baselines" in self.estimator.required_inputs:
             with timer("gen_baseline", timing):
-                batch.batch["reward_baselines"] = self._greedy_baseline(batch, gen_input, timing)
+                batch.batch["reward_baselines"] = self._greedy_baseline(batch, gen_input, timing, costs)
         return dataflow.attach_responses(batch, generated)
 
-    def _greedy_baseline(self, batch: DataProto, gen_input: DataProto, timing: dict) -> torch.Tensor:
+    def _greedy_baseline(self, batch: DataProto, gen_input: DataProto, timing: dict,
+                         costs: StageCosts) -> torch.Tensor:
         """ReMax's baseline: the score of each prompt's greedy response, (prompts,)."""
         greedy_input = gen_input.select(deepcopy=False)
         greedy_input.meta_info = {"do_sample": False}
         generated = self.groups.rollout.generate_sequences(greedy_input)
-        self.costs.record("gen_baseline", generated, real_tokens(generated), timing)
+        costs.record("gen_baseline", generated, real_tokens(generated), timing)
         greedy = dataflow.attach_responses(batch.select(deepcopy=True), generated)
         self._score(greedy, {})
         return dataflow.sequence_scores(greedy)
@@ -351,6 +408,7 @@ class PPOTrainer:
         last = self.global_steps == self.total_steps
         metrics = {}
         if self.validator and cfg.test_freq > 0 and (self.global_steps % cfg.test_freq == 0 or last):
+            self._rollout_holds_latest_weights()
             metrics.update(self.validator.run(self.global_steps))
         if cfg.save_freq > 0 and (self.global_steps % cfg.save_freq == 0 or last):
             if not save:
@@ -362,6 +420,13 @@ class PPOTrainer:
             metrics["timing_s/save_checkpoint"] = timing["save_checkpoint"]
         return metrics
 
+    def _rollout_holds_latest_weights(self) -> None:
+        """One step off, before validating: the next batch finishes generating (a rollout rank takes one call at
+        a time) and the rollout takes this step's weights, which the next step would send it anyway."""
+        if self.ahead is not None:
+            self.ahead.settle()
+            self.groups.sync_rollout_weights(self.global_steps)
+
     def save_checkpoint(self) -> Path:
         cfg = self.config.trainer
         step_dir = Path(cfg.default_local_dir) / f"global_step_{self.global_steps}"
@@ -371,8 +436,13 @@ class PPOTrainer:
         if self.groups.critic is not None:
             self.groups.critic.save_checkpoint(str(step_dir / "critic"), None, self.global_steps,
                                                cfg.max_critic_ckpt_to_keep)
-        torch.save({"dataloader": self.dataloader.state_dict(), "kl_coef": self.kl_ctrl.value,
-                    "global_steps": self.global_steps}, step_dir / "data.pt")
+        # one step off, the next step's prompts are drawn already: the batch generated from them is saved with
+        # the loader state past them, so a resumed run trains on exactly that batch next
+        ahead = self.ahead.settle() if self.ahead is not None else None
+        with self._data_lock:
+            loader_state = self.dataloader.state_dict()
+        torch.save({"dataloader": loader_state, "kl_coef": self.kl_ctrl.value, "global_steps": self.global_steps,
+                    "generated_ahead": ahead}, step_dir / "data.pt")
         write_run_config(step_dir, asdict(self.config))
         commit_checkpoint(cfg.default_local_dir, self.global_steps)
         return step_dir
@@ -400,12 +470,14 @@ class PPOTrainer:
         if not changes.keys() & {"algorithm.kl_ctrl.kl_coef", "algorithm.kl_ctrl.type"}:
             self.kl_ctrl.value = state["kl_coef"]
         self.global_steps = state["global_steps"]
+        self._restored = state.get("generated_ahead")
 
     def _dump_rollouts(self, batch: DataProto) -> None:
         out_dir = self.config.trainer.rollout_data_dir
         if not out_dir:
             return
-        extra = {key: list(batch.non_tensor_batch[key]) for key in self._reward_extra_keys}
+        extra = {key: list(batch.non_tensor_batch[key]) for key in sorted(self._reward_extra_keys)
+                 if key in batch.non_tensor_batch}
         records = generation_records(batch, self.tokenizer, dataflow.sequence_scores(batch).tolist(), extra,
                                      self.config.data.reward_fn_key)
         write_generations(out_dir, self.global_steps, records)

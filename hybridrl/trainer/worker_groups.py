@@ -272,9 +272,11 @@ class WorkerGroups:
         return [g for i, g in enumerate(handles) if g is not None and all(g is not h for h in handles[:i])]
 
     def sync_rollout_weights(self, version: int) -> dict[str, float]:
-        """Split: move the actor's current weights to the rollout pool as `version` (its metrics); colocated the
-        rollout reads them in place, so nothing moves."""
-        return {} if self.weight_sync is None else self.weight_sync.sync(version)
+        """Split: move the actor's current weights to the rollout pool as `version` (its metrics), unless it holds
+        that version already; colocated the rollout reads them in place, so nothing moves."""
+        if self.weight_sync is None or self.weight_sync.version == version:  # the rollout holds them already
+            return {}
+        return self.weight_sync.sync(version)
 
     def model_passes(self) -> dict[str, ModelPass]:
         """Every role's model passes (for MFU), each with the summed peak of the ranks that run it."""

@@ -50,8 +50,10 @@ def test_capture_records_each_launch_line_with_its_variables_at_their_defaults(c
                                 "verl/experimental/one_step_off_policy/shell/grpo_2_6.sh"]
     recipe = captured["verl/experimental/one_step_off_policy/shell/grpo_2_6.sh"]["argv"]
     assert verl_launch_scripts.kind("grpo_2_6.sh", recipe) == "one_step_off"
-    assert "rollout.n_gpus_per_node=2" in verl_launch_scripts.pointed(recipe, {"model": "/m", "train": "/t", "val": "/v",
-                                                                             "out": "/o", "adapter": "/a"})
+    recipe_args = verl_launch_scripts.pointed(recipe, {"model": "/m", "train": "/t", "val": "/v", "out": "/o",
+                                                       "adapter": "/a"})
+    # the recipe's entry point becomes main_ppo's mode key
+    assert "rollout.n_gpus_per_node=2" in recipe_args and recipe_args[-1] == "async_training.mode=one_step_off"
     argv = captured["examples/grpo_trainer/run_qwen.sh"]["argv"]
     assert "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct" in argv
     assert verl_launch_scripts.kind("run_megatron.sh", captured["examples/grpo_trainer/run_megatron.sh"]["argv"]) \

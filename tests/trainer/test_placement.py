@@ -69,3 +69,36 @@ def test_the_dry_run_prints_every_pool_its_processes_and_roles(capsys):
                  "rollout_pool 1 node(s) x 1 process(es) = 1; roles: rollout",
                  "reward_pool  1 node(s) x 3 process(es) = 3; roles: rm"):
         assert line in out, line
+
+
+ONE_STEP_OFF = [*SPLIT, "async_training.mode=one_step_off"]
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["async_training.mode=one_step_off"], "needs a rollout pool of its own: set actor_rollout_ref.hybrid_engine=false"),
+    ([*ONE_STEP_OFF, *RM], "a reward model cannot share the training pool: set reward_model.enable_resource_pool=true"),
+    (["async_training.mode=fully_async"], "async_training.mode must be one of \\('sync', 'one_step_off'\\)"),
+    # verl's fully_async streaming keys: accepted as keys, refused as settings, each named
+    ([*ONE_STEP_OFF, "async_training.staleness_threshold=0.5"], "async_training.staleness_threshold=0.5 is not "
+                                                               "supported by hybridrl: verl's fully_async streaming"),
+    ([*ONE_STEP_OFF, "async_training.partial_rollout=true"], "async_training.partial_rollout=true is not supported"),
+    (["rollout.total_rollout_steps=100"], "rollout.total_rollout_steps=100 is not supported"),
+])
+def test_an_async_mode_that_cannot_run_is_refused_naming_the_key(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve_config(ppo_config(*BASE, *overrides))
+
+
+def test_one_step_off_corrects_the_stale_samples_unless_told_otherwise(capsys):
+    correction = resolve_config(ppo_config(*BASE, *ONE_STEP_OFF)).algorithm.rollout_correction
+    assert (correction.rollout_is, correction.rollout_is_threshold, correction.bypass_mode) == ("token", 2.0, False)
+    # the user's own correction stands, and so does a refusal of the default
+    own = ["algorithm.rollout_correction.rollout_is=sequence", "algorithm.rollout_correction.rollout_is_threshold=5.0"]
+    assert resolve_config(ppo_config(*BASE, *ONE_STEP_OFF, *own)).algorithm.rollout_correction.rollout_is == "sequence"
+    off = resolve_config(ppo_config(*BASE, *ONE_STEP_OFF, "async_training.correct_off_policy=false"))
+    assert off.algorithm.rollout_correction.rollout_is is None
+    # the synchronous split layout samples with the current weights: nothing to correct
+    assert resolve_config(ppo_config(*BASE, *SPLIT)).algorithm.rollout_correction.rollout_is is None
+    assert run_ppo(ppo_config(*BASE, *ONE_STEP_OFF, "trainer.dry_run=true")) == []
+    assert "split, one step off: the rollout generates the next batch with the weights of the step before" \
+        in capsys.readouterr().out

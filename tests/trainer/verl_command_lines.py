@@ -252,6 +252,8 @@ PASSING = {
     "deprecated_names": DEPRECATED_NAMES,
     "lora": LORA,
     "one_step_off_placement": ONE_STEP_OFF_PLACEMENT,
+    # the recipe's own entry point is hybridrl's main_ppo with the mode key; the recipe YAML's weight_sync_with_ray
+    "one_step_off_recipe": ONE_STEP_OFF_PLACEMENT + " async_training.mode=one_step_off trainer.weight_sync_with_ray=True",
 }
 
 # Features hybridrl lacks: the error names the key and the missing feature.
@@ -265,6 +267,9 @@ REFUSED = {
     "megatron_keys": (GRPO_VLLM_ASYNC + " actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
                       "megatron.pipeline_model_parallel_size=2 is not supported by hybridrl: Megatron-LM is not "
                       "available"),
+    "fully_async": (ONE_STEP_OFF_PLACEMENT + " async_training.mode=one_step_off async_training.staleness_threshold=0.1",
+                    "async_training.staleness_threshold=0.1 is not supported by hybridrl: verl's fully_async "
+                    "streaming is not implemented"),
     "vision_language": (GRPO_VLLM_ASYNC + " data.image_key=images",
                         "data.image_key=images is not supported by hybridrl: vision-language models"),
 }

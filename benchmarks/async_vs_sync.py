@@ -1,0 +1,178 @@
+"""Synchronous against one-step-off GRPO on this machine: throughput, each pool's idle share, and learning against
+wall-clock time.
+
+    python benchmarks/async_vs_sync.py [--sizes 10m,50m] [--steps 6] [--workdir runs/async]
+    python benchmarks/async_vs_sync.py --learning [--seeds 0,1,2,3] [--dtype fp32] [--workdir runs/lora_learning]
+
+Throughput (the default): for each tiny-model size (untrained weights: every response runs to the length limit,
+so each step's work is fixed) three GRPO runs of `--steps` steps with the quickstart's batch (16 prompts x 8
+samples, 64 response tokens), each in a fresh process on the Ray backend, one CPU thread per worker process:
+colocated sync (2 processes, each actor + rollout), split sync (1 training + 1 rollout process) and one step off
+(the same split, `async_training.mode=one_step_off`). Reported as medians over the steps after the first:
+samples/s, each pool's idle share of a step (the training pool: everything but its passes and the weight sync;
+the rollout pool: everything but generation and receiving the weights) and the ratio to colocated sync. Writes
+`benchmarks/results/async_vs_sync.md`.
+
+Learning (`--learning`): the quickstart's recipe from each seed's SFT model (cached, shared with
+benchmarks/placement_learning.py), colocated sync and one step off one after the other; held-out greedy accuracy
+after SFT and after the GRPO steps, the GRPO wall time, and the wall time one step off took to reach the
+colocated run's final accuracy. Writes `benchmarks/results/async_vs_sync_learning[_dtype].md`.
+Run either on an otherwise idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+from learning import ACCURACY_KEY, STEPS, cpu_name  # noqa: E402
+from lora_learning import variant_in_subprocess  # noqa: E402
+from lora_memory import prepare  # noqa: E402
+from placement import grpo_run  # noqa: E402
+
+from hybridrl.quickstart import PRECISION_KEYS  # noqa: E402
+
+RESULTS = REPO / "benchmarks" / "results"
+SPLIT = ["actor_rollout_ref.hybrid_engine=false", "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1"]
+ONE_STEP_OFF = [*SPLIT, "async_training.mode=one_step_off"]
+LAYOUTS = {"colocated sync": ["trainer.n_gpus_per_node=2"], "split sync": SPLIT, "one step off": ONE_STEP_OFF}
+SAMPLES = 128  # 16 prompts x 8 samples
+
+
+def idle_shares(history: list[dict], layout: str) -> dict[str, float]:
+    """Samples/s and each pool's idle share of a step, medians over the steps after the first."""
+    steady = history[1:]  # the first step pays one-time costs (allocations, the engine's first batch)
+
+    def median(value) -> float:
+        return statistics.median(value(m) for m in steady)
+
+    def training(m: dict) -> float:
+        passes = sum(m.get(f"timing_s/{stage}_worker", 0.0) for stage in ("old_log_prob", "ref", "update_actor"))
+        return passes + m.get("timing_s/weight_sync", 0.0)
+
+    def rollout(m: dict) -> float:
+        return m["timing_s/gen_worker"] + m.get("timing_s/weight_sync", 0.0)
+
+    out = {"samples_per_s": median(lambda m: SAMPLES / m["timing_s/step"]),
+           "step": median(lambda m: m["timing_s/step"])}
+    if layout == "colocated sync":  # the same processes run both phases one after the other
+        out["training_idle"] = out["rollout_idle"] = median(
+            lambda m: max(0.0, 1 - (training(m) + m["timing_s/gen_worker"]) / m["timing_s/step"]))
+    else:
+        out["training_idle"] = median(lambda m: max(0.0, 1 - training(m) / m["timing_s/step"]))
+        out["rollout_idle"] = median(lambda m: max(0.0, 1 - rollout(m) / m["timing_s/step"]))
+    out["trainer_wait"] = median(lambda m: m.get("timing_s/trainer_idle", 0.0))
+    return out
+
+
+def throughput(args: argparse.Namespace, command: str) -> str:
+    workdir = Path(args.workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    lines = [
+        "# Synchronous against one-step-off GRPO: throughput",
+        "",
+        f"CPU: {cpu_name()}; command: `{command}`; nothing else ran on the machine. GRPO, {args.steps} steps of 16 "
+        "prompts x 8 samples x 64 response tokens (untrained model: every response is 64 tokens), fp32, "
+        "use_kl_loss=true, Ray backend, one CPU thread per worker process. Colocated: 2 processes, each actor + "
+        "rollout. Split and one step off: 1 training process + 1 rollout process. Medians over the steps after "
+        "the first. Idle: the share of a step a pool spent outside its own work (its passes and the weight sync); "
+        "'trainer waits' is timing_s/trainer_idle, the training pool waiting for the batch generated ahead.",
+        "",
+        "| size | layout | samples/s | x colocated sync | step s | training pool idle | rollout pool idle | "
+        "trainer waits s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for size in args.sizes.split(","):
+        model, data = prepare(workdir, size)
+        rows = {}
+        for name, layout in LAYOUTS.items():
+            run_name = f"{size}_{name.replace(' ', '_')}"
+            rows[name] = r = idle_shares(grpo_run(workdir, model, data, run_name, layout, args.steps), name)
+            ratio = r["samples_per_s"] / rows["colocated sync"]["samples_per_s"]
+            lines.append(f"| {size} | {name} | {r['samples_per_s']:.1f} | {ratio:.2f} | {r['step']:.2f} | "
+                         f"{r['training_idle']:.0%} | {r['rollout_idle']:.0%} | {r['trainer_wait']:.2f} |")
+            print(lines[-1], flush=True)
+    lines.append("")
+    (RESULTS / "async_vs_sync.md").write_text("\n".join(lines))
+    return "\n".join(lines)
+
+
+def accuracy_over_time(run_dir: Path) -> list[tuple[float, float]]:
+    """(seconds since the first step started, held-out accuracy) at each validation of a run."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    first = next(r for r in rows if "timing_s/step" in r)
+    start = first["training/time"] - first["timing_s/step"]
+    return [(r["training/time"] - start, r[ACCURACY_KEY]) for r in rows if ACCURACY_KEY in r]
+
+
+def time_to_reach(curve: list[tuple[float, float]], target: float) -> float | None:
+    return next((seconds for seconds, accuracy in curve if accuracy >= target), None)
+
+
+def learning(args: argparse.Namespace, command: str) -> str:
+    precision = ["actor_rollout_ref.rollout.calculate_log_probs=true",
+                 *(f"{key}={args.dtype}" for key in PRECISION_KEYS if args.dtype)]
+    tag = f"_{args.dtype}" if args.dtype else ""
+    workdir = Path(args.workdir).resolve()
+    lines = [
+        "# Synchronous against one-step-off GRPO: learning (the quickstart's recipe)",
+        "",
+        f"CPU: {cpu_name()}; command: `{command}`; nothing else ran on the machine.",
+        f"Colocated sync: the quickstart's recipe (2 Ray workers, each actor + rollout). One step off: "
+        f"{' '.join(ONE_STEP_OFF)} (the default truncated token IS correction). Compute and rollout in "
+        f"{args.dtype or 'the quickstart precision'}. Held-out greedy accuracy on the 500 test problems after SFT "
+        f"and after {STEPS} GRPO steps (validated every 10 steps); 'GRPO s' is the GRPO phase's wall time; "
+        "'reach s' is the time from the first step's start to the first validation at or above the colocated "
+        "run's final accuracy (the colocated run's own time to its end in its column).",
+        "",
+        "| seed | after SFT | sync after | sync gain | one step off after | one step off gain | sync GRPO s | "
+        "one step off GRPO s | time ratio | sync reach s | one step off reach s |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    gains: dict[str, list[float]] = {"sync": [], "one_step_off": []}
+    for seed in (int(s) for s in args.seeds.split(",")):
+        runs = {"sync": variant_in_subprocess(workdir, seed, f"placement_colocated{tag}", precision),
+                "one_step_off": variant_in_subprocess(workdir, seed, f"async_one_step_off{tag}",
+                                                      [*precision, *ONE_STEP_OFF])}
+        curves = {"sync": accuracy_over_time(workdir / f"seed{seed}" / f"placement_colocated{tag}" / "grpo"),
+                  "one_step_off": accuracy_over_time(workdir / f"seed{seed}" / f"async_one_step_off{tag}" / "grpo")}
+        s, o = runs["sync"], runs["one_step_off"]
+        for name, run in runs.items():
+            gains[name].append(run["curve"][-1][1] - run["curve"][0][1])
+        target = s["curve"][-1][1]
+        reach = time_to_reach(curves["one_step_off"], target)
+        lines.append(
+            f"| {seed} | {s['curve'][0][1]:.3f} | {s['curve'][-1][1]:.3f} | {gains['sync'][-1]:+.3f} | "
+            f"{o['curve'][-1][1]:.3f} | {gains['one_step_off'][-1]:+.3f} | {s['grpo_seconds']:.0f} | "
+            f"{o['grpo_seconds']:.0f} | {o['grpo_seconds'] / s['grpo_seconds']:.2f} | {curves['sync'][-1][0]:.0f} | "
+            f"{'not reached' if reach is None else f'{reach:.0f}'} |")
+        print(lines[-1], flush=True)
+    lines += ["", *(f"{name} gain: min {min(g):+.3f}, max {max(g):+.3f}, mean {statistics.mean(g):+.3f}."
+                    for name, g in gains.items()), ""]
+    (RESULTS / f"async_vs_sync_learning{tag}.md").write_text("\n".join(lines))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="10m,50m")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--learning", action="store_true", help="the learning comparison instead of throughput")
+    parser.add_argument("--seeds", default="0,1,2,3")
+    parser.add_argument("--dtype", help="compute and rollout dtype of the learning runs (default: the quickstart's)")
+    parser.add_argument("--workdir", default=None, help="runs/async (throughput) or runs/lora_learning (learning)")
+    args = parser.parse_args()
+    args.workdir = args.workdir or ("runs/lora_learning" if args.learning else "runs/async")
+    command = shlex.join(["python", "benchmarks/async_vs_sync.py", *sys.argv[1:]])
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    print(learning(args, command) if args.learning else throughput(args, command))
+
+
+if __name__ == "__main__":
+    main()
