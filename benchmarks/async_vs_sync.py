@@ -16,7 +16,8 @@ the rollout pool: everything but generation and receiving the weights) and the r
 Learning (`--learning`): the quickstart's recipe from each seed's SFT model (cached, shared with
 benchmarks/placement_learning.py), colocated sync and one step off one after the other; held-out greedy accuracy
 after SFT and after the GRPO steps, the GRPO wall time, and the wall time one step off took to reach the
-colocated run's final accuracy. Writes `benchmarks/results/async_vs_sync_learning[_dtype].md`.
+colocated run's final accuracy. Writes its table under benchmarks/results/, the dtype in the file's name when
+`--dtype` is given (e.g. `benchmarks/results/async_vs_sync_learning_fp32.md`).
 Run either on an otherwise idle machine.
 """
 

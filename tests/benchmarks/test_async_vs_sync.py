@@ -1,0 +1,42 @@
+"""async_vs_sync.py: each pool's idle share and the time to reach an accuracy, against hand-computed values."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import async_vs_sync  # noqa: E402  (a script beside the package, not part of it)
+
+
+def _step(step: float, gen: float, update: float, sync: float = 0.0, waited: float = 0.0) -> dict:
+    return {"timing_s/step": step, "timing_s/gen_worker": gen, "timing_s/update_actor_worker": update,
+            "timing_s/old_log_prob_worker": 0.0, "timing_s/weight_sync": sync, "timing_s/trainer_idle": waited}
+
+
+def test_idle_shares_per_layout():
+    first = _step(100.0, 50.0, 50.0)  # the warm-up step is left out
+    # split, one step off: training 6 + sync 1 of a 10 s step, generation 3 + sync 1 (overlapped)
+    shares = async_vs_sync.idle_shares([first, _step(10.0, 3.0, 6.0, 1.0, 0.5)], "one step off")
+    assert shares["samples_per_s"] == pytest.approx(12.8)
+    assert shares["training_idle"] == pytest.approx(0.3) and shares["rollout_idle"] == pytest.approx(0.6)
+    assert shares["trainer_wait"] == pytest.approx(0.5)
+    # colocated: the same processes generate then train, so both pools are idle only outside both phases
+    colocated = async_vs_sync.idle_shares([first, _step(8.0, 3.0, 4.0)], "colocated sync")
+    assert colocated["training_idle"] == colocated["rollout_idle"] == pytest.approx(1 / 8)
+
+
+def test_accuracy_over_time_counts_from_the_first_steps_start(tmp_path):
+    key = async_vs_sync.ACCURACY_KEY
+    rows = [{key: 0.5, "training/global_step": 0, "training/time": 95.0},  # before training: at -5 s
+            {"timing_s/step": 4.0, "training/time": 104.0},
+            {"timing_s/step": 5.0, "training/time": 110.0, key: 0.8},
+            {"timing_s/step": 5.0, "training/time": 120.0, key: 0.7}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    curve = async_vs_sync.accuracy_over_time(tmp_path)
+    assert curve == [(-5.0, 0.5), (10.0, 0.8), (20.0, 0.7)]
+    assert async_vs_sync.time_to_reach(curve, 0.75) == 10.0
+    assert async_vs_sync.time_to_reach(curve, 0.9) is None
