@@ -44,3 +44,12 @@ def test_each_batch_is_one_update_old_corrected_and_resumes_exactly(arithmetic_d
     assert [m["rollout/weight_version"] for m in resumed] == [1, 2]
     for key in [*DETERMINISTIC, "rollout_corr/rollout_is_mean"]:
         assert [m[key] for m in resumed] == [m[key] for m in history[2:]], key
+
+    # the same checkpoint resumed synchronously: the saved batch still trains next (no prompt skipped), and from
+    # then on each batch is sampled with the newest weights
+    sync = run_ppo(ppo_config(*tiny_run_overrides(arithmetic_data, tiny_model_dir, tmp_path / "sync"),
+                              *ONE_STEP_OFF[:3], lr, "trainer.total_training_steps=4", "trainer.resume_mode=resume_path",
+                              f"trainer.resume_from_path={tmp_path / 'run' / 'global_step_2'}"))
+    assert [m["rollout/weight_version"] for m in sync] == [1, 3]
+    assert [m["rollout/weight_staleness"] for m in sync] == [1, 0]
+    assert "rollout_corr/rollout_is_mean" not in sync[0]  # synchronous: nothing filled in to correct
