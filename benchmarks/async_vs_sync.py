@@ -30,14 +30,9 @@ import statistics
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-from learning import ACCURACY_KEY, STEPS, cpu_name  # noqa: E402
-from lora_learning import variant_in_subprocess  # noqa: E402
-from lora_memory import prepare  # noqa: E402
-from placement import grpo_run  # noqa: E402
+from hybridrl.quickstart import ACCURACY_KEY, PRECISION_KEYS
 
-from hybridrl.quickstart import PRECISION_KEYS  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 RESULTS = REPO / "benchmarks" / "results"
 SPLIT = ["actor_rollout_ref.hybrid_engine=false", "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1"]
@@ -72,7 +67,19 @@ def idle_shares(history: list[dict], layout: str) -> dict[str, float]:
     return out
 
 
+def _sibling_scripts() -> None:
+    """Make the other benchmark scripts importable. Done on use, not at import: benchmarks/learning.py shares its
+    module name with tests/trainer/learning.py, and the tests import this script's functions."""
+    if str(REPO / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(REPO / "benchmarks"))
+
+
 def throughput(args: argparse.Namespace, command: str) -> str:
+    _sibling_scripts()
+    from learning import cpu_name
+    from lora_memory import prepare
+    from placement import grpo_run
+
     workdir = Path(args.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     lines = [
@@ -117,6 +124,10 @@ def time_to_reach(curve: list[tuple[float, float]], target: float) -> float | No
 
 
 def learning(args: argparse.Namespace, command: str) -> str:
+    _sibling_scripts()
+    from learning import STEPS, cpu_name
+    from lora_learning import variant_in_subprocess
+
     precision = ["actor_rollout_ref.rollout.calculate_log_probs=true",
                  *(f"{key}={args.dtype}" for key in PRECISION_KEYS if args.dtype)]
     tag = f"_{args.dtype}" if args.dtype else ""
