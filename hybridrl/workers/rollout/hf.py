@@ -35,6 +35,7 @@ from hybridrl.workers.rollout.base import (
     check_prompts,
     eos_token_ids,
 )
+from hybridrl.workers.rollout.continuous import ContinuousBatch
 from hybridrl.workers.rollout.fused_decoder import (
     FusedDecoder,
     FusedSteps,
@@ -96,6 +97,7 @@ class HFRollout(BaseRollout):
         self.pad_token_id = int(pad_token_id)
         self.dtype = resolve_dtype(config.dtype)
         self.generator = torch.Generator(device=self._device()).manual_seed(config.seed)
+        self.continuous: ContinuousBatch | None = None  # streaming mode's batch, kept across `stream` calls
 
     @classmethod
     def build(cls, config: RolloutConfig, *, module: nn.Module | None, tokenizer: Any,
@@ -157,6 +159,42 @@ class HFRollout(BaseRollout):
         with self._generation_mode():
             responses, lengths, log_probs = self._decode(input_ids, attention_mask, position_ids, params, generator)
         return assemble_output(prompts, responses, lengths, log_probs, params.n)
+
+    def stream(self, prompts: DataProto | None, version: int, max_steps: int, min_groups: int = 1,
+               partial: bool = True) -> DataProto | None:
+        """Streaming mode: queue `prompts` (whole prompt rows, every column) into the continuous batch and decode
+        until `min_groups` prompts have finished all their samples (or `max_steps` tokens); returns those groups,
+        every prompt column repeated per sample, or None. `version`: the weights' version, recorded per token."""
+        if not self._full_attention():
+            raise ValueError("async_training.mode=streaming decodes with a continuous batch, which needs a decoder "
+                             "whose every layer attends to all earlier positions; this model has other layers. "
+                             "Use async_training.mode=one_step_off or sync")
+        if self.continuous is None:
+            meta = {} if prompts is None else prompts.meta_info
+            params = resolve_sampling_params(self.config, meta, self.eos_token_ids)
+            self.continuous = ContinuousBatch(params, self.pad_token_id, self.config.prompt_length,
+                                              self.config.max_num_seqs, self.generator)
+        if prompts is not None and len(prompts):
+            check_prompts(prompts)
+            self.continuous.add(prompts)
+        with self._generation_mode():
+            model = decoding_module(self.module)
+            with prepacked_linears(model):
+                decoder = fused_decoder(model) if self._device().type == "cpu" else None
+
+                def make_steps(cache: Cache) -> ForwardSteps:
+                    return ForwardSteps(model, cache) if decoder is None else FusedSteps(decoder, cache)
+
+                return self.continuous.run(model, make_steps, version, max_steps, min_groups, partial)
+
+    def stream_unfinished(self) -> DataProto | None:
+        """Streaming mode: the prompts admitted or waiting and not finished, and the batch emptied (their partial
+        responses are dropped: a resumed run generates them again)."""
+        if self.continuous is None:
+            return None
+        prompts = self.continuous.unfinished_prompts()
+        self.continuous = None
+        return prompts
 
     def _full_attention(self) -> bool:
         """A plain decoder whose every layer attends to every earlier position (no sliding windows)."""

@@ -1,0 +1,343 @@
+"""Continuous batching for the HF engine: a decoding batch that stays full across calls (streaming mode,
+docs/placement.md "Streaming").
+
+A `ContinuousBatch` keeps rows (one per sample) over calls: a row that finishes leaves the batch and a waiting
+prompt's samples take its place at once, so a long response never idles the rest. Every row writes its next
+key/value at one shared column of `SharedColumnCache`; a row admitted later holds its prompt in the columns just
+left of that column, so rows of different lengths decode in one batched step. When the column reaches the
+buffers' end, every row moves left by the columns no row uses.
+
+Each sampled token records the weight version it was sampled under. With `partial=True` a weight change between
+calls re-prefills the rows in flight (prompt and response so far) under the new weights, and they go on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from hybridrl.protocol import DataProto
+from hybridrl.workers.rollout.base import assemble_output
+from hybridrl.workers.rollout.kv_cache import ForwardSteps, PreallocatedCache, forward_logits
+from hybridrl.workers.rollout.sampling import SamplingParams, sample_tokens
+
+
+class SharedColumnLayer(CacheLayerMixin):
+    """One layer's keys and values in zeroed (rows, H, width, D) buffers; a step writes every row at the owner's
+    column, and attention reads the whole buffers (columns a row does not use are masked)."""
+
+    is_sliding = False
+    is_compileable = False
+
+    def __init__(self, owner: SharedColumnCache) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        raise RuntimeError("SharedColumnCache layers are filled by SharedColumnCache.append, not by a forward")
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object,
+               **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
+        column = self.owner.column
+        self.keys[:, :, column: column + key_states.shape[-2]] = key_states
+        self.values[:, :, column: column + value_states.shape[-2]] = value_states
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner.width, 0
+
+    def get_seq_length(self) -> int:
+        return self.owner.column
+
+    def get_max_length(self) -> int:
+        return self.owner.width
+
+
+class SharedColumnCache(Cache):
+    """`num_layers` `SharedColumnLayer`s `width` columns wide; the next step writes at `column`."""
+
+    def __init__(self, num_layers: int, width: int) -> None:
+        self.width = width
+        self.column = 0
+        super().__init__(layers=[SharedColumnLayer(self) for _ in range(num_layers)])
+        for layer in self.layers:
+            layer.keys = layer.values = None
+
+    @property
+    def rows(self) -> int:
+        keys = self.layers[0].keys
+        return 0 if keys is None else keys.shape[0]
+
+    def append(self, prefilled: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Add rows whose keys/values per layer are (new, H, L, D), written in columns [column - L, column)."""
+        length = prefilled[0][0].shape[-2]
+        if length > self.column:
+            raise ValueError(f"{length} prefilled columns do not fit left of column {self.column}")
+        for layer, (keys, values) in zip(self.layers, prefilled, strict=True):
+            new_keys = keys.new_zeros(*keys.shape[:2], self.width, keys.shape[-1])
+            new_values = values.new_zeros(*values.shape[:2], self.width, values.shape[-1])
+            new_keys[:, :, self.column - length: self.column] = keys
+            new_values[:, :, self.column - length: self.column] = values
+            if layer.keys is None:
+                layer.keys, layer.values = new_keys, new_values
+            else:
+                layer.keys = torch.cat([layer.keys, new_keys])
+                layer.values = torch.cat([layer.values, new_values])
+            layer.is_initialized = True
+
+    def keep(self, rows: torch.Tensor) -> None:
+        for layer in self.layers:
+            if layer.keys is not None:
+                layer.keys, layer.values = layer.keys.index_select(0, rows), layer.values.index_select(0, rows)
+
+    def shift(self, by: int) -> None:
+        """Move every row's columns `by` to the right (left if negative), zeros coming in, and the column too."""
+        for layer in self.layers:
+            if layer.keys is not None:
+                layer.keys, layer.values = _shifted(layer.keys, by), _shifted(layer.values, by)
+        self.column += by
+
+
+def _shifted(buffer: torch.Tensor, by: int) -> torch.Tensor:
+    """Columns (dim -2 of a 4-D buffer, dim -1 of a 2-D one) moved `by` places, zeros filling the gap."""
+    dim = -2 if buffer.dim() == 4 else -1
+    out = torch.zeros_like(buffer)
+    width = buffer.shape[dim]
+    if by >= 0:
+        out.narrow(dim, by, width - by).copy_(buffer.narrow(dim, 0, width - by))
+    else:
+        out.narrow(dim, 0, width + by).copy_(buffer.narrow(dim, -by, width + by))
+    return out
+
+
+@dataclass
+class Request:
+    """One prompt admitted for `n` samples: its row of the prompt batch, as given (left-padded), and each finished
+    sample's tokens, log-probs, token versions and length, by sample index."""
+
+    prompt: DataProto
+    n: int
+    samples: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]] = field(default_factory=dict)
+
+
+StepsFactory = Callable[[SharedColumnCache], ForwardSteps]
+
+
+class ContinuousBatch:
+    """Rows decoding across calls, prompts waiting for room, finished groups handed back by `run`.
+
+    `prompt_len`/`width`: the prompts' padded length and the response length R; `capacity`: the most rows that
+    decode at once (rollout.max_num_seqs). Rows keep their prompt's keys/values, so a group's n samples take n rows.
+    """
+
+    def __init__(self, params: SamplingParams, pad_token_id: int, prompt_len: int, capacity: int,
+                 generator: torch.Generator) -> None:
+        self.params, self.pad_token_id, self.generator = params, pad_token_id, generator
+        self.capacity = max(capacity, params.n)
+        self.response_len = params.response_length
+        self.span = prompt_len + self.response_len  # the most columns one row uses
+        self.stop_ids = torch.tensor(params.stop_token_ids, dtype=torch.long)
+        self.waiting: list[int] = []  # request ids not yet admitted, in order
+        self.requests: dict[int, Request] = {}
+        self._next_id = 0
+        self.cache: SharedColumnCache | None = None
+        self.kv_version: int | None = None  # the weights the cache's keys/values came from
+        self._rows_init()
+
+    def _rows_init(self) -> None:
+        self.request_of = torch.zeros(0, dtype=torch.long)  # (A,) request id of each row
+        self.sample_of = torch.zeros(0, dtype=torch.long)  # (A,) its sample index in the request
+        self.length = torch.zeros(0, dtype=torch.long)  # (A,) tokens sampled so far
+        self.position = torch.zeros(0, dtype=torch.long)  # (A,) position of the next token fed
+        self.mask = torch.zeros(0, 0, dtype=torch.long)  # (A, width) 0/1: the columns each row attends to
+        self.responses = torch.zeros(0, self.response_len, dtype=torch.long)  # (A, R)
+        self.log_probs = torch.zeros(0, self.response_len)  # (A, R)
+        self.versions = torch.zeros(0, self.response_len, dtype=torch.long)  # (A, R) weights of each token
+        self.pending = torch.zeros(0, dtype=torch.long)  # (A,) each row's last sampled token, not yet fed
+
+    @property
+    def rows(self) -> int:
+        return int(self.request_of.numel())
+
+    @property
+    def in_flight(self) -> int:
+        """Prompts admitted or waiting, not yet finished."""
+        return len(self.requests)
+
+    def add(self, prompts: DataProto) -> None:
+        """Queue prompts (each a row of a left-padded prompt batch) for `n` samples each."""
+        for i in range(len(prompts)):
+            self.requests[self._next_id] = Request(prompts.select_rows([i]), self.params.n)
+            self.waiting.append(self._next_id)
+            self._next_id += 1
+
+    def unfinished_prompts(self) -> DataProto | None:
+        """The prompts in flight or waiting, in admission order (what a checkpoint regenerates)."""
+        prompts = [self.requests[r].prompt for r in sorted(self.requests)]
+        return DataProto.concat(prompts) if prompts else None
+
+    # ----- one call ------------------------------------------------------------------------------------------
+    def run(self, model: nn.Module, make_steps: StepsFactory, version: int, max_steps: int,
+            min_groups: int = 1, partial: bool = True) -> DataProto | None:
+        """Decode until `min_groups` prompts have all their samples, nothing is left, or `max_steps` tokens
+        were sampled; returns the finished groups (rollout layout, plus `rollout_versions` (rows, R): the weight
+        version each token was sampled under, -1 past the response, and `weight_version` (rows,): the oldest),
+        or None. Between calls every row holds its last sampled token, not yet fed. `partial=False` refuses new
+        weights while rows are in flight (the caller lets them finish first)."""
+        finished: list[DataProto] = []
+        logits = None
+        if self.rows and self.kv_version != version and not partial:
+            raise RuntimeError(f"weights changed to version {version} with {self.rows} rows in flight under version "
+                               f"{self.kv_version}; without partial rollout they finish before a weight sync")
+        if self.rows:
+            logits = self._reprefill(model) if self.kv_version != version else self._step(make_steps(self.cache))
+        self.kv_version = version
+        logits = self._admit(model, logits)
+        sampled = 0
+        while self.rows:
+            tokens, token_log_probs = sample_tokens(logits, self.params, self.generator)  # (A,), (A,)
+            rows, at = torch.arange(self.rows), self.length
+            self.responses[rows, at] = tokens
+            self.log_probs[rows, at] = token_log_probs.float()
+            self.versions[rows, at] = version
+            self.length, self.pending = at + 1, tokens
+            done = torch.isin(tokens, self.stop_ids) | (self.length >= self.response_len)
+            if bool(done.any()):
+                finished += self._finish(done)
+            sampled += 1
+            if len(finished) >= min_groups or sampled >= max_steps:
+                break
+            logits = self._step(make_steps(self.cache)) if self.rows else None
+            logits = self._admit(model, logits)
+        return DataProto.concat(finished) if finished else None
+
+    def _step(self, steps: ForwardSteps) -> torch.Tensor:
+        """Feed every row its last sampled token -> next-token logits (A, V)."""
+        cache = self.cache
+        if cache.column >= cache.width:
+            self._compact()
+        self.mask[:, cache.column] = 1
+        logits = steps.step(self.pending, self.position, self.mask[:, : cache.column + 1])
+        self.position = self.position + 1
+        cache.column += 1
+        return logits
+
+    def _compact(self) -> None:
+        """Move every row left by the columns no row uses (at least width - span: a row spans <= span)."""
+        used = self.mask.bool().any(dim=0).nonzero()
+        unused = int(used[0]) if used.numel() else self.cache.column
+        self.cache.shift(-unused)
+        self.mask = _shifted(self.mask, -unused)
+
+    def _admit(self, model: nn.Module, logits: torch.Tensor | None) -> torch.Tensor | None:
+        """Prefill waiting prompts while their samples fit; their logits join `logits` (rows appended)."""
+        admitted = []
+        room = self.capacity - self.rows
+        while self.waiting and room >= self.params.n:
+            admitted.append(self.waiting.pop(0))
+            room -= self.params.n
+        if not admitted:
+            return logits
+        prompts = DataProto.concat([self.requests[r].prompt for r in admitted])
+        ids, mask, positions = (prompts.batch[k] for k in ("input_ids", "attention_mask", "position_ids"))
+        first = int(mask.any(dim=0).nonzero()[0])  # columns of padding in every prompt are skipped
+        ids, mask, positions = ids[:, first:], mask[:, first:], positions[:, first:]
+        n = self.params.n
+        new_logits, kv = self._prefill(model, ids, mask, positions)
+        kv = [(k.repeat_interleave(n, 0), v.repeat_interleave(n, 0)) for k, v in kv]
+        rows = len(admitted) * n
+        self._append_rows(kv, mask.repeat_interleave(n, 0), positions[:, -1].repeat_interleave(n) + 1)
+        self.request_of = torch.cat([self.request_of, torch.tensor(admitted).repeat_interleave(n)])
+        self.sample_of = torch.cat([self.sample_of, torch.arange(n).repeat(len(admitted))])
+        self.length = torch.cat([self.length, torch.zeros(rows, dtype=torch.long)])
+        self.responses = torch.cat([self.responses, torch.full((rows, self.response_len), self.pad_token_id)])
+        self.log_probs = torch.cat([self.log_probs, torch.zeros(rows, self.response_len)])
+        self.versions = torch.cat([self.versions, torch.zeros(rows, self.response_len, dtype=torch.long)])
+        new_logits = new_logits.repeat_interleave(n, 0)
+        return new_logits if logits is None else torch.cat([logits, new_logits])
+
+    def _prefill(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor,
+                 positions: torch.Tensor) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """Left-padded rows (B, L) through the model -> next-token logits (B, V) and each layer's (B, H, L, D)."""
+        cache = PreallocatedCache(model.config.num_hidden_layers, ids.shape[1])
+        logits = forward_logits(model, ids, mask, positions, cache)
+        return logits, [(layer.keys[:, :, : ids.shape[1]], layer.values[:, :, : ids.shape[1]])
+                        for layer in cache.layers]
+
+    def _append_rows(self, kv: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor,
+                     next_position: torch.Tensor) -> None:
+        """New rows with prefilled columns `mask` (new, L) ending just left of the shared column."""
+        length = mask.shape[1]
+        if self.cache is None or self.rows == 0:
+            self.cache = SharedColumnCache(len(kv), 2 * self.span + 1)
+            self.cache.column = self.span
+            self.mask = torch.zeros(0, self.cache.width, dtype=torch.long)
+        cache = self.cache
+        if cache.column < length:  # the new rows' columns end at the shared column: make room left of it
+            self._shift(length - cache.column)
+        cache.append(kv)
+        new_mask = torch.zeros(mask.shape[0], cache.width, dtype=torch.long)
+        new_mask[:, cache.column - length: cache.column] = mask
+        self.mask = torch.cat([self.mask, new_mask])
+        self.position = torch.cat([self.position, next_position])
+
+    def _shift(self, by: int) -> None:
+        self.cache.shift(by)
+        self.mask = _shifted(self.mask, by)
+
+    def _reprefill(self, model: nn.Module) -> torch.Tensor:
+        """Rebuild every row's keys/values (prompt, then its sampled tokens) under the current weights -> the
+        rows' next-token logits (A, V); the rows keep their order."""
+        sequences, positions = [], []
+        for row in range(self.rows):
+            prompt = self.requests[int(self.request_of[row])].prompt.batch
+            real = prompt["attention_mask"][0].bool()
+            tokens = torch.cat([prompt["input_ids"][0][real], self.responses[row, : int(self.length[row])]])
+            start = int(prompt["position_ids"][0][real][0])
+            sequences.append(tokens)
+            positions.append(torch.arange(start, start + tokens.numel()))
+        longest = max(t.numel() for t in sequences)
+        ids = torch.full((self.rows, longest), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros(self.rows, longest, dtype=torch.long)
+        pos = torch.zeros(self.rows, longest, dtype=torch.long)
+        for row, (tokens, position) in enumerate(zip(sequences, positions, strict=True)):
+            ids[row, longest - tokens.numel():] = tokens
+            mask[row, longest - tokens.numel():] = 1
+            pos[row, longest - tokens.numel():] = position
+        logits, kv = self._prefill(model, ids, mask, pos)
+        self.cache, self.mask, self.position = None, torch.zeros(0, 0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
+        self._append_rows(kv, mask, pos[:, -1] + 1)
+        return logits
+
+    def _finish(self, done: torch.Tensor) -> list[DataProto]:
+        """Rows `done` leave the batch; every request whose samples have all finished comes back as a group."""
+        groups = []
+        for row in done.nonzero().squeeze(1).tolist():
+            request_id = int(self.request_of[row])
+            request = self.requests[request_id]
+            request.samples[int(self.sample_of[row])] = (
+                self.responses[row], self.log_probs[row], self.versions[row], int(self.length[row]))
+            if len(request.samples) == request.n:
+                groups.append(self._group(self.requests.pop(request_id)))
+        keep = (~done).nonzero().squeeze(1)
+        self.cache.keep(keep)
+        for name in ("request_of", "sample_of", "length", "position", "mask", "responses", "log_probs",
+                     "versions", "pending"):
+            setattr(self, name, getattr(self, name)[keep])
+        return groups
+
+    def _group(self, request: Request) -> DataProto:
+        samples = [request.samples[i] for i in range(request.n)]
+        responses, log_probs, versions = (torch.stack([s[k] for s in samples]) for k in range(3))
+        lengths = torch.tensor([s[3] for s in samples])
+        after = torch.arange(self.response_len)[None, :] >= lengths[:, None]  # (n, R)
+        out = assemble_output(request.prompt, responses.masked_fill(after, self.pad_token_id), lengths, log_probs,
+                              request.n)
+        out.batch["rollout_versions"] = versions.masked_fill(after, -1)
+        out.batch["weight_version"] = versions.masked_fill(after, np.iinfo(np.int64).max).min(dim=1).values
+        return out
