@@ -2,15 +2,16 @@
 
     python benchmarks/verl_launch_scripts.py --verl /path/to/verl/checkout [--kind fsdp] [--out FILE]
 
-Every `examples/**/*.sh` that starts `verl.trainer.main_ppo`, and every script of verl's one-step-off recipe
-(`verl/experimental/one_step_off_policy/shell/*.sh`, which start its own `main_ppo`: the same keys, with the
-rollout on a pool of its own), runs under bash with `python`, `python3` and
+Every `examples/**/*.sh` that starts `verl.trainer.main_ppo`, and every script of verl's one-step-off and
+fully_async recipes (`verl/experimental/{one_step_off_policy,fully_async_policy}/shell/*.sh`, which start their own
+entry points: the same keys, with the rollout on a pool of its own), runs under bash with `python`, `python3` and
 the cluster tools (ray, hf, srun, ...) replaced by stand-ins on PATH, so each script builds its command
 line with its shell variables at their defaults and nothing else runs. The captured arguments, with the
 data, model and output paths pointed at a tiny local model and the built-in task's parquet files, then go
 to `python -m hybridrl.trainer.main_ppo ... trainer.dry_run=true` from the checkout's root (so the
-scripts' relative config folders resolve). Scripts are sorted into megatron, npu, vlm, one_step_off (the recipe's
-FSDP scripts) and fsdp (the rest) by their paths, names and arguments.
+scripts' relative config folders resolve), with async_training.mode=one_step_off or streaming for a recipe's
+script. Scripts are sorted into megatron, npu, vlm, one_step_off and fully_async (the recipes' FSDP scripts) and
+fsdp (the rest) by their paths, names and arguments.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ STAND_INS = ("hf", "huggingface-cli", "pip", "pip3", "ray", "nvidia-smi", "npu-s
 CAPTURE = """#!{python}
 import json, os, sys
 args = sys.argv[1:]
-if any(a in ("verl.trainer.main_ppo", "verl.experimental.one_step_off_policy.main_ppo") or a.endswith("main_ppo.py")
-       for a in args):
+if any(a in ("verl.trainer.main_ppo", "verl.experimental.one_step_off_policy.main_ppo",
+            "verl.experimental.fully_async_policy.fully_async_main") or a.endswith("main_ppo.py") for a in args):
     with open(os.environ["CAPTURE"], "a") as f:
         f.write(json.dumps({{"cwd": os.getcwd(), "argv": args}}) + "\\n")
 """
@@ -42,8 +43,11 @@ PATH_KEYS = {"data.train_files": "train", "data.val_files": "val", "trainer.defa
 MODEL_KEY = re.compile(r"(model\.path|tokenizer_path|input_tokenizer|^data\.tokenizer)$")
 
 
-MODULES = ("verl.trainer.main_ppo", "verl.experimental.one_step_off_policy.main_ppo")
-ONE_STEP_OFF_SHELLS = "verl/experimental/one_step_off_policy/shell"
+MODULES = ("verl.trainer.main_ppo", "verl.experimental.one_step_off_policy.main_ppo",
+           "verl.experimental.fully_async_policy.fully_async_main")
+RECIPE_SHELLS = ("verl/experimental/one_step_off_policy/shell", "verl/experimental/fully_async_policy/shell")
+# verl chooses the mode by the recipe's entry point, hybridrl by a key
+RECIPE_MODES = {MODULES[1]: "one_step_off", MODULES[2]: "streaming"}
 
 
 def kind(name: str, argv: list[str]) -> str:
@@ -56,14 +60,16 @@ def kind(name: str, argv: list[str]) -> str:
         return "vlm"
     if MODULES[1] in argv:
         return "one_step_off"
+    if MODULES[2] in argv:
+        return "fully_async"
     return "fsdp"
 
 
 def launch_scripts(verl: Path) -> list[Path]:
-    """verl's example scripts that start main_ppo, then the one-step-off recipe's."""
+    """verl's example scripts that start main_ppo, then the one-step-off and fully_async recipes'."""
     examples = [s for s in sorted((verl / "examples").rglob("*.sh"))
                 if MODULES[0] in s.read_text(errors="replace")]
-    return examples + sorted((verl / ONE_STEP_OFF_SHELLS).glob("*.sh"))
+    return examples + [s for shells in RECIPE_SHELLS for s in sorted((verl / shells).glob("*.sh"))]
 
 
 def capture(verl: Path, work: Path) -> dict[str, dict]:
@@ -89,8 +95,8 @@ def capture(verl: Path, work: Path) -> dict[str, dict]:
 
 
 def pointed(argv: list[str], paths: dict[str, str]) -> list[str]:
-    """The main_ppo arguments after the module, with data, model and output paths replaced (and the one-step-off
-    recipe's mode)."""
+    """The main_ppo arguments after the module, with data, model and output paths replaced (and a recipe's
+    mode)."""
     start = next(i for i, a in enumerate(argv) if a in MODULES or a.endswith("main_ppo.py"))
     args = []
     for arg in argv[start + 1:]:
@@ -101,8 +107,8 @@ def pointed(argv: list[str], paths: dict[str, str]) -> list[str]:
         elif sep and MODEL_KEY.search(bare):
             arg = f"{key}={paths['model']}"
         args.append(arg)
-    if argv[start] == MODULES[1]:  # verl chooses the mode by the recipe's entry point, hybridrl by a key
-        args.append("async_training.mode=one_step_off")
+    if argv[start] in RECIPE_MODES:
+        args.append(f"async_training.mode={RECIPE_MODES[argv[start]]}")
     return args
 
 
@@ -127,7 +133,7 @@ def blocker(output: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--verl", type=Path, required=True, help="a verl checkout (its examples/ and config folders)")
-    parser.add_argument("--kind", default="fsdp", choices=("fsdp", "one_step_off", "megatron", "npu", "vlm", "all"))
+    parser.add_argument("--kind", default="fsdp", choices=("fsdp", "one_step_off", "fully_async", "megatron", "npu", "vlm", "all"))
     parser.add_argument("--out", type=Path, help="write the table here as well")
     args = parser.parse_args()
     from hybridrl.data.tasks.arithmetic import main as write_task

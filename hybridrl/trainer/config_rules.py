@@ -64,6 +64,13 @@ OPTIM = {
 }
 
 RANGES: dict[str, Rule] = {
+    "data.gen_batch_size": OPTIONAL_COUNT,
+    "async_training.staleness_threshold": at_least(0),
+    "async_training.trigger_parameter_sync_step": COUNT,
+    "async_training.require_batches": COUNT,
+    "rollout.total_rollout_steps": OPTIONAL_COUNT,
+    "rollout.total_epochs": OPTIONAL_COUNT,
+    "rollout.test_freq": OPTIONAL_COUNT,
     "data.max_response_length": COUNT,
     "data.val_batch_size": OPTIONAL_COUNT,
     "data.dataloader_num_workers": at_least(0),
@@ -154,10 +161,10 @@ RANGES: dict[str, Rule] = {
 }
 
 ANY_SEED = "any integer seeds a generator"
-# verl's fully_async keys: the numeric ones (UNSUPPORTED, so UNCHECKED)
+# verl's fully_async keys, which only async_training.mode=streaming reads (placement.placement_errors)
 STREAMING_KEYS = ("async_training.staleness_threshold", "async_training.trigger_parameter_sync_step",
-                  "async_training.require_batches", "rollout.total_rollout_steps", "rollout.total_epochs",
-                  "rollout.test_freq")
+                  "async_training.require_batches", "async_training.partial_rollout", "rollout.total_rollout_steps",
+                  "rollout.total_epochs", "rollout.test_freq")
 UNCHECKED: dict[str, str] = {
     "data.max_prompt_length": "checked when the data config is built (RLDatasetConfig)",
     "data.train_batch_size": "checked with the mini-batch arithmetic (config_checks)",
@@ -202,7 +209,6 @@ UNCHECKED: dict[str, str] = {
     **{f"{role}.profiler.ranks": "no effect here (config_rules.NO_EFFECT)"
        for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")},
     **{key: "not supported: only its default runs (config_rules.UNSUPPORTED)" for key in (
-        *STREAMING_KEYS,
         "actor_rollout_ref.actor.ulysses_sequence_parallel_size", "actor_rollout_ref.ref.ulysses_sequence_parallel_size",
         "critic.ulysses_sequence_parallel_size", "reward_model.ulysses_sequence_parallel_size",
         "trainer.ray_wait_register_center_timeout", "data.filter_overlong_prompts_workers")},
@@ -266,12 +272,12 @@ NO_CRITIC_LORA = Unsupported("LoRA adapters train the actor only (actor_rollout_
                              "trains every parameter")
 ONE_ROLLOUT_GROUP = Unsupported("the rollout engine runs inside each worker with tensor parallelism only "
                                 "(actor_rollout_ref.rollout.tensor_model_parallel_size)")
-NO_STREAMING = Unsupported("verl's fully_async streaming is not implemented; async_training.mode=one_step_off "
-                           "overlaps generation with training one whole batch ahead (docs/placement.md)")
 UNSUPPORTED: dict[str, Unsupported] = {
-    **{key: NO_STREAMING for key in (*STREAMING_KEYS, "async_training.partial_rollout",
-                                     "async_training.use_rollout_log_probs", "async_training.compute_prox_log_prob",
-                                     "async_training.use_trainer_do_validate")},
+    "async_training.compute_prox_log_prob": Unsupported(
+        "the trainer recomputes the old log-probs of every async batch and weighs tokens by truncated importance "
+        "ratios against the rollout's (algorithm.rollout_correction; docs/placement.md)"),
+    "async_training.use_trainer_do_validate": Unsupported(
+        "validation generates on the rollout pool, parked at a call boundary while it runs"),
     **{f"{role}.ulysses_sequence_parallel_size": NO_SEQUENCE_PARALLEL
        for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "reward_model")},
     "actor_rollout_ref.actor.use_torch_compile": NO_COMPILE,
@@ -348,8 +354,14 @@ NOT_SERVED = NoEffect("verl's server-based rollout and reward loop; hybridrl's e
 ROLLOUT = "actor_rollout_ref.rollout"
 
 NO_EFFECT: dict[str, NoEffect] = {
+    "data.gen_batch_size": NoEffect(
+        "prompts per generation round: streaming admits prompts one by one as rows free up, and the other modes "
+        "generate data.train_batch_size prompts a round (with algorithm.filter_groups, rounds repeat until full)"),
+    f"{ROLLOUT}.max_num_seqs": NoEffect(
+        "the rows an engine decodes at once: vLLM's, or the HF engine's continuous batch in async_training.mode="
+        "streaming", lambda c: _runs_vllm(c) or c.async_training.mode == "streaming"),
     **{f"{ROLLOUT}.{key}": VLLM_ONLY for key in (
-        "max_num_batched_tokens", "max_num_seqs", "max_model_len", "enable_chunked_prefill", "enable_prefix_caching",
+        "max_num_batched_tokens", "max_model_len", "enable_chunked_prefill", "enable_prefix_caching",
         "load_format", "disable_log_stats", "cudagraph_capture_sizes", "engine_kwargs.vllm", "gpu_memory_utilization",
         "tensor_model_parallel_size", "free_cache_engine")},
     f"{ROLLOUT}.engine_kwargs.sglang": NoEffect("settings of the SGLang engine, which hybridrl does not have"),

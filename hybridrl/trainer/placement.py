@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hybridrl.algos import get_adv_estimator_spec
-from hybridrl.trainer.ppo_config import PPOTrainerConfig
+from hybridrl.trainer.ppo_config import AsyncTrainingConfig, PPOTrainerConfig
 
 TRAINING_POOL = "global_pool"
 ROLLOUT_POOL = "rollout_pool"
@@ -91,15 +91,43 @@ def placement_errors(config: PPOTrainerConfig) -> list[str]:
     if rm.enable and rm.enable_resource_pool and (rm.nnodes < 1 or rm.n_gpus_per_node < 1):
         errors.append(f"reward_model.enable_resource_pool=true needs a pool: reward_model.nnodes={rm.nnodes} and "
                       f"reward_model.n_gpus_per_node={rm.n_gpus_per_node} must both be >= 1")
-    if config.async_training.mode == "one_step_off":
+    mode = config.async_training.mode
+    if mode in ("one_step_off", "streaming"):
         if not is_split(config):
-            errors.append("async_training.mode=one_step_off generates the next batch while this one trains, which "
+            errors.append(f"async_training.mode={mode} generates while the training pool trains, which "
                           "needs a rollout pool of its own: set actor_rollout_ref.hybrid_engine=false and "
                           "rollout.n_gpus_per_node (with trainer.n_gpus_per_node for the training pool)")
-        if rm.enable and not rm.enable_resource_pool:
+        if mode == "one_step_off" and rm.enable and not rm.enable_resource_pool:
             errors.append("async_training.mode=one_step_off scores the next batch while the training pool trains, "
                           "so a reward model cannot share the training pool: set reward_model.enable_resource_pool="
                           "true with reward_model.n_gpus_per_node, or async_training.mode=sync")
+    if mode == "streaming":
+        if config.actor_rollout_ref.rollout.name != "hf":
+            errors.append(f"async_training.mode=streaming decodes with the HF engine's continuous batch: set "
+                          f"actor_rollout_ref.rollout.name=hf (not {config.actor_rollout_ref.rollout.name}), or "
+                          f"async_training.mode=one_step_off")
+        if config.actor_rollout_ref.rollout.multi_turn.enable:
+            errors.append("async_training.mode=streaming samples single turns: set actor_rollout_ref.rollout."
+                          "multi_turn.enable=false, or async_training.mode=one_step_off")
+        if config.algorithm.filter_groups.enable:
+            errors.append("async_training.mode=streaming trains prompts as they finish and does not refill a step "
+                          "with varied groups: set algorithm.filter_groups.enable=false, or async_training.mode="
+                          "one_step_off")
+        if "reward_baselines" in get_adv_estimator_spec(config.algorithm.adv_estimator).required_inputs:
+            errors.append(f"algorithm.adv_estimator={config.algorithm.adv_estimator} needs a greedy baseline "
+                          f"generated with each batch, which streaming does not generate: use "
+                          f"async_training.mode=one_step_off or sync")
+    else:
+        defaults = AsyncTrainingConfig()
+        for key in ("staleness_threshold", "trigger_parameter_sync_step", "require_batches", "partial_rollout"):
+            if getattr(config.async_training, key) != getattr(defaults, key):
+                errors.append(f"async_training.{key} is a streaming setting, but async_training.mode={mode}: set "
+                              f"async_training.mode=streaming, or remove async_training.{key}")
+        for key in ("total_rollout_steps", "total_epochs", "test_freq"):
+            if getattr(config.rollout, key) is not None:
+                errors.append(f"rollout.{key} is verl's fully_async setting, read in streaming only, but "
+                              f"async_training.mode={mode}: set async_training.mode=streaming, or use "
+                              f"trainer.total_training_steps / total_epochs / test_freq")
     if t.backend == "local" and len(placement(config)) > 1:
         pools = ", ".join(p.name for p in placement(config)[1:])
         errors.append(f"trainer.backend=local runs one rank in this process, so it cannot start the pools of their "
@@ -115,6 +143,8 @@ def describe(config: PPOTrainerConfig) -> str:
         layout = "colocated"
     elif config.async_training.mode == "one_step_off":
         layout = "split, one step off: the rollout generates the next batch with the weights of the step before"
+    elif config.async_training.mode == "streaming":
+        layout = "split, streaming: the rollout decodes without pause; steps train the groups that finish first"
     else:
         layout = "split: the rollout receives the actor weights after every update"
     lines = [f"placement: backend={t.backend}, device={t.device}, {layout}"]

@@ -67,6 +67,8 @@ class DataConfig(RLDatasetConfig):
     max_response_length: int = 512
     # Prompts per training step (each sampled rollout.n times).
     train_batch_size: int = 1024
+    # verl's prompts per generation round (DAPO, fully_async): a warning names it when set (config_rules.NO_EFFECT)
+    gen_batch_size: int | None = None
     # Prompts per validation batch; None validates the whole set in one batch.
     val_batch_size: int | None = None
     shuffle: bool = True
@@ -295,44 +297,51 @@ class RolloutPoolConfig(FreezableConfig):
     # and processes (GPUs) on each; n_gpus_per_node=0 with the hybrid engine, which has no such pool.
     nnodes: int = 1
     n_gpus_per_node: int = 0
-    # verl's fully_async keys (the rollouter's own run length and validation period): streaming is not
-    # implemented, so only their defaults run (hybridrl/trainer/config_rules.py).
+    # verl's fully_async keys, read by async_training.mode=streaming only: the run's length in prompts, its
+    # epochs, and validation every test_freq weight syncs (they set trainer.*: _fill_streaming)
     total_rollout_steps: int | None = None
     total_epochs: int | None = None
     test_freq: int | None = None
 
 
-ASYNC_MODES = ("sync", "one_step_off")
+ASYNC_MODES = ("sync", "one_step_off", "streaming")
 
 
 @dataclass
 class AsyncTrainingConfig(FreezableConfig):
-    """`async_training`: whether generation overlaps training (docs/placement.md, "One step off").
+    """`async_training`: whether generation overlaps training (docs/placement.md, "One step off", "Streaming").
 
     sync: each step generates its batch, then trains on it. one_step_off (split placement only): the rollout
     pool generates the next step's batch with the weights of the step before while the training pool trains,
-    so every batch is one update old; the weights move at the step boundary. verl selects this mode by its
-    recipe's entry point; hybridrl has one entry point and this key. The other keys are verl's fully_async
-    streaming keys, not implemented: only their defaults run.
+    so every batch is one update old; the weights move at the step boundary. streaming (split placement only,
+    verl's fully_async): the rollout pool decodes without pause, a finished prompt's place taken by the next,
+    and each step trains on the first `require_batches` x ppo_mini_batch_size prompts to finish. verl selects
+    these by its recipes' entry points; hybridrl has one entry point and this key.
     """
 
     mode: str = "sync"
-    # one_step_off: correct the one-update-old samples with truncated token-level importance weights
+    # one_step_off and streaming: correct the older samples with truncated token-level importance weights
     # (algorithm.rollout_correction.rollout_is=token) when algorithm.rollout_correction sets nothing itself
     correct_off_policy: bool = True
+    # streaming: the rollout may run ahead by this share of a sync window (0: every sample from the newest
+    # weights the window allows)
     staleness_threshold: float = 0.0
+    # streaming: training steps between weight syncs to the rollout pool
     trigger_parameter_sync_step: int = 1
+    # streaming: mini-batches (actor.ppo_mini_batch_size prompts each) one training step takes
     require_batches: int = 1
+    # streaming: rows in flight at a weight sync go on under the new weights (false: they finish first)
     partial_rollout: bool = False
+    # one_step_off and streaming: the rollout's log-probs serve as the old ones (algorithm.rollout_correction.
+    # bypass_mode=true) instead of the trainer's recomputed ones
     use_rollout_log_probs: bool = False
     compute_prox_log_prob: bool = False
     use_trainer_do_validate: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in ASYNC_MODES:
-            raise ConfigError(f"async_training.mode must be one of {ASYNC_MODES}, got {self.mode!r} (verl's "
-                              f"fully_async streaming is not implemented; one_step_off overlaps generation with "
-                              f"training)")
+            raise ConfigError(f"async_training.mode must be one of {ASYNC_MODES}, got {self.mode!r} (one_step_off "
+                              f"overlaps generation with training a batch ahead; streaming decodes without pause)")
 
 
 @dataclass
@@ -422,6 +431,7 @@ def fill_derived(config: PPOTrainerConfig) -> None:
     _fill_micro_batches_per_rank(config)
     _fill_verl_aliases(config)
     _fill_off_policy_correction(config)
+    _fill_streaming(config)
     if config.trainer.device == "cpu":
         arr, on_cpu = config.actor_rollout_ref, str(auto_dtype("cpu")).removeprefix("torch.")
         for fsdp in (arr.actor.fsdp_config, arr.ref.fsdp_config, config.critic.model.fsdp_config,
@@ -448,6 +458,11 @@ def _fill_verl_aliases(config: PPOTrainerConfig) -> None:
                 f"setting (verl's and hybridrl's name): set one")
         role.grad_clip = clip
     rollout = config.actor_rollout_ref.rollout
+    if rollout.name == "vllm" and config.async_training.mode == "streaming":
+        logger.warning("actor_rollout_ref.rollout.name=vllm with async_training.mode=streaming: this run decodes with "
+                       "the HF engine's continuous batch, which streaming needs (set rollout.name=hf to silence this, "
+                       "or async_training.mode=one_step_off to generate with vLLM)")
+        rollout.name = "hf"
     if rollout.name in ENGINE_STAND_INS:
         logger.warning("actor_rollout_ref.rollout.name=%s: hybridrl has no %s engine; this run generates with its "
                        "%s engine, which samples the same distribution (set rollout.name=vllm for vLLM where it is "
@@ -457,16 +472,50 @@ def _fill_verl_aliases(config: PPOTrainerConfig) -> None:
 
 
 def _fill_off_policy_correction(config: PPOTrainerConfig) -> None:
-    """One step off, each batch was sampled one update ago: unless algorithm.rollout_correction asks for
+    """One step off or streaming, batches were sampled updates ago: with async_training.use_rollout_log_probs the
+    rollout's log-probs are the old ones (bypass mode); otherwise, unless algorithm.rollout_correction asks for
     something itself (or async_training.correct_off_policy=false), the update weighs each token by the
     trainer's probability over the rollout's, truncated at rollout_is_threshold (decoupled PPO)."""
-    correction = config.algorithm.rollout_correction
-    if config.async_training.mode == "one_step_off" and config.async_training.correct_off_policy \
-            and not correction.enabled and not correction.bypass_mode:
+    correction, mode = config.algorithm.rollout_correction, config.async_training.mode
+    if mode == "sync":
+        return
+    if config.async_training.use_rollout_log_probs:
+        correction.bypass_mode = True
+    elif config.async_training.correct_off_policy and not correction.enabled and not correction.bypass_mode:
         correction.rollout_is = "token"
-        logger.info("async_training.mode=one_step_off: algorithm.rollout_correction.rollout_is=token (truncated at "
-                    "%s) corrects the one-update-old samples; async_training.correct_off_policy=false turns it off",
+        logger.info("async_training.mode=%s: algorithm.rollout_correction.rollout_is=token (truncated at %s) "
+                    "corrects the older samples; async_training.correct_off_policy=false turns it off", mode,
                     correction.rollout_is_threshold)
+
+
+def _fill_streaming(config: PPOTrainerConfig) -> None:
+    """Streaming: a step trains require_batches x ppo_mini_batch_size prompts (data.train_batch_size becomes that,
+    0 being verl's fully_async value; a data.train_batch_size of whole mini-batches with require_batches unset
+    sets require_batches instead); verl's rollout.total_rollout_steps (prompts), rollout.total_epochs and
+    rollout.test_freq (in weight syncs) become the trainer's steps, epochs and validation period."""
+    async_cfg, trainer = config.async_training, config.trainer
+    if async_cfg.mode != "streaming":
+        return
+    mini, batch = config.actor_rollout_ref.actor.ppo_mini_batch_size, config.data.train_batch_size
+    if async_cfg.require_batches == 1 and batch > mini and batch % mini == 0:
+        async_cfg.require_batches = batch // mini  # a sync config switched to streaming keeps its step's prompts
+    step = async_cfg.require_batches * mini
+    require(config.data.train_batch_size in (0, step),
+            f"async_training.mode=streaming trains async_training.require_batches x "
+            f"actor_rollout_ref.actor.ppo_mini_batch_size = {step} prompts a step, but data.train_batch_size="
+            f"{config.data.train_batch_size}: set data.train_batch_size=0 (verl's fully_async) or {step}")
+    config.data.train_batch_size = step
+    if config.rollout.total_rollout_steps is not None:
+        steps = config.rollout.total_rollout_steps // step
+        require(steps >= 1, f"rollout.total_rollout_steps={config.rollout.total_rollout_steps} prompts make no step of {step} "
+                            f"prompts: raise it to a multiple of {step}")
+        logger.info("rollout.total_rollout_steps=%d: trainer.total_training_steps=%d steps of %d prompts",
+                    config.rollout.total_rollout_steps, steps, step)
+        trainer.total_training_steps = steps
+    if config.rollout.total_epochs is not None:
+        trainer.total_epochs = config.rollout.total_epochs
+    if config.rollout.test_freq is not None:
+        trainer.test_freq = config.rollout.test_freq * async_cfg.trigger_parameter_sync_step
 
 
 def _fill_micro_batches_per_rank(config: PPOTrainerConfig) -> None:

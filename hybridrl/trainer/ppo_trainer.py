@@ -7,6 +7,7 @@ they need (values, baselines) and the trainer provides what is declared.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -44,6 +45,7 @@ from hybridrl.trainer.metrics import (
     reduce_metrics,
 )
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
+from hybridrl.trainer.streaming import Streamer, StreamSettings, staleness
 from hybridrl.trainer.validation import Validator, generation_records, write_generations
 from hybridrl.trainer.worker_groups import WorkerGroups
 from hybridrl.utils.metric import timer
@@ -90,11 +92,14 @@ class PPOTrainer:
             hint=f"Lower the learning rate ({', '.join(lrs)}) or look for NaN in the rewards, then run again",
         )
         self._batches: Iterator[dict] | None = None
-        # one step off, the background thread draws prompts while the main thread updates a curriculum sampler
-        # or saves the loader's state
-        self._data_lock = threading.Lock()
+        # one step off and streaming, a background thread draws prompts while the main thread updates a curriculum
+        # sampler or saves the loader's state (reentrant: streaming's draw refills its buffer from the loader)
+        self._data_lock = threading.RLock()
         self.ahead = GenerationAhead(self._collect_ahead) if config.async_training.mode == "one_step_off" else None
         self._restored: Collected | None = None  # a batch generated before the checkpoint this run resumed from
+        self.streamer: Streamer | None = None  # streaming: started by fit
+        self._stream_prompts: DataProto | None = None  # streaming: prompts drawn, not yet sent to the rollout
+        self._stream_restored: DataProto | None = None  # streaming: finished groups a checkpoint saved
         # the prompt columns the agent loop reads (tools_kwargs in extra_info, agent_name), when it runs
         self.rollout_columns = AGENT_INPUT_COLUMNS if config.actor_rollout_ref.rollout.multi_turn.enable else ()
         self._reward_extra_keys: set[str] = set()  # per-sample values the reward function returned
@@ -117,6 +122,11 @@ class PPOTrainer:
             if self.ahead is not None and self._restored is not None:
                 self.ahead.restore(self._restored)
                 self._restored = None
+            if self.config.async_training.mode == "streaming":
+                self.streamer = Streamer(self.groups.rollout.stream_generate, self.groups.rollout.world_size,
+                                         self._draw_prompts, self.stream_settings())
+                self.streamer.start(self._stream_restored)
+                self._stream_restored = None
             # metrics.jsonl keeps one line per step: lines of steps this run trains again move aside
             tracker.rewind(self.global_steps if resumed else -1)
             if self.validator and cfg.val_before_train:
@@ -138,6 +148,8 @@ class PPOTrainer:
                 self.background_reward.close()
             if self.ahead is not None:
                 self.ahead.close()
+            if self.streamer is not None:
+                self.streamer.close()
             tracker.finish()
         return self.history
 
@@ -160,7 +172,9 @@ class PPOTrainer:
                 batch = self._compute_advantage(batch, metrics)  # 7
             self._update_critic(batch, metrics, timing)  # 8
             self._update_actor(batch, metrics, timing)
-            if self.ahead is None:  # split: the rollout pool's copy (one step off: at the next step's start)
+            if self.streamer is not None:
+                self._sync_streaming(metrics)
+            elif self.ahead is None:  # split: the rollout pool's copy (one step off: at the next step's start)
                 metrics.update(self.groups.sync_rollout_weights(self.global_steps))
         self._dump_rollouts(batch)
         update = getattr(self.sampler, "update", None)
@@ -184,10 +198,60 @@ class PPOTrainer:
                 batch = next(self._batches)
         return dataflow.new_prompt_batch(batch)
 
+    def stream_settings(self) -> StreamSettings:
+        async_cfg, rollout = self.config.async_training, self.config.actor_rollout_ref.rollout
+        return StreamSettings(step_prompts=self.config.data.train_batch_size,
+                              sync_every=async_cfg.trigger_parameter_sync_step,
+                              staleness_threshold=async_cfg.staleness_threshold, partial=async_cfg.partial_rollout,
+                              n=rollout.n, prompts_per_rank=max(1, rollout.max_num_seqs // rollout.n))
+
+    def _draw_prompts(self, count: int) -> DataProto:
+        """Streaming: the next `count` prompts (each with its uid), from what a checkpoint saved first, then the
+        loader (the streaming thread calls this)."""
+        with self._data_lock:
+            while self._stream_prompts is None or len(self._stream_prompts) < count:
+                drawn = self._next_prompts()
+                self._stream_prompts = drawn if self._stream_prompts is None else \
+                    DataProto.concat([self._stream_prompts, drawn])
+            out = self._stream_prompts.select_rows(list(range(count)))
+            rest = len(self._stream_prompts) - count
+            self._stream_prompts = self._stream_prompts.select_rows(list(range(count, count + rest))) if rest else None
+        return out
+
+    def _take_streamed(self, metrics: dict, timing: dict, step: int) -> DataProto:
+        """Streaming: this step's groups from the queue (in the order they finished), then scored."""
+        taken = self.streamer.take(self.config.data.train_batch_size, version=step - 1)
+        batch = taken.batch
+        timing["trainer_idle"], timing["rollout_idle"] = taken.trainer_idle_s, taken.rollout_idle_s
+        lag = staleness(batch, step - 1).float()
+        versions = batch.batch["rollout_versions"]
+        spans = versions.max(dim=1).values - batch.batch["weight_version"]  # versions a row's tokens span
+        metrics.update({"async/staleness_mean": float(lag.mean()), "async/staleness_max": float(lag.max()),
+                        "async/queue_size": self.streamer.queue_size, "async/stale_dropped": taken.dropped,
+                        "async/partial_share": float((spans > 0).float().mean()),
+                        "rollout/weight_staleness": float(lag.max())})
+        if self.background_reward is None:  # else scored after balancing, in the background
+            with timer("reward", timing):
+                self._score(batch, metrics)
+        return batch
+
+    def _sync_streaming(self, metrics: dict) -> None:
+        """Streaming, every trigger_parameter_sync_step steps and at the end: the rollout takes this step's weights
+        at a call boundary (without partial rollout, once its rows in flight have finished)."""
+        settings = self.streamer.settings
+        if self.global_steps % settings.sync_every and self.global_steps != self.total_steps:
+            return
+        start = time.perf_counter()
+        with self.streamer.paused(drain=not settings.partial, new_window=True):
+            metrics["timing_s/sync_drain"] = time.perf_counter() - start  # the trainer waiting for the rows in flight
+            metrics.update(self.groups.sync_rollout_weights(self.global_steps))
+
     def _next_batch(self, metrics: dict, timing: dict) -> DataProto:
         """1, 2, 4 of this step: generated now (sync), or taken from the background (one step off), which then
         starts on the next step's batch with the weights of the update just made."""
         step = self.global_steps
+        if self.streamer is not None:
+            return self._take_streamed(metrics, timing, step)
         if self._restored is not None and self._restored.step == step:  # generated before the checkpoint
             batch = self._use_collected(self._restored, metrics, timing)
             self._restored = None
@@ -408,8 +472,8 @@ class PPOTrainer:
         last = self.global_steps == self.total_steps
         metrics = {}
         if self.validator and cfg.test_freq > 0 and (self.global_steps % cfg.test_freq == 0 or last):
-            self._rollout_holds_latest_weights()
-            metrics.update(self.validator.run(self.global_steps))
+            with self._rollout_holds_latest_weights():
+                metrics.update(self.validator.run(self.global_steps))
         if cfg.save_freq > 0 and (self.global_steps % cfg.save_freq == 0 or last):
             if not save:
                 print(f"step {self.global_steps} is not checkpointed: its update was skipped")
@@ -420,12 +484,20 @@ class PPOTrainer:
             metrics["timing_s/save_checkpoint"] = timing["save_checkpoint"]
         return metrics
 
-    def _rollout_holds_latest_weights(self) -> None:
-        """One step off, before validating: the next batch finishes generating (a rollout rank takes one call at
-        a time) and the rollout takes this step's weights, which the next step would send it anyway."""
+    @contextlib.contextmanager
+    def _rollout_holds_latest_weights(self) -> Iterator[None]:
+        """For validating: the rollout pool free for the block and holding this step's weights. One step off, the
+        next batch finishes generating first (the next step would send these weights anyway); streaming, the
+        thread parks at a call boundary for the block (without partial rollout, once its rows have finished)."""
         if self.ahead is not None:
             self.ahead.settle()
+        if self.streamer is None:
             self.groups.sync_rollout_weights(self.global_steps)
+            yield
+            return
+        with self.streamer.paused(drain=not self.streamer.settings.partial):
+            self.groups.sync_rollout_weights(self.global_steps)
+            yield
 
     def save_checkpoint(self) -> Path:
         cfg = self.config.trainer
@@ -439,13 +511,28 @@ class PPOTrainer:
         # one step off, the next step's prompts are drawn already: the batch generated from them is saved with
         # the loader state past them, so a resumed run trains on exactly that batch next
         ahead = self.ahead.settle() if self.ahead is not None else None
-        with self._data_lock:
+        with self._streaming_state() as streaming, self._data_lock:
             loader_state = self.dataloader.state_dict()
         torch.save({"dataloader": loader_state, "kl_coef": self.kl_ctrl.value, "global_steps": self.global_steps,
-                    "generated_ahead": ahead}, step_dir / "data.pt")
+                    "generated_ahead": ahead, "streaming": streaming}, step_dir / "data.pt")
         write_run_config(step_dir, asdict(self.config))
         commit_checkpoint(cfg.default_local_dir, self.global_steps)
         return step_dir
+
+    @contextlib.contextmanager
+    def _streaming_state(self) -> Iterator[dict[str, DataProto | None] | None]:
+        """Streaming, for a checkpoint: the finished groups not yet trained (saved, and trained first on resume)
+        and the prompts drawn but unfinished: in flight, waiting in a rank's batch or not yet sent (saved as
+        prompts, generated again on resume), read with the thread parked. None in the other modes."""
+        if self.streamer is None:
+            yield None
+            return
+        with self.streamer.paused(drain=False):
+            unfinished = [p for p in self.groups.rollout.stream_unfinished() if p is not None]
+            with self._data_lock:
+                if self._stream_prompts is not None:
+                    unfinished.append(self._stream_prompts)
+            yield {"queued": self.streamer.queued(), "prompts": DataProto.concat(unfinished) if unfinished else None}
 
     def _load_checkpoint(self) -> bool:
         """Resume as trainer.resume_mode says, falling back past a checkpoint that fails to load; True if resumed.
@@ -471,6 +558,8 @@ class PPOTrainer:
             self.kl_ctrl.value = state["kl_coef"]
         self.global_steps = state["global_steps"]
         self._restored = state.get("generated_ahead")
+        streaming = state.get("streaming") or {}
+        self._stream_restored, self._stream_prompts = streaming.get("queued"), streaming.get("prompts")
 
     def _dump_rollouts(self, batch: DataProto) -> None:
         out_dir = self.config.trainer.rollout_data_dir

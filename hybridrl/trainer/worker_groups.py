@@ -43,6 +43,15 @@ class ActorRolloutRefGroup(TypedWorkerGroup):
         """`rollout.n` responses per prompt, rows grouped by prompt (layout: hybridrl/workers/rollout/base.py)."""
         return self._call(ActorRolloutRefWorker.generate_sequences, prompts)
 
+    def stream_generate(self, prompts: list[DataProto | None], max_steps: int, partial: bool) -> list[DataProto | None]:
+        """Streaming mode: rank r's new prompts `prompts[r]` join its continuous batch; each rank's finished groups."""
+        world = self.world_size
+        return self._call(ActorRolloutRefWorker.stream_generate, prompts, [max_steps] * world, [partial] * world)
+
+    def stream_unfinished(self, reset: bool = False) -> list[DataProto | None]:
+        """Streaming mode: each rank's prompts admitted or waiting, not finished (`reset`: and dropped)."""
+        return self._call(ActorRolloutRefWorker.stream_unfinished, reset)
+
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """`old_log_probs` and `entropys` under the current actor."""
         return self._call(ActorRolloutRefWorker.compute_log_prob, data)

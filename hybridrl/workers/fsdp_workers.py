@@ -210,6 +210,31 @@ class ActorRolloutRefWorker(Worker):
             output.meta_info["seed"] = step_seed
         return output
 
+    @register(dispatch_mode=Dispatch.ALL_TO_ALL)
+    def stream_generate(self, prompts: DataProto | None, max_steps: int, partial: bool) -> DataProto | None:
+        """Streaming mode: this rank's new prompts join its continuous batch, which decodes until a prompt has
+        all its samples (or `max_steps` tokens); returns the finished groups, each token tagged with this rank's
+        weight version (hybridrl/workers/rollout/continuous.py)."""
+        self._require(self.rollout, "stream_generate", "rollout")
+        stream = getattr(self.rollout, "stream", None)
+        if stream is None:
+            raise ValueError(f"async_training.mode=streaming decodes with the HF engine's continuous batch; "
+                             f"actor_rollout_ref.rollout.name={self.config.rollout.name} has none: set "
+                             f"actor_rollout_ref.rollout.name=hf, or async_training.mode=one_step_off")
+        with self.rollout.serving(self.rollout_weights):
+            return stream(prompts, self.weight_version or 0, max_steps, 1, partial)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def stream_unfinished(self, reset: bool) -> DataProto | None:
+        """Streaming mode: the prompts in this rank's continuous batch, admitted or waiting (`reset`: dropped)."""
+        self._require(self.rollout, "stream_unfinished", "rollout")
+        batch = getattr(self.rollout, "continuous", None)
+        if batch is None:
+            return None
+        if reset:
+            return self.rollout.stream_unfinished()
+        return batch.unfinished_prompts()
+
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     @report_worker_seconds
     def compute_log_prob(self, data: DataProto) -> DataProto:

@@ -72,17 +72,29 @@ def test_the_dry_run_prints_every_pool_its_processes_and_roles(capsys):
 
 
 ONE_STEP_OFF = [*SPLIT, "async_training.mode=one_step_off"]
+STREAMING = [*SPLIT, "async_training.mode=streaming"]
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
     (["async_training.mode=one_step_off"], "needs a rollout pool of its own: set actor_rollout_ref.hybrid_engine=false"),
     ([*ONE_STEP_OFF, *RM], "a reward model cannot share the training pool: set reward_model.enable_resource_pool=true"),
-    (["async_training.mode=fully_async"], "async_training.mode must be one of \\('sync', 'one_step_off'\\)"),
-    # verl's fully_async streaming keys: accepted as keys, refused as settings, each named
-    ([*ONE_STEP_OFF, "async_training.staleness_threshold=0.5"], "async_training.staleness_threshold=0.5 is not "
-                                                               "supported by hybridrl: verl's fully_async streaming"),
-    ([*ONE_STEP_OFF, "async_training.partial_rollout=true"], "async_training.partial_rollout=true is not supported"),
-    (["rollout.total_rollout_steps=100"], "rollout.total_rollout_steps=100 is not supported"),
+    (["async_training.mode=fully_async"], "async_training.mode must be one of \\('sync', 'one_step_off', 'streaming'\\)"),
+    # verl's fully_async keys: read by the streaming mode only, refused in the others, each named
+    ([*ONE_STEP_OFF, "async_training.staleness_threshold=0.5"], "async_training.staleness_threshold is a streaming "
+                                                               "setting, but async_training.mode=one_step_off"),
+    ([*ONE_STEP_OFF, "async_training.partial_rollout=true"], "async_training.partial_rollout is a streaming setting"),
+    (["rollout.total_rollout_steps=100"], "rollout.total_rollout_steps is verl's fully_async setting, read in "
+                                          "streaming only"),
+    (["async_training.mode=streaming"], "async_training.mode=streaming generates while the training pool trains, "
+                                        "which needs a rollout pool of its own"),
+    ([*STREAMING, "algorithm.filter_groups.enable=true"], "set algorithm.filter_groups.enable=false"),
+    ([*STREAMING, "algorithm.adv_estimator=remax"], "algorithm.adv_estimator=remax needs a greedy baseline"),
+    ([*STREAMING, "async_training.require_batches=3"], "trains async_training.require_batches x actor_rollout_ref."
+                                                       "actor.ppo_mini_batch_size = 24 prompts a step, but "
+                                                       "data.train_batch_size=16: set data.train_batch_size=0"),
+    ([*STREAMING, "async_training.staleness_threshold=-1"], "async_training.staleness_threshold"),
+    ([*STREAMING, "async_training.compute_prox_log_prob=true"], "async_training.compute_prox_log_prob=true is not "
+                                                                "supported"),
 ])
 def test_an_async_mode_that_cannot_run_is_refused_naming_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -102,3 +114,27 @@ def test_one_step_off_corrects_the_stale_samples_unless_told_otherwise(capsys):
     assert run_ppo(ppo_config(*BASE, *ONE_STEP_OFF, "trainer.dry_run=true")) == []
     assert "split, one step off: the rollout generates the next batch with the weights of the step before" \
         in capsys.readouterr().out
+
+
+def test_streaming_takes_verls_fully_async_keys(capsys):
+    # verl's fully_async scripts: data.train_batch_size=0, a step of require_batches mini-batches, the run's length in
+    # prompts, validation every rollout.test_freq weight syncs
+    config = resolve_config(ppo_config(*BASE, *STREAMING, "data.train_batch_size=0", "async_training.require_batches=2",
+                                       "async_training.trigger_parameter_sync_step=3", "rollout.total_rollout_steps=48",
+                                       "rollout.test_freq=2", "rollout.total_epochs=7",
+                                       "async_training.staleness_threshold=0.5", "async_training.partial_rollout=true"))
+    mini = config.actor_rollout_ref.actor.ppo_mini_batch_size
+    assert config.data.train_batch_size == 2 * mini
+    assert config.trainer.total_training_steps == 48 // (2 * mini)
+    assert (config.trainer.test_freq, config.trainer.total_epochs) == (6, 7)
+    assert config.algorithm.rollout_correction.rollout_is == "token"  # decoupled correction by default
+    bypass = resolve_config(ppo_config(*BASE, *STREAMING, "async_training.use_rollout_log_probs=true"))
+    assert bypass.algorithm.rollout_correction.bypass_mode
+    # verl's fully_async scripts generate with vLLM; streaming decodes with the HF engine's continuous batch
+    assert resolve_config(ppo_config(*BASE, *STREAMING, "actor_rollout_ref.rollout.name=vllm")) \
+        .actor_rollout_ref.rollout.name == "hf"
+    # a synchronous config switched to streaming trains as many prompts a step
+    switched = resolve_config(ppo_config(*BASE, *STREAMING))
+    assert switched.data.train_batch_size == 16 and switched.async_training.require_batches == 16 // mini
+    assert run_ppo(ppo_config(*BASE, *STREAMING, "trainer.dry_run=true")) == []
+    assert "split, streaming: the rollout decodes without pause" in capsys.readouterr().out

@@ -238,6 +238,43 @@ trainer.save_freq=-1 trainer.test_freq=5 trainer.total_epochs=2 trainer.nnodes=1
 rollout.nnodes=1 rollout.n_gpus_per_node=2 trainer.default_local_dir={out}
 """
 
+# verl's fully_async recipe (verl/experimental/fully_async_policy/shell/dapo_7b_math_fsdp2_4_4.sh), its entry point
+# hybridrl's main_ppo with async_training.mode=streaming: 4 rollout processes, 4 training
+FULLY_ASYNC = """
+data.train_files={train} data.val_files={val} data.prompt_key=prompt data.truncation='left'
+data.max_prompt_length=2048 data.max_response_length=8192 data.train_batch_size=0 data.gen_batch_size=1
+data.return_raw_chat=True actor_rollout_ref.rollout.n=16 algorithm.adv_estimator=grpo algorithm.use_kl_in_reward=False
+algorithm.kl_ctrl.kl_coef=0.0 actor_rollout_ref.actor.strategy=fsdp2 critic.strategy=fsdp2
+actor_rollout_ref.actor.use_kl_loss=False actor_rollout_ref.actor.kl_loss_coef=0.0
+actor_rollout_ref.actor.clip_ratio_low=0.2 actor_rollout_ref.actor.clip_ratio_high=0.28
+actor_rollout_ref.actor.clip_ratio_c=10.0 actor_rollout_ref.model.use_remove_padding=True
+actor_rollout_ref.hybrid_engine=False +actor_rollout_ref.model.override_config.max_position_embeddings=32768
+actor_rollout_ref.actor.use_dynamic_bsz=True actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True
+actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True actor_rollout_ref.actor.ppo_max_token_len_per_gpu=20480
+actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=30720 actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=30720
+actor_rollout_ref.model.path={model} actor_rollout_ref.actor.optim.lr=1e-6 actor_rollout_ref.actor.optim.lr_warmup_steps=10
+actor_rollout_ref.actor.optim.weight_decay=0.1 actor_rollout_ref.actor.ppo_mini_batch_size=32
+actor_rollout_ref.actor.fsdp_config.param_offload=False actor_rollout_ref.actor.fsdp_config.optimizer_offload=False
+actor_rollout_ref.actor.entropy_coeff=0 actor_rollout_ref.actor.grad_clip=1.0 actor_rollout_ref.actor.loss_agg_mode=token-mean
+actor_rollout_ref.actor.ulysses_sequence_parallel_size=1 actor_rollout_ref.rollout.gpu_memory_utilization=0.80
+actor_rollout_ref.rollout.tensor_model_parallel_size=1 actor_rollout_ref.rollout.enable_chunked_prefill=True
+actor_rollout_ref.rollout.max_num_batched_tokens=10240 actor_rollout_ref.rollout.temperature=1.0
+actor_rollout_ref.rollout.top_p=1.0 actor_rollout_ref.rollout.top_k=-1 actor_rollout_ref.rollout.val_kwargs.temperature=1.0
+actor_rollout_ref.rollout.val_kwargs.top_p=0.7 actor_rollout_ref.rollout.val_kwargs.top_k=-1
+actor_rollout_ref.rollout.val_kwargs.do_sample=True actor_rollout_ref.rollout.val_kwargs.n=1
+actor_rollout_ref.rollout.calculate_log_probs=True actor_rollout_ref.ref.fsdp_config.param_offload=True
+actor_rollout_ref.ref.ulysses_sequence_parallel_size=1 actor_rollout_ref.actor.fsdp_config.fsdp_size=2
+actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.mode=async reward_model.reward_manager=dapo
++reward_model.reward_kwargs.overlong_buffer_cfg.enable=True +reward_model.reward_kwargs.overlong_buffer_cfg.len=4096
++reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0 +reward_model.reward_kwargs.overlong_buffer_cfg.log=False
++reward_model.reward_kwargs.max_resp_len=8192 trainer.logger=['console','tensorboard'] trainer.project_name=DAPO
+trainer.experiment_name=fully-async-4-4 trainer.val_before_train=False trainer.save_freq=-1
+trainer.default_local_dir={out} trainer.resume_mode=auto trainer.nnodes=1 trainer.n_gpus_per_node=4 rollout.nnodes=1
+rollout.n_gpus_per_node=4 rollout.total_rollout_steps=51200 rollout.total_epochs=10 rollout.test_freq=10
+async_training.staleness_threshold=0.1 async_training.trigger_parameter_sync_step=4 async_training.require_batches=4
+async_training.partial_rollout=True async_training.use_rollout_log_probs=True
+"""
+
 PASSING = {
     "grpo_vllm_async": GRPO_VLLM_ASYNC,
     "ppo_legacy_workers": PPO_LEGACY_WORKERS,
@@ -254,6 +291,8 @@ PASSING = {
     "one_step_off_placement": ONE_STEP_OFF_PLACEMENT,
     # the recipe's own entry point is hybridrl's main_ppo with the mode key; the recipe YAML's weight_sync_with_ray
     "one_step_off_recipe": ONE_STEP_OFF_PLACEMENT + " async_training.mode=one_step_off trainer.weight_sync_with_ray=True",
+    # the script's hybrid sharding (fsdp_size=2 of 4 ranks) is refused on its own (REFUSED); the rest runs
+    "fully_async_recipe": FULLY_ASYNC.replace("fsdp_size=2", "fsdp_size=-1") + " async_training.mode=streaming",
 }
 
 # Features hybridrl lacks: the error names the key and the missing feature.
@@ -267,9 +306,10 @@ REFUSED = {
     "megatron_keys": (GRPO_VLLM_ASYNC + " actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
                       "megatron.pipeline_model_parallel_size=2 is not supported by hybridrl: Megatron-LM is not "
                       "available"),
-    "fully_async": (ONE_STEP_OFF_PLACEMENT + " async_training.mode=one_step_off async_training.staleness_threshold=0.1",
-                    "async_training.staleness_threshold=0.1 is not supported by hybridrl: verl's fully_async "
-                    "streaming is not implemented"),
+    "fully_async_hybrid_sharding": (FULLY_ASYNC + " async_training.mode=streaming",
+                                    "fsdp_size=2 must be -1 or the world size \\(4\\); hybrid sharding is not supported"),
+    "fully_async_prox_log_prob": (FULLY_ASYNC + " async_training.mode=streaming async_training.compute_prox_log_prob=True",
+                                  "async_training.compute_prox_log_prob=true is not supported by hybridrl"),
     "vision_language": (GRPO_VLLM_ASYNC + " data.image_key=images",
                         "data.image_key=images is not supported by hybridrl: vision-language models"),
 }
