@@ -1,14 +1,16 @@
-"""Synchronous against one-step-off GRPO on this machine: throughput, each pool's idle share, and learning against
-wall-clock time.
+"""Synchronous against asynchronous (one step off, streaming) GRPO on this machine: throughput, each pool's idle
+share, and learning against wall-clock time.
 
     python benchmarks/async_vs_sync.py [--sizes 10m,50m] [--steps 6] [--workdir runs/async]
     python benchmarks/async_vs_sync.py --learning [--seeds 0,1,2,3] [--dtype fp32] [--workdir runs/lora_learning]
 
-Throughput (the default): for each tiny-model size (untrained weights: every response runs to the length limit,
-so each step's work is fixed) three GRPO runs of `--steps` steps with the quickstart's batch (16 prompts x 8
-samples, 64 response tokens), each in a fresh process on the Ray backend, one CPU thread per worker process:
-colocated sync (2 processes, each actor + rollout), split sync (1 training + 1 rollout process) and one step off
-(the same split, `async_training.mode=one_step_off`). Reported as medians over the steps after the first:
+Throughput (the default): for each tiny-model size and two workloads, four GRPO runs of `--steps` steps with the
+quickstart's batch (16 prompts x 8 samples), each in a fresh process on the Ray backend, one CPU thread per worker
+process: colocated sync (2 processes, each actor + rollout), split sync (1 training + 1 rollout process), one step
+off (the same split, `async_training.mode=one_step_off`) and streaming (`async_training.mode=streaming`). The
+quickstart workload: 64 response tokens from untrained weights (every response runs to the limit, so each step's
+work is fixed); the long-tail one: up to 256 tokens from a model that ends responses at random
+(`long_tail_model`), so a batch waits for its few longest rows. Reported as medians over the steps after the first:
 samples/s, each pool's idle share of a step (the training pool: everything but its passes and the weight sync;
 the rollout pool: everything but generation and receiving the weights) and the ratio to colocated sync. Writes
 `benchmarks/results/async_vs_sync.md`.
@@ -37,8 +39,17 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 SPLIT = ["actor_rollout_ref.hybrid_engine=false", "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1"]
 ONE_STEP_OFF = [*SPLIT, "async_training.mode=one_step_off"]
-LAYOUTS = {"colocated sync": ["trainer.n_gpus_per_node=2"], "split sync": SPLIT, "one step off": ONE_STEP_OFF}
+# a window's worth of prompts ahead (about one step off), rows in flight go on across a sync, and the continuous
+# batch decodes the 128 rows the synchronous layouts decode at once
+STREAMING = [*SPLIT, "async_training.mode=streaming", "async_training.staleness_threshold=1",
+             "async_training.partial_rollout=true", "actor_rollout_ref.rollout.max_num_seqs=128"]
+LAYOUTS = {"colocated sync": ["trainer.n_gpus_per_node=2"], "split sync": SPLIT, "one step off": ONE_STEP_OFF,
+           "streaming": STREAMING}
 SAMPLES = 128  # 16 prompts x 8 samples
+# the long-tail workload: responses up to LONG_TAIL_LENGTH tokens, their lengths spread by a model that ends a
+# response with a small chance at every token (long_tail_model)
+LONG_TAIL_LENGTH = 256
+LONG_TAIL_EOS_PULL = 8.0
 
 
 def idle_shares(history: list[dict], layout: str) -> dict[str, float]:
@@ -53,9 +64,12 @@ def idle_shares(history: list[dict], layout: str) -> dict[str, float]:
         return passes + m.get("timing_s/weight_sync", 0.0)
 
     def rollout(m: dict) -> float:
+        if "timing_s/gen_worker" not in m:  # streaming: generation runs beside the step; its waits are measured
+            return m["timing_s/step"] - m["timing_s/rollout_idle"]
         return m["timing_s/gen_worker"] + m.get("timing_s/weight_sync", 0.0)
 
     out = {"samples_per_s": median(lambda m: SAMPLES / m["timing_s/step"]),
+           "tokens_per_s": median(lambda m: SAMPLES * m["response_length/mean"] / m["timing_s/step"]),
            "step": median(lambda m: m["timing_s/step"])}
     if layout == "colocated sync":  # the same processes run both phases one after the other
         out["training_idle"] = out["rollout_idle"] = median(
@@ -64,6 +78,29 @@ def idle_shares(history: list[dict], layout: str) -> dict[str, float]:
         out["training_idle"] = median(lambda m: max(0.0, 1 - training(m) / m["timing_s/step"]))
         out["rollout_idle"] = median(lambda m: max(0.0, 1 - rollout(m) / m["timing_s/step"]))
     out["trainer_wait"] = median(lambda m: m.get("timing_s/trainer_idle", 0.0))
+    return out
+
+
+def long_tail_model(model: Path, out: Path, eos_pull: float = LONG_TAIL_EOS_PULL) -> Path:
+    """`model` with `eos_pull` x (the mean last hidden state over a prompt, scaled to unit dot product) added to EOS's
+    output embedding: every token then ends the response with a small chance, so lengths spread out geometrically
+    with a long tail (an untrained model otherwise never stops before the length limit)."""
+    import shutil
+
+    import torch
+
+    from hybridrl.models.loading import load_causal_lm, load_tokenizer
+
+    if (out / "config.json").exists():
+        return out
+    shutil.copytree(model, out)
+    tokenizer, causal_lm = load_tokenizer(out), load_causal_lm(out)
+    ids = tokenizer(["Ann has 3 marbles and finds 4 more. How many marbles does she have?"],
+                    return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        hidden = causal_lm.model(input_ids=ids).last_hidden_state[0].mean(dim=0)  # (hidden,)
+        causal_lm.get_output_embeddings().weight[tokenizer.eos_token_id] += eos_pull * hidden / hidden.norm() ** 2
+    causal_lm.save_pretrained(out)
     return out
 
 
@@ -83,29 +120,39 @@ def throughput(args: argparse.Namespace, command: str) -> str:
     workdir = Path(args.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     lines = [
-        "# Synchronous against one-step-off GRPO: throughput",
+        "# Synchronous against asynchronous GRPO: throughput",
         "",
         f"CPU: {cpu_name()}; command: `{command}`; nothing else ran on the machine. GRPO, {args.steps} steps of 16 "
-        "prompts x 8 samples x 64 response tokens (untrained model: every response is 64 tokens), fp32, "
-        "use_kl_loss=true, Ray backend, one CPU thread per worker process. Colocated: 2 processes, each actor + "
-        "rollout. Split and one step off: 1 training process + 1 rollout process. Medians over the steps after "
-        "the first. Idle: the share of a step a pool spent outside its own work (its passes and the weight sync); "
-        "'trainer waits' is timing_s/trainer_idle, the training pool waiting for the batch generated ahead.",
+        "prompts x 8 samples, fp32, use_kl_loss=true, Ray backend, one CPU thread per worker process. Quickstart "
+        "workload: 64 response tokens, untrained model (every response is 64 tokens). Long-tail workload: up to "
+        f"{LONG_TAIL_LENGTH} response tokens from the untrained model with EOS pulled up (long_tail_model, "
+        f"eos_pull={LONG_TAIL_EOS_PULL}): lengths spread geometrically, a few at the limit. Colocated: 2 processes, "
+        "each actor + rollout. Split, one step off and streaming: 1 training process + 1 rollout process; streaming "
+        f"with {' '.join(STREAMING[len(SPLIT):])}. Medians over the steps after the first. Idle: the share of a "
+        "step a pool spent outside its own work (its passes and the weight sync; streaming's rollout: the time its "
+        "thread waited for budget or a sync); 'trainer waits' is timing_s/trainer_idle, the training pool waiting "
+        "for samples.",
         "",
-        "| size | layout | samples/s | x colocated sync | step s | training pool idle | rollout pool idle | "
-        "trainer waits s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| workload | size | layout | samples/s | response tokens/s | x colocated sync | step s | training pool idle | "
+        "rollout pool idle | trainer waits s |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for size in args.sizes.split(","):
         model, data = prepare(workdir, size)
-        rows = {}
-        for name, layout in LAYOUTS.items():
-            run_name = f"{size}_{name.replace(' ', '_')}"
-            rows[name] = r = idle_shares(grpo_run(workdir, model, data, run_name, layout, args.steps), name)
-            ratio = r["samples_per_s"] / rows["colocated sync"]["samples_per_s"]
-            lines.append(f"| {size} | {name} | {r['samples_per_s']:.1f} | {ratio:.2f} | {r['step']:.2f} | "
-                         f"{r['training_idle']:.0%} | {r['rollout_idle']:.0%} | {r['trainer_wait']:.2f} |")
-            print(lines[-1], flush=True)
+        workloads = {"quickstart": (model, []),
+                     "long-tail": (long_tail_model(model, workdir / f"model_{size}_long_tail"),
+                                   [f"data.max_response_length={LONG_TAIL_LENGTH}"])}
+        for workload, (workload_model, extra) in workloads.items():
+            rows = {}
+            for name, layout in LAYOUTS.items():
+                run_name = f"{size}_{workload}_{name.replace(' ', '_')}"
+                history = grpo_run(workdir, workload_model, data, run_name, [*layout, *extra], args.steps)
+                rows[name] = r = idle_shares(history, name)
+                ratio = r["samples_per_s"] / rows["colocated sync"]["samples_per_s"]
+                lines.append(f"| {workload} | {size} | {name} | {r['samples_per_s']:.1f} | "
+                             f"{r['tokens_per_s']:.0f} | {ratio:.2f} | {r['step']:.2f} | {r['training_idle']:.0%} | "
+                             f"{r['rollout_idle']:.0%} | {r['trainer_wait']:.2f} |")
+                print(lines[-1], flush=True)
     lines.append("")
     (RESULTS / "async_vs_sync.md").write_text("\n".join(lines))
     return "\n".join(lines)

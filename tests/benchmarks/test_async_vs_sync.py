@@ -12,9 +12,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import async_vs_sync  # noqa: E402  (a script beside the package, not part of it)
 
 
-def _step(step: float, gen: float, update: float, sync: float = 0.0, waited: float = 0.0) -> dict:
-    return {"timing_s/step": step, "timing_s/gen_worker": gen, "timing_s/update_actor_worker": update,
-            "timing_s/old_log_prob_worker": 0.0, "timing_s/weight_sync": sync, "timing_s/trainer_idle": waited}
+def _step(step: float, gen: float | None, update: float, sync: float = 0.0, waited: float = 0.0,
+          rollout_waited: float = 0.0) -> dict:
+    metrics = {"timing_s/step": step, "timing_s/update_actor_worker": update, "timing_s/old_log_prob_worker": 0.0,
+               "timing_s/weight_sync": sync, "timing_s/trainer_idle": waited, "response_length/mean": 20.0,
+               "timing_s/rollout_idle": rollout_waited}
+    if gen is not None:  # streaming's generation runs beside the step, untimed by it
+        metrics["timing_s/gen_worker"] = gen
+    return metrics
 
 
 def test_idle_shares_per_layout():
@@ -22,11 +27,15 @@ def test_idle_shares_per_layout():
     # split, one step off: training 6 + sync 1 of a 10 s step, generation 3 + sync 1 (overlapped)
     shares = async_vs_sync.idle_shares([first, _step(10.0, 3.0, 6.0, 1.0, 0.5)], "one step off")
     assert shares["samples_per_s"] == pytest.approx(12.8)
+    assert shares["tokens_per_s"] == pytest.approx(12.8 * 20)
     assert shares["training_idle"] == pytest.approx(0.3) and shares["rollout_idle"] == pytest.approx(0.6)
     assert shares["trainer_wait"] == pytest.approx(0.5)
     # colocated: the same processes generate then train, so both pools are idle only outside both phases
     colocated = async_vs_sync.idle_shares([first, _step(8.0, 3.0, 4.0)], "colocated sync")
     assert colocated["training_idle"] == colocated["rollout_idle"] == pytest.approx(1 / 8)
+    # streaming: the rollout's thread waited 2.5 s of a 10 s step for budget or a sync
+    streaming = async_vs_sync.idle_shares([first, _step(10.0, None, 6.0, 1.0, 0.5, 2.5)], "streaming")
+    assert streaming["rollout_idle"] == pytest.approx(0.25) and streaming["training_idle"] == pytest.approx(0.3)
 
 
 def test_accuracy_over_time_counts_from_the_first_steps_start(tmp_path):

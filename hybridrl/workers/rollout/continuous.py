@@ -129,11 +129,15 @@ StepsFactory = Callable[[SharedColumnCache], ForwardSteps]
 
 
 class ContinuousBatch:
-    """Rows decoding across calls, prompts waiting for room, finished groups handed back by `run`.
+    """Rows (slots) decoding across calls, prompts waiting for room, finished groups handed back by `run`.
 
-    `prompt_len`/`width`: the prompts' padded length and the response length R; `capacity`: the most rows that
-    decode at once (rollout.max_num_seqs). Rows keep their prompt's keys/values, so a group's n samples take n rows.
+    `prompt_len`: the prompts' padded length; `capacity`: the most rows that decode at once (rollout.max_num_seqs).
+    A row keeps its prompt's keys/values, so a group's n samples take n rows. A finished row's slot stays in the
+    batch, idle, until a waiting prompt's sample takes it over (no copy of the cache); idle slots leave the batch
+    once they are `IDLE_SHARE` of it and nothing waits.
     """
+
+    IDLE_SHARE = 0.25
 
     def __init__(self, params: SamplingParams, pad_token_id: int, prompt_len: int, capacity: int,
                  generator: torch.Generator) -> None:
@@ -150,6 +154,7 @@ class ContinuousBatch:
         self._rows_init()
 
     def _rows_init(self) -> None:
+        self.active = torch.zeros(0, dtype=torch.bool)  # (A,) the slot holds a sample still decoding
         self.request_of = torch.zeros(0, dtype=torch.long)  # (A,) request id of each row
         self.sample_of = torch.zeros(0, dtype=torch.long)  # (A,) its sample index in the request
         self.length = torch.zeros(0, dtype=torch.long)  # (A,) tokens sampled so far
@@ -162,7 +167,13 @@ class ContinuousBatch:
 
     @property
     def rows(self) -> int:
-        return int(self.request_of.numel())
+        """Slots in the batch, idle ones included."""
+        return int(self.active.numel())
+
+    @property
+    def decoding(self) -> int:
+        """Rows whose sample is still decoding."""
+        return int(self.active.sum())
 
     @property
     def in_flight(self) -> int:
@@ -187,37 +198,39 @@ class ContinuousBatch:
         """Decode until `min_groups` prompts have all their samples, nothing is left, or `max_steps` tokens
         were sampled; returns the finished groups (rollout layout, plus `rollout_versions` (rows, R): the weight
         version each token was sampled under, -1 past the response, and `weight_version` (rows,): the oldest),
-        or None. Between calls every row holds its last sampled token, not yet fed. `partial=False` refuses new
-        weights while rows are in flight (the caller lets them finish first)."""
+        or None. Between calls every decoding row holds its last sampled token, not yet fed. `partial=False`
+        refuses new weights while rows are in flight (the caller lets them finish first)."""
         finished: list[DataProto] = []
         logits = None
-        if self.rows and self.kv_version != version and not partial:
-            raise RuntimeError(f"weights changed to version {version} with {self.rows} rows in flight under version "
-                               f"{self.kv_version}; without partial rollout they finish before a weight sync")
-        if self.rows:
+        if self.decoding and self.kv_version != version and not partial:
+            raise RuntimeError(f"weights changed to version {version} with {self.decoding} rows in flight under "
+                               f"version {self.kv_version}; without partial rollout they finish before a weight sync")
+        if self.decoding:
             logits = self._reprefill(model) if self.kv_version != version else self._step(make_steps(self.cache))
         self.kv_version = version
         logits = self._admit(model, logits)
         sampled = 0
-        while self.rows:
+        while self.decoding:
             tokens, token_log_probs = sample_tokens(logits, self.params, self.generator)  # (A,), (A,)
-            rows, at = torch.arange(self.rows), self.length
-            self.responses[rows, at] = tokens
-            self.log_probs[rows, at] = token_log_probs.float()
+            rows = self.active.nonzero().squeeze(1)
+            at = self.length[rows]
+            self.responses[rows, at] = tokens[rows]
+            self.log_probs[rows, at] = token_log_probs[rows].float()
             self.versions[rows, at] = version
-            self.length, self.pending = at + 1, tokens
-            done = torch.isin(tokens, self.stop_ids) | (self.length >= self.response_len)
+            self.length[rows] = at + 1
+            self.pending = tokens
+            done = self.active & (torch.isin(tokens, self.stop_ids) | (self.length >= self.response_len))
             if bool(done.any()):
                 finished += self._finish(done)
             sampled += 1
             if len(finished) >= min_groups or sampled >= max_steps:
                 break
-            logits = self._step(make_steps(self.cache)) if self.rows else None
+            logits = self._step(make_steps(self.cache)) if self.decoding else None
             logits = self._admit(model, logits)
         return DataProto.concat(finished) if finished else None
 
     def _step(self, steps: ForwardSteps) -> torch.Tensor:
-        """Feed every row its last sampled token -> next-token logits (A, V)."""
+        """Feed every row its last sampled token -> next-token logits (A, V) (idle slots' are not used)."""
         cache = self.cache
         if cache.column >= cache.width:
             self._compact()
@@ -228,16 +241,20 @@ class ContinuousBatch:
         return logits
 
     def _compact(self) -> None:
-        """Move every row left by the columns no row uses (at least width - span: a row spans <= span)."""
-        used = self.mask.bool().any(dim=0).nonzero()
+        """Move every row left by the columns no decoding row uses (at least width - span: a row spans <= span)."""
+        used = self.mask[self.active].bool().any(dim=0).nonzero()
         unused = int(used[0]) if used.numel() else self.cache.column
-        self.cache.shift(-unused)
-        self.mask = _shifted(self.mask, -unused)
+        self._shift(-unused)
+
+    def _shift(self, by: int) -> None:
+        self.cache.shift(by)
+        self.mask = _shifted(self.mask, by)
 
     def _admit(self, model: nn.Module, logits: torch.Tensor | None) -> torch.Tensor | None:
-        """Prefill waiting prompts while their samples fit; their logits join `logits` (rows appended)."""
+        """Prefill waiting prompts while their samples fit: idle slots first, then new rows; their next-token logits
+        take the slots' places in `logits`."""
         admitted = []
-        room = self.capacity - self.rows
+        room = self.capacity - self.decoding
         while self.waiting and room >= self.params.n:
             admitted.append(self.waiting.pop(0))
             room -= self.params.n
@@ -250,16 +267,60 @@ class ContinuousBatch:
         n = self.params.n
         new_logits, kv = self._prefill(model, ids, mask, positions)
         kv = [(k.repeat_interleave(n, 0), v.repeat_interleave(n, 0)) for k, v in kv]
-        rows = len(admitted) * n
-        self._append_rows(kv, mask.repeat_interleave(n, 0), positions[:, -1].repeat_interleave(n) + 1)
-        self.request_of = torch.cat([self.request_of, torch.tensor(admitted).repeat_interleave(n)])
-        self.sample_of = torch.cat([self.sample_of, torch.arange(n).repeat(len(admitted))])
-        self.length = torch.cat([self.length, torch.zeros(rows, dtype=torch.long)])
-        self.responses = torch.cat([self.responses, torch.full((rows, self.response_len), self.pad_token_id)])
-        self.log_probs = torch.cat([self.log_probs, torch.zeros(rows, self.response_len)])
-        self.versions = torch.cat([self.versions, torch.zeros(rows, self.response_len, dtype=torch.long)])
+        slots = self._place(kv, mask.repeat_interleave(n, 0), positions[:, -1].repeat_interleave(n) + 1)
+        rows = slots.numel()
+        self.request_of[slots] = torch.tensor(admitted).repeat_interleave(n)
+        self.sample_of[slots] = torch.arange(n).repeat(len(admitted))
+        self.length[slots] = 0
+        self.responses[slots] = self.pad_token_id
+        self.log_probs[slots] = 0.0
+        self.versions[slots] = 0
+        self.active[slots] = True
         new_logits = new_logits.repeat_interleave(n, 0)
-        return new_logits if logits is None else torch.cat([logits, new_logits])
+        if logits is None or logits.shape[0] < self.rows:  # rows were added: grow the logits to every slot
+            grown = new_logits.new_zeros(self.rows, new_logits.shape[1])
+            if logits is not None:
+                grown[: logits.shape[0]] = logits
+            logits = grown
+        logits[slots] = new_logits[:rows]
+        return logits
+
+    def _place(self, kv: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor,
+               next_position: torch.Tensor) -> torch.Tensor:
+        """Write new rows' prefilled columns `mask` (new, L), ending just left of the shared column, into idle slots
+        and then appended rows; returns the slots, in the new rows' order."""
+        new, length = mask.shape
+        if self.cache is None:
+            self.cache = SharedColumnCache(len(kv), 2 * self.span + 1)
+            self.cache.column = self.span
+            self.mask = torch.zeros(0, self.cache.width, dtype=torch.long)
+        cache = self.cache
+        if cache.column < length:  # the new rows' columns end at the shared column: make room left of it
+            self._shift(length - cache.column)
+        idle = (~self.active).nonzero().squeeze(1)[:new]
+        reused = idle.numel()
+        columns = slice(cache.column - length, cache.column)
+        if reused:
+            for layer, (keys, values) in zip(cache.layers, kv, strict=True):
+                layer.keys[idle, :, columns] = keys[:reused]
+                layer.values[idle, :, columns] = values[:reused]
+            self.mask[idle] = 0
+            self.mask[idle, columns] = mask[:reused]
+            self.position[idle] = next_position[:reused]
+        appended = new - reused
+        if appended:
+            cache.append([(k[reused:], v[reused:]) for k, v in kv])
+            new_mask = torch.zeros(appended, cache.width, dtype=torch.long)
+            new_mask[:, columns] = mask[reused:]
+            self.mask = torch.cat([self.mask, new_mask])
+            self.position = torch.cat([self.position, next_position[reused:]])
+            self.active = torch.cat([self.active, torch.zeros(appended, dtype=torch.bool)])
+            for name, fill in (("request_of", -1), ("sample_of", 0), ("length", 0), ("pending", 0)):
+                setattr(self, name, torch.cat([getattr(self, name), torch.full((appended,), fill)]))
+            for name, dtype in (("responses", torch.long), ("log_probs", torch.float32), ("versions", torch.long)):
+                setattr(self, name, torch.cat([getattr(self, name),
+                                               torch.zeros(appended, self.response_len, dtype=dtype)]))
+        return torch.cat([idle, torch.arange(self.rows - appended, self.rows)])
 
     def _prefill(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor,
                  positions: torch.Tensor) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
@@ -269,30 +330,17 @@ class ContinuousBatch:
         return logits, [(layer.keys[:, :, : ids.shape[1]], layer.values[:, :, : ids.shape[1]])
                         for layer in cache.layers]
 
-    def _append_rows(self, kv: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor,
-                     next_position: torch.Tensor) -> None:
-        """New rows with prefilled columns `mask` (new, L) ending just left of the shared column."""
-        length = mask.shape[1]
-        if self.cache is None or self.rows == 0:
-            self.cache = SharedColumnCache(len(kv), 2 * self.span + 1)
-            self.cache.column = self.span
-            self.mask = torch.zeros(0, self.cache.width, dtype=torch.long)
-        cache = self.cache
-        if cache.column < length:  # the new rows' columns end at the shared column: make room left of it
-            self._shift(length - cache.column)
-        cache.append(kv)
-        new_mask = torch.zeros(mask.shape[0], cache.width, dtype=torch.long)
-        new_mask[:, cache.column - length: cache.column] = mask
-        self.mask = torch.cat([self.mask, new_mask])
-        self.position = torch.cat([self.position, next_position])
-
-    def _shift(self, by: int) -> None:
-        self.cache.shift(by)
-        self.mask = _shifted(self.mask, by)
+    def _keep(self, rows: torch.Tensor) -> None:
+        """Only slots `rows` stay in the batch."""
+        self.cache.keep(rows)
+        for name in ("active", "request_of", "sample_of", "length", "position", "mask", "responses", "log_probs",
+                     "versions", "pending"):
+            setattr(self, name, getattr(self, name)[rows])
 
     def _reprefill(self, model: nn.Module) -> torch.Tensor:
-        """Rebuild every row's keys/values (prompt, then its sampled tokens) under the current weights -> the
-        rows' next-token logits (A, V); the rows keep their order."""
+        """Rebuild the decoding rows' keys/values (prompt, then the sampled tokens) under the current weights, idle
+        slots dropped -> the rows' next-token logits (A, V)."""
+        self._keep(self.active.nonzero().squeeze(1))
         sequences, positions = [], []
         for row in range(self.rows):
             prompt = self.requests[int(self.request_of[row])].prompt.batch
@@ -310,25 +358,30 @@ class ContinuousBatch:
             mask[row, longest - tokens.numel():] = 1
             pos[row, longest - tokens.numel():] = position
         logits, kv = self._prefill(model, ids, mask, pos)
-        self.cache, self.mask, self.position = None, torch.zeros(0, 0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
-        self._append_rows(kv, mask, pos[:, -1] + 1)
+        cache = SharedColumnCache(len(kv), 2 * self.span + 1)
+        cache.column = max(self.span, longest)
+        cache.append(kv)
+        self.cache = cache
+        self.mask = torch.zeros(self.rows, cache.width, dtype=torch.long)
+        self.mask[:, cache.column - longest: cache.column] = mask
+        self.position = pos[:, -1] + 1
         return logits
 
     def _finish(self, done: torch.Tensor) -> list[DataProto]:
-        """Rows `done` leave the batch; every request whose samples have all finished comes back as a group."""
+        """Rows `done` stop decoding (their slots go idle); every request whose samples have all finished comes back
+        as a group. Idle slots leave the batch once they are IDLE_SHARE of it and no prompt waits."""
         groups = []
         for row in done.nonzero().squeeze(1).tolist():
             request_id = int(self.request_of[row])
             request = self.requests[request_id]
             request.samples[int(self.sample_of[row])] = (
-                self.responses[row], self.log_probs[row], self.versions[row], int(self.length[row]))
+                self.responses[row].clone(), self.log_probs[row].clone(), self.versions[row].clone(),
+                int(self.length[row]))
             if len(request.samples) == request.n:
                 groups.append(self._group(self.requests.pop(request_id)))
-        keep = (~done).nonzero().squeeze(1)
-        self.cache.keep(keep)
-        for name in ("request_of", "sample_of", "length", "position", "mask", "responses", "log_probs",
-                     "versions", "pending"):
-            setattr(self, name, getattr(self, name)[keep])
+        self.active &= ~done
+        if not self.waiting and self.rows - self.decoding >= self.IDLE_SHARE * self.rows:
+            self._keep(self.active.nonzero().squeeze(1))
         return groups
 
     def _group(self, request: Request) -> DataProto:
