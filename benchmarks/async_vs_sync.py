@@ -16,10 +16,11 @@ the rollout pool: everything but generation and receiving the weights) and the r
 `benchmarks/results/async_vs_sync.md`.
 
 Learning (`--learning`): the quickstart's recipe from each seed's SFT model (cached, shared with
-benchmarks/placement_learning.py), colocated sync and one step off one after the other; held-out greedy accuracy
-after SFT and after the GRPO steps, the GRPO wall time, and the wall time one step off took to reach the
-colocated run's final accuracy. Writes its table under benchmarks/results/, the dtype in the file's name when
-`--dtype` is given (e.g. `benchmarks/results/async_vs_sync_learning_fp32.md`).
+benchmarks/placement_learning.py), colocated sync, then each of `--layouts` (one step off, streaming), one after
+the other; held-out greedy accuracy after SFT and after the GRPO steps, the GRPO wall time, and the wall time each
+took to reach the colocated run's final accuracy. Writes its table under benchmarks/results/, the dtype in the
+file's name when `--dtype` is given (e.g. `benchmarks/results/async_vs_sync_learning_fp32.md`), and the layouts
+when not all (`..._fp32_streaming.md`).
 Run either on an otherwise idle machine.
 """
 
@@ -170,6 +171,9 @@ def time_to_reach(curve: list[tuple[float, float]], target: float) -> float | No
     return next((seconds for seconds, accuracy in curve if accuracy >= target), None)
 
 
+ASYNC_LEARNING = {"one_step_off": ONE_STEP_OFF, "streaming": STREAMING}
+
+
 def learning(args: argparse.Namespace, command: str) -> str:
     _sibling_scripts()
     from learning import STEPS, cpu_name
@@ -178,43 +182,45 @@ def learning(args: argparse.Namespace, command: str) -> str:
     precision = ["actor_rollout_ref.rollout.calculate_log_probs=true",
                  *(f"{key}={args.dtype}" for key in PRECISION_KEYS if args.dtype)]
     tag = f"_{args.dtype}" if args.dtype else ""
+    layouts = args.layouts.split(",")
     workdir = Path(args.workdir).resolve()
     lines = [
-        "# Synchronous against one-step-off GRPO: learning (the quickstart's recipe)",
+        "# Synchronous against asynchronous GRPO: learning (the quickstart's recipe)",
         "",
         f"CPU: {cpu_name()}; command: `{command}`; nothing else ran on the machine.",
-        f"Colocated sync: the quickstart's recipe (2 Ray workers, each actor + rollout). One step off: "
-        f"{' '.join(ONE_STEP_OFF)} (the default truncated token IS correction). Compute and rollout in "
+        "Colocated sync: the quickstart's recipe (2 Ray workers, each actor + rollout). "
+        + " ".join(f"{name}: {' '.join(ASYNC_LEARNING[name])}." for name in layouts)
+        + f" Both with the default truncated token IS correction. Compute and rollout in "
         f"{args.dtype or 'the quickstart precision'}. Held-out greedy accuracy on the 500 test problems after SFT "
         f"and after {STEPS} GRPO steps (validated every 10 steps); 'GRPO s' is the GRPO phase's wall time; "
-        "'reach s' is the time from the first step's start to the first validation at or above the colocated "
-        "run's final accuracy (the colocated run's own time to its end in its column).",
+        "'reach s' is the time from the first step's start to the first validation at or above the colocated sync "
+        "run's final accuracy (for the sync run: its time to its end).",
         "",
-        "| seed | after SFT | sync after | sync gain | one step off after | one step off gain | sync GRPO s | "
-        "one step off GRPO s | time ratio | sync reach s | one step off reach s |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| seed | layout | after SFT | after GRPO | gain | GRPO s | x sync GRPO s | reach s | x sync reach |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    gains: dict[str, list[float]] = {"sync": [], "one_step_off": []}
+    gains: dict[str, list[float]] = {name: [] for name in ("sync", *layouts)}
     for seed in (int(s) for s in args.seeds.split(",")):
-        runs = {"sync": variant_in_subprocess(workdir, seed, f"placement_colocated{tag}", precision),
-                "one_step_off": variant_in_subprocess(workdir, seed, f"async_one_step_off{tag}",
-                                                      [*precision, *ONE_STEP_OFF])}
-        curves = {"sync": accuracy_over_time(workdir / f"seed{seed}" / f"placement_colocated{tag}" / "grpo"),
-                  "one_step_off": accuracy_over_time(workdir / f"seed{seed}" / f"async_one_step_off{tag}" / "grpo")}
-        s, o = runs["sync"], runs["one_step_off"]
-        for name, run in runs.items():
+        overrides = {"sync": precision, **{name: [*precision, *ASYNC_LEARNING[name]] for name in layouts}}
+        variants = {"sync": f"placement_colocated{tag}", **{name: f"async_{name}{tag}" for name in layouts}}
+        sync_target = sync_seconds = sync_reach = None
+        for name, variant in variants.items():
+            run = variant_in_subprocess(workdir, seed, variant, overrides[name])
+            curve = accuracy_over_time(workdir / f"seed{seed}" / variant / "grpo")
             gains[name].append(run["curve"][-1][1] - run["curve"][0][1])
-        target = s["curve"][-1][1]
-        reach = time_to_reach(curves["one_step_off"], target)
-        lines.append(
-            f"| {seed} | {s['curve'][0][1]:.3f} | {s['curve'][-1][1]:.3f} | {gains['sync'][-1]:+.3f} | "
-            f"{o['curve'][-1][1]:.3f} | {gains['one_step_off'][-1]:+.3f} | {s['grpo_seconds']:.0f} | "
-            f"{o['grpo_seconds']:.0f} | {o['grpo_seconds'] / s['grpo_seconds']:.2f} | {curves['sync'][-1][0]:.0f} | "
-            f"{'not reached' if reach is None else f'{reach:.0f}'} |")
-        print(lines[-1], flush=True)
+            if name == "sync":
+                sync_target, sync_seconds, sync_reach = run["curve"][-1][1], run["grpo_seconds"], curve[-1][0]
+            reach = curve[-1][0] if name == "sync" else time_to_reach(curve, sync_target)
+            lines.append(
+                f"| {seed} | {name} | {run['curve'][0][1]:.3f} | {run['curve'][-1][1]:.3f} | {gains[name][-1]:+.3f} | "
+                f"{run['grpo_seconds']:.0f} | {run['grpo_seconds'] / sync_seconds:.2f} | "
+                f"{'not reached' if reach is None else f'{reach:.0f}'} | "
+                f"{'' if reach is None else f'{reach / sync_reach:.2f}'} |")
+            print(lines[-1], flush=True)
     lines += ["", *(f"{name} gain: min {min(g):+.3f}, max {max(g):+.3f}, mean {statistics.mean(g):+.3f}."
                     for name, g in gains.items()), ""]
-    (RESULTS / f"async_vs_sync_learning{tag}.md").write_text("\n".join(lines))
+    suffix = "" if layouts == list(ASYNC_LEARNING) else "_" + "_".join(layouts)
+    (RESULTS / f"async_vs_sync_learning{tag}{suffix}.md").write_text("\n".join(lines))
     return "\n".join(lines)
 
 
@@ -224,6 +230,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--learning", action="store_true", help="the learning comparison instead of throughput")
     parser.add_argument("--seeds", default="0,1,2,3")
+    parser.add_argument("--layouts", default=",".join(ASYNC_LEARNING),
+                        help="the asynchronous layouts the learning comparison runs beside colocated sync")
     parser.add_argument("--dtype", help="compute and rollout dtype of the learning runs (default: the quickstart's)")
     parser.add_argument("--workdir", default=None, help="runs/async (throughput) or runs/lora_learning (learning)")
     args = parser.parse_args()

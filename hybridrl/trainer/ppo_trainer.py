@@ -236,10 +236,10 @@ class PPOTrainer:
         return batch
 
     def _sync_streaming(self, metrics: dict) -> None:
-        """Streaming, every trigger_parameter_sync_step steps and at the end: the rollout takes this step's weights
-        at a call boundary (without partial rollout, once its rows in flight have finished)."""
+        """Streaming, every trigger_parameter_sync_step steps: the rollout takes this step's weights at a call
+        boundary (without partial rollout, once its rows in flight have finished)."""
         settings = self.streamer.settings
-        if self.global_steps % settings.sync_every and self.global_steps != self.total_steps:
+        if self.global_steps % settings.sync_every:
             return
         start = time.perf_counter()
         with self.streamer.paused(drain=not settings.partial, new_window=True):

@@ -95,7 +95,8 @@ class Streamer:
 
     def take(self, groups: int, version: int) -> Taken:
         """The next `groups` finished groups (FIFO), once there; a group whose oldest token lags `version` by more
-        than `settings.max_staleness` is dropped. Raises what the thread raised."""
+        than `settings.max_staleness` is dropped and the rollout may admit another prompt in its place. Raises what
+        the thread raised."""
         start = time.perf_counter()
         taken, dropped = [], 0
         with self._cond:
@@ -107,6 +108,8 @@ class Streamer:
                 group = self._queue.popleft()
                 if version - int(group.batch["weight_version"].min()) > self.settings.max_staleness:
                     dropped += 1
+                    self._budget += 1  # its prompt's place in the window: a fresh one replaces it
+                    self._cond.notify_all()
                 else:
                     taken.append(group)
             idle, self._idle_s = self._idle_s, 0.0

@@ -70,3 +70,4 @@ def test_resume_mid_stream_trains_each_prompt_once(arithmetic_data, tiny_model_d
     # what the checkpoint held (queued groups, prompts in flight or drawn) was trained right after the resume,
     # before any prompt the loader had not handed out yet: so the first run's step 3 is among the resumed steps
     assert set(before[3]) <= set(after[3] + after[4] + after[5] + after[6])
+

@@ -140,12 +140,13 @@ class ContinuousBatch:
     IDLE_SHARE = 0.25
 
     def __init__(self, params: SamplingParams, pad_token_id: int, prompt_len: int, capacity: int,
-                 generator: torch.Generator) -> None:
+                 generator: torch.Generator, device: torch.device | str = "cpu") -> None:
         self.params, self.pad_token_id, self.generator = params, pad_token_id, generator
+        self.device = torch.device(device)
         self.capacity = max(capacity, params.n)
         self.response_len = params.response_length
         self.span = prompt_len + self.response_len  # the most columns one row uses
-        self.stop_ids = torch.tensor(params.stop_token_ids, dtype=torch.long)
+        self.stop_ids = torch.tensor(params.stop_token_ids, dtype=torch.long, device=self.device)
         self.waiting: list[int] = []  # request ids not yet admitted, in order
         self.requests: dict[int, Request] = {}
         self._next_id = 0
@@ -154,16 +155,20 @@ class ContinuousBatch:
         self._rows_init()
 
     def _rows_init(self) -> None:
-        self.active = torch.zeros(0, dtype=torch.bool)  # (A,) the slot holds a sample still decoding
-        self.request_of = torch.zeros(0, dtype=torch.long)  # (A,) request id of each row
-        self.sample_of = torch.zeros(0, dtype=torch.long)  # (A,) its sample index in the request
-        self.length = torch.zeros(0, dtype=torch.long)  # (A,) tokens sampled so far
-        self.position = torch.zeros(0, dtype=torch.long)  # (A,) position of the next token fed
-        self.mask = torch.zeros(0, 0, dtype=torch.long)  # (A, width) 0/1: the columns each row attends to
-        self.responses = torch.zeros(0, self.response_len, dtype=torch.long)  # (A, R)
-        self.log_probs = torch.zeros(0, self.response_len)  # (A, R)
-        self.versions = torch.zeros(0, self.response_len, dtype=torch.long)  # (A, R) weights of each token
-        self.pending = torch.zeros(0, dtype=torch.long)  # (A,) each row's last sampled token, not yet fed
+        def empty(*shape: int, dtype: torch.dtype = torch.long) -> torch.Tensor:
+            return torch.zeros(0, *shape, dtype=dtype, device=self.device)
+
+        width = self.response_len
+        self.active = empty(dtype=torch.bool)  # (A,) the slot holds a sample still decoding
+        self.request_of = empty()  # (A,) request id of each row
+        self.sample_of = empty()  # (A,) its sample index in the request
+        self.length = empty()  # (A,) tokens sampled so far
+        self.position = empty()  # (A,) position of the next token fed
+        self.mask = empty(0)  # (A, cache width) 0/1: the columns each row attends to
+        self.responses = empty(width)  # (A, R)
+        self.log_probs = empty(width, dtype=torch.float32)  # (A, R)
+        self.versions = empty(width)  # (A, R) the weight version of each token
+        self.pending = empty()  # (A,) each row's last sampled token, not yet fed
 
     @property
     def rows(self) -> int:
@@ -269,8 +274,8 @@ class ContinuousBatch:
         kv = [(k.repeat_interleave(n, 0), v.repeat_interleave(n, 0)) for k, v in kv]
         slots = self._place(kv, mask.repeat_interleave(n, 0), positions[:, -1].repeat_interleave(n) + 1)
         rows = slots.numel()
-        self.request_of[slots] = torch.tensor(admitted).repeat_interleave(n)
-        self.sample_of[slots] = torch.arange(n).repeat(len(admitted))
+        self.request_of[slots] = torch.tensor(admitted, device=self.device).repeat_interleave(n)
+        self.sample_of[slots] = torch.arange(n, device=self.device).repeat(len(admitted))
         self.length[slots] = 0
         self.responses[slots] = self.pad_token_id
         self.log_probs[slots] = 0.0
@@ -293,7 +298,7 @@ class ContinuousBatch:
         if self.cache is None:
             self.cache = SharedColumnCache(len(kv), 2 * self.span + 1)
             self.cache.column = self.span
-            self.mask = torch.zeros(0, self.cache.width, dtype=torch.long)
+            self.mask = torch.zeros(0, self.cache.width, dtype=torch.long, device=self.device)
         cache = self.cache
         if cache.column < length:  # the new rows' columns end at the shared column: make room left of it
             self._shift(length - cache.column)
@@ -310,17 +315,18 @@ class ContinuousBatch:
         appended = new - reused
         if appended:
             cache.append([(k[reused:], v[reused:]) for k, v in kv])
-            new_mask = torch.zeros(appended, cache.width, dtype=torch.long)
+            new_mask = torch.zeros(appended, cache.width, dtype=torch.long, device=self.device)
             new_mask[:, columns] = mask[reused:]
             self.mask = torch.cat([self.mask, new_mask])
             self.position = torch.cat([self.position, next_position[reused:]])
-            self.active = torch.cat([self.active, torch.zeros(appended, dtype=torch.bool)])
+            self.active = torch.cat([self.active, torch.zeros(appended, dtype=torch.bool, device=self.device)])
             for name, fill in (("request_of", -1), ("sample_of", 0), ("length", 0), ("pending", 0)):
-                setattr(self, name, torch.cat([getattr(self, name), torch.full((appended,), fill)]))
+                added = torch.full((appended,), fill, device=self.device)
+                setattr(self, name, torch.cat([getattr(self, name), added]))
             for name, dtype in (("responses", torch.long), ("log_probs", torch.float32), ("versions", torch.long)):
-                setattr(self, name, torch.cat([getattr(self, name),
-                                               torch.zeros(appended, self.response_len, dtype=dtype)]))
-        return torch.cat([idle, torch.arange(self.rows - appended, self.rows)])
+                added = torch.zeros(appended, self.response_len, dtype=dtype, device=self.device)
+                setattr(self, name, torch.cat([getattr(self, name), added]))
+        return torch.cat([idle, torch.arange(self.rows - appended, self.rows, device=self.device)])
 
     def _prefill(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor,
                  positions: torch.Tensor) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
@@ -348,11 +354,11 @@ class ContinuousBatch:
             tokens = torch.cat([prompt["input_ids"][0][real], self.responses[row, : int(self.length[row])]])
             start = int(prompt["position_ids"][0][real][0])
             sequences.append(tokens)
-            positions.append(torch.arange(start, start + tokens.numel()))
+            positions.append(torch.arange(start, start + tokens.numel(), device=self.device))
         longest = max(t.numel() for t in sequences)
-        ids = torch.full((self.rows, longest), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros(self.rows, longest, dtype=torch.long)
-        pos = torch.zeros(self.rows, longest, dtype=torch.long)
+        ids = torch.full((self.rows, longest), self.pad_token_id, dtype=torch.long, device=self.device)
+        mask = torch.zeros(self.rows, longest, dtype=torch.long, device=self.device)
+        pos = torch.zeros(self.rows, longest, dtype=torch.long, device=self.device)
         for row, (tokens, position) in enumerate(zip(sequences, positions, strict=True)):
             ids[row, longest - tokens.numel():] = tokens
             mask[row, longest - tokens.numel():] = 1
@@ -362,7 +368,7 @@ class ContinuousBatch:
         cache.column = max(self.span, longest)
         cache.append(kv)
         self.cache = cache
-        self.mask = torch.zeros(self.rows, cache.width, dtype=torch.long)
+        self.mask = torch.zeros(self.rows, cache.width, dtype=torch.long, device=self.device)
         self.mask[:, cache.column - longest: cache.column] = mask
         self.position = pos[:, -1] + 1
         return logits
@@ -387,8 +393,8 @@ class ContinuousBatch:
     def _group(self, request: Request) -> DataProto:
         samples = [request.samples[i] for i in range(request.n)]
         responses, log_probs, versions = (torch.stack([s[k] for s in samples]) for k in range(3))
-        lengths = torch.tensor([s[3] for s in samples])
-        after = torch.arange(self.response_len)[None, :] >= lengths[:, None]  # (n, R)
+        lengths = torch.tensor([s[3] for s in samples], device=self.device)
+        after = torch.arange(self.response_len, device=self.device)[None, :] >= lengths[:, None]  # (n, R)
         out = assemble_output(request.prompt, responses.masked_fill(after, self.pad_token_id), lengths, log_probs,
                               request.n)
         out.batch["rollout_versions"] = versions.masked_fill(after, -1)

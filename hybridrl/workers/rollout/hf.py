@@ -173,7 +173,7 @@ class HFRollout(BaseRollout):
             meta = {} if prompts is None else prompts.meta_info
             params = resolve_sampling_params(self.config, meta, self.eos_token_ids)
             self.continuous = ContinuousBatch(params, self.pad_token_id, self.config.prompt_length,
-                                              self.config.max_num_seqs, self.generator)
+                                              self.config.max_num_seqs, self.generator, self._device())
         if prompts is not None and len(prompts):
             check_prompts(prompts)
             self.continuous.add(prompts)

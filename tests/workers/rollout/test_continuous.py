@@ -103,3 +103,20 @@ def test_without_partial_rollout_new_weights_with_rows_in_flight_are_refused(tin
     unfinished = rollout.stream_unfinished()
     assert list(unfinished.non_tensor_batch["uid"]) == [f"p{i}" for i in range(len(TEXTS))]
     assert rollout.continuous is None
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_the_continuous_batch_samples_the_models_log_probs(tiny_model_dir, tiny_tokenizer):
+    from hybridrl.models.loading import load_causal_lm
+
+    model = load_causal_lm(tiny_model_dir, dtype="float32").eval().to("cuda")
+    config = {"response_length": 20, "prompt_length": 16, "n": 2, "max_num_seqs": 5, "dtype": "float32",
+              "stop_token_ids": list(range(4, 40))}
+    rollout = HFRollout(model, config, tiny_tokenizer)
+    parts = [rollout.stream(_prompts(tiny_tokenizer).to("cuda"), version=0, max_steps=4)]
+    parts += _drain(rollout, None, version=1, max_steps=3)
+    out = DataProto.concat([p for p in parts if p is not None])
+    assert len(out) == 2 * len(TEXTS) and out.batch["responses"].device.type == "cuda"
+    mask = out.batch["response_mask"].bool()
+    expected = full_forward_log_probs(model, out)
+    torch.testing.assert_close(out.batch["rollout_log_probs"][mask], expected[mask], atol=1e-4, rtol=0)
