@@ -29,7 +29,8 @@ from hybridrl.workers.rollout.sampling import SamplingParams, sample_tokens
 
 class SharedColumnLayer(CacheLayerMixin):
     """One layer's keys and values in zeroed (rows, H, width, D) buffers; a step writes every row at the owner's
-    column, and attention reads the whole buffers (columns a row does not use are masked)."""
+    column, and attention reads the columns from the owner's `start` (the first any decoding row uses) to it
+    (columns a row does not use are masked)."""
 
     is_sliding = False
     is_compileable = False
@@ -43,27 +44,30 @@ class SharedColumnLayer(CacheLayerMixin):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object,
                **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
-        column = self.owner.column
-        self.keys[:, :, column: column + key_states.shape[-2]] = key_states
-        self.values[:, :, column: column + value_states.shape[-2]] = value_states
-        return self.keys, self.values
+        start, column = self.owner.start, self.owner.column
+        end = column + key_states.shape[-2]
+        self.keys[:, :, column: end] = key_states
+        self.values[:, :, column: end] = value_states
+        return self.keys[:, :, start: end], self.values[:, :, start: end]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.owner.width, 0
+        return self.owner.column + query_length - self.owner.start, 0
 
     def get_seq_length(self) -> int:
-        return self.owner.column
+        return self.owner.column - self.owner.start
 
     def get_max_length(self) -> int:
         return self.owner.width
 
 
 class SharedColumnCache(Cache):
-    """`num_layers` `SharedColumnLayer`s `width` columns wide; the next step writes at `column`."""
+    """`num_layers` `SharedColumnLayer`s `width` columns wide; the next step writes at `column`, and attention reads
+    from column `start`."""
 
     def __init__(self, num_layers: int, width: int) -> None:
         self.width = width
         self.column = 0
+        self.start = 0
         super().__init__(layers=[SharedColumnLayer(self) for _ in range(num_layers)])
         for layer in self.layers:
             layer.keys = layer.values = None
@@ -137,7 +141,7 @@ class ContinuousBatch:
     once they are `IDLE_SHARE` of it and nothing waits.
     """
 
-    IDLE_SHARE = 0.25
+    IDLE_SHARE = 0.125
 
     def __init__(self, params: SamplingParams, pad_token_id: int, prompt_len: int, capacity: int,
                  generator: torch.Generator, device: torch.device | str = "cpu") -> None:
@@ -240,16 +244,20 @@ class ContinuousBatch:
         if cache.column >= cache.width:
             self._compact()
         self.mask[:, cache.column] = 1
-        logits = steps.step(self.pending, self.position, self.mask[:, : cache.column + 1])
+        # attention reads from the first column a decoding row uses (idle slots, cut short there, see this one)
+        cache.start = self._first_used_column()
+        logits = steps.step(self.pending, self.position, self.mask[:, cache.start: cache.column + 1])
         self.position = self.position + 1
         cache.column += 1
         return logits
 
+    def _first_used_column(self) -> int:
+        used = self.mask[self.active].bool().any(dim=0).nonzero()
+        return int(used[0]) if used.numel() else self.cache.column
+
     def _compact(self) -> None:
         """Move every row left by the columns no decoding row uses (at least width - span: a row spans <= span)."""
-        used = self.mask[self.active].bool().any(dim=0).nonzero()
-        unused = int(used[0]) if used.numel() else self.cache.column
-        self._shift(-unused)
+        self._shift(-self._first_used_column())
 
     def _shift(self, by: int) -> None:
         self.cache.shift(by)
