@@ -123,8 +123,8 @@ class PPOTrainer:
                 self.ahead.restore(self._restored)
                 self._restored = None
             if self.config.async_training.mode == "streaming":
-                self.streamer = Streamer(self.groups.rollout.stream_generate, self.groups.rollout.world_size,
-                                         self._draw_prompts, self.stream_settings())
+                self.streamer = Streamer(self._stream_generate, self.groups.rollout.world_size, self._draw_prompts,
+                                         self.stream_settings())
                 self.streamer.start(self._stream_restored)
                 self._stream_restored = None
             # metrics.jsonl keeps one line per step: lines of steps this run trains again move aside
@@ -204,6 +204,12 @@ class PPOTrainer:
                               sync_every=async_cfg.trigger_parameter_sync_step,
                               staleness_threshold=async_cfg.staleness_threshold, partial=async_cfg.partial_rollout,
                               n=rollout.n, prompts_per_rank=max(1, rollout.max_num_seqs // rollout.n))
+
+    def _stream_generate(self, prompts: list[DataProto | None], max_steps: int,
+                         partial: bool) -> list[DataProto | None]:
+        """Streaming: one call on every rollout rank, each with its own new prompts (the streaming thread's)."""
+        ranks = len(prompts)
+        return self.groups.rollout.stream_generate(prompts, [max_steps] * ranks, [partial] * ranks)
 
     def _draw_prompts(self, count: int) -> DataProto:
         """Streaming: the next `count` prompts (each with its uid), from what a checkpoint saved first, then the

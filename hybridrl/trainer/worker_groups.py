@@ -43,10 +43,11 @@ class ActorRolloutRefGroup(TypedWorkerGroup):
         """`rollout.n` responses per prompt, rows grouped by prompt (layout: hybridrl/workers/rollout/base.py)."""
         return self._call(ActorRolloutRefWorker.generate_sequences, prompts)
 
-    def stream_generate(self, prompts: list[DataProto | None], max_steps: int, partial: bool) -> list[DataProto | None]:
-        """Streaming mode: rank r's new prompts `prompts[r]` join its continuous batch; each rank's finished groups."""
-        world = self.world_size
-        return self._call(ActorRolloutRefWorker.stream_generate, prompts, [max_steps] * world, [partial] * world)
+    def stream_generate(self, prompts: list[DataProto | None], max_steps: list[int],
+                        partial: list[bool]) -> list[DataProto | None]:
+        """Streaming mode: rank r's new prompts `prompts[r]` join its continuous batch; each rank's finished groups
+        (every argument one entry per rank)."""
+        return self._call(ActorRolloutRefWorker.stream_generate, prompts, max_steps, partial)
 
     def stream_unfinished(self, reset: bool = False) -> list[DataProto | None]:
         """Streaming mode: each rank's prompts admitted or waiting, not finished (`reset`: and dropped)."""

@@ -225,7 +225,7 @@ class ActorRolloutRefWorker(Worker):
             return stream(prompts, self.weight_version or 0, max_steps, 1, partial)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def stream_unfinished(self, reset: bool) -> DataProto | None:
+    def stream_unfinished(self, reset: bool = False) -> DataProto | None:
         """Streaming mode: the prompts in this rank's continuous batch, admitted or waiting (`reset`: dropped)."""
         self._require(self.rollout, "stream_unfinished", "rollout")
         batch = getattr(self.rollout, "continuous", None)

@@ -59,6 +59,15 @@ def test_every_registered_method_has_a_handle_method(handle):
     assert set(handle_methods(handle)) == set(registered_methods(handle.worker_cls))
 
 
+def handle_parameters(spec: MethodSpec, worker: inspect.Signature) -> list[inspect.Parameter]:
+    """The parameters a handle method takes for a worker method: the worker's own, or (ALL_TO_ALL) a list of
+    each, one entry per rank."""
+    parameters = user_parameters(worker)
+    if Dispatch(spec.dispatch_mode) is not Dispatch.ALL_TO_ALL:
+        return parameters
+    return [p.replace(annotation=f"list[{p.annotation}]") for p in parameters]
+
+
 def user_parameters(signature: inspect.Signature) -> list[inspect.Parameter]:
     """The parameters after `self`, without `_ray_trace_ctx`: once a class has been made a Ray actor in
     this process (any earlier Ray test), Ray adds that keyword to its methods' signatures in place."""
@@ -72,7 +81,7 @@ def test_handle_methods_match_their_worker_methods(handle):
     for name, fn in handle_methods(handle).items():
         assert name in specs, f"{handle.__name__}.{name}: {worker_cls.__name__} registers no such method"
         ours, theirs = inspect.signature(fn), inspect.signature(getattr(worker_cls, name))
-        assert user_parameters(ours) == user_parameters(theirs), (
+        assert user_parameters(ours) == handle_parameters(specs[name], theirs), (
             f"{handle.__name__}.{name}{ours} differs from {worker_cls.__name__}.{name}{theirs}")
         assert unqualified(ours.return_annotation) in expected_return(specs[name], theirs.return_annotation), (
             f"{handle.__name__}.{name} returns {ours.return_annotation}, the group collects "
