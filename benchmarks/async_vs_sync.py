@@ -83,26 +83,17 @@ def idle_shares(history: list[dict], layout: str) -> dict[str, float]:
 
 
 def long_tail_model(model: Path, out: Path, eos_pull: float = LONG_TAIL_EOS_PULL) -> Path:
-    """`model` with `eos_pull` x (the mean last hidden state over a prompt, scaled to unit dot product) added to EOS's
-    output embedding: every token then ends the response with a small chance, so lengths spread out geometrically
-    with a long tail (an untrained model otherwise never stops before the length limit)."""
+    """A copy of `model` in `out` with EOS pulled up (`hybridrl.models.tiny.pull_eos_up`): every token ends the
+    response with a small chance, so lengths spread geometrically with a long tail (an untrained model otherwise
+    never stops before the length limit)."""
     import shutil
 
-    import torch
-
-    from hybridrl.models.loading import load_causal_lm, load_tokenizer
+    from hybridrl.models.tiny import pull_eos_up
 
     if (out / "config.json").exists():
         return out
     shutil.copytree(model, out)
-    tokenizer, causal_lm = load_tokenizer(out), load_causal_lm(out)
-    ids = tokenizer(["Ann has 3 marbles and finds 4 more. How many marbles does she have?"],
-                    return_tensors="pt")["input_ids"]
-    with torch.no_grad():
-        hidden = causal_lm.model(input_ids=ids).last_hidden_state[0].mean(dim=0)  # (hidden,)
-        causal_lm.get_output_embeddings().weight[tokenizer.eos_token_id] += eos_pull * hidden / hidden.norm() ** 2
-    causal_lm.save_pretrained(out)
-    return out
+    return pull_eos_up(out, eos_pull)
 
 
 def _sibling_scripts() -> None:

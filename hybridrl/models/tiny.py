@@ -300,6 +300,28 @@ def build_tiny_model(
     return out
 
 
+def pull_eos_up(model_dir: str | Path, eos_pull: float) -> Path:
+    """Make the model in `model_dir` end its responses at random, in place; returns the directory.
+
+    An untrained tiny model almost never samples EOS, so every response runs to the length limit. Adding
+    `eos_pull` x (the mean last hidden state over a prompt, scaled to unit dot product) to EOS's output embedding
+    gives EOS a chance at every position: response lengths spread geometrically (eos_pull=8 on the 1m model:
+    2-30 tokens; on the 10m model: mean 71, a few at 256).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_dir = Path(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    ids = tokenizer(["Ann has 3 marbles and finds 4 more. How many marbles does she have?"],
+                    return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        hidden = model.model(input_ids=ids).last_hidden_state[0].mean(dim=0)  # (hidden,)
+        model.get_output_embeddings().weight[tokenizer.eos_token_id] += eos_pull * hidden / hidden.norm() ** 2
+    model.save_pretrained(model_dir)
+    return model_dir
+
+
 def count_parameters(model: torch.nn.Module) -> int:
     """Distinct parameters (tied embeddings counted once)."""
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())

@@ -35,27 +35,11 @@ def tiny_run_overrides(data: Path, model: Path, run_dir: Path) -> list[str]:
 
 
 def early_stopping_model(out_dir: Path, eos_pull: float = 8.0) -> Path:
-    """A tiny model whose answers end after a few tokens, so long-response configs run quickly.
+    """A tiny model whose answers end after a few tokens (2-30 for eos_pull=8), so long-response configs run
+    quickly: the 1m model with EOS pulled up (`hybridrl.models.tiny.pull_eos_up`)."""
+    from hybridrl.models.tiny import build_tiny_model, pull_eos_up
 
-    An untrained tiny model almost never samples EOS and would always generate max_response_length
-    tokens. Adding `eos_pull` x (the mean final hidden state, scaled to unit dot product) to the EOS
-    row of the output embedding makes EOS likely at every position (measured: responses of 2-30 tokens
-    for eos_pull=8).
-    """
-    import torch
-
-    from hybridrl.models.loading import load_causal_lm, load_tokenizer
-    from hybridrl.models.tiny import build_tiny_model
-
-    path = build_tiny_model(out_dir, arch="qwen2", size="1m", seed=0)
-    tokenizer, model = load_tokenizer(path), load_causal_lm(path)
-    ids = tokenizer(["Ann has 3 marbles and finds 4 more. How many marbles does she have?"],
-                    return_tensors="pt")["input_ids"]
-    with torch.no_grad():
-        mean_hidden = model.model(input_ids=ids).last_hidden_state[0].mean(dim=0)  # (hidden,)
-        model.get_output_embeddings().weight[tokenizer.eos_token_id] += eos_pull * mean_hidden / mean_hidden.norm() ** 2
-    model.save_pretrained(path)
-    return path
+    return pull_eos_up(build_tiny_model(out_dir, arch="qwen2", size="1m", seed=0), eos_pull)
 
 
 def random_reward_model(model_dir: Path, out_dir: Path) -> Path:
