@@ -89,10 +89,6 @@ class Streamer:
     def queue_size(self) -> int:
         return len(self._queue)
 
-    @property
-    def in_flight(self) -> int:
-        return sum(self._in_flight)
-
     def take(self, groups: int, version: int) -> Taken:
         """The next `groups` finished groups (FIFO), once there; a group whose oldest token lags `version` by more
         than `settings.max_staleness` is dropped and the rollout may admit another prompt in its place. Raises what
@@ -106,7 +102,7 @@ class Streamer:
                 if self._closing:
                     raise RuntimeError("the streaming rollout was closed while a step waited for samples")
                 group = self._queue.popleft()
-                if version - int(group.batch["weight_version"].min()) > self.settings.max_staleness:
+                if int(staleness(group, version).max()) > self.settings.max_staleness:
                     dropped += 1
                     self._budget += 1  # its prompt's place in the window: a fresh one replaces it
                     self._cond.notify_all()

@@ -49,9 +49,9 @@ class ActorRolloutRefGroup(TypedWorkerGroup):
         (every argument one entry per rank)."""
         return self._call(ActorRolloutRefWorker.stream_generate, prompts, max_steps, partial)
 
-    def stream_unfinished(self, reset: bool = False) -> list[DataProto | None]:
-        """Streaming mode: each rank's prompts admitted or waiting, not finished (`reset`: and dropped)."""
-        return self._call(ActorRolloutRefWorker.stream_unfinished, reset)
+    def stream_unfinished(self) -> list[DataProto | None]:
+        """Streaming mode: each rank's prompts admitted or waiting, not finished."""
+        return self._call(ActorRolloutRefWorker.stream_unfinished)
 
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """`old_log_probs` and `entropys` under the current actor."""

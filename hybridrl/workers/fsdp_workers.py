@@ -215,25 +215,16 @@ class ActorRolloutRefWorker(Worker):
         """Streaming mode: this rank's new prompts join its continuous batch, which decodes until a prompt has
         all its samples (or `max_steps` tokens); returns the finished groups, each token tagged with this rank's
         weight version (hybridrl/workers/rollout/continuous.py)."""
-        self._require(self.rollout, "stream_generate", "rollout")
-        stream = getattr(self.rollout, "stream", None)
-        if stream is None:
-            raise ValueError(f"async_training.mode=streaming decodes with the HF engine's continuous batch; "
-                             f"actor_rollout_ref.rollout.name={self.config.rollout.name} has none: set "
-                             f"actor_rollout_ref.rollout.name=hf, or async_training.mode=one_step_off")
+        self._require(self.rollout, "stream_generate", "rollout")  # the HF engine: placement_errors refuses others
         with self.rollout.serving(self.rollout_weights):
-            return stream(prompts, self.weight_version or 0, max_steps, 1, partial)
+            return self.rollout.stream(prompts, self.weight_version or 0, max_steps, 1, partial)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def stream_unfinished(self, reset: bool = False) -> DataProto | None:
-        """Streaming mode: the prompts in this rank's continuous batch, admitted or waiting (`reset`: dropped)."""
+    def stream_unfinished(self) -> DataProto | None:
+        """Streaming mode: the prompts in this rank's continuous batch, admitted or waiting, not finished."""
         self._require(self.rollout, "stream_unfinished", "rollout")
-        batch = getattr(self.rollout, "continuous", None)
-        if batch is None:
-            return None
-        if reset:
-            return self.rollout.stream_unfinished()
-        return batch.unfinished_prompts()
+        batch = self.rollout.continuous
+        return None if batch is None else batch.unfinished_prompts()
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     @report_worker_seconds

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from hybridrl.data.rl_dataset import left_pad
 from hybridrl.protocol import DataProto
 from hybridrl.workers.rollout.base import assemble_output
 from hybridrl.workers.rollout.kv_cache import ForwardSteps, PreallocatedCache, forward_logits
@@ -71,11 +72,6 @@ class SharedColumnCache(Cache):
         super().__init__(layers=[SharedColumnLayer(self) for _ in range(num_layers)])
         for layer in self.layers:
             layer.keys = layer.values = None
-
-    @property
-    def rows(self) -> int:
-        keys = self.layers[0].keys
-        return 0 if keys is None else keys.shape[0]
 
     def append(self, prefilled: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Add rows whose keys/values per layer are (new, H, L, D), written in columns [column - L, column)."""
@@ -304,9 +300,7 @@ class ContinuousBatch:
         and then appended rows; returns the slots, in the new rows' order."""
         new, length = mask.shape
         if self.cache is None:
-            self.cache = SharedColumnCache(len(kv), 2 * self.span + 1)
-            self.cache.column = self.span
-            self.mask = torch.zeros(0, self.cache.width, dtype=torch.long, device=self.device)
+            self._new_cache(len(kv), self.span, rows=0)
         cache = self.cache
         if cache.column < length:  # the new rows' columns end at the shared column: make room left of it
             self._shift(length - cache.column)
@@ -336,6 +330,13 @@ class ContinuousBatch:
                 setattr(self, name, torch.cat([getattr(self, name), added]))
         return torch.cat([idle, torch.arange(self.rows - appended, self.rows, device=self.device)])
 
+    def _new_cache(self, num_layers: int, column: int, rows: int) -> None:
+        """An empty cache twice a row's longest span wide (so a move left frees at least a span), writing next at
+        `column`, and a mask for `rows` rows attending to nothing yet."""
+        self.cache = SharedColumnCache(num_layers, 2 * self.span + 1)
+        self.cache.column = column
+        self.mask = torch.zeros(rows, self.cache.width, dtype=torch.long, device=self.device)
+
     def _prefill(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor,
                  positions: torch.Tensor) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         """Left-padded rows (B, L) through the model -> next-token logits (B, V) and each layer's (B, H, L, D)."""
@@ -355,29 +356,21 @@ class ContinuousBatch:
         """Rebuild the decoding rows' keys/values (prompt, then the sampled tokens) under the current weights, idle
         slots dropped -> the rows' next-token logits (A, V)."""
         self._keep(self.active.nonzero().squeeze(1))
-        sequences, positions = [], []
+        sequences, starts = [], []
         for row in range(self.rows):
             prompt = self.requests[int(self.request_of[row])].prompt.batch
             real = prompt["attention_mask"][0].bool()
             tokens = torch.cat([prompt["input_ids"][0][real], self.responses[row, : int(self.length[row])]])
-            start = int(prompt["position_ids"][0][real][0])
-            sequences.append(tokens)
-            positions.append(torch.arange(start, start + tokens.numel(), device=self.device))
-        longest = max(t.numel() for t in sequences)
-        ids = torch.full((self.rows, longest), self.pad_token_id, dtype=torch.long, device=self.device)
-        mask = torch.zeros(self.rows, longest, dtype=torch.long, device=self.device)
-        pos = torch.zeros(self.rows, longest, dtype=torch.long, device=self.device)
-        for row, (tokens, position) in enumerate(zip(sequences, positions, strict=True)):
-            ids[row, longest - tokens.numel():] = tokens
-            mask[row, longest - tokens.numel():] = 1
-            pos[row, longest - tokens.numel():] = position
+            sequences.append(tokens.tolist())
+            starts.append(int(prompt["position_ids"][0][real][0]))
+        longest = max(len(tokens) for tokens in sequences)
+        padded = [left_pad(tokens, longest, self.pad_token_id) for tokens in sequences]  # as the dataset pads
+        ids, mask, pos = (torch.stack(column).to(self.device) for column in zip(*padded, strict=True))
+        pos = pos + torch.tensor(starts, device=self.device)[:, None] * mask  # each row's own first position
         logits, kv = self._prefill(model, ids, mask, pos)
-        cache = SharedColumnCache(len(kv), 2 * self.span + 1)
-        cache.column = max(self.span, longest)
-        cache.append(kv)
-        self.cache = cache
-        self.mask = torch.zeros(self.rows, cache.width, dtype=torch.long, device=self.device)
-        self.mask[:, cache.column - longest: cache.column] = mask
+        self._new_cache(len(kv), max(self.span, longest), rows=self.rows)
+        self.cache.append(kv)
+        self.mask[:, self.cache.column - longest: self.cache.column] = mask
         self.position = pos[:, -1] + 1
         return logits
 

@@ -177,24 +177,12 @@ class HFRollout(BaseRollout):
         if prompts is not None and len(prompts):
             check_prompts(prompts)
             self.continuous.add(prompts)
-        with self._generation_mode():
-            model = decoding_module(self.module)
-            with prepacked_linears(model):
-                decoder = fused_decoder(model) if self._device().type == "cpu" else None
+        with self._generation_mode(), self._eager_decoder() as (model, decoder):
 
-                def make_steps(cache: Cache) -> ForwardSteps:
-                    return ForwardSteps(model, cache) if decoder is None else FusedSteps(decoder, cache)
+            def make_steps(cache: Cache) -> ForwardSteps:
+                return ForwardSteps(model, cache) if decoder is None else FusedSteps(decoder, cache)
 
-                return self.continuous.run(model, make_steps, version, max_steps, min_groups, partial)
-
-    def stream_unfinished(self) -> DataProto | None:
-        """Streaming mode: the prompts admitted or waiting and not finished, and the batch emptied (their partial
-        responses are dropped: a resumed run generates them again)."""
-        if self.continuous is None:
-            return None
-        prompts = self.continuous.unfinished_prompts()
-        self.continuous = None
-        return prompts
+            return self.continuous.run(model, make_steps, version, max_steps, min_groups, partial)
 
     def _full_attention(self) -> bool:
         """A plain decoder whose every layer attends to every earlier position (no sliding windows)."""
@@ -226,10 +214,7 @@ class HFRollout(BaseRollout):
         if self._graphed_decoding():
             return decode_static(self.module, input_ids, attention_mask, position_ids, params, generator,
                                  self.pad_token_id, self.dtype, capture=input_ids.device.type == "cuda")
-        model = decoding_module(self.module)
-        with prepacked_linears(model):  # the weights stay as they are for the call: on a CPU each is packed once
-            decoder = fused_decoder(model) if self._device().type == "cpu" and self._full_attention() else None
-            self._log_decoding_path(model, decoder)
+        with self._eager_decoder() as (model, decoder):
             prompt_len, width = input_ids.shape[1], params.response_length
             if decoder is None:
                 steps = ForwardSteps(model, self._new_cache(prompt_len + width))
@@ -238,6 +223,17 @@ class HFRollout(BaseRollout):
             else:
                 steps = FusedSteps(decoder, self._new_cache(prompt_len + width))
             return decode_eagerly(steps, input_ids, attention_mask, position_ids, params, generator, self.pad_token_id)
+
+    @contextlib.contextmanager
+    def _eager_decoder(self) -> Iterator[tuple[nn.Module, FusedDecoder | None]]:
+        """What both eager loops (`decode_eagerly`, the streaming mode's continuous batch) step with: the module they
+        call and, on a CPU for a model `fused_decoder` supports, the fused step over it (logged once), every linear
+        packed for the block (the weights stay as they are for the call: on a CPU each is packed once)."""
+        model = decoding_module(self.module)
+        with prepacked_linears(model):
+            decoder = fused_decoder(model) if self._device().type == "cpu" and self._full_attention() else None
+            self._log_decoding_path(model, decoder)
+            yield model, decoder
 
     def _log_decoding_path(self, model: nn.Module, decoder: FusedDecoder | None) -> None:
         """Say once per engine which step the eager loop runs, and why not the fused one."""
