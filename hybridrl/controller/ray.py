@@ -14,13 +14,24 @@ import os
 import sys
 import types
 import uuid
+import warnings
 from typing import Any
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.placement_group import (
+    PlacementGroup,
+    placement_group,
+    placement_group_table,
+    remove_placement_group,
+)
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from hybridrl.controller.worker import NUM_THREADS_ENV, RENDEZVOUS_KEY_ENV, await_address
+from hybridrl.controller.worker import (
+    NUM_THREADS_ENV,
+    RENDEZVOUS_KEY_ENV,
+    SOCKET_INTERFACE_ENVS,
+    await_address,
+)
 from hybridrl.controller.worker_group import ClassWithInitArgs, WorkerGroup, roles_of
 from hybridrl.utils.cpu_threads import POLICY_ENV
 from hybridrl.utils.device import device_env
@@ -97,6 +108,7 @@ class RayResourcePool:
         self.cpus_per_process = cpus_per_process
         self.name_prefix = name_prefix
         self._placement_groups: list[PlacementGroup] | None = None
+        self.node_addresses: list[str] = []  # of each node group, once placed
 
     @property
     def world_size(self) -> int:
@@ -108,13 +120,35 @@ class RayResourcePool:
     def get_placement_groups(self) -> list[PlacementGroup]:
         if self._placement_groups is None:
             self._check_cluster_can_hold()
+            nodes = self._distinct_nodes()
             groups = [
-                placement_group([self.bundle()] * n, strategy="STRICT_PACK", name=f"{self.name_prefix}_node{i}")
+                placement_group([{**self.bundle(), **({f"node:{nodes[i]}": 0.001} if nodes else {})}] * n,
+                                strategy="STRICT_PACK", name=f"{self.name_prefix}_node{i}")
                 for i, n in enumerate(self.process_on_nodes)
             ]
             self._wait_ready(groups)
             self._placement_groups = groups
+            self.node_addresses = [placement_node(group) for group in groups]
         return self._placement_groups
+
+    def _distinct_nodes(self) -> list[str] | None:
+        """The addresses of one alive node per entry of `process_on_nodes` that can hold it (the head first), so that
+        `nnodes` means separate hosts; None for a single node, or (with a warning) when the cluster has too few nodes
+        that can, where the groups share nodes as Ray packs them."""
+        if len(self.process_on_nodes) == 1:
+            return None
+        need = max(self.process_on_nodes)
+        fits = [node for node in ray.nodes() if node.get("Alive")
+                and node["Resources"].get("CPU", 0.0) >= need * self.cpus_per_process
+                and (not self.use_gpu or node["Resources"].get("GPU", 0.0) >= need)]
+        fits.sort(key=lambda node: ("node:__internal_head__" not in node["Resources"], node["NodeManagerAddress"]))
+        if len(fits) < len(self.process_on_nodes):
+            warnings.warn(f"pool {self.name_prefix!r} asks for {len(self.process_on_nodes)} nodes of {need} processes "
+                          f"but the Ray cluster has {len(fits)} node(s) that can hold them: its node groups share "
+                          f"nodes (on one machine, set nnodes=1 and n_gpus_per_node to the process count)",
+                          stacklevel=3)
+            return None
+        return [node["NodeManagerAddress"] for node in fits[:len(self.process_on_nodes)]]
 
     def _check_cluster_can_hold(self) -> None:
         """Fail in seconds, naming the setting, instead of waiting forever for impossible bundles."""
@@ -159,6 +193,13 @@ class RayResourcePool:
         self._placement_groups = None
 
 
+def placement_node(group: PlacementGroup) -> str:
+    """The address of the node a (ready, STRICT_PACK) placement group's bundles are on."""
+    node_ids = set(placement_group_table(group)["bundles_to_node_id"].values())
+    addresses = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}
+    return ",".join(sorted(addresses.get(node_id, node_id) for node_id in node_ids))
+
+
 class RayClassWithInitArgs(ClassWithInitArgs):
     """A worker class, its constructor arguments, and extra Ray actor options (e.g. runtime_env)."""
 
@@ -183,8 +224,8 @@ def rank_environment(pool: RayResourcePool, rank: int, local_rank: int, n_local:
         "MASTER_ADDR": master[0], "MASTER_PORT": str(master[1]),
         NUM_THREADS_ENV: str(threads), "OMP_NUM_THREADS": str(threads),
         **device_env("cuda" if pool.use_gpu else "cpu"),
-        # the driver's thread policy reaches ranks on nodes started without it
-        **({POLICY_ENV: os.environ[POLICY_ENV]} if POLICY_ENV in os.environ else {}),
+        # the driver's thread policy and socket interfaces reach ranks on nodes started without them
+        **{name: os.environ[name] for name in (POLICY_ENV, *SOCKET_INTERFACE_ENVS) if name in os.environ},
     }
 
 
@@ -236,11 +277,20 @@ class RayWorkerGroup(WorkerGroup):
         return workers
 
     def describe_rank(self, rank: int) -> str:
-        return f"rank {rank} of pool {self.resource_pool.name_prefix!r}"
+        nodes = self.resource_pool.node_addresses
+        node = nodes[self._node_group_of(rank)] if nodes else None
+        return f"rank {rank} of pool {self.resource_pool.name_prefix!r}" + (f" on node {node}" if node else "")
 
-    def results(self, futures: list) -> list:
-        """As the base class, and a rank whose process died is named by its pool and rank (`get_naming_dead`)."""
-        return get_naming_dead([(future, self.describe_rank(rank)) for rank, future in enumerate(futures)])
+    def _node_group_of(self, rank: int) -> int:
+        for group, count in enumerate(self.resource_pool.process_on_nodes):
+            if rank < count:
+                return group
+            rank -= count
+        raise IndexError(f"rank {rank} is not in pool {self.resource_pool.name_prefix!r}")
+
+    def results(self, futures: list, method: str | None = None) -> list:
+        """As the base class, and a rank whose process died is named by its pool, rank and node (`get_naming_dead`)."""
+        return get_naming_dead([(future, self.describe_rank(rank)) for rank, future in enumerate(futures)], method)
 
     def _submit(self, rank: int, role: str | None, method_name: str, args: tuple, kwargs: dict) -> Any:
         if role is None:
@@ -255,13 +305,20 @@ class RayWorkerGroup(WorkerGroup):
 
 
 class WorkerDiedError(RuntimeError):
-    """A worker process of the run is gone (killed, crashed, out of memory); the message names its pool and rank."""
+    """A worker process of the run is gone (killed, crashed, out of memory, its node lost); the message names its
+    pool, rank, node and the call it was in."""
 
 
-def get_naming_dead(labelled: list[tuple[Any, str]]) -> list:
+# After a rank's call fails, how long to wait for its peers' calls: a rank that lost a peer in a collective often
+# fails first (gloo: "connection closed"), and the peer's death, its cause, is the error worth raising.
+PEER_DEATH_WAIT_S = 10.0
+
+
+def get_naming_dead(labelled: list[tuple[Any, str]], during: str | None = None) -> list:
     """The values of Ray futures, in order. They are waited on together, so the first failure surfaces at once (a
     dead rank's error does not wait behind a live rank blocked on it in a collective); a future whose actor died
-    raises WorkerDiedError naming its label, any other error propagates as Ray raises it."""
+    raises WorkerDiedError naming its label and the call (`during`), any other error propagates as Ray raises it,
+    unless another rank of the call died meanwhile."""
     label_of = {future: label for future, label in labelled}
     pending = list(label_of)
     while pending:
@@ -269,7 +326,31 @@ def get_naming_dead(labelled: list[tuple[Any, str]]) -> list:
         try:
             ray.get(ready[0])
         except ray.exceptions.RayActorError as err:
-            raise WorkerDiedError(f"the worker process of {label_of[ready[0]]} died ({type(err).__name__}); the run "
-                                  f"stops. Its last words, if any, are in Ray's logs (/tmp/ray/session_latest/logs). "
-                                  f"{err}") from err
+            raise _died(label_of[ready[0]], during, err) from err
+        except Exception as err:
+            dead = _first_dead(pending, PEER_DEATH_WAIT_S)
+            if dead is None:
+                raise
+            raise _died(label_of[dead[0]], during, dead[1]) from err
     return ray.get([future for future, _ in labelled])
+
+
+def _first_dead(futures: list, timeout_s: float) -> tuple[Any, BaseException] | None:
+    """The first of `futures` whose actor dies within `timeout_s`, with its error; None if none does."""
+    ready, _ = ray.wait(futures, num_returns=len(futures), timeout=timeout_s)
+    for future in ready:
+        try:
+            ray.get(future)
+        except ray.exceptions.RayActorError as err:
+            return future, err
+        except Exception:
+            continue
+    return None
+
+
+def _died(label: str, during: str | None, err: BaseException) -> WorkerDiedError:
+    call = f" during {during}" if during else ""
+    return WorkerDiedError(
+        f"the worker process of {label} died{call} ({type(err).__name__}: its process was killed, crashed, ran out of "
+        f"memory, or its node was lost); the run stops. Its last words, if any, are in Ray's logs on that node "
+        f"(session_latest/logs under the node's Ray temp dir, /tmp/ray by default). {err}")

@@ -142,6 +142,101 @@ def await_address(key: str, rank0: Any, timeout_s: float = default_pg_timeout.to
             raise TimeoutError(f"rank 0 of the worker group did not bind its store in {timeout_s:.0f} s")
 
 
+# torch.distributed's choice of network interface (comma-separated names): set on the driver, every rank gets
+# them (hybridrl.controller.ray.rank_environment); interface names must then be the same on every host.
+SOCKET_INTERFACE_ENVS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+# How long a rank tries to reach the other ranks' addresses before it fails naming them.
+REACH_TIMEOUT_S = 60.0
+
+
+def interface_addresses() -> dict[str, list[str]]:
+    """This host's network interfaces and their IPv4/IPv6 addresses, by interface name."""
+    import psutil
+
+    families = (socket.AF_INET, socket.AF_INET6)
+    return {name: [a.address.split("%")[0] for a in addresses if a.family in families]
+            for name, addresses in psutil.net_if_addrs().items()}
+
+
+def bind_sockets_to_node_address() -> str | None:
+    """The address the other hosts reach this rank at, with gloo and NCCL bound to its interface; None outside a
+    multi-host-capable Ray cluster (a local one runs on 127.0.0.1, where gloo's defaults work).
+
+    Gloo otherwise advertises the address the hostname resolves to, a loopback address in most containers, which
+    another host cannot reach. The address is Ray's node address (every node reaches it), or, where the user set
+    GLOO_SOCKET_IFNAME, that interface's own address; NCCL_SOCKET_IFNAME is set alike when unset.
+    """
+    node = node_address()
+    if node.startswith("127.") or node == "::1":
+        return None
+    interfaces = interface_addresses()
+    chosen = os.environ.get("GLOO_SOCKET_IFNAME")
+    if chosen:
+        first = chosen.split(",")[0]
+        if first not in interfaces:
+            raise RuntimeError(f"GLOO_SOCKET_IFNAME={chosen} names no interface of this host; it has "
+                               f"{sorted(interfaces)} (interface names must be the same on every host)")
+        if not interfaces[first]:
+            raise RuntimeError(f"GLOO_SOCKET_IFNAME={chosen}: interface {first} has no address")
+        return interfaces[first][0]
+    holder = next((name for name, addresses in interfaces.items() if node in addresses), None)
+    if holder is None:
+        raise RuntimeError(f"Ray's node address {node} is on no interface of this host ({interfaces}); start the "
+                           f"node with ray start --node-ip-address=<an address of this host>, or set "
+                           f"GLOO_SOCKET_IFNAME to the interface the other hosts reach")
+    os.environ["GLOO_SOCKET_IFNAME"] = holder
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", holder)
+    return node
+
+
+def check_store_reachable(host: str, port: int, rank: int, address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
+    """A rank that is not its group's store host: fail within `timeout_s`, naming both addresses, if the store is out
+    of reach (the store's own client would retry for the process group's timeout, 30 minutes)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=max(1.0, deadline - time.monotonic())).close()
+            return
+        except OSError as err:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"rank {rank} at {address} cannot reach its group's store at {host}:{port} ({err}); check the "
+                    f"route and firewall between the hosts (docs/multinode.md)") from err
+            time.sleep(0.5)
+
+
+def check_ranks_reach_each_other(store: dist.Store, rank: int, world_size: int, address: str,
+                                 timeout_s: float = REACH_TIMEOUT_S) -> None:
+    """Every rank listens on its advertised address and connects to every rank on another address, so that ranks
+    that cannot reach each other fail within `timeout_s` naming both addresses, instead of in gloo's mesh connect
+    after the process group's timeout. Ranks that all share one address (one host) skip the connects."""
+    listener = socket.create_server((address, 0), family=socket.AF_INET6 if ":" in address else socket.AF_INET)
+    try:
+        store.set(f"hybridrl/reach/{rank}", f"{address}|{listener.getsockname()[1]}")
+        peers = [store.get(f"hybridrl/reach/{peer}").decode().split("|") for peer in range(world_size)]
+        failures = []
+        if len({host for host, _ in peers}) > 1:
+            deadline = time.monotonic() + timeout_s
+            for peer, (host, port) in enumerate(peers):
+                if host == address:
+                    continue
+                try:
+                    socket.create_connection((host, int(port)), timeout=max(1.0, deadline - time.monotonic())).close()
+                except OSError as err:
+                    failures.append(f"rank {rank} at {address} cannot reach rank {peer} at {host}:{port} ({err})")
+        store.set(f"hybridrl/reach/{rank}/failures", "\n".join(failures))
+        reports = [store.get(f"hybridrl/reach/{peer}/failures").decode() for peer in range(world_size)]
+    finally:
+        listener.close()
+    lost = [line for report in reports for line in report.splitlines()]
+    if lost:
+        raise RuntimeError(
+            "the ranks of this group cannot all reach each other: " + "; ".join(lost) + ". Each rank listens on the "
+            "address of its Ray node, or of GLOO_SOCKET_IFNAME's interface where set: set GLOO_SOCKET_IFNAME / "
+            "NCCL_SOCKET_IFNAME to an interface the other hosts reach, and open the ports between the hosts "
+            "(docs/multinode.md)")
+
+
 # Set by the worker group: how many intra-op threads this rank should use.
 NUM_THREADS_ENV = "HYBRIDRL_NUM_THREADS"
 
@@ -158,9 +253,15 @@ def init_distributed(env: DistEnv, collective_timeout_s: float | None = None) ->
         return
     if device_type() == "cuda":
         torch.cuda.set_device(local_device(env.local_rank))
+    address = bind_sockets_to_node_address()  # also for the groups a rank makes later (the weight sync's)
+    if address is not None and env.rank != 0:
+        check_store_reachable(env.master_addr, env.master_port, env.rank, address)
+    store = rank_store(env)  # MASTER_PORT=0: rank 0 binds a port of the OS's choosing (rank_store)
+    if address is not None and env.world_size > 1:
+        check_ranks_reach_each_other(store, env.rank, env.world_size, address)
     dist.init_process_group(
         backend=distributed_backend(),
-        store=rank_store(env),  # MASTER_PORT=0: rank 0 binds a port of the OS's choosing (rank_store)
+        store=store,
         rank=env.rank,
         world_size=env.world_size,
         timeout=None if collective_timeout_s is None else timedelta(seconds=collective_timeout_s),
@@ -221,6 +322,7 @@ class Worker:
         return {
             "pid": os.getpid(),
             "hostname": socket.gethostname(),
+            "node": node_address(),
             "rank": self.rank,
             "world_size": self.world_size,
             "num_threads": torch.get_num_threads(),

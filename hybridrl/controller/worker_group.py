@@ -102,13 +102,14 @@ class WorkerGroup:
             for rank in ranks
         ]
         if spec.execute_mode is Execute.RANK_ZERO:
-            return self.results(futures)[0] if spec.blocking else futures[0]
+            return self.results(futures, name)[0] if spec.blocking else futures[0]
         if not spec.blocking:
             return DataProtoFuture(futures) if mode.concatenates_protos else futures
-        return mode.collect_fn(self, self.results(futures))
+        return mode.collect_fn(self, self.results(futures, name))
 
-    def results(self, futures: list) -> list:
-        """The values of futures this group's calls returned (of ranks 0..n-1, or of rank 0 alone), in order."""
+    def results(self, futures: list, method: str | None = None) -> list:
+        """The values of futures this group's calls of `method` returned (of ranks 0..n-1, or of rank 0 alone), in
+        order."""
         return resolve(futures)
 
 

@@ -26,7 +26,7 @@ def _results(*calls: tuple[Any, list]) -> list[list]:
     from hybridrl.controller.ray import get_naming_dead
 
     labelled = [(future, group.describe_rank(rank)) for group, futures in calls for rank, future in enumerate(futures)]
-    values = get_naming_dead(labelled)
+    values = get_naming_dead(labelled, "the weight sync")
     out, start = [], 0
     for _, futures in calls:
         out.append(values[start:start + len(futures)])

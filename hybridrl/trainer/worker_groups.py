@@ -193,6 +193,8 @@ def start_pool(config: PPOTrainerConfig, pool: Pool) -> StartedPool:
         if resource_pool is not None:
             resource_pool.remove()
         raise
+    if resource_pool is not None:
+        print(f"  {pool.name:<12} placed on node(s) {', '.join(resource_pool.node_addresses)}")
     return StartedPool(pool, processes, resource_pool)
 
 

@@ -17,6 +17,11 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from hybridrl.controller.worker import (
+    bind_sockets_to_node_address,
+    check_ranks_reach_each_other,
+    check_store_reachable,
+)
 from hybridrl.models.loading import resolve_dtype
 
 SYNC_ROOT = 0  # the actor's rank 0 is rank 0 of the sync group; rollout rank r is rank r + 1
@@ -89,6 +94,9 @@ class SyncGroup:
     def __init__(self, store: dist.Store, rank: int, world_size: int, device: torch.device,
                  timeout_s: float) -> None:
         prefixed = dist.PrefixStore("hybridrl_weight_sync", store)
+        address = bind_sockets_to_node_address()
+        if address is not None:  # the pools may be on different hosts
+            check_ranks_reach_each_other(prefixed, rank, world_size, address)
         timeout = timedelta(seconds=timeout_s)
         if device.type == "cuda":
             self.group = dist.ProcessGroupNCCL(prefixed, rank, world_size, dist.ProcessGroupNCCL.Options())
@@ -101,6 +109,9 @@ class SyncGroup:
              timeout_s: float, store: dist.Store | None = None) -> SyncGroup:
         """Join as `rank` (the store's host passes its own store)."""
         if store is None:
+            address = bind_sockets_to_node_address()
+            if address is not None:
+                check_store_reachable(host, port, rank, address)
             store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
         return cls(store, rank, world_size, device, timeout_s)
 
