@@ -277,15 +277,22 @@ class RayWorkerGroup(WorkerGroup):
         return workers
 
     def describe_rank(self, rank: int) -> str:
-        nodes = self.resource_pool.node_addresses
-        node = nodes[self._node_group_of(rank)] if nodes else None
-        return f"rank {rank} of pool {self.resource_pool.name_prefix!r}" + (f" on node {node}" if node else "")
+        """The rank, its pool, and its node with the pool's other ranks there (a lost node loses them all)."""
+        label = f"rank {rank} of pool {self.resource_pool.name_prefix!r}"
+        if not self.resource_pool.node_addresses:
+            return label
+        group, first = self._node_group_of(rank)
+        node = self.resource_pool.node_addresses[group]
+        last = first + self.resource_pool.process_on_nodes[group] - 1
+        return f"{label} on node {node}" + (f" (which holds its ranks {first}-{last})" if last > first else "")
 
-    def _node_group_of(self, rank: int) -> int:
+    def _node_group_of(self, rank: int) -> tuple[int, int]:
+        """The index of the node group that holds `rank`, and its first rank."""
+        first = 0
         for group, count in enumerate(self.resource_pool.process_on_nodes):
-            if rank < count:
-                return group
-            rank -= count
+            if rank < first + count:
+                return group, first
+            first += count
         raise IndexError(f"rank {rank} is not in pool {self.resource_pool.name_prefix!r}")
 
     def results(self, futures: list, method: str | None = None) -> list:

@@ -163,14 +163,21 @@ def bind_sockets_to_node_address() -> str | None:
     multi-host-capable Ray cluster (a local one runs on 127.0.0.1, where gloo's defaults work).
 
     Gloo otherwise advertises the address the hostname resolves to, a loopback address in most containers, which
-    another host cannot reach. The address is Ray's node address (every node reaches it), or, where the user set
-    GLOO_SOCKET_IFNAME, that interface's own address; NCCL_SOCKET_IFNAME is set alike when unset.
+    another host cannot reach.
     """
     node = node_address()
     if node.startswith("127.") or node == "::1":
         return None
-    interfaces = interface_addresses()
-    chosen = os.environ.get("GLOO_SOCKET_IFNAME")
+    address, interface = socket_address(node, interface_addresses(), os.environ.get("GLOO_SOCKET_IFNAME"))
+    os.environ["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME") or interface
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", interface)
+    return address
+
+
+def socket_address(node: str, interfaces: dict[str, list[str]], chosen: str | None) -> tuple[str, str]:
+    """(address, interface) a rank listens on: Ray's node address `node` (every node reaches it) on the interface
+    that holds it, or, where the user set GLOO_SOCKET_IFNAME (`chosen`, comma-separated), its first interface's
+    own address."""
     if chosen:
         first = chosen.split(",")[0]
         if first not in interfaces:
@@ -178,15 +185,13 @@ def bind_sockets_to_node_address() -> str | None:
                                f"{sorted(interfaces)} (interface names must be the same on every host)")
         if not interfaces[first]:
             raise RuntimeError(f"GLOO_SOCKET_IFNAME={chosen}: interface {first} has no address")
-        return interfaces[first][0]
+        return interfaces[first][0], first
     holder = next((name for name, addresses in interfaces.items() if node in addresses), None)
     if holder is None:
         raise RuntimeError(f"Ray's node address {node} is on no interface of this host ({interfaces}); start the "
                            f"node with ray start --node-ip-address=<an address of this host>, or set "
                            f"GLOO_SOCKET_IFNAME to the interface the other hosts reach")
-    os.environ["GLOO_SOCKET_IFNAME"] = holder
-    os.environ.setdefault("NCCL_SOCKET_IFNAME", holder)
-    return node
+    return node, holder
 
 
 def check_store_reachable(host: str, port: int, rank: int, address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:

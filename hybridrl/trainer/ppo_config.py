@@ -240,6 +240,7 @@ class TrainerConfig(FreezableConfig):
     log_val_generations: int = 0
     rollout_data_dir: str | None = None
     validation_data_dir: str | None = None
+    # Hosts of the Ray cluster: each node's n_gpus_per_node ranks go to a host of their own (docs/multinode.md).
     nnodes: int = 1
     # Worker processes per node (GPUs per node on GPU machines).
     n_gpus_per_node: int = 8

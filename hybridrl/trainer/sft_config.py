@@ -103,7 +103,7 @@ class TrainerSchema:
     seed: int = 0
     # Ranks per node (on CPU: worker processes).
     n_gpus_per_node: int = 1
-    # Nodes of the Ray cluster to use.
+    # Hosts of the Ray cluster: each node's n_gpus_per_node ranks go to a host of their own (docs/multinode.md).
     nnodes: int = 1
     # cpu, cuda (needs a GPU torch can see), or auto: cuda where torch sees a GPU, else cpu.
     device: str = "cpu"
