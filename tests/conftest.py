@@ -57,6 +57,18 @@ def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def arithmetic_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The arithmetic task in verl's parquet schema: 64 train rows, 8 test rows (seed 3)."""
+    import subprocess
+    import sys
+
+    out = tmp_path_factory.mktemp("arithmetic")
+    subprocess.run([sys.executable, "-m", "hybridrl.data.tasks.arithmetic", "--out", str(out),
+                    "--train-size", "64", "--test-size", "8", "--seed", "3"], check=True, capture_output=True)
+    return out
+
+
+@pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_model_dir: Path):
     from hybridrl.models.loading import load_tokenizer
 

@@ -8,8 +8,6 @@ importable by name: pytest may resolve `conftest` to another folder's).
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import fault_helpers  # noqa: F401 - puts tests/trainer on sys.path for the test modules' imports
@@ -17,8 +15,5 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def fault_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("fault_arithmetic")
-    subprocess.run([sys.executable, "-m", "hybridrl.data.tasks.arithmetic", "--out", str(out),
-                    "--train-size", "64", "--test-size", "8", "--seed", "3"], check=True, capture_output=True)
-    return out
+def fault_data(arithmetic_data: Path) -> Path:
+    return arithmetic_data

@@ -101,16 +101,16 @@ def placed_nodes(log: str, pool: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(two_hosts, multinode_data, tiny_model_dir, tmp_path_factory) -> Driver:
+def uninterrupted(two_hosts, arithmetic_data, tiny_model_dir, tmp_path_factory) -> Driver:
     """The two-host run the other tests compare with: one rank on each host."""
     run_dir = tmp_path_factory.mktemp("uninterrupted") / "run"
-    return run(two_hosts, run_dir, [*run_overrides(multinode_data, tiny_model_dir, run_dir), *TWO_HOSTS])
+    return run(two_hosts, run_dir, [*run_overrides(arithmetic_data, tiny_model_dir, run_dir), *TWO_HOSTS])
 
 
-def test_one_rank_per_host_trains_as_two_ranks_on_one_host(two_hosts, uninterrupted, multinode_data, tiny_model_dir,
+def test_one_rank_per_host_trains_as_two_ranks_on_one_host(two_hosts, uninterrupted, arithmetic_data, tiny_model_dir,
                                                             tmp_path):
     assert placed_nodes(uninterrupted.log, "global_pool") == [two_hosts.head.ip, two_hosts.worker.ip]
-    one_host = run(two_hosts, tmp_path / "one_host", [*run_overrides(multinode_data, tiny_model_dir,
+    one_host = run(two_hosts, tmp_path / "one_host", [*run_overrides(arithmetic_data, tiny_model_dir,
                                                                      tmp_path / "one_host"), *ONE_HOST])
     assert len(set(placed_nodes(one_host.log, "global_pool"))) == 1
     two, one = by_step(uninterrupted.metrics()), by_step(one_host.metrics())
@@ -123,11 +123,11 @@ def test_one_rank_per_host_trains_as_two_ranks_on_one_host(two_hosts, uninterrup
         "extra_state_world_size_2_rank_0.pt", "extra_state_world_size_2_rank_1.pt"]
 
 
-def test_ranks_that_cannot_reach_each_other_fail_within_a_minute_naming_both(two_hosts, multinode_data,
+def test_ranks_that_cannot_reach_each_other_fail_within_a_minute_naming_both(two_hosts, arithmetic_data,
                                                                              tiny_model_dir, tmp_path):
     # each host's unrouted interface holds an address the other host has no route to
     start = time.monotonic()
-    driver = Driver(two_hosts, tmp_path / "run", [*run_overrides(multinode_data, tiny_model_dir, tmp_path / "run"),
+    driver = Driver(two_hosts, tmp_path / "run", [*run_overrides(arithmetic_data, tiny_model_dir, tmp_path / "run"),
                                                   *TWO_HOSTS], env={"GLOO_SOCKET_IFNAME": UNROUTED_INTERFACE})
     assert driver.wait() != 0
     assert time.monotonic() - start < 120  # the reach check's 60 s at most, plus the driver's start
@@ -163,9 +163,9 @@ def _stopped_by_lost_host(cluster: TwoHostCluster, driver: Driver, ready, calls:
 
 
 def test_a_host_lost_in_generation_or_update_stops_the_run_and_a_restarted_cluster_resumes_it(
-        two_hosts, uninterrupted, multinode_data, tiny_model_dir, tmp_path):
+        two_hosts, uninterrupted, arithmetic_data, tiny_model_dir, tmp_path):
     run_dir, scored = tmp_path / "run", tmp_path / "scored.txt"
-    overrides = [*run_overrides(multinode_data, tiny_model_dir, run_dir), *TWO_HOSTS]
+    overrides = [*run_overrides(arithmetic_data, tiny_model_dir, run_dir), *TWO_HOSTS]
 
     # lost while step 2 generates: step 1's checkpoint is committed, the rollout of step 2 is under way
     first = Driver(two_hosts, run_dir, overrides)
@@ -188,10 +188,10 @@ def test_a_host_lost_in_generation_or_update_stops_the_run_and_a_restarted_clust
     assert_same_run(resumed, by_step(uninterrupted.metrics()), list(range(committed + 1, STEPS + 1)))
 
 
-def test_rollout_pool_on_one_host_and_training_pool_on_the_other(two_hosts, multinode_data, tiny_model_dir, tmp_path):
+def test_rollout_pool_on_one_host_and_training_pool_on_the_other(two_hosts, arithmetic_data, tiny_model_dir, tmp_path):
     # each process reserves both CPUs of a host, so each pool takes a host of its own
     driver = run(two_hosts, tmp_path / "split", [
-        *run_overrides(multinode_data, tiny_model_dir, tmp_path / "split"), "trainer.n_gpus_per_node=1",
+        *run_overrides(arithmetic_data, tiny_model_dir, tmp_path / "split"), "trainer.n_gpus_per_node=1",
         "actor_rollout_ref.hybrid_engine=false", "rollout.n_gpus_per_node=1", "ray_init.cpus_per_worker=2",
         "algorithm.rollout_correction.bypass_mode=false", "trainer.total_training_steps=2"])
     training, rollout = placed_nodes(driver.log, "global_pool"), placed_nodes(driver.log, "rollout_pool")
