@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -106,8 +107,6 @@ def announce_address(key: str, port: int) -> None:
 
 def node_address() -> str:
     """This node's address as its Ray cluster knows it (other nodes reach it there); 127.0.0.1 outside Ray."""
-    import sys
-
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         return ray.util.get_node_ip_address()
@@ -159,12 +158,16 @@ def interface_addresses() -> dict[str, list[str]]:
 
 
 def bind_sockets_to_node_address() -> str | None:
-    """The address the other hosts reach this rank at, with gloo and NCCL bound to its interface; None outside a
-    multi-host-capable Ray cluster (a local one runs on 127.0.0.1, where gloo's defaults work).
+    """In a Ray actor (a rank of a Ray worker group): the address the other hosts reach this rank at, with gloo and
+    NCCL bound to its interface for the rest of the process. None elsewhere: in the driver (the local backend's one
+    rank, whose environment every rank it starts would inherit) and where Ray's node is on loopback.
 
     Gloo otherwise advertises the address the hostname resolves to, a loopback address in most containers, which
     another host cannot reach.
     """
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
+        return None
     node = node_address()
     if node.startswith("127.") or node == "::1":
         return None

@@ -121,7 +121,10 @@ class TwoHostCluster:
         return [str(Path(sys.executable).with_name("ray")), *argv[1:]]
 
     def driver_env(self) -> dict[str, str]:
-        return {**os.environ, "RAY_ADDRESS": self.address, "RAY_AUTH_MODE": "disabled", **SANDBOX_ENV}
+        """The test process's environment less its socket-interface choices (names of its own interfaces, which
+        the hosts lack), with the cluster's address."""
+        inherited = {k: v for k, v in os.environ.items() if k not in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
+        return {**inherited, "RAY_ADDRESS": self.address, "RAY_AUTH_MODE": "disabled", **SANDBOX_ENV}
 
     # ----- life --------------------------------------------------------------------------------------------
     def create(self) -> None:
