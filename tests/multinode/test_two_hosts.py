@@ -1,6 +1,7 @@
 """GRPO on two hosts (network namespaces, each a Ray node): one rank per host trains as two ranks on one host do,
 ranks that cannot reach each other fail naming both addresses, a host lost during generation or during the update
-stops the run at once naming it, and a restarted cluster resumes to the uninterrupted run's results.
+stops the run at once naming it, and a restarted cluster resumes to the uninterrupted run's results; a host cut off
+from the network stops the run once Ray declares it dead; the pools of a split run work from two hosts.
 
 Every run is `python -m hybridrl.trainer.main_ppo` in the head host's namespace with RAY_ADDRESS, as a user's driver
 on the head node runs it (docs/multinode.md)."""
@@ -186,6 +187,30 @@ def test_a_host_lost_in_generation_or_update_stops_the_run_and_a_restarted_clust
     resumed = by_step(third.metrics())
     assert max(resumed) == STEPS and third.committed_step() == STEPS
     assert_same_run(resumed, by_step(uninterrupted.metrics()), list(range(committed + 1, STEPS + 1)))
+
+
+def test_a_host_cut_off_from_the_network_stops_the_run_once_ray_declares_it_dead(two_hosts, arithmetic_data,
+                                                                                  tiny_model_dir, tmp_path):
+    # no process dies and no connection closes: the driver learns of it from Ray's health checks of the node
+    run_dir = tmp_path / "run"
+    driver = Driver(two_hosts, run_dir, [*run_overrides(arithmetic_data, tiny_model_dir, run_dir), *TWO_HOSTS,
+                                         "trainer.total_training_steps=100"])
+    deadline = time.monotonic() + 180
+    while driver.committed_step() < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    cut = time.monotonic()
+    two_hosts.cut_worker_host_off()
+    try:
+        code = driver.wait()
+        assert code != 0 and time.monotonic() - cut < 90, driver.log[-3000:]
+        assert re.search(rf"rank 1 of pool 'global_pool' on node {re.escape(two_hosts.worker.ip)} died during \w+",
+                         driver.log), driver.log[-3000:]
+        # what was committed before stays whole; the interrupted step committed nothing
+        committed = driver.committed_step()
+        assert (run_dir / f"global_step_{committed}" / "checkpoint_complete.json").exists()
+        assert not (run_dir / f"global_step_{committed + 1}" / "checkpoint_complete.json").exists()
+    finally:
+        two_hosts.reconnect_worker_host()
 
 
 def test_rollout_pool_on_one_host_and_training_pool_on_the_other(two_hosts, arithmetic_data, tiny_model_dir, tmp_path):

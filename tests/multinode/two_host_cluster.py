@@ -29,8 +29,9 @@ RAY_HEAD = "ray start --head --node-ip-address={head_ip} --port={port} --num-cpu
 RAY_WORKER = "ray start --address={head_ip}:{port} --node-ip-address={host_ip} --num-cpus={cpus}"
 SANDBOX_FLAGS = "--temp-dir={temp_dir} --object-store-memory=200000000 --disable-usage-stats"
 SANDBOX_HEAD_FLAGS = "--include-dashboard=false"
-# The head marks a silent node dead after 3 missed 1 s health checks (Ray's default: 5 of 3 s), so a lost host's
-# replacement can join sooner; what the driver reports, and when, does not depend on it.
+# The head marks a silent node dead after 3 failed health checks 1 s apart (Ray's default: 5, 3 s apart; each
+# waits up to 10 s either way), so that a lost host's replacement joins sooner, and a host cut off from the network
+# is declared dead within a minute; a killed host's ranks are reported as soon as their connections close.
 SANDBOX_ENV = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
 UNROUTED_INTERFACE = "hyunrouted"
 SUBNET = "10.213.0"  # the veth pair's /24, inside the namespaces only
@@ -177,6 +178,17 @@ class TwoHostCluster:
         """Every process of the worker host dies at once (its raylet, its Ray workers, the ranks on it)."""
         self.worker.kill_all()
 
+    def cut_worker_host_off(self) -> None:
+        """The worker host's link goes down: its processes keep running, but nothing reaches them or comes back
+        (no connection is closed, so nobody learns of it but by silence)."""
+        _run("ip", "-n", self.worker.namespace, "link", "set", self.veth[1], "down")
+
+    def reconnect_worker_host(self) -> None:
+        """A host cut off comes back as a fresh node: its old processes killed, its link up, its node restarted."""
+        self.worker.kill_all()
+        _run("ip", "-n", self.worker.namespace, "link", "set", self.veth[1], "up")
+        self.restart_worker_host()
+
     def restart_worker_host(self) -> None:
         """A fresh worker node joins, once the head has marked the lost one dead (its health checks failed)."""
         self.wait_alive(1)
@@ -196,10 +208,11 @@ class TwoHostCluster:
         return [line.split()[0] for line in listed.splitlines() if line.strip()]
 
     def leftovers(self) -> list[str]:
-        """What the cluster left behind: its namespaces, its veth ends in the root namespace, its processes."""
+        """What the cluster left behind: its namespaces, its veth ends in the root namespace, its processes, its
+        Ray temp dir."""
         left = [f"namespace {ns}" for ns in self.namespaces() if ns in {h.namespace for h in self.hosts}]
         links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
         left += [f"link {end}" for end in self.veth if f" {end}@" in links or f" {end}:" in links]
         stray = subprocess.run(["pgrep", "-f", str(self.ray_root)], capture_output=True, text=True).stdout.split()
         left += [f"process {pid}" for pid in stray]
-        return left
+        return left + ([f"directory {self.ray_root}"] if self.ray_root.exists() else [])
