@@ -131,6 +131,10 @@ class RayResourcePool:
             self.node_addresses = [placement_node(group) for group in groups]
         return self._placement_groups
 
+    def placed(self) -> str:
+        """Where the pool's node groups landed, for the run's log (once placed)."""
+        return f"  {self.name_prefix:<12} placed on node(s) {', '.join(self.node_addresses)}"
+
     def _distinct_nodes(self) -> list[str] | None:
         """The addresses of one alive node per entry of `process_on_nodes` that can hold it (the head first), so that
         `nnodes` means separate hosts; None for a single node, or (with a warning) when the cluster has too few nodes

@@ -28,13 +28,15 @@ def build_worker_group(config: DictConfig) -> tuple[WorkerGroup, object | None]:
     from hybridrl.controller.ray import RayClassWithInitArgs, RayResourcePool
 
     pool = RayResourcePool(process_on_nodes=[trainer.n_gpus_per_node] * trainer.nnodes,
-                           use_gpu=trainer.device == "cuda")
+                           use_gpu=trainer.device == "cuda", name_prefix="sft")
     try:
-        return create_worker_group("ray", RayClassWithInitArgs(SFTWorker, config), resource_pool=pool,
-                                   device=trainer.device), pool
+        group = create_worker_group("ray", RayClassWithInitArgs(SFTWorker, config), resource_pool=pool,
+                                    device=trainer.device)
     except BaseException:
         pool.remove()
         raise
+    print(pool.placed())
+    return group, pool
 
 
 def run_sft(config: DictConfig) -> dict[str, float]:

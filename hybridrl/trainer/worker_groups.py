@@ -194,7 +194,7 @@ def start_pool(config: PPOTrainerConfig, pool: Pool) -> StartedPool:
             resource_pool.remove()
         raise
     if resource_pool is not None:
-        print(f"  {pool.name:<12} placed on node(s) {', '.join(resource_pool.node_addresses)}")
+        print(resource_pool.placed())
     return StartedPool(pool, processes, resource_pool)
 
 

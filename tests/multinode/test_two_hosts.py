@@ -48,15 +48,16 @@ def run_overrides(data: Path, model: Path, run_dir: Path) -> list[str]:
 
 
 class Driver:
-    """One `main_ppo` run in the head host's namespace, its output in `log`."""
+    """One run of an entry point (`main_ppo`, `main_sft`) in the head host's namespace, its output in `log`."""
 
-    def __init__(self, cluster: TwoHostCluster, run_dir: Path, overrides: list[str], env: dict | None = None) -> None:
+    def __init__(self, cluster: TwoHostCluster, run_dir: Path, overrides: list[str], env: dict | None = None,
+                 module: str = "hybridrl.trainer.main_ppo") -> None:
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = run_dir.parent / f"{run_dir.name}.log"
         self.log_file = self.log_path.open("a")
         self.process = subprocess.Popen(
-            cluster.head.command(sys.executable, "-m", "hybridrl.trainer.main_ppo", *overrides),
+            cluster.head.command(sys.executable, "-m", module, *overrides),
             stdout=self.log_file, stderr=subprocess.STDOUT, env={**cluster.driver_env(), **(env or {})})
 
     def wait(self, timeout_s: float = 240) -> int:
@@ -86,7 +87,7 @@ def run(cluster: TwoHostCluster, run_dir: Path, overrides: list[str], env: dict 
 
 
 def by_step(metrics: list[dict]) -> dict[int, dict]:
-    return {m["training/global_step"]: m for m in metrics}
+    return {m["step"]: m for m in metrics}
 
 
 def assert_same_run(got: dict[int, dict], expected: dict[int, dict], steps: list[int]) -> None:
@@ -122,6 +123,24 @@ def test_one_rank_per_host_trains_as_two_ranks_on_one_host(two_hosts, uninterrup
     actor = uninterrupted.run_dir / f"global_step_{STEPS}" / "actor"
     assert sorted(p.name for p in actor.glob("extra_state_*")) == [
         "extra_state_world_size_2_rank_0.pt", "extra_state_world_size_2_rank_1.pt"]
+
+
+def test_sft_on_two_hosts_trains_as_on_one_host(two_hosts, arithmetic_data, tiny_model_dir, tmp_path):
+    runs = {}
+    for name, layout in (("two_hosts", TWO_HOSTS), ("one_host", ONE_HOST)):
+        run_dir = tmp_path / name
+        driver = Driver(two_hosts, run_dir, [
+            f"data.train_files={arithmetic_data / 'train.parquet'}", f"data.val_files={arithmetic_data / 'test.parquet'}",
+            f"model.partial_pretrain={tiny_model_dir}", f"trainer.default_local_dir={run_dir}",
+            "data.train_batch_size=8", "data.micro_batch_size_per_gpu=2", "trainer.total_training_steps=3",
+            "optim.warmup_steps_ratio=0", "trainer.device=cpu", *layout], module="hybridrl.trainer.main_sft")
+        assert driver.wait() == 0, driver.log[-3000:]
+        runs[name] = by_step(driver.metrics())
+    assert placed_nodes((tmp_path / "two_hosts.log").read_text(), "sft") == [two_hosts.head.ip, two_hosts.worker.ip]
+    assert sorted(runs["two_hosts"]) == [1, 2, 3]
+    for step in (1, 2, 3):
+        for key in ("train/loss", "train/grad_norm"):
+            assert runs["two_hosts"][step][key] == pytest.approx(runs["one_host"][step][key], abs=1e-6, rel=0)
 
 
 def test_ranks_that_cannot_reach_each_other_fail_within_a_minute_naming_both(two_hosts, arithmetic_data,
