@@ -21,6 +21,7 @@ from hybridrl.algos.rollout_correction import IS_LEVELS, parse_is_threshold, par
 from hybridrl.data.rl_dataset import RLDatasetConfig
 from hybridrl.rewards.custom import CustomRewardFunctionConfig
 from hybridrl.utils.device import AUTO, auto_dtype, resolve_device_type
+from hybridrl.utils.driver_paths import make_paths_absolute
 from hybridrl.utils.typed_config import ConfigError, FreezableConfig, require
 from hybridrl.workers.config import ActorRolloutRefConfig, CriticConfig
 from hybridrl.workers.reward_model import RewardModelConfig
@@ -406,8 +407,11 @@ def fill_derived(config: PPOTrainerConfig) -> None:
     model's tokenizer_path (and the reward model's input_tokenizer where it names the actor's model), so all
     load one tokenizer; the critic's forward micro-batch follows its update's when unset (as in verl);
     micro-batch sizes become rows per rank (`*_per_gpu`) where only verl's global key is set; a compute
-    dtype of `auto` becomes float32 on a CPU (a GPU worker resolves it on its own device).
+    dtype of `auto` becomes float32 on a CPU (a GPU worker resolves it on its own device); relative local paths
+    become absolute against the driver's working directory (`hybridrl.utils.driver_paths`: ranks on other hosts
+    start elsewhere).
     """
+    make_paths_absolute(config)
     config.trainer.device = resolve_device_type(config.trainer.device)
     n = config.actor_rollout_ref.rollout.n
     for key, node in (("actor_rollout_ref.actor", config.actor_rollout_ref.actor), ("critic", config.critic)):

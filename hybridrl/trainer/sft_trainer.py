@@ -26,6 +26,7 @@ from hybridrl.trainer.divergence import DivergenceGuard
 from hybridrl.trainer.sft_config import SFTSchema
 from hybridrl.trainer.worker_groups import SFTGroup
 from hybridrl.utils.device import device_setting_problem, resolve_device_type
+from hybridrl.utils.driver_paths import make_paths_absolute
 from hybridrl.utils.tracking import StepProgress, Tracking, parse_logger_backends
 from hybridrl.utils.typed_config import added_keys, require, unknown_key_message
 from hybridrl.workers.checkpoint import commit_checkpoint, load_state_file
@@ -47,6 +48,7 @@ def validate_config(config: DictConfig) -> DictConfig:
     trainer.device resolved, returned read-only: the run only reads it."""
     checked = OmegaConf.merge(OmegaConf.structured(SFTSchema), config)
     OmegaConf.resolve(checked)
+    make_paths_absolute(checked)  # ranks on other hosts start in another working directory
     # Hydra's `+key=value` adds a key even under the typed nodes; nothing would read it
     unknown = [unknown_key_message(key, known) for key, known in added_keys(OmegaConf.to_object(checked))]
     require(not unknown, "\n".join(unknown))

@@ -51,14 +51,14 @@ class Driver:
     """One run of an entry point (`main_ppo`, `main_sft`) in the head host's namespace, its output in `log`."""
 
     def __init__(self, cluster: TwoHostCluster, run_dir: Path, overrides: list[str], env: dict | None = None,
-                 module: str = "hybridrl.trainer.main_ppo") -> None:
+                 module: str = "hybridrl.trainer.main_ppo", cwd: Path | None = None) -> None:
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = run_dir.parent / f"{run_dir.name}.log"
         self.log_file = self.log_path.open("a")
         self.process = subprocess.Popen(
             cluster.head.command(sys.executable, "-m", module, *overrides),
-            stdout=self.log_file, stderr=subprocess.STDOUT, env={**cluster.driver_env(), **(env or {})})
+            stdout=self.log_file, stderr=subprocess.STDOUT, env={**cluster.driver_env(), **(env or {})}, cwd=cwd)
 
     def wait(self, timeout_s: float = 240) -> int:
         try:
@@ -233,11 +233,14 @@ def test_a_host_cut_off_from_the_network_stops_the_run_once_ray_declares_it_dead
 
 
 def test_rollout_pool_on_one_host_and_training_pool_on_the_other(two_hosts, arithmetic_data, tiny_model_dir, tmp_path):
-    # each process reserves both CPUs of a host, so each pool takes a host of its own
-    driver = run(two_hosts, tmp_path / "split", [
-        *run_overrides(arithmetic_data, tiny_model_dir, tmp_path / "split"), "trainer.n_gpus_per_node=1",
+    # each process reserves both CPUs of a host, so each pool takes a host of its own; the driver runs in another
+    # working directory than the nodes, and names its checkpoint directory relatively, as verl's default does
+    driver = Driver(two_hosts, tmp_path / "split", [
+        *run_overrides(arithmetic_data, tiny_model_dir, Path("split")), "trainer.n_gpus_per_node=1",
         "actor_rollout_ref.hybrid_engine=false", "rollout.n_gpus_per_node=1", "ray_init.cpus_per_worker=2",
-        "algorithm.rollout_correction.bypass_mode=false", "trainer.total_training_steps=2"])
+        "algorithm.rollout_correction.bypass_mode=false", "trainer.total_training_steps=2"], cwd=tmp_path)
+    assert driver.wait() == 0, driver.log[-4000:]
+    assert driver.committed_step() == 2 and (tmp_path / "split" / "global_step_2" / "actor" / ".metadata").exists()
     training, rollout = placed_nodes(driver.log, "global_pool"), placed_nodes(driver.log, "rollout_pool")
     assert sorted(training + rollout) == sorted([two_hosts.head.ip, two_hosts.worker.ip])
     for metrics in driver.metrics():
