@@ -24,6 +24,7 @@ from hybridrl.controller.worker import (
 )
 from hybridrl.models.loading import resolve_dtype
 
+SYNC_STORE_PREFIX = "hybridrl_weight_sync"  # the sync group's keys in the store it may share with others
 SYNC_ROOT = 0  # the actor's rank 0 is rank 0 of the sync group; rollout rank r is rank r + 1
 
 
@@ -93,10 +94,7 @@ class SyncGroup:
 
     def __init__(self, store: dist.Store, rank: int, world_size: int, device: torch.device,
                  timeout_s: float) -> None:
-        prefixed = dist.PrefixStore("hybridrl_weight_sync", store)
-        address = bind_sockets_to_node_address()
-        if address is not None:  # the pools may be on different hosts
-            check_ranks_reach_each_other(prefixed, rank, world_size, address)
+        prefixed = dist.PrefixStore(SYNC_STORE_PREFIX, store)
         timeout = timedelta(seconds=timeout_s)
         if device.type == "cuda":
             self.group = dist.ProcessGroupNCCL(prefixed, rank, world_size, dist.ProcessGroupNCCL.Options())
@@ -107,12 +105,15 @@ class SyncGroup:
     @classmethod
     def join(cls, host: str, port: int, rank: int, world_size: int, device: torch.device,
              timeout_s: float, store: dist.Store | None = None) -> SyncGroup:
-        """Join as `rank` (the store's host passes its own store)."""
+        """Join as `rank` (the store's host passes its own store); the pools may be on different hosts, so a rank
+        that cannot reach the store or another member fails naming both addresses (hybridrl/controller/worker.py)."""
+        address = bind_sockets_to_node_address()
         if store is None:
-            address = bind_sockets_to_node_address()
             if address is not None:
                 check_store_reachable(host, port, rank, address)
             store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
+        if address is not None:
+            check_ranks_reach_each_other(dist.PrefixStore(SYNC_STORE_PREFIX, store), rank, world_size, address)
         return cls(store, rank, world_size, device, timeout_s)
 
     def broadcast(self, tensor: torch.Tensor) -> None:

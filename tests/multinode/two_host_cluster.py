@@ -161,9 +161,9 @@ class TwoHostCluster:
 
     def alive_nodes(self) -> list[str]:
         """The addresses of the nodes the head reports alive."""
-        code = ("import ray; ray.init(address='auto', logging_level='ERROR'); "
+        code = (f"import ray; ray.init(address={self.address!r}, logging_level='ERROR'); "
                 "print(' '.join(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']))")
-        out = subprocess.run(self.head.command(sys.executable, "-c", code.replace("'auto'", repr(self.address))),
+        out = subprocess.run(self.head.command(sys.executable, "-c", code),
                              capture_output=True, text=True, env=self.driver_env(), timeout=120)
         return out.stdout.split()
 
