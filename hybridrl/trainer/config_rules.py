@@ -209,8 +209,7 @@ UNCHECKED: dict[str, str] = {
     **{f"{role}.profiler.ranks": "no effect here (config_rules.NO_EFFECT)"
        for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")},
     **{key: "not supported: only its default runs (config_rules.UNSUPPORTED)" for key in (
-        "actor_rollout_ref.actor.ulysses_sequence_parallel_size", "actor_rollout_ref.ref.ulysses_sequence_parallel_size",
-        "critic.ulysses_sequence_parallel_size", "reward_model.ulysses_sequence_parallel_size",
+        "reward_model.ulysses_sequence_parallel_size", "reward_model.model.fsdp_config.ulysses_sequence_parallel_size",
         "trainer.ray_wait_register_center_timeout", "data.filter_overlong_prompts_workers")},
 }
 
@@ -262,8 +261,8 @@ class Unsupported:
     runs_with: tuple[Any, ...] | None = None  # the values that run; None: only the schema's default
 
 
-NO_SEQUENCE_PARALLEL = Unsupported("sequence parallelism (Ulysses) is not implemented; every rank holds whole "
-                                   "sequences")
+NO_SEQUENCE_PARALLEL = Unsupported("the reward model's passes run without sequence parallelism (the actor, reference "
+                                   "and critic have it); every reward-model rank holds whole sequences")
 NO_COMPILE = Unsupported("models run eagerly; torch.compile is not wired into the FSDP engine")
 ONE_ENGINE = Unsupported("FSDP2 (fully_shard) is the only training engine; megatron is not available",
                          runs_with=STRATEGIES)
@@ -278,8 +277,8 @@ UNSUPPORTED: dict[str, Unsupported] = {
         "ratios against the rollout's (algorithm.rollout_correction; docs/placement.md)"),
     "async_training.use_trainer_do_validate": Unsupported(
         "validation generates on the rollout pool, parked at a call boundary while it runs"),
-    **{f"{role}.ulysses_sequence_parallel_size": NO_SEQUENCE_PARALLEL
-       for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "reward_model")},
+    "reward_model.ulysses_sequence_parallel_size": NO_SEQUENCE_PARALLEL,
+    "reward_model.model.fsdp_config.ulysses_sequence_parallel_size": NO_SEQUENCE_PARALLEL,
     "actor_rollout_ref.actor.use_torch_compile": NO_COMPILE,
     "actor_rollout_ref.ref.use_torch_compile": NO_COMPILE,
     "actor_rollout_ref.actor.strategy": ONE_ENGINE,

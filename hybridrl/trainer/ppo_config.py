@@ -23,9 +23,14 @@ from hybridrl.rewards.custom import CustomRewardFunctionConfig
 from hybridrl.utils.device import AUTO, auto_dtype, resolve_device_type
 from hybridrl.utils.driver_paths import make_paths_absolute
 from hybridrl.utils.typed_config import ConfigError, FreezableConfig, require
-from hybridrl.workers.config import ActorRolloutRefConfig, CriticConfig
+from hybridrl.workers.config import (
+    ActorRolloutRefConfig,
+    CriticConfig,
+    actor_sequence_parallel,
+    critic_sequence_parallel,
+)
 from hybridrl.workers.reward_model import RewardModelConfig
-from hybridrl.workers.update_loop import micro_batch_per_rank
+from hybridrl.workers.update_loop import check_sequence_parallel, micro_batch_per_rank
 
 logger = logging.getLogger(__name__)
 
@@ -535,6 +540,13 @@ def _fill_micro_batches_per_rank(config: PPOTrainerConfig) -> None:
             (arr.ref, "actor_rollout_ref.ref.log_prob_micro_batch_size")]
     if get_adv_estimator_spec(config.algorithm.adv_estimator).needs_critic:
         keys += [(critic, "critic.ppo_micro_batch_size"), (critic, "critic.forward_micro_batch_size")]
+    # a sequence-parallel group shares its rows: verl's global sizes divide among the groups, not the ranks
+    actor_sp, ref_sp = actor_sequence_parallel(arr)
+    sequence_parallel = {"actor_rollout_ref.actor": actor_sp, "actor_rollout_ref.rollout": actor_sp,
+                         "actor_rollout_ref.ref": ref_sp, "critic": critic_sequence_parallel(critic)}
+    for section, size in sequence_parallel.items():
+        if section != "actor_rollout_ref.rollout" and (section != "critic" or len(keys) > 3):  # critic: if it runs
+            check_sequence_parallel(size, world_size(config), f"{section}.ulysses_sequence_parallel_size")
     if rm.enable:
         keys.append((rm, "reward_model.micro_batch_size"))
     for node, key in keys:
@@ -544,7 +556,7 @@ def _fill_micro_batches_per_rank(config: PPOTrainerConfig) -> None:
         require(per_gpu is None or global_size is None,
                 f"{key}={global_size} and {key}_per_gpu={per_gpu} are both set; set one (the global size is "
                 f"divided by the world size)")
-        ranks = world_size(config)
+        ranks = world_size(config) // sequence_parallel.get(key.rpartition(".")[0], 1)  # data-parallel groups
         if node is rm and rm.enable_resource_pool:  # the reward model's own pool divides its batch
             ranks = config.reward_model.nnodes * config.reward_model.n_gpus_per_node or ranks
         setattr(node, f"{name}_per_gpu", micro_batch_per_rank(per_gpu, global_size, ranks, key))

@@ -42,13 +42,19 @@ class PPOActor(PromptSharingRole):
                    with_sum_pi_squared: bool = False) -> dict[str, torch.Tensor]:
         """The responses' `log_probs`, and when asked `entropy` and `sum_pi_squared` (sum_v pi_v^2), each (rows,
         response_length) and zero after each response's end."""
-        logits = self.prompt_sharing.outputs(micro) / temperature  # (rows, kept, vocab)
-        kept, response_length = logits.shape[1], micro.batch["responses"].shape[-1]
-        per_token = {"log_probs": logprobs_from_logits(logits, micro.batch["responses"][:, :kept])}  # (rows, kept)
-        if with_entropy:
-            per_token["entropy"] = entropy_from_logits(logits)
-        if with_sum_pi_squared:
-            per_token["sum_pi_squared"] = torch.softmax(logits.float(), dim=-1).square().sum(dim=-1)
+        responses = micro.batch["responses"]
+
+        def compute(logits: torch.Tensor, places: torch.Tensor) -> dict[str, torch.Tensor]:
+            logits = logits / temperature  # (rows, n, vocab) predicting the responses' tokens at `places`
+            values = {"log_probs": logprobs_from_logits(logits, responses[:, places])}
+            if with_entropy:
+                values["entropy"] = entropy_from_logits(logits)
+            if with_sum_pi_squared:
+                values["sum_pi_squared"] = torch.softmax(logits.float(), dim=-1).square().sum(dim=-1)
+            return values
+
+        per_token = self.prompt_sharing.per_token(micro, compute)  # each (rows, kept)
+        kept, response_length = per_token["log_probs"].shape[1], responses.shape[-1]
         mask = micro.batch["response_mask"].to(per_token["log_probs"].dtype)  # (rows, response_length)
         return {name: F.pad(value, (0, response_length - kept)) * mask for name, value in per_token.items()}
 
@@ -67,17 +73,20 @@ class PPOActor(PromptSharingRole):
         the vocabulary of pi^2 per token, for the optimal token baseline)."""
         self.engine.module.eval()
         temperature = temperature_of(data)
-        micro_batches = make_micro_batches(data, micro_batch_rows, max_token_len, self.prompt_sharing.group_ids(data))
+        data, plan = self.group_rows(data, BatchingPlan(len(data), micro_batch_rows, max_token_len))
+        micro_batches = make_micro_batches(data, plan.micro_batch_rows, plan.max_token_len,
+                                           self.prompt_sharing.group_ids(data))
         parts: dict[str, list[torch.Tensor]] = {}
         for mb in micro_batches:
             for name, value in self._per_token(mb.data, temperature, calculate_entropy,
                                                calculate_sum_pi_squared).items():
                 parts.setdefault(name, []).append(value)
-        return {name: restore_order(values, micro_batches, len(data)) for name, values in parts.items()}
+        own = self.engine.sequence_parallel.own_rows
+        return {name: own(restore_order(values, micro_batches, len(data))) for name, values in parts.items()}
 
     def update_policy(self, data: DataProto, plan: BatchingPlan) -> dict[str, list[float]]:
         """PPO epochs over the rank's rows, against their `old_log_probs`; per-mini-batch metrics under `actor/`."""
-        return self._update(data, plan, fused=False)
+        return self._update(*self.group_rows(data, plan), fused=False)
 
     def update_policy_fused(self, data: DataProto, plan: BatchingPlan) -> tuple[dict[str, list[float]], torch.Tensor]:
         """One on-policy update whose old log-probs come from its own forward; returns the metrics and those
@@ -91,13 +100,14 @@ class PPOActor(PromptSharingRole):
                 f"old log-probs can come from the update only when it is one epoch over one mini-batch; got "
                 f"{plan.epochs} epoch(s) of mini-batches of {plan.mini_batch_rows} rows over {len(data)} rows"
             )
+        data, plan = self.group_rows(data, plan)
         data = data.select(deepcopy=False)
         responses = data.batch["responses"]
         # each row's own index: it survives shuffling and micro-batching
         data.batch["row_index"] = torch.arange(len(data), device=responses.device)  # (rows,)
         old_log_probs = torch.zeros_like(responses, dtype=torch.float32)  # (rows, response_len)
         metrics = self._update(data, plan, fused=True, old_log_probs_out=old_log_probs)
-        return metrics, old_log_probs
+        return metrics, self.engine.sequence_parallel.own_rows(old_log_probs)
 
     def _update(self, data: DataProto, plan: BatchingPlan, fused: bool,
                 old_log_probs_out: torch.Tensor | None = None) -> dict[str, list[float]]:

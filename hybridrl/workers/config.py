@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridrl.utils.typed_config import FreezableConfig, to_dataclass  # noqa: F401 - to_dataclass: re-exported for the workers
+from hybridrl.utils.typed_config import ConfigError, FreezableConfig, to_dataclass  # noqa: F401 - to_dataclass: re-exported for the workers
 
 
 def _check_sampling(where: str, temperature: float, top_k: int, top_p: float, n: int) -> None:
@@ -320,6 +320,8 @@ class RoleFSDPConfig(FSDPConfig):
     # dtype the weights are loaded and sharded in, and so of the optimizer state: fp32 (the default) or bf16
     # (half the memory; AdamW's updates then round to bf16). mixed_precision.param_dtype is the compute dtype.
     model_dtype: str = "fp32"
+    # verl's engine-level name for the role's ulysses_sequence_parallel_size (`sequence_parallel_size`).
+    ulysses_sequence_parallel_size: int = 1
 
 
 @dataclass
@@ -431,8 +433,10 @@ class ActorConfig(FreezableConfig):
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp_config: RoleFSDPConfig = field(default_factory=RoleFSDPConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    # Sequence parallelism and torch.compile: only the default runs in hybridrl (hybridrl/trainer/config_rules.py).
+    # Ulysses sequence parallelism: groups of this many ranks split each sequence's tokens, attention heads
+    # exchanged around attention (hybridrl/workers/sequence_parallel.py); must divide the actor's ranks.
     ulysses_sequence_parallel_size: int = 1
+    # torch.compile: only the default runs in hybridrl (hybridrl/trainer/config_rules.py).
     use_torch_compile: bool = False
     # Not a setting: the actor fills it per mini-batch with the totals the policy loss normalises by
     # (batch_num_tokens, global_batch_size, dp_size), where verl's losses read it.
@@ -454,8 +458,9 @@ class RefConfig(FreezableConfig):
     log_prob_micro_batch_size: int | None = None
     log_prob_use_dynamic_bsz: bool = False
     log_prob_max_token_len_per_gpu: int = 16384
-    # Sequence parallelism and torch.compile: only the default runs in hybridrl (hybridrl/trainer/config_rules.py).
-    ulysses_sequence_parallel_size: int = 1
+    # The reference's sequence-parallel size; null: the actor's (as in verl).
+    ulysses_sequence_parallel_size: int | None = None
+    # torch.compile: only the default runs in hybridrl (hybridrl/trainer/config_rules.py).
     use_torch_compile: bool = False
     entropy_checkpointing: bool = False
     entropy_from_logits_with_chunking: bool = False
@@ -513,6 +518,41 @@ class CriticConfig(FreezableConfig):
     cliprange_value: float = 0.5
     loss_agg_mode: str = "token-mean"
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    # Only the default runs in hybridrl (hybridrl/trainer/config_rules.py).
+    # The critic's sequence-parallel size, as the actor's.
     ulysses_sequence_parallel_size: int = 1
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
+
+
+def sequence_parallel_size(role_size: int | None, fsdp_size: int, key: str, inherited: int = 1) -> int:
+    """A role's Ulysses group size from verl's two keys: `{key}` (None: `inherited`) and its
+    `fsdp_config.ulysses_sequence_parallel_size`; where both are set they must agree."""
+    role = inherited if role_size is None else role_size
+    for name, value in ((key, role), (_fsdp_key(key), fsdp_size)):
+        if value < 1:
+            raise ConfigError(f"{name} must be >= 1, got {value}")
+    if role != 1 and fsdp_size != 1 and role != fsdp_size:
+        raise ConfigError(f"{key}={role} and {_fsdp_key(key)}={fsdp_size} disagree; set one of them")
+    return fsdp_size if fsdp_size != 1 else role
+
+
+def _fsdp_key(key: str) -> str:
+    section = key.rsplit(".", 1)[0]
+    section = "critic.model" if section == "critic" else section
+    return f"{section}.fsdp_config.ulysses_sequence_parallel_size"
+
+
+def actor_sequence_parallel(config: ActorRolloutRefConfig) -> tuple[int, int]:
+    """(actor's, reference's) Ulysses group sizes; the reference follows the actor unless set."""
+    actor = sequence_parallel_size(config.actor.ulysses_sequence_parallel_size,
+                                   config.actor.fsdp_config.ulysses_sequence_parallel_size,
+                                   "actor_rollout_ref.actor.ulysses_sequence_parallel_size")
+    ref = sequence_parallel_size(config.ref.ulysses_sequence_parallel_size,
+                                 config.ref.fsdp_config.ulysses_sequence_parallel_size,
+                                 "actor_rollout_ref.ref.ulysses_sequence_parallel_size", inherited=actor)
+    return actor, ref
+
+
+def critic_sequence_parallel(config: CriticConfig) -> int:
+    return sequence_parallel_size(config.ulysses_sequence_parallel_size,
+                                  config.model.fsdp_config.ulysses_sequence_parallel_size,
+                                  "critic.ulysses_sequence_parallel_size")

@@ -25,9 +25,8 @@ class PPOCritic(PromptSharingRole):
     def _values(self, micro: DataProto) -> torch.Tensor:
         """V(s_t) for each response token t: the value head read at the position before it, (rows, R)."""
         response_length = micro.batch["responses"].shape[-1]
-        outputs = self.prompt_sharing.outputs(micro)
         # fp32 whatever the compute dtype: returns and GAE are computed from these on the driver
-        values = outputs[..., 0].float()  # (rows, kept)
+        values = self.prompt_sharing.per_token(micro, lambda outputs, _: {"values": outputs[..., 0].float()})["values"]
         values = torch.nn.functional.pad(values, (0, response_length - values.shape[1]))
         return values * micro.batch["response_mask"].to(values.dtype)
 
@@ -35,11 +34,15 @@ class PPOCritic(PromptSharingRole):
     def compute_values(self, data: DataProto, micro_batch_rows: int | None,
                        max_token_len: int | None) -> torch.Tensor:
         self.engine.module.eval()
-        micro_batches = make_micro_batches(data, micro_batch_rows, max_token_len, self.prompt_sharing.group_ids(data))
-        return restore_order([self._values(mb.data) for mb in micro_batches], micro_batches, len(data))
+        data, plan = self.group_rows(data, BatchingPlan(len(data), micro_batch_rows, max_token_len))
+        micro_batches = make_micro_batches(data, plan.micro_batch_rows, plan.max_token_len,
+                                           self.prompt_sharing.group_ids(data))
+        values = [self._values(mb.data) for mb in micro_batches]
+        return self.engine.sequence_parallel.own_rows(restore_order(values, micro_batches, len(data)))
 
     def update_critic(self, data: DataProto, plan: BatchingPlan) -> dict[str, list[float]]:
         self.engine.module.train()
+        data, plan = self.group_rows(data, plan)
         cfg = self.config
 
         def micro_step(micro: DataProto, info: dict, sums: MetricSums) -> torch.Tensor:

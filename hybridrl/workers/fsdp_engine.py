@@ -29,6 +29,7 @@ from hybridrl.models.onednn_linear import use_onednn_linears
 from hybridrl.utils.device import device_type as process_device_type
 from hybridrl.utils.device import local_device
 from hybridrl.workers.config import FSDPConfig, OptimConfig
+from hybridrl.workers.sequence_parallel import SequenceParallel, model_problem
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -131,11 +132,18 @@ class FSDPEngine:
     rollout and HF exports) are the merged ones, and its checkpoints hold the adapters only."""
 
     def __init__(self, model: nn.Module, fsdp_config: FSDPConfig, optim_config: OptimConfig | None = None,
-                 grad_clip: float | None = 1.0) -> None:
+                 grad_clip: float | None = 1.0, sequence_parallel_size: int = 1,
+                 sequence_parallel_key: str = "ulysses_sequence_parallel_size") -> None:
         self.config = fsdp_config
         self.lora_scalings = lora_scalings(model)  # {LoRA layer: alpha/r}; empty without adapters
         self.device = local_device()  # the rank's device, from the LOCAL_RANK its launcher set
         self.mesh = build_device_mesh(dist.get_world_size(), fsdp_config.fsdp_size)
+        # groups of ranks that split each sequence (hybridrl/workers/sequence_parallel.py); FSDP shards over all
+        self.sequence_parallel = SequenceParallel.build(sequence_parallel_size, sequence_parallel_key)
+        problem = model_problem(model, sequence_parallel_size) if sequence_parallel_size > 1 else None
+        if problem:
+            raise ValueError(f"{sequence_parallel_key}={sequence_parallel_size}: {type(model).__name__} cannot run "
+                             f"with sequence parallelism: {problem}")
         if self.device.type == "cpu":
             use_onednn_linears(model)  # fp32 linears through oneDNN, not MKL (hybridrl/models/onednn_linear.py)
         self.module = shard_model(model.to(self.device), self.mesh, fsdp_config)

@@ -33,7 +33,14 @@ from hybridrl.utils.metric import (
 )
 from hybridrl.workers.actor import PPOActor
 from hybridrl.workers.checkpoint import CheckpointManager
-from hybridrl.workers.config import ActorRolloutRefConfig, CriticConfig, ModelConfig, to_dataclass
+from hybridrl.workers.config import (
+    ActorRolloutRefConfig,
+    CriticConfig,
+    ModelConfig,
+    actor_sequence_parallel,
+    critic_sequence_parallel,
+    to_dataclass,
+)
 from hybridrl.workers.critic import PPOCritic
 from hybridrl.workers.fsdp_engine import FSDPEngine, offload_refusals, raise_first_refusal, refuse_offload
 from hybridrl.workers.rollout import ROLLOUT_ENGINES, build_rollout
@@ -133,6 +140,7 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         cfg = self.config
+        actor_sp, ref_sp = actor_sequence_parallel(cfg)
         self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path,
                                         trust_remote_code=cfg.model.trust_remote_code)
         # the peaks of the passes below, measured in turns across ranks; the passes read them cached
@@ -148,7 +156,9 @@ class ActorRolloutRefWorker(Worker):
             self.passes.update(forward_and_update_passes(
                 model, cfg.actor.fsdp_config.mixed_precision.param_dtype, cfg.actor.ppo_epochs,
                 infer="actor_infer", train="actor"))
-            engine = FSDPEngine(model, cfg.actor.fsdp_config, cfg.actor.optim, cfg.actor.grad_clip)
+            engine = FSDPEngine(model, cfg.actor.fsdp_config, cfg.actor.optim, cfg.actor.grad_clip,
+                                sequence_parallel_size=actor_sp,
+                                sequence_parallel_key="actor_rollout_ref.actor.ulysses_sequence_parallel_size")
             self.actor = PPOActor(cfg.actor, engine, share_prompts=cfg.model.share_prompt_forward)
             self.checkpoint_manager = CheckpointManager(engine, self.tokenizer, cfg.actor.checkpoint,
                                                         base_model_path=cfg.model.path)
@@ -182,8 +192,9 @@ class ActorRolloutRefWorker(Worker):
             model = load_model_for(cfg.model, False, ref_dtype, self.device.type,
                                    weights_dtype=cfg.ref.fsdp_config.model_dtype)
             self.passes["ref"] = forward_pass(matmul_params(model), ref_dtype)
-            self.ref = PPOActor(cfg.actor, FSDPEngine(model, cfg.ref.fsdp_config),
-                                share_prompts=cfg.model.share_prompt_forward)
+            engine = FSDPEngine(model, cfg.ref.fsdp_config, sequence_parallel_size=ref_sp,
+                                sequence_parallel_key="actor_rollout_ref.ref.ulysses_sequence_parallel_size")
+            self.ref = PPOActor(cfg.actor, engine, share_prompts=cfg.model.share_prompt_forward)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def model_passes(self) -> dict[str, ModelPass]:
@@ -370,7 +381,9 @@ class CriticWorker(Worker):
         self.measure_peak_flops([resolve_dtype(dtype)])  # in turns across ranks; read cached just below
         self.passes = forward_and_update_passes(model, dtype, self.config.ppo_epochs, infer="critic_infer",
                                                 train="critic")
-        engine = FSDPEngine(model, model_cfg.fsdp_config, self.config.optim, self.config.grad_clip)
+        engine = FSDPEngine(model, model_cfg.fsdp_config, self.config.optim, self.config.grad_clip,
+                            sequence_parallel_size=critic_sequence_parallel(self.config),
+                            sequence_parallel_key="critic.ulysses_sequence_parallel_size")
         self.critic = PPOCritic(self.config, engine, share_prompts=model_cfg.share_prompt_forward)
         self.checkpoint_manager = CheckpointManager(engine, self.tokenizer, self.config.checkpoint)
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -21,6 +22,11 @@ from hybridrl.models.attention import (
 from hybridrl.protocol import DataProto
 from hybridrl.workers.fsdp_engine import FSDPEngine
 from hybridrl.workers.micro_batch import trim_columns
+from hybridrl.workers.sequence_parallel import SequenceParallel, ulysses_mode
+from hybridrl.workers.update_loop import BatchingPlan
+
+# (outputs at some response positions (rows, n, vocab or labels), those positions (n,)) -> {name: (rows, n)}
+PerTokenFn = Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]
 
 logger = logging.getLogger(__name__)
 
@@ -75,11 +81,19 @@ def activation_checkpointing_on(module: torch.nn.Module) -> bool:
 class PromptSharing:
     """Whether a worker's passes over `module` share prompts: asked by config key `share_key` and possible
     for the model (`supports_shared_prompt`; otherwise padded passes, with a warning). Under gradient
-    checkpointing the backward reruns layers, so an update holds the model in `shared_prompt_mode` (`held`)."""
+    checkpointing the backward reruns layers, so an update holds the model in `shared_prompt_mode` (`held`).
+    With sequence parallelism every pass is a `SequenceParallel.forward` and no prompt is shared."""
 
-    def __init__(self, module: torch.nn.Module, asked: bool, share_key: str) -> None:
+    def __init__(self, module: torch.nn.Module, asked: bool, share_key: str,
+                 sequence_parallel: SequenceParallel | None = None) -> None:
+        self.sequence_parallel = sequence_parallel or SequenceParallel()
         able = supports_shared_prompt(module)
-        if asked and not able:
+        if asked and self.sequence_parallel.enabled:
+            logger.warning("%s=true has no effect with sequence parallelism (ulysses_sequence_parallel_size=%d): "
+                           "each sequence is split across ranks, so no prompt is computed once for several rows",
+                           share_key, self.sequence_parallel.size)
+            asked = False
+        elif asked and not able:
             logger.warning(
                 "%s=true, but %s (attention %r) cannot share prompts in one forward (full attention with sdpa, "
                 "eager or grouped_eager only): every row computes its prompt", share_key, type(module).__name__,
@@ -92,14 +106,29 @@ class PromptSharing:
         """The rows `make_micro_batches` keeps together (None: no grouping)."""
         return prompt_group_ids(data) if self.enabled else None
 
-    def outputs(self, micro: DataProto) -> torch.Tensor:
-        """`response_logits` of the micro-batch: (rows, kept_response_len, vocab or labels)."""
-        return response_logits(self.module, micro, self.enabled, self.hold_packed, self.share_key)
+    def per_token(self, micro: DataProto, compute: PerTokenFn) -> dict[str, torch.Tensor]:
+        """`compute` over the model's outputs predicting the micro-batch's kept response tokens: {name: (rows,
+        kept_response_len)}; with sequence parallelism each rank computes its columns' part, then they are joined."""
+        sp = self.sequence_parallel
+        if not sp.enabled:
+            outputs = response_logits(self.module, micro, self.enabled, self.hold_packed, self.share_key)
+            return compute(outputs, torch.arange(outputs.shape[1], device=outputs.device))
+        trimmed = trim_columns(micro, micro.batch["responses"].shape[-1])
+        first = trimmed.response_start - 1  # the column predicting the first response token
+        outputs, places = sp.forward(self.module, trimmed.input_ids, trimmed.attention_mask, trimmed.position_ids,
+                                     first, trimmed.response_kept)
+        counts = sp.column_counts(trimmed.input_ids.shape[1], first, trimmed.response_kept)
+        return {name: sp.gather_columns(value, counts) for name, value in compute(outputs, places).items()}
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
-        """Around an update: the model stays in `shared_prompt_mode` where its layers are checkpointed."""
-        with shared_prompt_mode(self.module) if self.hold_packed else contextlib.nullcontext():
+        """Around an update: the model stays in `shared_prompt_mode` where its layers are checkpointed (in
+        `ulysses_mode` with sequence parallelism)."""
+        if self.sequence_parallel.enabled:
+            mode = ulysses_mode(self.module)
+        else:
+            mode = shared_prompt_mode(self.module) if self.hold_packed else contextlib.nullcontext()
+        with mode:
             yield
 
 
@@ -112,8 +141,19 @@ class PromptSharingRole:
     def __init__(self, config: Any, engine: FSDPEngine, share_prompts: bool = False) -> None:
         self.config = config
         self.engine = engine
-        self.prompt_sharing = PromptSharing(engine.module, share_prompts, self.SHARE_KEY)
+        self.prompt_sharing = PromptSharing(engine.module, share_prompts, self.SHARE_KEY, engine.sequence_parallel)
 
     @property
     def share_prompts(self) -> bool:
         return self.prompt_sharing.enabled
+
+    def group_rows(self, data: DataProto, plan: BatchingPlan) -> tuple[DataProto, BatchingPlan]:
+        """The rows and batching of the rank's data-parallel group: with sequence parallelism the group's ranks'
+        rows together (each mini-batch the union of theirs), mini-batches as many times larger and a token
+        budget per pass that many times larger (each rank holds a share of each row)."""
+        sp = self.engine.sequence_parallel
+        if not sp.enabled:
+            return data, plan
+        tokens = None if plan.max_token_len is None else plan.max_token_len * sp.size
+        return sp.gather_rows(data, plan.mini_batch_rows), replace(plan, mini_batch_rows=plan.mini_batch_rows * sp.size,
+                                                                   max_token_len=tokens)

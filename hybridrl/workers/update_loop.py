@@ -19,7 +19,15 @@ import torch.distributed as dist
 from hybridrl.protocol import DataProto
 from hybridrl.utils.cpu_threads import fit_cpu_threads
 from hybridrl.utils.typed_config import ConfigError
-from hybridrl.workers.config import ActorConfig, ActorRolloutRefConfig, CriticConfig, RefConfig, RolloutConfig
+from hybridrl.workers.config import (
+    ActorConfig,
+    ActorRolloutRefConfig,
+    CriticConfig,
+    RefConfig,
+    RolloutConfig,
+    actor_sequence_parallel,
+    critic_sequence_parallel,
+)
 from hybridrl.workers.fsdp_engine import FSDPEngine
 from hybridrl.workers.micro_batch import make_micro_batches
 
@@ -51,7 +59,8 @@ class MetricSums:
     def plain(self, name: str, value: float) -> None:
         self.shares[name] += value
 
-    def reduce(self) -> dict[str, float]:
+    def reduce(self, replicas: int = 1) -> dict[str, float]:
+        """Global means; `replicas`: ranks holding each row (a sequence-parallel group), counted once."""
         names = sorted(self.weighted)
         shares = sorted(self.shares)
         flat = [v for n in names for v in self.weighted[n]] + [self.shares[n] for n in shares]
@@ -66,21 +75,23 @@ class MetricSums:
             out[name] = totals[2 * i].item() / weight if weight else 0.0
         # every rank's share was scaled by the world size (FSDP averages gradients): divide it back out
         for j, name in enumerate(shares):
-            out[name] = totals[2 * len(names) + j].item() / world
+            out[name] = totals[2 * len(names) + j].item() / world / replicas
         return out
 
 
 MicroStep = Callable[[DataProto, dict, MetricSums], torch.Tensor]
 
 
-def global_batch_info(mini_batch: DataProto) -> dict:
-    """Token and sequence totals of a mini-batch over all ranks (the normalisers of `agg_loss`)."""
+def global_batch_info(mini_batch: DataProto, replicas: int = 1) -> dict:
+    """Token and sequence totals of a mini-batch over all ranks (the normalisers of `agg_loss`); `replicas`
+    ranks hold each row (a sequence-parallel group), which the totals count once."""
     mask = mini_batch.batch["response_mask"]
     totals = torch.tensor([float(mask.sum()), float(len(mini_batch))], dtype=torch.float64, device="cpu")
     world = 1
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(totals)
         world = dist.get_world_size()
+    totals /= replicas
     return {"batch_num_tokens": totals[0].item(), "global_batch_size": totals[1].item(), "dp_size": world}
 
 
@@ -105,7 +116,7 @@ def run_updates(engine: FSDPEngine, data: DataProto, plan: BatchingPlan, micro_s
         if plan.shuffle:
             rows = data.select_rows(torch.randperm(len(data), generator=generator, device="cpu"))
         for mini in rows.split(plan.mini_batch_rows):
-            info = global_batch_info(mini)
+            info = global_batch_info(mini, engine.sequence_parallel.size)
             sums = MetricSums()
             group_ids = group_ids_of(mini) if group_ids_of is not None else None
             micro_batches = make_micro_batches(mini, plan.micro_batch_rows, plan.max_token_len, group_ids)
@@ -114,7 +125,7 @@ def run_updates(engine: FSDPEngine, data: DataProto, plan: BatchingPlan, micro_s
                 with engine.gradient_sync(i == len(micro_batches) - 1):
                     micro_step(micro.data, info, sums).backward()
             step = engine.clip_and_step()
-            for name, value in {**sums.reduce(), **step}.items():
+            for name, value in {**sums.reduce(engine.sequence_parallel.size), **step}.items():
                 metrics[f"{prefix}/{name}"].append(value)
     engine.lr_scheduler_step()
     return dict(metrics)
@@ -153,6 +164,9 @@ def check_actor_rollout_ref(config: ActorRolloutRefConfig, world_size: int) -> N
     update_plan(config.actor, n, world_size)
     log_prob_batching(config.rollout, world_size)
     log_prob_batching(config.ref, world_size)
+    actor_sp, ref_sp = actor_sequence_parallel(config)
+    check_sequence_parallel(actor_sp, world_size, "actor_rollout_ref.actor.ulysses_sequence_parallel_size")
+    check_sequence_parallel(ref_sp, world_size, "actor_rollout_ref.ref.ulysses_sequence_parallel_size")
 
 
 def check_critic(config: CriticConfig, world_size: int) -> None:
@@ -162,6 +176,14 @@ def check_critic(config: CriticConfig, world_size: int) -> None:
                           "in from actor_rollout_ref.rollout.n)")
     update_plan(config, config.rollout_n, world_size)
     value_batching(config, world_size)
+    check_sequence_parallel(critic_sequence_parallel(config), world_size, "critic.ulysses_sequence_parallel_size")
+
+
+def check_sequence_parallel(size: int, world_size: int, key: str) -> None:
+    """A Ulysses group size must divide the role's ranks (each group shares its rows)."""
+    if world_size % size:
+        raise ConfigError(f"{key}={size} must divide the role's {world_size} ranks (trainer.nnodes x "
+                          f"trainer.n_gpus_per_node, or the pool's size); groups of {size} ranks split each sequence")
 
 
 def update_plan(config: ActorConfig | CriticConfig, rollout_n: int, world_size: int) -> BatchingPlan:
