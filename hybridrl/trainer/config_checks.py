@@ -93,9 +93,10 @@ def _check_placement(config: PPOTrainerConfig) -> None:
     for key, fsdp in (("actor_rollout_ref.actor", arr.actor.fsdp_config), ("actor_rollout_ref.ref", arr.ref.fsdp_config),
                       ("critic.model", config.critic.model.fsdp_config),
                       ("reward_model.model", config.reward_model.model.fsdp_config)):
-        require(fsdp.fsdp_size in (-1, world_size(config)),
-                 f"{key}.fsdp_config.fsdp_size={fsdp.fsdp_size} must be -1 or the world size "
-                 f"({world_size(config)}); hybrid sharding is not supported, so leave it at -1")
+        ranks = world_size(config)
+        require(fsdp.fsdp_size < 0 or fsdp.fsdp_size >= ranks or (fsdp.fsdp_size > 0 and ranks % fsdp.fsdp_size == 0),
+                 f"{key}.fsdp_config.fsdp_size={fsdp.fsdp_size} must divide the world size ({ranks}) for hybrid "
+                 f"sharding, or be -1 to shard over every rank")
         _check_dtype(f"{key}.fsdp_config.mixed_precision.param_dtype", fsdp.mixed_precision.param_dtype, t.device)
         _check_weights_dtype(f"{key}.fsdp_config.model_dtype", fsdp.model_dtype)
         _check_dtype(f"{key}.fsdp_config.mixed_precision.reduce_dtype", fsdp.mixed_precision.reduce_dtype)

@@ -74,6 +74,12 @@ RANGES: dict[str, Rule] = {
     "data.max_response_length": COUNT,
     "data.val_batch_size": OPTIONAL_COUNT,
     "data.dataloader_num_workers": at_least(0),
+    **{key: COUNT for key in ("actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+                              "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size",
+                              "actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size",
+                              "critic.ulysses_sequence_parallel_size",
+                              "critic.model.fsdp_config.ulysses_sequence_parallel_size")},
+    "actor_rollout_ref.ref.ulysses_sequence_parallel_size": OPTIONAL_COUNT,
     # actor
     **{f"actor_rollout_ref.actor.optim.{key}": rule for key, rule in OPTIM.items()},
     "actor_rollout_ref.actor.optim.clip_grad": optional(at_least(0)),
@@ -183,7 +189,7 @@ UNCHECKED: dict[str, str] = {
     "critic.optim.total_training_steps": "follows trainer.total_training_steps (ppo_config)",
     "critic.grad_clip": "<= 0 turns gradient clipping off",
     "critic.data_loader_seed": ANY_SEED,
-    **{f"{section}.fsdp_config.fsdp_size": "must be -1 or the world size (config_checks)"
+    **{f"{section}.fsdp_config.fsdp_size": "must divide the world size, or be -1 (config_checks)"
        for section in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic.model", "reward_model.model")},
     **{f"actor_rollout_ref.rollout.{key}": "checked when the rollout config is built (RolloutConfig)"
        for key in ("temperature", "top_k", "top_p", "prompt_length", "response_length", "n")},

@@ -304,7 +304,8 @@ class FSDPConfig(FreezableConfig):
     optimizer_offload: bool = False
     # Free gathered parameters after each layer's forward (saves memory, costs an all-gather in backward).
     reshard_after_forward: bool = True
-    # Ranks that shard one model; -1 means all ranks of the group.
+    # Ranks that shard one model; -1 (or the world size) means all ranks of the group. A divisor of the world
+    # size is hybrid sharding: each group of fsdp_size ranks holds a sharded copy, gradients averaged across.
     fsdp_size: int = -1
     mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
 

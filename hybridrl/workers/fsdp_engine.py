@@ -1,6 +1,7 @@
 """FSDP2 training engine: the only place models are sharded, stepped, offloaded and saved (actor, critic,
 reference). `fully_shard` wraps each decoder layer and the root (the root only on one rank) over a 1-D
-mesh of the group's ranks, so each rank holds 1/N of every parameter, gradient and optimizer state."""
+mesh of the group's ranks, so each rank holds 1/N of every parameter, gradient and optimizer state; with
+`fsdp_size` below the world size, over a 2-D mesh (hybrid sharding: 1/fsdp_size, copies across groups)."""
 
 from __future__ import annotations
 
@@ -43,12 +44,16 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 
 def build_device_mesh(world_size: int, fsdp_size: int = -1) -> DeviceMesh:
-    if fsdp_size not in (-1, world_size):
-        raise ValueError(
-            f"fsdp_config.fsdp_size={fsdp_size} must be -1 or the world size ({world_size}); "
-            f"hybrid sharding is not supported yet"
-        )
-    return init_device_mesh(process_device_type(), (world_size,), mesh_dim_names=("fsdp",))
+    """The ranks FSDP2 shards over: all of them (1-D, `fsdp`) when fsdp_size is negative or >= the world size
+    (as in verl); otherwise hybrid sharding (2-D, `replicate` x `fsdp`): groups of fsdp_size consecutive ranks
+    each hold one sharded copy, and gradients are averaged across the groups."""
+    if fsdp_size < 0 or fsdp_size >= world_size:
+        return init_device_mesh(process_device_type(), (world_size,), mesh_dim_names=("fsdp",))
+    if fsdp_size == 0 or world_size % fsdp_size:
+        raise ValueError(f"fsdp_config.fsdp_size={fsdp_size} must divide the world size ({world_size}), or be -1 "
+                         f"(shard over every rank)")
+    return init_device_mesh(process_device_type(), (world_size // fsdp_size, fsdp_size),
+                            mesh_dim_names=("replicate", "fsdp"))
 
 
 def shard_model(model: nn.Module, mesh: DeviceMesh, config: FSDPConfig) -> nn.Module:

@@ -90,8 +90,8 @@ def checked(*overrides: str) -> PPOTrainerConfig:
 
 
 @pytest.mark.parametrize("override, message", [
-    ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
-     "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 is not supported by hybridrl: sequence parallelism"),
+    ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=3",  # the default CPU run has 2 ranks
+     "actor_rollout_ref.actor.ulysses_sequence_parallel_size=3 must divide the role's 2 ranks"),
     ("actor_rollout_ref.actor.strategy=megatron", "Remove it or set it to one of fsdp, fsdp2"),
     ("trainer.default_hdfs_dir=hdfs://x", "trainer.default_hdfs_dir=hdfs://x is not supported by hybridrl: "
                                           "checkpoints are written to trainer.default_local_dir only"),
@@ -105,11 +105,25 @@ def test_a_value_hybridrl_cannot_run_stops_before_ray_naming_the_key(override, m
     assert message in str(err.value)
 
 
-def test_unsupported_keys_at_their_defaults_or_of_roles_that_do_not_run_pass():
+def test_keys_of_roles_that_do_not_run_pass():
     checked("actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=1",
-            "algorithm.adv_estimator=grpo", "critic.ulysses_sequence_parallel_size=2")  # GRPO runs no critic
-    with pytest.raises(ConfigError, match="critic.ulysses_sequence_parallel_size=2 is not supported"):
-        checked("algorithm.adv_estimator=gae", "critic.ulysses_sequence_parallel_size=2")
+            "algorithm.adv_estimator=grpo", "critic.ulysses_sequence_parallel_size=3")  # GRPO runs no critic
+    with pytest.raises(ConfigError, match="critic.ulysses_sequence_parallel_size=3 must divide the role's 2 ranks"):
+        checked("algorithm.adv_estimator=gae", "critic.ulysses_sequence_parallel_size=3")
+
+
+def test_verls_global_micro_batch_sizes_divide_among_sequence_parallel_groups():
+    config = checked("trainer.backend=ray", "trainer.n_gpus_per_node=4", "algorithm.adv_estimator=gae",
+                     "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+                     "critic.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size=8",
+                     "actor_rollout_ref.rollout.log_prob_micro_batch_size=8", "critic.ppo_micro_batch_size=8",
+                     "actor_rollout_ref.ref.log_prob_micro_batch_size=8",
+                     "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+                     "actor_rollout_ref.ref.ulysses_sequence_parallel_size=4")
+    arr = config.actor_rollout_ref
+    # 4 ranks: two groups of 2 for the actor (and its log-prob pass), one of 4 for the reference, 4 for the critic
+    assert (arr.actor.ppo_micro_batch_size_per_gpu, arr.rollout.log_prob_micro_batch_size_per_gpu) == (4, 4)
+    assert (arr.ref.log_prob_micro_batch_size_per_gpu, config.critic.ppo_micro_batch_size_per_gpu) == (8, 2)
 
 
 def test_critic_rollout_n_follows_rollout_n_in_a_config_built_in_python():

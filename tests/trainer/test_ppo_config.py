@@ -84,8 +84,8 @@ def test_the_model_path_is_required():
         (["actor_rollout_ref.rollout.response_length=10"], "data.max_response_length"),
         (["reward_model.enable=true"], "reward_model.model.path"),
         (["ray_init.cpus_per_worker=0"], r"ray_init.cpus_per_worker must be >= 1"),
-        (["actor_rollout_ref.ref.fsdp_config.fsdp_size=1"],
-         r"actor_rollout_ref.ref.fsdp_config.fsdp_size=1 must be -1 or the world size \(2\)"),
+        (["actor_rollout_ref.ref.fsdp_config.fsdp_size=0"],
+         r"actor_rollout_ref.ref.fsdp_config.fsdp_size=0 must divide the world size \(2\) for hybrid sharding"),
         (["actor_rollout_ref.rollout.dtype=fp8"], r"actor_rollout_ref.rollout.dtype='fp8' is not a dtype: use one "
                                                   r"of bf16, bfloat16, float16, float32, fp16, fp32, or auto"),
         (["critic.model.fsdp_config.mixed_precision.param_dtype=half-ish"],

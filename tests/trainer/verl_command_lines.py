@@ -278,6 +278,9 @@ async_training.partial_rollout=True async_training.use_rollout_log_probs=True
 PASSING = {
     "grpo_vllm_async": GRPO_VLLM_ASYNC,
     "ppo_legacy_workers": PPO_LEGACY_WORKERS,
+    # ppo_trainer/run_deepseek7b_llm_sp2.sh's Ulysses keys, the reference following the actor
+    "ppo_ulysses": PPO_LEGACY_WORKERS + " actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"
+                                        " critic.ulysses_sequence_parallel_size=2",
     "ppo_reward_loop": PPO_REWARD_LOOP,
     "ppo_legacy_reward_model": PPO_LEGACY_REWARD_MODEL,
     "dapo": DAPO,
@@ -291,23 +294,23 @@ PASSING = {
     "one_step_off_placement": ONE_STEP_OFF_PLACEMENT,
     # the recipe's own entry point is hybridrl's main_ppo with the mode key; the recipe YAML's weight_sync_with_ray
     "one_step_off_recipe": ONE_STEP_OFF_PLACEMENT + " async_training.mode=one_step_off trainer.weight_sync_with_ray=True",
-    # the script's hybrid sharding (fsdp_size=2 of 4 ranks) is refused on its own (REFUSED); the rest runs
-    "fully_async_recipe": FULLY_ASYNC.replace("fsdp_size=2", "fsdp_size=-1") + " async_training.mode=streaming",
+    # with the script's hybrid sharding (fsdp_size=2 of 4 ranks)
+    "fully_async_recipe": FULLY_ASYNC + " async_training.mode=streaming",
 }
 
 # Features hybridrl lacks: the error names the key and the missing feature.
 REFUSED = {
     "critic_lora": (PPO_LEGACY_WORKERS + " critic.model.lora_rank=8",
                     "critic.model.lora_rank=8 is not supported by hybridrl: LoRA adapters train the actor only"),
-    "ulysses": (PPO_LEGACY_WORKERS + " actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
-                "ulysses_sequence_parallel_size=2 is not supported by hybridrl: sequence parallelism"),
+    "reward_model_ulysses": (PPO_REWARD_LOOP + " reward_model.ulysses_sequence_parallel_size=2",
+                             "reward_model.ulysses_sequence_parallel_size=2 is not supported by hybridrl"),
     "megatron": (GRPO_VLLM_ASYNC + " actor_rollout_ref.actor.strategy=megatron",
                  "actor_rollout_ref.actor.strategy=megatron is not supported by hybridrl"),
     "megatron_keys": (GRPO_VLLM_ASYNC + " actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
                       "megatron.pipeline_model_parallel_size=2 is not supported by hybridrl: Megatron-LM is not "
                       "available"),
-    "fully_async_hybrid_sharding": (FULLY_ASYNC + " async_training.mode=streaming",
-                                    "fsdp_size=2 must be -1 or the world size \\(4\\); hybrid sharding is not supported"),
+    "fsdp_size_not_dividing": (FULLY_ASYNC.replace("fsdp_size=2", "fsdp_size=3") + " async_training.mode=streaming",
+                               "fsdp_size=3 must divide the world size \\(4\\) for hybrid sharding"),
     "fully_async_prox_log_prob": (FULLY_ASYNC + " async_training.mode=streaming async_training.compute_prox_log_prob=True",
                                   "async_training.compute_prox_log_prob=true is not supported by hybridrl"),
     "vision_language": (GRPO_VLLM_ASYNC + " data.image_key=images",

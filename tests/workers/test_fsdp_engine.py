@@ -7,13 +7,15 @@ import torch
 from spmd import run_on_ranks
 
 from hybridrl.models.loading import load_causal_lm
+from hybridrl.workers.checkpoint import CheckpointManager
 from hybridrl.workers.config import FSDPConfig, OptimConfig
 from hybridrl.workers.fsdp_engine import FSDPEngine, lr_lambda
 
 
-def _one_step(rank, world_size, model_dir, grad_clip, offload):
+def _one_step(rank, world_size, model_dir, grad_clip, offload, fsdp_size=-1, save_to=None):
     torch.manual_seed(0)
-    engine = FSDPEngine(load_causal_lm(model_dir), FSDPConfig(param_offload=offload, optimizer_offload=offload),
+    engine = FSDPEngine(load_causal_lm(model_dir), FSDPConfig(param_offload=offload, optimizer_offload=offload,
+                                                              fsdp_size=fsdp_size),
                         OptimConfig(lr=1e-3), grad_clip=grad_clip)
     local = sum(p.to_local().numel() for p in engine.module.parameters())
     total = sum(p.numel() for p in engine.module.parameters())
@@ -29,7 +31,30 @@ def _one_step(rank, world_size, model_dir, grad_clip, offload):
     engine.load_optimizer()
     metrics = engine.clip_and_step()
     state = {k: v.clone() for k, v in engine.full_model_state_dict().items()}
-    return {"metrics": metrics, "local": local, "total": total, "state": state}
+    if save_to:
+        CheckpointManager(engine, None, {"save_contents": ["model", "optimizer"]}).save_checkpoint(save_to, 1)
+    return {"metrics": metrics, "local": local, "total": total, "state": state, "mesh": engine.mesh.shape}
+
+
+def _loaded(rank, world_size, model_dir, path):
+    engine = FSDPEngine(load_causal_lm(model_dir), FSDPConfig(), OptimConfig(lr=1e-3))
+    CheckpointManager(engine, None, {"save_contents": ["model", "optimizer"]}).load_checkpoint(path)
+    return {k: v.clone() for k, v in engine.full_model_state_dict().items()}
+
+
+def test_hybrid_sharding_matches_one_rank_and_its_checkpoint_loads_fully_sharded(tiny_model_dir, tmp_path):
+    one = run_on_ranks(_one_step, 1, str(tiny_model_dir), 1.0, False)[0]
+    # 4 ranks, fsdp_size=2: two groups of 2 ranks, each holding one sharded copy
+    hybrid = run_on_ranks(_one_step, 4, str(tiny_model_dir), 1.0, False, 2, str(tmp_path / "actor"))
+    assert [r["mesh"] for r in hybrid] == [(2, 2)] * 4
+    assert hybrid[0]["local"] + hybrid[1]["local"] == hybrid[0]["total"]  # half of every parameter per rank
+    assert hybrid[0]["local"] == hybrid[2]["local"]  # the other group holds the same halves
+    assert math.isclose(one["metrics"]["grad_norm"], hybrid[0]["metrics"]["grad_norm"], rel_tol=1e-5)
+    for key, value in one["state"].items():
+        torch.testing.assert_close(hybrid[0]["state"][key], value, rtol=0, atol=1e-5)
+    loaded = run_on_ranks(_loaded, 2, str(tiny_model_dir), str(tmp_path / "actor"))[0]
+    for key, value in hybrid[0]["state"].items():
+        torch.testing.assert_close(loaded[key], value, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("offload", [False, True])
