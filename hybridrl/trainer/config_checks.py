@@ -34,6 +34,7 @@ from hybridrl.trainer.placement import placement_errors
 from hybridrl.trainer.ppo_config import PPOTrainerConfig, fill_derived, fill_training_steps, world_size
 from hybridrl.utils.device import AUTO, device_setting_problem, emulated_bf16_warning
 from hybridrl.utils.typed_config import ConfigError, added_keys, freeze, require, unknown_key_message
+from hybridrl.workers.config import actor_sequence_parallel
 from hybridrl.workers.rollout import ROLLOUT_ENGINES
 
 __all__ = ["ConfigError", "batch_plan", "read_run_config", "report_config_changes", "resolve_config",
@@ -247,18 +248,25 @@ def batch_plan(config: PPOTrainerConfig) -> dict[str, int]:
     rows = config.data.train_batch_size * n
     mini_rows_per_rank = arr.actor.ppo_mini_batch_size * n // ws
     micro = arr.actor.ppo_micro_batch_size_per_gpu or mini_rows_per_rank
-    return {
+    sp = actor_sequence_parallel(arr)[0]  # a sequence-parallel group shares its ranks' rows
+    unit = "rank" if sp == 1 else "sequence-parallel group"
+    plan = {
         "prompts per step": config.data.train_batch_size,
         "samples per prompt (rollout.n)": n,
         "rows per step (global batch)": rows,
-        "worker processes (data-parallel ranks)": ws,
-        "rows per rank per step": rows // ws,
+        "worker processes (data-parallel ranks)" if sp == 1 else "worker processes (ranks)": ws,
+    }
+    if sp > 1:
+        plan["ranks per sequence-parallel group (actor)"] = sp
+    plan.update({
+        f"rows per {unit} per step": rows // ws * sp,
         "optimizer steps per rollout": config.data.train_batch_size // arr.actor.ppo_mini_batch_size
         * arr.actor.ppo_epochs,
-        "rows per rank per mini-batch": mini_rows_per_rank,
-        "micro-batches per rank per mini-batch": math.ceil(mini_rows_per_rank / micro)
+        f"rows per {unit} per mini-batch": mini_rows_per_rank * sp,
+        f"micro-batches per {unit} per mini-batch": math.ceil(mini_rows_per_rank * sp / micro)
         if not arr.actor.use_dynamic_bsz else -1,
-    }
+    })
+    return plan
 
 
 # Keys whose value may be a 'lower_upper' string ("0.5_5.0"). Hydra's command-line grammar, like Python,

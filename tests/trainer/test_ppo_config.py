@@ -129,6 +129,13 @@ def test_batch_plan_arithmetic():
     assert plan["optimizer steps per rollout"] == 2
     assert plan["rows per rank per mini-batch"] == 32
     assert plan["micro-batches per rank per mini-batch"] == 1
+    # groups of 2 ranks split each sequence: one group holds both ranks' rows, in micro-batches of 16
+    plan = batch_plan(checked("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+                              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16"))
+    assert plan["ranks per sequence-parallel group (actor)"] == 2
+    assert plan["rows per sequence-parallel group per step"] == 128
+    assert plan["rows per sequence-parallel group per mini-batch"] == 64
+    assert plan["micro-batches per sequence-parallel group per mini-batch"] == 4
 
 
 def test_dry_run_prints_the_plan_and_starts_nothing(capsys):
