@@ -267,13 +267,23 @@ def init_distributed(env: DistEnv, collective_timeout_s: float | None = None) ->
     store = rank_store(env)  # MASTER_PORT=0: rank 0 binds a port of the OS's choosing (rank_store)
     if address is not None and env.world_size > 1:
         check_ranks_reach_each_other(store, env.rank, env.world_size, address)
+    global _collective_timeout
+    _collective_timeout = None if collective_timeout_s is None else timedelta(seconds=collective_timeout_s)
     dist.init_process_group(
         backend=distributed_backend(),
         store=store,
         rank=env.rank,
         world_size=env.world_size,
-        timeout=None if collective_timeout_s is None else timedelta(seconds=collective_timeout_s),
+        timeout=_collective_timeout,
     )
+
+
+_collective_timeout: timedelta | None = None  # the process group's, as init_distributed set it
+
+
+def collective_timeout() -> timedelta | None:
+    """How long this process's collectives wait (None: torch's default): subgroups made later wait as long."""
+    return _collective_timeout
 
 
 class Worker:

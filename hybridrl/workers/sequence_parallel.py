@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AttentionInterface
 
+from hybridrl.controller.worker import collective_timeout
 from hybridrl.models.attention import GROUPED_EAGER, grouped_eager_attention, head_on_kept_positions
 from hybridrl.protocol import DataProto
 from hybridrl.tensor_batch import TensorBatch
@@ -205,7 +206,7 @@ class SequenceParallel:
                              f"splits every sequence)")
         mine = None
         for first in range(0, world, size):  # every rank creates every group, in the same order
-            group = dist.new_group(list(range(first, first + size)))
+            group = dist.new_group(list(range(first, first + size)), timeout=collective_timeout())
             if first <= rank < first + size:
                 mine = group
         return cls(size=size, rank=rank % size, group=mine)
