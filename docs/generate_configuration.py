@@ -122,10 +122,16 @@ def render() -> str:
         root = getattr(importlib.import_module(module), name)
         out += ["", f"## {title}"]
         comments = field_comments(root)
+        top_level = [f for f in dataclasses.fields(root) if nested_type(root, f) is None]
+        if top_level:  # keys outside any group (SFT's ulysses_sequence_parallel_size, as in verl)
+            out += ["", "### top level", ""]
+            for field in top_level:
+                line = f"- `{field.name}` ({field.type}; default `{show(default_of(field))}`)"
+                out.append(f"{line}: {comments[field.name]}" if field.name in comments else line)
         for field in dataclasses.fields(root):
             child = nested_type(root, field)
             if child is None:
-                raise TypeError(f"{name}.{field.name}: a top-level key must be a group of keys")
+                continue
             if field.name in comments:
                 out += ["", comments[field.name]]
             render_class(child, field.name, out)

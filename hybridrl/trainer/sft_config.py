@@ -142,6 +142,9 @@ class SFTSchema:
     optim: OptimSchema = field(default_factory=OptimSchema)
     trainer: TrainerSchema = field(default_factory=TrainerSchema)
     ray_init: RayInitSchema = field(default_factory=RayInitSchema)
+    # Ulysses sequence parallelism (verl's key): groups of this many ranks split each sequence
+    # (hybridrl/workers/sequence_parallel.py); data.micro_batch_size_per_gpu then counts rows per group.
+    ulysses_sequence_parallel_size: int = 1
 
 
 ConfigStore.instance().store(name="sft_trainer_schema", node=SFTSchema)

@@ -64,6 +64,9 @@ def validate_config(config: DictConfig) -> DictConfig:
     require(data.train_batch_size > 0 and data.train_batch_size % world == 0,
              f"data.train_batch_size ({data.train_batch_size}) must be a positive multiple of the number of "
              f"ranks ({world} = trainer.n_gpus_per_node x trainer.nnodes)")
+    sp = checked.ulysses_sequence_parallel_size
+    require(sp >= 1 and world % sp == 0, f"ulysses_sequence_parallel_size={sp} must divide the number of ranks "
+             f"({world} = trainer.n_gpus_per_node x trainer.nnodes)")
     require(data.micro_batch_size_per_gpu > 0,
              f"data.micro_batch_size_per_gpu must be positive, got {data.micro_batch_size_per_gpu}")
     require(not data.use_dynamic_bsz or data.max_token_len_per_gpu >= data.max_length,

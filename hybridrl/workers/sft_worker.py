@@ -5,7 +5,8 @@ Loss: token mean over the whole global batch (verl's), over every rank's rows:
     L = sum_{rows, t} mask[t+1] * -log p(x[t+1] | x[<=t]) / sum_{rows, t} mask[t+1]
 
 FSDP2 averages gradients over the W ranks, so each rank backpropagates (its token-loss sum / global
-token count) x W.
+token count) x W. With Ulysses sequence parallelism (`ulysses_sequence_parallel_size`) a group of ranks
+runs its rows together, each on a share of every sequence, and the global count counts each row once.
 """
 
 from __future__ import annotations
@@ -24,20 +25,29 @@ from hybridrl.workers.checkpoint import CheckpointManager
 from hybridrl.workers.config import FSDPConfig, OptimConfig, to_dataclass
 from hybridrl.workers.fsdp_engine import FSDPEngine, refuse_offload
 from hybridrl.workers.micro_batch import make_micro_batches
+from hybridrl.workers.sequence_parallel import SequenceParallel
 
 SFT_KEYS = ("input_ids", "attention_mask", "position_ids", "loss_mask")
 
 
-def token_losses(module: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def token_losses(module: torch.nn.Module, batch: dict[str, torch.Tensor],
+                 sequence_parallel: SequenceParallel | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token NLL of the next token and its 0/1 mask, each (rows, width - 1): the prediction at t counts
     where loss_mask[t+1] (the assistant's tokens, unshifted) is 1."""
+    ids, mask = batch["input_ids"], batch["loss_mask"][:, 1:]
+    sp = sequence_parallel or SequenceParallel()
+    if sp.enabled:  # each rank predicts the tokens after its columns; the group joins them
+        width = ids.shape[1]
+        logits, places = sp.forward(module, ids, batch["attention_mask"], batch["position_ids"], 0, width - 1)
+        nll = F.cross_entropy(logits.float().transpose(1, 2), ids[:, places + 1], reduction="none")
+        nll = sp.gather_columns(nll, sp.column_counts(width, 0, width - 1))
+        return nll, mask.to(nll.dtype)
     logits = module(
-        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+        input_ids=ids, attention_mask=batch["attention_mask"],
         position_ids=batch["position_ids"], use_cache=False,
     ).logits[:, :-1]  # (rows, width - 1, vocab)
-    labels = batch["input_ids"][:, 1:]  # (rows, width - 1)
-    nll = F.cross_entropy(logits.float().transpose(1, 2), labels, reduction="none")  # (rows, width - 1)
-    return nll, batch["loss_mask"][:, 1:].to(nll.dtype)
+    nll = F.cross_entropy(logits.float().transpose(1, 2), ids[:, 1:], reduction="none")  # (rows, width - 1)
+    return nll, mask.to(nll.dtype)
 
 
 def micro_batches(data: DataProto, size: int, max_token_len: int | None) -> list[dict[str, torch.Tensor]]:
@@ -86,7 +96,9 @@ class SFTWorker(Worker):
             min_lr_ratio=optim.min_lr_ratio, total_training_steps=total_training_steps,
         )
         self.engine = FSDPEngine(model, to_dataclass(FSDPConfig, model_cfg.fsdp_config), optim_config,
-                                 grad_clip=optim.clip_grad)
+                                 grad_clip=optim.clip_grad,
+                                 sequence_parallel_size=self.config.get("ulysses_sequence_parallel_size", 1),
+                                 sequence_parallel_key="ulysses_sequence_parallel_size")
         local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
                     for p in self.engine.module.parameters())
         return {"params": n_params, "local_params": local}
@@ -94,33 +106,35 @@ class SFTWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_METRIC)
     def train_batch(self, data: DataProto) -> dict[str, float]:
         """One optimizer step on this rank's rows of the global batch; returns global metrics."""
-        module = self.engine.module
+        module, sp = self.engine.module, self.engine.sequence_parallel
         module.train()
+        data = sp.gather_rows(data)  # a sequence-parallel group trains on its ranks' rows together
         local_tokens = float(data.batch["loss_mask"][:, 1:].sum())
-        global_tokens = _all_reduce_sum(local_tokens)
+        global_tokens = _all_reduce_sum(local_tokens) / sp.size  # each row once, not once per group rank
         if global_tokens == 0:
             raise ValueError("the batch has no assistant tokens to train on; check the loss masks / data keys")
         data_cfg = self.config.data
         parts = micro_batches(data, data_cfg.micro_batch_size_per_gpu,
-                              data_cfg.max_token_len_per_gpu if data_cfg.use_dynamic_bsz else None)
+                              data_cfg.max_token_len_per_gpu * sp.size if data_cfg.use_dynamic_bsz else None)
         loss_sum = 0.0
         for i, part in enumerate(parts):
             with self.engine.gradient_sync(enabled=i == len(parts) - 1):
-                nll, mask = token_losses(module, part)
+                nll, mask = token_losses(module, part, sp)
                 summed = (nll * mask).sum()
                 # x world size: FSDP2 averages gradients over ranks (see the module docstring).
                 (summed / global_tokens * self.world_size).backward()
             loss_sum += float(summed.detach())
         step = self.engine.clip_and_step()
         self.engine.lr_scheduler_step()
-        return {"loss": _all_reduce_sum(loss_sum) / global_tokens, "num_tokens": global_tokens, **step}
+        return {"loss": _all_reduce_sum(loss_sum) / sp.size / global_tokens, "num_tokens": global_tokens, **step}
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def eval_batch(self, data: DataProto) -> DataProto:
         """Per-row summed NLL on assistant tokens and token counts (rows the dispatcher padded are dropped, so the
         driver's sums stay exact)."""
-        module = self.engine.module
+        module, sp = self.engine.module, self.engine.sequence_parallel
         module.eval()
+        data = sp.gather_rows(data)
         size = self.config.data.micro_batch_size_per_gpu
         device = data.batch["input_ids"].device
         sums = torch.zeros(len(data), dtype=torch.float64, device=device)  # (rows,)
@@ -128,10 +142,10 @@ class SFTWorker(Worker):
         with torch.no_grad():
             for start in range(0, len(data), size):
                 rows = slice(start, start + size)
-                nll, mask = token_losses(module, _trimmed(data.select_rows(rows)))
+                nll, mask = token_losses(module, _trimmed(data.select_rows(rows)), sp)
                 sums[rows], counts[rows] = (nll * mask).sum(-1).double(), mask.sum(-1).double()
         module.train()
-        return DataProto.from_dict({"loss_sum": sums, "num_tokens": counts})  # each (rows,)
+        return DataProto.from_dict({"loss_sum": sp.own_rows(sums), "num_tokens": sp.own_rows(counts)})  # (rows,)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, local_path: str, global_step: int, max_ckpt_to_keep: int | None = None,

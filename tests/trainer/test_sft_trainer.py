@@ -141,9 +141,12 @@ def test_a_local_run_on_the_gpu_starts_from_the_cpu_runs_loss_and_learns(local_r
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_two_ray_ranks_match_one_local_rank(ray_cluster, local_run, sft_data, tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("sequence_parallel", [1, 2])  # 2: both ranks split each sequence (verl's sp2 scripts)
+def test_two_ray_ranks_match_one_local_rank(ray_cluster, local_run, sft_data, tiny_model_dir, tmp_path,
+                                            sequence_parallel):
     run_sft(sft_config(sft_data, tiny_model_dir, tmp_path, "trainer.backend=ray", "trainer.n_gpus_per_node=2",
-                       "trainer.total_training_steps=2", "ray_init.num_cpus=2"))
+                       "trainer.total_training_steps=2", "ray_init.num_cpus=2",
+                       f"ulysses_sequence_parallel_size={sequence_parallel}"))
     two, one = read_metrics(tmp_path), read_metrics(local_run)
     for step in (1, 2):  # step 2's loss is computed after an update, so it checks the update too
         assert two[step]["train/loss"] == pytest.approx(one[step]["train/loss"], abs=1e-5)
@@ -155,6 +158,7 @@ def test_two_ray_ranks_match_one_local_rank(ray_cluster, local_run, sft_data, ti
     ("trainer.backend=slurm", "trainer.backend"),
     ("data.train_batch_size=9", "data.train_batch_size (9) must be a positive multiple of the number of ranks (2"),
     ("data.max_token_len_per_gpu=64", "data.max_token_len_per_gpu (64) must be at least data.max_length (128)"),
+    ("ulysses_sequence_parallel_size=3", "ulysses_sequence_parallel_size=3 must divide the number of ranks (2"),
 ])
 def test_bad_settings_name_the_key(sft_data, tiny_model_dir, tmp_path, override, message):
     config = sft_config(sft_data, tiny_model_dir, tmp_path, "trainer.backend=ray", "trainer.n_gpus_per_node=2",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from spmd import run_on_ranks
@@ -65,3 +66,37 @@ def test_eval_and_train_batches_make_their_tensors_on_the_inputs_device(tiny_mod
         assert torch.equal(got, expected)
     assert on_meta_default[2] == plain[2]  # the training step's metrics
     assert plain[1].sum() == sft_batch().batch["loss_mask"][:, 1:].sum()  # every counted token, once
+
+
+def _sequence_parallel_sft(rank: int, world_size: int, config, sp: int) -> tuple:
+    """eval_batch, then two train_batch steps, on this rank's rows of one batch (8 rows: 4 per rank)."""
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.merge(config, {"ulysses_sequence_parallel_size": sp})
+    worker = SFTWorker(config)
+    worker.init_model(total_training_steps=2)
+    mine = sft_batch(rows=8, width=23).chunk(world_size)[rank]
+    evaluated = worker.eval_batch(mine)
+    metrics = [worker.train_batch(mine) for _ in range(2)]
+    state = worker.engine.full_model_state_dict()
+    return evaluated.batch["loss_sum"], evaluated.batch["num_tokens"], metrics, state
+
+
+def test_a_sequence_parallel_group_fine_tunes_as_one_rank(tiny_model_dir):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        config = compose("sft_trainer", overrides=[f"model.partial_pretrain={tiny_model_dir}",
+                                                   "data.train_files=unused.parquet",
+                                                   "data.micro_batch_size_per_gpu=3"])
+    [(one_sums, one_counts, one_metrics, one_state)] = run_on_ranks(_sequence_parallel_sft, 1, config, 1)
+    ranks = run_on_ranks(_sequence_parallel_sft, 2, config, 2)
+    for rank, (sums, counts, metrics, _) in enumerate(ranks):
+        torch.testing.assert_close(sums, one_sums[rank * 4:(rank + 1) * 4], rtol=1e-5, atol=1e-5)
+        assert torch.equal(counts, one_counts[rank * 4:(rank + 1) * 4])
+        for step, one_step in zip(metrics, one_metrics, strict=True):
+            assert step["num_tokens"] == one_step["num_tokens"]
+            assert step["loss"] == pytest.approx(one_step["loss"], rel=1e-5)
+            assert step["grad_norm"] == pytest.approx(one_step["grad_norm"], rel=1e-4)
+    # after two AdamW steps of up to lr = 3e-3 per weight, the same weights (Adam's normalisation lifts float
+    # noise in a near-zero gradient to ~1e-5)
+    for key, value in one_state.items():
+        torch.testing.assert_close(ranks[0][3][key], value, rtol=0, atol=1e-4)
