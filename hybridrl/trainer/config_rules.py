@@ -216,7 +216,8 @@ UNCHECKED: dict[str, str] = {
        for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")},
     **{key: "not supported: only its default runs (config_rules.UNSUPPORTED)" for key in (
         "reward_model.ulysses_sequence_parallel_size", "reward_model.model.fsdp_config.ulysses_sequence_parallel_size",
-        "trainer.ray_wait_register_center_timeout", "data.filter_overlong_prompts_workers")},
+        "trainer.ray_wait_register_center_timeout")},
+    "data.filter_overlong_prompts_workers": "no effect here (config_rules.NO_EFFECT)",
 }
 
 
@@ -293,8 +294,6 @@ UNSUPPORTED: dict[str, Unsupported] = {
     "reward_model.strategy": ONE_ENGINE,
     **{f"{section}.fsdp_config.strategy": ONE_ENGINE
        for section in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic.model", "reward_model.model")},
-    "data.filter_overlong_prompts_workers": Unsupported(
-        "prompt lengths are measured in the driver with batched tokenizer calls, not in worker processes"),
     "data.return_raw_input_ids": Unsupported(
         "a reward model with its own tokenizer gets the conversation re-tokenised instead "
         "(reward_model.model.input_tokenizer)"),
@@ -359,6 +358,9 @@ NOT_SERVED = NoEffect("verl's server-based rollout and reward loop; hybridrl's e
 ROLLOUT = "actor_rollout_ref.rollout"
 
 NO_EFFECT: dict[str, NoEffect] = {
+    "data.filter_overlong_prompts_workers": NoEffect(
+        "prompt lengths are measured in the driver with batched tokenizer calls, not in worker processes; the "
+        "same prompts are filtered either way"),
     "data.gen_batch_size": NoEffect(
         "prompts per generation round: streaming admits prompts one by one as rows free up, and the other modes "
         "generate data.train_batch_size prompts a round (with algorithm.filter_groups, rounds repeat until full)"),
