@@ -1,6 +1,6 @@
 """Ulysses sequence parallelism (DeepSpeed-Ulysses, Jacobs et al. 2023, arXiv:2309.14509) for the actor,
-reference and critic passes: `size` consecutive ranks form a group that runs every forward and backward
-together, each rank on 1/size of each sequence's tokens.
+reference, critic and SFT passes: `size` consecutive ranks form a group that runs every forward and
+backward together, each rank on 1/size of each sequence's tokens.
 
 Layers other than attention work token by token, so each rank runs them on its own columns. Around
 attention an all-to-all turns (rows, heads, columns/size) into (rows, heads/size, columns): each rank
@@ -10,8 +10,8 @@ Activation memory per rank falls by the group size; the head's vocabulary-sized 
 The data: the worker group still hands each rank its own rows; a group gathers its ranks' rows
 (`SequenceParallel.gather_rows`) and runs them as one data-parallel share: a mini-batch of the group holds
 the rows of its ranks' mini-batches, so a run trains as it would with its ranks data-parallel, and the
-micro-batch sizes count rows per group (as verl's do per data-parallel group). Each rank keeps the outputs of its own
-rows (`own_rows`). Gradients: every rank of a group computes the same loss from the same gathered per-token
+micro-batch sizes count rows per group (as verl's do per data-parallel group). Each rank keeps the outputs
+of its own rows (`own_rows`). Gradients: every rank of a group computes the same loss from the same gathered per-token
 values, so the gradient of a rank's part of them is that part of the gathered gradient (`_GatherColumns`),
 and the per-rank parameter gradients sum, in FSDP's reduction, to the group's; the loss normalisers count
 each row once (`hybridrl/workers/update_loop.py`).
