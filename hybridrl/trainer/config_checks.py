@@ -236,9 +236,10 @@ def _check_lengths(config: PPOTrainerConfig) -> None:
              f"({data.max_response_length}); leave it at its default ${{data.max_response_length}}")
     actor = config.actor_rollout_ref.actor
     total = data.max_prompt_length + data.max_response_length
-    require(not actor.use_dynamic_bsz or actor.ppo_max_token_len_per_gpu >= total,
-             f"actor.ppo_max_token_len_per_gpu ({actor.ppo_max_token_len_per_gpu}) must hold one sequence "
-             f"(max_prompt_length + max_response_length = {total})")
+    sp = actor_sequence_parallel(config.actor_rollout_ref)[0]  # a group's pass holds sp ranks' budgets
+    require(not actor.use_dynamic_bsz or actor.ppo_max_token_len_per_gpu * sp >= total,
+             f"actor.ppo_max_token_len_per_gpu ({actor.ppo_max_token_len_per_gpu}) x ulysses_sequence_parallel_size "
+             f"({sp}) must hold one sequence (max_prompt_length + max_response_length = {total})")
 
 
 def batch_plan(config: PPOTrainerConfig) -> dict[str, int]:

@@ -69,9 +69,10 @@ def validate_config(config: DictConfig) -> DictConfig:
              f"({world} = trainer.n_gpus_per_node x trainer.nnodes)")
     require(data.micro_batch_size_per_gpu > 0,
              f"data.micro_batch_size_per_gpu must be positive, got {data.micro_batch_size_per_gpu}")
-    require(not data.use_dynamic_bsz or data.max_token_len_per_gpu >= data.max_length,
-             f"data.max_token_len_per_gpu ({data.max_token_len_per_gpu}) must be at least data.max_length "
-             f"({data.max_length}) with data.use_dynamic_bsz=true, so that the longest sequence fits one pass")
+    require(not data.use_dynamic_bsz or data.max_token_len_per_gpu * sp >= data.max_length,
+             f"data.max_token_len_per_gpu ({data.max_token_len_per_gpu}) x ulysses_sequence_parallel_size ({sp}) "
+             f"must be at least data.max_length ({data.max_length}) with data.use_dynamic_bsz=true, so that the "
+             f"longest sequence fits one pass")
     require(optim.lr_scheduler in ("constant", "cosine"),
              f"optim.lr_scheduler must be constant or cosine, got {optim.lr_scheduler!r}")
     parse_logger_backends(list(trainer.logger))  # raises naming trainer.logger and the valid backends

@@ -126,6 +126,15 @@ def test_verls_global_micro_batch_sizes_divide_among_sequence_parallel_groups():
     assert (arr.ref.log_prob_micro_batch_size_per_gpu, config.critic.ppo_micro_batch_size_per_gpu) == (8, 2)
 
 
+def test_a_token_budget_holds_one_sequence_across_a_sequence_parallel_group():
+    lengths = ["data.max_prompt_length=512", "data.max_response_length=512", "actor_rollout_ref.actor.use_dynamic_bsz=true",
+               "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=512"]
+    with pytest.raises(ConfigError, match=r"ppo_max_token_len_per_gpu \(512\) x ulysses_sequence_parallel_size \(1\) "
+                                          r"must hold one sequence"):
+        checked(*lengths)
+    checked(*lengths, "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2")  # two ranks' budgets per pass
+
+
 def test_critic_rollout_n_follows_rollout_n_in_a_config_built_in_python():
     config = PPOTrainerConfig()
     config.data.train_files, config.actor_rollout_ref.model.path = "x.parquet", "some/model"

@@ -157,7 +157,8 @@ def test_two_ray_ranks_match_one_local_rank(ray_cluster, local_run, sft_data, ti
     ("+data.batch_size=4", "batch_size"),
     ("trainer.backend=slurm", "trainer.backend"),
     ("data.train_batch_size=9", "data.train_batch_size (9) must be a positive multiple of the number of ranks (2"),
-    ("data.max_token_len_per_gpu=64", "data.max_token_len_per_gpu (64) must be at least data.max_length (128)"),
+    ("data.max_token_len_per_gpu=64", "data.max_token_len_per_gpu (64) x ulysses_sequence_parallel_size (1) must be at "
+                                      "least data.max_length (128)"),
     ("ulysses_sequence_parallel_size=3", "ulysses_sequence_parallel_size=3 must divide the number of ranks (2"),
 ])
 def test_bad_settings_name_the_key(sft_data, tiny_model_dir, tmp_path, override, message):
