@@ -121,7 +121,7 @@ SHARED_PROMPT = "hybridrl_shared_prompt"
 # The model attentions this module can run both parts with (others take arbitrary masks differently).
 SUPPORTED_ATTENTION = ("sdpa", "eager", GROUPED_EAGER)
 LAYOUT_KWARG = "shared_prompt_layout"
-# the attention each model in shared_prompt_mode had before (by id: the block holds the module alive)
+# the attention each model in an attention_mode block had before (by id: the block holds the module alive)
 _base_of_mode: dict[int, str] = {}
 
 
@@ -253,21 +253,30 @@ def supports_shared_prompt(module: nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def shared_prompt_mode(module: nn.Module) -> Iterator[None]:
-    """The model's attention is `SHARED_PROMPT` for the block, its own again after: needed around the backward
-    too where it reruns layers (gradient checkpointing). Every forward in it must be `shared_prompt_forward`.
-    """
+def attention_mode(module: nn.Module, name: str) -> Iterator[None]:
+    """The model's attention is the registered `name` for the block, its own again after: needed around the
+    backward too where it reruns layers (gradient checkpointing). Nested blocks of the same name are one."""
     current = module.config._attn_implementation
-    if current == SHARED_PROMPT:
+    if current == name:
         yield
         return
-    module.set_attn_implementation(SHARED_PROMPT)
+    module.set_attn_implementation(name)
     _base_of_mode[id(module)] = current
     try:
         yield
     finally:
         module.set_attn_implementation(current)
         del _base_of_mode[id(module)]
+
+
+def own_attention(module: nn.Module) -> str:
+    """The model's own attention, also inside an `attention_mode` block."""
+    return _base_of_mode.get(id(module), module.config._attn_implementation)
+
+
+def shared_prompt_mode(module: nn.Module) -> contextlib.AbstractContextManager[None]:
+    """`attention_mode` for `SHARED_PROMPT`: every forward in it must be `shared_prompt_forward`."""
+    return attention_mode(module, SHARED_PROMPT)
 
 
 @functools.cache
@@ -306,9 +315,7 @@ def shared_prompt_forward(
         raise ValueError("shared_prompt_forward needs at least one response column")
     p, r = response_start, response_kept
     rows, u = input_ids.shape[0], unique_rows.shape[0]
-    base = module.config._attn_implementation
-    if base == SHARED_PROMPT:  # inside shared_prompt_mode: the model's own is the one it switched from
-        base = _base_of_mode[id(module)]
+    base = own_attention(module)
     layout = SharedPromptLayout(prompt_of_row, attention_mask[unique_rows, :p], attention_mask[:, p:], base)
     packed_ids = torch.cat([input_ids[unique_rows, :p].reshape(-1), input_ids[:, p:].reshape(-1)])[None]
     packed_positions = torch.cat([position_ids[unique_rows, :p].reshape(-1), position_ids[:, p:].reshape(-1)])[None]

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +31,13 @@ from torch import nn
 from transformers import AttentionInterface
 
 from hybridrl.controller.worker import collective_timeout
-from hybridrl.models.attention import GROUPED_EAGER, grouped_eager_attention, head_on_kept_positions
+from hybridrl.models.attention import (
+    GROUPED_EAGER,
+    attention_mode,
+    grouped_eager_attention,
+    head_on_kept_positions,
+    own_attention,
+)
 from hybridrl.protocol import DataProto
 from hybridrl.tensor_batch import TensorBatch
 
@@ -40,7 +45,6 @@ ULYSSES = "hybridrl_ulysses"
 LAYOUT_KWARG = "ulysses_layout"
 # attentions whose arithmetic the sequence-parallel attention reproduces: sdpa's, or eager's (grouped_eager)
 BASE_ATTENTION = {"sdpa": "sdpa", "eager": GROUPED_EAGER, GROUPED_EAGER: GROUPED_EAGER}
-_base_of_mode: dict[int, str] = {}  # each module's attention before `ulysses_mode`, by id
 
 
 def _all_to_all(x: torch.Tensor, group: Any, scatter_dim: int, gather_dim: int) -> torch.Tensor:
@@ -148,21 +152,10 @@ def ulysses_attention(
 AttentionInterface.register(ULYSSES, ulysses_attention)  # no mask function: transformers builds none
 
 
-@contextlib.contextmanager
-def ulysses_mode(module: nn.Module) -> Iterator[None]:
-    """The model's attention is `ULYSSES` for the block (around the backward too, where gradient checkpointing
-    reruns layers); its own again after."""
-    current = module.config._attn_implementation
-    if current == ULYSSES:
-        yield
-        return
-    module.set_attn_implementation(ULYSSES)
-    _base_of_mode[id(module)] = current
-    try:
-        yield
-    finally:
-        module.set_attn_implementation(current)
-        del _base_of_mode[id(module)]
+def ulysses_mode(module: nn.Module) -> contextlib.AbstractContextManager[None]:
+    """`attention_mode` for `ULYSSES` (held around the backward too, where gradient checkpointing reruns
+    layers)."""
+    return attention_mode(module, ULYSSES)
 
 
 def model_problem(module: nn.Module, size: int) -> str | None:
@@ -259,7 +252,7 @@ class SequenceParallel:
                                                                                    position_ids))
         lo, hi = self.rank * share, (self.rank + 1) * share
         wanted = torch.arange(max(first, lo), max(min(first + count, hi), first, lo), device=input_ids.device)
-        layout = UlyssesLayout(self.group, self.size, attention_mask, BASE_ATTENTION[_base_attention(module)])
+        layout = UlyssesLayout(self.group, self.size, attention_mask, BASE_ATTENTION[own_attention(module)])
         head_kwargs, at_wanted = head_on_kept_positions(module, wanted - lo)
         with ulysses_mode(module):
             output = module(input_ids=input_ids[:, lo:hi], position_ids=position_ids[:, lo:hi], use_cache=False,
@@ -278,7 +271,3 @@ class SequenceParallel:
         """(rows, counts[rank], ...) on each rank -> the group's (rows, sum(counts), ...), differentiable."""
         return _GatherColumns.apply(value, self.group, self.rank, counts)
 
-
-def _base_attention(module: nn.Module) -> str:
-    current = module.config._attn_implementation
-    return _base_of_mode.get(id(module), current) if current == ULYSSES else current
