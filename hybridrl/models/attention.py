@@ -146,11 +146,16 @@ def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[
     return rank[inverse], first_row[by_appearance]
 
 
-def _earlier_real_keys(mask: torch.Tensor) -> torch.Tensor:
+def earlier_real_keys(mask: torch.Tensor) -> torch.Tensor:
     """(N, L) 1 on real tokens -> (N, L, L) True where query i attends key j: j <= i and j is real, or j = i."""
     width = mask.shape[1]
     causal = torch.ones(width, width, dtype=torch.bool, device=mask.device).tril()
     return (causal & mask[:, None, :]) | torch.eye(width, dtype=torch.bool, device=mask.device)
+
+
+def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean attention mask as the additive one eager attention takes: 0 where allowed, else dtype's min."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
 class SharedPromptLayout:
@@ -173,16 +178,13 @@ class SharedPromptLayout:
         the eager kinds. A query always attends to itself, so softmax stays finite on padding queries."""
         key = torch.bool if self.base_attention == "sdpa" else dtype
         if key not in self._masks:
-            device = self.prompt_mask.device
-            prompt = _earlier_real_keys(self.prompt_mask)  # (U, P, P)
-            own = _earlier_real_keys(self.response_mask)  # (B, R, R)
+            prompt = earlier_real_keys(self.prompt_mask)  # (U, P, P)
+            own = earlier_real_keys(self.response_mask)  # (B, R, R)
             shared = self.prompt_mask[self.prompt_of_row][:, None, :].expand(-1, self.response_width, -1)  # (B, R, P)
             response = torch.cat([shared, own], dim=-1)  # (B, R, P + R)
             prompt, response = prompt[:, None], response[:, None]
             if key is not torch.bool:
-                low = torch.finfo(dtype).min
-                prompt = torch.zeros(prompt.shape, dtype=dtype, device=device).masked_fill_(~prompt, low)
-                response = torch.zeros(response.shape, dtype=dtype, device=device).masked_fill_(~response, low)
+                prompt, response = additive(prompt, dtype), additive(response, dtype)
             self._masks[key] = (prompt, response)
         return self._masks[key]
 

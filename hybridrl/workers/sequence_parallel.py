@@ -33,7 +33,9 @@ from transformers import AttentionInterface
 from hybridrl.controller.worker import collective_timeout
 from hybridrl.models.attention import (
     GROUPED_EAGER,
+    additive,
     attention_mode,
+    earlier_real_keys,
     grouped_eager_attention,
     head_on_kept_positions,
     own_attention,
@@ -103,14 +105,8 @@ class UlyssesLayout:
         itself, so softmax stays finite on padding. Boolean for sdpa, additive in `dtype` for eager."""
         key = torch.bool if self.base_attention == "sdpa" else dtype
         if key not in self._masks:
-            width = self.real.shape[1]
-            causal = torch.ones(width, width, dtype=torch.bool, device=self.real.device).tril()
-            allowed = (causal & self.real[:, None, :]) | torch.eye(width, dtype=torch.bool, device=self.real.device)
-            allowed = allowed[:, None]
-            if key is not torch.bool:
-                allowed = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
-                    ~allowed, torch.finfo(dtype).min)
-            self._masks[key] = allowed
+            allowed = earlier_real_keys(self.real)[:, None]
+            self._masks[key] = allowed if key is torch.bool else additive(allowed, dtype)
         return self._masks[key]
 
 
