@@ -538,15 +538,17 @@ def _fill_micro_batches_per_rank(config: PPOTrainerConfig) -> None:
     keys = [(arr.actor, "actor_rollout_ref.actor.ppo_micro_batch_size"),
             (arr.rollout, "actor_rollout_ref.rollout.log_prob_micro_batch_size"),
             (arr.ref, "actor_rollout_ref.ref.log_prob_micro_batch_size")]
-    if get_adv_estimator_spec(config.algorithm.adv_estimator).needs_critic:
+    needs_critic = get_adv_estimator_spec(config.algorithm.adv_estimator).needs_critic
+    if needs_critic:
         keys += [(critic, "critic.ppo_micro_batch_size"), (critic, "critic.forward_micro_batch_size")]
     # a sequence-parallel group shares its rows: verl's global sizes divide among the groups, not the ranks
     actor_sp, ref_sp = actor_sequence_parallel(arr)
-    sequence_parallel = {"actor_rollout_ref.actor": actor_sp, "actor_rollout_ref.rollout": actor_sp,
-                         "actor_rollout_ref.ref": ref_sp, "critic": critic_sequence_parallel(critic)}
-    for section, size in sequence_parallel.items():
-        if section != "actor_rollout_ref.rollout" and (section != "critic" or len(keys) > 3):  # critic: if it runs
-            check_sequence_parallel(size, world_size(config), f"{section}.ulysses_sequence_parallel_size")
+    groups = {"actor_rollout_ref.actor": actor_sp, "actor_rollout_ref.ref": ref_sp}
+    if needs_critic:
+        groups["critic"] = critic_sequence_parallel(critic)
+    for section, size in groups.items():
+        check_sequence_parallel(size, world_size(config), f"{section}.ulysses_sequence_parallel_size")
+    sequence_parallel = {**groups, "actor_rollout_ref.rollout": actor_sp}  # the log-prob pass is the actor's
     if rm.enable:
         keys.append((rm, "reward_model.micro_batch_size"))
     for node, key in keys:

@@ -321,7 +321,7 @@ class RoleFSDPConfig(FSDPConfig):
     # dtype the weights are loaded and sharded in, and so of the optimizer state: fp32 (the default) or bf16
     # (half the memory; AdamW's updates then round to bf16). mixed_precision.param_dtype is the compute dtype.
     model_dtype: str = "fp32"
-    # verl's engine-level name for the role's ulysses_sequence_parallel_size (`sequence_parallel_size`).
+    # verl's engine-level name for the role's ulysses_sequence_parallel_size; where both are set they must agree.
     ulysses_sequence_parallel_size: int = 1
 
 
