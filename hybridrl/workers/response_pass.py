@@ -115,9 +115,8 @@ class PromptSharing:
             return compute(outputs, torch.arange(outputs.shape[1], device=outputs.device))
         trimmed = trim_columns(micro, micro.batch["responses"].shape[-1])
         first = trimmed.response_start - 1  # the column predicting the first response token
-        outputs, places = sp.forward(self.module, trimmed.input_ids, trimmed.attention_mask, trimmed.position_ids,
-                                     first, trimmed.response_kept)
-        counts = sp.column_counts(trimmed.input_ids.shape[1], first, trimmed.response_kept)
+        outputs, places, counts = sp.forward(self.module, trimmed.input_ids, trimmed.attention_mask,
+                                             trimmed.position_ids, first, trimmed.response_kept)
         return {name: sp.gather_columns(value, counts) for name, value in compute(outputs, places).items()}
 
     @contextlib.contextmanager

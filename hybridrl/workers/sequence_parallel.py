@@ -232,11 +232,13 @@ class SequenceParallel:
         return value[self.rank * rows:(self.rank + 1) * rows]
 
     def forward(self, module: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                position_ids: torch.Tensor, first: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+                position_ids: torch.Tensor, first: int,
+                count: int) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
         """A forward of the group over whole rows (rows, columns), this rank on its share of the columns.
 
-        Returns the model's outputs at this rank's columns among `first` .. `first + count - 1` (rows, n, ...)
-        and their places in that range (n,): `gather_columns` joins the ranks' parts.
+        Returns the model's outputs at this rank's columns among `first` .. `first + count - 1` (rows, n, ...),
+        their places in that range (n,), and how many of them each rank holds: `gather_columns` joins the
+        ranks' parts with those counts.
         """
         if position_ids.dim() != 2:
             raise NotImplementedError("sequence parallelism needs (rows, columns) position ids")
@@ -246,8 +248,10 @@ class SequenceParallel:
         if pad:
             input_ids, attention_mask, position_ids = (F.pad(t, (0, pad)) for t in (input_ids, attention_mask,
                                                                                    position_ids))
+        counts = tuple(max(0, min(first + count, (r + 1) * share) - max(first, r * share)) for r in range(self.size))
         lo, hi = self.rank * share, (self.rank + 1) * share
-        wanted = torch.arange(max(first, lo), max(min(first + count, hi), first, lo), device=input_ids.device)
+        start = max(first, lo)
+        wanted = torch.arange(start, start + counts[self.rank], device=input_ids.device)
         layout = UlyssesLayout(self.group, self.size, attention_mask, BASE_ATTENTION[own_attention(module)])
         head_kwargs, at_wanted = head_on_kept_positions(module, wanted - lo)
         with ulysses_mode(module):
@@ -256,12 +260,7 @@ class SequenceParallel:
         if layout.calls == 0:
             raise RuntimeError(f"{type(module).__name__} did not pass {LAYOUT_KWARG!r} to its attention layers; "
                                f"it cannot run with sequence parallelism")
-        return at_wanted(output.logits), wanted - first
-
-    def column_counts(self, width: int, first: int, count: int) -> tuple[int, ...]:
-        """How many of `first` .. `first + count - 1` each rank's columns hold (a row `width` wide)."""
-        share = math.ceil(width / self.size)
-        return tuple(max(0, min(first + count, (r + 1) * share) - max(first, r * share)) for r in range(self.size))
+        return at_wanted(output.logits), wanted - first, counts
 
     def gather_columns(self, value: torch.Tensor, counts: tuple[int, ...]) -> torch.Tensor:
         """(rows, counts[rank], ...) on each rank -> the group's (rows, sum(counts), ...), differentiable."""

@@ -38,9 +38,9 @@ def token_losses(module: torch.nn.Module, batch: dict[str, torch.Tensor],
     sp = sequence_parallel or SequenceParallel()
     if sp.enabled:  # each rank predicts the tokens after its columns; the group joins them
         width = ids.shape[1]
-        logits, places = sp.forward(module, ids, batch["attention_mask"], batch["position_ids"], 0, width - 1)
+        logits, places, counts = sp.forward(module, ids, batch["attention_mask"], batch["position_ids"], 0, width - 1)
         nll = F.cross_entropy(logits.float().transpose(1, 2), ids[:, places + 1], reduction="none")
-        nll = sp.gather_columns(nll, sp.column_counts(width, 0, width - 1))
+        nll = sp.gather_columns(nll, counts)
         return nll, mask.to(nll.dtype)
     logits = module(
         input_ids=ids, attention_mask=batch["attention_mask"],
