@@ -14,6 +14,7 @@ from hybridrl.algos.adv_registry import (
 )
 from hybridrl.algos.advantage import (
     compute_gae_advantage_return,
+    compute_gdpo_outcome_advantage,
     compute_gpg_outcome_advantage,
     compute_grpo_outcome_advantage,
     compute_grpo_passk_outcome_advantage,
@@ -30,7 +31,6 @@ from hybridrl.algos.advantage import (
 )
 from hybridrl.algos.aggregate import LOSS_AGG_REGISTRY, agg_loss, register_loss_agg_mode
 from hybridrl.algos.bypass_loss import compute_policy_loss_bypass_mode, compute_policy_loss_reinforce
-from hybridrl.algos.gdpo import compute_gdpo_outcome_advantage
 from hybridrl.algos.kl import (
     KL_PENALTY_REGISTRY,
     AdaptiveKLController,

@@ -214,7 +214,7 @@ class AlgorithmConfig(FreezableConfig):
     # GRPO: divide by the group's std (False gives Dr. GRPO).
     norm_adv_by_std_in_grpo: bool = True
     # gdpo: the reward components it normalises one by one (extra keys the reward function returns for
-    # every row) and their weights (default all 1); hybridrl/algos/gdpo.py.
+    # every row) and their weights (default all 1); hybridrl/algos/advantage.py.
     gdpo_reward_keys: list[str] | None = None
     gdpo_reward_weights: list[float] | None = None
     # Subtract beta * KL(actor || ref) from the token rewards (PPO-style); GRPO uses the actor's kl loss.

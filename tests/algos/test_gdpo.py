@@ -12,7 +12,7 @@ from hybridrl.algos import (
     compute_grpo_outcome_advantage,
     get_adv_estimator_fn,
 )
-from hybridrl.algos.gdpo import GDPOInputError
+from hybridrl.algos.advantage import GDPOInputError
 from hybridrl.trainer.ppo_config import AlgorithmConfig
 from hybridrl.utils.torch_functional import masked_whiten
 
