@@ -21,8 +21,8 @@ from verl_protocol import DataProto
 
 from hybridrl import algos as core
 from hybridrl.algos import *  # noqa: F403 - core_algos holds every name of hybridrl.algos
-from hybridrl.algos.bypass_loss import compute_policy_loss_bypass_mode as core_bypass_mode
 from hybridrl.algos.rollout_correction import *  # noqa: F403 - rollout_corr_helper holds these names
+from hybridrl.algos.rollout_correction import compute_policy_loss_bypass_mode as core_bypass_mode
 from hybridrl.algos.rollout_correction import compute_rollout_correction
 from hybridrl.utils.torch_functional import entropy_from_logits
 from hybridrl.workers.config import ActorConfig

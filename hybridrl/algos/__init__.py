@@ -30,7 +30,6 @@ from hybridrl.algos.advantage import (
     compute_rloo_vectorized_outcome_advantage,
 )
 from hybridrl.algos.aggregate import LOSS_AGG_REGISTRY, agg_loss, register_loss_agg_mode
-from hybridrl.algos.bypass_loss import compute_policy_loss_bypass_mode, compute_policy_loss_reinforce
 from hybridrl.algos.kl import (
     KL_PENALTY_REGISTRY,
     AdaptiveKLController,
@@ -62,6 +61,7 @@ from hybridrl.algos.policy_loss_variants import (
     compute_policy_loss_topr,
     compute_policy_loss_up,
 )
+from hybridrl.algos.rollout_correction import compute_policy_loss_bypass_mode, compute_policy_loss_reinforce
 from hybridrl.algos.value_loss import compute_value_loss
 
 __all__ = [

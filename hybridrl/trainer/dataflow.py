@@ -227,7 +227,7 @@ def correct_rollout(batch: DataProto, config: RolloutCorrectionConfig) -> dict[s
     `rollout_corr/*` metrics (weights, rejected shares, KL and perplexities of rollout vs trainer).
 
     The tensor arithmetic lives in `hybridrl.algos.rollout_correction`; bypass mode corrects inside the
-    actor's loss instead (hybridrl/algos/bypass_loss.py; docs/algorithms.md).
+    actor's loss instead (hybridrl/algos/rollout_correction.py; docs/algorithms.md).
     """
     where = f"{ROLLOUT_CORRECTION_KEY}.rollout_is / rollout_rs"
     weights, mask, metrics = compute_rollout_correction(

@@ -16,8 +16,13 @@ from omegaconf import OmegaConf
 
 from hybridrl.algos import get_adv_estimator_spec
 from hybridrl.algos.advantage import PF_PPO_METHODS
-from hybridrl.algos.bypass_loss import BYPASS_LOSS_TYPES
-from hybridrl.algos.rollout_correction import IS_LEVELS, parse_is_threshold, parse_rs_options, rs_option_names
+from hybridrl.algos.rollout_correction import (
+    BYPASS_LOSS_TYPES,
+    IS_LEVELS,
+    parse_is_threshold,
+    parse_rs_options,
+    rs_option_names,
+)
 from hybridrl.data.rl_dataset import RLDatasetConfig
 from hybridrl.rewards.custom import CustomRewardFunctionConfig
 from hybridrl.utils.device import AUTO, auto_dtype, resolve_device_type
@@ -124,7 +129,7 @@ class RolloutCorrectionConfig(FreezableConfig):
 
     Decoupled mode (bypass_mode false): IS weights and a rejection mask from old_log_probs vs
     rollout_log_probs after the old log-prob pass. Bypass mode: no such pass; rollout_log_probs serve as
-    old_log_probs and the loss corrects per micro-batch (hybridrl/algos/bypass_loss.py; docs/algorithms.md).
+    old_log_probs and the loss corrects per micro-batch (hybridrl/algos/rollout_correction.py; docs/algorithms.md).
     """
 
     # IS weight level: token | sequence | None (no weights).

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from hybridrl.algos import agg_loss, get_policy_loss_fn, kl_penalty
-from hybridrl.algos.bypass_loss import compute_policy_loss_bypass_mode
+from hybridrl.algos.rollout_correction import compute_policy_loss_bypass_mode
 from hybridrl.protocol import DataProto
 from hybridrl.utils.torch_functional import entropy_from_logits, logprobs_from_logits, masked_sum
 from hybridrl.workers.config import ActorConfig

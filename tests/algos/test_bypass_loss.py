@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hybridrl.algos import compute_policy_loss_vanilla
-from hybridrl.algos.bypass_loss import compute_policy_loss_bypass_mode, compute_policy_loss_reinforce
+from hybridrl.algos.rollout_correction import compute_policy_loss_bypass_mode, compute_policy_loss_reinforce
 from hybridrl.trainer.ppo_config import RolloutCorrectionConfig
 from hybridrl.workers.config import ActorConfig
 

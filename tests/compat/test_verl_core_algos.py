@@ -13,7 +13,7 @@ from hybridrl.algos import (
     apply_kl_penalty,
     compute_policy_loss_vanilla,
 )
-from hybridrl.algos.bypass_loss import compute_policy_loss_bypass_mode as core_bypass_mode
+from hybridrl.algos.rollout_correction import compute_policy_loss_bypass_mode as core_bypass_mode
 from hybridrl.trainer.ppo_config import RolloutCorrectionConfig
 from hybridrl.workers.config import ActorConfig
 

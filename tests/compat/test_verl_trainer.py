@@ -11,7 +11,7 @@ from verl_trainer import (
     compute_advantage_for_multi_trajectories,
 )
 
-from hybridrl.algos.bypass_loss import compute_policy_loss_bypass_mode
+from hybridrl.algos.rollout_correction import compute_policy_loss_bypass_mode
 from hybridrl.protocol import DataProto
 from hybridrl.trainer import dataflow
 from hybridrl.trainer.ppo_config import AlgorithmConfig
