@@ -30,10 +30,10 @@ from hybridrl.data.sampler import StatefulDataLoader, prompt_sampler
 from hybridrl.protocol import DataProto
 from hybridrl.rewards.failures import add_reward_metrics
 from hybridrl.trainer import dataflow
+from hybridrl.trainer.async_training import Collected, GenerationAhead, Streamer, StreamSettings, staleness
 from hybridrl.trainer.config_checks import report_config_changes, write_run_config
 from hybridrl.trainer.dataflow import BackgroundReward
 from hybridrl.trainer.divergence import DivergenceGuard
-from hybridrl.trainer.generation_ahead import Collected, GenerationAhead
 from hybridrl.trainer.metrics import (
     StageCosts,
     compute_data_metrics,
@@ -45,7 +45,6 @@ from hybridrl.trainer.metrics import (
     reduce_metrics,
 )
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
-from hybridrl.trainer.streaming import Streamer, StreamSettings, staleness
 from hybridrl.trainer.validation import Validator, generation_records, write_generations
 from hybridrl.trainer.worker_groups import WorkerGroups
 from hybridrl.utils.metric import timer

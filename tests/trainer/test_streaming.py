@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from ppo_helpers import ppo_config, tiny_run_overrides
 
+from hybridrl.trainer.async_training import StreamSettings
 from hybridrl.trainer.main_ppo import run_ppo
-from hybridrl.trainer.streaming import StreamSettings
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
 

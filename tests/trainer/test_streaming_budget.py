@@ -1,4 +1,4 @@
-"""The streaming thread's bookkeeping (hybridrl/trainer/streaming.py) against hand-computed counts: verl's admission
+"""The streaming thread's bookkeeping (hybridrl/trainer/async_training.py) against hand-computed counts: verl's admission
 budget per sync window, first-finished-first-trained, the staleness bound, and a rollout error reaching the step.
 
 The rollout here is a plain function that finishes every admitted prompt at once with the weight version it is
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hybridrl.protocol import DataProto
-from hybridrl.trainer.streaming import Streamer, StreamSettings
+from hybridrl.trainer.async_training import Streamer, StreamSettings
 
 N = 2  # samples per prompt
 

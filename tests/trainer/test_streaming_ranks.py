@@ -8,8 +8,8 @@ import pytest
 from ppo_helpers import ppo_config, tiny_run_overrides
 from test_streaming import STREAMING, _trained_prompts
 
+from hybridrl.trainer.async_training import StreamSettings
 from hybridrl.trainer.main_ppo import run_ppo
-from hybridrl.trainer.streaming import StreamSettings
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 

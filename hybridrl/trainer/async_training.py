@@ -1,12 +1,16 @@
-"""Streaming (`async_training.mode=streaming`): the rollout pool decodes without pause in a background thread and
-finished groups wait in a queue until a training step takes them (docs/placement.md, "Streaming").
+"""The asynchronous modes (`async_training.mode`, docs/placement.md): generation runs in a background
+thread that calls only the rollout pool, a reward model's own pool and the rule-based reward, while the main
+thread keeps every call on the training pool, so no worker ever sees two callers.
 
-The thread keeps every rollout rank's continuous batch fed (hybridrl/workers/rollout/continuous.py): it admits
-new prompts while the staleness budget allows, and each call returns as soon as some prompt has all its samples.
-The main thread takes a step's groups from the queue, trains, and every `trigger_parameter_sync_step` steps
-parks the thread at a call boundary and moves the weights: without partial rollout the rows in flight finish
-first; with it they go on under the new weights.
+One step off the policy (`GenerationAhead`): the rollout pool generates and scores the next step's batch while
+the training pool trains on this one; the trainer takes it at the next step's start, moves the weights of the
+update just made to the rollout (generation has finished) and starts the step after.
 
+Streaming (`Streamer`): the thread keeps every rollout rank's continuous batch fed
+(hybridrl/workers/rollout/continuous.py), admitting new prompts while the staleness budget allows; each call
+returns as soon as some prompt has all its samples, and finished groups wait in a queue until a training step
+takes them. Every `trigger_parameter_sync_step` steps the thread is parked at a call boundary and the weights
+move: without partial rollout the rows in flight finish first; with it they go on under the new weights.
 Budget (verl's rule): between two syncs the rollout admits at most (1 + staleness_threshold) x
 trigger_parameter_sync_step x the step's prompts, less the prompts already queued or in flight at the sync.
 """
@@ -18,12 +22,99 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from hybridrl.protocol import DataProto
+
+
+@dataclass
+class Collected:
+    """A batch generated and scored for `step`, with what its generation measured: its metrics, its stage
+    times and the workers' FLOPs and seconds per model pass (merged into the step that trains on it)."""
+
+    step: int
+    batch: DataProto
+    metrics: dict[str, float] = field(default_factory=dict)
+    timing: dict[str, float] = field(default_factory=dict)
+    flops: dict[str, float] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Taken:
+    """A collected batch as the training step receives it, with how long the trainer waited for it and how long
+    the rollout side sat idle between its previous batch and this one."""
+
+    collected: Collected
+    trainer_idle_s: float
+    rollout_idle_s: float
+
+
+class GenerationAhead:
+    """At most one batch in flight: `start(step)` collects it in the background, `take()` waits for it."""
+
+    def __init__(self, collect: Callable[[int], Collected]) -> None:
+        self._collect = collect
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generation-ahead")
+        self._pending: Future[Collected] | None = None
+        self._step: int | None = None
+        self._finished_at: float | None = None
+        self._rollout_idle_s = 0.0
+
+    def holds(self, step: int) -> bool:
+        """Whether the batch of `step` is in flight or done and not yet taken."""
+        return self._pending is not None and self._step == step
+
+    @property
+    def in_flight(self) -> int:
+        """Batches started and not taken (0 or 1): the queue between the two pools."""
+        return int(self._pending is not None)
+
+    def start(self, step: int) -> None:
+        if self._pending is not None:
+            raise RuntimeError(f"the batch of step {self._step} is still in flight; take it before starting step {step}")
+        if self._finished_at is not None:
+            self._rollout_idle_s += time.perf_counter() - self._finished_at
+            self._finished_at = None
+        self._step = step
+        self._pending = self._executor.submit(self._run, step)
+
+    def _run(self, step: int) -> Collected:
+        try:
+            return self._collect(step)
+        finally:
+            self._finished_at = time.perf_counter()
+
+    def take(self) -> Taken:
+        """The batch in flight, once finished (its generation's error is raised here)."""
+        if self._pending is None:
+            raise RuntimeError("no batch is in flight: start one first")
+        start = time.perf_counter()
+        try:
+            collected = self._pending.result()
+        finally:
+            self._pending, self._step = None, None
+        idle, self._rollout_idle_s = self._rollout_idle_s, 0.0
+        return Taken(collected, time.perf_counter() - start, idle)
+
+    def settle(self) -> Collected | None:
+        """Wait until the batch in flight (if any) is finished, and return it without taking it: before the
+        rollout pool validates or receives weights, and before a checkpoint saves it."""
+        return None if self._pending is None else self._pending.result()
+
+    def restore(self, collected: Collected) -> None:
+        """Hold a batch generated before a checkpoint, as if it had just finished."""
+        done: Future[Collected] = Future()
+        done.set_result(collected)
+        self._pending, self._step = done, collected.step
+        self._finished_at = time.perf_counter()
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
 
 # Tokens a rollout call decodes at most before it returns: bounds how long a weight sync or a checkpoint waits.
 MAX_STEPS_PER_CALL = 32
@@ -51,7 +142,9 @@ class StreamSettings:
 
 
 @dataclass
-class Taken:
+class TakenGroups:
+    """Finished groups as a streaming step receives them, with the idle times and the groups dropped."""
+
     batch: DataProto
     trainer_idle_s: float
     rollout_idle_s: float
@@ -89,7 +182,7 @@ class Streamer:
     def queue_size(self) -> int:
         return len(self._queue)
 
-    def take(self, groups: int, version: int) -> Taken:
+    def take(self, groups: int, version: int) -> TakenGroups:
         """The next `groups` finished groups (FIFO), once there; a group whose oldest token lags `version` by more
         than `settings.max_staleness` is dropped and the rollout may admit another prompt in its place. Raises what
         the thread raised."""
@@ -110,7 +203,7 @@ class Streamer:
                     taken.append(group)
             idle, self._idle_s = self._idle_s, 0.0
             self._cond.notify_all()
-        return Taken(DataProto.concat(taken), time.perf_counter() - start, idle, dropped)
+        return TakenGroups(DataProto.concat(taken), time.perf_counter() - start, idle, dropped)
 
     @contextmanager
     def paused(self, drain: bool, new_window: bool = False) -> Iterator[None]:
