@@ -26,7 +26,7 @@ from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
 from hybridrl.protocol import object_column
-from hybridrl.utils.external import load_class
+from hybridrl.utils.registry import load_class
 from hybridrl.utils.typed_config import FreezableConfig, readonly_view
 
 logger = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from hybridrl.utils.external import load_class
+from hybridrl.utils.registry import load_class
 from hybridrl.utils.typed_config import readonly_view
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from uuid import uuid4
 
 from transformers.utils import get_json_schema
 
-from hybridrl.utils.external import import_class, yaml_list
+from hybridrl.utils.registry import import_class, yaml_list
 
 # ---------------------------------------------------------------- schemas
 # verl's pydantic models as dataclasses with the same fields, `model_validate` and `model_dump`

@@ -16,7 +16,7 @@ from typing import Any
 from uuid import uuid4
 
 from hybridrl.rewards.scorers import gsm8k_score
-from hybridrl.utils.external import import_class, yaml_list
+from hybridrl.utils.registry import import_class, yaml_list
 
 INTERACTION_CONFIG_KEY = "actor_rollout_ref.rollout.multi_turn.interaction_config_path"
 
