@@ -25,8 +25,8 @@ from hybridrl.algos.rollout_correction import (
 )
 from hybridrl.data.rl_dataset import RLDatasetConfig
 from hybridrl.rewards.custom import CustomRewardFunctionConfig
+from hybridrl.trainer.command_line import make_paths_absolute
 from hybridrl.utils.device import AUTO, auto_dtype, resolve_device_type
-from hybridrl.utils.driver_paths import make_paths_absolute
 from hybridrl.utils.typed_config import ConfigError, FreezableConfig, require
 from hybridrl.workers.config import (
     ActorRolloutRefConfig,
@@ -418,7 +418,7 @@ def fill_derived(config: PPOTrainerConfig) -> None:
     load one tokenizer; the critic's forward micro-batch follows its update's when unset (as in verl);
     micro-batch sizes become rows per rank (`*_per_gpu`) where only verl's global key is set; a compute
     dtype of `auto` becomes float32 on a CPU (a GPU worker resolves it on its own device); relative local paths
-    become absolute against the driver's working directory (`hybridrl.utils.driver_paths`: ranks on other hosts
+    become absolute against the driver's working directory (`hybridrl.trainer.command_line`: ranks on other hosts
     start elsewhere).
     """
     make_paths_absolute(config)

@@ -21,12 +21,12 @@ from hybridrl.data.sampler import ResumableSampler, StatefulDataLoader
 from hybridrl.data.sft_dataset import SFTDataset
 from hybridrl.models.loading import load_tokenizer
 from hybridrl.protocol import DataProto
+from hybridrl.trainer.command_line import make_paths_absolute
 from hybridrl.trainer.config_checks import report_config_changes, write_run_config
 from hybridrl.trainer.divergence import DivergenceGuard
 from hybridrl.trainer.sft_config import SFTSchema
 from hybridrl.trainer.worker_groups import SFTGroup
 from hybridrl.utils.device import device_setting_problem, resolve_device_type
-from hybridrl.utils.driver_paths import make_paths_absolute
 from hybridrl.utils.tracking import StepProgress, Tracking, parse_logger_backends
 from hybridrl.utils.typed_config import added_keys, require, unknown_key_message
 from hybridrl.workers.checkpoint import commit_checkpoint, load_state_file

@@ -1,4 +1,4 @@
-"""Relative local paths of a run's config become absolute on the driver (`hybridrl.utils.driver_paths`): ranks on
+"""Relative local paths of a run's config become absolute on the driver (`hybridrl.trainer.command_line`): ranks on
 other hosts start in their Ray node's working directory (tests/multinode runs such a driver)."""
 
 import os
@@ -8,8 +8,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer"))
 from ppo_helpers import ppo_config  # noqa: E402
 
+from hybridrl.trainer.command_line import absolute_local_path  # noqa: E402
 from hybridrl.trainer.config_checks import resolve_config  # noqa: E402
-from hybridrl.utils.driver_paths import absolute_local_path  # noqa: E402
 
 
 def test_relative_paths_that_exist_or_are_created_become_absolute(tmp_path, monkeypatch):
