@@ -327,7 +327,7 @@ SAME_EITHER_WAY: dict[str, str] = {
                                                 "one gathered tensor at a time, LoRA merged in, whatever it is set to",
     "trainer.use_legacy_worker_impl": "hybridrl has one worker implementation (hybridrl/workers/fsdp_workers.py)",
     "trainer.weight_sync_with_ray": "a rollout pool of its own always receives the weights through a process group "
-                                    "of its own (hybridrl/workers/weight_transfer.py)",
+                                    "of its own (hybridrl/workers/weight_sync.py)",
     "reward_model.use_reward_loop": "rule-based rewards score in the driver's reward processes and a reward model "
                                     "in its worker group, whichever of verl's paths is named",
     "actor_rollout_ref.actor.use_prefix_grouper": "a prompt shared by a group's responses is computed once "

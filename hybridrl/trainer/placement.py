@@ -4,7 +4,7 @@ Colocated (`actor_rollout_ref.hybrid_engine=true`, the default): one pool of `tr
 trainer.n_gpus_per_node` processes holds every role, and the rollout generates with the actor's weights in
 place. Split (`hybrid_engine=false`, verl's one-step-off keys): the training pool holds the actor (with the
 reference policy and the critic) and a rollout pool of `rollout.nnodes x rollout.n_gpus_per_node` holds the
-rollout, which receives the actor's weights after every update (hybridrl/trainer/weight_sync.py). With
+rollout, which receives the actor's weights after every update (hybridrl/workers/weight_sync.py). With
 `reward_model.enable_resource_pool=true` the reward model has a pool of its own in either layout.
 """
 

@@ -22,13 +22,12 @@ from hybridrl.controller import (
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.placement import Pool, is_split, placement, uses_reference
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
-from hybridrl.trainer.weight_sync import WeightSync
 from hybridrl.utils.device import ProcessMemory
 from hybridrl.utils.metric import ModelPass, combine_ranks
 from hybridrl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 from hybridrl.workers.reward_model import RewardModelWorker
 from hybridrl.workers.sft_worker import SFTWorker
-from hybridrl.workers.weight_transfer import BucketPlan
+from hybridrl.workers.weight_sync import BucketPlan, WeightSync
 
 
 class ActorRolloutRefGroup(TypedWorkerGroup):
@@ -74,7 +73,7 @@ class ActorRolloutRefGroup(TypedWorkerGroup):
                         del_local_after_load: bool = False) -> None:
         self._call(ActorRolloutRefWorker.load_checkpoint, local_path, hdfs_path, del_local_after_load)
 
-    # the weight sync between pools (hybridrl/trainer/weight_sync.py); the last three do not block: they hand
+    # the weight sync between pools (hybridrl/workers/weight_sync.py); the last three do not block: they hand
     # back each rank's future of what the annotation says
     def weight_manifest(self) -> list[list[tuple[str, tuple[int, ...]]] | None]:
         return self._call(ActorRolloutRefWorker.weight_manifest)

@@ -52,7 +52,7 @@ from hybridrl.workers.update_loop import (
     update_plan,
     value_batching,
 )
-from hybridrl.workers.weight_transfer import (
+from hybridrl.workers.weight_sync import (
     BucketPlan,
     SyncGroup,
     host_store,
@@ -296,7 +296,7 @@ class ActorRolloutRefWorker(Worker):
         _no_remote_storage(hdfs_path)
         self.checkpoint_manager.load_checkpoint(local_path)
 
-    # ----- the weight sync between a training pool and a rollout pool (hybridrl/trainer/weight_sync.py) ------
+    # ----- the weight sync between a training pool and a rollout pool (hybridrl/workers/weight_sync.py) ------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def weight_manifest(self) -> list[tuple[str, tuple[int, ...]]] | None:
         """(name, shape) of the actor's full weights in the order a sync sends them (rank 0 answers; a collective,

@@ -127,7 +127,7 @@ class BaseRollout(ABC):
 
     def receive_weights(self, pairs: Iterator[tuple[str, torch.Tensor]]) -> None:
         """Load weights sent from another pool into the engine, awake for it (a rollout pool of its own: the
-        weight sync, hybridrl/trainer/weight_sync.py)."""
+        weight sync, hybridrl/workers/weight_sync.py)."""
         with self._awake():
             self.update_weights(pairs)
 

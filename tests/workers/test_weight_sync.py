@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from hybridrl.workers.weight_transfer import (
+from hybridrl.workers.weight_sync import (
     BucketPlan,
     SyncGroup,
     TensorSlot,
