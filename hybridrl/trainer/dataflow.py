@@ -21,8 +21,7 @@ from hybridrl.algos import compute_advantage as run_estimator
 from hybridrl.algos.rollout_correction import compute_rollout_correction
 from hybridrl.data.seqlen_balancing import get_seqlen_balanced_partitions, log_seqlen_unbalance
 from hybridrl.protocol import DataProto
-from hybridrl.rewards.custom import get_custom_reward_fn
-from hybridrl.rewards.managers import REWARD_MANAGERS, RewardManager
+from hybridrl.rewards.managers import REWARD_MANAGERS, RewardManager, get_custom_reward_fn
 from hybridrl.rewards.scorers import default_compute_score
 from hybridrl.trainer.ppo_config import (
     ROLLOUT_CORRECTION_KEY,

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from omegaconf import DictConfig, OmegaConf
 
 from hybridrl.rewards import default_compute_score
-from hybridrl.rewards.custom import get_custom_reward_fn
+from hybridrl.rewards.managers import get_custom_reward_fn
 
 
 def _as_float(result: float | Mapping[str, Any], where: str) -> float:

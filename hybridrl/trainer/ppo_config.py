@@ -24,7 +24,7 @@ from hybridrl.algos.rollout_correction import (
     rs_option_names,
 )
 from hybridrl.data.rl_dataset import RLDatasetConfig
-from hybridrl.rewards.custom import CustomRewardFunctionConfig
+from hybridrl.rewards.managers import CustomRewardFunctionConfig
 from hybridrl.trainer.command_line import make_paths_absolute
 from hybridrl.utils.device import AUTO, auto_dtype, resolve_device_type
 from hybridrl.utils.typed_config import ConfigError, FreezableConfig, require
@@ -273,7 +273,7 @@ class TrainerConfig(FreezableConfig):
     # Training steps in a row with a non-finite loss or gradient norm (their optimizer updates are
     # skipped, and they are never checkpointed) that the run tolerates before it stops with an error.
     # 0 stops at the first one: without fp16 loss scaling a NaN gradient means divergence or NaN data,
-    # not a transient overflow (hybridrl/trainer/divergence.py).
+    # not a transient overflow (hybridrl/trainer/metrics.py).
     max_consecutive_skipped_steps: int = 0
     # cpu | cuda | auto (cuda when torch sees a GPU, else cpu)
     device: str = "auto"

@@ -33,8 +33,8 @@ from hybridrl.trainer import dataflow
 from hybridrl.trainer.async_training import Collected, GenerationAhead, Streamer, StreamSettings, staleness
 from hybridrl.trainer.config_checks import report_config_changes, write_run_config
 from hybridrl.trainer.dataflow import BackgroundReward
-from hybridrl.trainer.divergence import DivergenceGuard
 from hybridrl.trainer.metrics import (
+    DivergenceGuard,
     StageCosts,
     compute_data_metrics,
     compute_memory_metrics,

@@ -23,7 +23,7 @@ from hybridrl.models.loading import load_tokenizer
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.command_line import make_paths_absolute
 from hybridrl.trainer.config_checks import report_config_changes, write_run_config
-from hybridrl.trainer.divergence import DivergenceGuard
+from hybridrl.trainer.metrics import DivergenceGuard
 from hybridrl.trainer.sft_config import SFTSchema
 from hybridrl.trainer.worker_groups import SFTGroup
 from hybridrl.utils.device import device_setting_problem, resolve_device_type

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from fault_helpers import fault_run_overrides, ppo_config
 
-from hybridrl.trainer.divergence import DivergenceGuard, TrainingDivergedError, unhealthy_metrics
 from hybridrl.trainer.main_ppo import run_ppo
+from hybridrl.trainer.metrics import DivergenceGuard, TrainingDivergedError, unhealthy_metrics
 
 BAD_LR = "actor_rollout_ref.actor.optim.lr=1e3"
 

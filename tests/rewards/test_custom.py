@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from hybridrl.rewards.custom import get_custom_reward_fn, load_custom_reward_function
+from hybridrl.rewards.managers import get_custom_reward_fn, load_custom_reward_function
 
 FIXTURE = Path(__file__).parent / "fixtures" / "custom_reward.py"
 

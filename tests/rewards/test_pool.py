@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hybridrl.rewards.custom import load_custom_reward_function
 from hybridrl.rewards.failures import RewardFailureError, Status
+from hybridrl.rewards.managers import load_custom_reward_function
 from hybridrl.rewards.pool import RewardPool, processing_order
 
 FIXTURE = Path(__file__).parent / "fixtures" / "faulty_reward.py"
