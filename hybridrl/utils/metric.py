@@ -1,11 +1,6 @@
-"""The numbers workers report and the trainer reduces: metric lists, stage times and MFU.
-
-`reduce_metrics` takes a list's mean, or max / min for keys named so. Stage times accumulate per name
-(`timer`; a worker's own come back in its metrics, `report_worker_seconds`). MFU = model FLOPs /
-(seconds x peak FLOP/s), with 2N FLOPs per token forward and 6N forward + backward over the N
-multiplying parameters (Kaplan et al. 2020, "Scaling Laws for Neural Language Models", section 2.1;
-attention left out, as in verl); the peak is a listed GPU's datasheet figure, else measured.
-"""
+"""The numbers workers report and the trainer reduces: metric lists, stage times and MFU (model FLOPs over
+seconds x peak FLOP/s; attention left out, as in verl; the peak is a listed GPU's datasheet figure, else
+measured)."""
 
 from __future__ import annotations
 
@@ -38,8 +33,7 @@ _GPU_PEAKS: tuple[tuple[str, dict[torch.dtype, float]], ...] = (
 
 
 def model_flops(params: int, tokens: int, flops_per_param: int, passes: int = 1) -> float:
-    """flops_per_param x params x tokens x passes: flops_per_param is 2 for a forward pass (generation,
-    log-probs, values) and 6 for forward + backward (an update; `passes` = its epochs)."""
+    """flops_per_param (2 forward, 6 forward + backward) x params x tokens x passes (an update's epochs)."""
     return float(flops_per_param) * params * tokens * passes
 
 
@@ -85,11 +79,8 @@ def matmul_peak_flops(dtype: torch.dtype = torch.float32, device: str = "cpu", s
 
 def datasheet_peak_flops(device_name: str, dtype: torch.dtype) -> float | None:
     """The datasheet's dense peak of a known GPU in `dtype`, or None (names match case-insensitively)."""
-    device_name = device_name.lower()
-    for name, peaks in _GPU_PEAKS:
-        if name in device_name:
-            return peaks.get(dtype)
-    return None
+    lowered = device_name.lower()
+    return next((peaks.get(dtype) for name, peaks in _GPU_PEAKS if name in lowered), None)
 
 
 @functools.cache
@@ -158,11 +149,9 @@ WORKER_SECONDS = "worker_seconds"
 
 @contextmanager
 def timer(name: str, timing_raw: MutableMapping[str, float]) -> Iterator[None]:
-    """Add the `with` body's seconds to `timing_raw[name]`, also when it raises.
-
-    Accumulates, since a stage may run several times in a step (DAPO's dynamic sampling).
-    """
-    start = time.perf_counter()  # monotonic: immune to wall-clock adjustments during long runs
+    """Add the `with` body's seconds to `timing_raw[name]` (a stage may run several times a step), also when it
+    raises."""
+    start = time.perf_counter()
     try:
         # a named range in a torch.profiler trace (benchmarks/profile_step.py); next to nothing otherwise
         with torch.profiler.record_function(name):
