@@ -1,7 +1,5 @@
-"""Experiment tracking: `Tracking` sends each step's metrics to the backends `trainer.logger` names (one
-name or a list, as in verl), registered in `LOGGER_BACKENDS`: console (a table per step), file
-(`<log_dir>/metrics.jsonl`), tensorboard, wandb and mlflow (optional extras, imported when selected).
-`StepProgress` is the tqdm bar over training steps."""
+"""Experiment tracking: `Tracking` sends each step's metrics to the `LOGGER_BACKENDS` that `trainer.logger`
+names (wandb, mlflow and tensorboard are optional extras, imported when selected); `StepProgress` is the tqdm bar."""
 
 from __future__ import annotations
 
@@ -128,33 +126,10 @@ def _write_lines_durably(path: Path, lines: Sequence[str]) -> None:
     os.replace(tmp, path)
 
 
-def rewind_metrics_file(path: Path, keep_through: int) -> int:
-    """Keep the lines of `path` up to step `keep_through` and append the rest (and unparsable lines) to
-    `<path>.rolled_back`, which a resumed run would otherwise log twice; returns how many moved."""
-    if not path.is_file():
-        return 0
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    keep, moved = [], []
-    for line in lines:
-        step = _step_of_line(line)
-        (keep if step is not None and step <= keep_through else moved).append(line)
-    if not moved:
-        return 0
-    side = path.with_name(path.name + ROLLED_BACK_SUFFIX)
-    with side.open("a", encoding="utf-8") as f:
-        f.writelines(line if line.endswith("\n") else line + "\n" for line in moved)
-        f.flush()
-        os.fsync(f.fileno())
-    _write_lines_durably(path, keep)
-    return len(moved)
-
-
 @LOGGER_BACKENDS.register("file")
 class FileLogger:
-    """Appends `{"step": step, **metrics}` as one fsynced JSON line per step to `<log_dir>/metrics.jsonl`.
-
-    NaN and infinities become null. Logging the newest step again adds its new keys, keeping written values.
-    """
+    """Appends `{"step": step, **metrics}` as one fsynced JSON line per step to `<log_dir>/metrics.jsonl`
+    (NaN and infinities as null); logging the newest step again adds its new keys, keeping written values."""
 
     def __init__(self, project_name: str, experiment_name: str, config: Any, log_dir: str | None) -> None:
         if log_dir is None:
@@ -177,8 +152,7 @@ class FileLogger:
         if "step" in data:
             raise ValueError("the 'file' logger writes its own 'step' key; rename the metric called 'step'")
         record: dict[str, Any] = {"step": step}
-        for key, value in data.items():
-            record[key] = None if isinstance(value, float) and not math.isfinite(value) else value
+        record.update({k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in data.items()})
         if self._last is not None and self._last["step"] == step:
             self._replace_last_line({**record, **self._last})
             return
@@ -195,12 +169,23 @@ class FileLogger:
         self._last = record
 
     def rewind(self, keep_through: int) -> int:
-        """`rewind_metrics_file` on this logger's file; returns how many lines moved aside."""
+        """Keep the lines up to step `keep_through` and append the rest (and unparsable lines) to
+        `<file>.rolled_back`, which a resumed run would otherwise log twice; returns how many moved."""
         self._file.close()
-        moved = rewind_metrics_file(self.path, keep_through)
+        lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True) if self.path.is_file() else []
+        keep, moved = [], []
+        for line in lines:
+            step = _step_of_line(line)
+            (keep if step is not None and step <= keep_through else moved).append(line)
+        if moved:
+            with self.path.with_name(self.path.name + ROLLED_BACK_SUFFIX).open("a", encoding="utf-8") as f:
+                f.writelines(line if line.endswith("\n") else line + "\n" for line in moved)
+                f.flush()
+                os.fsync(f.fileno())
+            _write_lines_durably(self.path, keep)
         self._last = self._read_last_record()
         self._file = self.path.open("a", encoding="utf-8")
-        return moved
+        return len(moved)
 
     def finish(self) -> None:
         if not self._file.closed:
@@ -277,11 +262,8 @@ def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
 
 @LOGGER_BACKENDS.register("mlflow")
 class MlflowLogger:
-    """An MLflow run (experiment = project, run name = experiment) through an `MlflowClient`.
-
-    The store is `$MLFLOW_TRACKING_URI`, else SQLite at `<log_dir>/mlflow/mlflow.db` (no server; MLflow 3
-    refuses a file store by default). `@` in metric names becomes `_at_`, as in verl.
-    """
+    """An MLflow run (experiment = project, run name = experiment) in `$MLFLOW_TRACKING_URI`, else SQLite at
+    `<log_dir>/mlflow/mlflow.db`; `@` in metric names becomes `_at_`, as in verl."""
 
     def __init__(self, project_name: str, experiment_name: str, config: Any, log_dir: str | None) -> None:
         try:
@@ -329,10 +311,8 @@ def parse_logger_backends(backends: str | Sequence[str] | None) -> list[str]:
 
 
 class Tracking:
-    """Sends each step's metrics to every backend in `default_backend` (verl's class and arguments).
-
-    `log_dir` (the trainer's `default_local_dir`) is where file-based backends write.
-    """
+    """Sends each step's metrics to every backend in `default_backend` (verl's class and arguments); file-based
+    backends write under `log_dir`."""
 
     def __init__(self, project_name: str, experiment_name: str,
                  default_backend: str | Sequence[str] | None = "console", config: Mapping[str, Any] | None = None,
