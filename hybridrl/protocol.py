@@ -1,10 +1,5 @@
-"""DataProto: the unit of data that moves between the single controller and the worker groups (verl's).
-
-Three parts: `batch`, a `TensorBatch` of tensors sharing the batch dimension; `non_tensor_batch`, numpy
-arrays with one entry per row; `meta_info`, a plain dict. Merging two DataProtos that carry the same key
-requires equal values (NaN equals NaN), else `DataProtoError`, a ValueError and an AssertionError (what
-verl raises); concatenation gathers the workers' `metrics` into lists. verl-only members: compat/.
-"""
+"""DataProto: the unit of data that moves between the single controller and the worker groups (verl's): a
+`TensorBatch`, per-row numpy arrays and a `meta_info` dict. verl-only members: compat/."""
 
 from __future__ import annotations
 
@@ -23,7 +18,7 @@ __all__ = ["DataProto", "DataProtoError", "DataProtoItem", "object_column", "pad
 
 
 class DataProtoError(ValueError, AssertionError):
-    """Inconsistent or conflicting DataProto contents (see the module docstring for the two bases)."""
+    """Inconsistent or conflicting DataProto contents; an AssertionError too, as verl raises."""
 
 
 def object_column(values: Sequence[Any]) -> np.ndarray:
@@ -97,11 +92,7 @@ def merge_meta_info(metas: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             if key == "metrics":
                 for metrics in _metric_dicts(value):
                     for name, metric in metrics.items():
-                        values = gathered.setdefault(name, [])
-                        if isinstance(metric, list):
-                            values.extend(metric)
-                        else:
-                            values.append(metric)
+                        gathered.setdefault(name, []).extend(metric if isinstance(metric, list) else [metric])
             elif key in merged and not deep_equal(merged[key], value):
                 raise DataProtoError(f"Conflicting values for meta_info key '{key}' across the concatenated "
                                      f"DataProtos: {merged[key]!r} vs {value!r}")
@@ -279,10 +270,8 @@ class DataProto:
         return popped
 
     def union(self, other: DataProto) -> DataProto:
-        """Merge `other`'s columns and meta_info into this DataProto (in place; returns self).
-
-        A key in both must hold equal values; `metrics` are gathered as in `concat`.
-        """
+        """Merge `other`'s columns and meta_info into this DataProto (in place; returns self). A key in both must
+        hold equal values (NaN equals NaN); `metrics` are gathered as in `concat`."""
         if len(self) != len(other) and len(self) and len(other):
             raise DataProtoError(f"union: this DataProto has {len(self)} rows but the other has {len(other)}")
         self._check_union_conflicts(other)  # before any change, so a failed union leaves self intact
