@@ -1,10 +1,5 @@
-"""Worker: the base class of every SPMD rank (actor, critic, reference, reward model), and how ranks meet.
-
-A worker group starts one process per rank and gives it the standard torch.distributed environment
-(MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK) and its device type (`hybridrl.utils.device`).
-The base class reads them (`DistEnv`), sets the rank's share of CPU threads, and joins the group's
-process group (gloo on CPU, gloo + nccl on CUDA) on a TCP store that rank 0 hosts (`rank_store`).
-"""
+"""Worker: the base class of every SPMD rank, and how ranks meet: it reads the torch.distributed environment
+its worker group set (`DistEnv`) and joins the group's process group on a TCP store rank 0 hosts."""
 
 from __future__ import annotations
 
@@ -67,14 +62,9 @@ class DistEnv:
 
 
 def rank_store(env: DistEnv) -> dist.TCPStore:
-    """The rank's client of the group's TCP store; rank 0 also hosts it (its server listens on every
-    interface of rank 0's node). Every rank builds its store here, so all of them agree on its keys.
-
-    A port picked free ahead of its bind can be taken in between (gloo binds ephemeral ports too), so
-    `MASTER_PORT=0` has rank 0 bind one of the OS's choosing; in a Ray group of several, rank 0 announces
-    `ip:port` under `RENDEZVOUS_KEY_ENV` (`announce_address`) and the driver (`await_address`) starts the
-    other ranks with it. A port given outright (`MASTER_PORT=29500`, as torchrun gives it) is used as is.
-    """
+    """The rank's client of the group's TCP store, which rank 0 also hosts. `MASTER_PORT=0` has rank 0 bind a
+    port of the OS's choosing (one picked free ahead could be taken before the bind) and, in a Ray group,
+    announce it under `RENDEZVOUS_KEY_ENV` for the driver to start the other ranks with."""
     if env.master_port != 0:
         return dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master=env.rank == 0,
                              timeout=default_pg_timeout, wait_for_workers=False)
@@ -114,10 +104,8 @@ def node_address() -> str:
 
 
 def await_address(key: str, rank0: Any, timeout_s: float = default_pg_timeout.total_seconds()) -> tuple[str, int]:
-    """The driver: wait until the Ray actor `rank0` announces its store's address under `key`.
-
-    Raises rank 0's own error if its construction fails first, instead of waiting forever.
-    """
+    """The driver: wait until the Ray actor `rank0` announces its store's address under `key`; raises rank 0's
+    own error if its construction fails first."""
     import ray
     from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_get
 
@@ -158,13 +146,9 @@ def interface_addresses() -> dict[str, list[str]]:
 
 
 def bind_sockets_to_node_address() -> str | None:
-    """In a Ray actor (a rank of a Ray worker group): the address the other hosts reach this rank at, with gloo and
-    NCCL bound to its interface for the rest of the process. None elsewhere: in the driver (the local backend's one
-    rank, whose environment every rank it starts would inherit) and where Ray's node is on loopback.
-
-    Gloo otherwise advertises the address the hostname resolves to, a loopback address in most containers, which
-    another host cannot reach.
-    """
+    """In a Ray actor: the address the other hosts reach this rank at, with gloo and NCCL bound to its interface
+    for the rest of the process (gloo otherwise advertises the hostname's, often loopback). None in the driver,
+    whose environment every rank it starts would inherit, and where Ray's node is on loopback."""
     ray = sys.modules.get("ray")
     if ray is None or not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
         return None
@@ -316,11 +300,8 @@ class Worker:
         return local_device(self.local_rank)
 
     def measure_peak_flops(self, dtypes: Iterable[torch.dtype]) -> None:
-        """Measure this process's peak FLOP/s in each dtype once (`device_peak_flops` caches it).
-
-        A collective: every rank calls it. On CPU the ranks of a node take turns: they share its cores, and a
-        rank probing beside its neighbours would measure a share of the machine, not its own peak.
-        """
+        """Measure this process's peak FLOP/s in each dtype once (`device_peak_flops` caches it); a collective.
+        On CPU the ranks of a node take turns, since they share its cores."""
         dtypes = list(dtypes)
         turns = 1
         if device_type() == "cpu" and dist.is_initialized() and self.world_size > 1:
@@ -360,11 +341,8 @@ class Worker:
 
 
 class HybridWorker(Worker):
-    """Every role of a run in one process per rank, sharing the rank's device and process group.
-
-    `roles` maps each role's name to its `ClassWithInitArgs`, built here in the rank's process; the driver
-    reaches a role's method through `WorkerGroup.call_role`, which runs `execute_role` on every rank.
-    """
+    """Every role of a run in one process per rank, sharing the rank's device and process group; `roles` maps
+    each role's name to its `ClassWithInitArgs`, which `WorkerGroup.call_role` reaches through `execute_role`."""
 
     def __init__(self, roles: Mapping[str, Any]) -> None:
         super().__init__()

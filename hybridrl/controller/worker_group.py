@@ -1,9 +1,5 @@
-"""WorkerGroup: the driver-side handle on N ranks of one worker class, and the typed handles over it.
-
-`wg.call(Worker.method, *args)` is the one way to call a worker method; backends (Ray, local) only say
-how to start ranks and run one method on one rank. `LocalWorkerGroup` is the local backend: one rank in
-the driver process, no Ray.
-"""
+"""WorkerGroup: the driver-side handle on N ranks of one worker class (`wg.call(Worker.method, *args)`), the
+typed handles over it, and `LocalWorkerGroup`, the backend that runs one rank in the driver process."""
 
 from __future__ import annotations
 
@@ -44,11 +40,8 @@ class ClassWithInitArgs:
 
 
 class WorkerGroup:
-    """Base class: dispatch and collection. Subclasses start and address the ranks.
-
-    `roles` names the role objects of a `HybridWorker` group and their classes; a group of any other
-    worker class has none, and its methods are called with `call`.
-    """
+    """Base class: dispatch and collection; subclasses start and address the ranks. `roles`: the role classes of
+    a `HybridWorker` group, by name (none for any other worker class)."""
 
     def __init__(self, worker_cls: type, world_size: int, roles: Mapping[str, type] | None = None) -> None:
         self.worker_cls = worker_cls
@@ -126,12 +119,8 @@ def roles_of(cls_with_init: ClassWithInitArgs) -> dict[str, type]:
 
 
 class TypedWorkerGroup:
-    """Base of the typed handles: holds the group and the methods every `Worker` has.
-
-    A handle declares each worker method with the worker's signature and hands the worker method itself to
-    `_call` (e.g. `return self._call(CriticWorker.compute_values, data)`). It returns what the dispatch mode
-    collects: a DataProto for DP_COMPUTE_PROTO, one entry per rank for ONE_TO_ALL (None where all are None).
-    """
+    """Base of the typed handles: holds the group and the methods every `Worker` has. A handle declares each
+    worker method with its signature, as `return self._call(CriticWorker.compute_values, data)`."""
 
     worker_cls: ClassVar[type[Worker]]
 
@@ -184,12 +173,8 @@ def _set_single_rank_env() -> None:
 
 
 class LocalWorkerGroup(WorkerGroup):
-    """The local backend: one rank, built and run in the driver process, with RayWorkerGroup's API.
-
-    A breakpoint inside a worker method stops the driver itself. The rank's torch.distributed environment
-    and process group are the driver's; `shutdown` puts both back, so a second run in the process starts
-    afresh. device: `trainer.device` (cpu / cuda / auto); None keeps this process's own.
-    """
+    """The local backend: one rank, built and run in the driver process, whose torch.distributed environment
+    and process group `shutdown` puts back. device: `trainer.device`; None keeps this process's own."""
 
     def __init__(self, cls_with_init: ClassWithInitArgs, device: str | None = None) -> None:
         self._saved_env: dict[str, str | None] | None = {key: os.environ.get(key)
