@@ -1,5 +1,4 @@
-"""The single controller's machinery: register worker methods, start worker groups (Ray imported only for
-the ray backend), dispatch calls."""
+"""The single controller: register worker methods, start worker groups (Ray only for its backend), dispatch."""
 
 from __future__ import annotations
 

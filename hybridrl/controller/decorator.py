@@ -194,16 +194,14 @@ CPU = torch.device("cpu")
 
 
 def on_device(data: DataProto, device: torch.device) -> DataProto:
-    """`data` with its batch on `device`: the same object where it is there already, else a shallow copy (the
-    caller's DataProto stays put)."""
+    """`data` with its batch on `device`: `data` where it is there already, else a moved shallow copy."""
     if data.batch is None or all(t.device == device for t in data.batch.values()):
         return data
     return copy.copy(data).to(device)
 
 
 def to_cpu(value: Any) -> Any:
-    """A method's result with its tensors on the CPU, for the driver: a DataProto's batch, a tensor, and
-    those inside a list, tuple or dict. Values without tensors off the CPU come back as the same object."""
+    """A method's result with its tensors (also in a list, tuple or dict) on the CPU; unmoved values as they are."""
     if isinstance(value, DataProto):
         return on_device(value, CPU)
     if isinstance(value, torch.Tensor):
@@ -244,9 +242,8 @@ def register(
     execute_mode: Execute = Execute.ALL,
     blocking: bool = True,
 ) -> Callable[[Callable], Callable]:
-    """Mark a worker method as callable from a WorkerGroup. On the worker, shards and futures are fetched,
-    DataProto arguments move to the worker's `device` (if it has one), torch threads are fitted
-    (`fit_cpu_threads`), and the result's tensors move to the CPU."""
+    """Mark a worker method as callable from a WorkerGroup: on the worker, its DataProto arguments come fetched
+    and on its `device`, torch threads are fitted (`fit_cpu_threads`), and the result returns on the CPU."""
     get_dispatch_mode(dispatch_mode)  # fail at class definition for an unknown mode
     if dispatch_mode == Dispatch.RANK_ZERO:
         execute_mode = Execute.RANK_ZERO

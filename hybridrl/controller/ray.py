@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copyreg
 import importlib
+import itertools
 import math
 import os
 import sys
@@ -265,22 +266,17 @@ class RayWorkerGroup(WorkerGroup):
 
     def describe_rank(self, rank: int) -> str:
         """The rank, its pool, and its node with the pool's other ranks there (a lost node loses them all)."""
-        label = f"rank {rank} of pool {self.resource_pool.name_prefix!r}"
-        if not self.resource_pool.node_addresses:
+        pool = self.resource_pool
+        label = f"rank {rank} of pool {pool.name_prefix!r}"
+        if not pool.node_addresses:
             return label
-        group, first = self._node_group_of(rank)
-        node = self.resource_pool.node_addresses[group]
-        last = first + self.resource_pool.process_on_nodes[group] - 1
-        return f"{label} on node {node}" + (f" (which holds its ranks {first}-{last})" if last > first else "")
-
-    def _node_group_of(self, rank: int) -> tuple[int, int]:
-        """The index of the node group that holds `rank`, and its first rank."""
-        first = 0
-        for group, count in enumerate(self.resource_pool.process_on_nodes):
-            if rank < first + count:
-                return group, first
-            first += count
-        raise IndexError(f"rank {rank} is not in pool {self.resource_pool.name_prefix!r}")
+        ends = list(itertools.accumulate(pool.process_on_nodes))  # each node group's last rank + 1
+        group = next((g for g, end in enumerate(ends) if rank < end), None)
+        if group is None:
+            raise IndexError(f"rank {rank} is not in pool {pool.name_prefix!r}")
+        first, last = ends[group] - pool.process_on_nodes[group], ends[group] - 1
+        held = f" (which holds its ranks {first}-{last})" if last > first else ""
+        return f"{label} on node {pool.node_addresses[group]}{held}"
 
     def results(self, futures: list, method: str | None = None) -> list:
         """As the base class, and a rank whose process died is named by its pool, rank and node (`get_naming_dead`)."""

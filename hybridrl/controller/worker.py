@@ -62,9 +62,8 @@ class DistEnv:
 
 
 def rank_store(env: DistEnv) -> dist.TCPStore:
-    """The rank's client of the group's TCP store, which rank 0 also hosts. `MASTER_PORT=0` has rank 0 bind a
-    port of the OS's choosing (one picked free ahead could be taken before the bind) and, in a Ray group,
-    announce it under `RENDEZVOUS_KEY_ENV` for the driver to start the other ranks with."""
+    """The rank's client of the group's TCP store, which rank 0 hosts; `MASTER_PORT=0` has rank 0 bind a port of
+    the OS's choosing (none picked ahead, which another process could take) and announce it for the others."""
     if env.master_port != 0:
         return dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master=env.rank == 0,
                              timeout=default_pg_timeout, wait_for_workers=False)
@@ -146,9 +145,8 @@ def interface_addresses() -> dict[str, list[str]]:
 
 
 def bind_sockets_to_node_address() -> str | None:
-    """In a Ray actor: the address the other hosts reach this rank at, with gloo and NCCL bound to its interface
-    for the rest of the process (gloo otherwise advertises the hostname's, often loopback). None in the driver,
-    whose environment every rank it starts would inherit, and where Ray's node is on loopback."""
+    """In a Ray actor: the address other hosts reach this rank at, gloo and NCCL bound to its interface (gloo
+    otherwise advertises the hostname's, often loopback). None in the driver and where Ray's node is loopback."""
     ray = sys.modules.get("ray")
     if ray is None or not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
         return None
@@ -162,9 +160,8 @@ def bind_sockets_to_node_address() -> str | None:
 
 
 def socket_address(node: str, interfaces: dict[str, list[str]], chosen: str | None) -> tuple[str, str]:
-    """(address, interface) a rank listens on: Ray's node address `node` (every node reaches it) on the interface
-    that holds it, or, where the user set GLOO_SOCKET_IFNAME (`chosen`, comma-separated), its first interface's
-    own address."""
+    """(address, interface) a rank listens on: Ray's node address `node` on the interface holding it, or the
+    address of the first interface of GLOO_SOCKET_IFNAME (`chosen`) where set."""
     if chosen:
         first = chosen.split(",")[0]
         if first not in interfaces:
@@ -182,8 +179,7 @@ def socket_address(node: str, interfaces: dict[str, list[str]], chosen: str | No
 
 
 def check_store_reachable(host: str, port: int, rank: int, address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
-    """A rank that is not its group's store host: fail within `timeout_s`, naming both addresses, if the store is out
-    of reach (the store's own client would retry for the process group's timeout, 30 minutes)."""
+    """Fail within `timeout_s`, naming both addresses, if the store is out of reach (its client retries 30 min)."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -199,9 +195,8 @@ def check_store_reachable(host: str, port: int, rank: int, address: str, timeout
 
 def check_ranks_reach_each_other(store: dist.Store, rank: int, world_size: int, address: str,
                                  timeout_s: float = REACH_TIMEOUT_S) -> None:
-    """Every rank listens on its advertised address and connects to every rank on another address, so that ranks
-    that cannot reach each other fail within `timeout_s` naming both addresses, instead of in gloo's mesh connect
-    after the process group's timeout. Ranks that all share one address (one host) skip the connects."""
+    """Every rank listens on its address and connects to the ranks on other addresses, so that ranks that cannot
+    reach each other fail within `timeout_s` naming both addresses, not after the process group's timeout."""
     listener = socket.create_server((address, 0), family=socket.AF_INET6 if ":" in address else socket.AF_INET)
     try:
         store.set(f"hybridrl/reach/{rank}", f"{address}|{listener.getsockname()[1]}")

@@ -53,8 +53,7 @@ class WorkerGroup:
 
     # ----- backend hooks -------------------------------------------------------------------------------
     def _submit(self, rank: int, role: str | None, method_name: str, args: tuple, kwargs: dict) -> Any:
-        """Start `method_name` (of role `role`, or of the worker itself) on `rank`; return a future (Ray)
-        or the value (local)."""
+        """Start `method_name` (of `role`, or of the worker) on `rank`: a future (Ray) or the value (local)."""
         raise NotImplementedError
 
     def shutdown(self) -> None:
@@ -69,8 +68,7 @@ class WorkerGroup:
         return self._specs[role]
 
     def call(self, method: str | Callable, /, *args: Any, **kwargs: Any) -> Any:
-        """Dispatch, execute and collect one registered method of the worker class: the method itself
-        (`SFTWorker.train_batch`, which a reader can jump to) or its name."""
+        """Dispatch, execute and collect a registered method of the worker class (`SFTWorker.train_batch`, or its name)."""
         return self.call_role(None, method, *args, **kwargs)
 
     def call_role(self, role: str | None, method: str | Callable, /, *args: Any, **kwargs: Any) -> Any:
@@ -101,8 +99,7 @@ class WorkerGroup:
         return mode.collect_fn(self, self.results(futures, name))
 
     def results(self, futures: list, method: str | None = None) -> list:
-        """The values of futures this group's calls of `method` returned (of ranks 0..n-1, or of rank 0 alone), in
-        order."""
+        """The values, in order, of the futures this group's calls of `method` returned."""
         return resolve(futures)
 
 
@@ -197,8 +194,7 @@ class LocalWorkerGroup(WorkerGroup):
         return self.worker.execute_role(role, method_name, *args, **kwargs)
 
     def shutdown(self) -> None:
-        """Drop the rank, close the process group it opened, restore the distributed env variables and the
-        process's torch threads (once, however often it is called)."""
+        """Drop the rank and put back the process group, environment and torch threads (once, however often called)."""
         self.worker = None
         if self._saved_env is None:
             return
