@@ -1,6 +1,5 @@
 """The numbers workers report and the trainer reduces: metric lists, stage times and MFU (model FLOPs over
-seconds x peak FLOP/s; attention left out, as in verl; the peak is a listed GPU's datasheet figure, else
-measured)."""
+seconds x peak FLOP/s; attention left out, as in verl)."""
 
 from __future__ import annotations
 
@@ -38,8 +37,7 @@ def model_flops(params: int, tokens: int, flops_per_param: int, passes: int = 1)
 
 
 def mfu(flops: float, seconds: float, peak_flops: float) -> float:
-    """flops / (seconds x peak_flops), where `peak_flops` sums the ranks' peaks and `seconds` is the slowest
-    rank's wall time."""
+    """flops / (seconds x peak_flops): the ranks' summed peaks, the slowest rank's seconds."""
     if seconds <= 0 or peak_flops <= 0:
         raise ValueError(f"mfu needs positive seconds and peak_flops, got {seconds} and {peak_flops}")
     return flops / (seconds * peak_flops)
@@ -92,8 +90,7 @@ def _cached_peak(device_type: str, dtype: torch.dtype, threads: int) -> float:
 
 
 def device_peak_flops(dtype: torch.dtype) -> float:
-    """This process's peak FLOP/s in `dtype`, cached per (dtype, thread count): a known GPU's datasheet figure,
-    else measured."""
+    """This process's peak FLOP/s in `dtype` (a known GPU's datasheet figure, else measured), cached."""
     return _cached_peak(process_device_type(), dtype, torch.get_num_threads())
 
 
@@ -127,18 +124,15 @@ def combine_ranks(per_rank: Sequence[Mapping[str, ModelPass]]) -> dict[str, Mode
     return combined
 
 
-def _reduction(key: str) -> str:
-    tokens = key.rsplit("/", 1)[-1].split("_")
-    return "max" if "max" in tokens else "min" if "min" in tokens else "mean"
-
-
 def reduce_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     """One number per key: a list's mean, or max / min where the key's last path segment has a `max` / `min`
     word (the mean of per-rank maxima is not a maximum); empty gives NaN."""
     reduced = {}
     for key, values in metrics.items():
         array = np.asarray(values if isinstance(values, (list, tuple, np.ndarray)) else [values], float)
-        reduced[key] = float(getattr(np, _reduction(key))(array)) if array.size else math.nan
+        words = key.rsplit("/", 1)[-1].split("_")
+        reduction = "max" if "max" in words else "min" if "min" in words else "mean"
+        reduced[key] = float(getattr(np, reduction)(array)) if array.size else math.nan
     return reduced
 
 
@@ -149,8 +143,7 @@ WORKER_SECONDS = "worker_seconds"
 
 @contextmanager
 def timer(name: str, timing_raw: MutableMapping[str, float]) -> Iterator[None]:
-    """Add the `with` body's seconds to `timing_raw[name]` (a stage may run several times a step), also when it
-    raises."""
+    """Add the `with` body's seconds to `timing_raw[name]`, also when it raises (a stage may repeat in a step)."""
     start = time.perf_counter()
     try:
         # a named range in a torch.profiler trace (benchmarks/profile_step.py); next to nothing otherwise
@@ -161,8 +154,7 @@ def timer(name: str, timing_raw: MutableMapping[str, float]) -> Iterator[None]:
 
 
 def worker_stage(stage: str) -> str:
-    """The timing name of a stage's time on the workers (`gen` -> `gen_worker`), the slowest rank's; its gap to
-    the stage's own time is what dispatch and transfer cost."""
+    """The timing name of a stage's slowest-rank time on the workers (`gen` -> `gen_worker`)."""
     return f"{stage}_worker"
 
 
@@ -181,8 +173,7 @@ def report_worker_seconds(method: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def pop_worker_seconds(meta_info: MutableMapping[str, Any]) -> float | None:
-    """Take the ranks' seconds out of a collected output's metrics (dropping an emptied `metrics`); the slowest
-    rank's, or None."""
+    """Pop the ranks' seconds from collected metrics (an emptied `metrics` goes): the slowest's, or None."""
     metrics = meta_info.get("metrics")
     if not metrics or WORKER_SECONDS not in metrics:
         return None

@@ -63,11 +63,6 @@ def _plain_config(config: Any) -> dict[str, Any] | None:
     return None if config is None else dict(config)
 
 
-def _format_value(value: float | int) -> str:
-    """Ints as they are, floats with 4 significant digits."""
-    return str(value) if isinstance(value, int) or not math.isfinite(value) else f"{value:.4g}"
-
-
 def format_metrics_table(data: Mapping[str, float], step: int, width: int = 110) -> str:
     """The console view of one step: one block per metric group (a key's first path segment; `misc` for keys
     without a slash), in aligned columns."""
@@ -76,7 +71,9 @@ def format_metrics_table(data: Mapping[str, float], step: int, width: int = 110)
         group, _, name = key.partition("/")
         if not name:
             group, name = "misc", key
-        groups.setdefault(group, []).append((name, _format_value(data[key])))
+        value = data[key]  # ints as they are, floats with 4 significant digits
+        shown = str(value) if isinstance(value, int) or not math.isfinite(value) else f"{value:.4g}"
+        groups.setdefault(group, []).append((name, shown))
     group_width = max((len(g) for g in groups), default=0)
     lines = [f"---- step {step} " + "-" * max(0, width - len(f"---- step {step} "))]
     for group, entries in groups.items():
@@ -153,19 +150,16 @@ class FileLogger:
             raise ValueError("the 'file' logger writes its own 'step' key; rename the metric called 'step'")
         record: dict[str, Any] = {"step": step}
         record.update({k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in data.items()})
-        if self._last is not None and self._last["step"] == step:
-            self._replace_last_line({**record, **self._last})
-            return
-        self._file.write(json.dumps(record, allow_nan=False) + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._last = record
-
-    def _replace_last_line(self, record: dict[str, Any]) -> None:
-        self._file.close()
-        lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
-        _write_lines_durably(self.path, [*lines[:-1], json.dumps(record, allow_nan=False) + "\n"])
-        self._file = self.path.open("a", encoding="utf-8")
+        if self._last is not None and self._last["step"] == step:  # rewrite the last line with the new keys
+            record = {**record, **self._last}
+            self._file.close()
+            lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
+            _write_lines_durably(self.path, [*lines[:-1], json.dumps(record, allow_nan=False) + "\n"])
+            self._file = self.path.open("a", encoding="utf-8")
+        else:
+            self._file.write(json.dumps(record, allow_nan=False) + "\n")
+            self._file.flush()
+            os.fsync(self._file.fileno())
         self._last = record
 
     def rewind(self, keep_through: int) -> int:
@@ -311,8 +305,7 @@ def parse_logger_backends(backends: str | Sequence[str] | None) -> list[str]:
 
 
 class Tracking:
-    """Sends each step's metrics to every backend in `default_backend` (verl's class and arguments); file-based
-    backends write under `log_dir`."""
+    """Sends each step's metrics to the backends in `default_backend` (verl's class); files go under `log_dir`."""
 
     def __init__(self, project_name: str, experiment_name: str,
                  default_backend: str | Sequence[str] | None = "console", config: Mapping[str, Any] | None = None,
