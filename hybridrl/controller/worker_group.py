@@ -156,19 +156,6 @@ class TypedWorkerGroup:
 DIST_ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-def _set_single_rank_env() -> None:
-    # A driver that already joined a process group (a second local group) keeps its coordinates.
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    # 0: the rank binds a port of the OS's choosing when it starts its store; none is picked ahead (worker.rank_store)
-    os.environ.setdefault("MASTER_PORT", "0")
-    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}.items():
-        if os.environ.setdefault(key, value) != value:
-            raise RuntimeError(
-                f"the local backend runs one rank in this process, but {key}={os.environ[key]} is set; "
-                f"unset it or use trainer.backend=ray"
-            )
-
-
 class LocalWorkerGroup(WorkerGroup):
     """The local backend: one rank, built and run in the driver process, whose torch.distributed environment
     and process group `shutdown` puts back. device: `trainer.device`; None keeps this process's own."""
@@ -179,7 +166,16 @@ class LocalWorkerGroup(WorkerGroup):
         # a group nested inside another (same process group) must leave the outer one's group open
         self._owns_process_group = not dist.is_initialized()
         try:
-            _set_single_rank_env()
+            # a driver that already joined a process group (a second local group) keeps its coordinates;
+            # MASTER_PORT=0: the rank binds a port of the OS's choosing (worker.rank_store)
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", "0")
+            for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}.items():
+                if os.environ.setdefault(key, value) != value:
+                    raise RuntimeError(
+                        f"the local backend runs one rank in this process, but {key}={os.environ[key]} is set; "
+                        f"unset it or use trainer.backend=ray"
+                    )
             if device is not None:
                 os.environ.update(device_env(resolve_device_type(device)))
             self.worker = cls_with_init.build()
