@@ -1,8 +1,6 @@
-"""How many torch threads this process computes with on a CPU: the ones it was given, less the cores that
-other processes keep busy. OpenMP threads spin at each parallel region's end for a descheduled peer, so a busy
-neighbour costs a step far more than its share of the CPU; one thread fewer runs at its fair share
-(benchmarks/contention.py). `HYBRIDRL_CPU_THREADS=fixed` keeps the given count (bit-identical reruns).
-"""
+"""Torch threads on a CPU: the given count less the cores other processes keep busy, since OpenMP threads
+spin for a descheduled peer and a busy neighbour then costs far more than its share (benchmarks/contention.py).
+`HYBRIDRL_CPU_THREADS=fixed` keeps the given count (bit-identical reruns)."""
 
 from __future__ import annotations
 
@@ -30,8 +28,7 @@ _BUSY_COLUMNS = (0, 1, 2, 5, 6, 7)
 
 @dataclass(frozen=True)
 class CpuTimes:
-    """Seconds at one moment: wall clock, busy time of the CPUs this process may use (all processes), and
-    this process's own CPU time."""
+    """Seconds at one moment: wall clock, busy time of this process's CPUs (all processes), own CPU time."""
 
     wall_s: float
     busy_s: float
@@ -138,8 +135,7 @@ def fit_cpu_threads() -> None:
 
 
 def restore_given_threads() -> None:
-    """Give this process back the count the fit started from (a local run's driver: a notebook or test that
-    ran it keeps its own count afterwards) and forget the load seen so far."""
+    """Give this process back the count the fit started from (a local run's driver), forgetting the load seen."""
     global _FIT
     fit, _FIT = _FIT, None
     if fit is not None and fit.given is not None and fit.chosen is not None and torch.get_num_threads() == fit.chosen:

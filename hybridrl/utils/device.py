@@ -1,5 +1,4 @@
-"""This process's device: which one it computes on (`DEVICE_ENV`, which the driver sets from
-`trainer.device` for every worker), the dtypes it computes in, and its memory."""
+"""This process's device (`DEVICE_ENV`, set from `trainer.device`), the dtypes it computes in, its memory."""
 
 from __future__ import annotations
 
@@ -110,8 +109,7 @@ def device_env(device: str) -> dict[str, str]:
 
 @contextmanager
 def pinned(device: str) -> Iterator[None]:
-    """This process computes on `device` (cpu / cuda / auto) inside the block, for a driver that is its own
-    single worker; the previous setting comes back after."""
+    """Compute on `device` (cpu / cuda / auto) inside the block; the previous setting comes back after."""
     saved = {DEVICE_ENV: os.environ.get(DEVICE_ENV)}
     os.environ.update(device_env(resolve_device_type(device)))
     try:
@@ -133,8 +131,7 @@ BF16_NAMES = ("bfloat16", "bf16")  # what a dtype key may say for bf16 (hybridrl
 
 
 def native_bf16(device: str | None = None) -> bool:
-    """Whether `device` (default: this process's) multiplies bf16 natively: a GPU torch says supports it, or
-    a CPU with AVX512_BF16 or AMX."""
+    """Whether `device` (default: this process's) multiplies bf16 natively: a capable GPU, AMX or AVX512_BF16."""
     device = device or device_type()
     if device == "cuda":
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
@@ -144,8 +141,7 @@ def native_bf16(device: str | None = None) -> bool:
 
 
 def auto_dtype(device: str | None = None) -> torch.dtype:
-    """What a compute dtype of `auto` means on `device` (default: this process's): bf16 on a GPU that
-    multiplies it natively (verl's default), else fp32."""
+    """A compute dtype of `auto` on `device` (default: this process's): bf16 on a native-bf16 GPU, else fp32."""
     device = device or device_type()
     return torch.bfloat16 if device == "cuda" and native_bf16("cuda") else torch.float32
 

@@ -1,5 +1,4 @@
-"""Masked statistics and the per-token log-probability and entropy of logits (`verl.utils.torch_functional`'s
-names)."""
+"""Masked statistics, and the per-token log-probability and entropy of logits (verl's names)."""
 
 from __future__ import annotations
 
@@ -82,8 +81,7 @@ def _entropy_rows(logits: torch.Tensor) -> torch.Tensor:
 
 
 def entropy_from_logits(logits: torch.Tensor, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> torch.Tensor:
-    """Entropy of softmax(logits) over the last dimension, `chunk_rows` rows at a time: (..., vocab) -> (...),
-    fp32 for half-precision input."""
+    """Entropy of softmax over the last dim, chunked: (..., vocab) -> (...), fp32 for half-precision input."""
     rows = logits.reshape(-1, logits.shape[-1])  # (n_rows, vocab)
     return _rowwise_chunked(_entropy_rows, rows, chunk_rows).reshape(logits.shape[:-1])
 

@@ -83,8 +83,7 @@ def as_override(value: Any) -> str:
 
 
 def to_dataclass(cls: type[T], value: Any) -> T:
-    """A `cls` instance from an instance, a dict or an OmegaConf node; unknown keys and wrong types raise with
-    the key's path."""
+    """A `cls` instance from an instance, dict or OmegaConf node; unknown keys and wrong types raise with the path."""
     if isinstance(value, cls):
         return value
     merged = OmegaConf.merge(OmegaConf.structured(cls), value if value is not None else {})
@@ -92,8 +91,7 @@ def to_dataclass(cls: type[T], value: Any) -> T:
 
 
 def readonly_view(config: Any) -> Any:
-    """`config` (a dataclass) as verl hands its sections to user classes: a read-only DictConfig
-    (attributes, [] and .get)."""
+    """`config` (a dataclass) as a read-only DictConfig, as verl hands its sections to user classes."""
     view = OmegaConf.structured(config)
     OmegaConf.set_readonly(view, True)
     return view
