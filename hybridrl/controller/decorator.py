@@ -171,9 +171,7 @@ def _dispatch_proto_with_func(wg, func, *args, **kwargs) -> tuple[tuple, dict]:
 
 
 def _collect_proto(wg, outputs: list) -> Any:
-    if all(isinstance(o, DataProto) for o in outputs):
-        return DataProto.concat(outputs)
-    return list(outputs)
+    return DataProto.concat(outputs) if all(isinstance(o, DataProto) for o in outputs) else list(outputs)
 
 
 for _mode, _dispatch, _collect in [

@@ -128,8 +128,7 @@ def await_address(key: str, rank0: Any, timeout_s: float = default_pg_timeout.to
             raise TimeoutError(f"rank 0 of the worker group did not bind its store in {timeout_s:.0f} s")
 
 
-# torch.distributed's choice of network interface (comma-separated names): set on the driver, every rank gets
-# them (hybridrl.controller.ray.rank_environment); interface names must then be the same on every host.
+# torch.distributed's network interfaces: set on the driver, every rank gets them (names alike on every host)
 SOCKET_INTERFACE_ENVS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 # How long a rank tries to reach the other ranks' addresses before it fails naming them.
 REACH_TIMEOUT_S = 60.0

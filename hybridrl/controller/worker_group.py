@@ -166,8 +166,7 @@ class LocalWorkerGroup(WorkerGroup):
         # a group nested inside another (same process group) must leave the outer one's group open
         self._owns_process_group = not dist.is_initialized()
         try:
-            # a driver that already joined a process group (a second local group) keeps its coordinates;
-            # MASTER_PORT=0: the rank binds a port of the OS's choosing (worker.rank_store)
+            # a driver already in a process group keeps its coordinates; port 0: the OS's choice (worker.rank_store)
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
             os.environ.setdefault("MASTER_PORT", "0")
             for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}.items():

@@ -21,8 +21,7 @@ from hybridrl.utils.device import device_type as process_device_type
 FORWARD_FLOPS_PER_PARAM = 2
 TRAIN_FLOPS_PER_PARAM = 6
 
-# Dense tensor-core peaks from NVIDIA's datasheets, FLOP/s, by a substring of the lower-cased device name
-# (first match wins). fp32 is the non-TF32 figure, since torch matmuls do not use TF32 by default.
+# Dense datasheet peaks in FLOP/s by a substring of the lower-cased name (first match); fp32 without TF32, as torch
 _GPU_PEAKS: tuple[tuple[str, dict[torch.dtype, float]], ...] = (
     ("h100 pcie", {torch.bfloat16: 756e12, torch.float16: 756e12, torch.float32: 51e12}),
     ("h100", {torch.bfloat16: 989e12, torch.float16: 989e12, torch.float32: 67e12}),  # SXM
@@ -136,8 +135,7 @@ def reduce_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     return reduced
 
 
-# A rank's own seconds for one call, inside meta_info["metrics"], which concat gathers per rank (any other
-# meta_info key must be equal on every rank).
+# A rank's own seconds for one call, inside meta_info["metrics"], which concat gathers per rank.
 WORKER_SECONDS = "worker_seconds"
 
 
