@@ -1,10 +1,5 @@
-"""DataProto: the unit of data that moves between the single controller and the worker groups (verl's).
-
-Three parts: `batch`, a `TensorBatch` of tensors sharing the batch dimension; `non_tensor_batch`, numpy
-arrays with one entry per row; `meta_info`, a plain dict. Merging two DataProtos that carry the same key
-requires equal values (NaN equals NaN), else `DataProtoError`, a ValueError and an AssertionError (what
-verl raises); concatenation gathers the workers' `metrics` into lists. verl-only members: compat/.
-"""
+"""DataProto: the unit of data that moves between the single controller and the worker groups (verl's): a
+`TensorBatch`, per-row numpy arrays and a `meta_info` dict. verl-only members: compat/."""
 
 from __future__ import annotations
 
@@ -23,7 +18,7 @@ __all__ = ["DataProto", "DataProtoError", "DataProtoItem", "object_column", "pad
 
 
 class DataProtoError(ValueError, AssertionError):
-    """Inconsistent or conflicting DataProto contents (see the module docstring for the two bases)."""
+    """Inconsistent or conflicting DataProto contents; an AssertionError too, as verl raises."""
 
 
 def object_column(values: Sequence[Any]) -> np.ndarray:
@@ -76,17 +71,6 @@ def deep_equal(a: Any, b: Any, _seen: set[tuple[int, int]] | None = None) -> boo
         return False
 
 
-def _metric_dicts(value: Any) -> list[Mapping[str, Any]]:
-    """A worker's `metrics`: one dict, or a list of dicts (one per micro-batch or step)."""
-    if value is None:
-        return []
-    items = value if isinstance(value, (list, tuple)) else [value]
-    for item in items:
-        if not isinstance(item, Mapping):
-            raise DataProtoError(f"meta_info['metrics'] must be a dict or a list of dicts, got {type(item).__name__}")
-    return list(items)
-
-
 def merge_meta_info(metas: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """meta_info of DataProtos concatenated from several workers: `metrics` gathered into one flat list per key
     (rank order), every other key equal wherever it appears (a setting that differs between ranks raises)."""
@@ -94,14 +78,13 @@ def merge_meta_info(metas: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     gathered: dict[str, list[Any]] = {}
     for meta in metas:
         for key, value in meta.items():
-            if key == "metrics":
-                for metrics in _metric_dicts(value):
+            if key == "metrics":  # a worker's: one dict, or a list of dicts (per micro-batch or step)
+                for metrics in [] if value is None else value if isinstance(value, (list, tuple)) else [value]:
+                    if not isinstance(metrics, Mapping):
+                        raise DataProtoError(f"meta_info['metrics'] must be a dict or a list of dicts, got "
+                                             f"{type(metrics).__name__}")
                     for name, metric in metrics.items():
-                        values = gathered.setdefault(name, [])
-                        if isinstance(metric, list):
-                            values.extend(metric)
-                        else:
-                            values.append(metric)
+                        gathered.setdefault(name, []).extend(metric if isinstance(metric, list) else [metric])
             elif key in merged and not deep_equal(merged[key], value):
                 raise DataProtoError(f"Conflicting values for meta_info key '{key}' across the concatenated "
                                      f"DataProtos: {merged[key]!r} vs {value!r}")
@@ -279,13 +262,16 @@ class DataProto:
         return popped
 
     def union(self, other: DataProto) -> DataProto:
-        """Merge `other`'s columns and meta_info into this DataProto (in place; returns self).
-
-        A key in both must hold equal values; `metrics` are gathered as in `concat`.
-        """
+        """Merge `other`'s columns and meta_info into this DataProto (in place; returns self). A key in both must
+        hold equal values (NaN equals NaN); `metrics` are gathered as in `concat`."""
         if len(self) != len(other) and len(self) and len(other):
             raise DataProtoError(f"union: this DataProto has {len(self)} rows but the other has {len(other)}")
-        self._check_union_conflicts(other)  # before any change, so a failed union leaves self intact
+        for part, mine, theirs in [("batch", self.batch or {}, other.batch or {}),  # all checked before any change
+                                   ("non_tensor_batch", self.non_tensor_batch, other.non_tensor_batch),
+                                   ("meta_info", self.meta_info, other.meta_info)]:
+            for key, value in theirs.items():  # metrics are gathered, never a conflict
+                if (part, key) != ("meta_info", "metrics") and key in mine and not deep_equal(mine[key], value):
+                    raise DataProtoError(f"union: {part} key {key!r} exists in both with different values")
         if other.batch is not None:
             if self.batch is None:
                 self.batch = TensorBatch(batch_size=len(other))
@@ -297,16 +283,6 @@ class DataProto:
         self.meta_info.update(merged)
         self.check_consistency()
         return self
-
-    def _check_union_conflicts(self, other: DataProto) -> None:
-        parts = [("batch", self.batch or {}, other.batch or {}), ("non_tensor_batch", self.non_tensor_batch,
-                 other.non_tensor_batch), ("meta_info", self.meta_info, other.meta_info)]
-        for part, mine, theirs in parts:
-            for key, value in theirs.items():
-                if part == "meta_info" and key == "metrics":
-                    continue  # gathered, never a conflict (see union)
-                if key in mine and not deep_equal(mine[key], value):
-                    raise DataProtoError(f"union: {part} key {key!r} exists in both with different values")
 
     def chunk(self, chunks: int) -> list[DataProto]:
         """Split into `chunks` equal parts; raises when the rows do not divide (pad first)."""

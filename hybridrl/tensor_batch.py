@@ -1,8 +1,5 @@
-"""TensorBatch: the `batch` half of `DataProto`, a dict of tensors sharing their leading (batch) dimension.
-
-It does what verl uses `tensordict.TensorDict` for (mapping, row indexing, concatenation, device moves)
-without tensordict's tight torch pin, and names the key at fault in every shape error.
-"""
+"""TensorBatch: the `batch` half of `DataProto`, tensors sharing their leading (batch) dimension; what verl
+uses `tensordict.TensorDict` for, without its tight torch pin."""
 
 from __future__ import annotations
 
@@ -16,7 +13,7 @@ RowIndex = int | slice | Sequence[int] | np.ndarray | torch.Tensor
 
 def _as_index(index: RowIndex) -> int | slice | torch.Tensor:
     """A row index `tensor[index]` reads the same way for every key; index tensors live on the CPU (numpy
-    columns are indexed with them too, and CUDA tensors accept CPU indices)."""
+    columns are indexed with them too)."""
     if isinstance(index, (int, np.integer)):
         return int(index)
     if isinstance(index, slice):
@@ -137,8 +134,7 @@ class TensorBatch(Mapping[str, torch.Tensor]):
         return TensorBatch({k: torch.cat([b[k] for b in batches], dim=0) for k in keys}, batch_size=total)
 
     def __getstate__(self) -> dict:
-        # Tensors travel as numpy arrays, whose buffers pickle protocol 5 (Ray) moves out of band without a
-        # copy; bfloat16, which numpy lacks, travels as its int16 bits.
+        # numpy buffers travel out of band in pickle protocol 5 (Ray); bfloat16, which numpy lacks, as int16 bits
         arrays = {}
         for key, value in self._tensors.items():
             value = value.detach().cpu().contiguous()

@@ -1,10 +1,4 @@
-"""The single controller's machinery: register worker methods, start worker groups, dispatch calls.
-
-`create_worker_group` starts a group on the chosen backend; `hybridrl.controller.ray` is imported only
-when asked for, so the local backend works without importing Ray. SIGTERM's default action skips
-`finally` blocks, so `sigterm_raises_exit` turns it into SystemExit for a run: its cleanup (loggers,
-workers, process group, the Ray cluster `ray_for_backend` started) runs as on any other exit.
-"""
+"""The single controller: register worker methods, start worker groups (Ray only for its backend), dispatch."""
 
 from __future__ import annotations
 
@@ -78,8 +72,8 @@ def _exit_on_signal(signum: int, frame: Any) -> None:
 
 @contextmanager
 def sigterm_raises_exit() -> Iterator[None]:
-    """Inside the block, SIGTERM raises SystemExit(143) in the main thread; outside, nothing changes. A
-    SIGTERM handler of the program's own is kept, and off the main thread the block runs unchanged."""
+    """Inside the block, SIGTERM raises SystemExit(143) in the main thread, so `finally` cleanup runs (SIGTERM's
+    default skips it); a program's own handler is kept, and off the main thread nothing changes."""
     if threading.current_thread() is not threading.main_thread() \
             or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         yield
@@ -95,12 +89,8 @@ def sigterm_raises_exit() -> Iterator[None]:
 
 @contextmanager
 def ray_for_backend(backend: str, **init_kwargs: Any) -> Iterator[None]:
-    """Start (or join) Ray for a `ray` backend run, and shut it down afterwards if this call started it.
-
-    `init_kwargs` go to `hybridrl.controller.ray.init_ray`; a driver already connected stays connected, and
-    any other backend does not import Ray. `ray.init` turns SIGTERM into SystemExit(15), so a terminated
-    driver still shuts its cluster down here; a SIGKILLed one leaves it to Ray's health checks.
-    """
+    """Start (or join, `init_kwargs` as `hybridrl.controller.ray.init_ray` takes them) Ray for a `ray` backend
+    run, and shut it down afterwards if this call started it; other backends do not import Ray."""
     if backend != "ray":
         yield
         return

@@ -1,9 +1,5 @@
-"""`@register`: how a worker method is split across ranks, run, and its results merged.
-
-The decorator stores a typed `MethodSpec` on the function (`registered_methods` lists them). The call path
-(dispatch_fn per rank, the wrapper that owns device placement, collect_fn; `DataProtoFuture` keeping a
-batch in Ray's object store) is described in docs/architecture.md, "Worker groups and dispatch".
-"""
+"""`@register`: how a worker method is split across ranks, run, and its results merged (docs/architecture.md,
+"Worker groups and dispatch")."""
 
 from __future__ import annotations
 
@@ -43,10 +39,8 @@ class DataProtoFuture:
 
 @dataclass
 class ProtoShard:
-    """What one rank receives for a DataProto argument of a DP_COMPUTE_PROTO call: `data` (its chunk) or
-    `futures` (a previous call's per-rank outputs, which the worker fetches and cuts itself). The outputs of
-    rows past `real_rows` (padding) are dropped before returning.
-    """
+    """What one rank receives for a DataProto argument of a DP_COMPUTE_PROTO call: `data` (its chunk, whose
+    rows past `real_rows` are padding) or `futures` (a previous call's outputs, which the rank fetches and cuts)."""
 
     data: DataProto | None = None
     real_rows: int | None = None
@@ -104,10 +98,8 @@ class Execute(str, Enum):
 
 @dataclass(frozen=True)
 class DispatchMode:
-    """A named pair of functions, both taking the worker group first (verl's signatures): dispatch_fn(wg,
-    *args, **kwargs) -> (args, kwargs) with one list entry per rank; collect_fn(wg, outputs) -> the caller's
-    value. concatenates_protos marks modes whose non-blocking result can be a chainable DataProtoFuture.
-    """
+    """dispatch_fn(wg, *args, **kwargs) -> (args, kwargs) of per-rank lists; collect_fn(wg, outputs) -> the
+    caller's value (verl's signatures); a non-blocking call of a concatenates_protos mode returns a future."""
 
     name: str
     dispatch_fn: Callable[..., tuple[tuple, dict]]
@@ -179,9 +171,7 @@ def _dispatch_proto_with_func(wg, func, *args, **kwargs) -> tuple[tuple, dict]:
 
 
 def _collect_proto(wg, outputs: list) -> Any:
-    if all(isinstance(o, DataProto) for o in outputs):
-        return DataProto.concat(outputs)
-    return list(outputs)
+    return DataProto.concat(outputs) if all(isinstance(o, DataProto) for o in outputs) else list(outputs)
 
 
 for _mode, _dispatch, _collect in [
@@ -202,19 +192,14 @@ CPU = torch.device("cpu")
 
 
 def on_device(data: DataProto, device: torch.device) -> DataProto:
-    """`data` with its batch on `device`: the same object where it is there already (always, on a CPU).
-
-    The one place a DataProto changes device, so worker code simply allocates on its inputs' device. The move
-    works on a shallow copy (non_tensor_batch and meta_info shared): the caller's DataProto stays put.
-    """
+    """`data` with its batch on `device`: `data` where it is there already, else a moved shallow copy."""
     if data.batch is None or all(t.device == device for t in data.batch.values()):
         return data
     return copy.copy(data).to(device)
 
 
 def to_cpu(value: Any) -> Any:
-    """A method's result with its tensors on the CPU, for the driver: a DataProto's batch, a tensor, and
-    those inside a list, tuple or dict. Values without tensors off the CPU come back as the same object."""
+    """A method's result with its tensors (also in a list, tuple or dict) on the CPU; unmoved values as they are."""
     if isinstance(value, DataProto):
         return on_device(value, CPU)
     if isinstance(value, torch.Tensor):
@@ -255,11 +240,8 @@ def register(
     execute_mode: Execute = Execute.ALL,
     blocking: bool = True,
 ) -> Callable[[Callable], Callable]:
-    """Mark a worker method as callable from a WorkerGroup. On the worker, shards and futures are fetched,
-    DataProto arguments move to the worker's `device` (an object without one keeps them where they are), a
-    CPU process's torch threads are fitted to the free cores (`fit_cpu_threads`), and the result's tensors
-    move to the CPU.
-    """
+    """Mark a worker method as callable from a WorkerGroup: on the worker, its DataProto arguments come fetched
+    and on its `device`, torch threads are fitted (`fit_cpu_threads`), and the result returns on the CPU."""
     get_dispatch_mode(dispatch_mode)  # fail at class definition for an unknown mode
     if dispatch_mode == Dispatch.RANK_ZERO:
         execute_mode = Execute.RANK_ZERO

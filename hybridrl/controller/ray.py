@@ -1,14 +1,11 @@
-"""The Ray backend: starting Ray, reserving its resources, and one Ray actor per rank.
-
-`RayResourcePool` reserves one STRICT_PACK placement group per node with a bundle per rank;
-`RayWorkerGroup` places one actor of the worker class in each bundle, with the rank's torch.distributed
-coordinates, CPU threads and device type in its environment.
-"""
+"""The Ray backend: `RayResourcePool` reserves one STRICT_PACK placement group per node with a bundle per
+rank; `RayWorkerGroup` places one actor of the worker class in each bundle."""
 
 from __future__ import annotations
 
 import copyreg
 import importlib
+import itertools
 import math
 import os
 import sys
@@ -41,12 +38,8 @@ PLACEMENT_TIMEOUT_S = 60.0
 
 
 def register_torch_module_reducers() -> None:
-    """Let cloudpickle export classes whose code refers to torch's config modules.
-
-    torch >= 2.11 loads modules such as `torch.distributed.config` as a module subclass, which cloudpickle's
-    exact-type lookup cannot pickle ("cannot pickle 'ConfigModuleInstance' object"); they pickle by name here.
-    Remove once cloudpickle handles module subclasses.
-    """
+    """Let cloudpickle export classes whose code refers to torch's config modules: torch >= 2.11 makes them a
+    module subclass, which cloudpickle cannot pickle ("cannot pickle 'ConfigModuleInstance' object")."""
     config_module_type = getattr(importlib.import_module("torch.utils._config_module"), "ConfigModule", None)
     if config_module_type is None:
         return
@@ -65,10 +58,8 @@ def init_ray(
     include_dashboard: bool = False,
     address: str | None = None,
 ) -> None:
-    """Join a running cluster (address or RAY_ADDRESS) or start a small local one sized for a laptop.
-
-    Ray's defaults (a dashboard, 30% of RAM for the object store) cost a 2-core machine more than the work.
-    """
+    """Join a running cluster (address or RAY_ADDRESS) or start a small local one (no dashboard, a small
+    object store: Ray's defaults cost a small machine more than the work)."""
     register_torch_module_reducers()
     if ray.is_initialized():
         return
@@ -85,12 +76,8 @@ def init_ray(
 
 
 class RayResourcePool:
-    """Processes to place on each node, reserved as one STRICT_PACK placement group per node.
-
-    process_on_nodes: e.g. [2] = two ranks on one node; [4, 4] = four on each of two nodes.
-    max_colocate_count: how many separate worker groups may share each bundle (each gets a fraction).
-    cpus_per_process: CPUs reserved per rank (on CPU-only machines this is the rank's compute share).
-    """
+    """Processes to place on each node (`process_on_nodes`, e.g. [4, 4]), one STRICT_PACK placement group per
+    node; `max_colocate_count` worker groups may share each bundle (each gets a fraction)."""
 
     def __init__(
         self,
@@ -136,9 +123,8 @@ class RayResourcePool:
         return f"  {self.name_prefix:<12} placed on node(s) {', '.join(self.node_addresses)}"
 
     def _distinct_nodes(self) -> list[str] | None:
-        """The addresses of one alive node per entry of `process_on_nodes` that can hold it (the head first), so that
-        `nnodes` means separate hosts; None for a single node, or (with a warning) when the cluster has too few nodes
-        that can, where the groups share nodes as Ray packs them."""
+        """One alive node address per entry of `process_on_nodes` that can hold it (the head first), so that
+        `nnodes` means separate hosts; None for a single node, or (with a warning) when too few nodes can."""
         if len(self.process_on_nodes) == 1:
             return None
         need = max(self.process_on_nodes)
@@ -219,9 +205,8 @@ class RayClassWithInitArgs(ClassWithInitArgs):
 
 def rank_environment(pool: RayResourcePool, rank: int, local_rank: int, n_local: int,
                      master: tuple[str, int], threads: int) -> dict[str, str]:
-    """What one rank's actor finds in its environment: its torch.distributed coordinates, its share of
-    CPU threads, its thread policy and its device type. GPU bundles are what trainer.device=cuda reserves;
-    without them the ranks compute on the CPU, even on a node whose GPUs torch could see."""
+    """One rank's actor environment: its torch.distributed coordinates, CPU threads, thread policy and device
+    type (cuda exactly when the pool reserves GPUs)."""
     return {
         "RANK": str(rank), "WORLD_SIZE": str(pool.world_size),
         "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(n_local),
@@ -250,8 +235,7 @@ class RayWorkerGroup(WorkerGroup):
         remote_cls = ray.remote(cls_with_init.cls)
         options = getattr(cls_with_init, "actor_options", {})
         group_id = uuid.uuid4().hex[:8]
-        # Rank 0 binds its store on a port of the OS's choosing and announces it; the other ranks start
-        # once it has (worker.rank_store): no port is picked ahead of its bind, where another process could take it.
+        # rank 0 binds a port of the OS's choosing and announces it; the others start with it (worker.rank_store)
         master = ("127.0.0.1", 0)
         rendezvous_key = f"hybridrl/rendezvous/{self.name_prefix}/{group_id}"
         workers, rank = [], 0
@@ -282,22 +266,17 @@ class RayWorkerGroup(WorkerGroup):
 
     def describe_rank(self, rank: int) -> str:
         """The rank, its pool, and its node with the pool's other ranks there (a lost node loses them all)."""
-        label = f"rank {rank} of pool {self.resource_pool.name_prefix!r}"
-        if not self.resource_pool.node_addresses:
+        pool = self.resource_pool
+        label = f"rank {rank} of pool {pool.name_prefix!r}"
+        if not pool.node_addresses:
             return label
-        group, first = self._node_group_of(rank)
-        node = self.resource_pool.node_addresses[group]
-        last = first + self.resource_pool.process_on_nodes[group] - 1
-        return f"{label} on node {node}" + (f" (which holds its ranks {first}-{last})" if last > first else "")
-
-    def _node_group_of(self, rank: int) -> tuple[int, int]:
-        """The index of the node group that holds `rank`, and its first rank."""
-        first = 0
-        for group, count in enumerate(self.resource_pool.process_on_nodes):
-            if rank < first + count:
-                return group, first
-            first += count
-        raise IndexError(f"rank {rank} is not in pool {self.resource_pool.name_prefix!r}")
+        ends = list(itertools.accumulate(pool.process_on_nodes))  # each node group's last rank + 1
+        group = next((g for g, end in enumerate(ends) if rank < end), None)
+        if group is None:
+            raise IndexError(f"rank {rank} is not in pool {pool.name_prefix!r}")
+        first, last = ends[group] - pool.process_on_nodes[group], ends[group] - 1
+        held = f" (which holds its ranks {first}-{last})" if last > first else ""
+        return f"{label} on node {pool.node_addresses[group]}{held}"
 
     def results(self, futures: list, method: str | None = None) -> list:
         """As the base class, and a rank whose process died is named by its pool, rank and node (`get_naming_dead`)."""
@@ -316,20 +295,16 @@ class RayWorkerGroup(WorkerGroup):
 
 
 class WorkerDiedError(RuntimeError):
-    """A worker process of the run is gone (killed, crashed, out of memory, its node lost); the message names its
-    pool, rank, node and the call it was in."""
+    """A worker process of the run is gone; the message names its pool, rank, node and the call it was in."""
 
 
-# After a rank's call fails, how long to wait for its peers' calls: a rank that lost a peer in a collective often
-# fails first (gloo: "connection closed"), and the peer's death, its cause, is the error worth raising.
+# After a rank's call fails, how long to wait for a peer's death, the likelier cause (gloo: "connection closed").
 PEER_DEATH_WAIT_S = 10.0
 
 
 def get_naming_dead(labelled: list[tuple[Any, str]], during: str | None = None) -> list:
-    """The values of Ray futures, in order. They are waited on together, so the first failure surfaces at once (a
-    dead rank's error does not wait behind a live rank blocked on it in a collective); a future whose actor died
-    raises WorkerDiedError naming its label and the call (`during`), any other error propagates as Ray raises it,
-    unless another rank of the call died meanwhile."""
+    """The values of Ray futures, in order, waited on together so the first failure surfaces at once; a dead
+    actor (or, after another error, a peer dying meanwhile) raises WorkerDiedError naming its label and `during`."""
     label_of = {future: label for future, label in labelled}
     pending = list(label_of)
     while pending:

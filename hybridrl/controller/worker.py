@@ -1,10 +1,5 @@
-"""Worker: the base class of every SPMD rank (actor, critic, reference, reward model), and how ranks meet.
-
-A worker group starts one process per rank and gives it the standard torch.distributed environment
-(MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK) and its device type (`hybridrl.utils.device`).
-The base class reads them (`DistEnv`), sets the rank's share of CPU threads, and joins the group's
-process group (gloo on CPU, gloo + nccl on CUDA) on a TCP store that rank 0 hosts (`rank_store`).
-"""
+"""Worker: the base class of every SPMD rank, and how ranks meet: it reads the torch.distributed environment
+its worker group set (`DistEnv`) and joins the group's process group on a TCP store rank 0 hosts."""
 
 from __future__ import annotations
 
@@ -67,14 +62,8 @@ class DistEnv:
 
 
 def rank_store(env: DistEnv) -> dist.TCPStore:
-    """The rank's client of the group's TCP store; rank 0 also hosts it (its server listens on every
-    interface of rank 0's node). Every rank builds its store here, so all of them agree on its keys.
-
-    A port picked free ahead of its bind can be taken in between (gloo binds ephemeral ports too), so
-    `MASTER_PORT=0` has rank 0 bind one of the OS's choosing; in a Ray group of several, rank 0 announces
-    `ip:port` under `RENDEZVOUS_KEY_ENV` (`announce_address`) and the driver (`await_address`) starts the
-    other ranks with it. A port given outright (`MASTER_PORT=29500`, as torchrun gives it) is used as is.
-    """
+    """The rank's client of the group's TCP store, which rank 0 hosts; `MASTER_PORT=0` has rank 0 bind a port of
+    the OS's choosing (none picked ahead, which another process could take) and announce it for the others."""
     if env.master_port != 0:
         return dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master=env.rank == 0,
                              timeout=default_pg_timeout, wait_for_workers=False)
@@ -114,10 +103,8 @@ def node_address() -> str:
 
 
 def await_address(key: str, rank0: Any, timeout_s: float = default_pg_timeout.total_seconds()) -> tuple[str, int]:
-    """The driver: wait until the Ray actor `rank0` announces its store's address under `key`.
-
-    Raises rank 0's own error if its construction fails first, instead of waiting forever.
-    """
+    """The driver: wait until the Ray actor `rank0` announces its store's address under `key`; raises rank 0's
+    own error if its construction fails first."""
     import ray
     from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_get
 
@@ -141,8 +128,7 @@ def await_address(key: str, rank0: Any, timeout_s: float = default_pg_timeout.to
             raise TimeoutError(f"rank 0 of the worker group did not bind its store in {timeout_s:.0f} s")
 
 
-# torch.distributed's choice of network interface (comma-separated names): set on the driver, every rank gets
-# them (hybridrl.controller.ray.rank_environment); interface names must then be the same on every host.
+# torch.distributed's network interfaces: set on the driver, every rank gets them (names alike on every host)
 SOCKET_INTERFACE_ENVS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 # How long a rank tries to reach the other ranks' addresses before it fails naming them.
 REACH_TIMEOUT_S = 60.0
@@ -158,13 +144,8 @@ def interface_addresses() -> dict[str, list[str]]:
 
 
 def bind_sockets_to_node_address() -> str | None:
-    """In a Ray actor (a rank of a Ray worker group): the address the other hosts reach this rank at, with gloo and
-    NCCL bound to its interface for the rest of the process. None elsewhere: in the driver (the local backend's one
-    rank, whose environment every rank it starts would inherit) and where Ray's node is on loopback.
-
-    Gloo otherwise advertises the address the hostname resolves to, a loopback address in most containers, which
-    another host cannot reach.
-    """
+    """In a Ray actor: the address other hosts reach this rank at, gloo and NCCL bound to its interface (gloo
+    otherwise advertises the hostname's, often loopback). None in the driver and where Ray's node is loopback."""
     ray = sys.modules.get("ray")
     if ray is None or not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
         return None
@@ -178,9 +159,8 @@ def bind_sockets_to_node_address() -> str | None:
 
 
 def socket_address(node: str, interfaces: dict[str, list[str]], chosen: str | None) -> tuple[str, str]:
-    """(address, interface) a rank listens on: Ray's node address `node` (every node reaches it) on the interface
-    that holds it, or, where the user set GLOO_SOCKET_IFNAME (`chosen`, comma-separated), its first interface's
-    own address."""
+    """(address, interface) a rank listens on: Ray's node address `node` on the interface holding it, or the
+    address of the first interface of GLOO_SOCKET_IFNAME (`chosen`) where set."""
     if chosen:
         first = chosen.split(",")[0]
         if first not in interfaces:
@@ -198,8 +178,7 @@ def socket_address(node: str, interfaces: dict[str, list[str]], chosen: str | No
 
 
 def check_store_reachable(host: str, port: int, rank: int, address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
-    """A rank that is not its group's store host: fail within `timeout_s`, naming both addresses, if the store is out
-    of reach (the store's own client would retry for the process group's timeout, 30 minutes)."""
+    """Fail within `timeout_s`, naming both addresses, if the store is out of reach (its client retries 30 min)."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -215,9 +194,8 @@ def check_store_reachable(host: str, port: int, rank: int, address: str, timeout
 
 def check_ranks_reach_each_other(store: dist.Store, rank: int, world_size: int, address: str,
                                  timeout_s: float = REACH_TIMEOUT_S) -> None:
-    """Every rank listens on its advertised address and connects to every rank on another address, so that ranks
-    that cannot reach each other fail within `timeout_s` naming both addresses, instead of in gloo's mesh connect
-    after the process group's timeout. Ranks that all share one address (one host) skip the connects."""
+    """Every rank listens on its address and connects to the ranks on other addresses, so that ranks that cannot
+    reach each other fail within `timeout_s` naming both addresses, not after the process group's timeout."""
     listener = socket.create_server((address, 0), family=socket.AF_INET6 if ":" in address else socket.AF_INET)
     try:
         store.set(f"hybridrl/reach/{rank}", f"{address}|{listener.getsockname()[1]}")
@@ -316,11 +294,8 @@ class Worker:
         return local_device(self.local_rank)
 
     def measure_peak_flops(self, dtypes: Iterable[torch.dtype]) -> None:
-        """Measure this process's peak FLOP/s in each dtype once (`device_peak_flops` caches it).
-
-        A collective: every rank calls it. On CPU the ranks of a node take turns: they share its cores, and a
-        rank probing beside its neighbours would measure a share of the machine, not its own peak.
-        """
+        """Measure this process's peak FLOP/s in each dtype once (`device_peak_flops` caches it); a collective.
+        On CPU the ranks of a node take turns, since they share its cores."""
         dtypes = list(dtypes)
         turns = 1
         if device_type() == "cpu" and dist.is_initialized() and self.world_size > 1:
@@ -360,11 +335,8 @@ class Worker:
 
 
 class HybridWorker(Worker):
-    """Every role of a run in one process per rank, sharing the rank's device and process group.
-
-    `roles` maps each role's name to its `ClassWithInitArgs`, built here in the rank's process; the driver
-    reaches a role's method through `WorkerGroup.call_role`, which runs `execute_role` on every rank.
-    """
+    """Every role of a run in one process per rank, sharing the rank's device and process group; `roles` maps
+    each role's name to its `ClassWithInitArgs`, which `WorkerGroup.call_role` reaches through `execute_role`."""
 
     def __init__(self, roles: Mapping[str, Any]) -> None:
         super().__init__()

@@ -1,9 +1,5 @@
-"""WorkerGroup: the driver-side handle on N ranks of one worker class, and the typed handles over it.
-
-`wg.call(Worker.method, *args)` is the one way to call a worker method; backends (Ray, local) only say
-how to start ranks and run one method on one rank. `LocalWorkerGroup` is the local backend: one rank in
-the driver process, no Ray.
-"""
+"""WorkerGroup: the driver-side handle on N ranks of one worker class (`wg.call(Worker.method, *args)`), the
+typed handles over it, and `LocalWorkerGroup`, the backend that runs one rank in the driver process."""
 
 from __future__ import annotations
 
@@ -44,11 +40,8 @@ class ClassWithInitArgs:
 
 
 class WorkerGroup:
-    """Base class: dispatch and collection. Subclasses start and address the ranks.
-
-    `roles` names the role objects of a `HybridWorker` group and their classes; a group of any other
-    worker class has none, and its methods are called with `call`.
-    """
+    """Base class: dispatch and collection; subclasses start and address the ranks. `roles`: the role classes of
+    a `HybridWorker` group, by name (none for any other worker class)."""
 
     def __init__(self, worker_cls: type, world_size: int, roles: Mapping[str, type] | None = None) -> None:
         self.worker_cls = worker_cls
@@ -60,8 +53,7 @@ class WorkerGroup:
 
     # ----- backend hooks -------------------------------------------------------------------------------
     def _submit(self, rank: int, role: str | None, method_name: str, args: tuple, kwargs: dict) -> Any:
-        """Start `method_name` (of role `role`, or of the worker itself) on `rank`; return a future (Ray)
-        or the value (local)."""
+        """Start `method_name` (of `role`, or of the worker) on `rank`: a future (Ray) or the value (local)."""
         raise NotImplementedError
 
     def shutdown(self) -> None:
@@ -76,8 +68,7 @@ class WorkerGroup:
         return self._specs[role]
 
     def call(self, method: str | Callable, /, *args: Any, **kwargs: Any) -> Any:
-        """Dispatch, execute and collect one registered method of the worker class: the method itself
-        (`SFTWorker.train_batch`, which a reader can jump to) or its name."""
+        """Dispatch, execute and collect a registered method of the worker class (`SFTWorker.train_batch`, or its name)."""
         return self.call_role(None, method, *args, **kwargs)
 
     def call_role(self, role: str | None, method: str | Callable, /, *args: Any, **kwargs: Any) -> Any:
@@ -108,8 +99,7 @@ class WorkerGroup:
         return mode.collect_fn(self, self.results(futures, name))
 
     def results(self, futures: list, method: str | None = None) -> list:
-        """The values of futures this group's calls of `method` returned (of ranks 0..n-1, or of rank 0 alone), in
-        order."""
+        """The values, in order, of the futures this group's calls of `method` returned."""
         return resolve(futures)
 
 
@@ -126,12 +116,8 @@ def roles_of(cls_with_init: ClassWithInitArgs) -> dict[str, type]:
 
 
 class TypedWorkerGroup:
-    """Base of the typed handles: holds the group and the methods every `Worker` has.
-
-    A handle declares each worker method with the worker's signature and hands the worker method itself to
-    `_call` (e.g. `return self._call(CriticWorker.compute_values, data)`). It returns what the dispatch mode
-    collects: a DataProto for DP_COMPUTE_PROTO, one entry per rank for ONE_TO_ALL (None where all are None).
-    """
+    """Base of the typed handles: holds the group and the methods every `Worker` has. A handle declares each
+    worker method with its signature, as `return self._call(CriticWorker.compute_values, data)`."""
 
     worker_cls: ClassVar[type[Worker]]
 
@@ -170,26 +156,9 @@ class TypedWorkerGroup:
 DIST_ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-def _set_single_rank_env() -> None:
-    # A driver that already joined a process group (a second local group) keeps its coordinates.
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    # 0: the rank binds a port of the OS's choosing when it starts its store; none is picked ahead (worker.rank_store)
-    os.environ.setdefault("MASTER_PORT", "0")
-    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}.items():
-        if os.environ.setdefault(key, value) != value:
-            raise RuntimeError(
-                f"the local backend runs one rank in this process, but {key}={os.environ[key]} is set; "
-                f"unset it or use trainer.backend=ray"
-            )
-
-
 class LocalWorkerGroup(WorkerGroup):
-    """The local backend: one rank, built and run in the driver process, with RayWorkerGroup's API.
-
-    A breakpoint inside a worker method stops the driver itself. The rank's torch.distributed environment
-    and process group are the driver's; `shutdown` puts both back, so a second run in the process starts
-    afresh. device: `trainer.device` (cpu / cuda / auto); None keeps this process's own.
-    """
+    """The local backend: one rank, built and run in the driver process, whose torch.distributed environment
+    and process group `shutdown` puts back. device: `trainer.device`; None keeps this process's own."""
 
     def __init__(self, cls_with_init: ClassWithInitArgs, device: str | None = None) -> None:
         self._saved_env: dict[str, str | None] | None = {key: os.environ.get(key)
@@ -197,7 +166,15 @@ class LocalWorkerGroup(WorkerGroup):
         # a group nested inside another (same process group) must leave the outer one's group open
         self._owns_process_group = not dist.is_initialized()
         try:
-            _set_single_rank_env()
+            # a driver already in a process group keeps its coordinates; port 0: the OS's choice (worker.rank_store)
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", "0")
+            for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}.items():
+                if os.environ.setdefault(key, value) != value:
+                    raise RuntimeError(
+                        f"the local backend runs one rank in this process, but {key}={os.environ[key]} is set; "
+                        f"unset it or use trainer.backend=ray"
+                    )
             if device is not None:
                 os.environ.update(device_env(resolve_device_type(device)))
             self.worker = cls_with_init.build()
@@ -212,8 +189,7 @@ class LocalWorkerGroup(WorkerGroup):
         return self.worker.execute_role(role, method_name, *args, **kwargs)
 
     def shutdown(self) -> None:
-        """Drop the rank, close the process group it opened, restore the distributed env variables and the
-        process's torch threads (once, however often it is called)."""
+        """Drop the rank and put back the process group, environment and torch threads (once, however often called)."""
         self.worker = None
         if self._saved_env is None:
             return

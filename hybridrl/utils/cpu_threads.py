@@ -1,18 +1,6 @@
-"""How many torch threads this process computes with on a CPU: the ones it was given, less the cores that
-other processes keep busy.
-
-Torch's OpenMP threads meet at the end of every parallel region, and a thread that arrives first spins
-before it sleeps. When another process keeps one of our cores busy, the kernel deschedules one of our
-threads, and its peer spins through whole time slices waiting for it: every small op then costs a time
-slice, so a step slows by far more than the share of the CPU the neighbour took. One thread fewer has no
-peer to wait for and runs at its fair share. `fit_cpu_threads` measures, from /proc/stat, how busy the
-other processes keep the cores this process may run on and sets the thread count to what is left; called
-between ops (each worker call, each decode step, each micro-batch), it follows a neighbour that comes and
-goes. The effect, alone and beside neighbours: benchmarks/contention.py.
-
-`HYBRIDRL_CPU_THREADS=fixed` keeps the given count whatever else runs (bit-identical reruns on a loaded
-machine); the given count is torch's own, `OMP_NUM_THREADS`, or a Ray rank's CPUs, as before.
-"""
+"""Torch threads on a CPU: the given count less the cores other processes keep busy, since OpenMP threads
+spin for a descheduled peer and a busy neighbour then costs far more than its share (benchmarks/contention.py).
+`HYBRIDRL_CPU_THREADS=fixed` keeps the given count (bit-identical reruns)."""
 
 from __future__ import annotations
 
@@ -30,20 +18,17 @@ logger = logging.getLogger(__name__)
 
 POLICY_ENV = "HYBRIDRL_CPU_THREADS"
 POLICIES = ("adaptive", "fixed")
-# How often the load is sampled: /proc/stat counts in ticks of 10 ms, so half a second measures a core's
-# use to within a few percent, and a neighbour that starts is noticed within a step.
+# How often the load is sampled: /proc/stat's 10 ms ticks measure half a second to within a few percent.
 SAMPLE_INTERVAL_S = 0.5
 # The first fit's window, so that a process started beside a busy neighbour fits before its first step.
 FIRST_WINDOW_S = 0.1
-# /proc/stat's per-CPU columns that count time a CPU was not available to us: user, nice, system, irq,
-# softirq, steal (another virtual machine ran). Guest time is already inside user.
+# /proc/stat's per-CPU columns of time not available to us: user, nice, system, irq, softirq, steal.
 _BUSY_COLUMNS = (0, 1, 2, 5, 6, 7)
 
 
 @dataclass(frozen=True)
 class CpuTimes:
-    """Seconds at one moment: wall clock, busy time of the CPUs this process may use (all processes), and
-    this process's own CPU time."""
+    """Seconds at one moment: wall clock, busy time of this process's CPUs (all processes), own CPU time."""
 
     wall_s: float
     busy_s: float
@@ -89,12 +74,8 @@ def threads_for(given: int, cpus: int, others_busy: float) -> int:
 
 
 class CpuThreadFit:
-    """The process's thread count, refitted to the load at most every `SAMPLE_INTERVAL_S` where it computes on
-    the CPU under the adaptive policy.
-
-    The given count is whatever torch had when the fit last left it: a caller that sets its own count
-    (`torch.set_num_threads`, the quickstart's `--threads`) makes that the new given count.
-    """
+    """The process's thread count, refitted to the load at most every `SAMPLE_INTERVAL_S` (CPU, adaptive
+    policy); a count someone else sets (`torch.set_num_threads`) becomes the new given count."""
 
     def __init__(self, stat_path: str = "/proc/stat") -> None:
         self.stat_path = stat_path
@@ -146,8 +127,7 @@ _FIT: CpuThreadFit | None = None
 
 
 def fit_cpu_threads() -> None:
-    """Fit this process's torch threads to the free cores, where it computes on the CPU under the adaptive
-    policy; cheap enough to call between any two ops (it samples at most every `SAMPLE_INTERVAL_S`)."""
+    """`CpuThreadFit.fit` of this process; cheap enough to call between any two ops."""
     global _FIT
     if _FIT is None:
         _FIT = CpuThreadFit()
@@ -155,8 +135,7 @@ def fit_cpu_threads() -> None:
 
 
 def restore_given_threads() -> None:
-    """Give this process back the count the fit started from (a local run's driver: a notebook or test that
-    ran it keeps its own count afterwards) and forget the load seen so far."""
+    """Give this process back the count the fit started from (a local run's driver), forgetting the load seen."""
     global _FIT
     fit, _FIT = _FIT, None
     if fit is not None and fit.given is not None and fit.chosen is not None and torch.get_num_threads() == fit.chosen:

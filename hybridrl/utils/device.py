@@ -1,9 +1,4 @@
-"""This process's device: which one it computes on, the dtypes it computes in, and its memory.
-
-The driver resolves `trainer.device` once and passes it to every worker in `DEVICE_ENV`, which
-`device_type()` reads, so `trainer.device=cpu` keeps every worker on the CPU even where a GPU is visible.
-Without `DEVICE_ENV` (a script that builds engines itself): cuda where torch sees a GPU, else cpu.
-"""
+"""This process's device (`DEVICE_ENV`, set from `trainer.device`), the dtypes it computes in, its memory."""
 
 from __future__ import annotations
 
@@ -19,7 +14,6 @@ from dataclasses import dataclass
 
 import torch
 
-# Set by the worker-group launchers: "cpu" or "cuda", the device type of the worker processes.
 DEVICE_ENV = "HYBRIDRL_DEVICE"
 DEVICE_TYPES = ("cpu", "cuda")
 AUTO = "auto"  # trainer.device=auto, and a dtype key's `auto`
@@ -42,7 +36,7 @@ def device_setting_problem(setting: str, key: str = "trainer.device") -> str | N
 
 
 def device_type() -> str:
-    """This process's device type: `DEVICE_ENV` as its launcher set it, else the fallback (module doc)."""
+    """This process's device type: `DEVICE_ENV` as its launcher set it, else cuda where torch sees a GPU."""
     value = os.environ.get(DEVICE_ENV)
     if not value:
         return resolve_device_type(AUTO)
@@ -53,11 +47,8 @@ def device_type() -> str:
 
 
 def cuda_index(local_rank: int) -> int:
-    """The CUDA device index (among those this process sees) that the rank with `local_rank` computes on.
-
-    One visible GPU: index 0 (Ray narrows CUDA_VISIBLE_DEVICES per actor). Several: the one Ray assigned,
-    else the one at `local_rank`. Raises for a local rank beyond them, where NCCL would fail less clearly.
-    """
+    """The visible CUDA device index the rank with `local_rank` computes on: the only one, the one Ray
+    assigned, else the one at `local_rank` (raises past them, where NCCL would fail less clearly)."""
     count = torch.cuda.device_count()
     if count == 0:
         raise RuntimeError(f"this process computes on cuda ({DEVICE_ENV}) but torch sees no GPU in it "
@@ -109,11 +100,6 @@ def distributed_backend() -> str:
     return "cpu:gloo,cuda:nccl" if device_type() == "cuda" else "gloo"
 
 
-def cuda_in_use() -> bool:
-    """Whether this process has started CUDA (so a CPU process does not create a context just to report zero)."""
-    return torch.cuda.is_available() and torch.cuda.is_initialized()
-
-
 def device_env(device: str) -> dict[str, str]:
     """The environment variables that hand a resolved device type to a worker process."""
     if device not in DEVICE_TYPES:
@@ -123,8 +109,7 @@ def device_env(device: str) -> dict[str, str]:
 
 @contextmanager
 def pinned(device: str) -> Iterator[None]:
-    """This process computes on `device` (cpu / cuda / auto) inside the block, for a driver that is its own
-    single worker; the previous setting comes back after."""
+    """Compute on `device` (cpu / cuda / auto) inside the block; the previous setting comes back after."""
     saved = {DEVICE_ENV: os.environ.get(DEVICE_ENV)}
     os.environ.update(device_env(resolve_device_type(device)))
     try:
@@ -146,8 +131,7 @@ BF16_NAMES = ("bfloat16", "bf16")  # what a dtype key may say for bf16 (hybridrl
 
 
 def native_bf16(device: str | None = None) -> bool:
-    """Whether `device` (default: this process's) multiplies bf16 natively: a GPU that torch says supports it,
-    or a CPU with AVX512_BF16 or AMX (AVX2-only CPUs emulate bf16, slower than fp32)."""
+    """Whether `device` (default: this process's) multiplies bf16 natively: a capable GPU, AMX or AVX512_BF16."""
     device = device or device_type()
     if device == "cuda":
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
@@ -157,17 +141,13 @@ def native_bf16(device: str | None = None) -> bool:
 
 
 def auto_dtype(device: str | None = None) -> torch.dtype:
-    """What a compute dtype of `auto` (the default) means on `device` (default: this process's): bf16 on a GPU
-    that multiplies it natively (verl's default), fp32 on a CPU, where the CPU recipes were measured, and on
-    older GPUs. bf16 on a CPU with AMX or AVX512_BF16 is asked for by name. Master weights, optimizer
-    state, gradient reduction and log-softmax stay fp32 whatever the compute dtype."""
+    """A compute dtype of `auto` on `device` (default: this process's): bf16 on a native-bf16 GPU, else fp32."""
     device = device or device_type()
     return torch.bfloat16 if device == "cuda" and native_bf16("cuda") else torch.float32
 
 
 def emulated_bf16_warning(key: str, value: str | None, device: str) -> str | None:
-    """The warning for dtype key `key` set to bf16 by name where the device (`device`, resolved) emulates
-    bf16, many times slower than fp32; else None."""
+    """The warning for dtype key `key` set to bf16 by name on a CPU (`device`) that emulates bf16, else None."""
     if value not in BF16_NAMES or device != "cpu" or native_bf16("cpu"):
         return None
     return (f"{key}={value} on a CPU without native bf16 (no AVX512_BF16 or AMX; torch's capability: "
@@ -180,8 +160,7 @@ GIB = 1024**3
 
 @dataclass(frozen=True)
 class ProcessMemory:
-    """One process's peaks in GiB (CUDA fields None where it never initialised CUDA); every worker and the
-    driver report theirs (`hybridrl.trainer.metrics.compute_memory_metrics`)."""
+    """One process's peaks in GiB (CUDA fields None where it never initialised CUDA)."""
 
     host: str
     pid: int
@@ -202,9 +181,9 @@ def peak_rss_gb() -> float:
 
 
 def process_memory() -> ProcessMemory:
-    """The calling process's peaks (CUDA only where `cuda_in_use`)."""
+    """The calling process's peaks (CUDA only where it started CUDA: no context just to report zero)."""
     allocated = reserved = None
-    if cuda_in_use():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
         allocated = torch.cuda.max_memory_allocated() / GIB
         reserved = torch.cuda.max_memory_reserved() / GIB
     return ProcessMemory(socket.gethostname(), os.getpid(), peak_rss_gb(), allocated, reserved)
@@ -223,11 +202,8 @@ _applied = False
 
 
 def keep_freed_memory() -> bool:
-    """Raise glibc's mmap and trim thresholds for this process (once); returns whether they are set.
-
-    Freed host memory then stays for the next tensor instead of faulting fresh pages in for every activation
-    of a CPU pass (benchmarks/README.md, "Host memory"). Linux with glibc only; `KEEP_ENV`=0 turns it off.
-    """
+    """Raise glibc's mmap and trim thresholds for this process (once), so freed host memory stays for the
+    next tensor; returns whether they are set. Linux with glibc only; `KEEP_ENV`=0 turns it off."""
     global _applied
     if _applied:
         return True

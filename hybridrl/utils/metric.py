@@ -1,11 +1,5 @@
-"""The numbers workers report and the trainer reduces: metric lists, stage times and MFU.
-
-`reduce_metrics` takes a list's mean, or max / min for keys named so. Stage times accumulate per name
-(`timer`; a worker's own come back in its metrics, `report_worker_seconds`). MFU = model FLOPs /
-(seconds x peak FLOP/s), with 2N FLOPs per token forward and 6N forward + backward over the N
-multiplying parameters (Kaplan et al. 2020, "Scaling Laws for Neural Language Models", section 2.1;
-attention left out, as in verl); the peak is a listed GPU's datasheet figure, else measured.
-"""
+"""The numbers workers report and the trainer reduces: metric lists, stage times and MFU (model FLOPs over
+seconds x peak FLOP/s; attention left out, as in verl)."""
 
 from __future__ import annotations
 
@@ -27,8 +21,7 @@ from hybridrl.utils.device import device_type as process_device_type
 FORWARD_FLOPS_PER_PARAM = 2
 TRAIN_FLOPS_PER_PARAM = 6
 
-# Dense tensor-core peaks from NVIDIA's datasheets, FLOP/s, by a substring of the lower-cased device name
-# (first match wins). fp32 is the non-TF32 figure, since torch matmuls do not use TF32 by default.
+# Dense datasheet peaks in FLOP/s by a substring of the lower-cased name (first match); fp32 without TF32, as torch
 _GPU_PEAKS: tuple[tuple[str, dict[torch.dtype, float]], ...] = (
     ("h100 pcie", {torch.bfloat16: 756e12, torch.float16: 756e12, torch.float32: 51e12}),
     ("h100", {torch.bfloat16: 989e12, torch.float16: 989e12, torch.float32: 67e12}),  # SXM
@@ -38,14 +31,12 @@ _GPU_PEAKS: tuple[tuple[str, dict[torch.dtype, float]], ...] = (
 
 
 def model_flops(params: int, tokens: int, flops_per_param: int, passes: int = 1) -> float:
-    """flops_per_param x params x tokens x passes: flops_per_param is 2 for a forward pass (generation,
-    log-probs, values) and 6 for forward + backward (an update; `passes` = its epochs)."""
+    """flops_per_param (2 forward, 6 forward + backward) x params x tokens x passes (an update's epochs)."""
     return float(flops_per_param) * params * tokens * passes
 
 
 def mfu(flops: float, seconds: float, peak_flops: float) -> float:
-    """flops / (seconds x peak_flops), where `peak_flops` sums the ranks' peaks and `seconds` is the slowest
-    rank's wall time."""
+    """flops / (seconds x peak_flops): the ranks' summed peaks, the slowest rank's seconds."""
     if seconds <= 0 or peak_flops <= 0:
         raise ValueError(f"mfu needs positive seconds and peak_flops, got {seconds} and {peak_flops}")
     return flops / (seconds * peak_flops)
@@ -85,11 +76,8 @@ def matmul_peak_flops(dtype: torch.dtype = torch.float32, device: str = "cpu", s
 
 def datasheet_peak_flops(device_name: str, dtype: torch.dtype) -> float | None:
     """The datasheet's dense peak of a known GPU in `dtype`, or None (names match case-insensitively)."""
-    device_name = device_name.lower()
-    for name, peaks in _GPU_PEAKS:
-        if name in device_name:
-            return peaks.get(dtype)
-    return None
+    lowered = device_name.lower()
+    return next((peaks.get(dtype) for name, peaks in _GPU_PEAKS if name in lowered), None)
 
 
 @functools.cache
@@ -101,8 +89,7 @@ def _cached_peak(device_type: str, dtype: torch.dtype, threads: int) -> float:
 
 
 def device_peak_flops(dtype: torch.dtype) -> float:
-    """This process's peak FLOP/s in `dtype`, cached per (dtype, thread count): a known GPU's datasheet figure,
-    else measured."""
+    """This process's peak FLOP/s in `dtype` (a known GPU's datasheet figure, else measured), cached."""
     return _cached_peak(process_device_type(), dtype, torch.get_num_threads())
 
 
@@ -136,33 +123,26 @@ def combine_ranks(per_rank: Sequence[Mapping[str, ModelPass]]) -> dict[str, Mode
     return combined
 
 
-def _reduction(key: str) -> str:
-    tokens = key.rsplit("/", 1)[-1].split("_")
-    return "max" if "max" in tokens else "min" if "min" in tokens else "mean"
-
-
 def reduce_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     """One number per key: a list's mean, or max / min where the key's last path segment has a `max` / `min`
     word (the mean of per-rank maxima is not a maximum); empty gives NaN."""
     reduced = {}
     for key, values in metrics.items():
         array = np.asarray(values if isinstance(values, (list, tuple, np.ndarray)) else [values], float)
-        reduced[key] = float(getattr(np, _reduction(key))(array)) if array.size else math.nan
+        words = key.rsplit("/", 1)[-1].split("_")
+        reduction = "max" if "max" in words else "min" if "min" in words else "mean"
+        reduced[key] = float(getattr(np, reduction)(array)) if array.size else math.nan
     return reduced
 
 
-# A rank's own seconds for one call, inside meta_info["metrics"], which concat gathers per rank (any other
-# meta_info key must be equal on every rank).
+# A rank's own seconds for one call, inside meta_info["metrics"], which concat gathers per rank.
 WORKER_SECONDS = "worker_seconds"
 
 
 @contextmanager
 def timer(name: str, timing_raw: MutableMapping[str, float]) -> Iterator[None]:
-    """Add the `with` body's seconds to `timing_raw[name]`, also when it raises.
-
-    Accumulates, since a stage may run several times in a step (DAPO's dynamic sampling).
-    """
-    start = time.perf_counter()  # monotonic: immune to wall-clock adjustments during long runs
+    """Add the `with` body's seconds to `timing_raw[name]`, also when it raises (a stage may repeat in a step)."""
+    start = time.perf_counter()
     try:
         # a named range in a torch.profiler trace (benchmarks/profile_step.py); next to nothing otherwise
         with torch.profiler.record_function(name):
@@ -172,8 +152,7 @@ def timer(name: str, timing_raw: MutableMapping[str, float]) -> Iterator[None]:
 
 
 def worker_stage(stage: str) -> str:
-    """The timing name of a stage's time on the workers (`gen` -> `gen_worker`), the slowest rank's; its gap to
-    the stage's own time is what dispatch and transfer cost."""
+    """The timing name of a stage's slowest-rank time on the workers (`gen` -> `gen_worker`)."""
     return f"{stage}_worker"
 
 
@@ -192,8 +171,7 @@ def report_worker_seconds(method: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def pop_worker_seconds(meta_info: MutableMapping[str, Any]) -> float | None:
-    """Take the ranks' seconds out of a collected output's metrics (dropping an emptied `metrics`); the slowest
-    rank's, or None."""
+    """Pop the ranks' seconds from collected metrics (an emptied `metrics` goes): the slowest's, or None."""
     metrics = meta_info.get("metrics")
     if not metrics or WORKER_SECONDS not in metrics:
         return None

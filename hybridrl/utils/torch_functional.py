@@ -1,5 +1,4 @@
-"""Small tensor helpers with `verl.utils.torch_functional`'s names: masked statistics, and the per-token
-log-probability and entropy of a language model's logits."""
+"""Masked statistics, and the per-token log-probability and entropy of logits (verl's names)."""
 
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, axis: int | None = Non
 
 
 def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
-    """Variance of the masked elements, with Bessel's correction n/(n-1) when `unbiased` (which raises for
-    fewer than 2 unmasked elements)."""
+    """Variance of the masked elements, with Bessel's correction when `unbiased` (raises for fewer than 2)."""
     mean = masked_mean(values, mask)
     variance = masked_mean((values - mean) ** 2, mask)
     if unbiased:
@@ -83,10 +81,7 @@ def _entropy_rows(logits: torch.Tensor) -> torch.Tensor:
 
 
 def entropy_from_logits(logits: torch.Tensor, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> torch.Tensor:
-    """Entropy of softmax(logits) over the last dimension: (..., vocab) -> (...), fp32 for half-precision input.
-
-    H = logsumexp(z) - sum_v p_v z_v (never the log of a tiny probability), `chunk_rows` rows at a time.
-    """
+    """Entropy of softmax over the last dim, chunked: (..., vocab) -> (...), fp32 for half-precision input."""
     rows = logits.reshape(-1, logits.shape[-1])  # (n_rows, vocab)
     return _rowwise_chunked(_entropy_rows, rows, chunk_rows).reshape(logits.shape[:-1])
 
@@ -99,10 +94,8 @@ def _logsumexp_rows(logits: torch.Tensor) -> torch.Tensor:
 def logprobs_from_logits(
     logits: torch.Tensor, labels: torch.Tensor, chunk_rows: int = DEFAULT_CHUNK_ROWS
 ) -> torch.Tensor:
-    """log softmax(logits)[label] = z_y - logsumexp(z), chunked, without a log-softmax copy.
-
-    logits (..., vocab), labels (...) -> (...); fp32 for half-precision input (PPO ratios need it).
-    """
+    """log softmax(logits)[label] = z_y - logsumexp(z), chunked, without a log-softmax copy: logits
+    (..., vocab), labels (...) -> (...); fp32 for half-precision input (PPO ratios need it)."""
     if labels.shape != logits.shape[:-1]:
         raise ValueError(
             f"logprobs_from_logits: labels shape {tuple(labels.shape)} must equal logits shape without "

@@ -1,7 +1,5 @@
-"""Experiment tracking: `Tracking` sends each step's metrics to the backends `trainer.logger` names (one
-name or a list, as in verl), registered in `LOGGER_BACKENDS`: console (a table per step), file
-(`<log_dir>/metrics.jsonl`), tensorboard, wandb and mlflow (optional extras, imported when selected).
-`StepProgress` is the tqdm bar over training steps."""
+"""Experiment tracking: `Tracking` sends each step's metrics to the `LOGGER_BACKENDS` that `trainer.logger`
+names (wandb, mlflow and tensorboard are optional extras, imported when selected); `StepProgress` is the tqdm bar."""
 
 from __future__ import annotations
 
@@ -65,11 +63,6 @@ def _plain_config(config: Any) -> dict[str, Any] | None:
     return None if config is None else dict(config)
 
 
-def _format_value(value: float | int) -> str:
-    """Ints as they are, floats with 4 significant digits."""
-    return str(value) if isinstance(value, int) or not math.isfinite(value) else f"{value:.4g}"
-
-
 def format_metrics_table(data: Mapping[str, float], step: int, width: int = 110) -> str:
     """The console view of one step: one block per metric group (a key's first path segment; `misc` for keys
     without a slash), in aligned columns."""
@@ -78,7 +71,9 @@ def format_metrics_table(data: Mapping[str, float], step: int, width: int = 110)
         group, _, name = key.partition("/")
         if not name:
             group, name = "misc", key
-        groups.setdefault(group, []).append((name, _format_value(data[key])))
+        value = data[key]  # ints as they are, floats with 4 significant digits
+        shown = str(value) if isinstance(value, int) or not math.isfinite(value) else f"{value:.4g}"
+        groups.setdefault(group, []).append((name, shown))
     group_width = max((len(g) for g in groups), default=0)
     lines = [f"---- step {step} " + "-" * max(0, width - len(f"---- step {step} "))]
     for group, entries in groups.items():
@@ -128,33 +123,10 @@ def _write_lines_durably(path: Path, lines: Sequence[str]) -> None:
     os.replace(tmp, path)
 
 
-def rewind_metrics_file(path: Path, keep_through: int) -> int:
-    """Keep the lines of `path` up to step `keep_through` and append the rest (and unparsable lines) to
-    `<path>.rolled_back`, which a resumed run would otherwise log twice; returns how many moved."""
-    if not path.is_file():
-        return 0
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    keep, moved = [], []
-    for line in lines:
-        step = _step_of_line(line)
-        (keep if step is not None and step <= keep_through else moved).append(line)
-    if not moved:
-        return 0
-    side = path.with_name(path.name + ROLLED_BACK_SUFFIX)
-    with side.open("a", encoding="utf-8") as f:
-        f.writelines(line if line.endswith("\n") else line + "\n" for line in moved)
-        f.flush()
-        os.fsync(f.fileno())
-    _write_lines_durably(path, keep)
-    return len(moved)
-
-
 @LOGGER_BACKENDS.register("file")
 class FileLogger:
-    """Appends `{"step": step, **metrics}` as one fsynced JSON line per step to `<log_dir>/metrics.jsonl`.
-
-    NaN and infinities become null. Logging the newest step again adds its new keys, keeping written values.
-    """
+    """Appends `{"step": step, **metrics}` as one fsynced JSON line per step to `<log_dir>/metrics.jsonl`
+    (NaN and infinities as null); logging the newest step again adds its new keys, keeping written values."""
 
     def __init__(self, project_name: str, experiment_name: str, config: Any, log_dir: str | None) -> None:
         if log_dir is None:
@@ -177,30 +149,37 @@ class FileLogger:
         if "step" in data:
             raise ValueError("the 'file' logger writes its own 'step' key; rename the metric called 'step'")
         record: dict[str, Any] = {"step": step}
-        for key, value in data.items():
-            record[key] = None if isinstance(value, float) and not math.isfinite(value) else value
-        if self._last is not None and self._last["step"] == step:
-            self._replace_last_line({**record, **self._last})
-            return
-        self._file.write(json.dumps(record, allow_nan=False) + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._last = record
-
-    def _replace_last_line(self, record: dict[str, Any]) -> None:
-        self._file.close()
-        lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
-        _write_lines_durably(self.path, [*lines[:-1], json.dumps(record, allow_nan=False) + "\n"])
-        self._file = self.path.open("a", encoding="utf-8")
+        record.update({k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in data.items()})
+        if self._last is not None and self._last["step"] == step:  # rewrite the last line with the new keys
+            record = {**record, **self._last}
+            self._file.close()
+            lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
+            _write_lines_durably(self.path, [*lines[:-1], json.dumps(record, allow_nan=False) + "\n"])
+            self._file = self.path.open("a", encoding="utf-8")
+        else:
+            self._file.write(json.dumps(record, allow_nan=False) + "\n")
+            self._file.flush()
+            os.fsync(self._file.fileno())
         self._last = record
 
     def rewind(self, keep_through: int) -> int:
-        """`rewind_metrics_file` on this logger's file; returns how many lines moved aside."""
+        """Keep the lines up to step `keep_through` and append the rest (and unparsable lines) to
+        `<file>.rolled_back`, which a resumed run would otherwise log twice; returns how many moved."""
         self._file.close()
-        moved = rewind_metrics_file(self.path, keep_through)
+        lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True) if self.path.is_file() else []
+        keep, moved = [], []
+        for line in lines:
+            step = _step_of_line(line)
+            (keep if step is not None and step <= keep_through else moved).append(line)
+        if moved:
+            with self.path.with_name(self.path.name + ROLLED_BACK_SUFFIX).open("a", encoding="utf-8") as f:
+                f.writelines(line if line.endswith("\n") else line + "\n" for line in moved)
+                f.flush()
+                os.fsync(f.fileno())
+            _write_lines_durably(self.path, keep)
         self._last = self._read_last_record()
         self._file = self.path.open("a", encoding="utf-8")
-        return moved
+        return len(moved)
 
     def finish(self) -> None:
         if not self._file.closed:
@@ -277,11 +256,8 @@ def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
 
 @LOGGER_BACKENDS.register("mlflow")
 class MlflowLogger:
-    """An MLflow run (experiment = project, run name = experiment) through an `MlflowClient`.
-
-    The store is `$MLFLOW_TRACKING_URI`, else SQLite at `<log_dir>/mlflow/mlflow.db` (no server; MLflow 3
-    refuses a file store by default). `@` in metric names becomes `_at_`, as in verl.
-    """
+    """An MLflow run (experiment = project, run name = experiment) in `$MLFLOW_TRACKING_URI`, else SQLite at
+    `<log_dir>/mlflow/mlflow.db`; `@` in metric names becomes `_at_`, as in verl."""
 
     def __init__(self, project_name: str, experiment_name: str, config: Any, log_dir: str | None) -> None:
         try:
@@ -329,10 +305,7 @@ def parse_logger_backends(backends: str | Sequence[str] | None) -> list[str]:
 
 
 class Tracking:
-    """Sends each step's metrics to every backend in `default_backend` (verl's class and arguments).
-
-    `log_dir` (the trainer's `default_local_dir`) is where file-based backends write.
-    """
+    """Sends each step's metrics to the backends in `default_backend` (verl's class); files go under `log_dir`."""
 
     def __init__(self, project_name: str, experiment_name: str,
                  default_backend: str | Sequence[str] | None = "console", config: Mapping[str, Any] | None = None,

@@ -46,8 +46,7 @@ def _refuse_if_frozen(node: FreezableConfig, name: str) -> None:
 
 
 def freeze(config: T, key: str = "") -> T:
-    """Make `config` and every config node under it read-only, in place; returns it. Every node must derive
-    from FreezableConfig, so no part of the tree stays writable."""
+    """Make `config` and every config node under it (each a FreezableConfig) read-only, in place; returns it."""
     if not isinstance(config, FreezableConfig) or not dataclasses.is_dataclass(config):
         raise TypeError(f"{key or 'the config'} ({type(config).__name__}) cannot be frozen: make it a dataclass "
                         f"deriving from FreezableConfig")
@@ -66,8 +65,8 @@ def require(ok: bool, message: str) -> None:
 
 
 def require_config_object(config: Any, owner: str, expected: str) -> None:
-    """Raise unless `config` is a config object: None, or a number from an old positional call such as
-    f(rewards, mask, 0.99), names what `owner` expects there."""
+    """Raise, naming what `owner` expects, where `config` is None or a number (an old positional call such as
+    f(rewards, mask, 0.99))."""
     if config is None or isinstance(config, Number):
         raise TypeError(f"{owner} reads its settings from `config`, {expected}; got {config!r}")
 
@@ -84,8 +83,7 @@ def as_override(value: Any) -> str:
 
 
 def to_dataclass(cls: type[T], value: Any) -> T:
-    """A `cls` instance from an instance, a dict or an OmegaConf node; unknown keys and wrong types raise with
-    the key's path."""
+    """A `cls` instance from an instance, dict or OmegaConf node; unknown keys and wrong types raise with the path."""
     if isinstance(value, cls):
         return value
     merged = OmegaConf.merge(OmegaConf.structured(cls), value if value is not None else {})
@@ -93,8 +91,7 @@ def to_dataclass(cls: type[T], value: Any) -> T:
 
 
 def readonly_view(config: Any) -> Any:
-    """`config` (a dataclass) as verl hands its sections to user classes: a read-only DictConfig
-    (attributes, [] and .get)."""
+    """`config` (a dataclass) as a read-only DictConfig, as verl hands its sections to user classes."""
     view = OmegaConf.structured(config)
     OmegaConf.set_readonly(view, True)
     return view
