@@ -48,6 +48,7 @@ from hybridrl.algos.policy_loss import (
     compute_policy_loss_gspo,
     compute_policy_loss_kl_cov,
     compute_policy_loss_vanilla,
+    compute_value_loss,
     get_policy_loss_fn,
     register_policy_loss,
 )
@@ -62,7 +63,6 @@ from hybridrl.algos.policy_loss_variants import (
     compute_policy_loss_up,
 )
 from hybridrl.algos.rollout_correction import compute_policy_loss_bypass_mode, compute_policy_loss_reinforce
-from hybridrl.algos.value_loss import compute_value_loss
 
 __all__ = [
     "ADV_ESTIMATOR_REGISTRY",
