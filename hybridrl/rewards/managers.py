@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.util
 import inspect
 from collections import defaultdict
 from collections.abc import Callable, Mapping
@@ -40,7 +39,7 @@ from hybridrl.rewards.failures import (
 )
 from hybridrl.rewards.pool import make_runner
 from hybridrl.rewards.scorers import default_compute_score
-from hybridrl.utils.registry import Registry
+from hybridrl.utils.registry import Registry, import_file
 from hybridrl.utils.typed_config import FreezableConfig, to_dataclass
 
 
@@ -77,16 +76,8 @@ def load_custom_reward_function(
     path: str | Path, name: str = CustomRewardFunctionConfig.name, reward_kwargs: Mapping[str, Any] | None = None
 ) -> FileRewardFunction:
     """Import `path` as a fresh module and return its function `name` with `reward_kwargs` bound."""
+    module = import_file(path, "custom_reward_function.path")
     file = Path(path).expanduser()
-    if not file.is_file():
-        raise FileNotFoundError(f"custom_reward_function.path={str(path)!r} is not a file; give the path of a .py file")
-    # one module name per file, so two custom files never replace each other
-    module_name = f"hybridrl_custom_reward_{abs(hash(str(file.resolve())))}"
-    spec = importlib.util.spec_from_file_location(module_name, file)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"custom_reward_function.path={str(path)!r} cannot be imported as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     fn = getattr(module, name, None)
     if not callable(fn):
         found = sorted(n for n, obj in vars(module).items() if inspect.isfunction(obj) and not n.startswith("_"))

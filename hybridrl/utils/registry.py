@@ -87,21 +87,27 @@ class Registry(Generic[T]):
         return sorted(self._entries)
 
 
+def import_file(path: str | Path, key: str, not_a_file: str = "is not a file; give the path of a .py file") -> Any:
+    """The .py file `path` imported as a fresh module; errors name the config `key`."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise FileNotFoundError(f"{key}={str(path)!r} {not_a_file}")
+    # one module name per file, so two files of the same name never replace each other
+    spec = importlib.util.spec_from_file_location(f"hybridrl_file_{abs(hash(str(file.resolve())))}", file)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{key}={str(path)!r} cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def load_class(class_path: str, class_name: str, key: str, base: type) -> type:
     """The subclass of `base` named `class_name` in `class_path`; errors name the config `key`."""
     where = f"{key}={class_path!r}"
     if class_path.startswith("pkg://"):
         module = importlib.import_module(class_path.removeprefix("pkg://"))
     else:
-        file = Path(class_path).expanduser()
-        if not file.is_file():
-            raise FileNotFoundError(f"{where} is neither a .py file nor pkg://<importable module>")
-        # one module name per file, so two files of the same name never replace each other
-        spec = importlib.util.spec_from_file_location(f"hybridrl_external_{abs(hash(str(file.resolve())))}", file)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"{where} cannot be imported as a Python module")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = import_file(class_path, key, "is neither a .py file nor pkg://<importable module>")
     cls = getattr(module, class_name, None)
     if not (isinstance(cls, type) and issubclass(cls, base)):
         raise TypeError(f"{class_name!r} in {where} must be a {base.__module__}.{base.__qualname__} subclass, "
