@@ -1,12 +1,6 @@
-"""The SFT worker: one SPMD rank of a supervised fine-tuning group, holding an FSDP2-sharded model.
-
-Loss: token mean over the whole global batch (verl's), over every rank's rows:
-
-    L = sum_{rows, t} mask[t+1] * -log p(x[t+1] | x[<=t]) / sum_{rows, t} mask[t+1]
-
-FSDP2 averages gradients over the W ranks, so each rank backpropagates (its token-loss sum / global
-token count) x W. With Ulysses sequence parallelism (`ulysses_sequence_parallel_size`) a group of ranks
-runs its rows together, each on a share of every sequence, and the global count counts each row once.
+"""The SFT worker: one SPMD rank of a supervised fine-tuning group, holding an FSDP2-sharded model. Loss:
+the token mean over the global batch, L = sum mask[t+1] * -log p(x[t+1] | x[<=t]) / sum mask[t+1]; FSDP2
+averages gradients over the W ranks, so each rank backpropagates (its token-loss sum / global count) x W.
 """
 
 from __future__ import annotations
@@ -37,16 +31,14 @@ def token_losses(module: torch.nn.Module, batch: dict[str, torch.Tensor],
     ids, mask = batch["input_ids"], batch["loss_mask"][:, 1:]
     sp = sequence_parallel or SequenceParallel()
     if sp.enabled:  # each rank predicts the tokens after its columns; the group joins them
-        width = ids.shape[1]
-        logits, places, counts = sp.forward(module, ids, batch["attention_mask"], batch["position_ids"], 0, width - 1)
+        logits, places, counts = sp.forward(module, ids, batch["attention_mask"], batch["position_ids"], 0,
+                                            ids.shape[1] - 1)
         nll = F.cross_entropy(logits.float().transpose(1, 2), ids[:, places + 1], reduction="none")
         nll = sp.gather_columns(nll, counts)
-        return nll, mask.to(nll.dtype)
-    logits = module(
-        input_ids=ids, attention_mask=batch["attention_mask"],
-        position_ids=batch["position_ids"], use_cache=False,
-    ).logits[:, :-1]  # (rows, width - 1, vocab)
-    nll = F.cross_entropy(logits.float().transpose(1, 2), ids[:, 1:], reduction="none")  # (rows, width - 1)
+    else:
+        logits = module(input_ids=ids, attention_mask=batch["attention_mask"], position_ids=batch["position_ids"],
+                        use_cache=False).logits[:, :-1]  # (rows, width - 1, vocab)
+        nll = F.cross_entropy(logits.float().transpose(1, 2), ids[:, 1:], reduction="none")  # (rows, width - 1)
     return nll, mask.to(nll.dtype)
 
 
@@ -130,8 +122,7 @@ class SFTWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def eval_batch(self, data: DataProto) -> DataProto:
-        """Per-row summed NLL on assistant tokens and token counts (rows the dispatcher padded are dropped, so the
-        driver's sums stay exact)."""
+        """Per-row NLL sums on assistant tokens and token counts (per row: the driver drops rows it padded)."""
         module, sp = self.engine.module, self.engine.sequence_parallel
         module.eval()
         data = sp.gather_rows(data)

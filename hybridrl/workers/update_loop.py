@@ -1,10 +1,6 @@
 """The mini-batch / micro-batch update loop shared by the actor and the critic, and its batch-size checks.
-
-Each epoch cuts the rank's rows into mini-batches (one optimizer step each) and those into micro-batches
-(one forward/backward each). A micro-batch's loss is normalised by its mini-batch's totals over all ranks
-(`global_batch_info`), so the accumulated gradient is the whole mini-batch's, whatever the aggregation,
-micro-batch size or rank count. `ppo_mini_batch_size` counts prompts over all ranks (as in verl); per-rank
-sizes are computed from it and the world size, never written into the config.
+A micro-batch's loss is normalised by its mini-batch's totals over all ranks (`global_batch_info`), so the
+accumulated gradient is the whole mini-batch's whatever the micro-batch size or rank count.
 """
 
 from __future__ import annotations
@@ -99,10 +95,8 @@ def run_updates(engine: FSDPEngine, data: DataProto, plan: BatchingPlan, micro_s
                 prefix: str, group_ids_of: Callable[[DataProto], torch.Tensor | None] | None = None,
                 ) -> dict[str, list[float]]:
     """Run the epochs x mini-batches x micro-batches loop; return per-mini-batch metrics by name.
-
-    micro_step(micro_batch, global_batch_info, sums) returns the micro-batch's loss share, back-propagated
-    with gradient sync on the last micro-batch only; group_ids_of(mini_batch) names rows to keep together.
-    """
+    micro_step(micro_batch, global_batch_info, sums) returns the micro-batch's loss share to back-propagate;
+    group_ids_of(mini_batch) names rows to keep together."""
     if len(data) % plan.mini_batch_rows:
         raise ValueError(
             f"{len(data)} rows on this rank do not divide into mini-batches of {plan.mini_batch_rows}; "
@@ -156,7 +150,7 @@ def mini_batch_rows(config: ActorConfig | CriticConfig, rollout_n: int, world_si
 
 def check_actor_rollout_ref(config: ActorRolloutRefConfig, world_size: int) -> None:
     """Raise, naming the key, unless every batch size of the actor, rollout and reference cuts a rank's rows
-    at this world size (ppo_mini_batch_size counts prompts, as in verl)."""
+    at this world size (ppo_mini_batch_size counts prompts over all ranks, as in verl)."""
     n = config.rollout.n
     if config.actor.rollout_n not in (None, n):
         raise ConfigError(f"actor_rollout_ref.actor.rollout_n ({config.actor.rollout_n}) disagrees with "
