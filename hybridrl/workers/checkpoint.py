@@ -322,7 +322,7 @@ class CheckpointManager:
             torch.save(get_rng_state(), _extra_file(tmp, _world_size(), _rank()))
         if "model" in contents or "optimizer" in contents:
             with _dcp_options() as dcp_options:
-                dcp.save(self._engine_state(contents), checkpoint_id=str(tmp), **dcp_options)
+                dcp.save(_selected(self.engine.sharded_state(), contents), checkpoint_id=str(tmp), **dcp_options)
         self._save_hf_files(tmp / HF_SUBDIR, with_weights="hf_model" in contents)
         lora = getattr(self.engine, "has_lora", False)
         if lora and "model" in contents:
@@ -364,15 +364,6 @@ class CheckpointManager:
         _fsync_dir(final.parent)
         if old is not None:
             shutil.rmtree(old)
-
-    def _engine_state(self, contents: Iterable[str]) -> dict[str, Any]:
-        state = self.engine.sharded_state()
-        if "model" not in contents:
-            state.pop("model")
-        if "optimizer" not in contents:
-            state.pop("optimizer", None)
-            state.pop("lr_scheduler", None)
-        return state
 
     def _save_hf_files(self, out_dir: Path, with_weights: bool) -> None:
         module = self.engine.module
@@ -427,7 +418,12 @@ class CheckpointManager:
             problems = shard_problems(path)
             if problems:  # DCP's own error would name neither the file nor the cause
                 raise CheckpointError("; ".join(problems))
-            self._load_engine_state(path, wanted)
+            state = self.engine.sharded_state()  # the target layout of this run's shards
+            to_read = _selected(state, wanted)
+            with _dcp_options() as dcp_options:
+                dcp.load(to_read, checkpoint_id=str(path), **dcp_options)
+            state.update(to_read)
+            self.engine.load_sharded_state(state if "optimizer" in wanted else {"model": state["model"]})
         if "extra" in wanted:
             if meta["world_size"] == _world_size():
                 set_rng_state(load_state_file(_extra_file(path, _world_size(), _rank())))
@@ -436,14 +432,9 @@ class CheckpointManager:
                                "resharded, but per-rank RNG states are not restored", path,
                                meta["world_size"], _world_size())
 
-    def _load_engine_state(self, path: Path, wanted: list[str]) -> None:
-        state = self.engine.sharded_state()  # the target layout of this run's shards
-        to_read = {k: v for k, v in state.items()
-                   if (k == "model" and "model" in wanted) or (k != "model" and "optimizer" in wanted)}
-        with _dcp_options() as dcp_options:
-            dcp.load(to_read, checkpoint_id=str(path), **dcp_options)
-        state.update(to_read)
-        self.engine.load_sharded_state(state if "optimizer" in wanted else {"model": state["model"]})
+def _selected(state: dict[str, Any], contents: Iterable[str]) -> dict[str, Any]:
+    """The parts of an engine state `contents` names: "model", and with "optimizer" the rest (the scheduler)."""
+    return {k: v for k, v in state.items() if ("model" if k == "model" else "optimizer") in contents}
 
 
 def _describe_load_error(err: BaseException) -> str:

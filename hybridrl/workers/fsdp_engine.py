@@ -93,9 +93,8 @@ def build_optimizer(model: nn.Module, config: OptimConfig) -> tuple[torch.optim.
     total = config.total_training_steps
     if config.warmup_style == "cosine" and total <= 0:
         raise ValueError("optim.warmup_style=cosine needs optim.total_training_steps > 0 (the trainer sets it)")
-    warmup = config.lr_warmup_steps
-    if warmup < 0:
-        warmup = int(config.lr_warmup_steps_ratio * max(total, 0))
+    warmup = (config.lr_warmup_steps if config.lr_warmup_steps >= 0
+              else int(config.lr_warmup_steps_ratio * max(total, 0)))
     schedule = lambda step: lr_lambda(step, warmup, total, config.warmup_style,  # noqa: E731
                                       config.min_lr_ratio, config.num_cycles)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)

@@ -236,10 +236,9 @@ class ActorRolloutRefWorker(Worker):
         outputs = self.actor.compute_response_outputs(
             data, rows, tokens, calculate_entropy=True,
             calculate_sum_pi_squared=self.config.actor.calculate_sum_pi_squared)
-        columns = {"old_log_probs": outputs["log_probs"], "entropys": outputs["entropy"]}
-        if "sum_pi_squared" in outputs:
-            columns["sum_pi_squared"] = outputs["sum_pi_squared"]
-        return DataProto.from_dict(columns, meta_info={"temperature": data.meta_info["temperature"]})
+        names = {"log_probs": "old_log_probs", "entropy": "entropys"}  # verl's column names
+        return DataProto.from_dict({names.get(k, k): v for k, v in outputs.items()},
+                                   meta_info={"temperature": data.meta_info["temperature"]})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     @report_worker_seconds

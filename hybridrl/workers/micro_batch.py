@@ -4,6 +4,7 @@ columns that are padding in every row dropped; the count agreed across the ranks
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -17,12 +18,15 @@ class MicroBatch:
     indices: list[int]  # rows of the parent batch, in the order they appear in `data`
 
 
-def _agree_max(value: int) -> int:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        t = torch.tensor([value], dtype=torch.long, device="cpu")  # a count: gloo reduces it on the CPU
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return int(t.item())
-    return value
+def reduce_over_ranks(values: list, op: Any = dist.ReduceOp.SUM,
+                      dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, int]:
+    """`values` reduced over all ranks on the CPU (gloo reduces Python numbers there), and the ranks counted
+    (1 without a process group)."""
+    totals = torch.tensor(values, dtype=dtype, device="cpu")
+    if not (dist.is_initialized() and dist.get_world_size() > 1 and totals.numel()):
+        return totals, 1
+    dist.all_reduce(totals, op=op)
+    return totals, dist.get_world_size()
 
 
 def _split_to_count(groups: list[list[int]], count: int) -> list[list[int]]:
@@ -87,10 +91,9 @@ def make_micro_batches(data: DataProto, micro_batch_size: int | None = None, max
             )
         sorted_lengths = [lengths[i] for i in order]
         groups = [order[lo:hi] for lo, hi in cheapest_cuts(sorted_lengths, max_token_len)]
-    count = _agree_max(len([g for g in groups if g]))
+    count = int(reduce_over_ranks([len([g for g in groups if g])], dist.ReduceOp.MAX, torch.long)[0][0])
     micro = [MicroBatch(data.select_rows(g), g) for g in _split_to_count(groups, count)]
-    while len(micro) < count:  # too few rows here to match the other ranks' forward passes
-        micro.append(_dummy(data))
+    micro += [_dummy(data) for _ in range(count - len(micro))]  # too few rows here for the other ranks' count
     return micro
 
 

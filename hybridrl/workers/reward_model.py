@@ -179,11 +179,9 @@ def retokenize_for_reward_model(chats: Sequence[list[dict[str, Any]]], rm_tokeni
                        len(ids), longest)
         ids = [row[:max_length] for row in ids]
         longest = max_length
-    input_ids = torch.full((len(ids), longest), rm_tokenizer.pad_token_id, dtype=torch.long)  # (B, L)
-    attention_mask = torch.zeros((len(ids), longest), dtype=torch.long)  # (B, L)
-    for i, row in enumerate(ids):
-        input_ids[i, :len(row)] = torch.tensor(row, dtype=torch.long)
-        attention_mask[i, :len(row)] = 1
+    pad = rm_tokenizer.pad_token_id
+    input_ids = torch.tensor([row + [pad] * (longest - len(row)) for row in ids], dtype=torch.long)  # (B, L)
+    attention_mask = torch.tensor([[1] * len(row) + [0] * (longest - len(row)) for row in ids], dtype=torch.long)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (B, L)
     return DataProto.from_dict({"input_ids": input_ids, "attention_mask": attention_mask,
                                 "position_ids": position_ids})

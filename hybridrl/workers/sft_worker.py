@@ -9,7 +9,6 @@ import os
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from hybridrl.controller import Dispatch, Worker, register
@@ -18,7 +17,7 @@ from hybridrl.protocol import DataProto
 from hybridrl.workers.checkpoint import CheckpointManager
 from hybridrl.workers.config import FSDPConfig, OptimConfig, to_dataclass
 from hybridrl.workers.fsdp_engine import FSDPEngine, refuse_offload
-from hybridrl.workers.micro_batch import make_micro_batches
+from hybridrl.workers.micro_batch import make_micro_batches, reduce_over_ranks
 from hybridrl.workers.sequence_parallel import SequenceParallel
 
 SFT_KEYS = ("input_ids", "attention_mask", "position_ids", "loss_mask")
@@ -52,13 +51,6 @@ def _trimmed(data: DataProto) -> dict[str, torch.Tensor]:
     """The SFT columns cut to the longest row, each (rows, width)."""
     width = int(data.batch["attention_mask"].sum(dim=-1).max())
     return {k: data.batch[k][:, :width] for k in SFT_KEYS}
-
-
-def _all_reduce_sum(value: float) -> float:
-    total = torch.tensor([value], dtype=torch.float64, device="cpu")  # a Python float: gloo reduces it
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(total)
-    return float(total.item())
 
 
 class SFTWorker(Worker):
@@ -102,7 +94,8 @@ class SFTWorker(Worker):
         module.train()
         data = sp.gather_rows(data)  # a sequence-parallel group trains on its ranks' rows together
         local_tokens = float(data.batch["loss_mask"][:, 1:].sum())
-        global_tokens = _all_reduce_sum(local_tokens) / sp.size  # each row once, not once per group rank
+        # each row once, not once per group rank
+        global_tokens = float(reduce_over_ranks([local_tokens])[0][0]) / sp.size
         if global_tokens == 0:
             raise ValueError("the batch has no assistant tokens to train on; check the loss masks / data keys")
         data_cfg = self.config.data
@@ -118,7 +111,8 @@ class SFTWorker(Worker):
             loss_sum += float(summed.detach())
         step = self.engine.clip_and_step()
         self.engine.lr_scheduler_step()
-        return {"loss": _all_reduce_sum(loss_sum) / sp.size / global_tokens, "num_tokens": global_tokens, **step}
+        loss = float(reduce_over_ranks([loss_sum])[0][0]) / sp.size / global_tokens
+        return {"loss": loss, "num_tokens": global_tokens, **step}
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def eval_batch(self, data: DataProto) -> DataProto:

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 
 from hybridrl.protocol import DataProto
 from hybridrl.utils.cpu_threads import fit_cpu_threads
@@ -25,7 +24,7 @@ from hybridrl.workers.config import (
     critic_sequence_parallel,
 )
 from hybridrl.workers.fsdp_engine import FSDPEngine
-from hybridrl.workers.micro_batch import make_micro_batches
+from hybridrl.workers.micro_batch import make_micro_batches, reduce_over_ranks
 
 
 @dataclass
@@ -57,21 +56,13 @@ class MetricSums:
 
     def reduce(self, replicas: int = 1) -> dict[str, float]:
         """Global means; `replicas`: ranks holding each row (a sequence-parallel group), counted once."""
-        names = sorted(self.weighted)
-        shares = sorted(self.shares)
+        names, shares = sorted(self.weighted), sorted(self.shares)
         flat = [v for n in names for v in self.weighted[n]] + [self.shares[n] for n in shares]
-        totals = torch.tensor(flat, dtype=torch.float64, device="cpu")  # Python floats: gloo reduces them
-        world = 1
-        if dist.is_initialized() and dist.get_world_size() > 1 and totals.numel():
-            dist.all_reduce(totals)
-            world = dist.get_world_size()
-        out = {}
-        for i, name in enumerate(names):
-            weight = totals[2 * i + 1].item()
-            out[name] = totals[2 * i].item() / weight if weight else 0.0
+        totals, world = reduce_over_ranks(flat)
+        sums = totals.tolist()
+        out = {name: sums[2 * i] / sums[2 * i + 1] if sums[2 * i + 1] else 0.0 for i, name in enumerate(names)}
         # every rank's share was scaled by the world size (FSDP averages gradients): divide it back out
-        for j, name in enumerate(shares):
-            out[name] = totals[2 * len(names) + j].item() / world / replicas
+        out.update({name: sums[2 * len(names) + j] / world / replicas for j, name in enumerate(shares)})
         return out
 
 
@@ -82,11 +73,7 @@ def global_batch_info(mini_batch: DataProto, replicas: int = 1) -> dict:
     """Token and sequence totals of a mini-batch over all ranks (the normalisers of `agg_loss`); `replicas`
     ranks hold each row (a sequence-parallel group), which the totals count once."""
     mask = mini_batch.batch["response_mask"]
-    totals = torch.tensor([float(mask.sum()), float(len(mini_batch))], dtype=torch.float64, device="cpu")
-    world = 1
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(totals)
-        world = dist.get_world_size()
+    totals, world = reduce_over_ranks([float(mask.sum()), float(len(mini_batch))])
     totals /= replicas
     return {"batch_num_tokens": totals[0].item(), "global_batch_size": totals[1].item(), "dp_size": world}
 
