@@ -66,8 +66,7 @@ class PPOActor(PromptSharingRole):
     def compute_response_outputs(self, data: DataProto, micro_batch_rows: int | None, max_token_len: int | None,
                                  calculate_entropy: bool = False,
                                  calculate_sum_pi_squared: bool = False) -> dict[str, torch.Tensor]:
-        """`log_probs` (rows, response_len) in row order, and when asked `entropy` and `sum_pi_squared` (sum over
-        the vocabulary of pi^2 per token, for the optimal token baseline)."""
+        """`log_probs` (rows, response_len) in row order, and when asked `entropy` and `sum_pi_squared`."""
         self.engine.module.eval()
         temperature = temperature_of(data)
         data, plan = self.group_rows(data, BatchingPlan(len(data), micro_batch_rows, max_token_len))

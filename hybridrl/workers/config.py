@@ -71,11 +71,10 @@ class MultiTurnConfig(FreezableConfig):
     format: str = "hermes"
     # seconds each tool call (create, execute, calc_reward, release) may take (hybridrl's key)
     tool_timeout: float = 30.0
-    # compare each trajectory's turn-by-turn token ids with the conversation tokenised at once (counted in
-    # agent/tokenization_mismatch): strict counts any difference, ignore_strippable those beyond whitespace
+    # turn-by-turn token ids against the conversation tokenised at once: strict, ignore_strippable (whitespace
+    # differences pass) or disable; mismatches count in agent/tokenization_mismatch
     tokenization_sanity_check_mode: str = "strict"
-    # verl's interaction YAML: simulated users that answer an assistant turn without a tool call, for rows
-    # whose extra_info.interaction_kwargs names one (hybridrl/tools/interaction.py)
+    # verl's interaction YAML: simulated users answering turns without a tool call (hybridrl/tools/interaction.py)
     interaction_config_path: str | None = None
     # verl's inference-only chat template and repeated multi-turn rollouts: only their off values run
     use_inference_chat_template: bool = False
@@ -102,8 +101,7 @@ class MultiTurnConfig(FreezableConfig):
 class AgentConfig(FreezableConfig):
     """`rollout.agent.*` (verl's keys): which agent loop a prompt row without `agent_name` gets."""
 
-    # tool_agent (generate, run the tools called, continue) or single_turn_agent (one turn); null picks
-    # tool_agent when multi_turn.enable is set, single_turn_agent otherwise
+    # tool_agent or single_turn_agent; null: tool_agent when multi_turn.enable is set, else single_turn_agent
     default_agent_loop: str | None = None
     # verl's file of custom agent loop classes; only null is accepted (config_rules.UNSUPPORTED)
     agent_loop_config_path: str | None = None
@@ -116,8 +114,7 @@ class AgentConfig(FreezableConfig):
 
 @dataclass
 class EngineKwargs(FreezableConfig):
-    # Extra keyword arguments of each engine's constructor: `vllm` reaches vllm.LLM; the others are warned
-    # about when set.
+    # Extra keyword arguments of each engine's constructor: `vllm` reaches vllm.LLM; the others warn.
     vllm: dict[str, Any] = field(default_factory=dict)
     sglang: dict[str, Any] = field(default_factory=dict)
     trtllm: dict[str, Any] = field(default_factory=dict)
@@ -181,8 +178,7 @@ class RolloutConfig(FreezableConfig):
     log_prob_micro_batch_size_per_gpu: int | None = None
     log_prob_use_dynamic_bsz: bool = False
     log_prob_max_token_len_per_gpu: int = 16384
-    # report rollout/log_prob_diff_* (the engine's rollout_log_probs against the actor's recomputed ones),
-    # which catches a rollout engine sampling from stale weights; on by default, unlike verl
+    # report rollout/log_prob_diff_* (rollout against recomputed log-probs: catches stale rollout weights)
     calculate_log_probs: bool = True
     # vLLM only: memory share of the KV cache, tensor parallel size
     gpu_memory_utilization: float = 0.5
@@ -205,8 +201,7 @@ class RolloutConfig(FreezableConfig):
     disable_log_stats: bool = True
     cudagraph_capture_sizes: list[int] | None = None
     engine_kwargs: EngineKwargs = field(default_factory=EngineKwargs)
-    # verl's older global micro-batch size of the old log-prob pass; divided by the world size when the
-    # per-GPU value is unset.
+    # verl's older global micro-batch size of the log-prob pass; divided by the world size if per-GPU is unset.
     log_prob_micro_batch_size: int | None = None
     # vLLM data / expert / pipeline parallelism inside the rollout: only 1 runs (config_rules.UNSUPPORTED).
     data_parallel_size: int = 1
@@ -256,8 +251,7 @@ class OptimConfig(FreezableConfig):
 
 @dataclass
 class MixedPrecisionConfig(FreezableConfig):
-    # Compute dtype of forward/backward: float32 | bfloat16 | auto (bf16 on a GPU with native bf16, else
-    # fp32). The sharded master weights and the optimizer state stay in the loaded dtype (model_dtype).
+    # Compute dtype of forward/backward: float32 | bfloat16 | auto (bf16 on a GPU with native bf16, else fp32).
     param_dtype: str = "auto"
     # dtype of the gradient reduce-scatter across ranks.
     reduce_dtype: str = "float32"
@@ -265,14 +259,12 @@ class MixedPrecisionConfig(FreezableConfig):
 
 @dataclass
 class FSDPConfig(FreezableConfig):
-    # The actor's only: its optimizer state / parameters move to CPU memory while the rollout generates
-    # (param_offload needs rollout.name=vllm). No-ops on CPU; other models refuse true.
+    # The actor's only: move to CPU memory while the rollout generates (param_offload: with rollout.name=vllm).
     param_offload: bool = False
     optimizer_offload: bool = False
     # Free gathered parameters after each layer's forward (saves memory, costs an all-gather in backward).
     reshard_after_forward: bool = True
-    # Ranks that shard one model; -1 (or the world size): all. A divisor of the world size is hybrid
-    # sharding: each group of fsdp_size ranks holds a sharded copy, gradients averaged across.
+    # Ranks that shard one model; -1: all. A divisor of the world size: hybrid sharding (a copy per group).
     fsdp_size: int = -1
     mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
 
@@ -285,8 +277,7 @@ class RoleFSDPConfig(FSDPConfig):
     strategy: str = "fsdp"
     # verl's FSDP1 prefetch switch: FSDP2 here prefetches the next layer's all-gather by itself.
     forward_prefetch: bool = False
-    # dtype the weights are loaded and sharded in, and so of the optimizer state: fp32 or bf16 (half the
-    # memory; AdamW's updates then round to bf16).
+    # dtype of the loaded, sharded weights and so of the optimizer state: fp32 or bf16 (updates round to bf16).
     model_dtype: str = "fp32"
     # verl's engine-level name for the role's ulysses_sequence_parallel_size; where both are set they must agree.
     ulysses_sequence_parallel_size: int = 1
@@ -306,8 +297,7 @@ class ModelConfig(FreezableConfig):
     external_lib: str | None = None
     # Runs the same either way: the actor always trims padding columns per micro-batch instead.
     use_remove_padding: bool = False
-    # hybridrl's key: this model's passes compute a prompt shared by several rows (a group's rollout.n
-    # responses) once, every response attending to it: the same results from fewer tokens.
+    # hybridrl's key: compute a prompt shared by several rows (a group's responses) once: same results.
     share_prompt_forward: bool = True
     # verl's GPU speed-ups that change no result: no effect here (a warning names them when set).
     use_shm: bool = False

@@ -82,8 +82,7 @@ def lr_lambda(step: int, warmup_steps: int, total_steps: int, style: str, min_lr
 
 
 def build_optimizer(model: nn.Module, config: OptimConfig) -> tuple[torch.optim.Optimizer, Any]:
-    """AdamW over the (sharded) trainable parameters (a LoRA model's adapters only) and the learning-rate
-    schedule; on a CPU AdamW's fused kernel, several times faster on FSDP2's DTensors than torch's default."""
+    """AdamW over the trainable (sharded) parameters, fused on a CPU (far faster on DTensors), and its schedule."""
     params = [p for p in model.parameters() if p.requires_grad]
     fused = bool(params) and all(p.device.type == "cpu" and p.is_floating_point() for p in params)
     optimizer = torch.optim.AdamW(

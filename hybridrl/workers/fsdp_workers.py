@@ -63,8 +63,7 @@ ROLES = ("actor", "rollout", "ref", "actor_ref", "actor_rollout", "actor_rollout
 
 def forward_and_update_passes(model: torch.nn.Module, fsdp_dtype: str, epochs: int, infer: str,
                               train: str) -> dict[str, ModelPass]:
-    """A trained model's two passes for MFU, the no-grad forward (`infer`) and the update (`train`), counted
-    on the loaded, unsharded model; the peak is measured in the FSDP compute dtype."""
+    """A trained model's passes for MFU: the no-grad forward (`infer`) and the update (`train`)."""
     params = matmul_params(model)
     peak = device_peak_flops(resolve_dtype(fsdp_dtype))
     return {infer: forward_pass(params, fsdp_dtype),
@@ -79,8 +78,7 @@ def forward_pass(params: int, dtype: str) -> ModelPass:
 def load_model_for(model: ModelConfig, gradient_checkpointing: bool, compute_dtype: str, device_type: str,
                    loader: Callable[..., torch.nn.Module] = load_causal_lm,
                    weights_dtype: str = "float32") -> torch.nn.Module:
-    """The model with its weights in `weights_dtype` (the master copy: fsdp_config.model_dtype, fp32 by
-    default), with the attention that suits the dtype it computes in."""
+    """The model, weights in `weights_dtype` (the master copy), with the attention suited to its compute dtype."""
     if model.external_lib:
         importlib.import_module(model.external_lib)
     return loader(
@@ -228,8 +226,7 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     @report_worker_seconds
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        """`old_log_probs` and `entropys` of the responses under the current actor, and `sum_pi_squared`
-        with actor.calculate_sum_pi_squared."""
+        """`old_log_probs`, `entropys` and (actor.calculate_sum_pi_squared) `sum_pi_squared` of the responses."""
         self._require(self.actor, "compute_log_prob", "actor")
         data.meta_info.setdefault("temperature", self.config.rollout.temperature)
         rows, tokens = log_prob_batching(self.config.rollout, self.world_size)
@@ -284,8 +281,7 @@ class ActorRolloutRefWorker(Worker):
     # ----- the weight sync between a training pool and a rollout pool (hybridrl/trainer/weight_sync.py) ------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def weight_manifest(self) -> list[tuple[str, tuple[int, ...]]] | None:
-        """(name, shape) of the actor's full weights in the order a sync sends them (rank 0 answers; a collective,
-        as it gathers every weight once)."""
+        """(name, shape) of the actor's full weights in sync order, on rank 0 (a collective: it gathers each)."""
         self._require(self.actor, "weight_manifest", "actor")
         manifest = weight_manifest(self.actor.engine.iter_full_weights())
         return manifest if self.rank == 0 else None
@@ -308,8 +304,7 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def join_weight_sync(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
-        """Join the sync group: the actor's rank 0 as its rank 0, rollout rank r as r + 1 (other actor ranks
-        only gather, so they stay out)."""
+        """Join the sync group: the actor's rank 0 as rank 0, rollout rank r as r + 1 (other actor ranks stay out)."""
         if self.is_actor and self.rank == 0:
             self.weight_sync = SyncGroup.join(host, port, 0, world_size, self.device, timeout_s,
                                               store=self.weight_sync_store)

@@ -20,8 +20,7 @@ class MicroBatch:
 
 def reduce_over_ranks(values: list, op: Any = dist.ReduceOp.SUM,
                       dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, int]:
-    """`values` reduced over all ranks on the CPU (gloo reduces Python numbers there), and the ranks counted
-    (1 without a process group)."""
+    """`values` reduced over all ranks on the CPU (where gloo reduces), and the number of ranks."""
     totals = torch.tensor(values, dtype=dtype, device="cpu")
     if not (dist.is_initialized() and dist.get_world_size() > 1 and totals.numel()):
         return totals, 1

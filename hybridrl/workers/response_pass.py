@@ -110,8 +110,8 @@ class PromptSharing:
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
-        """Around an update: the model stays in `shared_prompt_mode` where its layers are checkpointed (in
-        `ulysses_mode` with sequence parallelism)."""
+        """Around an update: `shared_prompt_mode` where layers are checkpointed, `ulysses_mode` with sequence
+        parallelism."""
         if self.sequence_parallel.enabled:
             mode = ulysses_mode(self.module)
         else:

@@ -48,8 +48,7 @@ class SandboxConfig(FreezableConfig):
 
 @dataclass
 class RewardModelModelConfig(FreezableConfig):
-    # The actor's tokenizer directory: where its vocabulary or chat template differs, rows are re-templated
-    # for the reward model. None scores the actor's token ids as they are (right for the same tokenizer).
+    # The actor's tokenizer, if it differs from the reward model's (rows are then re-templated); None: same.
     input_tokenizer: str | None = None
     # Local Hugging Face directory of the reward model (a token- or sequence-classification checkpoint).
     path: str | None = None
@@ -97,12 +96,10 @@ class RewardModelConfig(FreezableConfig):
     # Worker processes that run the reward function (null: the CPUs this process may use, at most 64).
     # 0 runs it in the driver: no timeout, and an os._exit or segfault in it ends the run.
     reward_fn_workers: int | None = None
-    # Stop the run when more than this share of a batch's rows fail (raise, crash, time out, return NaN or
-    # a wrong type); failures up to it score 0.0, counted in `reward/*`. A RewardFunctionFatalError stops it.
+    # Stop the run when more than this share of a batch's rows fail; failures up to it score 0.0 (`reward/*`).
     max_failure_share: float = DEFAULT_MAX_FAILURE_SHARE
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
-    # Score with the rule-based reward function in a driver thread while the workers recompute log-probs
-    # and values. Not with algorithm.filter_groups, which needs the scores first.
+    # Score in a driver thread while the workers recompute log-probs (not with algorithm.filter_groups).
     launch_reward_fn_async: bool = False
     # How the built-in code scorer runs programs (require_isolation; see hybridrl/rewards/SANDBOX.md).
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)

@@ -100,8 +100,7 @@ class UlyssesLayout:
 def ulysses_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0,
                       **kwargs) -> tuple[torch.Tensor, None]:
-    """query (B, H, C, D), key/value (B, KVH, C, D) on this rank's C columns -> output (B, C, H, D), attending
-    over the group's whole sequences."""
+    """query (B, H, C, D), key/value (B, KVH, C, D) on this rank's C columns -> output (B, C, H, D)."""
     layout: UlyssesLayout | None = kwargs.pop(LAYOUT_KWARG, None)
     if layout is None:
         raise RuntimeError(f"attention {ULYSSES!r} was called without its layout: call the model through "

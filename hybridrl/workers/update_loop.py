@@ -136,8 +136,7 @@ def mini_batch_rows(config: ActorConfig | CriticConfig, rollout_n: int, world_si
 
 
 def check_actor_rollout_ref(config: ActorRolloutRefConfig, world_size: int) -> None:
-    """Raise, naming the key, unless every batch size of the actor, rollout and reference cuts a rank's rows
-    at this world size (ppo_mini_batch_size counts prompts over all ranks, as in verl)."""
+    """Raise, naming the key, unless the actor's, rollout's and reference's batch sizes cut a rank's rows."""
     n = config.rollout.n
     if config.actor.rollout_n not in (None, n):
         raise ConfigError(f"actor_rollout_ref.actor.rollout_n ({config.actor.rollout_n}) disagrees with "
@@ -185,8 +184,7 @@ def update_plan(config: ActorConfig | CriticConfig, rollout_n: int, world_size: 
 
 def forward_batching(use_dynamic_bsz: bool, micro_batch_rows: int | None,
                      max_token_len: int) -> tuple[int | None, int | None]:
-    """(micro_batch_rows, max_token_len) of a no-grad pass; without a micro-batch size a rank's share goes
-    through at once (a 2^31-token budget)."""
+    """(micro_batch_rows, max_token_len) of a no-grad pass; without a micro-batch size, a rank's share at once."""
     if use_dynamic_bsz:
         return None, max_token_len
     if micro_batch_rows is None:
