@@ -124,9 +124,7 @@ def micro_batch_per_rank(per_gpu: int | None, global_size: int | None, world_siz
         if per_gpu <= 0:
             raise ConfigError(f"{key}_per_gpu must be positive, got {per_gpu}")
         return per_gpu
-    if global_size is not None:
-        return per_rank(global_size, world_size, key)
-    return None
+    return None if global_size is None else per_rank(global_size, world_size, key)
 
 
 def mini_batch_rows(config: ActorConfig | CriticConfig, rollout_n: int, world_size: int, prefix: str) -> int:
