@@ -30,10 +30,7 @@ def temperature_of(data: DataProto) -> float:
 
 
 class PPOActor(PromptSharingRole):
-    """compute_log_prob and update_policy for an actor or a reference policy (an engine without optimizer).
-
-    share_prompts (`actor_rollout_ref.model.share_prompt_forward`): a prompt shared by rows is computed once.
-    """
+    """compute_log_prob and update_policy for an actor or a reference policy (an engine without optimizer)."""
 
     SHARE_KEY = SHARE_KEY
     config: ActorConfig
@@ -69,8 +66,7 @@ class PPOActor(PromptSharingRole):
     def compute_response_outputs(self, data: DataProto, micro_batch_rows: int | None, max_token_len: int | None,
                                  calculate_entropy: bool = False,
                                  calculate_sum_pi_squared: bool = False) -> dict[str, torch.Tensor]:
-        """`log_probs` (rows, response_len) in row order, and when asked `entropy` and `sum_pi_squared` (sum over
-        the vocabulary of pi^2 per token, for the optimal token baseline)."""
+        """`log_probs` (rows, response_len) in row order, and when asked `entropy` and `sum_pi_squared`."""
         self.engine.module.eval()
         temperature = temperature_of(data)
         data, plan = self.group_rows(data, BatchingPlan(len(data), micro_batch_rows, max_token_len))
@@ -90,11 +86,8 @@ class PPOActor(PromptSharingRole):
 
     def update_policy_fused(self, data: DataProto, plan: BatchingPlan) -> tuple[dict[str, list[float]], torch.Tensor]:
         """One on-policy update whose old log-probs come from its own forward; returns the metrics and those
-        log-probs (rows, response_len) in row order.
-
-        With one epoch over one mini-batch no optimizer step precedes a row's forward, so log_prob.detach() is
-        what a separate no-grad pass would give.
-        """
+        log-probs (rows, response_len) in row order. With one epoch over one mini-batch no optimizer step
+        precedes a row's forward, so log_prob.detach() is what a separate no-grad pass would give."""
         if plan.epochs != 1 or plan.mini_batch_rows != len(data):
             raise ValueError(
                 f"old log-probs can come from the update only when it is one epoch over one mini-batch; got "
@@ -115,8 +108,7 @@ class PPOActor(PromptSharingRole):
         temperature = temperature_of(data)
         cfg = self.config
         policy_loss = get_policy_loss_fn(cfg.policy_loss.loss_mode)
-        # bypass mode's rollout correction (algorithm.rollout_correction), computed per micro-batch inside the
-        # loss (the trainer sends it)
+        # bypass mode's rollout correction (algorithm.rollout_correction), applied inside the loss
         bypass = data.meta_info.get("bypass_correction")
 
         def micro_step(micro: DataProto, info: dict, sums: MetricSums) -> torch.Tensor:

@@ -1,21 +1,17 @@
-"""Checkpoints of a worker role: sharded model/optimizer state, RNG states, and the files to rebuild a HF model.
-
-Layout (verl's), under `trainer.default_local_dir`:
+"""Checkpoints of a worker role, in verl's layout under `trainer.default_local_dir`:
 
     latest_checkpointed_iteration.txt       the newest committed step N
     global_step_N/
         checkpoint_complete.json            step marker, written by commit_checkpoint
-        actor/                              one CheckpointManager per role, one per rank
-            .metadata, __<rank>_0.distcp    model + optimizer + lr scheduler (torch.distributed.checkpoint)
+        actor/, critic/                     one CheckpointManager per role, one per rank
+            .metadata, __<rank>_0.distcp    model + optimizer + lr scheduler (loads at any world size)
             extra_state_world_size_W_rank_R.pt   RNG states of rank R
             huggingface/                    config, generation config, tokenizer (+ weights with "hf_model")
             lora_adapter/                   a LoRA model's adapters as a PEFT adapter directory
             hybridrl_checkpoint.json        role marker, written last
-        critic/ ...
         data.pt, run_config.json            the trainer's own state and the run's config
 
-DCP lets N ranks' checkpoint load on M ranks (per-rank RNG states only at the same world size). A role is
-written to `<role>.tmp-<id>` and renamed once every rank finished; only steps `commit_checkpoint` marked
+A role is written to `<role>.tmp-<id>` and renamed once every rank finished, and only committed steps
 count, so a save that dies at any point leaves the previous checkpoint as the latest.
 """
 
@@ -63,8 +59,7 @@ class CheckpointError(RuntimeError):
 
 
 def resolve_contents(config: CheckpointConfig | Mapping[str, Any] | None) -> tuple[list[str], list[str]]:
-    """(save_contents, load_contents) of a `checkpoint` config node, checked against CONTENTS; load_contents
-    follows save_contents unless set, as in verl."""
+    """(save_contents, load_contents) of a `checkpoint` config node, checked; load follows save unless set."""
     config = to_dataclass(CheckpointConfig, config)
     save = list(config.save_contents)
     load = save if config.load_contents is None else list(config.load_contents)
@@ -108,9 +103,8 @@ def _broadcast_str(value: str) -> str:
 
 @contextlib.contextmanager
 def _dcp_options(one_process: bool = False) -> Iterator[dict[str, bool]]:
-    """DCP's keyword arguments: `no_dist=True` on a single rank (or for `one_process` work), its warning about
-    that silenced. There DCP's planning collectives would copy the plan to itself on gloo's threads, and the
-    OpenMP team such a copy leaves behind slowed every later multi-threaded op of the process."""
+    """DCP's keyword arguments: `no_dist=True` (its warning silenced) on one rank or for `one_process` work,
+    where DCP's planning collectives would leave an OpenMP team behind that slows every later op."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
         yield {"no_dist": True} if one_process or _world_size() == 1 else {}
@@ -230,11 +224,8 @@ def _step_dirs(default_local_dir: Path) -> list[tuple[int, Path]]:
 
 
 def commit_checkpoint(default_local_dir: str | Path, global_step: int) -> Path:
-    """Point the tracker at `global_step_N` and mark it complete, once all roles saved (the driver calls it).
-
-    The tracker goes first, so a death between the writes leaves a tracked step without its marker (resume
-    skips it), never a committed step above the tracker. An incomplete role raises CheckpointError first.
-    """
+    """Point the tracker at `global_step_N` and mark it complete, once all roles saved (CheckpointError if
+    one is incomplete). The tracker goes first: a death between the writes never commits a step above it."""
     root = Path(default_local_dir)
     step_dir = root / f"global_step_{global_step}"
     roles = sorted(p.name for p in step_dir.iterdir() if p.is_dir() and TMP_TAG not in p.name) \
@@ -249,11 +240,8 @@ def commit_checkpoint(default_local_dir: str | Path, global_step: int) -> Path:
 
 
 def prune_checkpoints(default_local_dir: str | Path, role: str, keep: int, current_step: int) -> list[Path]:
-    """Delete this role's oldest complete checkpoints so that `keep` remain (the current one included).
-
-    Never the tracker's step (the new one is not committed yet, so with keep=1 the previous survives until the
-    next save), nor steps after `current_step`. A step directory left with no role is removed.
-    """
+    """Delete this role's oldest complete checkpoints so that `keep` remain (the current one included),
+    never the tracker's step nor steps after `current_step`; a step directory left with no role goes too."""
     root = Path(default_local_dir)
     protected = read_tracker(root)
     saved = [(s, p) for s, p in _step_dirs(root) if s <= current_step and (p / role / ROLE_MARKER).is_file()]
@@ -271,8 +259,7 @@ def prune_checkpoints(default_local_dir: str | Path, role: str, keep: int, curre
 
 
 def shard_problems(path: str | Path) -> list[str]:
-    """Files of the DCP checkpoint at `path` that are missing or shorter than its `.metadata` says (DCP's own
-    error names no file)."""
+    """Files of the DCP checkpoint at `path` missing or shorter than its `.metadata` says (DCP names none)."""
     path = Path(path)
     try:
         metadata = FileSystemReader(str(path)).read_metadata()
@@ -307,11 +294,9 @@ def read_full_model_state(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 class CheckpointManager:
-    """Saves and restores one role's engine (model, optimizer, scheduler), RNG states and HF files.
-
-    One per role on every rank; saving and loading are collectives. `processing_class` (the tokenizer) is
-    saved next to the config. An engine with LoRA adapters saves only them ("model" is the adapters), plus a
-    PEFT adapter directory naming `base_model_path`; its "hf_model" is the merged model."""
+    """Saves and restores one role's engine (model, optimizer, scheduler), RNG states, tokenizer and HF files;
+    one per role on every rank, a collective. A LoRA engine's "model" is its adapters (plus a PEFT adapter
+    directory naming `base_model_path`) and its "hf_model" the merged model."""
 
     def __init__(self, engine: Any, processing_class: Any = None,
                  checkpoint_config: CheckpointConfig | Mapping[str, Any] | None = None,
@@ -337,11 +322,13 @@ class CheckpointManager:
             torch.save(get_rng_state(), _extra_file(tmp, _world_size(), _rank()))
         if "model" in contents or "optimizer" in contents:
             with _dcp_options() as dcp_options:
-                dcp.save(self._engine_state(contents), checkpoint_id=str(tmp), **dcp_options)
+                dcp.save(_selected(self.engine.sharded_state(), contents), checkpoint_id=str(tmp), **dcp_options)
         self._save_hf_files(tmp / HF_SUBDIR, with_weights="hf_model" in contents)
         lora = getattr(self.engine, "has_lora", False)
         if lora and "model" in contents:
-            self._save_adapter(tmp / ADAPTER_SUBDIR)
+            adapters = self.engine.full_adapter_state_dict()  # a collective
+            if _rank() == 0:
+                save_adapter(tmp / ADAPTER_SUBDIR, adapters, self.engine.module, self.base_model_path)
         _barrier()  # every rank's files are on disk before the directory may look complete
         if _rank() == 0:
             _write_durably(tmp / ROLE_MARKER, json.dumps({
@@ -378,15 +365,6 @@ class CheckpointManager:
         if old is not None:
             shutil.rmtree(old)
 
-    def _engine_state(self, contents: Iterable[str]) -> dict[str, Any]:
-        state = self.engine.sharded_state()
-        if "model" not in contents:
-            state.pop("model")
-        if "optimizer" not in contents:
-            state.pop("optimizer", None)
-            state.pop("lr_scheduler", None)
-        return state
-
     def _save_hf_files(self, out_dir: Path, with_weights: bool) -> None:
         module = self.engine.module
         full = self.engine.full_model_state_dict() if with_weights else None  # a collective
@@ -404,16 +382,9 @@ class CheckpointManager:
         if self.processing_class is not None:
             self.processing_class.save_pretrained(out_dir)
 
-    def _save_adapter(self, out_dir: Path) -> None:
-        adapters = self.engine.full_adapter_state_dict()  # a collective
-        if _rank() == 0:
-            save_adapter(out_dir, adapters, self.engine.module, self.base_model_path)
-
     def load_checkpoint(self, local_path: str | Path) -> dict[str, Any]:
-        """Restore `checkpoint.load_contents` from the role checkpoint at `local_path`; returns its marker.
-
-        Any read failure raises CheckpointError naming each failing rank's error, on every rank.
-        """
+        """Restore `checkpoint.load_contents` from the role checkpoint at `local_path`; returns its marker. A
+        read failure raises CheckpointError, on every rank, naming each failing rank's error."""
         meta = check_role_dir(local_path)
         wanted = [c for c in self.load_contents if c != "hf_model"]
         saved_lora, lora = "lora" in meta, getattr(self.engine, "has_lora", False)
@@ -447,7 +418,12 @@ class CheckpointManager:
             problems = shard_problems(path)
             if problems:  # DCP's own error would name neither the file nor the cause
                 raise CheckpointError("; ".join(problems))
-            self._load_engine_state(path, wanted)
+            state = self.engine.sharded_state()  # the target layout of this run's shards
+            to_read = _selected(state, wanted)
+            with _dcp_options() as dcp_options:
+                dcp.load(to_read, checkpoint_id=str(path), **dcp_options)
+            state.update(to_read)
+            self.engine.load_sharded_state(state if "optimizer" in wanted else {"model": state["model"]})
         if "extra" in wanted:
             if meta["world_size"] == _world_size():
                 set_rng_state(load_state_file(_extra_file(path, _world_size(), _rank())))
@@ -456,14 +432,9 @@ class CheckpointManager:
                                "resharded, but per-rank RNG states are not restored", path,
                                meta["world_size"], _world_size())
 
-    def _load_engine_state(self, path: Path, wanted: list[str]) -> None:
-        state = self.engine.sharded_state()  # the target layout of this run's shards
-        to_read = {k: v for k, v in state.items()
-                   if (k == "model" and "model" in wanted) or (k != "model" and "optimizer" in wanted)}
-        with _dcp_options() as dcp_options:
-            dcp.load(to_read, checkpoint_id=str(path), **dcp_options)
-        state.update(to_read)
-        self.engine.load_sharded_state(state if "optimizer" in wanted else {"model": state["model"]})
+def _selected(state: dict[str, Any], contents: Iterable[str]) -> dict[str, Any]:
+    """The parts of an engine state `contents` names: "model", and with "optimizer" the rest (the scheduler)."""
+    return {k: v for k, v in state.items() if ("model" if k == "model" else "optimizer") in contents}
 
 
 def _describe_load_error(err: BaseException) -> str:

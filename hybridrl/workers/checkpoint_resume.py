@@ -1,10 +1,6 @@
-"""Which checkpoint a run resumes from, and what it may never overwrite.
-
-A step is committed when it has its step marker, every role has its role marker and the tracker is at
-or above it (hybridrl/workers/checkpoint.py). A run refuses to overwrite a committed step
-(`check_no_committed_after`, `check_uncommitted`), errs on a tracker moved below one (`check_tracker`),
-and moves a committed step that fails to load aside (`global_step_N.unloadable`) to fall back to the
-previous one (`load_newest_loadable`).
+"""Which checkpoint a run resumes from, and what it may never overwrite: a committed step (its step marker,
+every role's marker, the tracker at or above it; hybridrl/workers/checkpoint.py). A committed step that
+fails to load is moved aside (`global_step_N.unloadable`) and the previous one is used.
 """
 
 from __future__ import annotations
@@ -96,8 +92,7 @@ def resume_candidates(resume_mode: str, default_local_dir: str | Path,
 
 
 def find_latest_ckpt_path(default_local_dir: str | Path) -> str | None:
-    """The newest complete `global_step_N` at or below the tracker, or None (what `resume_mode=auto` resumes
-    from); see `check_tracker` for committed steps above it."""
+    """The newest complete `global_step_N` at or below the tracker, or None (what `resume_mode=auto` takes)."""
     return next(auto_candidates(Path(default_local_dir)), None)
 
 
@@ -126,12 +121,9 @@ def _short(err: BaseException) -> str:
 
 def load_newest_loadable(candidates: Iterable[str], load: Callable[[Path], Any],
                          fallback: bool = True) -> Path | None:
-    """Call `load(path)` on each candidate until one loads; returns it (None when there are none).
-
-    A candidate that raises CheckpointError is named in a warning and, with `fallback`, the next is tried
-    (else the error is raised). Those that failed before one loaded are moved aside (`quarantine_step`); if
-    none loads, the error lists every path and nothing moves.
-    """
+    """Call `load(path)` on each candidate until one loads; returns it (None when there are none). With
+    `fallback` a CheckpointError warns and the next is tried; those that failed are then moved aside
+    (`quarantine_step`), and if none loads the error lists every path and nothing moves."""
     failed: list[tuple[Path, str]] = []
     for candidate in candidates:
         path = Path(candidate)
@@ -157,8 +149,7 @@ def load_newest_loadable(candidates: Iterable[str], load: Callable[[Path], Any],
 
 
 def check_no_committed_after(default_local_dir: str | Path, step: int) -> None:
-    """Raise CheckpointError if steps newer than `step` (where a run starts) were committed here: the run would
-    save over them."""
+    """Raise CheckpointError if steps after `step` (where the run starts) were committed: it would overwrite them."""
     root = Path(default_local_dir)
     newer = [p for s, p in _marked_steps(root) if s > step]
     if newer:

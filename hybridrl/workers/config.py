@@ -1,7 +1,5 @@
 """Typed settings of the workers under verl's key names (`actor_rollout_ref.*`, `critic.*`): the one home
-of their defaults. A worker takes a dataclass or an OmegaConf node of the same shape (`to_dataclass`).
-Rollout keys that only the vLLM engine reads are kept, so verl launch scripts run unchanged.
-"""
+of their defaults. A worker takes a dataclass or an OmegaConf node of the same shape (`to_dataclass`)."""
 
 from __future__ import annotations
 
@@ -50,11 +48,8 @@ AGENT_LOOPS = ("tool_agent", "single_turn_agent")
 
 @dataclass
 class MultiTurnConfig(FreezableConfig):
-    """`rollout.multi_turn.*` (verl's keys): the agent loop that lets the model call tools over several turns.
-
-    See hybridrl/workers/rollout/agent_loop.py. Responses then hold every turn, model and tool, within
-    `rollout.response_length` tokens; `response_mask` is 1 on the model's tokens only.
-    """
+    """`rollout.multi_turn.*` (verl's keys): the agent loop (hybridrl/workers/rollout/agent_loop.py). Responses
+    hold every turn within `rollout.response_length` tokens; `response_mask` is 1 on the model's tokens only."""
 
     # run the agent loop (generate, parse tool calls, run the tools, continue) instead of one turn
     enable: bool = False
@@ -74,33 +69,23 @@ class MultiTurnConfig(FreezableConfig):
     tool_response_truncate_side: str = "middle"
     # how the model writes tool calls: hermes, <tool_call>{"name": ..., "arguments": {...}}</tool_call>
     format: str = "hermes"
-    # seconds each tool call (create, execute, calc_reward, release) may take before it counts as timed out
-    # (hybridrl's key; verl has none)
+    # seconds each tool call (create, execute, calc_reward, release) may take (hybridrl's key)
     tool_timeout: float = 30.0
-    # after each trajectory, compare its turn-by-turn token ids with the whole conversation tokenised at
-    # once: strict counts any difference, ignore_strippable only those beyond whitespace, disable skips the
-    # check (the count is agent/tokenization_mismatch; the first mismatch is logged)
+    # turn-by-turn token ids against the conversation tokenised at once: strict, ignore_strippable (whitespace
+    # differences pass) or disable; mismatches count in agent/tokenization_mismatch
     tokenization_sanity_check_mode: str = "strict"
-    # verl's interaction YAML (`interaction:` entries of name, class_name, config): simulated users that
-    # answer an assistant turn without a tool call, for rows whose extra_info.interaction_kwargs names one
-    # (hybridrl/tools/interaction.py)
+    # verl's interaction YAML: simulated users answering turns without a tool call (hybridrl/tools/interaction.py)
     interaction_config_path: str | None = None
-    # verl's keys for features hybridrl does not have; only their off values are accepted:
-    # re-rendering earlier turns with an inference-only chat template (the loop keeps every turn's tokens
-    # as the model sampled them), and repeated multi-turn rollouts
+    # verl's inference-only chat template and repeated multi-turn rollouts: only their off values run
     use_inference_chat_template: bool = False
     num_repeat_rollouts: int | None = None
 
     def __post_init__(self) -> None:
         where = "actor_rollout_ref.rollout.multi_turn"
-        if self.tokenization_sanity_check_mode not in SANITY_CHECK_MODES:
-            raise ValueError(f"{where}.tokenization_sanity_check_mode must be one of {SANITY_CHECK_MODES}, "
-                             f"got {self.tokenization_sanity_check_mode!r}")
-        if self.tool_response_truncate_side not in TRUNCATE_SIDES:
-            raise ValueError(f"{where}.tool_response_truncate_side must be one of {TRUNCATE_SIDES}, "
-                             f"got {self.tool_response_truncate_side!r}")
-        if self.format not in CALL_FORMATS:
-            raise ValueError(f"{where}.format must be one of {CALL_FORMATS}, got {self.format!r}")
+        for name, choices in (("tokenization_sanity_check_mode", SANITY_CHECK_MODES),
+                              ("tool_response_truncate_side", TRUNCATE_SIDES), ("format", CALL_FORMATS)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{where}.{name} must be one of {choices}, got {getattr(self, name)!r}")
         for name in ("max_assistant_turns", "max_user_turns"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -116,9 +101,7 @@ class MultiTurnConfig(FreezableConfig):
 class AgentConfig(FreezableConfig):
     """`rollout.agent.*` (verl's keys): which agent loop a prompt row without `agent_name` gets."""
 
-    # tool_agent (generate, run the tools called, continue) or single_turn_agent (one turn); null picks
-    # tool_agent when multi_turn.enable is set, single_turn_agent otherwise (verl's default is
-    # single_turn_agent: a verl recipe that enables multi_turn sets this key or the rows' agent_name)
+    # tool_agent or single_turn_agent; null: tool_agent when multi_turn.enable is set, else single_turn_agent
     default_agent_loop: str | None = None
     # verl's file of custom agent loop classes; only null is accepted (config_rules.UNSUPPORTED)
     agent_loop_config_path: str | None = None
@@ -131,8 +114,7 @@ class AgentConfig(FreezableConfig):
 
 @dataclass
 class EngineKwargs(FreezableConfig):
-    # Extra keyword arguments of each engine's constructor: `vllm` reaches vllm.LLM; the others name engines
-    # hybridrl does not run (a warning names them when set).
+    # Extra keyword arguments of each engine's constructor: `vllm` reaches vllm.LLM; the others warn.
     vllm: dict[str, Any] = field(default_factory=dict)
     sglang: dict[str, Any] = field(default_factory=dict)
     trtllm: dict[str, Any] = field(default_factory=dict)
@@ -140,9 +122,8 @@ class EngineKwargs(FreezableConfig):
 
 @dataclass
 class CheckpointEngineConfig(FreezableConfig):
-    # verl's transport of weights into the rollout. Colocated, the engines take them in-process
-    # (BaseRollout.serving) and these have no effect (a warning names them when set); with a rollout pool of
-    # its own (hybrid_engine=false) the bucket size is the largest message of a weight sync.
+    # verl's transport of weights into the rollout: no effect colocated (a warning names them); with a
+    # rollout pool of its own (hybrid_engine=false) the bucket size is the largest message of a weight sync.
     backend: str = "naive"
     update_weights_bucket_megabytes: int = 2048
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -150,8 +131,7 @@ class CheckpointEngineConfig(FreezableConfig):
 
 @dataclass
 class ProfilerConfig(FreezableConfig):
-    # verl's per-role profiler (nsys, torch, npu); not implemented here: a warning names it when enabled.
-    # Profile a step with benchmarks/profile_step.py instead.
+    # verl's per-role profiler: not implemented (a warning names it); use benchmarks/profile_step.py.
     tool: str | None = None
     enable: bool = False
     all_ranks: bool = False
@@ -180,8 +160,7 @@ class RolloutConfig(FreezableConfig):
     n: int = 1
     # False decodes greedily
     do_sample: bool = True
-    # compute dtype of generation: float32 | bfloat16 | auto, the default: bf16 on a GPU that multiplies it
-    # natively (verl's default), fp32 on a CPU (rollout and trainer log-probs agree within ~1e-5) and older GPUs
+    # compute dtype of generation: float32 | bfloat16 | auto (bf16 on a GPU with native bf16, else fp32)
     dtype: str = "auto"
     # seed of the sampler's torch.Generator (the worker adds its rank); same seed, same samples
     seed: int = 0
@@ -199,26 +178,20 @@ class RolloutConfig(FreezableConfig):
     log_prob_micro_batch_size_per_gpu: int | None = None
     log_prob_use_dynamic_bsz: bool = False
     log_prob_max_token_len_per_gpu: int = 16384
-    # the trainer reports rollout/log_prob_diff_* (the engine's rollout_log_probs against the actor's
-    # recomputed ones) when True. On by default, unlike verl: the metric is what catches a rollout engine
-    # that samples from stale weights (see hybridrl/workers/rollout/base.py).
+    # report rollout/log_prob_diff_* (rollout against recomputed log-probs: catches stale rollout weights)
     calculate_log_probs: bool = True
     # vLLM only: memory share of the KV cache, tensor parallel size
     gpu_memory_utilization: float = 0.5
     tensor_model_parallel_size: int = 1
-    # false: CUDA graphs for decoding, vLLM's own and, on a GPU, the hf engine's (one graph per step,
-    # hybridrl/workers/rollout/static_decode.py; the hf engine on a CPU always decodes eagerly).
-    # null (default): each engine's measured best: graphs for hf on a GPU, where an eager step waits on
-    # kernel launches (benchmarks/results/decode_bandwidth_cuda.md), eager for vLLM
+    # false: CUDA graphs for decoding, vLLM's and, on a GPU, the hf engine's
+    # (hybridrl/workers/rollout/static_decode.py). null: graphs for hf on a GPU, eager for vLLM
     enforce_eager: bool | None = None
     # vLLM only: sleep between phases
     free_cache_engine: bool = True
-    # verl's sync | async. Both generate each batch whole, through the engine inside the workers; async
-    # (verl's server-style agent loop) is stated in a warning as running that way (config_rules.NO_EFFECT).
+    # verl's sync | async: both generate each batch whole inside the workers (async warns so).
     mode: str = "sync"
-    # vLLM's scheduler and loader settings, passed to vllm.LLM (`vllm_engine_args` in
-    # hybridrl/workers/rollout/vllm.py); the hf engine has no use for them (a warning names those set).
-    # max_model_len null: prompt + response length.
+    # vLLM's scheduler and loader settings, passed to vllm.LLM (hybridrl/workers/rollout/vllm.py); the hf
+    # engine warns about those set. max_model_len null: prompt + response length.
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 256
     max_model_len: int | None = None
@@ -228,15 +201,13 @@ class RolloutConfig(FreezableConfig):
     disable_log_stats: bool = True
     cudagraph_capture_sizes: list[int] | None = None
     engine_kwargs: EngineKwargs = field(default_factory=EngineKwargs)
-    # verl's older global micro-batch size of the old log-prob pass; divided by the world size when the
-    # per-GPU value is unset.
+    # verl's older global micro-batch size of the log-prob pass; divided by the world size if per-GPU is unset.
     log_prob_micro_batch_size: int | None = None
     # vLLM data / expert / pipeline parallelism inside the rollout: only 1 runs (config_rules.UNSUPPORTED).
     data_parallel_size: int = 1
     expert_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
-    # verl's SGLang memory staging and LoRA weight gathering, its async rollout's over-sampling, request
-    # tracing and metrics server: no effect here (config_rules.NO_EFFECT warns when set).
+    # verl's SGLang staging, LoRA gathering, over-sampling, tracing and metrics server: no effect (warned).
     multi_stage_wake_up: bool = False
     layered_summon: bool = False
     over_sample_rate: float = 0.0
@@ -246,16 +217,10 @@ class RolloutConfig(FreezableConfig):
     checkpoint_engine: CheckpointEngineConfig = field(default_factory=CheckpointEngineConfig)
 
     def __post_init__(self) -> None:
-        if isinstance(self.val_kwargs, dict):  # direct construction with a plain dict
-            self.val_kwargs = ValKwargs(**self.val_kwargs)
-        if isinstance(self.multi_turn, dict):
-            self.multi_turn = MultiTurnConfig(**self.multi_turn)
-        if isinstance(self.agent, dict):
-            self.agent = AgentConfig(**self.agent)
-        if isinstance(self.engine_kwargs, dict):
-            self.engine_kwargs = EngineKwargs(**self.engine_kwargs)
-        if isinstance(self.checkpoint_engine, dict):
-            self.checkpoint_engine = CheckpointEngineConfig(**self.checkpoint_engine)
+        for name, cls in (("val_kwargs", ValKwargs), ("multi_turn", MultiTurnConfig), ("agent", AgentConfig),
+                          ("engine_kwargs", EngineKwargs), ("checkpoint_engine", CheckpointEngineConfig)):
+            if isinstance(getattr(self, name), dict):  # direct construction with a plain dict
+                setattr(self, name, cls(**getattr(self, name)))
         _check_sampling("rollout", self.temperature, self.top_k, self.top_p, self.n)
         if self.response_length < 1:
             raise ValueError(f"rollout.response_length must be >= 1, got {self.response_length}")
@@ -275,8 +240,7 @@ class OptimConfig(FreezableConfig):
     min_lr_ratio: float = 0.0
     # Cosine cycles over the decay phase; 0.5 is one half-cosine from lr down to the floor.
     num_cycles: float = 0.5
-    # Follows trainer.total_training_steps, filled in when the PPO config is resolved (leave it unset); the
-    # cosine schedule and lr_warmup_steps_ratio need it.
+    # Follows trainer.total_training_steps (leave it unset); cosine and lr_warmup_steps_ratio need it.
     total_training_steps: int = -1
     # verl's name for the role's grad_clip (actor.grad_clip, critic.grad_clip); null leaves grad_clip as set.
     clip_grad: float | None = None
@@ -287,9 +251,7 @@ class OptimConfig(FreezableConfig):
 
 @dataclass
 class MixedPrecisionConfig(FreezableConfig):
-    # Compute dtype of forward/backward: float32 | bfloat16 | auto, the default: bf16 on a GPU that multiplies
-    # it natively (verl's default), fp32 on a CPU and older GPUs; a CPU with AMX or AVX512_BF16 computes bf16
-    # when it is named. The sharded master weights and the optimizer state stay in the loaded dtype (fp32).
+    # Compute dtype of forward/backward: float32 | bfloat16 | auto (bf16 on a GPU with native bf16, else fp32).
     param_dtype: str = "auto"
     # dtype of the gradient reduce-scatter across ranks.
     reduce_dtype: str = "float32"
@@ -297,15 +259,12 @@ class MixedPrecisionConfig(FreezableConfig):
 
 @dataclass
 class FSDPConfig(FreezableConfig):
-    # The actor's only (actor_rollout_ref.actor.fsdp_config): its optimizer state / parameters move to CPU
-    # memory while the rollout generates (the hand-off, BaseRollout.serving; param_offload needs an engine
-    # with its own weights, rollout.name=vllm). No-ops on CPU. Other models refuse true.
+    # The actor's only: move to CPU memory while the rollout generates (param_offload: with rollout.name=vllm).
     param_offload: bool = False
     optimizer_offload: bool = False
     # Free gathered parameters after each layer's forward (saves memory, costs an all-gather in backward).
     reshard_after_forward: bool = True
-    # Ranks that shard one model; -1 (or the world size) means all ranks of the group. A divisor of the world
-    # size is hybrid sharding: each group of fsdp_size ranks holds a sharded copy, gradients averaged across.
+    # Ranks that shard one model; -1: all. A divisor of the world size: hybrid sharding (a copy per group).
     fsdp_size: int = -1
     mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
 
@@ -318,8 +277,7 @@ class RoleFSDPConfig(FSDPConfig):
     strategy: str = "fsdp"
     # verl's FSDP1 prefetch switch: FSDP2 here prefetches the next layer's all-gather by itself.
     forward_prefetch: bool = False
-    # dtype the weights are loaded and sharded in, and so of the optimizer state: fp32 (the default) or bf16
-    # (half the memory; AdamW's updates then round to bf16). mixed_precision.param_dtype is the compute dtype.
+    # dtype of the loaded, sharded weights and so of the optimizer state: fp32 or bf16 (updates round to bf16).
     model_dtype: str = "fp32"
     # verl's engine-level name for the role's ulysses_sequence_parallel_size; where both are set they must agree.
     ulysses_sequence_parallel_size: int = 1
@@ -337,24 +295,19 @@ class ModelConfig(FreezableConfig):
     trust_remote_code: bool = False
     # A module to import before loading (registers custom architectures), as in verl.
     external_lib: str | None = None
-    # Runs the same either way (hybridrl/trainer/config_rules.py): padding-free kernels need
-    # flash-attention (GPU); the actor always trims padding columns per micro-batch instead.
+    # Runs the same either way: the actor always trims padding columns per micro-batch instead.
     use_remove_padding: bool = False
-    # hybridrl's key: the passes of this model (actor_rollout_ref.model: the actor's and the reference's;
-    # critic.model: the critic's) compute a prompt shared by several rows (the rollout.n responses of a
-    # group) once, and every response attends to it (hybridrl/models/attention.py): the same
-    # log-probs / values and gradients from fewer tokens.
+    # hybridrl's key: compute a prompt shared by several rows (a group's responses) once: same results.
     share_prompt_forward: bool = True
-    # verl's GPU speed-ups that change no result (model files staged in /dev/shm, fused logit kernels,
-    # Liger kernels, activation offload): no effect here (config_rules.NO_EFFECT warns when set).
+    # verl's GPU speed-ups that change no result: no effect here (a warning names them when set).
     use_shm: bool = False
     use_fused_kernels: bool = False
     fused_kernel_options: dict[str, Any] = field(default_factory=lambda: {"impl_backend": "torch"})
     use_liger: bool = False
     enable_activation_offload: bool = False
-    # LoRA adapters on the actor (docs/lora.md; hybridrl/models/lora.py): rank (0 = off) and alpha (the adapter's
-    # scale is alpha / rank); the linears to adapt ("all-linear" or a list of names or a regex) and to leave out;
-    # a PEFT adapter directory to start from (its rank, alpha and targets win). critic.model: 0 only.
+    # LoRA adapters on the actor (docs/lora.md): rank (0 = off), alpha (scale alpha / rank), the linears to
+    # adapt ("all-linear", names or a regex) and to leave out, a PEFT adapter directory to start from (its
+    # rank, alpha and targets win). critic.model: 0 only.
     lora_rank: int = 0
     lora_alpha: float = 16
     target_modules: Any = "all-linear"
@@ -423,9 +376,8 @@ class ActorConfig(FreezableConfig):
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
     ppo_epochs: int = 1
-    # hybridrl's key: on a fully on-policy step (ppo_epochs=1, one mini-batch per step, nothing that reads
-    # old log-probs before the update) take them from the update's own forward pass instead of a separate
-    # one; `actor/old_log_prob_fused` says which path ran (`old_log_prob_blockers`, hybridrl/trainer/dataflow.py).
+    # hybridrl's key: on a fully on-policy step take the old log-probs from the update's own forward pass
+    # instead of a separate one; `actor/old_log_prob_fused` says which path ran.
     fuse_old_log_prob: bool = True
     # Shuffle rows before cutting mini-batches (each epoch), seeded by data_loader_seed.
     shuffle: bool = False
@@ -434,13 +386,12 @@ class ActorConfig(FreezableConfig):
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp_config: RoleFSDPConfig = field(default_factory=RoleFSDPConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    # Ulysses sequence parallelism: groups of this many ranks split each sequence's tokens, attention heads
-    # exchanged around attention (hybridrl/workers/sequence_parallel.py); must divide the actor's ranks.
+    # Ulysses sequence parallelism (docs/sequence-parallel.md): groups of this many ranks split each
+    # sequence's tokens; must divide the actor's ranks.
     ulysses_sequence_parallel_size: int = 1
     # torch.compile: only the default runs in hybridrl (hybridrl/trainer/config_rules.py).
     use_torch_compile: bool = False
-    # Not a setting: the actor fills it per mini-batch with the totals the policy loss normalises by
-    # (batch_num_tokens, global_batch_size, dp_size), where verl's losses read it.
+    # Not a setting: the actor fills it per mini-batch with the totals the policy loss normalises by.
     global_batch_info: dict[str, Any] = field(default_factory=dict)
     # verl's memory savers for the entropy of the logits: no effect here (config_rules.NO_EFFECT).
     entropy_checkpointing: bool = False
@@ -472,9 +423,9 @@ class RefConfig(FreezableConfig):
 class ActorRolloutRefConfig(FreezableConfig):
     """`actor_rollout_ref.*`: one model path shared by the actor, the rollout and the reference policy."""
 
-    # True: the actor, rollout and reference share one pool of processes and the rollout generates with the
-    # actor's weights in place. False: the rollout runs on a pool of its own (top-level `rollout.nnodes` x
-    # `rollout.n_gpus_per_node`) and receives the weights after every update (docs/placement.md).
+    # True: actor, rollout and reference share one pool and the rollout generates with the actor's weights
+    # in place. False: the rollout runs on a pool of its own, sent the weights after each update
+    # (docs/placement.md).
     hybrid_engine: bool = True
     model: ModelConfig = field(default_factory=ModelConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
@@ -497,9 +448,8 @@ class CriticConfig(FreezableConfig):
     strategy: str = "fsdp"
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     model: CriticModelConfig = field(default_factory=CriticModelConfig)
-    # Samples per prompt, so mini-batch sizes in prompts convert to rows. None follows
-    # actor_rollout_ref.rollout.n (the PPO trainer fills it in); another value must equal it. A critic
-    # worker built on its own needs it set.
+    # Samples per prompt. None follows actor_rollout_ref.rollout.n (a critic worker built on its own needs
+    # it set); another value must equal it.
     rollout_n: int | None = None
     # Prompts per optimizer step (each with rollout_n responses), summed over data-parallel ranks.
     ppo_mini_batch_size: int = 256

@@ -16,8 +16,7 @@ SHARE_KEY = "critic.model.share_prompt_forward"
 
 
 class PPOCritic(PromptSharingRole):
-    """compute_values and update_critic over the rank's rows; share_prompts (`critic.model.share_prompt_forward`)
-    as the actor's."""
+    """compute_values and update_critic over the rank's rows."""
 
     SHARE_KEY = SHARE_KEY
     config: CriticConfig

@@ -1,7 +1,5 @@
 """FSDP2 training engine: the only place models are sharded, stepped, offloaded and saved (actor, critic,
-reference). `fully_shard` wraps each decoder layer and the root (the root only on one rank) over a 1-D
-mesh of the group's ranks, so each rank holds 1/N of every parameter, gradient and optimizer state; with
-`fsdp_size` below the world size, over a 2-D mesh (hybrid sharding: 1/fsdp_size, copies across groups)."""
+reference); each rank holds 1/N of every parameter, gradient and optimizer state (1/fsdp_size if set)."""
 
 from __future__ import annotations
 
@@ -44,9 +42,8 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 
 def build_device_mesh(world_size: int, fsdp_size: int = -1) -> DeviceMesh:
-    """The ranks FSDP2 shards over: all of them (1-D, `fsdp`) when fsdp_size is negative or >= the world size
-    (as in verl); otherwise hybrid sharding (2-D, `replicate` x `fsdp`): groups of fsdp_size consecutive ranks
-    each hold one sharded copy, and gradients are averaged across the groups."""
+    """The ranks FSDP2 shards over: all (1-D, `fsdp`) when fsdp_size is negative or >= the world size, else
+    hybrid sharding (2-D, `replicate` x `fsdp`) over groups of fsdp_size consecutive ranks."""
     if fsdp_size < 0 or fsdp_size >= world_size:
         return init_device_mesh(process_device_type(), (world_size,), mesh_dim_names=("fsdp",))
     if fsdp_size == 0 or world_size % fsdp_size:
@@ -57,11 +54,8 @@ def build_device_mesh(world_size: int, fsdp_size: int = -1) -> DeviceMesh:
 
 
 def shard_model(model: nn.Module, mesh: DeviceMesh, config: FSDPConfig) -> nn.Module:
-    """Apply FSDP2 to every decoder layer and then to the root; on a one-rank mesh, to the root only.
-
-    One rank shards nothing but would still pay each per-layer unit's hooks in every pass, so it wraps the
-    root only (a no-grad pass then holds the whole model in the compute dtype at once).
-    """
+    """Apply FSDP2 to every decoder layer and then to the root; on a one-rank mesh, which shards nothing
+    but would pay each layer unit's hooks in every pass, to the root only."""
     mp = MixedPrecisionPolicy(
         param_dtype=resolve_dtype(config.mixed_precision.param_dtype),
         reduce_dtype=resolve_dtype(config.mixed_precision.reduce_dtype),
@@ -88,8 +82,7 @@ def lr_lambda(step: int, warmup_steps: int, total_steps: int, style: str, min_lr
 
 
 def build_optimizer(model: nn.Module, config: OptimConfig) -> tuple[torch.optim.Optimizer, Any]:
-    """AdamW over the (sharded) trainable parameters (a LoRA model's adapters only) and the learning-rate
-    schedule; on a CPU AdamW's fused kernel, several times faster on FSDP2's DTensors than torch's default."""
+    """AdamW over the trainable (sharded) parameters, fused on a CPU (far faster on DTensors), and its schedule."""
     params = [p for p in model.parameters() if p.requires_grad]
     fused = bool(params) and all(p.device.type == "cpu" and p.is_floating_point() for p in params)
     optimizer = torch.optim.AdamW(
@@ -99,9 +92,8 @@ def build_optimizer(model: nn.Module, config: OptimConfig) -> tuple[torch.optim.
     total = config.total_training_steps
     if config.warmup_style == "cosine" and total <= 0:
         raise ValueError("optim.warmup_style=cosine needs optim.total_training_steps > 0 (the trainer sets it)")
-    warmup = config.lr_warmup_steps
-    if warmup < 0:
-        warmup = int(config.lr_warmup_steps_ratio * max(total, 0))
+    warmup = (config.lr_warmup_steps if config.lr_warmup_steps >= 0
+              else int(config.lr_warmup_steps_ratio * max(total, 0)))
     schedule = lambda step: lr_lambda(step, warmup, total, config.warmup_style,  # noqa: E731
                                       config.min_lr_ratio, config.num_cycles)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
@@ -109,8 +101,7 @@ def build_optimizer(model: nn.Module, config: OptimConfig) -> tuple[torch.optim.
 
 def offload_refusals(config: FSDPConfig, key: str, device_type: str) -> list[str]:
     """One message per `param_offload` / `optimizer_offload` set where nothing would move the state (only the
-    actor's rollout hand-off offloads); none on a CPU, where the state already lives in host memory. `key` is
-    the config section, e.g. `critic.model`."""
+    actor's rollout hand-off offloads); none on a CPU. `key` is the config section, e.g. `critic.model`."""
     if device_type == "cpu":
         return []
     return [f"{key}.fsdp_config.{name}=true is not supported on {device_type}: parameters and optimizer state "
@@ -131,10 +122,8 @@ def refuse_offload(config: FSDPConfig, key: str, device_type: str) -> None:
 
 
 class FSDPEngine:
-    """A sharded model plus (optionally) its optimizer, scheduler and offload state.
-
-    A model with LoRA layers (hybridrl/models/lora.py) trains its adapters only; its full weights (for the
-    rollout and HF exports) are the merged ones, and its checkpoints hold the adapters only."""
+    """A sharded model plus (optionally) its optimizer, scheduler and offload state. A LoRA model trains and
+    checkpoints its adapters only; its full weights (for the rollout and HF exports) are the merged ones."""
 
     def __init__(self, model: nn.Module, fsdp_config: FSDPConfig, optim_config: OptimConfig | None = None,
                  grad_clip: float | None = 1.0, sequence_parallel_size: int = 1,
@@ -161,10 +150,8 @@ class FSDPEngine:
 
     @contextmanager
     def gradient_sync(self, enabled: bool) -> Iterator[None]:
-        """Skip the gradient reduce-scatter on all but the last micro-batch of an accumulation.
-
-        On a single rank the parameters also stay gathered from the first forward to the last backward.
-        """
+        """Skip the gradient reduce-scatter on all but the last micro-batch of an accumulation (on a single
+        rank the parameters also stay gathered from the first forward to the last backward)."""
         fsdp_modules = self.fsdp_modules if self.mesh.size() == 1 else []
         if isinstance(self.module, FSDPModule):
             self.module.set_requires_gradient_sync(enabled)
@@ -205,10 +192,8 @@ class FSDPEngine:
 
     @contextmanager
     def summon_full_params(self) -> Iterator[nn.Module]:
-        """Gather every layer's full parameters once for the block: generation's many forwards then need no
-        collectives, so ranks may run different numbers of them. The gathered parameters are a copy that the
-        block's end discards: an in-place change to them (a LoRA merge for generation) never reaches the
-        sharded weights."""
+        """Gather every layer's full parameters once for the block, so generation's forwards need no collectives.
+        They are a copy the block's end discards: an in-place change (a LoRA merge) never reaches the shards."""
         for m in self.fsdp_modules:
             m.set_reshard_after_forward(False, recurse=False)
             m.unshard()
@@ -268,8 +253,7 @@ class FSDPEngine:
                     state[key] = value.to(device, non_blocking=True)
 
     def full_model_state_dict(self) -> dict[str, torch.Tensor]:
-        """The plain model's unsharded parameters (LoRA merged in) on CPU, on rank 0 only (others get {}); a
-        collective: call on all ranks."""
+        """The plain model's unsharded parameters (LoRA merged in) on CPU, on rank 0 only; a collective."""
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         state = get_model_state_dict(self.module, options=options)
         return dict(merged_weights(state.items(), self.lora_scalings)) if self.has_lora and state else state
@@ -284,8 +268,7 @@ class FSDPEngine:
         return StateDictOptions(ignore_frozen_params=self.has_lora, strict=not self.has_lora)
 
     def sharded_state(self) -> dict[str, Any]:
-        """This rank's shards of model (a LoRA model: adapters) and optimizer state, plus the scheduler (for
-        checkpoints)."""
+        """This rank's shards of model (a LoRA model: adapters) and optimizer state, plus the scheduler."""
         model_state = get_model_state_dict(self.module, options=self._model_state_options())
         if self.has_lora:  # a frozen weight tied to another (lm_head) survives ignore_frozen_params
             model_state = adapter_tensors(model_state.items())
@@ -296,10 +279,8 @@ class FSDPEngine:
         return state
 
     def load_sharded_state(self, state: dict[str, Any]) -> None:
-        """Restore model and optimizer shards and the schedule's position; hyperparameters stay this run's.
-
-        Moments and step count come from the checkpoint; lr (the scheduler's base too), betas, eps and weight
-        decay from the config, so a resumed run trains at a new `optim.lr`."""
+        """Restore model and optimizer shards (moments, step count) and the schedule's position; lr, betas, eps
+        and weight decay stay this run's config, so a resumed run trains at a new `optim.lr`."""
         set_model_state_dict(self.module, state["model"], options=self._model_state_options())
         if self.optimizer is not None and "optimizer" in state:
             set_optimizer_state_dict(self.module, self.optimizer, state["optimizer"])

@@ -1,8 +1,5 @@
-"""The SPMD workers the trainer drives: actor + rollout + reference in one process, and the critic.
-
-Each registered method is what one rank does with its share of a batch; the `@register` dispatch mode
-says how the controller splits the batch across ranks and merges the results.
-"""
+"""The SPMD workers the trainer drives: actor + rollout + reference in one process, and the critic. Each
+registered method is one rank's work on its share of a batch, split and merged as its dispatch mode says."""
 
 from __future__ import annotations
 
@@ -66,10 +63,7 @@ ROLES = ("actor", "rollout", "ref", "actor_ref", "actor_rollout", "actor_rollout
 
 def forward_and_update_passes(model: torch.nn.Module, fsdp_dtype: str, epochs: int, infer: str,
                               train: str) -> dict[str, ModelPass]:
-    """A trained model's two passes for MFU: the no-grad forward (`infer`) and the update (`train`).
-
-    Counted on the loaded, unsharded model; the peak is measured in the FSDP compute dtype.
-    """
+    """A trained model's passes for MFU: the no-grad forward (`infer`) and the update (`train`)."""
     params = matmul_params(model)
     peak = device_peak_flops(resolve_dtype(fsdp_dtype))
     return {infer: forward_pass(params, fsdp_dtype),
@@ -84,8 +78,7 @@ def forward_pass(params: int, dtype: str) -> ModelPass:
 def load_model_for(model: ModelConfig, gradient_checkpointing: bool, compute_dtype: str, device_type: str,
                    loader: Callable[..., torch.nn.Module] = load_causal_lm,
                    weights_dtype: str = "float32") -> torch.nn.Module:
-    """The model with its weights in `weights_dtype` (the master copy: fsdp_config.model_dtype, fp32 by
-    default), with the attention that suits the dtype it computes in."""
+    """The model, weights in `weights_dtype` (the master copy), with the attention suited to its compute dtype."""
     if model.external_lib:
         importlib.import_module(model.external_lib)
     return loader(
@@ -96,20 +89,15 @@ def load_model_for(model: ModelConfig, gradient_checkpointing: bool, compute_dty
 
 
 def with_lora(model: torch.nn.Module, settings: LoRASettings, compute_dtype: str) -> torch.nn.Module:
-    """`model` with LoRA adapters (hybridrl/models/lora.py) where `settings` ask for them, its frozen base in the
-    compute dtype; else `model` unchanged."""
+    """`model` with LoRA adapters where `settings` ask for them (its frozen base in the compute dtype)."""
     return add_lora(model, settings, base_dtype=resolve_dtype(compute_dtype)) if settings.enabled else model
 
 
 class ActorRolloutRefWorker(Worker):
-    """Actor, rollout and/or reference policy on one rank, by `role`.
-
-    With role `actor_rollout[_ref]` the rollout generates with the actor's current weights: the
-    `serving(actor)` hand-off runs around every generation
-    (docs/rollout.md, "The hand-off between training and generation"). With LoRA
-    (`actor_rollout_ref.model.lora_rank > 0`) the actor trains adapters only and, with a reference role, the
-    reference policy is the actor's base with its adapters disabled (no second model).
-    """
+    """Actor, rollout and/or reference policy on one rank, by `role`. With `actor_rollout[_ref]` the rollout
+    generates with the actor's current weights
+    (docs/rollout.md, "The hand-off between training and generation"). A LoRA actor's reference policy is
+    its base with the adapters disabled (no second model)."""
 
     def __init__(self, config: Any, role: str) -> None:
         super().__init__(collective_timeout_s=to_dataclass(ActorRolloutRefConfig, config).nccl_timeout)
@@ -215,17 +203,15 @@ class ActorRolloutRefWorker(Worker):
         output.meta_info.setdefault("temperature", self.config.rollout.temperature)
         if self.weight_version is not None:  # a rollout pool of its own: which update its weights came from
             output.meta_info["weight_version"] = self.weight_version
-        # The ranks' outputs are concatenated, which requires equal meta_info: report the step's seed,
-        # not this rank's stream (per-rank values travel in meta_info["metrics"], which concat gathers).
+        # concatenating the ranks' outputs needs equal meta_info: the step's seed, not this rank's stream
         if step_seed is not None:
             output.meta_info["seed"] = step_seed
         return output
 
     @register(dispatch_mode=Dispatch.ALL_TO_ALL)
     def stream_generate(self, prompts: DataProto | None, max_steps: int, partial: bool) -> DataProto | None:
-        """Streaming mode: this rank's new prompts join its continuous batch, which decodes until a prompt has
-        all its samples (or `max_steps` tokens); returns the finished groups, each token tagged with this rank's
-        weight version (hybridrl/workers/rollout/continuous.py)."""
+        """Streaming mode: add the prompts to this rank's continuous batch and decode until a prompt has all its
+        samples (or `max_steps` tokens); returns the finished groups (hybridrl/workers/rollout/continuous.py)."""
         self._require(self.rollout, "stream_generate", "rollout")  # the HF engine: placement_errors refuses others
         with self.rollout.serving(self.rollout_weights):
             return self.rollout.stream(prompts, self.weight_version or 0, max_steps, 1, partial)
@@ -240,18 +226,16 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     @report_worker_seconds
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        """`old_log_probs` and `entropys` of the responses under the current actor, and `sum_pi_squared`
-        with actor.calculate_sum_pi_squared."""
+        """`old_log_probs`, `entropys` and (actor.calculate_sum_pi_squared) `sum_pi_squared` of the responses."""
         self._require(self.actor, "compute_log_prob", "actor")
         data.meta_info.setdefault("temperature", self.config.rollout.temperature)
         rows, tokens = log_prob_batching(self.config.rollout, self.world_size)
         outputs = self.actor.compute_response_outputs(
             data, rows, tokens, calculate_entropy=True,
             calculate_sum_pi_squared=self.config.actor.calculate_sum_pi_squared)
-        columns = {"old_log_probs": outputs["log_probs"], "entropys": outputs["entropy"]}
-        if "sum_pi_squared" in outputs:
-            columns["sum_pi_squared"] = outputs["sum_pi_squared"]
-        return DataProto.from_dict(columns, meta_info={"temperature": data.meta_info["temperature"]})
+        names = {"log_probs": "old_log_probs", "entropy": "entropys"}  # verl's column names
+        return DataProto.from_dict({names.get(k, k): v for k, v in outputs.items()},
+                                   meta_info={"temperature": data.meta_info["temperature"]})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     @report_worker_seconds
@@ -268,10 +252,8 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     @report_worker_seconds
     def update_actor(self, data: DataProto) -> DataProto:
-        """PPO update on this rank's rows; metrics (already averaged over ranks) in meta_info.
-
-        With meta_info["fuse_old_log_prob"] the update's own forward gives `old_log_probs`, returned.
-        """
+        """PPO update on this rank's rows; metrics (averaged over ranks) in meta_info. With
+        meta_info["fuse_old_log_prob"] it also returns the `old_log_probs` of its own forward."""
         self._require(self.actor, "update_actor", "actor")
         data.meta_info.setdefault("temperature", self.config.rollout.temperature)
         plan = update_plan(self.config.actor, self.config.rollout.n, self.world_size)
@@ -299,8 +281,7 @@ class ActorRolloutRefWorker(Worker):
     # ----- the weight sync between a training pool and a rollout pool (hybridrl/workers/weight_sync.py) ------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def weight_manifest(self) -> list[tuple[str, tuple[int, ...]]] | None:
-        """(name, shape) of the actor's full weights in the order a sync sends them (rank 0 answers; a collective,
-        as it gathers every weight once)."""
+        """(name, shape) of the actor's full weights in sync order, on rank 0 (a collective: it gathers each)."""
         self._require(self.actor, "weight_manifest", "actor")
         manifest = weight_manifest(self.actor.engine.iter_full_weights())
         return manifest if self.rank == 0 else None
@@ -323,8 +304,7 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def join_weight_sync(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
-        """Join the sync group: the actor's rank 0 as its rank 0, rollout rank r as r + 1 (other actor ranks
-        only gather, so they stay out)."""
+        """Join the sync group: the actor's rank 0 as rank 0, rollout rank r as r + 1 (other actor ranks stay out)."""
         if self.is_actor and self.rank == 0:
             self.weight_sync = SyncGroup.join(host, port, 0, world_size, self.device, timeout_s,
                                               store=self.weight_sync_store)
@@ -418,10 +398,8 @@ class CriticWorker(Worker):
 
 
 def actor_offload_refusals(cfg: ActorRolloutRefConfig, role: str, device_type: str) -> list[str]:
-    """The actor's offload keys act in the rollout hand-off only: `optimizer_offload` wherever the worker
-    has a rollout, `param_offload` where its engine has weights of its own to generate from (vLLM).
-    Anywhere else they would be silently ignored, so they are refused (on an accelerator: see
-    `offload_refusals`). The trainer runs this before any worker starts, the worker again."""
+    """Refusals of the actor's offload keys where they would be silently ignored: they act in the rollout
+    hand-off only (`param_offload` only with an engine that has weights of its own, vLLM)."""
     offload = cfg.actor.fsdp_config
     if "rollout" not in role:
         return offload_refusals(offload, "actor_rollout_ref.actor", device_type)  # no rollout, no hand-off

@@ -1,10 +1,10 @@
-"""Micro-batches that waste little compute on padding (a padded forward costs rows x width): rows are
-sorted by real length before they are cut, and each micro-batch drops the columns that are padding in
-every row. The micro-batch count is agreed across an FSDP group's ranks, whose forwards all-gather."""
+"""Micro-batches that waste little compute on padding: rows sorted by real length before they are cut,
+columns that are padding in every row dropped; the count agreed across the ranks, whose forwards all-gather."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -18,12 +18,14 @@ class MicroBatch:
     indices: list[int]  # rows of the parent batch, in the order they appear in `data`
 
 
-def _agree_max(value: int) -> int:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        t = torch.tensor([value], dtype=torch.long, device="cpu")  # a count: gloo reduces it on the CPU
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return int(t.item())
-    return value
+def reduce_over_ranks(values: list, op: Any = dist.ReduceOp.SUM,
+                      dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, int]:
+    """`values` reduced over all ranks on the CPU (where gloo reduces), and the number of ranks."""
+    totals = torch.tensor(values, dtype=dtype, device="cpu")
+    if not (dist.is_initialized() and dist.get_world_size() > 1 and totals.numel()):
+        return totals, 1
+    dist.all_reduce(totals, op=op)
+    return totals, dist.get_world_size()
 
 
 def _split_to_count(groups: list[list[int]], count: int) -> list[list[int]]:
@@ -39,11 +41,9 @@ def _split_to_count(groups: list[list[int]], count: int) -> list[list[int]]:
 
 
 def cheapest_cuts(sorted_lengths: list[int], max_token_len: int) -> list[tuple[int, int]]:
-    """Cut ascending lengths into contiguous runs [lo, hi) whose padded passes cost least in all.
-
-    A run costs (rows + 1) x its longest length (the extra row: a pass's fixed cost) and keeps rows x
-    longest within `max_token_len` (a longer row runs alone). Exact, by dynamic programming.
-    """
+    """Cut ascending lengths into contiguous runs [lo, hi) whose padded passes cost least in all (exact, by
+    dynamic programming): a run costs (rows + 1) x its longest length (the extra row: a pass's fixed cost)
+    and keeps rows x longest within `max_token_len` (a longer row runs alone)."""
     n = len(sorted_lengths)
     best = [0] + [float("inf")] * n  # best[i]: cheapest cost of the first i rows
     start = [0] * (n + 1)  # start[i]: where the last run of that cheapest cut begins
@@ -61,18 +61,11 @@ def cheapest_cuts(sorted_lengths: list[int], max_token_len: int) -> list[tuple[i
     return cuts[::-1]
 
 
-def make_micro_batches(
-    data: DataProto,
-    micro_batch_size: int | None = None,
-    max_token_len: int | None = None,
-    group_ids: torch.Tensor | None = None,
-) -> list[MicroBatch]:
+def make_micro_batches(data: DataProto, micro_batch_size: int | None = None, max_token_len: int | None = None,
+                       group_ids: torch.Tensor | None = None) -> list[MicroBatch]:
     """Cut `data` into micro-batches of similar-length rows: `micro_batch_size` rows each, or within a
-    `max_token_len` budget of rows x padded width (`cheapest_cuts`).
-
-    Rows with the same `group_ids` stay together, so shared prompts are computed once. Every rank gets the
-    same count; one with too few rows runs dummy micro-batches whose outputs are dropped.
-    """
+    `max_token_len` budget of rows x padded width. Rows with equal `group_ids` stay together; a rank with too
+    few rows for the agreed count runs dummy micro-batches whose outputs are dropped."""
     if (micro_batch_size is None) == (max_token_len is None):
         raise ValueError("give exactly one of micro_batch_size (fixed) or max_token_len (dynamic batch size)")
     lengths = data.batch["attention_mask"].sum(dim=-1).tolist()
@@ -97,10 +90,9 @@ def make_micro_batches(
             )
         sorted_lengths = [lengths[i] for i in order]
         groups = [order[lo:hi] for lo, hi in cheapest_cuts(sorted_lengths, max_token_len)]
-    count = _agree_max(len([g for g in groups if g]))
+    count = int(reduce_over_ranks([len([g for g in groups if g])], dist.ReduceOp.MAX, torch.long)[0][0])
     micro = [MicroBatch(data.select_rows(g), g) for g in _split_to_count(groups, count)]
-    while len(micro) < count:  # too few rows here to match the other ranks' forward passes
-        micro.append(_dummy(data))
+    micro += [_dummy(data) for _ in range(count - len(micro))]  # too few rows here for the other ranks' count
     return micro
 
 

@@ -1,6 +1,5 @@
-"""One pass of a model over rollout rows, read at the response positions: the actor's and reference's
-log-probs and the critic's values; with prompt sharing, rows with equal prompts compute them once per
-forward (`hybridrl.models.attention`)."""
+"""One pass of a model over rollout rows, read at the response positions (log-probs, values); with prompt
+sharing, rows with equal prompts compute them once per forward (`hybridrl.models.attention`)."""
 
 from __future__ import annotations
 
@@ -33,12 +32,9 @@ logger = logging.getLogger(__name__)
 
 def response_logits(module: torch.nn.Module, micro: DataProto, share_prompts: bool, always_packed: bool,
                     share_key: str) -> torch.Tensor:
-    """Logits predicting each response token, (rows, kept_response_len, vocab) (a critic's outputs at the same
-    positions), on columns trimmed of shared padding, with the head on the response positions only.
-
+    """Logits predicting each response token (or a critic's outputs there), (rows, kept_response_len, vocab).
     `share_prompts`: rows with equal prompts compute their prompt once (`always_packed`: even where all
-    differ, as in `shared_prompt_mode`); `share_key` is the config key errors name.
-    """
+    differ, as in `shared_prompt_mode`); `share_key` is the config key errors name."""
     response_length = micro.batch["responses"].shape[-1]
     trimmed = trim_columns(micro, response_length)
     start = trimmed.response_start
@@ -54,13 +50,8 @@ def response_logits(module: torch.nn.Module, micro: DataProto, share_prompts: bo
             return shared_prompt_forward(module, trimmed.input_ids, trimmed.attention_mask, trimmed.position_ids,
                                          start, trimmed.response_kept, prompt_of_row, first_rows)
     head_kwargs, at_kept = head_on_kept_positions(module, trimmed.response_kept + 1)
-    output = module(
-        input_ids=trimmed.input_ids,
-        attention_mask=trimmed.attention_mask,
-        position_ids=trimmed.position_ids,
-        use_cache=False,
-        **head_kwargs,
-    )
+    output = module(input_ids=trimmed.input_ids, attention_mask=trimmed.attention_mask,
+                    position_ids=trimmed.position_ids, use_cache=False, **head_kwargs)
     # logits at column c predict token c + 1: the last kept+1 columns start one before the response
     return at_kept(output.logits)[:, : trimmed.response_kept]
 
@@ -79,10 +70,8 @@ def activation_checkpointing_on(module: torch.nn.Module) -> bool:
 
 
 class PromptSharing:
-    """Whether a worker's passes over `module` share prompts: asked by config key `share_key` and possible
-    for the model (`supports_shared_prompt`; otherwise padded passes, with a warning). Under gradient
-    checkpointing the backward reruns layers, so an update holds the model in `shared_prompt_mode` (`held`).
-    With sequence parallelism every pass is a `SequenceParallel.forward` and no prompt is shared."""
+    """Whether a worker's passes over `module` share prompts: asked by config key `share_key`, possible for
+    the model (`supports_shared_prompt`) and without sequence parallelism; else padded passes, with a warning."""
 
     def __init__(self, module: torch.nn.Module, asked: bool, share_key: str,
                  sequence_parallel: SequenceParallel | None = None) -> None:
@@ -121,8 +110,8 @@ class PromptSharing:
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
-        """Around an update: the model stays in `shared_prompt_mode` where its layers are checkpointed (in
-        `ulysses_mode` with sequence parallelism)."""
+        """Around an update: `shared_prompt_mode` where layers are checkpointed, `ulysses_mode` with sequence
+        parallelism."""
         if self.sequence_parallel.enabled:
             mode = ulysses_mode(self.module)
         else:
@@ -132,8 +121,7 @@ class PromptSharing:
 
 
 class PromptSharingRole:
-    """What the actor and the critic hold alike: their config, their engine and the `PromptSharing` of the
-    engine's module, asked for by the config key `SHARE_KEY`."""
+    """The actor's and critic's config, engine and `PromptSharing` (asked for by the config key `SHARE_KEY`)."""
 
     SHARE_KEY: str
 
@@ -147,9 +135,8 @@ class PromptSharingRole:
         return self.prompt_sharing.enabled
 
     def group_rows(self, data: DataProto, plan: BatchingPlan) -> tuple[DataProto, BatchingPlan]:
-        """The rows and batching of the rank's data-parallel group: with sequence parallelism the group's ranks'
-        rows together (each mini-batch the union of theirs), mini-batches as many times larger and a token
-        budget per pass that many times larger (each rank holds a share of each row)."""
+        """The rows and batching of the rank's data-parallel group: with sequence parallelism its ranks' rows
+        together, mini-batches and the token budget per pass `size` times larger."""
         sp = self.engine.sequence_parallel
         if not sp.enabled:
             return data, plan

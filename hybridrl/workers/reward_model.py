@@ -1,10 +1,6 @@
-"""The reward model worker (`reward_model.*`): a learned scorer of whole (prompt, response) sequences.
-
-A token-classification model (verl's convention; a `*ForSequenceClassification` checkpoint's `score`
-head loads the same way) read at each sequence's last valid token; `compute_rm_score` returns
-`rm_scores` (batch, response_len), zero except on each row's last valid response token, which the
-reward managers pass through. With a different tokenizer or chat template (`model.input_tokenizer`),
-rows are decoded with the actor's and re-templated for the reward model.
+"""The reward model worker (`reward_model.*`): a token- or sequence-classification model read at each
+sequence's last valid token. With a different tokenizer or chat template (`model.input_tokenizer`), rows
+are decoded with the actor's and re-templated for the reward model.
 """
 
 from __future__ import annotations
@@ -42,9 +38,8 @@ STRATEGIES = ("fsdp", "fsdp2")  # both mean FSDP2 (`fully_shard`) here, as in th
 class SandboxConfig(FreezableConfig):
     """`reward_model.sandbox.*`: how the built-in code scorer runs programs (hybridrl/rewards/SANDBOX.md)."""
 
-    # true: programs run only fully isolated (namespaces + a throwaway uid); a host that refuses
-    # namespaces (root without CAP_SYS_ADMIN, e.g. a default Docker container) stops the run at start.
-    # false: there, accept the weaker uid-only mode (no network isolation; see SANDBOX.md).
+    # true: programs run only fully isolated (namespaces + a throwaway uid); a host that refuses namespaces
+    # stops the run at start. false: there, accept the weaker uid-only mode (no network isolation).
     require_isolation: bool = True
 
     def limits(self) -> SandboxLimits:
@@ -53,9 +48,7 @@ class SandboxConfig(FreezableConfig):
 
 @dataclass
 class RewardModelModelConfig(FreezableConfig):
-    # The actor's tokenizer directory. When its vocabulary or chat template differs from the reward
-    # model's, rows are decoded with it and re-templated for the reward model; None scores the actor's
-    # token ids as they are (only right when both tokenizers are the same).
+    # The actor's tokenizer, if it differs from the reward model's (rows are then re-templated); None: same.
     input_tokenizer: str | None = None
     # Local Hugging Face directory of the reward model (a token- or sequence-classification checkpoint).
     path: str | None = None
@@ -64,8 +57,7 @@ class RewardModelModelConfig(FreezableConfig):
     trust_remote_code: bool = False
     # Values that replace entries of the checkpoint's config.json.
     override_config: dict[str, Any] = field(default_factory=dict)
-    # Runs the same either way (hybridrl/trainer/config_rules.py): each micro-batch is trimmed of
-    # padding columns instead.
+    # Runs the same either way: each micro-batch is trimmed of padding columns instead.
     use_remove_padding: bool = False
     fsdp_config: RoleFSDPConfig = field(default_factory=RoleFSDPConfig)
 
@@ -76,8 +68,7 @@ class RewardModelConfig(FreezableConfig):
 
     # Score responses with the reward model; False uses only rule-based / custom reward functions.
     enable: bool = False
-    # Run the reward model on a pool of processes of its own (`nnodes` x `n_gpus_per_node`) instead of in
-    # the training processes (docs/placement.md).
+    # Run the reward model on a pool of its own (`nnodes` x `n_gpus_per_node`; docs/placement.md).
     enable_resource_pool: bool = False
     n_gpus_per_node: int = 0
     nnodes: int = 0
@@ -88,8 +79,7 @@ class RewardModelConfig(FreezableConfig):
     micro_batch_size: int | None = None
     # Rows per forward pass on one rank; None (and no dynamic batching) runs a rank's share at once.
     micro_batch_size_per_gpu: int | None = None
-    # Longest re-tokenised sequence the reward model reads; longer ones lose their end (see
-    # `retokenize_for_reward_model`). None: no limit. Unused when the ids are scored as they are.
+    # Longest re-tokenised sequence the reward model reads (longer ones lose their end); None: no limit.
     max_length: int | None = None
     # Cut micro-batches by a token budget (rows x padded width) instead of a row count.
     use_dynamic_bsz: bool = False
@@ -106,23 +96,16 @@ class RewardModelConfig(FreezableConfig):
     # Worker processes that run the reward function (null: the CPUs this process may use, at most 64).
     # 0 runs it in the driver: no timeout, and an os._exit or segfault in it ends the run.
     reward_fn_workers: int | None = None
-    # Stop the run when more than this share of a batch's rows fail (raise, crash, time out, return NaN
-    # or a wrong type); failures up to it score 0.0 and are counted in the `reward/*` metrics. 1.0: never
-    # stop. A RewardFunctionFatalError from the function stops the run whatever the share.
+    # Stop the run when more than this share of a batch's rows fail; failures up to it score 0.0 (`reward/*`).
     max_failure_share: float = DEFAULT_MAX_FAILURE_SHARE
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
-    # Score with the rule-based reward function in a background thread of the driver while the workers
-    # recompute log-probs and values (the reward model, when enabled, scores before that). Not with
-    # algorithm.filter_groups, whose filter needs the scores before the batch is complete.
+    # Score in a driver thread while the workers recompute log-probs (not with algorithm.filter_groups).
     launch_reward_fn_async: bool = False
     # How the built-in code scorer runs programs (require_isolation; see hybridrl/rewards/SANDBOX.md).
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
-    # verl's choice between its reward loop and its legacy reward worker: both score the same here
-    # (config_rules.SAME_EITHER_WAY).
+    # verl's choice between its reward loop and its legacy reward worker: both score the same here.
     use_reward_loop: bool = True
-    # verl's reward-loop workers and the server that hosts its reward model, and its remote code sandbox:
-    # the reward model scores in the worker group's forward pass and code runs in the local sandbox here,
-    # so these have no effect (config_rules.NO_EFFECT warns when set).
+    # verl's reward-loop workers, reward model server and remote code sandbox: no effect here (warned).
     num_workers: int = 1
     rollout: dict[str, Any] = field(default_factory=dict)
     sandbox_fusion: dict[str, Any] = field(default_factory=dict)
@@ -181,14 +164,10 @@ def conversations(data: DataProto, src_tokenizer: Any) -> list[list[dict[str, An
 
 def retokenize_for_reward_model(chats: Sequence[list[dict[str, Any]]], rm_tokenizer: Any,
                                 max_length: int | None) -> DataProto:
-    """Right-padded reward-model inputs for the conversations, in its chat template (no special tokens added:
-    the template writes them).
-
-    Sequences over `max_length` lose their end, as in verl, with a warning (one overlong sample must not
-    stop a run).
-    """
+    """Right-padded reward-model inputs for the conversations, in its chat template; sequences over
+    `max_length` lose their end, with a warning (one overlong sample must not stop a run)."""
     texts = [rm_tokenizer.apply_chat_template(chat, tokenize=False) for chat in chats]
-    ids = [rm_tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+    ids = [rm_tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]  # the template adds them
     longest = max(len(row) for row in ids)
     if max_length is not None and longest > max_length:
         over = sum(len(row) > max_length for row in ids)
@@ -197,11 +176,9 @@ def retokenize_for_reward_model(chats: Sequence[list[dict[str, Any]]], rm_tokeni
                        len(ids), longest)
         ids = [row[:max_length] for row in ids]
         longest = max_length
-    input_ids = torch.full((len(ids), longest), rm_tokenizer.pad_token_id, dtype=torch.long)  # (B, L)
-    attention_mask = torch.zeros((len(ids), longest), dtype=torch.long)  # (B, L)
-    for i, row in enumerate(ids):
-        input_ids[i, :len(row)] = torch.tensor(row, dtype=torch.long)
-        attention_mask[i, :len(row)] = 1
+    pad = rm_tokenizer.pad_token_id
+    input_ids = torch.tensor([row + [pad] * (longest - len(row)) for row in ids], dtype=torch.long)  # (B, L)
+    attention_mask = torch.tensor([[1] * len(row) + [0] * (longest - len(row)) for row in ids], dtype=torch.long)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (B, L)
     return DataProto.from_dict({"input_ids": input_ids, "attention_mask": attention_mask,
                                 "position_ids": position_ids})

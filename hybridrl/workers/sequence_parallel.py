@@ -1,20 +1,7 @@
-"""Ulysses sequence parallelism (DeepSpeed-Ulysses, Jacobs et al. 2023, arXiv:2309.14509) for the actor,
-reference, critic and SFT passes: `size` consecutive ranks form a group that runs every forward and
-backward together, each rank on 1/size of each sequence's tokens.
-
-Layers other than attention work token by token, so each rank runs them on its own columns. Around
-attention an all-to-all turns (rows, heads, columns/size) into (rows, heads/size, columns): each rank
-attends over whole sequences with its share of the heads, and a second all-to-all turns the output back.
-Activation memory per rank falls by the group size; the head's vocabulary-sized logits stay per token.
-
-The data: the worker group still hands each rank its own rows; a group gathers its ranks' rows
-(`SequenceParallel.gather_rows`) and runs them as one data-parallel share: a mini-batch of the group holds
-the rows of its ranks' mini-batches, so a run trains as it would with its ranks data-parallel, and the
-micro-batch sizes count rows per group (as verl's do per data-parallel group). Each rank keeps the outputs
-of its own rows (`own_rows`). Gradients: every rank of a group computes the same loss from the same gathered per-token
-values, so the gradient of a rank's part of them is that part of the gathered gradient (`_GatherColumns`),
-and the per-rank parameter gradients sum, in FSDP's reduction, to the group's; the loss normalisers count
-each row once (`hybridrl/workers/update_loop.py`).
+"""Ulysses sequence parallelism (DeepSpeed-Ulysses, arXiv:2309.14509) for the actor, reference, critic
+and SFT passes: a group of `size` consecutive ranks runs each pass together, each rank on 1/size of every
+sequence's columns, with an all-to-all around attention trading columns for heads. The data flow and why
+the gradients are exact: docs/sequence-parallel.md.
 """
 
 from __future__ import annotations
@@ -110,18 +97,10 @@ class UlyssesLayout:
         return self._masks[key]
 
 
-def ulysses_attention(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float,
-    dropout: float = 0.0,
-    **kwargs,
-) -> tuple[torch.Tensor, None]:
-    """query (B, H, C, D), key/value (B, KVH, C, D) on this rank's C columns -> output (B, C, H, D), attending
-    over the group's whole sequences."""
+def ulysses_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0,
+                      **kwargs) -> tuple[torch.Tensor, None]:
+    """query (B, H, C, D), key/value (B, KVH, C, D) on this rank's C columns -> output (B, C, H, D)."""
     layout: UlyssesLayout | None = kwargs.pop(LAYOUT_KWARG, None)
     if layout is None:
         raise RuntimeError(f"attention {ULYSSES!r} was called without its layout: call the model through "
@@ -149,8 +128,7 @@ AttentionInterface.register(ULYSSES, ulysses_attention)  # no mask function: tra
 
 
 def ulysses_mode(module: nn.Module) -> contextlib.AbstractContextManager[None]:
-    """`attention_mode` for `ULYSSES` (held around the backward too, where gradient checkpointing reruns
-    layers)."""
+    """`attention_mode` for `ULYSSES` (held around the backward too, which checkpointing reruns)."""
     return attention_mode(module, ULYSSES)
 
 
@@ -183,8 +161,7 @@ class SequenceParallel:
 
     @classmethod
     def build(cls, size: int, key: str) -> SequenceParallel:
-        """Groups of `size` consecutive ranks of the default process group (a collective: every rank calls it
-        with the same size). `key` is the config key errors name."""
+        """Groups of `size` consecutive ranks (a collective); `key` is the config key errors name."""
         if size < 1:
             raise ValueError(f"{key} must be >= 1, got {size}")
         if size == 1:
@@ -193,12 +170,10 @@ class SequenceParallel:
         if world % size:
             raise ValueError(f"{key}={size} must divide the role's {world} ranks (each group of {size} ranks "
                              f"splits every sequence)")
-        mine = None
-        for first in range(0, world, size):  # every rank creates every group, in the same order
-            group = dist.new_group(list(range(first, first + size)), timeout=collective_timeout())
-            if first <= rank < first + size:
-                mine = group
-        return cls(size=size, rank=rank % size, group=mine)
+        # every rank creates every group, in the same order
+        groups = [dist.new_group(list(range(first, first + size)), timeout=collective_timeout())
+                  for first in range(0, world, size)]
+        return cls(size=size, rank=rank % size, group=groups[rank // size])
 
     @property
     def enabled(self) -> bool:
@@ -235,11 +210,8 @@ class SequenceParallel:
                 position_ids: torch.Tensor, first: int,
                 count: int) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
         """A forward of the group over whole rows (rows, columns), this rank on its share of the columns.
-
-        Returns the model's outputs at this rank's columns among `first` .. `first + count - 1` (rows, n, ...),
-        their places in that range (n,), and how many of them each rank holds: `gather_columns` joins the
-        ranks' parts with those counts.
-        """
+        Returns the outputs at this rank's columns among `first` .. `first + count - 1` (rows, n, ...), their
+        places in that range (n,), and each rank's n (the counts `gather_columns` joins the parts with)."""
         if position_ids.dim() != 2:
             raise NotImplementedError("sequence parallelism needs (rows, columns) position ids")
         width = input_ids.shape[1]

@@ -1,12 +1,6 @@
-"""The SFT worker: one SPMD rank of a supervised fine-tuning group, holding an FSDP2-sharded model.
-
-Loss: token mean over the whole global batch (verl's), over every rank's rows:
-
-    L = sum_{rows, t} mask[t+1] * -log p(x[t+1] | x[<=t]) / sum_{rows, t} mask[t+1]
-
-FSDP2 averages gradients over the W ranks, so each rank backpropagates (its token-loss sum / global
-token count) x W. With Ulysses sequence parallelism (`ulysses_sequence_parallel_size`) a group of ranks
-runs its rows together, each on a share of every sequence, and the global count counts each row once.
+"""The SFT worker: one SPMD rank of a supervised fine-tuning group, holding an FSDP2-sharded model. Loss:
+the token mean over the global batch, L = sum mask[t+1] * -log p(x[t+1] | x[<=t]) / sum mask[t+1]; FSDP2
+averages gradients over the W ranks, so each rank backpropagates (its token-loss sum / global count) x W.
 """
 
 from __future__ import annotations
@@ -15,7 +9,6 @@ import os
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from hybridrl.controller import Dispatch, Worker, register
@@ -24,7 +17,7 @@ from hybridrl.protocol import DataProto
 from hybridrl.workers.checkpoint import CheckpointManager
 from hybridrl.workers.config import FSDPConfig, OptimConfig, to_dataclass
 from hybridrl.workers.fsdp_engine import FSDPEngine, refuse_offload
-from hybridrl.workers.micro_batch import make_micro_batches
+from hybridrl.workers.micro_batch import make_micro_batches, reduce_over_ranks
 from hybridrl.workers.sequence_parallel import SequenceParallel
 
 SFT_KEYS = ("input_ids", "attention_mask", "position_ids", "loss_mask")
@@ -37,16 +30,14 @@ def token_losses(module: torch.nn.Module, batch: dict[str, torch.Tensor],
     ids, mask = batch["input_ids"], batch["loss_mask"][:, 1:]
     sp = sequence_parallel or SequenceParallel()
     if sp.enabled:  # each rank predicts the tokens after its columns; the group joins them
-        width = ids.shape[1]
-        logits, places, counts = sp.forward(module, ids, batch["attention_mask"], batch["position_ids"], 0, width - 1)
+        logits, places, counts = sp.forward(module, ids, batch["attention_mask"], batch["position_ids"], 0,
+                                            ids.shape[1] - 1)
         nll = F.cross_entropy(logits.float().transpose(1, 2), ids[:, places + 1], reduction="none")
         nll = sp.gather_columns(nll, counts)
-        return nll, mask.to(nll.dtype)
-    logits = module(
-        input_ids=ids, attention_mask=batch["attention_mask"],
-        position_ids=batch["position_ids"], use_cache=False,
-    ).logits[:, :-1]  # (rows, width - 1, vocab)
-    nll = F.cross_entropy(logits.float().transpose(1, 2), ids[:, 1:], reduction="none")  # (rows, width - 1)
+    else:
+        logits = module(input_ids=ids, attention_mask=batch["attention_mask"], position_ids=batch["position_ids"],
+                        use_cache=False).logits[:, :-1]  # (rows, width - 1, vocab)
+        nll = F.cross_entropy(logits.float().transpose(1, 2), ids[:, 1:], reduction="none")  # (rows, width - 1)
     return nll, mask.to(nll.dtype)
 
 
@@ -60,13 +51,6 @@ def _trimmed(data: DataProto) -> dict[str, torch.Tensor]:
     """The SFT columns cut to the longest row, each (rows, width)."""
     width = int(data.batch["attention_mask"].sum(dim=-1).max())
     return {k: data.batch[k][:, :width] for k in SFT_KEYS}
-
-
-def _all_reduce_sum(value: float) -> float:
-    total = torch.tensor([value], dtype=torch.float64, device="cpu")  # a Python float: gloo reduces it
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(total)
-    return float(total.item())
 
 
 class SFTWorker(Worker):
@@ -110,7 +94,8 @@ class SFTWorker(Worker):
         module.train()
         data = sp.gather_rows(data)  # a sequence-parallel group trains on its ranks' rows together
         local_tokens = float(data.batch["loss_mask"][:, 1:].sum())
-        global_tokens = _all_reduce_sum(local_tokens) / sp.size  # each row once, not once per group rank
+        # each row once, not once per group rank
+        global_tokens = float(reduce_over_ranks([local_tokens])[0][0]) / sp.size
         if global_tokens == 0:
             raise ValueError("the batch has no assistant tokens to train on; check the loss masks / data keys")
         data_cfg = self.config.data
@@ -126,12 +111,12 @@ class SFTWorker(Worker):
             loss_sum += float(summed.detach())
         step = self.engine.clip_and_step()
         self.engine.lr_scheduler_step()
-        return {"loss": _all_reduce_sum(loss_sum) / sp.size / global_tokens, "num_tokens": global_tokens, **step}
+        loss = float(reduce_over_ranks([loss_sum])[0][0]) / sp.size / global_tokens
+        return {"loss": loss, "num_tokens": global_tokens, **step}
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def eval_batch(self, data: DataProto) -> DataProto:
-        """Per-row summed NLL on assistant tokens and token counts (rows the dispatcher padded are dropped, so the
-        driver's sums stay exact)."""
+        """Per-row NLL sums on assistant tokens and token counts (per row: the driver drops rows it padded)."""
         module, sp = self.engine.module, self.engine.sequence_parallel
         module.eval()
         data = sp.gather_rows(data)

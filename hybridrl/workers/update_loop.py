@@ -1,10 +1,6 @@
 """The mini-batch / micro-batch update loop shared by the actor and the critic, and its batch-size checks.
-
-Each epoch cuts the rank's rows into mini-batches (one optimizer step each) and those into micro-batches
-(one forward/backward each). A micro-batch's loss is normalised by its mini-batch's totals over all ranks
-(`global_batch_info`), so the accumulated gradient is the whole mini-batch's, whatever the aggregation,
-micro-batch size or rank count. `ppo_mini_batch_size` counts prompts over all ranks (as in verl); per-rank
-sizes are computed from it and the world size, never written into the config.
+A micro-batch's loss is normalised by its mini-batch's totals over all ranks (`global_batch_info`), so the
+accumulated gradient is the whole mini-batch's whatever the micro-batch size or rank count.
 """
 
 from __future__ import annotations
@@ -14,7 +10,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 
 from hybridrl.protocol import DataProto
 from hybridrl.utils.cpu_threads import fit_cpu_threads
@@ -29,7 +24,7 @@ from hybridrl.workers.config import (
     critic_sequence_parallel,
 )
 from hybridrl.workers.fsdp_engine import FSDPEngine
-from hybridrl.workers.micro_batch import make_micro_batches
+from hybridrl.workers.micro_batch import make_micro_batches, reduce_over_ranks
 
 
 @dataclass
@@ -61,21 +56,13 @@ class MetricSums:
 
     def reduce(self, replicas: int = 1) -> dict[str, float]:
         """Global means; `replicas`: ranks holding each row (a sequence-parallel group), counted once."""
-        names = sorted(self.weighted)
-        shares = sorted(self.shares)
+        names, shares = sorted(self.weighted), sorted(self.shares)
         flat = [v for n in names for v in self.weighted[n]] + [self.shares[n] for n in shares]
-        totals = torch.tensor(flat, dtype=torch.float64, device="cpu")  # Python floats: gloo reduces them
-        world = 1
-        if dist.is_initialized() and dist.get_world_size() > 1 and totals.numel():
-            dist.all_reduce(totals)
-            world = dist.get_world_size()
-        out = {}
-        for i, name in enumerate(names):
-            weight = totals[2 * i + 1].item()
-            out[name] = totals[2 * i].item() / weight if weight else 0.0
+        totals, world = reduce_over_ranks(flat)
+        sums = totals.tolist()
+        out = {name: sums[2 * i] / sums[2 * i + 1] if sums[2 * i + 1] else 0.0 for i, name in enumerate(names)}
         # every rank's share was scaled by the world size (FSDP averages gradients): divide it back out
-        for j, name in enumerate(shares):
-            out[name] = totals[2 * len(names) + j].item() / world / replicas
+        out.update({name: sums[2 * len(names) + j] / world / replicas for j, name in enumerate(shares)})
         return out
 
 
@@ -86,11 +73,7 @@ def global_batch_info(mini_batch: DataProto, replicas: int = 1) -> dict:
     """Token and sequence totals of a mini-batch over all ranks (the normalisers of `agg_loss`); `replicas`
     ranks hold each row (a sequence-parallel group), which the totals count once."""
     mask = mini_batch.batch["response_mask"]
-    totals = torch.tensor([float(mask.sum()), float(len(mini_batch))], dtype=torch.float64, device="cpu")
-    world = 1
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(totals)
-        world = dist.get_world_size()
+    totals, world = reduce_over_ranks([float(mask.sum()), float(len(mini_batch))])
     totals /= replicas
     return {"batch_num_tokens": totals[0].item(), "global_batch_size": totals[1].item(), "dp_size": world}
 
@@ -99,10 +82,8 @@ def run_updates(engine: FSDPEngine, data: DataProto, plan: BatchingPlan, micro_s
                 prefix: str, group_ids_of: Callable[[DataProto], torch.Tensor | None] | None = None,
                 ) -> dict[str, list[float]]:
     """Run the epochs x mini-batches x micro-batches loop; return per-mini-batch metrics by name.
-
-    micro_step(micro_batch, global_batch_info, sums) returns the micro-batch's loss share, back-propagated
-    with gradient sync on the last micro-batch only; group_ids_of(mini_batch) names rows to keep together.
-    """
+    micro_step(micro_batch, global_batch_info, sums) returns the micro-batch's loss share to back-propagate;
+    group_ids_of(mini_batch) names rows to keep together."""
     if len(data) % plan.mini_batch_rows:
         raise ValueError(
             f"{len(data)} rows on this rank do not divide into mini-batches of {plan.mini_batch_rows}; "
@@ -143,9 +124,7 @@ def micro_batch_per_rank(per_gpu: int | None, global_size: int | None, world_siz
         if per_gpu <= 0:
             raise ConfigError(f"{key}_per_gpu must be positive, got {per_gpu}")
         return per_gpu
-    if global_size is not None:
-        return per_rank(global_size, world_size, key)
-    return None
+    return None if global_size is None else per_rank(global_size, world_size, key)
 
 
 def mini_batch_rows(config: ActorConfig | CriticConfig, rollout_n: int, world_size: int, prefix: str) -> int:
@@ -155,8 +134,7 @@ def mini_batch_rows(config: ActorConfig | CriticConfig, rollout_n: int, world_si
 
 
 def check_actor_rollout_ref(config: ActorRolloutRefConfig, world_size: int) -> None:
-    """Raise, naming the key, unless every batch size of the actor, rollout and reference cuts a rank's rows
-    at this world size (ppo_mini_batch_size counts prompts, as in verl)."""
+    """Raise, naming the key, unless the actor's, rollout's and reference's batch sizes cut a rank's rows."""
     n = config.rollout.n
     if config.actor.rollout_n not in (None, n):
         raise ConfigError(f"actor_rollout_ref.actor.rollout_n ({config.actor.rollout_n}) disagrees with "
@@ -204,8 +182,7 @@ def update_plan(config: ActorConfig | CriticConfig, rollout_n: int, world_size: 
 
 def forward_batching(use_dynamic_bsz: bool, micro_batch_rows: int | None,
                      max_token_len: int) -> tuple[int | None, int | None]:
-    """(micro_batch_rows, max_token_len) of a no-grad pass; without a micro-batch size a rank's share goes
-    through at once (a 2^31-token budget)."""
+    """(micro_batch_rows, max_token_len) of a no-grad pass; without a micro-batch size, a rank's share at once."""
     if use_dynamic_bsz:
         return None, max_token_len
     if micro_batch_rows is None:
