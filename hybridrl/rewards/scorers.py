@@ -28,8 +28,6 @@ from hybridrl.rewards.sandbox import (
 logger = logging.getLogger(__name__)
 
 
-# ---------------------------------------------------------------- arithmetic (hybridrl's default task)
-
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _INTEGER = re.compile(r"[+-]?\d+")
 
@@ -56,8 +54,6 @@ def arithmetic_score(solution_str: str, ground_truth: str | int, format_score: f
         return score
     return format_score
 
-
-# ---------------------------------------------------------------- countdown (TinyZero's task)
 
 # longer expressions cannot be legitimate for a handful of numbers
 _MAX_EXPR_CHARS = 512
@@ -135,8 +131,6 @@ def countdown_score(solution_str: str, ground_truth: Mapping, format_score: floa
         return format_score
 
 
-# ---------------------------------------------------------------- gsm8k
-
 # only the tail is searched, as verl: the final answer sits at the end
 _TAIL_CHARS = 300
 _STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
@@ -164,9 +158,6 @@ def gsm8k_score(solution_str: str, ground_truth: str, method: str = "strict", fo
     if answer is None:
         return 0.0
     return score if answer == str(ground_truth).replace(",", "") else format_score
-
-
-# ---------------------------------------------------------------- MATH
 
 
 def last_boxed_only_string(text: str) -> str | None:
@@ -277,8 +268,6 @@ def math_score(solution_str: str, ground_truth: str, use_math_verify: bool = Tru
     return 1.0 if use_math_verify and symbolic_equiv(answer, ground_truth) else 0.0
 
 
-# ---------------------------------------------------------------- code, run in the sandbox
-
 _FENCE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
 
 _CALL_HARNESS = """
@@ -349,8 +338,6 @@ def code_score(solution_str: str, ground_truth: Any, continuous: bool = True,
         return sum(passed) / len(passed)
     return 1.0 if all(passed) else 0.0
 
-
-# ---------------------------------------------------------------- dispatch by data_source
 
 # data_source -> a key of SCORERS, as verl's `default_compute_score`, plus countdown and arithmetic
 _SOURCES: dict[str, str] = {

@@ -20,7 +20,6 @@ from transformers.utils import get_json_schema
 
 from hybridrl.utils.external import import_class, yaml_list
 
-# ---------------------------------------------------------------- schemas
 # verl's pydantic models as dataclasses with the same fields, `model_validate` and `model_dump`
 
 
@@ -135,8 +134,6 @@ class ToolResponse:
         return dataclasses.asdict(self)
 
 
-# ---------------------------------------------------------------- the tool life cycle
-
 class BaseTool:
     """A tool: `config` is its YAML `config:` mapping, `tool_schema` what the model is told it takes (or
     override `get_openai_tool_schema`). Each trajectory: `create` (with its `extra_info.tools_kwargs[<name>]`),
@@ -175,8 +172,6 @@ class BaseTool:
         """Free what the instance holds."""
         return None
 
-
-# ---------------------------------------------------------------- plain functions as tools
 
 SPEC_ATTRIBUTE = "function_tool_spec"
 
@@ -281,8 +276,6 @@ def load_function_tools(path: str | Path) -> list[FunctionTool]:
         raise ValueError(f"{file} (multi_turn.function_tool_path) defines no @function_tool function")
     return [FunctionTool(spec) for spec in specs]
 
-
-# ---------------------------------------------------------------- a run's tools from its config
 
 TOOL_CONFIG_KEY = "actor_rollout_ref.rollout.multi_turn.tool_config_path"
 

@@ -21,8 +21,6 @@ def _schema(name: str, description: str, parameter: str, about: str) -> OpenAIFu
     return OpenAIFunctionToolSchema.model_validate({"type": "function", "function": function})
 
 
-# ---------------------------------------------------------------- calculator
-
 MAX_EXPONENT = 64
 MAX_BITS = 4096  # an operand this large ends the evaluation, so each ** stays cheap
 MAX_LENGTH = 200  # characters of expression
@@ -76,8 +74,6 @@ class CalculatorTool(BaseTool):
                       ) -> tuple[ToolResponse, float, dict]:
         return ToolResponse(text=evaluate(parameters.get("expression"))), 0.0, {}
 
-
-# ---------------------------------------------------------------- code interpreter
 
 LIMIT_KEYS = ("wall_seconds", "cpu_seconds", "address_space_bytes", "output_bytes", "require_isolation")
 MAX_REPLY_CHARS = 4000  # the agent loop truncates further to multi_turn.max_tool_response_length
