@@ -190,10 +190,13 @@ class RewardPool:
     def close(self) -> None:
         self._finalizer()
 
-    def _new_worker(self) -> _Worker:
+    def _restart(self, slot: int) -> None:
+        """Kill the worker in `slot`, if any, and start a fresh one there."""
+        if (old := self._workers[slot]) is not None:
+            old.kill()
         self._started += 1
         fault_path = os.path.join(self._fault_dir, f"worker-{self._started}.txt")
-        return _Worker(list(sys.path), self._payload, fault_path)
+        self._workers[slot] = _Worker(list(sys.path), self._payload, fault_path)
 
     def _fill(self, wanted: int) -> None:
         """Start workers until `wanted` slots hold a live one (dead idle workers are replaced too)."""
@@ -203,9 +206,7 @@ class RewardPool:
         for i in range(wanted):
             w = self._workers[i]
             if w is None or not w.is_alive():
-                if w is not None:
-                    w.kill()
-                self._workers[i] = self._new_worker()
+                self._restart(i)
 
     def map(self, kwargs_list: Sequence[Mapping[str, Any]], max_failures: int | None = None) -> list[Outcome]:
         """One Outcome per kwargs, in input order. With `max_failures`, stops once more than that many have
@@ -225,8 +226,7 @@ class RewardPool:
                         w.assign(index, kwargs_list[index])
                     except OSError:  # it died while idle (killed from outside): replace it, requeue the row
                         todo.appendleft(index)
-                        w.kill()
-                        self._workers[slot] = self._new_worker()
+                        self._restart(slot)
             for slot, w in enumerate(self._workers):
                 if w is None or w.state is WorkerState.IDLE:
                     continue
@@ -292,8 +292,7 @@ class RewardPool:
                               traceback=w.stack_dump())
         else:
             return None
-        w.kill()
-        self._workers[slot] = self._new_worker()
+        self._restart(slot)
         return index, outcome
 
     def _poll_start(self, w: _Worker) -> None:
