@@ -1,11 +1,6 @@
-"""Privileged half of the code sandbox: `python -I -S _sandbox_launcher.py CONFIG_JSON` (stdlib only).
-
-As root: unshare the namespaces; fork the init (PID 1 of the new PID namespace, whose exit kills every
-process left), which mounts a fresh /proc, hides directories behind tmpfs, binds the work directory and
-the interpreter back and stays root; the init forks the solution, which sets rlimits, drops to the
-throwaway uid and execs the interpreter with an empty environment. Both report as JSON lines on the
-status fd. The weaker mode skips refused namespaces and makes up for them as SANDBOX.md describes.
-"""
+"""Privileged half of the code sandbox: `python -I -S _sandbox_launcher.py CONFIG_JSON` (stdlib only). As
+root it unshares the namespaces and forks the init (PID 1, whose exit kills every process left), which
+builds the filesystem and forks the solution; both report as JSON lines on the status fd (SANDBOX.md)."""
 
 import ctypes
 import json

@@ -1,11 +1,9 @@
-"""Reward function failures: the exceptions that stop a run, one guarded call and its `Outcome`, and
-what failed in one scoring pass (the step's `reward/*` metrics, a log line per kind, the stop rule).
-
-Metrics and stop rule, for users: docs/rewards.md, "Reward failures never vanish".
-"""
+"""Reward function failures: the exceptions that stop a run, one guarded call's `Outcome`, and what failed
+in one scoring pass (its `reward/*` metrics, log lines and stop rule: docs/rewards.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import logging
@@ -19,12 +17,8 @@ logger = logging.getLogger(__name__)
 
 
 class RewardFunctionFatalError(Exception):
-    """Raised by a reward function for an error no row can recover from; stops the run at once.
-
-    Any other exception fails one row (docs/rewards.md, "Reward failures never vanish"); this one is for
-    setup errors that would score every row 0.0 (a sandbox that cannot isolate, a misconfigured verifier).
-    Raised in a worker, it reaches the driver with the worker's traceback (or as a RewardFailureError).
-    """
+    """Raised by a reward function for a setup error that would fail every row (a sandbox that cannot
+    isolate); stops the run at once, where any other exception fails one row."""
 
 
 class RewardFailureError(RuntimeError):
@@ -127,10 +121,9 @@ def call_guarded(fn: Callable[..., Any], kwargs: Mapping[str, Any],
     try:
         value = fn(**kwargs)
     except RewardFunctionFatalError as err:
-        try:
+        pickled = None
+        with contextlib.suppress(Exception):
             pickled = pickle.dumps(err)
-        except Exception:  # a class defined in the user's file is not importable by the driver
-            pickled = None
         return Outcome(Status.FATAL, error=f"{type(err).__name__}: {err}", traceback=_traceback_text(err),
                        exception=pickled)
     except (Exception, SystemExit) as err:  # sys.exit() in a scorer fails its row, never the run
@@ -238,10 +231,8 @@ def raise_if_fatal(report: FailureReport, data_sources: Sequence[str]) -> None:
     where = describe(Status.ERROR, row, dataclasses.replace(outcome, traceback=None), data_sources)
     err: BaseException | None = None
     if outcome.exception is not None:
-        try:
+        with contextlib.suppress(Exception):  # a class defined in the user's file the driver cannot import
             err = pickle.loads(outcome.exception)
-        except Exception:
-            err = None
     if isinstance(err, BaseException):
         note = f"stopped the run (a RewardFunctionFatalError) at {where}\n{outcome.traceback or ''}".rstrip()
         if hasattr(err, "add_note"):  # Python >= 3.11

@@ -158,13 +158,10 @@ def _stop_all(workers: list[_Worker | None], fault_dir: str) -> None:
 
 
 class RewardPool:
-    """`num_workers` persistent processes that call `fn(**kwargs)` with a per-call `timeout` in seconds.
-
-    `check(value, kwargs)` runs in the worker on each return value. Unlike ProcessPoolExecutor, a call past
-    its deadline is killed (after a stack dump) and a dead worker replaced, each with an `Outcome` saying so.
-    Workers are fresh interpreters: a fork would copy the driver's model and maybe a held lock, a spawn re-run
-    an unguarded `__main__`. The function arrives pickled (a lambda or closure cannot).
-    """
+    """`num_workers` persistent processes that call the pickled `fn(**kwargs)`, `check(value, kwargs)` on the
+    result, with a per-call `timeout` in seconds: a call past it is killed (after a stack dump), a dead worker
+    replaced, each with an `Outcome` saying so. Workers are fresh interpreters: a fork would copy the
+    driver's model and maybe a held lock, a spawn re-run an unguarded `__main__`."""
 
     def __init__(self, fn: Callable[..., Any], num_workers: int, timeout: float,
                  check: Callable[[Any, Mapping[str, Any]], Any] = accept_any) -> None:
@@ -193,31 +190,28 @@ class RewardPool:
     def close(self) -> None:
         self._finalizer()
 
-    def _new_worker(self) -> _Worker:
+    def _restart(self, slot: int) -> None:
+        """Kill the worker in `slot`, if any, and start a fresh one there."""
+        if (old := self._workers[slot]) is not None:
+            old.kill()
         self._started += 1
         fault_path = os.path.join(self._fault_dir, f"worker-{self._started}.txt")
-        return _Worker(list(sys.path), self._payload, fault_path)
+        self._workers[slot] = _Worker(list(sys.path), self._payload, fault_path)
 
     def _fill(self, wanted: int) -> None:
         """Start workers until `wanted` slots hold a live one (dead idle workers are replaced too)."""
         if not self._finalizer.alive:
             raise RuntimeError("this RewardPool is closed")
-        while len(self._workers) < wanted:
-            self._workers.append(None)
+        self._workers += [None] * (wanted - len(self._workers))
         for i in range(wanted):
             w = self._workers[i]
             if w is None or not w.is_alive():
-                if w is not None:
-                    w.kill()
-                self._workers[i] = self._new_worker()
+                self._restart(i)
 
     def map(self, kwargs_list: Sequence[Mapping[str, Any]], max_failures: int | None = None) -> list[Outcome]:
-        """One Outcome per kwargs, in input order.
-
-        With `max_failures`, the calls stop once more than that many have failed or one was fatal (the rest
-        `skipped`), or once the first `stall_limit()` calls to end all timed out (the rest `stalled`: the
-        function hangs on every row); rows start in `processing_order`, so those come from different prompts.
-        """
+        """One Outcome per kwargs, in input order. With `max_failures`, stops once more than that many have
+        failed or one was fatal (the rest `skipped`), or once the first `stall_limit()` calls to end, from
+        different prompts by `processing_order`, all timed out (the rest `stalled`)."""
         outcomes: list[Outcome | None] = [None] * len(kwargs_list)
         todo = deque(processing_order(len(kwargs_list)))
         self._fill(min(self.num_workers, len(kwargs_list)))
@@ -232,8 +226,7 @@ class RewardPool:
                         w.assign(index, kwargs_list[index])
                     except OSError:  # it died while idle (killed from outside): replace it, requeue the row
                         todo.appendleft(index)
-                        w.kill()
-                        self._workers[slot] = self._new_worker()
+                        self._restart(slot)
             for slot, w in enumerate(self._workers):
                 if w is None or w.state is WorkerState.IDLE:
                     continue
@@ -299,8 +292,7 @@ class RewardPool:
                               traceback=w.stack_dump())
         else:
             return None
-        w.kill()
-        self._workers[slot] = self._new_worker()
+        self._restart(slot)
         return index, outcome
 
     def _poll_start(self, w: _Worker) -> None:

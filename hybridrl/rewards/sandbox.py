@@ -1,11 +1,6 @@
-"""Run untrusted (model-written) Python in an isolated, resource-limited process.
-
-`run_code(code, stdin, limits)` writes the code to a fresh directory and starts `_sandbox_launcher.py`
-(namespaces, tmpfs, rlimits, a throwaway uid); this side enforces the wall clock and the output cap by
-killing the sandbox's PID 1 and process group. Where no program can run it raises
-`SandboxUnavailableError`, never a score; `sandbox_available` / `require_sandbox` probe that once per
-process. What it protects against: SANDBOX.md next to this file.
-"""
+"""Run untrusted (model-written) Python in an isolated, resource-limited process: `run_code` starts
+`_sandbox_launcher.py` and enforces the wall clock and output cap from here; where no program can run it
+raises `SandboxUnavailableError`, never a score. What it protects against: SANDBOX.md next to this file."""
 
 from __future__ import annotations
 
@@ -108,70 +103,54 @@ def _launcher_config(limits: SandboxLimits, workdir: str, status_fd: int, uid: i
         "sandbox_dir": "/tmp/sandbox",
         "stdin_path": os.path.join(workdir, ".stdin"),
         "script": "main.py",
-        "python": limits.python,
         "python_prefix": prefix,
         "python_relative": relative,
-        "python_flags": list(limits.python_flags),
-        "namespaces": list(limits.namespaces),
         "hidden_paths": hidden,
         "expose_paths": expose,
         "uid": uid,
-        **{key: getattr(limits, key) for key in ("require_isolation", "tmpfs_bytes", "cpu_seconds",
-                                                 "address_space_bytes", "max_processes", "file_size_bytes",
-                                                 "max_open_files")},
+        # tuples arrive as JSON lists
+        **{key: getattr(limits, key) for key in ("python", "python_flags", "namespaces", "require_isolation",
+                                                 "tmpfs_bytes", "cpu_seconds", "address_space_bytes",
+                                                 "max_processes", "file_size_bytes", "max_open_files")},
     }
 
 
-class _UidLeases:
-    """Distinct random uids for this process's concurrent runs, which would otherwise share RLIMIT_NPROC and
-    the weaker mode's per-uid cleanup (other processes draw independently: SANDBOX.md gives the odds)."""
+# process-wide on purpose: the uids of the runs of every run_many call's threads
+_LEASED_UIDS: set[int] = set()
+_UID_LOCK = threading.Lock()
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._leased: set[int] = set()
 
-    @contextlib.contextmanager
-    def lease(self, uid_range: tuple[int, int]) -> Iterator[int]:
-        low, high = uid_range
-        with self._lock:
-            if sum(low <= leased < high for leased in self._leased) >= high - low:
-                raise RuntimeError(f"SandboxLimits.uid_range {uid_range} has no free uid; widen it")
+@contextlib.contextmanager
+def _lease_uid(uid_range: tuple[int, int]) -> Iterator[int]:
+    """A random uid no other run of this process holds: they would share RLIMIT_NPROC and the weaker mode's
+    per-uid cleanup (other processes draw independently: SANDBOX.md gives the odds)."""
+    low, high = uid_range
+    with _UID_LOCK:
+        if sum(low <= leased < high for leased in _LEASED_UIDS) >= high - low:
+            raise RuntimeError(f"SandboxLimits.uid_range {uid_range} has no free uid; widen it")
+        uid = random.randrange(low, high)
+        while uid in _LEASED_UIDS:
             uid = random.randrange(low, high)
-            while uid in self._leased:
-                uid = random.randrange(low, high)
-            self._leased.add(uid)
-        try:
-            yield uid
-        finally:
-            with self._lock:
-                self._leased.discard(uid)
-
-
-_UIDS = _UidLeases()  # process-wide on purpose: it spans the threads of every run_many call
-
-
-def _not_root_message() -> str:
-    return (f"the code sandbox needs root, to create namespaces and to run each program under a throwaway "
-            f"uid; this process runs as uid {os.geteuid()}. Without the uid switch a program would run as "
-            f"you and could read your processes' environments (/proc/PID/environ) and signal them, so no "
-            f"mode runs without root. Fix: train as root on a VM or in a container (see {_DOC}).")
-
-
-def _refused_message(refused: dict[str, str]) -> str:
-    why = "; ".join(f"{name}: {reason}" for name, reason in refused.items())
-    return (f"the code sandbox cannot isolate programs: the kernel refused the {', '.join(refused)} "
-            f"namespace(s) ({why}), as it does for root without CAP_SYS_ADMIN, e.g. in a default Docker "
-            f"container. Fix: run on a VM or bare-metal host, or in a container with CAP_SYS_ADMIN (Docker: "
-            f"--cap-add SYS_ADMIN, and --security-opt apparmor=unconfined where AppArmor confines "
-            f"containers); or accept the weaker uid-only mode, which does not isolate the network and lets "
-            f"programs read world-readable files, with {_OPT_IN}. What each mode protects: {_DOC}")
+        _LEASED_UIDS.add(uid)
+    try:
+        yield uid
+    finally:
+        with _UID_LOCK:
+            _LEASED_UIDS.discard(uid)
 
 
 def _unavailable(fields: dict, limits: SandboxLimits, uid: int, returncode: int | None,
                  verdict: str | None, stderr: str) -> str | None:
     """Why this run says the sandbox cannot run programs at all, or None when the program ran."""
     if "namespaces_refused" in fields:
-        return _refused_message(fields["namespaces_refused"])
+        refused = fields["namespaces_refused"]
+        why = "; ".join(f"{name}: {reason}" for name, reason in refused.items())
+        return (f"the code sandbox cannot isolate programs: the kernel refused the {', '.join(refused)} "
+                f"namespace(s) ({why}), as it does for root without CAP_SYS_ADMIN, e.g. in a default Docker "
+                f"container. Fix: run on a VM or bare-metal host, or in a container with CAP_SYS_ADMIN (Docker: "
+                f"--cap-add SYS_ADMIN, and --security-opt apparmor=unconfined where AppArmor confines "
+                f"containers); or accept the weaker uid-only mode, which does not isolate the network and lets "
+                f"programs read world-readable files, with {_OPT_IN}. What each mode protects: {_DOC}")
     if "exec_error" in fields:
         return (f"the code sandbox could not start the interpreter {limits.python} as its throwaway uid "
                 f"{uid}: {fields['exec_error']}. Fix: set SandboxLimits.python to an interpreter every user "
@@ -240,14 +219,16 @@ class _Run:
         """Kill the sandbox's PID 1, taking its PID namespace down (the launcher still waits on it, so the pid
         is not reused); without one, kill the group and, from here, the run's uid."""
         if self.child_pid is not None and self.proc.poll() is None:
-            _signal(lambda: os.kill(self.child_pid, signal.SIGKILL))
+            with contextlib.suppress(ProcessLookupError):  # already gone
+                os.kill(self.child_pid, signal.SIGKILL)
         else:
             self.kill_group()
             subprocess.run([sys.executable, "-I", "-S", str(_LAUNCHER), json.dumps({"kill_uid": self.uid})],
                            env={}, check=False, stdin=subprocess.DEVNULL, capture_output=True)
 
     def kill_group(self) -> None:
-        _signal(lambda: os.killpg(self.proc.pid, signal.SIGKILL))
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
 
     def status_fields(self) -> dict:
         fields: dict = {}
@@ -256,10 +237,6 @@ class _Run:
                 fields.update(json.loads(line))
         return fields
 
-
-def _signal(send) -> None:
-    with contextlib.suppress(ProcessLookupError):  # already gone
-        send()
 
 
 def _classify(verdict: str | None, fields: dict, stderr: str, limits: SandboxLimits) -> str:
@@ -279,7 +256,11 @@ def run_code(code: str, stdin: str | bytes | None = None, limits: SandboxLimits 
     """Run `code` as `main.py` in a fresh sandbox; raises SandboxUnavailableError where none can run."""
     limits = limits or SandboxLimits()
     if os.geteuid() != 0:
-        raise SandboxUnavailableError(_not_root_message())
+        raise SandboxUnavailableError(
+            f"the code sandbox needs root, to create namespaces and to run each program under a throwaway "
+            f"uid; this process runs as uid {os.geteuid()}. Without the uid switch a program would run as "
+            f"you and could read your processes' environments (/proc/PID/environ) and signal them, so no "
+            f"mode runs without root. Fix: train as root on a VM or in a container (see {_DOC}).")
     workdir = tempfile.mkdtemp(prefix="hybridrl-sandbox-", dir=limits.work_root)
     start = time.monotonic()
     try:
@@ -287,7 +268,7 @@ def run_code(code: str, stdin: str | bytes | None = None, limits: SandboxLimits 
         data = stdin.encode() if isinstance(stdin, str) else (stdin or b"")
         Path(workdir, ".stdin").write_bytes(data)
         os.chmod(workdir, 0o755)
-        with _UIDS.lease(limits.uid_range) as uid:
+        with _lease_uid(limits.uid_range) as uid:
             run = _Run(limits, workdir, uid)
             try:
                 verdict = run.pump()

@@ -8,6 +8,7 @@ import ast
 import contextlib
 import json
 import logging
+import operator
 import re
 import threading
 from collections import Counter
@@ -27,8 +28,6 @@ from hybridrl.rewards.sandbox import (
 logger = logging.getLogger(__name__)
 
 
-# ---------------------------------------------------------------- arithmetic (hybridrl's default task)
-
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _INTEGER = re.compile(r"[+-]?\d+")
 
@@ -41,9 +40,8 @@ def extract_answer(solution_str: str) -> str | None:
 
 def arithmetic_score(solution_str: str, ground_truth: str | int, format_score: float = 0.0,
                      score: float = 1.0) -> float:
-    """`score` if the last `<answer>` tag holds the integer `ground_truth` ("85", "-12"), `format_score` if
-    it holds anything else, 0.0 without a tag. Only the last tag counts, so listing answers cannot hedge.
-    """
+    """`score` if the last `<answer>` tag holds the integer `ground_truth`, `format_score` if it holds
+    anything else, 0.0 without a tag (only the last tag counts, so listing answers cannot hedge)."""
     try:
         target = int(str(ground_truth).strip())
     except ValueError:
@@ -57,16 +55,10 @@ def arithmetic_score(solution_str: str, ground_truth: str | int, format_score: f
     return format_score
 
 
-# ---------------------------------------------------------------- countdown (TinyZero's task)
-
 # longer expressions cannot be legitimate for a handful of numbers
 _MAX_EXPR_CHARS = 512
-_BINOPS = {
-    ast.Add: lambda a, b: a + b,
-    ast.Sub: lambda a, b: a - b,
-    ast.Mult: lambda a, b: a * b,
-    ast.Div: lambda a, b: a / b,  # Fraction division; ZeroDivisionError is caught by the caller
-}
+# Fraction division; its ZeroDivisionError is caught by countdown_score
+_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 
 
 class InvalidExpression(ValueError):
@@ -119,11 +111,9 @@ def uses_numbers(used: list[int], available: list[int], number_use: str) -> bool
 
 def countdown_score(solution_str: str, ground_truth: Mapping, format_score: float = 0.1, score: float = 1.0,
                     number_use: str = "exactly_once") -> float:
-    """`score` if the last `<answer>` expression uses the numbers as `number_use` says and equals `target`.
-
-    Parsed with `ast` and evaluated exactly over integers, + - * / and parentheses (no `eval`, no `**`).
-    As in TinyZero, a tag that is present but wrong in any way earns `format_score`.
-    """
+    """`score` if the last `<answer>` expression (integers, + - * / and parentheses, evaluated exactly)
+    uses the numbers as `number_use` says and equals `target`; as in TinyZero, any wrong tag earns
+    `format_score`."""
     if not isinstance(ground_truth, Mapping) or "target" not in ground_truth or "numbers" not in ground_truth:
         raise ValueError(f"countdown ground_truth must be a dict with 'target' and 'numbers', got "
                          f"{ground_truth!r}")
@@ -141,8 +131,6 @@ def countdown_score(solution_str: str, ground_truth: Mapping, format_score: floa
         return format_score
 
 
-# ---------------------------------------------------------------- gsm8k
-
 # only the tail is searched, as verl: the final answer sits at the end
 _TAIL_CHARS = 300
 _STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
@@ -156,9 +144,7 @@ def extract_solution(solution_str: str, method: str = "strict") -> str | None:
     tail = solution_str[-_TAIL_CHARS:]
     if method == "strict":
         found = _STRICT.findall(tail)
-        if not found:
-            return None
-        return found[-1].replace(",", "").replace("$", "")
+        return found[-1].replace(",", "").replace("$", "") if found else None
     # flexible: the last number that is not bare punctuation
     candidates = [c for c in _FLEXIBLE.findall(tail) if c not in ("", ".")]
     return candidates[-1].replace(",", "") if candidates else None
@@ -166,28 +152,21 @@ def extract_solution(solution_str: str, method: str = "strict") -> str | None:
 
 def gsm8k_score(solution_str: str, ground_truth: str, method: str = "strict", format_score: float = 0.0,
                 score: float = 1.0) -> float:
-    """`score` for a correct answer, `format_score` for a found but wrong one, 0.0 for none.
-
-    `method="strict"` accepts only the dataset's marker (`#### 42`), `"flexible"` the last number; both
-    read the last 300 characters, as verl, and compare strings with commas dropped.
-    """
+    """`score` for a correct answer, `format_score` for a found but wrong one, 0.0 for none; `"strict"`
+    reads only the dataset's `#### 42` marker, `"flexible"` the last number."""
     answer = extract_solution(solution_str, method=method)
     if answer is None:
         return 0.0
     return score if answer == str(ground_truth).replace(",", "") else format_score
 
 
-# ---------------------------------------------------------------- MATH
-
-
 def last_boxed_only_string(text: str) -> str | None:
     """The last `\\boxed{...}` / `\\boxed ...` / `\\fbox{...}` in `text` with the command (nested braces
     kept whole), or None."""
     start = text.rfind("\\boxed")
+    start = start if start >= 0 else text.rfind("\\fbox")
     if start < 0:
-        start = text.rfind("\\fbox")
-        if start < 0:
-            return None
+        return None
     if text.startswith("\\boxed ", start):
         # `\boxed 5`: the argument runs to the next `$` or the end
         return "\\boxed " + text[start + len("\\boxed ") :].split("$")[0].strip()
@@ -277,10 +256,8 @@ def symbolic_equiv(answer: str, ground_truth: str) -> bool:
 
 
 def math_score(solution_str: str, ground_truth: str, use_math_verify: bool = True) -> float:
-    """1.0 if the last boxed answer equals `ground_truth`, else 0.0: strings normalised as in Hendrycks et al.
-    2021, "Measuring Mathematical Problem Solving With the MATH Dataset" (verl's `math` reward), then, on a
-    mismatch (`\\frac{2}{4}` vs `0.5`), symbolically with `math_verify`.
-    """
+    """1.0 if the last boxed answer equals `ground_truth` as normalised strings (the MATH paper's, verl's
+    `math` reward) or, on a mismatch, symbolically with `math_verify`; else 0.0."""
     boxed = last_boxed_only_string(solution_str)
     if boxed is None:
         return 0.0
@@ -290,8 +267,6 @@ def math_score(solution_str: str, ground_truth: str, use_math_verify: bool = Tru
         return 1.0
     return 1.0 if use_math_verify and symbolic_equiv(answer, ground_truth) else 0.0
 
-
-# ---------------------------------------------------------------- code, run in the sandbox
 
 _FENCE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
 
@@ -351,13 +326,10 @@ def run_tests(code: str, tests: Mapping, limits: SandboxLimits | None = None) ->
 
 def code_score(solution_str: str, ground_truth: Any, continuous: bool = True,
                sandbox_limits: SandboxLimits | None = None) -> float:
-    """Fraction of test cases passed (`continuous`) or 1.0/0.0 for all-or-nothing.
-
-    `ground_truth`: APPS / TACO / CodeContests' dict (or JSON) of `inputs` and `outputs`, optionally
-    `fn_name`. Without it each case is stdin -> stdout compared token by token; with it each input is the
-    positional arguments of the function (or `Solution` method), whose JSON return value is compared.
-    A sandbox that cannot run programs raises `SandboxUnavailableError` instead of scoring.
-    """
+    """Fraction of test cases passed (`continuous`) or 1.0/0.0 for all-or-nothing. `ground_truth`: APPS-style
+    `inputs` and `outputs` (dict or JSON): stdin -> stdout compared token by token, or with `fn_name` the
+    arguments of that function (or `Solution` method) -> its JSON return value. Raises
+    SandboxUnavailableError, never scores, where the sandbox cannot run programs."""
     tests = parse_tests(ground_truth)
     if not tests["inputs"]:
         raise ValueError("code ground_truth has no test cases")
@@ -367,24 +339,15 @@ def code_score(solution_str: str, ground_truth: Any, continuous: bool = True,
     return 1.0 if all(passed) else 0.0
 
 
-# ---------------------------------------------------------------- dispatch by data_source
-
 # data_source -> a key of SCORERS, as verl's `default_compute_score`, plus countdown and arithmetic
 _SOURCES: dict[str, str] = {
     "openai/gsm8k": "gsm8k",
-    "lighteval/MATH": "math",
-    "DigitalLearningGmbH/MATH-lighteval": "math",
-    "HuggingFaceH4/MATH-500": "math",
-    "math": "math",
     "countdown": "countdown",
     "arithmetic": "arithmetic",
-    "codecontests": "code",
-    "apps": "code",
-    "codeforces": "code",
-    "taco": "code",
-    "likaixin/TACO-verified": "code",
-    "deepmind/code_contests": "code",
-    "codeparrot/apps": "code",
+    **dict.fromkeys(("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "math"),
+                    "math"),
+    **dict.fromkeys(("codecontests", "apps", "codeforces", "taco", "likaixin/TACO-verified",
+                     "deepmind/code_contests", "codeparrot/apps"), "code"),
 }
 # prefix families ("aime24"), checked after exact names
 _PREFIXES: dict[str, str] = {"aime": "math", "math_": "math", "countdown": "countdown"}

@@ -1,9 +1,4 @@
-"""Tools for multi-turn agent rollouts, with verl's interface (`verl.tools`; docs/agents.md).
-
-`base_tool`: `BaseTool`, the schemas, `@function_tool` and loading a run's tools; `builtin_tools`: the
-calculator and the sandboxed code interpreter; `tool_calls`: parsing calls from the model's text and
-`ToolRunner`, which runs them with timeouts for the agent loop (hybridrl/workers/rollout/).
-"""
+"""Tools for multi-turn agent rollouts, with verl's interface (`verl.tools`; docs/agents.md)."""
 
 from hybridrl.tools.base_tool import (
     BaseTool,

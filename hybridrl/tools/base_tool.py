@@ -1,6 +1,5 @@
 """What a tool is, under verl's names (`verl.tools.base_tool`, `verl.tools.schemas`): the `BaseTool` life
-cycle, the OpenAI function-tool schemas, `@function_tool`, and a run's tools from verl's tool YAML.
-"""
+cycle, the OpenAI function-tool schemas, `@function_tool`, and a run's tools from verl's tool YAML."""
 
 from __future__ import annotations
 
@@ -21,7 +20,6 @@ from transformers.utils import get_json_schema
 
 from hybridrl.utils.registry import import_class, yaml_list
 
-# ---------------------------------------------------------------- schemas
 # verl's pydantic models as dataclasses with the same fields, `model_validate` and `model_dump`
 
 
@@ -59,8 +57,6 @@ class OpenAIFunctionPropertySchema:
 
 @dataclass
 class OpenAIFunctionParametersSchema:
-    """The function's parameters as a JSON-schema object."""
-
     type: str = "object"
     properties: dict[str, OpenAIFunctionPropertySchema] = field(default_factory=dict)
     required: list[str] = field(default_factory=list)
@@ -85,8 +81,6 @@ class OpenAIFunctionParametersSchema:
 
 @dataclass
 class OpenAIFunctionSchema:
-    """A function's name, what it does, and its parameters."""
-
     name: str
     description: str
     parameters: OpenAIFunctionParametersSchema = field(default_factory=OpenAIFunctionParametersSchema)
@@ -140,16 +134,11 @@ class ToolResponse:
         return dataclasses.asdict(self)
 
 
-# ---------------------------------------------------------------- the tool life cycle
-
 class BaseTool:
-    """A tool: `config` is its YAML `config:` mapping, `tool_schema` what the model is told it takes (a
-    subclass may override `get_openai_tool_schema` instead).
-
-    Each trajectory gets its own instance: `create` (with the row's `extra_info.tools_kwargs[<name>]`),
-    `execute` per call, then `calc_reward` and `release`. All are coroutines with a timeout each
-    (hybridrl/tools/tool_calls.py), so blocking work belongs in `asyncio.to_thread`.
-    """
+    """A tool: `config` is its YAML `config:` mapping, `tool_schema` what the model is told it takes (or
+    override `get_openai_tool_schema`). Each trajectory: `create` (with its `extra_info.tools_kwargs[<name>]`),
+    `execute` per call, `calc_reward`, `release`; all coroutines under a timeout each, so blocking work
+    belongs in `asyncio.to_thread`."""
 
     def __init__(self, config: dict, tool_schema: OpenAIFunctionToolSchema | None) -> None:
         self.config = dict(config or {})
@@ -184,8 +173,6 @@ class BaseTool:
         return None
 
 
-# ---------------------------------------------------------------- plain functions as tools
-
 SPEC_ATTRIBUTE = "function_tool_spec"
 
 
@@ -212,13 +199,10 @@ def schema_from_function(fn: Callable[..., Any], name: str) -> OpenAIFunctionToo
 
 def function_tool(name: str | Callable[..., Any] | None = None, *,
                   schema: OpenAIFunctionToolSchema | dict | None = None) -> Any:
-    """Mark a function as a tool: `@function_tool`, `@function_tool("name")` or `@function_tool(schema=...)`.
-
-    Without `schema=`, transformers' `get_json_schema` reads it from the signature and the Google-style
-    docstring (every parameter needs a type hint and an `Args:` line). The function, sync (run in a thread)
-    or async, returns a `ToolResponse`, a string, a dict (sent as JSON) or `(response, reward[, metrics])`;
-    anything else is sent as `str(value)`. It comes back unchanged, marked for `load_function_tools`.
-    """
+    """Mark a function as a tool: `@function_tool`, `@function_tool("name")` or `@function_tool(schema=...)`;
+    without `schema=` it is read from the type hints and the Google-style docstring's `Args:`. The function
+    (sync or async) returns a `ToolResponse`, a string, a dict (sent as JSON), `(response, reward[, metrics])`
+    or anything else (sent as `str(value)`); it comes back unchanged."""
 
     def mark(fn: Callable[..., Any], tool_name: str | None) -> Callable[..., Any]:
         tool_name = tool_name or fn.__name__
@@ -293,8 +277,6 @@ def load_function_tools(path: str | Path) -> list[FunctionTool]:
     return [FunctionTool(spec) for spec in specs]
 
 
-# ---------------------------------------------------------------- a run's tools from its config
-
 TOOL_CONFIG_KEY = "actor_rollout_ref.rollout.multi_turn.tool_config_path"
 
 
@@ -314,10 +296,8 @@ def _build(entry: Any, where: str) -> BaseTool:
 
 
 def initialize_tools_from_config(tools_config_file: str | Path) -> list[BaseTool]:
-    """Build every tool a verl tool YAML (`multi_turn.tool_config_path`; docs/agents.md) lists, in order:
-    `class_name` (a BaseTool subclass), `config` and an optional `tool_schema`. Only `config.type: native`
-    runs here; verl's `mcp` tools are refused.
-    """
+    """Build, in order, the tools (`class_name`, `config`, optional `tool_schema`) a verl tool YAML lists
+    (`multi_turn.tool_config_path`; docs/agents.md); verl's `mcp` tools are refused."""
     path, entries = yaml_list(tools_config_file, "tools", TOOL_CONFIG_KEY)
     return [_build(entry, f"{path}: tools[{i}]") for i, entry in enumerate(entries)]
 

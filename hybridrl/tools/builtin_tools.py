@@ -11,25 +11,15 @@ from fractions import Fraction
 from typing import Any
 
 from hybridrl.rewards.sandbox import SandboxLimits, require_sandbox, run_code
-from hybridrl.tools.base_tool import (
-    BaseTool,
-    OpenAIFunctionParametersSchema,
-    OpenAIFunctionPropertySchema,
-    OpenAIFunctionSchema,
-    OpenAIFunctionToolSchema,
-    ToolResponse,
-)
+from hybridrl.tools.base_tool import BaseTool, OpenAIFunctionToolSchema, ToolResponse
 
 
 def _schema(name: str, description: str, parameter: str, about: str) -> OpenAIFunctionToolSchema:
     """The schema of a function of one required string parameter."""
-    properties = {parameter: OpenAIFunctionPropertySchema(type="string", description=about)}
-    parameters = OpenAIFunctionParametersSchema(properties=properties, required=[parameter])
-    function = OpenAIFunctionSchema(name=name, description=description, parameters=parameters)
-    return OpenAIFunctionToolSchema(type="function", function=function)
+    parameters = {"properties": {parameter: {"type": "string", "description": about}}, "required": [parameter]}
+    function = {"name": name, "description": description, "parameters": parameters}
+    return OpenAIFunctionToolSchema.model_validate({"type": "function", "function": function})
 
-
-# ---------------------------------------------------------------- calculator
 
 MAX_EXPONENT = 64
 MAX_BITS = 4096  # an operand this large ends the evaluation, so each ** stays cheap
@@ -74,9 +64,7 @@ def evaluate(expression: str) -> str:
 
 class CalculatorTool(BaseTool):
     """`calculator(expression)`: the exact value of numbers, parentheses and + - * / // % ** (parsed with
-    `ast`, no `eval`; anything else is refused with the reason). Integers stay exact, `/` gives a float
-    unless exact, and capped exponents keep `9 ** 9 ** 9` from hanging the rollout.
-    """
+    `ast`, no `eval`); capped exponents keep `9 ** 9 ** 9` from hanging the rollout."""
 
     def get_openai_tool_schema(self) -> OpenAIFunctionToolSchema:
         return _schema("calculator", "Evaluate an arithmetic expression with + - * / // % ** and "
@@ -87,17 +75,14 @@ class CalculatorTool(BaseTool):
         return ToolResponse(text=evaluate(parameters.get("expression"))), 0.0, {}
 
 
-# ---------------------------------------------------------------- code interpreter
-
 LIMIT_KEYS = ("wall_seconds", "cpu_seconds", "address_space_bytes", "output_bytes", "require_isolation")
 MAX_REPLY_CHARS = 4000  # the agent loop truncates further to multi_turn.max_tool_response_length
 
 
 class SandboxCodeInterpreterTool(BaseTool):
-    """`code_interpreter(code)`: the program's output from a fresh sandboxed process per call
-    (hybridrl/rewards/SANDBOX.md), with its stderr and status when it failed. The YAML `config:` sets the
-    LIMIT_KEYS of SandboxLimits; a host where the sandbox cannot run stops the run when the tool is built.
-    """
+    """`code_interpreter(code)`: the output of a fresh sandboxed process per call, with its stderr and status
+    when it failed. The YAML `config:` sets the LIMIT_KEYS of SandboxLimits; a host where the sandbox cannot
+    run stops the run when the tool is built."""
 
     def __init__(self, config: dict, tool_schema: OpenAIFunctionToolSchema | None) -> None:
         super().__init__(config, tool_schema)

@@ -1,12 +1,5 @@
-"""Interactions: a simulated user who answers the model between turns, under verl's names
-(`verl.interactions`; docs/agents.md).
-
-When an assistant turn calls no tool, the agent loop hands the conversation to the row's interaction
-(`extra_info.interaction_kwargs.name`): `generate_response` returns whether to stop, the user's reply, the
-turn's score (collected per sample as `turn_scores`, which the reward function reads in `extra_info`) and
-extra data. `start_interaction` runs before a trajectory's first reply and `finalize_interaction` after its
-last, each with its own instance id. Methods may be coroutines (verl's are) or plain functions.
-"""
+"""Interactions: a simulated user who answers the model after each turn without a tool call, under verl's
+names (`verl.interactions`; docs/agents.md). Methods may be coroutines (verl's are) or plain functions."""
 
 from __future__ import annotations
 
@@ -34,7 +27,7 @@ class BaseInteraction:
 
     async def generate_response(self, instance_id: str, messages: list[dict[str, Any]],
                                 **kwargs: Any) -> tuple[bool, str, float, dict[str, Any]]:
-        """(should_terminate_sequence, the user's reply, this turn's score, extra data)."""
+        """(should_terminate_sequence, reply, turn score (into extra_info's `turn_scores`), extra data)."""
         raise NotImplementedError
 
     async def calculate_score(self, instance_id: str, **kwargs: Any) -> float:

@@ -15,8 +15,6 @@ from typing import Any
 
 from hybridrl.utils.registry import Registry
 
-# ---------------------------------------------------------------- parsing
-
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 _HERMES_BLOCK = re.compile(re.escape(HERMES_OPEN) + r"(.*?)" + re.escape(HERMES_CLOSE), re.DOTALL)
 
@@ -66,8 +64,6 @@ def parse_hermes(text: str) -> list[ParsedCall | CallError]:
         calls.append(CallError(f"a {HERMES_OPEN} is not closed with {HERMES_CLOSE}"))
     return calls
 
-
-# ---------------------------------------------------------------- running
 
 # seconds past a call's timeout before the loop counts as blocked (wait_for needs it to run to cancel)
 BLOCKED_LOOP_GRACE_S = 1.0
