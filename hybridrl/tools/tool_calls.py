@@ -90,7 +90,7 @@ async def _timed(factory: Callable[[], Awaitable[Any]], timeout: float) -> CallO
     start = time.perf_counter()
     try:
         value = await asyncio.wait_for(factory(), timeout)
-    except TimeoutError:
+    except (TimeoutError, asyncio.TimeoutError):  # distinct classes before Python 3.11
         return CallOutcome(error=f"timed out after {timeout:g}s", timed_out=True, seconds=time.perf_counter() - start)
     except Exception as err:  # any failure of the tool is the model's to read, not the run's end
         return CallOutcome(error=f"{type(err).__name__}: {err}", seconds=time.perf_counter() - start)

@@ -76,7 +76,8 @@ def test_raise_exit_hang_nan_and_wrong_type_are_counted_and_logged_and_the_run_g
     assert [step["reward/failure_share"] for step in steps] == [0.75, 0.5]
     for step in steps:  # the failed rows' 0.0 kept every training metric finite
         assert all(value == value for value in step.values() if isinstance(value, float)), step
-    logs = [record.getMessage() for record in caplog.records]
+    # only the reward logger's: a busy machine adds other warnings (fewer torch threads)
+    logs = [record.getMessage() for record in caplog.records if record.name == "hybridrl.rewards.failures"]
     assert len(logs) == 5  # the first failure of each kind in each step
     assert any("failed as error" in log and "ValueError: the scorer has a bug" in log and "reward.py" in log
                for log in logs)

@@ -58,7 +58,9 @@ def test_runtime_error_is_reported():
 
 
 def test_infinite_loop_hits_the_cpu_limit():
-    result = run_code("while True:\n    pass", limits=LIMITS)
+    # a wall limit far above the CPU one: on a busy machine 2 CPU seconds take longer than 5 wall seconds
+    limits = SandboxLimits(wall_seconds=120, cpu_seconds=2, max_processes=8, output_bytes=1 << 20)
+    result = run_code("while True:\n    pass", limits=limits)
     assert result.status == "cpu_limit", result
     assert not _sandbox_uids_alive()
 
