@@ -331,11 +331,9 @@ def collate_fn(data_list: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if set(item) != set(keys):
             raise KeyError(f"batch item {i} has keys {sorted(item)}, item 0 has {sorted(keys)}; every data "
                            f"file in one dataset needs the same columns")
-    out: dict[str, Any] = {}
-    for key in keys:
-        values = [item[key] for item in data_list]
-        out[key] = torch.stack(values) if isinstance(values[0], torch.Tensor) else object_column(values)
-    return out
+    columns = {key: [item[key] for item in data_list] for key in keys}
+    return {key: torch.stack(values) if isinstance(values[0], torch.Tensor) else object_column(values)
+            for key, values in columns.items()}
 
 
 def build_rl_dataset(data_files: Any, tokenizer: PreTrainedTokenizerBase, data_config: Any, *,
