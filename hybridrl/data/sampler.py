@@ -1,9 +1,7 @@
-"""A seeded, resumable prompt order: a resumed run sees exactly the prompts it would have seen.
-
-`StatefulDataLoader` (verl's name) counts the rows the consumer took, not those prefetching workers were
-handed. `data.sampler` names a sampler of your own instead (verl's interface): built as
-`cls(data_source=dataset, data_config=<data.* read-only>)`; its `update(batch)` and `state_dict()` /
-`load_state_dict()`, where it has them, see every trained batch and go with each checkpoint.
+"""A seeded, resumable prompt order: a resumed run sees exactly the prompts it would have seen. `data.sampler`
+names a sampler of your own instead (verl's interface), built as `cls(data_source=dataset, data_config=<data.*
+read-only>)`; its `update(batch)` and `state_dict()` / `load_state_dict()`, where it has them, see every
+trained batch and go with each checkpoint.
 """
 
 from __future__ import annotations
@@ -70,8 +68,9 @@ class ResumableSampler(Sampler[int]):
 
 
 class StatefulDataLoader(DataLoader):
-    """A DataLoader whose state counts the rows handed to the consumer: a `ResumableSampler`'s epoch and
-    position, or a sampler of your own's `state_dict()` (which needs data.dataloader_num_workers=0)."""
+    """A DataLoader (verl's name) whose state counts the rows the consumer took, not those prefetching workers
+    were handed: a `ResumableSampler`'s epoch and position, or a sampler of your own's `state_dict()` (which
+    needs data.dataloader_num_workers=0)."""
 
     def __init__(self, dataset: Dataset, *, sampler: Sampler, **kwargs: Any) -> None:
         if not isinstance(sampler, Sampler):

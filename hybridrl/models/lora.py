@@ -88,9 +88,8 @@ class LoRASettings:
 
 
 def add_lora(model: nn.Module, settings: LoRASettings, base_dtype: torch.dtype | None = None) -> nn.Module:
-    """Inject LoRA layers into `model` in place and return it: adapters trainable in fp32, every other
-    parameter frozen (in `base_dtype` when given: the compute dtype, since a frozen weight never takes an
-    update that its rounding would lose). Starts from `settings.adapter_path`'s weights when set."""
+    """Inject LoRA layers into `model` in place (from `settings.adapter_path`'s weights when set), return it:
+    adapters trainable in fp32, every other parameter frozen (in `base_dtype`, the compute dtype, if given)."""
     from peft import inject_adapter_in_model
 
     config = settings.peft_config()
@@ -185,9 +184,8 @@ def merged_for_generation(module: nn.Module, in_place: bool = False) -> Iterator
 
 def merged_weights(named_tensors: Iterable[tuple[str, torch.Tensor]],
                    scalings: dict[str, float]) -> Iterator[tuple[str, torch.Tensor]]:
-    """A LoRA model's full tensors, in order, as the plain model's: for each LoRA layer `p` (a key of
-    `scalings`) `p.weight = p.base_layer.weight + scaling * lora_B @ lora_A` and `p.bias = p.base_layer.bias`;
-    other tensors pass through. Each base weight waits only until its layer's two adapter matrices arrive."""
+    """A LoRA model's full tensors, in order, under the plain model's names: for each LoRA layer `p` (a key of
+    `scalings`) `p.weight = p.base_layer.weight + scaling * lora_B @ lora_A`; other tensors pass through."""
     pending: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in named_tensors:
         layer, part = _lora_part(name, scalings)
