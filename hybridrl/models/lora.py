@@ -89,7 +89,7 @@ class LoRASettings:
 
 def add_lora(model: nn.Module, settings: LoRASettings, base_dtype: torch.dtype | None = None) -> nn.Module:
     """Inject LoRA layers into `model` in place (from `settings.adapter_path`'s weights when set), return it:
-    adapters trainable in fp32, every other parameter frozen (in `base_dtype`, the compute dtype, if given)."""
+    adapters trainable in fp32, every other parameter frozen (in `base_dtype`, the compute dtype, if set)."""
     from peft import inject_adapter_in_model
 
     config = settings.peft_config()
