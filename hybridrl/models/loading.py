@@ -104,8 +104,8 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 @contextmanager
 def weights_in_dtype(module: nn.Module, dtype: torch.dtype) -> Iterator[None]:
-    """Swap every floating parameter's data for a copy in `dtype`, and put the originals back bit for bit after.
-    The Parameter objects stay (the optimizer and FSDP hold them; tied weights stay tied), buffers too."""
+    """Swap every floating parameter's data for a copy in `dtype` (buffers untouched), and put the originals
+    back bit for bit after; the Parameter objects stay (the optimizer and FSDP hold them), tied weights tied."""
     originals: list[tuple[nn.Parameter, torch.Tensor]] = []
     try:
         for param in module.parameters():
