@@ -105,7 +105,7 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
 @contextmanager
 def weights_in_dtype(module: nn.Module, dtype: torch.dtype) -> Iterator[None]:
     """Swap every floating parameter's data for a copy in `dtype` (buffers untouched), and put the originals
-    back bit for bit after; the Parameter objects stay (the optimizer and FSDP hold them), tied weights tied."""
+    back bit for bit after; the Parameter objects stay (optimizer and FSDP hold them), tied weights tied."""
     originals: list[tuple[nn.Parameter, torch.Tensor]] = []
     try:
         for param in module.parameters():
