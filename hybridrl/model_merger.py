@@ -3,11 +3,9 @@
     python -m hybridrl.model_merger --local_dir checkpoints/run/global_step_100/actor --target_dir merged/
     python -m hybridrl.model_merger merge --backend fsdp --local_dir ... --target_dir ...   # verl's spelling
 
-`--local_dir` is one role's checkpoint (`hybridrl.workers.checkpoint.CheckpointManager`), saved by any
-number of ranks and reassembled in this process. Config and tokenizer come from its `huggingface/`
-folder, or from `--hf_model_path` where that is missing. A LoRA checkpoint holds adapters only: they are
-merged into the base model it names (or `--hf_model_path`), and the PEFT adapter directory is written too,
-as `<target_dir>/lora_adapter/`.
+`--local_dir` is one role's checkpoint, saved by any number of ranks; config and tokenizer come from its
+`huggingface/` folder, else from `--hf_model_path`. A LoRA checkpoint's adapters are merged into the base
+model it names (or `--hf_model_path`), and copied as `<target_dir>/lora_adapter/`.
 """
 
 from __future__ import annotations
@@ -47,11 +45,9 @@ def _config_source(local_dir: Path, hf_model_path: str | Path | None) -> Path:
     if (saved / "config.json").is_file():
         return saved
     if hf_model_path is None:
-        raise CheckpointError(
-            f"{saved} has no config.json, so the model architecture is unknown; pass --hf_model_path "
-            "with the base model's directory (the one training started from) to take config and tokenizer "
-            "from there"
-        )
+        raise CheckpointError(f"{saved} has no config.json, so the model architecture is unknown; pass "
+                              "--hf_model_path with the base model's directory (the one training started "
+                              "from) to take config and tokenizer from there")
     source = Path(hf_model_path)
     if not (source / "config.json").is_file():
         raise CheckpointError(f"--hf_model_path {source} has no config.json")
@@ -64,10 +60,8 @@ def merge_checkpoint(local_dir: str | Path, target_dir: str | Path,
     local = Path(local_dir)
     meta = check_role_dir(local)
     if "model" not in meta["contents"]:
-        raise CheckpointError(
-            f"{local} was saved without model weights (contents={meta['contents']}); "
-            "save with 'model' in checkpoint.save_contents"
-        )
+        raise CheckpointError(f"{local} was saved without model weights (contents={meta['contents']}); "
+                              "save with 'model' in checkpoint.save_contents")
     source = _config_source(local, hf_model_path)
     config = AutoConfig.from_pretrained(source, local_files_only=True)
     state_dict = read_full_model_state(local)

@@ -1,8 +1,6 @@
-"""The main job: GRPO on the built-in arithmetic task, end to end on a CPU laptop.
-
-`python -m hybridrl.quickstart` writes the task, builds a tiny model, warm-starts it with SFT on an imperfect
-teacher's answers, trains it with GRPO under Ray and summarises (docs/getting-started.md, "The quickstart").
-Every stage is the project's ordinary entry point, driven through its Hydra config.
+"""The main job: GRPO on the built-in arithmetic task, end to end on a CPU laptop (docs/getting-started.md).
+Task data, a tiny model, an SFT warm start on an imperfect teacher's answers, GRPO under Ray, a summary: each
+stage is the project's ordinary entry point, driven through its Hydra config.
 """
 
 from __future__ import annotations
@@ -21,8 +19,7 @@ from hydra import compose, initialize_config_dir
 
 CONFIG_DIR = str(Path(__file__).parent / "trainer" / "config")
 ACCURACY_KEY = "val-core/arithmetic/reward/mean@1"
-# The compute dtypes GRPO names on a CPU that multiplies bf16 natively; master weights and optimizer state
-# stay fp32.
+# the compute dtypes set to bf16 on a CPU that multiplies it natively (master weights stay fp32)
 PRECISION_KEYS = ("actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype", "actor_rollout_ref.rollout.dtype")
 
 
@@ -31,17 +28,11 @@ def _compose(config_name: str, overrides: list[str]):
         return compose(config_name=config_name, overrides=overrides)
 
 
-# The recipe. The task: 2-digit addition and subtraction, worked column by column; the teacher whose
-# worked answers SFT imitates drops the minus sign of 70% of the negative results (see
-# hybridrl.data.tasks.arithmetic.teacher_slips). SFT copies the slip; GRPO's exact-answer reward removes
-# it, and held-out accuracy shows the difference. Multiplication is left out: a 1M model learns it only
-# partly, and the one-off digit slips it leaves are noise that a reward cannot generalise from.
+# 2-digit + and - whose SFT teacher drops the minus sign of 70% of negative results (teacher_slips), which
+# GRPO's exact-answer reward removes; a 1M model learns * only partly, leaving noise a reward cannot fix
 TASK_ARGS = ["--ops", "+,-", "--teacher-sign-error", "0.7"]
 MODEL_SIZE = "1m"
-# SFT must finish learning the column procedure on every machine: at 600 steps the loss was still
-# falling and whether the model had learned addition by then depended on the order of floating-point
-# sums, so it differed between CPUs. 1200 steps converge with room to spare on every seed and thread
-# count measured (benchmarks/results/learning.md).
+# enough steps for SFT to learn the column procedure on every CPU and seed (benchmarks/results/learning.md)
 SFT_OVERRIDES = ["trainer.total_training_steps=1200"]
 
 
@@ -177,10 +168,8 @@ def torch_threads(threads: int | None) -> Iterator[None]:
 
 
 def precision_overrides(extra: list[str]) -> list[str]:
-    """bf16 compute where the run's device is a CPU that multiplies it natively (AMX, AVX512_BF16): bf16 steps
-    are faster and every seed and thread count still learns (measured: benchmarks/results/grpo_vs_trl.md,
-    benchmarks/results/learning_bf16.md). Elsewhere nothing: the default `auto` is fp32 on other CPUs and
-    bf16 on a GPU that has it."""
+    """bf16 compute where the run's device is a CPU that multiplies it natively (AMX, AVX512_BF16: faster, and
+    it still learns: benchmarks/results/learning_bf16.md); elsewhere the default `auto` decides."""
     from hybridrl.utils.device import native_bf16, resolve_device_type
 
     device = next((o.split("=", 1)[1] for o in reversed(extra) if o.startswith("trainer.device=")), "auto")
@@ -190,10 +179,8 @@ def precision_overrides(extra: list[str]) -> list[str]:
 
 
 def grpo_run_overrides(threads: int | None, extra: list[str]) -> list[str]:
-    """The GRPO run's own overrides: `precision_overrides`, then the command line's (which win), with `threads`.
-
-    `trainer.backend=local` runs one rank in this process, so it brings `trainer.n_gpus_per_node=1` (the
-    recipe's 2 would be refused) unless the command line names a count itself."""
+    """`precision_overrides`, then the command line's (which win), with `threads`; `trainer.backend=local`
+    (one rank in this process) brings `trainer.n_gpus_per_node=1` unless the command line names a count."""
     one_rank = (["trainer.n_gpus_per_node=1"] if "trainer.backend=local" in extra
                 and not any(o.startswith("trainer.n_gpus_per_node=") for o in extra) else [])
     return with_threads(threads, [*precision_overrides(extra), *one_rank, *extra])

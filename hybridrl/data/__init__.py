@@ -1,3 +1,2 @@
-"""Datasets (`sft_dataset`, `rl_dataset`), the prompt sampler, sequence balancing, and `tasks`, which write
-verl-schema parquet files. Nothing is imported here, so `python -m hybridrl.data.tasks.<name>` stays light.
-"""
+"""Datasets, the prompt sampler, sequence balancing, and `tasks`, which write verl-schema parquet files.
+Nothing is imported here, so `python -m hybridrl.data.tasks.<name>` stays light."""

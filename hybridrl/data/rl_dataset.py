@@ -1,15 +1,8 @@
-"""RLHFDataset: prompts from verl-schema parquet files, tokenised and left-padded for generation.
-
-verl's `RLHFDataset`, reading the same `data.*` keys (`RLDatasetConfig`). Each item is
-
-    input_ids, attention_mask, position_ids   (max_prompt_length,), prompt LEFT-padded (pads at position 0)
-    raw_prompt_ids                            list[int], the unpadded (truncated) prompt
-    index                                     extra_info["index"] (0 when absent), as verl
-    raw_prompt / full_prompts                 the chat messages / templated text, when asked for
-    <every other column>                      passed through: data_source, reward_model, extra_info, ...
-
-Every row is checked when the dataset is built, before any worker starts; a bad one is named by file,
-row and column.
+"""verl's RLHFDataset (`data.*` keys: `RLDatasetConfig`): prompts from verl-schema parquet files. An item
+holds input_ids / attention_mask / position_ids (max_prompt_length,) with the prompt LEFT-padded,
+raw_prompt_ids (the unpadded, truncated prompt), index (extra_info["index"], else 0), raw_prompt /
+full_prompts when asked for, and every other column as is. Rows are checked at build time, before any
+worker starts; a bad one is named by file, row and column.
 """
 
 from __future__ import annotations
@@ -199,7 +192,10 @@ class RLHFDataset(Dataset):
         self.config = RLDatasetConfig.from_mapping(config)
         self.tokenizer = tokenizer
         self.tool_schemas = _tool_schemas(self.config)
-        self.pad_token_id = self._pad_token_id(tokenizer)
+        pad = tokenizer.pad_token_id
+        self.pad_token_id = tokenizer.eos_token_id if pad is None else pad
+        if self.pad_token_id is None:
+            raise ValueError("the tokenizer has neither a pad token nor an EOS token to left-pad prompts")
         files = [data_files] if isinstance(data_files, (str, Path)) else list(data_files)
         if not files:
             raise ValueError("data_files is empty: pass at least one parquet file (data.train_files)")
@@ -214,13 +210,6 @@ class RLHFDataset(Dataset):
             self._filter_overlong()
         elif self.config.truncation == "error":
             self._check_lengths()
-
-    @staticmethod
-    def _pad_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        if pad is None:
-            raise ValueError("the tokenizer has neither a pad token nor an EOS token to left-pad prompts")
-        return pad
 
     def _read(self, path: Path, require_ground_truth: bool) -> None:
         if not path.is_file():
@@ -333,8 +322,8 @@ class RLHFDataset(Dataset):
 
 
 def collate_fn(data_list: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Tensors stacked to (batch, ...), everything else in 1-D object arrays (one list per row even when
-    lists have equal lengths): what `DataProto.from_single_dict` takes."""
+    """Tensors stacked to (batch, ...), everything else in 1-D object arrays (one list per row even when lists
+    have equal lengths): what `DataProto.from_single_dict` takes."""
     if not data_list:
         raise ValueError("collate_fn got an empty batch")
     keys = list(data_list[0])
@@ -342,20 +331,16 @@ def collate_fn(data_list: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if set(item) != set(keys):
             raise KeyError(f"batch item {i} has keys {sorted(item)}, item 0 has {sorted(keys)}; every data "
                            f"file in one dataset needs the same columns")
-    out: dict[str, Any] = {}
-    for key in keys:
-        values = [item[key] for item in data_list]
-        # tensors stack to (batch, ...)
-        out[key] = torch.stack(values) if isinstance(values[0], torch.Tensor) else object_column(values)
-    return out
+    columns = {key: [item[key] for item in data_list] for key in keys}
+    return {key: torch.stack(values) if isinstance(values[0], torch.Tensor) else object_column(values)
+            for key, values in columns.items()}
 
 
 def build_rl_dataset(data_files: Any, tokenizer: PreTrainedTokenizerBase, data_config: Any, *,
                      require_ground_truth: bool = False) -> Dataset:
-    """The prompts of `data_files` (`data_config`: the PPO config's `data`, a DataConfig): an `RLHFDataset`, or
-    the class `data.custom_cls` names (a .py file or pkg://module), built as verl builds it:
-    cls(data_files=..., tokenizer=..., config=<data.* as a read-only DictConfig>, processor=None), plus
-    require_ground_truth for a subclass of RLHFDataset."""
+    """An `RLHFDataset` of `data_files`, or the class `data.custom_cls` names, built as verl builds it:
+    cls(data_files=..., tokenizer=..., config=<data.* read-only>, processor=None) (+ require_ground_truth for
+    a subclass of RLHFDataset)."""
     if data_config.custom_cls.path is None:
         return RLHFDataset(data_files, tokenizer, data_config, require_ground_truth=require_ground_truth)
     cls = load_class(data_config.custom_cls.path, data_config.custom_cls.name, "data.custom_cls.path", Dataset)

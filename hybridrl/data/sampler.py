@@ -1,14 +1,7 @@
-"""A seeded, resumable prompt order: a resumed run sees exactly the prompts it would have seen.
-
-`ResumableSampler` draws each epoch's permutation from (seed, epoch). `StatefulDataLoader` (verl's name)
-counts the rows the consumer has taken, not the indices prefetching workers were handed, so its
-`state_dict()` resumes at the next unseen prompt.
-
-`data.sampler.class_path` / `class_name` name a sampler of your own instead (verl's interface, e.g. a
-curriculum): a `torch.utils.data.Sampler` built as `cls(data_source=dataset, data_config=<data.* as a
-read-only DictConfig>)`; its `update(batch)`, if it has one, sees every trained batch, and its
-`state_dict()` / `load_state_dict()`, if it has them, are saved with each checkpoint and restored on resume
-(exact for a sampler whose state counts what it has handed out).
+"""A seeded, resumable prompt order: a resumed run sees exactly the prompts it would have seen. `data.sampler`
+names a sampler of your own instead (verl's interface), built as `cls(data_source=dataset, data_config=<data.*
+read-only>)`; its `update(batch)` and `state_dict()` / `load_state_dict()`, where it has them, see every
+trained batch and go with each checkpoint.
 """
 
 from __future__ import annotations
@@ -44,7 +37,6 @@ class ResumableSampler(Sampler[int]):
         self.position = 0  # indices of the current epoch already handed out
 
     def order(self, epoch: int) -> list[int]:
-        """The permutation for `epoch`."""
         if not self.shuffle:
             return list(range(self.data_len))
         rng = np.random.default_rng(np.random.SeedSequence([self.seed, epoch]))
@@ -76,9 +68,9 @@ class ResumableSampler(Sampler[int]):
 
 
 class StatefulDataLoader(DataLoader):
-    """A DataLoader whose state counts the rows handed to the consumer: over a `ResumableSampler`, an
-    epoch and a position; over a sampler of your own, that sampler's `state_dict()` (rows are drawn as the
-    consumer asks for them: a custom sampler needs data.dataloader_num_workers=0)."""
+    """A DataLoader (verl's name) whose state counts the rows the consumer took, not those prefetching workers
+    were handed: a `ResumableSampler`'s epoch and position, or a sampler of your own's `state_dict()` (which
+    needs data.dataloader_num_workers=0)."""
 
     def __init__(self, dataset: Dataset, *, sampler: Sampler, **kwargs: Any) -> None:
         if not isinstance(sampler, Sampler):

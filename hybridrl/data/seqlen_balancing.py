@@ -1,10 +1,5 @@
-"""Balancing sequences by token count across data-parallel ranks and into micro-batches (verl's
-`verl.utils.seqlen_balancing` names and arguments).
-
-`get_seqlen_balanced_partitions` gives k index lists with near-equal token totals (`equal_size`: equal
-counts too), the better of `karmarkar_karp` (the largest differencing method: Karmarkar & Karp 1982, k-way
-by Korf, IJCAI 2009) and `greedy_partition`. verl's `rearrange_micro_batches` is in
-compat/verl_seqlen_balancing.py.
+"""Balancing sequences by token count across data-parallel ranks (verl's `verl.utils.seqlen_balancing` names
+and arguments; its `rearrange_micro_batches` is in compat/verl_seqlen_balancing.py).
 """
 
 from __future__ import annotations
@@ -92,7 +87,8 @@ def _spread(seqlen_list: Sequence[int], partitions: Sequence[Sequence[int]]) -> 
 
 def get_seqlen_balanced_partitions(seqlen_list: Sequence[int], k_partitions: int, equal_size: bool
                                    ) -> list[list[int]]:
-    """Balanced non-empty partitions of sorted indices, ordered by first index: KK or greedy, the tighter."""
+    """k non-empty partitions of sorted indices with near-equal token totals (`equal_size`: equal counts
+    too), ordered by first index: `karmarkar_karp` or `greedy_partition`, the tighter."""
     candidates = [karmarkar_karp(seqlen_list, k_partitions, equal_size),
                   greedy_partition(seqlen_list, k_partitions, equal_size)]
     partitions = min(candidates, key=lambda p: _spread(seqlen_list, p))  # KK on ties

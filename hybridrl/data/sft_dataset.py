@@ -1,11 +1,9 @@
-"""Supervised fine-tuning data: chats from parquet -> token ids with a loss mask on assistant tokens.
-
-Row layouts (verl's): prompt / response columns (`SFTDataset`; `*_dict_keys` walk into dict columns), or
-a `messages_key` column of chats. Each item holds right-padded (max_length,) `input_ids`, `attention_mask`,
-`position_ids` (padding repeats the last position) and `loss_mask`: 1 on the tokens an assistant turn
-writes, its end-of-turn token included, its role header and trailing newline not; `loss_mask[t]` is
-about token t itself, as in verl (a next-token trainer uses `loss_mask[:, 1:]`). Assistant spans come from
-rendering chat prefixes, so the template must render a shorter chat as a prefix of a longer one (checked).
+"""SFT data in verl's layouts: prompt / response columns (`*_dict_keys` walk into dict columns) or a
+`messages_key` column of chats. Items hold right-padded (max_length,) `input_ids`, `attention_mask`,
+`position_ids` (padding repeats the last position) and `loss_mask`: 1 on the tokens an assistant turn writes,
+its end-of-turn token included, its role header and trailing newline not; `loss_mask[t]` is about token t
+itself, as in verl. Assistant spans come from rendering chat prefixes (the template must render a shorter
+chat as a prefix of a longer one: checked).
 """
 
 from __future__ import annotations
@@ -17,6 +15,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import torch
+import torch.nn.functional as F
 from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
@@ -111,14 +110,13 @@ def encode_chat(tokenizer: PreTrainedTokenizerBase, messages: list[Message], **t
     return list(encoding["input_ids"]), mask
 
 
-# tokens of encoded rows kept for later epochs (at most ~320 MB), which would otherwise re-render the chats
+# tokens of encoded rows kept for later epochs, which would otherwise re-render the chats
 ENCODED_CACHE_TOKENS = 64 * 2**20
 
 
 class SFTDataset(Dataset):
-    """Chats from parquet files for SFT, with verl's keys (module docstring). For chats over `max_length`,
-    `truncation` "error" refuses the files at build time, naming the rows; "left" / "right" keep the end /
-    the start. Encoded rows are kept up to ENCODED_CACHE_TOKENS."""
+    """Chats from parquet files for SFT. Over `max_length`, `truncation` "error" refuses the files at build
+    time, naming the rows; "left" / "right" keep the end / the start."""
 
     def __init__(self, parquet_files: str | Path | Sequence[str | Path], tokenizer: PreTrainedTokenizerBase,
                  *, prompt_key: str = "prompt", prompt_dict_keys: Sequence[str] | None = None,
@@ -198,16 +196,12 @@ class SFTDataset(Dataset):
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         ids, loss_mask = self._encode(index)
-        length = len(ids)
-        input_ids = torch.full((self.max_length,), self.tokenizer.pad_token_id, dtype=torch.long)
-        input_ids[:length] = ids
-        attention_mask = torch.zeros(self.max_length, dtype=torch.long)
-        attention_mask[:length] = 1
-        position_ids = torch.clamp(torch.cumsum(attention_mask, dim=0) - 1, min=0)  # (max_length,)
-        padded_loss_mask = torch.zeros(self.max_length, dtype=torch.long)
-        padded_loss_mask[:length] = loss_mask
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
-                "loss_mask": padded_loss_mask}
+        pad = self.max_length - len(ids)
+        attention_mask = F.pad(torch.ones(len(ids), dtype=torch.long), (0, pad))
+        return {"input_ids": F.pad(ids.long(), (0, pad), value=self.tokenizer.pad_token_id),
+                "attention_mask": attention_mask,
+                "position_ids": torch.clamp(torch.cumsum(attention_mask, dim=0) - 1, min=0),
+                "loss_mask": F.pad(loss_mask.long(), (0, pad))}
 
     def _encode(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Row `index`'s token ids and loss mask, fitted to max_length, unpadded, and kept while they fit."""

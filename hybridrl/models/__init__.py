@@ -14,15 +14,6 @@ from hybridrl.models.loading import (
     resolve_model_dir,
 )
 
-__all__ = [
-    "ModelDirectoryError",
-    "apply_override_config",
-    "check_model_dir",
-    "load_causal_lm",
-    "load_model_config",
-    "load_tokenizer",
-    "load_value_model",
-    "padding_side",
-    "resolve_dtype",
-    "resolve_model_dir",
-]
+__all__ = ["ModelDirectoryError", "apply_override_config", "check_model_dir", "load_causal_lm",
+           "load_model_config", "load_tokenizer", "load_value_model", "padding_side", "resolve_dtype",
+           "resolve_model_dir"]

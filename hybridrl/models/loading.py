@@ -1,10 +1,6 @@
-"""Load local Hugging Face checkpoints (causal LMs for actors, value models for critics and reward models)
-and save full state dicts as model directories (`save_hf_model`).
-
-Offline only: a path is a local directory or a repo id already in the HF cache, and every
-`from_pretrained` gets `local_files_only=True`. A missing or malformed directory raises
-`ModelDirectoryError` naming what is missing. Generation needs left padding and SFT right padding:
-pass `padding_side=` to `load_tokenizer` or use `with padding_side(tokenizer, "left")`.
+"""Load local Hugging Face checkpoints (causal LMs; value models for critics and reward models) and save state
+dicts as model directories. Offline only: a path is a local directory or a repo id already in the HF cache; a
+missing or malformed directory raises `ModelDirectoryError` naming what is missing.
 """
 
 from __future__ import annotations
@@ -45,10 +41,8 @@ def build_hf_model(state_dict: Mapping[str, torch.Tensor], config: PretrainedCon
     architecture = (getattr(config, "architectures", None) or ["AutoModelForCausalLM"])[0]
     model_cls = getattr(transformers, architecture, None)
     if model_cls is None:
-        raise ModelExportError(
-            f"config.architectures names {architecture!r}, which transformers {transformers.__version__} "
-            "does not provide"
-        )
+        raise ModelExportError(f"config.architectures names {architecture!r}, which transformers "
+                               f"{transformers.__version__} does not provide")
     with torch.device("meta"):
         model = model_cls._from_config(config) if hasattr(model_cls, "_from_config") else \
             model_cls.from_config(config)
@@ -56,15 +50,13 @@ def build_hf_model(state_dict: Mapping[str, torch.Tensor], config: PretrainedCon
     tied = _tied_pairs(model) if getattr(config, "tie_word_embeddings", False) else {}
     missing = [k for k in result.missing_keys if k not in tied]
     if missing or result.unexpected_keys:
-        raise ModelExportError(
-            f"the checkpoint does not match {architecture}: missing {missing[:5]}, unexpected "
-            f"{result.unexpected_keys[:5]} (was it saved from a different model, or is the config wrong?)"
-        )
+        raise ModelExportError(f"the checkpoint does not match {architecture}: missing {missing[:5]}, "
+                               f"unexpected {result.unexpected_keys[:5]} (was it saved from a different "
+                               f"model, or is the config wrong?)")
     for out_key, in_key in tied.items():
         if out_key in state_dict and not torch.equal(state_dict[out_key], state_dict[in_key]):
-            raise ModelExportError(
-                f"config.tie_word_embeddings is true but {out_key} differs from {in_key} in the checkpoint"
-            )
+            raise ModelExportError(f"config.tie_word_embeddings is true but {out_key} differs from {in_key} "
+                                   f"in the checkpoint")
     model.tie_weights()
     return model
 
@@ -85,20 +77,13 @@ def save_hf_model(state_dict: Mapping[str, torch.Tensor], config: PretrainedConf
 
 logger = logging.getLogger(__name__)
 
-WEIGHT_FILES = (
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-    "pytorch_model.bin.index.json",
-)
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
 DTYPES: Registry[torch.dtype] = Registry("dtype")
-for _names, _dtype in (
-    (("float32", "fp32"), torch.float32),
-    (BF16_NAMES, torch.bfloat16),
-    (("float16", "fp16"), torch.float16),
-):
+for _names, _dtype in ((("float32", "fp32"), torch.float32), (BF16_NAMES, torch.bfloat16),
+                       (("float16", "fp16"), torch.float16)):
     for _name in _names:
         DTYPES.add(_name, _dtype)
 
@@ -119,11 +104,8 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 @contextmanager
 def weights_in_dtype(module: nn.Module, dtype: torch.dtype) -> Iterator[None]:
-    """Swap every floating parameter's data for a copy in `dtype`, and put the originals back bit for bit after.
-
-    The Parameter objects stay (the optimizer and FSDP keep their references) and tied weights stay tied;
-    buffers are left alone (rotary `inv_freq` stays fp32, as in a model loaded in bf16).
-    """
+    """Swap every floating parameter's data for a copy in `dtype` (buffers untouched), and put the originals
+    back bit for bit after; the Parameter objects stay (optimizer and FSDP hold them), tied weights tied."""
     originals: list[tuple[nn.Parameter, torch.Tensor]] = []
     try:
         for param in module.parameters():
@@ -142,9 +124,8 @@ def resolve_model_dir(path: str | Path) -> Path:
     if local.is_dir():
         return local
     if local.exists():
-        raise ModelDirectoryError(
-            f"model path {str(path)!r} is a file; expected a Hugging Face model directory"
-        )
+        raise ModelDirectoryError(f"model path {str(path)!r} is a file; expected a Hugging Face model "
+                                  f"directory")
     text = str(path)
     if text.count("/") == 1 and not text.startswith((".", "/", "~")):
         from huggingface_hub import snapshot_download
@@ -163,17 +144,15 @@ def resolve_model_dir(path: str | Path) -> Path:
 def _read_config_json(model_dir: Path) -> dict[str, Any]:
     config_path = model_dir / "config.json"
     if not config_path.is_file():
-        raise ModelDirectoryError(
-            f"{model_dir} has no config.json, so it is not a Hugging Face model directory"
-        )
+        raise ModelDirectoryError(f"{model_dir} has no config.json, so it is not a Hugging Face model "
+                                  f"directory")
     try:
         config = json.loads(config_path.read_text())
     except json.JSONDecodeError as err:
         raise ModelDirectoryError(f"{config_path} is not valid JSON ({err})") from err
     if not isinstance(config, dict) or "model_type" not in config:
-        raise ModelDirectoryError(
-            f"{config_path} has no 'model_type' field, so transformers cannot pick a model class"
-        )
+        raise ModelDirectoryError(f"{config_path} has no 'model_type' field, so transformers cannot pick a "
+                                  f"model class")
     return config
 
 
@@ -183,22 +162,18 @@ def check_model_dir(model_dir: Path, *, need_weights: bool = True, need_tokenize
     if need_weights:
         present = [name for name in WEIGHT_FILES if (model_dir / name).is_file()]
         if not present:
-            raise ModelDirectoryError(
-                f"{model_dir} has no model weights: expected one of {', '.join(WEIGHT_FILES)}"
-            )
+            raise ModelDirectoryError(f"{model_dir} has no model weights: expected one of "
+                                      f"{', '.join(WEIGHT_FILES)}")
         if present[0].endswith(".index.json"):
             index = json.loads((model_dir / present[0]).read_text())
-            missing = sorted(
-                {s for s in index.get("weight_map", {}).values() if not (model_dir / s).is_file()}
-            )
+            missing = sorted({s for s in index.get("weight_map", {}).values()
+                              if not (model_dir / s).is_file()})
             if missing:
-                raise ModelDirectoryError(
-                    f"{model_dir} lists weight shards that are missing: {', '.join(missing)}"
-                )
+                raise ModelDirectoryError(f"{model_dir} lists weight shards that are missing: "
+                                          f"{', '.join(missing)}")
     if need_tokenizer and not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
-        raise ModelDirectoryError(
-            f"{model_dir} has no tokenizer: expected one of {', '.join(TOKENIZER_FILES)}"
-        )
+        raise ModelDirectoryError(f"{model_dir} has no tokenizer: expected one of "
+                                  f"{', '.join(TOKENIZER_FILES)}")
 
 
 def apply_override_config(config: PretrainedConfig, override: Mapping[str, Any] | None) -> PretrainedConfig:
@@ -217,9 +192,8 @@ def apply_override_config(config: PretrainedConfig, override: Mapping[str, Any] 
     return config
 
 
-def load_model_config(
-    path: str | Path, *, override_config: Mapping[str, Any] | None = None, trust_remote_code: bool = False
-) -> PretrainedConfig:
+def load_model_config(path: str | Path, *, override_config: Mapping[str, Any] | None = None,
+                      trust_remote_code: bool = False) -> PretrainedConfig:
     """The checkpoint's config with `override_config` applied."""
     model_dir = resolve_model_dir(path)
     _read_config_json(model_dir)
@@ -227,9 +201,8 @@ def load_model_config(
     return apply_override_config(config, override_config)
 
 
-def load_tokenizer(
-    path: str | Path, *, padding_side: str | None = None, trust_remote_code: bool = False
-) -> PreTrainedTokenizerBase:
+def load_tokenizer(path: str | Path, *, padding_side: str | None = None,
+                   trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
     """The checkpoint's tokenizer. A tokenizer without a pad token pads with its EOS token (as verl does)."""
     model_dir = resolve_model_dir(path)
     check_model_dir(model_dir, need_weights=False, need_tokenizer=True)
@@ -239,12 +212,10 @@ def load_tokenizer(
     tokenizer = AutoTokenizer.from_pretrained(model_dir, **kwargs)
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token is None:
-            raise ModelDirectoryError(
-                f"the tokenizer in {model_dir} has neither a pad token nor an EOS token"
-            )
-        logger.warning(
-            "tokenizer in %s has no pad token; padding with its EOS token %r", model_dir, tokenizer.eos_token
-        )
+            raise ModelDirectoryError(f"the tokenizer in {model_dir} has neither a pad token nor an EOS "
+                                      f"token")
+        logger.warning("tokenizer in %s has no pad token; padding with its EOS token %r", model_dir,
+                       tokenizer.eos_token)
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
@@ -283,26 +254,19 @@ def _prepare(path: str | Path, dtype: str | torch.dtype, attn_implementation: st
 
 def _finish(model: PreTrainedModel, gradient_checkpointing: bool) -> PreTrainedModel:
     if gradient_checkpointing:
-        # transformers 5.x renamed it activation checkpointing (the old name warns); 4.x has only the old.
-        # Non-reentrant: works with inputs that do not require grad and with FSDP2.
+        # 5.x renamed it (the old name warns), 4.x has only the old; non-reentrant works with FSDP2
         if hasattr(model, "activation_checkpointing_enable"):
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        # The KV cache is useless in training and incompatible with recomputing activations.
-        model.config.use_cache = False
+        model.config.use_cache = False  # the KV cache cannot work with recomputed activations
     return model
 
 
-def load_causal_lm(
-    path: str | Path,
-    *,
-    dtype: str | torch.dtype = "float32",
-    attn_implementation: str | None = "sdpa",
-    trust_remote_code: bool = False,
-    gradient_checkpointing: bool = False,
-    override_config: Mapping[str, Any] | None = None,
-) -> PreTrainedModel:
+def load_causal_lm(path: str | Path, *, dtype: str | torch.dtype = "float32",
+                   attn_implementation: str | None = "sdpa", trust_remote_code: bool = False,
+                   gradient_checkpointing: bool = False, override_config: Mapping[str, Any] | None = None
+                   ) -> PreTrainedModel:
     """An `AutoModelForCausalLM` from a local checkpoint (actor, reference, rollout); an
     `attn_implementation` in `override_config` (verl's way) wins over the argument."""
     model_dir, config, kwargs = _prepare(path, dtype, attn_implementation, trust_remote_code, override_config)
@@ -311,8 +275,7 @@ def load_causal_lm(
 
 class BiasAddedLinear(nn.Linear):
     """An nn.Linear that adds its bias after the product, so its output owns its memory: torch's biased linear
-    over (batch, seq, in) returns a view, which FSDP2 warns about (an in-place op on it would skip the
-    backward hook). Same parameters; values equal up to the rounding of the separate add."""
+    over (batch, seq, in) returns a view, which FSDP2 warns about. Equal up to the rounding of the add."""
 
     computes_plain_linear = True  # x @ W.T + b and nothing more (hybridrl/models/onednn_linear.py)
 
@@ -321,21 +284,12 @@ class BiasAddedLinear(nn.Linear):
         return out if self.bias is None else out + self.bias
 
 
-def load_value_model(
-    path: str | Path,
-    *,
-    dtype: str | torch.dtype = "float32",
-    attn_implementation: str | None = "sdpa",
-    trust_remote_code: bool = False,
-    gradient_checkpointing: bool = False,
-    override_config: Mapping[str, Any] | None = None,
-    head_init_seed: int = 0,
-) -> PreTrainedModel:
-    """A token-classification model with one output per token (critics, reward models), as verl builds it.
-
-    `num_labels=1`, no classifier dropout; logits are (batch, seq_len, 1). The scalar head is drawn from
-    `head_init_seed` (the caller's RNG untouched, every rank alike) unless the checkpoint has a trained one.
-    """
+def load_value_model(path: str | Path, *, dtype: str | torch.dtype = "float32",
+                     attn_implementation: str | None = "sdpa", trust_remote_code: bool = False,
+                     gradient_checkpointing: bool = False, override_config: Mapping[str, Any] | None = None,
+                     head_init_seed: int = 0) -> PreTrainedModel:
+    """A token-classification model with logits (batch, seq_len, 1), no dropout (critics, reward models), as
+    verl builds it. An untrained head is drawn from `head_init_seed` (the caller's RNG untouched)."""
     model_dir, config, kwargs = _prepare(path, dtype, attn_implementation, trust_remote_code, override_config)
     config.num_labels = 1
     config.classifier_dropout = 0.0

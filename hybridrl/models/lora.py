@@ -1,14 +1,6 @@
-"""LoRA adapters (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models") on a Hugging Face
-causal LM, through PEFT's LoRA layers injected in place: the model keeps its class, so every pass, the
-rollout and the checkpoint code see the same module, and a targeted linear computes
-
-    y = W x + (alpha / r) * B (A x)        W frozen (out, in), A (r, in) trainable, B (out, r) trainable, B = 0 at start
-
-`actor_rollout_ref.model.lora_rank > 0` turns it on (docs/lora.md). Names: a targeted linear `p` holds
-`p.base_layer.weight` and `p.lora_A.default.weight` / `p.lora_B.default.weight`; `merged_weights` turns a
-stream of those into the plain model's names (`p.weight = W + (alpha / r) B A`), and `peft_adapter_state`
-into the names of a PEFT adapter directory (`adapter_model.safetensors`, loadable by
-`peft.PeftModel.from_pretrained`).
+"""LoRA adapters (docs/lora.md) on a Hugging Face causal LM: PEFT's LoRA layers injected in place, so the
+model keeps its class. A targeted linear `p` computes W x + (alpha / r) B (A x) (W frozen, B = 0 at start)
+and holds `p.base_layer.weight`, `p.lora_A.default.weight` (r, in) and `p.lora_B.default.weight` (out, r).
 """
 
 from __future__ import annotations
@@ -39,6 +31,11 @@ class LoRAError(ValueError):
     """A LoRA setting or adapter directory that cannot be used, with the key or file to fix."""
 
 
+def _names(value: Any, kind: type = tuple) -> Any:
+    """A module-name setting: a string (or None) as is, else a `kind` of strings."""
+    return value if value is None or isinstance(value, str) else kind(str(t) for t in value)
+
+
 @dataclass(frozen=True)
 class LoRASettings:
     """The adapter to add: verl's `model.lora_rank`, `lora_alpha`, `target_modules`, `exclude_modules`,
@@ -58,13 +55,8 @@ class LoRASettings:
     @classmethod
     def from_model_config(cls, model: ModelConfig, key: str = "actor_rollout_ref.model") -> LoRASettings:
         """The settings of a `ModelConfig` (hybridrl/workers/config.py), checked."""
-        targets = model.target_modules
-        targets = targets if isinstance(targets, str) else tuple(str(t) for t in targets)
-        exclude = model.exclude_modules
-        if exclude is not None and not isinstance(exclude, str):
-            exclude = tuple(str(t) for t in exclude)
-        settings = cls(int(model.lora_rank), float(model.lora_alpha), targets, exclude,
-                       model.lora_adapter_path or None, key)
+        settings = cls(int(model.lora_rank), float(model.lora_alpha), _names(model.target_modules),
+                       _names(model.exclude_modules), model.lora_adapter_path or None, key)
         settings.check()
         return settings
 
@@ -90,29 +82,24 @@ class LoRASettings:
             config = LoraConfig.from_pretrained(self.adapter_path)
             config.inference_mode = False
             return config
-        targets = self.target_modules if isinstance(self.target_modules, str) else list(self.target_modules)
-        exclude = self.exclude_modules if isinstance(self.exclude_modules, str | type(None)) \
-            else list(self.exclude_modules)
-        return LoraConfig(r=self.rank, lora_alpha=self.alpha, target_modules=targets, exclude_modules=exclude,
-                          lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
+        return LoraConfig(r=self.rank, lora_alpha=self.alpha, lora_dropout=0.0, bias="none",
+                          task_type="CAUSAL_LM", target_modules=_names(self.target_modules, list),
+                          exclude_modules=_names(self.exclude_modules, list))
 
 
 def add_lora(model: nn.Module, settings: LoRASettings, base_dtype: torch.dtype | None = None) -> nn.Module:
-    """Inject LoRA layers into `model` in place and return it: adapters trainable in fp32, every other
-    parameter frozen (in `base_dtype` when given: the compute dtype, since a frozen weight never takes an
-    update that its rounding would lose). Starts from `settings.adapter_path`'s weights when set."""
+    """Inject LoRA layers into `model` in place (from `settings.adapter_path`'s weights when set), return it:
+    adapters trainable in fp32, every other parameter frozen (in `base_dtype`, the compute dtype, if set)."""
     from peft import inject_adapter_in_model
 
     config = settings.peft_config()
-    # every rank (FSDP shards each rank's copy) and every run draws the same lora_A, without moving the
-    # process's random stream
+    # every rank and every run draws the same lora_A, without moving the process's random stream
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(INIT_SEED)
         try:
             inject_adapter_in_model(config, model, adapter_name=ADAPTER)
         except ValueError as err:  # PEFT's "Target modules ... not found in the base model"
-            targets = settings.target_modules
-            shown = targets if isinstance(targets, str) else list(targets)
+            shown = _names(settings.target_modules, list)
             raise LoRAError(f"{settings.key}.target_modules={shown!r}: {err}") from err
     for name, param in model.named_parameters():
         is_adapter = _is_adapter_name(name)
@@ -170,13 +157,9 @@ def adapters_disabled(module: nn.Module) -> Iterator[None]:
 
 @contextmanager
 def merged_for_generation(module: nn.Module, in_place: bool = False) -> Iterator[None]:
-    """Plain linears holding W + (alpha/r) B A in place of the LoRA layers for the block (a no-grad block), so
-    the rollout decodes a plain model; the LoRA layers return after.
-
-    `in_place=False`: each merged weight is a new tensor and the originals return bit for bit. `in_place=True`
-    adds into the weights themselves and leaves them merged: only for weights that are a temporary gathered
-    copy, thrown away after the block (FSDP's unsharded parameters inside `summon_full_params`), where it
-    saves a copy of every adapted weight."""
+    """Plain linears holding W + (alpha/r) B A in place of the LoRA layers for the (no-grad) block; the LoRA
+    layers return after, with their weights bit for bit unless `in_place`, which adds into the weights and
+    leaves them merged: only for a temporary gathered copy (FSDP's `summon_full_params`)."""
     swapped: list[tuple[nn.Module, str, nn.Module, nn.Parameter, torch.Tensor]] = []
     try:
         for name, layer in lora_layers(module):
@@ -201,9 +184,8 @@ def merged_for_generation(module: nn.Module, in_place: bool = False) -> Iterator
 
 def merged_weights(named_tensors: Iterable[tuple[str, torch.Tensor]],
                    scalings: dict[str, float]) -> Iterator[tuple[str, torch.Tensor]]:
-    """A LoRA model's full tensors, in order, as the plain model's: for each LoRA layer `p` (a key of
-    `scalings`) `p.weight = p.base_layer.weight + scaling * lora_B @ lora_A` and `p.bias = p.base_layer.bias`;
-    other tensors pass through. Each base weight waits only until its layer's two adapter matrices arrive."""
+    """A LoRA model's full tensors, in order, under the plain model's names: for each LoRA layer `p` (a key of
+    `scalings`) `p.weight = p.base_layer.weight + scaling * lora_B @ lora_A`; other tensors pass through."""
     pending: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in named_tensors:
         layer, part = _lora_part(name, scalings)

@@ -2,8 +2,8 @@
 
     python -m hybridrl.models.tiny --out models/tiny-qwen2-1m --arch qwen2 --size 1m --seed 0
 
-Random (seeded, byte-identical for the same arguments) weights, meant to be trained from scratch by SFT
-and RL on hybridrl's tasks, in the `SIZES` presets; the tokenizer is a small byte-level BPE.
+Seeded random weights (byte-identical for the same arguments) in the `SIZES` presets, and a small byte-level
+BPE tokenizer.
 """
 
 from __future__ import annotations
@@ -29,12 +29,11 @@ from transformers import (
 
 from hybridrl.utils.registry import Registry
 
-# Qwen2's pre-tokenization regex, character for character as transformers' Qwen2Tokenizer rebuilds it, or
-# reloading a `qwen2` directory would change the ids.
+# Qwen2's pre-tokenization regex (it isolates every digit, as the arithmetic tasks need), exactly as
+# transformers' Qwen2Tokenizer rebuilds it, or reloading a `qwen2` directory would change the ids.
 QWEN2_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
-# Upper bound of the learned vocabulary: 256 bytes + 4 special tokens + ~250 merges of common words.
-DEFAULT_VOCAB_SIZE = 512
+DEFAULT_VOCAB_SIZE = 512  # upper bound: 256 bytes + 4 special tokens + merges
 
 PAD_TOKEN = "<|endoftext|>"
 BOS_TOKEN = "<|begin_of_text|>"
@@ -82,70 +81,41 @@ _CORPUS_LINES = (
 )
 
 
-# The tiny tokenizer mirrors Qwen2's: transformers 5.x rebuilds a `qwen2` directory's tokenizer from its
-# vocab and merges alone with Qwen's normalizer, regex and byte-level mapping, so training with exactly
-# that pipeline keeps the ids on reload. Qwen's regex isolates every digit (what the arithmetic tasks need),
-# and the 256-byte alphabet encodes any text without an unknown token. Chat format: ChatML behind a BOS
-# token; `<|im_end|>` is EOS and `<|endoftext|>` pads.
 def _qwen2_pipeline_tokenizer() -> Tokenizer:
-    """An empty BPE tokenizer with the exact normalizer / pre-tokenizer / decoder of Qwen2Tokenizer."""
-    tokenizer = Tokenizer(
-        models.BPE(
-            unk_token=None,  # byte-level: every byte is in the alphabet, nothing is unknown
-            continuing_subword_prefix="",
-            end_of_word_suffix="",
-            fuse_unk=False,
-            byte_fallback=False,
-        )
-    )
+    """An empty BPE tokenizer with the exact normalizer / pre-tokenizer / decoder of Qwen2Tokenizer, which
+    transformers 5.x rebuilds a `qwen2` directory's tokenizer with: the ids survive a reload."""
+    tokenizer = Tokenizer(models.BPE(unk_token=None, continuing_subword_prefix="", end_of_word_suffix="",
+                                     fuse_unk=False, byte_fallback=False))  # byte-level: nothing is unknown
     tokenizer.normalizer = normalizers.NFC()
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tokenizer.decoder = decoders.ByteLevel()
     return tokenizer
 
 
 def build_raw_tokenizer(vocab_size: int = DEFAULT_VOCAB_SIZE, corpus: list[str] | None = None) -> Tokenizer:
-    """Train the byte-level BPE on `corpus` (default: the built-in task corpus, four times over, so that pairs
-    occurring once still reach `min_frequency`).
-
-    `vocab_size` is an upper bound (training stops when no pair occurs twice; the real size is
-    `len(tokenizer)`) and must leave room for the 256 bytes and the 4 special tokens.
-    """
+    """Train the byte-level BPE on `corpus` (default: the built-in task corpus four times over, so pairs
+    occurring once reach `min_frequency`); `vocab_size` is an upper bound, the real size `len(tokenizer)`."""
     minimum = 256 + len(SPECIAL_TOKENS)
     if vocab_size < minimum:
-        raise ValueError(
-            f"vocab_size={vocab_size} is too small: the byte alphabet and special tokens need {minimum}"
-        )
+        raise ValueError(f"vocab_size={vocab_size} is too small: the byte alphabet and special tokens need "
+                         f"{minimum}")
     tokenizer = _qwen2_pipeline_tokenizer()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        min_frequency=2,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=list(SPECIAL_TOKENS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tokenizer.train_from_iterator(corpus if corpus is not None else list(_CORPUS_LINES) * 4, trainer=trainer)
     return tokenizer
 
 
-def build_tiny_tokenizer(
-    vocab_size: int = DEFAULT_VOCAB_SIZE, corpus: list[str] | None = None
-) -> PreTrainedTokenizerFast:
-    """The trained tokenizer wrapped for transformers, with special tokens and the chat template; encoding adds
-    no special tokens (the chat template writes the BOS)."""
-    return PreTrainedTokenizerFast(
-        tokenizer_object=build_raw_tokenizer(vocab_size, corpus),
-        bos_token=BOS_TOKEN,
-        eos_token=EOS_TOKEN,
-        pad_token=PAD_TOKEN,
-        chat_template=CHAT_TEMPLATE,
-        padding_side="right",
-    )
+def build_tiny_tokenizer(vocab_size: int = DEFAULT_VOCAB_SIZE, corpus: list[str] | None = None
+                         ) -> PreTrainedTokenizerFast:
+    """The trained tokenizer wrapped for transformers, with special tokens and the ChatML template; encoding
+    adds no special tokens (the chat template writes the BOS)."""
+    return PreTrainedTokenizerFast(tokenizer_object=build_raw_tokenizer(vocab_size, corpus),
+                                   bos_token=BOS_TOKEN, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN,
+                                   chat_template=CHAT_TEMPLATE, padding_side="right")
 
 
 @dataclass(frozen=True)
@@ -163,19 +133,16 @@ class TinySpec:
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if self.hidden_size % self.num_heads:
-            raise ValueError(
-                f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}; "
-                "pass --num-heads so that hidden_size / num_heads is an integer head dimension"
-            )
+            raise ValueError(f"hidden_size={self.hidden_size} is not divisible by num_heads="
+                             f"{self.num_heads}; pass --num-heads so that hidden_size / num_heads is an "
+                             "integer head dimension")
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"num_heads={self.num_heads} is not divisible by num_kv_heads={self.num_kv_heads}; "
-                "grouped-query attention shares each kv head among a whole number of query heads"
-            )
+            raise ValueError(f"num_heads={self.num_heads} is not divisible by num_kv_heads="
+                             f"{self.num_kv_heads}; grouped-query attention shares each kv head among a "
+                             "whole number of query heads")
 
 
-# Context length written to config.json and tokenizer_config.json (RoPE works beyond it, but HF warns).
-DEFAULT_MAX_POSITIONS = 2048
+DEFAULT_MAX_POSITIONS = 2048  # in config.json and tokenizer_config.json (RoPE works beyond it, but HF warns)
 
 SIZES: Registry[TinySpec] = Registry("tiny model size")
 SIZES.add("1m", TinySpec(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=448))
@@ -193,8 +160,7 @@ class TinyArch:
 
     config_cls: type[PretrainedConfig]
     model_cls: type[PreTrainedModel]
-    # Written to tokenizer_config.json (for qwen2 transformers uses Qwen2Tokenizer whatever it says).
-    tokenizer_class: str
+    tokenizer_class: str  # written to tokenizer_config.json (qwen2 gets Qwen2Tokenizer whatever it says)
 
 
 ARCHS: Registry[TinyArch] = Registry("tiny model architecture")
@@ -202,15 +168,9 @@ ARCHS.add("qwen2", TinyArch(Qwen2Config, Qwen2ForCausalLM, "Qwen2Tokenizer"))
 ARCHS.add("llama", TinyArch(LlamaConfig, LlamaForCausalLM, "PreTrainedTokenizerFast"))
 
 
-def resolve_spec(
-    size: str = "1m",
-    *,
-    hidden_size: int | None = None,
-    num_layers: int | None = None,
-    num_heads: int | None = None,
-    num_kv_heads: int | None = None,
-    intermediate_size: int | None = None,
-) -> TinySpec:
+def resolve_spec(size: str = "1m", *, hidden_size: int | None = None, num_layers: int | None = None,
+                 num_heads: int | None = None, num_kv_heads: int | None = None,
+                 intermediate_size: int | None = None) -> TinySpec:
     """The preset `size` with explicit overrides applied: a new hidden size keeps the preset's head dimension
     and, without an intermediate size, uses ~8/3 x hidden rounded up to a multiple of 32."""
     base = SIZES.get(size)
@@ -228,27 +188,14 @@ def resolve_spec(
     return spec
 
 
-def tiny_config(
-    arch: str,
-    spec: TinySpec,
-    *,
-    vocab_size: int,
-    max_position_embeddings: int = DEFAULT_MAX_POSITIONS,
-    **token_ids: int,
-) -> PretrainedConfig:
-    """The transformers config of a tiny `arch` model; `token_ids` are bos/eos/pad_token_id."""
+def tiny_config(arch: str, spec: TinySpec, *, vocab_size: int,
+                max_position_embeddings: int = DEFAULT_MAX_POSITIONS, **token_ids: int) -> PretrainedConfig:
+    """The config of a tiny `arch` model with tied embeddings; `token_ids` are bos/eos/pad_token_id."""
     return ARCHS.get(arch).config_cls(
-        vocab_size=vocab_size,
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_kv_heads,
-        max_position_embeddings=max_position_embeddings,
-        # Tied input/output embeddings: at this scale the embedding is a large share of the parameters.
-        tie_word_embeddings=True,
-        **token_ids,
-    )
+        vocab_size=vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads, max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True, **token_ids)
 
 
 def _finish_tokenizer_config(out: Path, tokenizer_class: str, model_max_length: int) -> None:
@@ -260,40 +207,24 @@ def _finish_tokenizer_config(out: Path, tokenizer_class: str, model_max_length: 
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
-def build_tiny_model(
-    out: str | Path,
-    *,
-    arch: str = "qwen2",
-    size: str = "1m",
-    seed: int = 0,
-    vocab_size: int = DEFAULT_VOCAB_SIZE,
-    max_position_embeddings: int = DEFAULT_MAX_POSITIONS,
-    **overrides: int | None,
-) -> Path:
+def build_tiny_model(out: str | Path, *, arch: str = "qwen2", size: str = "1m", seed: int = 0,
+                     vocab_size: int = DEFAULT_VOCAB_SIZE,
+                     max_position_embeddings: int = DEFAULT_MAX_POSITIONS, **overrides: int | None) -> Path:
     """Write a tiny `arch` model with seeded random weights and the tiny tokenizer to `out`; returns it.
-
-    `overrides` are `resolve_spec`'s keywords. The global torch RNG is left as it was.
-    """
+    `overrides` are `resolve_spec`'s keywords. The global torch RNG is left as it was."""
     arch_entry = ARCHS.get(arch)
     spec = resolve_spec(size, **overrides)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-
     tokenizer = build_tiny_tokenizer(vocab_size)
-    ids = {
-        "bos_token_id": tokenizer.bos_token_id,
-        "eos_token_id": tokenizer.eos_token_id,
-        "pad_token_id": tokenizer.pad_token_id,
-    }
-    config = tiny_config(
-        arch, spec, vocab_size=len(tokenizer), max_position_embeddings=max_position_embeddings, **ids
-    )
-    # fork_rng: seeding must not change the caller's random stream (tests, training loops).
+    ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+           "pad_token_id": tokenizer.pad_token_id}
+    config = tiny_config(arch, spec, vocab_size=len(tokenizer),
+                         max_position_embeddings=max_position_embeddings, **ids)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = arch_entry.model_cls(config).to(torch.float32)
     model.generation_config = GenerationConfig(**ids)
-
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     _finish_tokenizer_config(out, arch_entry.tokenizer_class, max_position_embeddings)
@@ -301,13 +232,9 @@ def build_tiny_model(
 
 
 def pull_eos_up(model_dir: str | Path, eos_pull: float) -> Path:
-    """Make the model in `model_dir` end its responses at random, in place; returns the directory.
-
-    An untrained tiny model almost never samples EOS, so every response runs to the length limit. Adding
-    `eos_pull` x (the mean last hidden state over a prompt, scaled to unit dot product) to EOS's output embedding
-    gives EOS a chance at every position: response lengths spread geometrically (eos_pull=8 on the 1m model:
-    2-30 tokens; on the 10m model: mean 71, a few at 256).
-    """
+    """Make the model in `model_dir` end its responses at random, in place; returns the directory. An
+    untrained tiny model almost never samples EOS; adding `eos_pull` x (the mean last hidden state over a
+    prompt, scaled to unit dot product) to EOS's output embedding gives it a chance at every position."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model_dir = Path(model_dir)
@@ -327,28 +254,22 @@ def count_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="directory to write the model and tokenizer to")
     parser.add_argument("--arch", default="qwen2", choices=ARCHS.names())
     parser.add_argument("--size", default="1m", choices=SIZES.names(), help="size preset")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
-    parser.add_argument(
-        "--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE, help="upper bound of the BPE vocabulary"
-    )
+    parser.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE,
+                        help="upper bound of the BPE vocabulary")
     parser.add_argument("--max-position-embeddings", type=int, default=DEFAULT_MAX_POSITIONS)
     for flag in ("hidden-size", "num-layers", "num-heads", "num-kv-heads", "intermediate-size"):
         parser.add_argument(f"--{flag}", type=int, default=None, help="override the preset")
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = _parse_args(argv)
+    args = parser.parse_args(argv)
     out = build_tiny_model(**vars(args))  # the flags are build_tiny_model's keywords
     model = ARCHS.get(args.arch).model_cls.from_pretrained(out)
-    print(
-        f"wrote {args.arch} model ({count_parameters(model):,} parameters, vocab {model.config.vocab_size}) to {out}"
-    )
+    print(f"wrote {args.arch} model ({count_parameters(model):,} parameters, vocab "
+          f"{model.config.vocab_size}) to {out}")
 
 
 if __name__ == "__main__":

@@ -2,18 +2,10 @@
 
     python -m hybridrl.data.tasks.arithmetic --out ~/data/arithmetic [--ops +,-,*] [--digits 2] [--mul-digits 2,1]
 
-A tiny model cannot emit the most significant digit first (it needs every carry at once), so each
-response works the schoolbook procedure one fixed-width line per column, least significant first, each
-line needing only digits already in context ("Teaching Arithmetic to Small Transformers", Lee et al. 2023):
-
-    Compute 37 + 48 ...        7+8+0=5 c1        (column digits + carry in = digit, carry out)
-                               3+4+1=8 c0
-                               <answer>85</answer>
-
-Subtraction writes borrows (`2-8-0=4 b1`), swapping the operands of a negative result
-(`38<52 so 38-52=-(52-38)`); multiplication writes `7*6+0=2 c4` lines per multiplier digit, then
-column-adds the shifted partial products. `reward_model.ground_truth` is the exact result as a string
-("85", "-12"); the scorer reads only the last `<answer>` tag.
+A tiny model cannot emit the most significant digit first (it needs every carry at once), so a response
+works one line per column, least significant first (Lee et al. 2023): `7+8+0=5 c1` (digits + carry in =
+digit, carry out), `2-8-0=4 b1` (borrows; `38<52 so 38-52=-(52-38)` for a negative result), `7*6+0=2 c4`
+per multiplier digit and then a column add of the partial products, last `<answer>85</answer>`.
 """
 
 from __future__ import annotations
@@ -73,9 +65,8 @@ def column_subtract(a: int, b: int) -> list[str]:
     lines, borrow = [], 0
     for da, db in zip(_digits(a, width), _digits(b, width), strict=True):
         diff = da - db - borrow
-        borrow_out = 1 if diff < 0 else 0
-        lines.append(f"{da}-{db}-{borrow}={diff + 10 * borrow_out} b{borrow_out}")
-        borrow = borrow_out
+        lines.append(f"{da}-{db}-{borrow}={diff % 10} b{int(diff < 0)}")
+        borrow = int(diff < 0)
     return lines
 
 
@@ -116,9 +107,7 @@ def worked_answer(problem: Problem, drop_sign: bool = False) -> str:
 
 def teacher_slips(problems: Sequence[Problem], rate: float, seed: int = 0) -> list[bool]:
     """Which demonstrations an imperfect teacher gets wrong: each negative result, with probability `rate`,
-    loses its minus sign in the answer tag. SFT copies this systematic slip; the exact-answer reward can
-    then teach the model to beat its teacher. `ground_truth` stays exact.
-    """
+    loses its minus sign in the answer tag (SFT copies the slip; the exact-answer reward can remove it)."""
     if not 0.0 <= rate <= 1.0:
         raise ValueError(f"--teacher-sign-error must be a probability in [0, 1], got {rate}")
     rng = random.Random(seed)
@@ -141,14 +130,8 @@ def allocate(total: int, capacities: Sequence[int]) -> list[int]:
     return counts
 
 
-def generate(
-    train_size: int,
-    test_size: int,
-    seed: int = 0,
-    ops: Sequence[str] = OPS,
-    digits: int = 2,
-    mul_digits: tuple[int, int] = (2, 1),
-) -> tuple[list[Problem], list[Problem]]:
+def generate(train_size: int, test_size: int, seed: int = 0, ops: Sequence[str] = OPS, digits: int = 2,
+             mul_digits: tuple[int, int] = (2, 1)) -> tuple[list[Problem], list[Problem]]:
     """Distinct problems, operands uniform in [0, 10**d - 1], with no (op, a, b) in both splits. The ops
     share each split evenly unless one has too few distinct problems; the others then take the rest."""
     unknown = [op for op in ops if op not in OPS]

@@ -2,9 +2,8 @@
 
     python -m hybridrl.data.tasks.countdown --out ~/data/countdown [--min-numbers 3] [--max-numbers 4]
 
-Every target is reachable: it is drawn from the values of expressions using each number once (exact
-`Fraction` arithmetic over subsets), checked by the scorer's parser. `reward_model.ground_truth` is
-`{"target", "numbers"}`; the worked response is the steps in `<think>`, then the expression in `<answer>`.
+Every target is drawn from the exact values of expressions using each number once; ground_truth is
+`{"target", "numbers"}`.
 """
 
 from __future__ import annotations
@@ -125,11 +124,9 @@ class Instance:
 
     @property
     def question(self) -> str:
-        return (
-            f"Using the numbers {list(self.numbers)}, write an equation that equals {self.target}. "
-            "Use +, -, * and / and every number exactly once. Reason inside <think> </think>, then "
-            "give only the equation inside <answer> </answer>, e.g. <answer>(1 + 2) / 3</answer>."
-        )
+        return (f"Using the numbers {list(self.numbers)}, write an equation that equals {self.target}. "
+                "Use +, -, * and / and every number exactly once. Reason inside <think> </think>, then "
+                "give only the equation inside <answer> </answer>, e.g. <answer>(1 + 2) / 3</answer>.")
 
     @property
     def worked_answer(self) -> str:
@@ -137,9 +134,8 @@ class Instance:
         return f"<think>\n{working}\n</think>\n<answer>{self.solution}</answer>"
 
 
-def sample_instance(
-    rng: random.Random, min_numbers: int, max_numbers: int, max_number: int, target_range: tuple[int, int]
-) -> Instance | None:
+def sample_instance(rng: random.Random, min_numbers: int, max_numbers: int, max_number: int,
+                    target_range: tuple[int, int]) -> Instance | None:
     """Draw numbers, then a target among the integers they can reach; None if none is in range."""
     numbers = tuple(rng.randint(1, max_number) for _ in range(rng.randint(min_numbers, max_numbers)))
     values = reachable(numbers)
@@ -154,15 +150,9 @@ def sample_instance(
     return instance
 
 
-def generate(
-    train_size: int,
-    test_size: int,
-    seed: int = 0,
-    min_numbers: int = 3,
-    max_numbers: int = 4,
-    max_number: int = 99,
-    target_range: tuple[int, int] = (1, 100),
-) -> tuple[list[Instance], list[Instance]]:
+def generate(train_size: int, test_size: int, seed: int = 0, min_numbers: int = 3, max_numbers: int = 4,
+             max_number: int = 99, target_range: tuple[int, int] = (1, 100)
+             ) -> tuple[list[Instance], list[Instance]]:
     """Distinct (multiset of numbers, target) instances; the first `test_size` are the test split."""
     check_sizes(train_size, test_size)
     if not 2 <= min_numbers <= max_numbers <= 6:
@@ -200,10 +190,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        train, test = generate(
-            args.train_size, args.test_size, args.seed, args.min_numbers, args.max_numbers,
-            args.max_number, (args.min_target, args.max_target),
-        )  # fmt: skip
+        train, test = generate(args.train_size, args.test_size, args.seed, args.min_numbers, args.max_numbers,
+                               args.max_number, (args.min_target, args.max_target))
     except ValueError as err:
         parser.error(str(err))  # usage + message, no traceback
     write_splits(args.out, to_rows(train, "train"), to_rows(test, "test"))

@@ -2,8 +2,7 @@
 
     python -m hybridrl.data.tasks.gsm8k --input ~/raw/gsm8k --out ~/data/gsm8k
 
-Reads `train.jsonl`/`test.jsonl` (github.com/openai/grade-school-math) or the hub's parquet. The ground
-truth is the number after the solution's final `####`, commas dropped; the prompt adds verl's instruction.
+Reads `train.jsonl`/`test.jsonl` (github.com/openai/grade-school-math) or the hub's parquet.
 """
 
 from __future__ import annotations
@@ -22,9 +21,7 @@ _FINAL = re.compile(r"####\s*(-?[0-9.,]+)")
 def extract_answer(solution: str) -> str | None:
     """The number after the last '####', commas dropped ('#### 1,234' -> '1234'); None if absent."""
     matches = _FINAL.findall(solution)
-    if not matches:
-        return None
-    return matches[-1].replace(",", "").rstrip(".") or None
+    return (matches[-1].replace(",", "").rstrip(".") or None) if matches else None
 
 
 def to_rows(records: Sequence[Record], split: str) -> list[dict]:

@@ -2,9 +2,8 @@
 
     python -m hybridrl.data.tasks.math --input ~/raw/MATH --out ~/data/math
 
-Reads Hendrycks' release (`train/<subject>/<n>.json`), the hub's parquet or jsonl. The ground truth is
-the last `\\boxed{...}` of the solution (unboxed solutions are skipped and counted); the prompt adds
-verl's instruction.
+Reads Hendrycks' release (`train/<subject>/<n>.json`), the hub's parquet or jsonl; solutions without a
+`\\boxed{...}` answer are skipped and counted.
 """
 
 from __future__ import annotations

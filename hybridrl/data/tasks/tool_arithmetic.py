@@ -2,9 +2,8 @@
 
     python -m hybridrl.data.tasks.tool_arithmetic --out ~/data/tool_arithmetic [--call-shares +=0.3,-=0.9]
 
-writes the RL splits and `sft.parquet`, a `messages` column of teacher conversations that either call the
-calculator or answer by hand, per `--call-shares` (docs/agents.md, "The demo"). Scored as the arithmetic
-task (`data_source="arithmetic"`).
+writes the RL splits and `sft.parquet` (teacher conversations that call the calculator or answer by hand,
+per `--call-shares`: docs/agents.md). Scored as the arithmetic task.
 """
 
 from __future__ import annotations
