@@ -1,12 +1,6 @@
 """The multi-turn agent loop: generate, run the tools the model calls, append their answers, continue
-(user guide: docs/agents.md).
-
-`AgentLoop.generate_sequences(prompts)` returns a rollout engine's layout with every turn in `responses`,
-calling the engine once per turn (docs/architecture.md, "Multi-turn rollouts with tools"). A row's
-`agent_name` picks `tool_agent` or `single_turn_agent`; a trajectory creates its own instance of a tool at
-its first call and releases it at the end. Tool failures become `Error: ...` messages, never stop the run.
-A turn without a tool call ends the trajectory, or, for a row whose `extra_info.interaction_kwargs` names an
-interaction (hybridrl/tools/interaction.py), gets the simulated user's reply and continues.
+(docs/agents.md). `AgentLoop.generate_sequences` returns a rollout engine's layout with every turn in
+`responses`; tool failures become `Error: ...` messages the model reads, never stop the run.
 """
 
 from __future__ import annotations
@@ -39,9 +33,7 @@ FINISH_REASONS = ("answer", "length", "max_assistant_turns", "max_user_turns", "
 
 
 def compute_agent_metrics(batch: DataProto) -> dict[str, float]:
-    """`agent/*` metrics of a step's batch (empty for a single-turn rollout): num_turns/{mean,min,max},
-    tool_calls/mean, tool_errors and tool_timeouts (counts), tool_latency_s/{mean,max}, tokenization_mismatch
-    (count) and finish/<reason> (share of samples)."""
+    """`agent/*` metrics of a step's batch (empty for a single-turn rollout); finish/<reason>: share of samples."""
     columns = batch.non_tensor_batch
     if "__num_turns__" not in columns:
         return {}
@@ -233,8 +225,7 @@ class AgentLoop:
         return self._assemble(prompts, trajectories, params.n)
 
     def _check_tokenization(self, trajectories: list[Trajectory]) -> None:
-        """Mark each trajectory whose turn-by-turn ids differ from its conversation tokenised at once (those cut
-        by the length limit are not checked)."""
+        """Mark each trajectory (not cut by the length limit) whose turn-by-turn ids differ from its whole chat's."""
         mode = self.config.multi_turn.tokenization_sanity_check_mode
         if mode == "disable":
             return
@@ -298,8 +289,7 @@ class AgentLoop:
         out = self.engine.generate_sequences(batch)
         lengths = out.batch["response_mask"].sum(dim=-1).tolist()
         for i, (t, room) in enumerate(zip(active, rooms, strict=True)):
-            # a row may have sampled past its own share of the budget: its first `room` tokens are exactly
-            # a sample with that budget, since each token depends only on the ones before it
+            # a row past its own budget: its first `room` tokens are exactly a sample with that budget
             keep = min(int(lengths[i]), room)
             ids = out.batch["responses"][i, :keep].tolist()
             t.append(ids, True, out.batch["rollout_log_probs"][i, :keep].tolist())
@@ -343,8 +333,7 @@ class AgentLoop:
             self._append_context(t, self.delta.ids_after_turn(messages))
 
     def _interaction_turn(self, asking: list[Trajectory]) -> None:
-        """Each trajectory's interaction replies as the user (started first where needed); a failing one
-        ends its trajectory and counts as a tool error."""
+        """Each trajectory's interaction replies as the user (started first where needed); a failure ends it."""
         timeout = self.config.multi_turn.tool_timeout
         starting = [t for t in asking if t.interaction_id is None]
         jobs = [(self._bind(self.interactions[t.interaction].start_interaction, None, **t.interaction_kwargs), timeout)
@@ -445,8 +434,7 @@ class AgentLoop:
             t.state, t.pending = AgentState.GENERATING, []
 
     def _close_instances(self, trajectories: list[Trajectory]) -> None:
-        """calc_reward, then release, every tool instance the trajectories created; finalize every interaction
-        they started."""
+        """Finalize every interaction the trajectories started; calc_reward, then release, every tool instance."""
         owned = [(t, name, instance) for t in trajectories for name, instance in t.instances.items()]
         timeout = self.config.multi_turn.tool_timeout
         talked = [t for t in trajectories if t.interaction_id is not None]
@@ -479,7 +467,6 @@ class AgentLoop:
         def padded(rows: list[list], fill: float) -> list[list]:  # each row right-padded to the response width
             return [list(row) + [fill] * (width - len(row)) for row in rows]
 
-        # one tensor per column, made on the prompts' device from the trajectories' Python lists
         responses = torch.tensor(padded([t.response_ids for t in trajectories], self.pad_token_id),
                                  dtype=torch.long, device=device)  # (B*n, R)
         model_mask = torch.tensor(padded([t.model_mask for t in trajectories], 0), dtype=torch.long,

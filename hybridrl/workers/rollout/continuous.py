@@ -1,14 +1,7 @@
-"""Continuous batching for the HF engine: a decoding batch that stays full across calls (streaming mode,
-docs/placement.md "Streaming").
-
-A `ContinuousBatch` keeps rows (one per sample) over calls: a row that finishes leaves the batch and a waiting
-prompt's samples take its place at once, so a long response never idles the rest. Every row writes its next
-key/value at one shared column of `SharedColumnCache`; a row admitted later holds its prompt in the columns just
-left of that column, so rows of different lengths decode in one batched step. When the column reaches the
-buffers' end, every row moves left by the columns no row uses.
-
-Each sampled token records the weight version it was sampled under. With `partial=True` a weight change between
-calls re-prefills the rows in flight (prompt and response so far) under the new weights, and they go on.
+"""Continuous batching for the HF engine's streaming mode (docs/placement.md, "Streaming"): a finished row's
+place goes to a waiting prompt's sample at once. Every row writes its next key/value at one shared column of
+`SharedColumnCache`, a row admitted later holding its prompt just left of it, so rows of different lengths
+decode in one batched step.
 """
 
 from __future__ import annotations
@@ -30,8 +23,7 @@ from hybridrl.workers.rollout.sampling import SamplingParams, sample_tokens
 
 class SharedColumnLayer(CacheLayerMixin):
     """One layer's keys and values in zeroed (rows, H, width, D) buffers; a step writes every row at the owner's
-    column, and attention reads the columns from the owner's `start` (the first any decoding row uses) to it
-    (columns a row does not use are masked)."""
+    column, and attention reads from the owner's `start` (the first column any decoding row uses) to it."""
 
     is_sliding = False
     is_compileable = False
@@ -62,8 +54,7 @@ class SharedColumnLayer(CacheLayerMixin):
 
 
 class SharedColumnCache(Cache):
-    """`num_layers` `SharedColumnLayer`s `width` columns wide; the next step writes at `column`, and attention reads
-    from column `start`."""
+    """`num_layers` `SharedColumnLayer`s `width` columns wide, written next at `column`, read from `start`."""
 
     def __init__(self, num_layers: int, width: int) -> None:
         self.width = width
@@ -117,8 +108,8 @@ def _shifted(buffer: torch.Tensor, by: int) -> torch.Tensor:
 
 @dataclass
 class Request:
-    """One prompt admitted for `n` samples: its row of the prompt batch, as given (left-padded), and each finished
-    sample's tokens, log-probs, token versions and length, by sample index."""
+    """One prompt (its left-padded row) for `n` samples, and each finished sample's tokens, log-probs, token
+    versions and length, by sample index."""
 
     prompt: DataProto
     n: int
@@ -129,13 +120,10 @@ StepsFactory = Callable[[SharedColumnCache], ForwardSteps]
 
 
 class ContinuousBatch:
-    """Rows (slots) decoding across calls, prompts waiting for room, finished groups handed back by `run`.
-
-    `prompt_len`: the prompts' padded length; `capacity`: the most rows that decode at once (rollout.max_num_seqs).
-    A row keeps its prompt's keys/values, so a group's n samples take n rows. A finished row's slot stays in the
-    batch, idle, until a waiting prompt's sample takes it over (no copy of the cache); idle slots leave the batch
-    once they are `IDLE_SHARE` of it and nothing waits.
-    """
+    """Rows (slots, one per sample) decoding across calls, prompts waiting for room, finished groups handed back
+    by `run`. `capacity`: the most rows that decode at once (rollout.max_num_seqs). A finished row's slot stays,
+    idle, until a waiting sample takes it over; idle slots leave once they are `IDLE_SHARE` of the batch and
+    nothing waits."""
 
     IDLE_SHARE = 0.125
 
@@ -197,14 +185,12 @@ class ContinuousBatch:
         prompts = [self.requests[r].prompt for r in sorted(self.requests)]
         return DataProto.concat(prompts) if prompts else None
 
-    # ----- one call ------------------------------------------------------------------------------------------
     def run(self, model: nn.Module, make_steps: StepsFactory, version: int, max_steps: int,
             min_groups: int = 1, partial: bool = True) -> DataProto | None:
-        """Decode until `min_groups` prompts have all their samples, nothing is left, or `max_steps` tokens
-        were sampled; returns the finished groups (rollout layout, plus `rollout_versions` (rows, R): the weight
-        version each token was sampled under, -1 past the response, and `weight_version` (rows,): the oldest),
-        or None. Between calls every decoding row holds its last sampled token, not yet fed. `partial=False`
-        refuses new weights while rows are in flight (the caller lets them finish first)."""
+        """Decode until `min_groups` prompts have all their samples, nothing is left, or `max_steps` tokens were
+        sampled -> the finished groups (rollout layout, plus `rollout_versions` (rows, R): each token's weight
+        version, -1 past the response, and `weight_version` (rows,): the oldest), or None. New weights re-prefill
+        the rows in flight; `partial=False` refuses them instead."""
         finished: list[DataProto] = []
         logits = None
         if self.decoding and self.kv_version != version and not partial:
@@ -240,7 +226,6 @@ class ContinuousBatch:
         if cache.column >= cache.width:
             self._compact()
         self.mask[:, cache.column] = 1
-        # attention reads from the first column a decoding row uses (idle slots, cut short there, see this one)
         cache.start = self._first_used_column()
         logits = steps.step(self.pending, self.position, self.mask[:, cache.start: cache.column + 1])
         self.position = self.position + 1
@@ -260,8 +245,7 @@ class ContinuousBatch:
         self.mask = _shifted(self.mask, by)
 
     def _admit(self, model: nn.Module, logits: torch.Tensor | None) -> torch.Tensor | None:
-        """Prefill waiting prompts while their samples fit: idle slots first, then new rows; their next-token logits
-        take the slots' places in `logits`."""
+        """Prefill waiting prompts while their samples fit (idle slots first, then new rows) into `logits`."""
         admitted = []
         room = self.capacity - self.decoding
         while self.waiting and room >= self.params.n:
@@ -296,8 +280,8 @@ class ContinuousBatch:
 
     def _place(self, kv: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor,
                next_position: torch.Tensor) -> torch.Tensor:
-        """Write new rows' prefilled columns `mask` (new, L), ending just left of the shared column, into idle slots
-        and then appended rows; returns the slots, in the new rows' order."""
+        """Write new rows' prefilled columns `mask` (new, L) just left of the shared column, into idle slots, then
+        appended rows -> the slots, in the new rows' order."""
         new, length = mask.shape
         if self.cache is None:
             self._new_cache(len(kv), self.span, rows=0)
@@ -331,8 +315,7 @@ class ContinuousBatch:
         return torch.cat([idle, torch.arange(self.rows - appended, self.rows, device=self.device)])
 
     def _new_cache(self, num_layers: int, column: int, rows: int) -> None:
-        """An empty cache twice a row's longest span wide (so a move left frees at least a span), writing next at
-        `column`, and a mask for `rows` rows attending to nothing yet."""
+        """An empty cache twice a row's span wide (a move left frees at least a span), writing next at `column`."""
         self.cache = SharedColumnCache(num_layers, 2 * self.span + 1)
         self.cache.column = column
         self.mask = torch.zeros(rows, self.cache.width, dtype=torch.long, device=self.device)
@@ -353,8 +336,8 @@ class ContinuousBatch:
             setattr(self, name, getattr(self, name)[rows])
 
     def _reprefill(self, model: nn.Module) -> torch.Tensor:
-        """Rebuild the decoding rows' keys/values (prompt, then the sampled tokens) under the current weights, idle
-        slots dropped -> the rows' next-token logits (A, V)."""
+        """Rebuild the decoding rows' keys/values (prompt and tokens so far) under the current weights, idle slots
+        dropped -> the rows' next-token logits (A, V)."""
         self._keep(self.active.nonzero().squeeze(1))
         sequences, starts = [], []
         for row in range(self.rows):
@@ -375,8 +358,7 @@ class ContinuousBatch:
         return logits
 
     def _finish(self, done: torch.Tensor) -> list[DataProto]:
-        """Rows `done` stop decoding (their slots go idle); every request whose samples have all finished comes back
-        as a group. Idle slots leave the batch once they are IDLE_SHARE of it and no prompt waits."""
+        """Rows `done` stop decoding (their slots go idle) -> the requests whose samples have all finished."""
         groups = []
         for row in done.nonzero().squeeze(1).tolist():
             request_id = int(self.request_of[row])

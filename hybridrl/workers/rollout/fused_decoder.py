@@ -1,9 +1,6 @@
-"""One decoding step of a Llama-family causal LM (Llama, Qwen2, Mistral without a sliding window) over the
-model's own weights and modules, for the HF engine's eager loop on a CPU.
-
-`FusedDecoder.step` gives the forward's logits bit for bit with stacked q/k/v and gate/up projections and
-one rotary pass and mask per step; `step_shared` keeps each prompt's keys/values once for its n samples.
-`fused_decoder` returns None for other models (docs/rollout.md, "How the HF engine decodes").
+"""One decoding step of a Llama-family causal LM over the model's own weights, for the HF engine's eager loop on
+a CPU: the forward's logits bit for bit, with stacked q/k/v and gate/up projections and one rotary pass and mask
+per step (docs/rollout.md, "How the HF engine decodes").
 """
 
 from __future__ import annotations
@@ -64,8 +61,8 @@ def unsupported_reason(model: nn.Module) -> str | None:
 
 
 class FusedDecoder:
-    """Next-token logits for one new token per row, over `model`'s weights as they are at construction (build
-    one per generation, after the weights are gathered and cast)."""
+    """Next-token logits for one new token per row, over `model`'s weights as they are at construction (build one
+    per generation, after the weights are gathered and cast)."""
 
     def __init__(self, model: nn.Module) -> None:
         reason = unsupported_reason(model)
@@ -85,8 +82,8 @@ class FusedDecoder:
             self.gate_up.append(_stacked([mlp.gate_proj, mlp.up_proj]))
 
     def step_mask(self, attention_mask: torch.Tensor, kv_length: int, dtype: torch.dtype) -> torch.Tensor:
-        """(A, 1, 1, kv_length) mask of the attention's kind from the rows' 0/1 mask (A, W <= kv_length) over the
-        positions written so far and this step's; positions past W are masked."""
+        """(A, 1, 1, kv_length) mask of the attention's kind from the rows' 0/1 mask (A, W <= kv_length); positions
+        past W are masked."""
         attend = attention_mask.new_zeros(attention_mask.shape[0], kv_length, dtype=torch.bool)
         attend[:, : attention_mask.shape[1]] = attention_mask.bool()
         if not self.additive_mask:
@@ -96,8 +93,8 @@ class FusedDecoder:
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, cache: object,
              attention_mask: torch.Tensor) -> torch.Tensor:
-        """tokens (A,), positions (A,), `cache` (a transformers Cache holding the prefilled prompts), the rows' 0/1
-        mask over the written positions and this one (A, W) -> logits (A, V)."""
+        """tokens (A,), positions (A,), a transformers Cache holding the prefilled prompts, the rows' 0/1 mask over
+        the written positions and this one (A, W) -> logits (A, V)."""
         kv_length = cache.layers[0].get_mask_sizes(1)[0]
         mask = self.step_mask(attention_mask, kv_length, self.base.embed_tokens.weight.dtype)
 
@@ -109,8 +106,8 @@ class FusedDecoder:
         return self._layers(tokens, positions, attend)
 
     def step_shared(self, tokens: torch.Tensor, positions: torch.Tensor, kv: SharedPromptKV) -> torch.Tensor:
-        """`step` for samples of shared prompts: the rows of `kv.active`, each attending to its prompt's keys/values
-        (kept once per prompt) and its own response's -> logits (A, V)."""
+        """`step` for the rows of `kv.active`, each attending to its prompt's keys/values (kept once per prompt)
+        and its own response's -> logits (A, V)."""
         mask = kv.step_mask()  # (A, 1, 1, P + W)
         prompt_len, group = kv.prompt_len, self.heads // self.kv_heads
 
@@ -151,14 +148,13 @@ class FusedDecoder:
 
 
 class SharedPromptKV:
-    """Keys/values of B prompts kept once each (prefilled), each sample's response in its own row, and which
-    samples still decode: attention reads a prompt's keys/values once for all n samples in one matmul
-    instead of n times."""
+    """Keys/values of B prompts kept once each, each sample's response in its own row, and which samples still
+    decode: attention reads a prompt's keys/values once for its n samples in one matmul."""
 
     def __init__(self, prompt: PreallocatedCache, prompt_mask: torch.Tensor, n: int, width: int,
                  dtype: torch.dtype) -> None:
-        """prompt: the cache the B prompts were prefilled into (every layer exactly P wide); prompt_mask (B, P)
-        0/1; width: the most response tokens a row can write."""
+        """prompt: the cache the B prompts were prefilled into, exactly P wide; prompt_mask (B, P) 0/1; width: the
+        most response tokens a row can write."""
         self.prompt, self.n = prompt, n
         self.prompts, self.prompt_len = prompt_mask.shape
         widths = {layer.keys.shape[2] for layer in prompt.layers}
@@ -179,8 +175,7 @@ class SharedPromptKV:
         self.responses.batch_select_indices(keep)
 
     def step_mask(self) -> torch.Tensor:
-        """(A, 1, 1, P + W) additive mask: each row's prompt padding and the response positions not written yet
-        (this step writes position `length`)."""
+        """(A, 1, 1, P + W) additive mask over each row's prompt padding and the response positions not written."""
         written = self.responses.layers[0].length + 1
         width = self.responses.layers[0].get_mask_sizes(1)[0]
         response = self.prompt_mask.new_full((1, width), self.min_value)
@@ -211,7 +206,7 @@ def fused_decoder(model: nn.Module) -> FusedDecoder | None:
 
 
 class FusedSteps(ForwardSteps):
-    """`FusedDecoder.step` after the forward's prefill: the forward's logits bit for bit, with less per layer."""
+    """`FusedDecoder.step` after the forward's prefill."""
 
     def __init__(self, decoder: FusedDecoder, cache: Cache) -> None:
         super().__init__(decoder.model, cache)
@@ -222,8 +217,7 @@ class FusedSteps(ForwardSteps):
 
 
 class SharedPromptSteps(FusedSteps):
-    """`FusedDecoder.step_shared`: each prompt's keys/values kept once for its n samples (`SharedPromptKV`),
-    not copied per sample; `cache` holds the prompts only."""
+    """`FusedDecoder.step_shared` over `SharedPromptKV`; `cache` holds the prompts only."""
 
     def __init__(self, decoder: FusedDecoder, cache: Cache, width: int) -> None:
         super().__init__(decoder, cache)

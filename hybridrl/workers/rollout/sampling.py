@@ -1,10 +1,8 @@
 """Per-call sampling settings and the token sampler shared by the rollout engines.
 
-Tokens are drawn after, in Hugging Face's and vLLM's order: temperature; top-k (boundary ties kept);
-top-p, the smallest most-likely prefix reaching mass p (Holtzman et al. 2020, "The Curious Case of Neural
-Text Degeneration"; the top token always kept); log_softmax over the kept tokens. `rollout_log_probs` are
-log-probs under exactly that distribution (greedy: the plain log_softmax). `DecodeOutputs` holds the
-buffers both HF decoding loops fill.
+Tokens are drawn after, in Hugging Face's and vLLM's order: temperature; top-k (boundary ties kept); top-p
+(the smallest most-likely prefix reaching mass p); log_softmax over the kept tokens. `rollout_log_probs` are
+log-probs under exactly that distribution (greedy: the plain log_softmax).
 """
 
 from __future__ import annotations
@@ -47,12 +45,9 @@ def _as_ids(value: int | Iterable[int] | None) -> list[int]:
 def resolve_sampling_params(
     config: RolloutConfig, meta_info: Mapping[str, Any], eos_token_ids: Sequence[int]
 ) -> SamplingParams:
-    """Merge the config with a call's meta_info overrides (`CALL_OVERRIDES`, verl's names).
-
-    `validate=True` takes `config.val_kwargs`; `do_sample=False` is greedy with one sample per prompt (as in
-    verl); `eos_token_id` replaces the engine's EOS ids; `seed` restarts the sampler; `response_length`
-    shortens this call (the agent loop's turns share one budget).
-    """
+    """The config merged with a call's meta_info overrides (`CALL_OVERRIDES`): `validate=True` takes
+    `config.val_kwargs`; `do_sample=False` is greedy with one sample per prompt (as in verl); `eos_token_id`
+    replaces the engine's EOS ids; `seed` restarts the sampler; `response_length` shortens this call."""
     if meta_info.get("validate", False):
         vk = config.val_kwargs
         do_sample, temperature, top_k, top_p, n = vk.do_sample, vk.temperature, vk.top_k, vk.top_p, vk.n
@@ -121,18 +116,15 @@ def sample_tokens(
 
 
 def draw_tokens(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row of (rows, vocab) probabilities, by inverting each row's CDF at one uniform draw.
-
-    `torch.multinomial`'s distribution at a fraction of its CPU cost; the draw stays strictly below the
-    row's total mass, so the chosen index never has zero probability.
-    """
+    """One token per row of (rows, vocab) probabilities, by inverting each row's CDF at one uniform draw
+    (`torch.multinomial`'s distribution, cheaper on a CPU); the draw stays below the row's total mass."""
     cdf = probs.cumsum(dim=-1)  # (rows, vocab)
     total = cdf[:, -1:]  # (rows, 1)
     uniform = torch.rand(total.shape, generator=generator, device=probs.device, dtype=cdf.dtype)
     below_total = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))
     tokens = torch.searchsorted(cdf, below_total, right=True).squeeze(-1)  # (rows,)
-    # Non-finite probabilities (a diverged model) would index past the vocabulary: a CPU raises at no cost;
-    # a GPU would sync every step, so the index is clamped and the trainer's divergence guard sees the NaN.
+    # Non-finite probabilities (a diverged model) index past the vocabulary: a CPU raises; a GPU would sync
+    # every step, so the index is clamped and the trainer's divergence guard sees the NaN.
     if probs.device.type == "cpu" and not bool((torch.isfinite(total) & (total > 0)).all()):
         raise ValueError("sampling: a row's next-token probabilities are NaN, infinite or all zero; the model's "
                          "logits are not finite (its weights may have diverged)")
@@ -141,6 +133,8 @@ def draw_tokens(probs: torch.Tensor, generator: torch.Generator | None) -> torch
 
 @dataclass
 class DecodeOutputs:
+    """The buffers both HF decoding loops fill."""
+
     responses: torch.Tensor  # (rows, R) sampled token ids; after a row's stop, overwritten by `finish`
     log_probs: torch.Tensor  # (rows, R) fp32 log-probs of the sampled tokens
     lengths: torch.Tensor  # (rows,) tokens up to and including the stop token; R if none
@@ -160,8 +154,7 @@ class DecodeOutputs:
 
     def record(self, rows: torch.Tensor | slice, step: int, tokens: torch.Tensor,
                token_log_probs: torch.Tensor) -> None:
-        """Column `step` of output rows `rows` (indices, or `slice(None)`); finished rows write too, `finish` pads
-        over them."""
+        """Column `step` of output rows `rows` (indices, or `slice(None)`); `finish` pads over finished rows."""
         self.responses[rows, step] = tokens
         self.log_probs[rows, step] = token_log_probs
 

