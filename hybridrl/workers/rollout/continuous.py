@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers.cache_utils import Cache, CacheLayerMixin
 
@@ -69,16 +70,12 @@ class SharedColumnCache(Cache):
         length = prefilled[0][0].shape[-2]
         if length > self.column:
             raise ValueError(f"{length} prefilled columns do not fit left of column {self.column}")
+        pad = (0, 0, self.column - length, self.width - self.column)  # zeros around [column - L, column)
         for layer, (keys, values) in zip(self.layers, prefilled, strict=True):
-            new_keys = keys.new_zeros(*keys.shape[:2], self.width, keys.shape[-1])
-            new_values = values.new_zeros(*values.shape[:2], self.width, values.shape[-1])
-            new_keys[:, :, self.column - length: self.column] = keys
-            new_values[:, :, self.column - length: self.column] = values
-            if layer.keys is None:
-                layer.keys, layer.values = new_keys, new_values
-            else:
-                layer.keys = torch.cat([layer.keys, new_keys])
-                layer.values = torch.cat([layer.values, new_values])
+            keys, values = F.pad(keys, pad), F.pad(values, pad)
+            if layer.keys is not None:
+                keys, values = torch.cat([layer.keys, keys]), torch.cat([layer.values, values])
+            layer.keys, layer.values = keys, values
             layer.is_initialized = True
 
     def keep(self, rows: torch.Tensor) -> None:
@@ -96,14 +93,7 @@ class SharedColumnCache(Cache):
 
 def _shifted(buffer: torch.Tensor, by: int) -> torch.Tensor:
     """Columns (dim -2 of a 4-D buffer, dim -1 of a 2-D one) moved `by` places, zeros filling the gap."""
-    dim = -2 if buffer.dim() == 4 else -1
-    out = torch.zeros_like(buffer)
-    width = buffer.shape[dim]
-    if by >= 0:
-        out.narrow(dim, by, width - by).copy_(buffer.narrow(dim, 0, width - by))
-    else:
-        out.narrow(dim, 0, width + by).copy_(buffer.narrow(dim, -by, width + by))
-    return out
+    return F.pad(buffer, (0, 0, by, -by) if buffer.dim() == 4 else (by, -by))  # a negative pad crops
 
 
 @dataclass
@@ -117,6 +107,9 @@ class Request:
 
 
 StepsFactory = Callable[[SharedColumnCache], ForwardSteps]
+# the per-slot state of a ContinuousBatch, one row per slot
+ROW_STATE = ("active", "request_of", "sample_of", "length", "position", "mask", "responses", "log_probs", "versions",
+             "pending")
 
 
 class ContinuousBatch:
@@ -246,11 +239,8 @@ class ContinuousBatch:
 
     def _admit(self, model: nn.Module, logits: torch.Tensor | None) -> torch.Tensor | None:
         """Prefill waiting prompts while their samples fit (idle slots first, then new rows) into `logits`."""
-        admitted = []
-        room = self.capacity - self.decoding
-        while self.waiting and room >= self.params.n:
-            admitted.append(self.waiting.pop(0))
-            room -= self.params.n
+        count = max(0, (self.capacity - self.decoding) // self.params.n)
+        admitted, self.waiting = self.waiting[:count], self.waiting[count:]
         if not admitted:
             return logits
         prompts = DataProto.concat([self.requests[r].prompt for r in admitted])
@@ -270,11 +260,9 @@ class ContinuousBatch:
         self.versions[slots] = 0
         self.active[slots] = True
         new_logits = new_logits.repeat_interleave(n, 0)
-        if logits is None or logits.shape[0] < self.rows:  # rows were added: grow the logits to every slot
-            grown = new_logits.new_zeros(self.rows, new_logits.shape[1])
-            if logits is not None:
-                grown[: logits.shape[0]] = logits
-            logits = grown
+        logits = new_logits[:0] if logits is None else logits
+        if logits.shape[0] < self.rows:  # rows were added: a row of logits per slot
+            logits = F.pad(logits, (0, 0, 0, self.rows - logits.shape[0]))
         logits[slots] = new_logits[:rows]
         return logits
 
@@ -289,30 +277,22 @@ class ContinuousBatch:
         if cache.column < length:  # the new rows' columns end at the shared column: make room left of it
             self._shift(length - cache.column)
         idle = (~self.active).nonzero().squeeze(1)[:new]
-        reused = idle.numel()
+        reused, appended = idle.numel(), new - idle.numel()
         columns = slice(cache.column - length, cache.column)
         if reused:
             for layer, (keys, values) in zip(cache.layers, kv, strict=True):
                 layer.keys[idle, :, columns] = keys[:reused]
                 layer.values[idle, :, columns] = values[:reused]
-            self.mask[idle] = 0
-            self.mask[idle, columns] = mask[:reused]
-            self.position[idle] = next_position[:reused]
-        appended = new - reused
         if appended:
             cache.append([(k[reused:], v[reused:]) for k, v in kv])
-            new_mask = torch.zeros(appended, cache.width, dtype=torch.long, device=self.device)
-            new_mask[:, columns] = mask[reused:]
-            self.mask = torch.cat([self.mask, new_mask])
-            self.position = torch.cat([self.position, next_position[reused:]])
-            self.active = torch.cat([self.active, torch.zeros(appended, dtype=torch.bool, device=self.device)])
-            for name, fill in (("request_of", -1), ("sample_of", 0), ("length", 0), ("pending", 0)):
-                added = torch.full((appended,), fill, device=self.device)
-                setattr(self, name, torch.cat([getattr(self, name), added]))
-            for name, dtype in (("responses", torch.long), ("log_probs", torch.float32), ("versions", torch.long)):
-                added = torch.zeros(appended, self.response_len, dtype=dtype, device=self.device)
-                setattr(self, name, torch.cat([getattr(self, name), added]))
-        return torch.cat([idle, torch.arange(self.rows - appended, self.rows, device=self.device)])
+            for name in ROW_STATE:  # zeros for the appended slots
+                state = getattr(self, name)
+                setattr(self, name, torch.cat([state, state.new_zeros(appended, *state.shape[1:])]))
+        slots = torch.cat([idle, torch.arange(self.rows - appended, self.rows, device=self.device)])
+        self.mask[slots] = 0
+        self.mask[slots, columns] = mask
+        self.position[slots] = next_position
+        return slots
 
     def _new_cache(self, num_layers: int, column: int, rows: int) -> None:
         """An empty cache twice a row's span wide (a move left frees at least a span), writing next at `column`."""
@@ -331,8 +311,7 @@ class ContinuousBatch:
     def _keep(self, rows: torch.Tensor) -> None:
         """Only slots `rows` stay in the batch."""
         self.cache.keep(rows)
-        for name in ("active", "request_of", "sample_of", "length", "position", "mask", "responses", "log_probs",
-                     "versions", "pending"):
+        for name in ROW_STATE:
             setattr(self, name, getattr(self, name)[rows])
 
     def _reprefill(self, model: nn.Module) -> torch.Tensor:
