@@ -176,11 +176,6 @@ class SharedPromptLayout:
         return self._masks[key]
 
 
-def _base_attention(name: str):
-    # grouped_eager is eager's arithmetic without copying the key/value heads
-    return sdpa_attention_forward if name == "sdpa" else grouped_eager_attention
-
-
 def shared_prompt_attention(
     module: nn.Module,
     query: torch.Tensor,
@@ -212,7 +207,8 @@ def shared_prompt_attention(
 
     (q_prompt, q_response), (k_prompt, k_response), (v_prompt, v_response) = parts(query), parts(key), parts(value)
     prompt_mask, response_mask = layout.masks(query.dtype)
-    attend = _base_attention(layout.base_attention)
+    # grouped_eager is eager's arithmetic without copying the key/value heads
+    attend = sdpa_attention_forward if layout.base_attention == "sdpa" else grouped_eager_attention
     kwargs.pop("is_causal", None)
     out_prompt, _ = attend(module, q_prompt, k_prompt, v_prompt, prompt_mask, scaling=scaling, dropout=dropout,
                            is_causal=False, **kwargs)  # (U, P, H, D)

@@ -80,12 +80,10 @@ def use_onednn_linears(module: nn.Module) -> int:
     `onednn_fp32_supported()`; returns how many."""
     if not onednn_fp32_supported():
         return 0
-    count = 0
-    for sub in module.modules():
-        if type(sub) is nn.Linear:
-            sub.__class__ = OneDNNLinear
-            count += 1
-    return count
+    linears = [sub for sub in module.modules() if type(sub) is nn.Linear]
+    for sub in linears:
+        sub.__class__ = OneDNNLinear
+    return len(linears)
 
 
 def is_plain_linear(module: object) -> bool:

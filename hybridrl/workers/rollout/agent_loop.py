@@ -8,8 +8,9 @@ from __future__ import annotations
 import enum
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -37,16 +38,14 @@ def compute_agent_metrics(batch: DataProto) -> dict[str, float]:
     columns = batch.non_tensor_batch
     if "__num_turns__" not in columns:
         return {}
-    turns = np.asarray(columns["__num_turns__"], dtype=float)
-    calls = np.asarray(columns["tool_calls"], dtype=float)
-    errors = np.asarray(columns["tool_errors"], dtype=float)
+    turns, calls, errors, timeouts = (np.asarray(columns[key], dtype=float) for key in NUMERIC_COLUMNS)
     metrics = {
         "agent/num_turns/mean": float(turns.mean()),
         "agent/num_turns/min": float(turns.min()),
         "agent/num_turns/max": float(turns.max()),
         "agent/tool_calls/mean": float(calls.mean()),
         "agent/tool_errors": float(errors.sum()),
-        "agent/tool_timeouts": float(np.asarray(columns["tool_timeouts"], dtype=float).sum()),
+        "agent/tool_timeouts": float(timeouts.sum()),
     }
     latencies = [seconds for row in columns["tool_latency_s"] for seconds in row]
     if latencies:
@@ -126,8 +125,7 @@ class Trajectory:
         self.state, self.finish, self.pending = AgentState.DONE, finish, []
 
     def kwargs_for(self, tool: str, stage: str) -> dict[str, Any]:
-        per_tool = self.tools_kwargs.get(tool) or {}
-        return dict(per_tool.get(stage) or {})
+        return dict((self.tools_kwargs.get(tool) or {}).get(stage) or {})
 
     def count_failure(self, outcome: CallOutcome) -> None:
         self.tool_errors += 1
@@ -305,26 +303,20 @@ class AgentLoop:
         max_assistant, max_user = self.config.multi_turn.max_assistant_turns, self.config.multi_turn.max_user_turns
         if not calls and (t.interaction is None or t.agent_name != "tool_agent"):
             t.end(Finish.ANSWER)
-        elif not calls:  # the row's interaction answers, unless a limit says the conversation is over
-            if max_assistant is not None and t.assistant_turns >= max_assistant:
-                t.end(Finish.ASSISTANT_TURNS)
-            elif max_user is not None and t.user_turns >= max_user:
-                t.end(Finish.USER_TURNS)
-            else:
-                t.state = AgentState.INTERACTING
         elif max_assistant is not None and t.assistant_turns >= max_assistant:
             t.end(Finish.ASSISTANT_TURNS)
         elif max_user is not None and t.user_turns >= max_user:
             t.end(Finish.USER_TURNS)
-        else:
+        elif calls:
             t.state, t.pending = AgentState.CALLING_TOOLS, calls
+        else:  # the row's interaction answers
+            t.state = AgentState.INTERACTING
 
     def _tool_turn(self, calling: list[Trajectory]) -> None:
         if not calling:
             return
-        replies: list[list[str | None]] = []  # per trajectory, per call: the error, or None until executed
-        for t in calling:
-            replies.append([self._call_problem(t, j, call) for j, call in enumerate(t.pending)])
+        # per trajectory, per call: the error, or None until executed
+        replies = [[self._call_problem(t, j, call) for j, call in enumerate(t.pending)] for t in calling]
         self._create_instances(calling, replies)
         self._execute(calling, replies)
         for t, texts in zip(calling, replies, strict=True):
@@ -334,11 +326,10 @@ class AgentLoop:
 
     def _interaction_turn(self, asking: list[Trajectory]) -> None:
         """Each trajectory's interaction replies as the user (started first where needed); a failure ends it."""
-        timeout = self.config.multi_turn.tool_timeout
         starting = [t for t in asking if t.interaction_id is None]
-        jobs = [(self._bind(self.interactions[t.interaction].start_interaction, None, **t.interaction_kwargs), timeout)
-                for t in starting]
-        for t, outcome in zip(starting, self.runner.run(jobs), strict=True):
+        started = self._run([partial(self.interactions[t.interaction].start_interaction, None, **t.interaction_kwargs)
+                             for t in starting])
+        for t, outcome in zip(starting, started, strict=True):
             if outcome.ok and isinstance(outcome.value, str):
                 t.interaction_id = outcome.value
             else:
@@ -346,9 +337,9 @@ class AgentLoop:
                 t.end(Finish.ANSWER)
         asking = [t for t in asking if t.state is AgentState.INTERACTING]
         # the whole conversation, as verl passes it: the prompt's chat (with data.return_raw_chat) and the turns
-        jobs = [(self._bind(self.interactions[t.interaction].generate_response, t.interaction_id,
-                            t.prompt_messages + t.messages, **t.interaction_kwargs), timeout) for t in asking]
-        for t, outcome in zip(asking, self.runner.run(jobs), strict=True):
+        replies = self._run([partial(self.interactions[t.interaction].generate_response, t.interaction_id,
+                                     t.prompt_messages + t.messages, **t.interaction_kwargs) for t in asking])
+        for t, outcome in zip(asking, replies, strict=True):
             try:
                 if not outcome.ok:
                     raise RuntimeError(outcome.error)
@@ -389,11 +380,10 @@ class AgentLoop:
     def _create_instances(self, calling: list[Trajectory], replies: list[list[str | None]]) -> None:
         needed = {(id(t), call.name): t for t, _, _, call in self._runnable(calling, replies)
                   if call.name not in t.instances}
-        timeout = self.config.multi_turn.tool_timeout
-        jobs = [(self._bind(self.tools[name].create, **t.kwargs_for(name, "create_kwargs")), timeout)
-                for (_, name), t in needed.items()]
+        created = self._run([partial(self.tools[name].create, **t.kwargs_for(name, "create_kwargs"))
+                             for (_, name), t in needed.items()])
         failed: dict[tuple[int, str], str] = {}
-        for ((key, name), t), outcome in zip(needed.items(), self.runner.run(jobs), strict=True):
+        for ((key, name), t), outcome in zip(needed.items(), created, strict=True):
             try:
                 if not outcome.ok:
                     raise RuntimeError(outcome.error)
@@ -407,10 +397,9 @@ class AgentLoop:
 
     def _execute(self, calling: list[Trajectory], replies: list[list[str | None]]) -> None:
         runnable = list(self._runnable(calling, replies))
-        timeout = self.config.multi_turn.tool_timeout
-        jobs = [(self._bind(self.tools[call.name].execute, t.instances[call.name], call.arguments,
-                            **t.kwargs_for(call.name, "execute_kwargs")), timeout) for t, _, _, call in runnable]
-        for (t, texts, j, _), outcome in zip(runnable, self.runner.run(jobs), strict=True):
+        executed = self._run([partial(self.tools[call.name].execute, t.instances[call.name], call.arguments,
+                                      **t.kwargs_for(call.name, "execute_kwargs")) for t, _, _, call in runnable])
+        for (t, texts, j, _), outcome in zip(runnable, executed, strict=True):
             t.tool_latencies.append(outcome.seconds)
             try:
                 if not outcome.ok:
@@ -436,18 +425,16 @@ class AgentLoop:
     def _close_instances(self, trajectories: list[Trajectory]) -> None:
         """Finalize every interaction the trajectories started; calc_reward, then release, every tool instance."""
         owned = [(t, name, instance) for t in trajectories for name, instance in t.instances.items()]
-        timeout = self.config.multi_turn.tool_timeout
         talked = [t for t in trajectories if t.interaction_id is not None]
-        jobs = [(self._bind(self.interactions[t.interaction].finalize_interaction, t.interaction_id), timeout)
-                for t in talked]
-        for t, outcome in zip(talked, self.runner.run(jobs), strict=True):
+        finalized = self._run([partial(self.interactions[t.interaction].finalize_interaction, t.interaction_id)
+                               for t in talked])
+        for t, outcome in zip(talked, finalized, strict=True):
             if not outcome.ok:
                 t.count_failure(outcome)
-        for stage in ("calc_reward_kwargs", "release_kwargs"):
-            method = "calc_reward" if stage == "calc_reward_kwargs" else "release"
-            jobs = [(self._bind(getattr(self.tools[name], method), instance, **t.kwargs_for(name, stage)), timeout)
-                    for t, name, instance in owned]
-            for (t, name, _), outcome in zip(owned, self.runner.run(jobs), strict=True):
+        for method, stage in (("calc_reward", "calc_reward_kwargs"), ("release", "release_kwargs")):
+            outcomes = self._run([partial(getattr(self.tools[name], method), instance, **t.kwargs_for(name, stage))
+                                  for t, name, instance in owned])
+            for (t, name, _), outcome in zip(owned, outcomes, strict=True):
                 if not outcome.ok:
                     t.count_failure(outcome)
                 elif method == "calc_reward":
@@ -457,22 +444,19 @@ class AgentLoop:
                     else:
                         t.reward_scores[name] = float(value)
 
-    @staticmethod
-    def _bind(method: Any, *args: Any, **kwargs: Any) -> Any:
-        return lambda: method(*args, **kwargs)
+    def _run(self, calls: list[Callable[[], Any]]) -> list[CallOutcome]:
+        """Run the calls (coroutine factories) at once, each under multi_turn.tool_timeout."""
+        return self.runner.run([(call, self.config.multi_turn.tool_timeout) for call in calls])
 
     def _assemble(self, prompts: DataProto, trajectories: list[Trajectory], n: int) -> DataProto:
         width, device = self.config.response_length, prompts.batch["input_ids"].device
 
-        def padded(rows: list[list], fill: float) -> list[list]:  # each row right-padded to the response width
-            return [list(row) + [fill] * (width - len(row)) for row in rows]
+        def padded(rows: list[list], fill: float, dtype: torch.dtype) -> torch.Tensor:  # (B*n, R), right-padded
+            return torch.tensor([list(row) + [fill] * (width - len(row)) for row in rows], dtype=dtype, device=device)
 
-        responses = torch.tensor(padded([t.response_ids for t in trajectories], self.pad_token_id),
-                                 dtype=torch.long, device=device)  # (B*n, R)
-        model_mask = torch.tensor(padded([t.model_mask for t in trajectories], 0), dtype=torch.long,
-                                  device=device)  # (B*n, R)
-        log_probs = torch.tensor(padded([t.log_probs for t in trajectories], 0.0), dtype=torch.float32,
-                                 device=device)  # (B*n, R)
+        responses = padded([t.response_ids for t in trajectories], self.pad_token_id, torch.long)
+        model_mask = padded([t.model_mask for t in trajectories], 0, torch.long)
+        log_probs = padded([t.log_probs for t in trajectories], 0.0, torch.float32)
         lengths = torch.tensor([len(t.response_ids) for t in trajectories], device=device)  # (B*n,)
         inputs = prompts.select(batch_keys=list(prompts.batch.keys()), non_tensor_batch_keys=[
             key for key in prompts.non_tensor_batch if key not in AGENT_INPUT_COLUMNS])

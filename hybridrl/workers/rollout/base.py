@@ -166,11 +166,7 @@ def build_rollout(
 
 def eos_token_ids(*values: int | list[int] | None) -> list[int]:
     """EOS ids given as ints, lists or None (Qwen's generation config lists two) as one list, first occurrence first."""
-    ids: list[int] = []
-    for value in values:
-        if value is None:
-            continue
-        ids += [value] if isinstance(value, int) else list(value)
+    ids = [i for value in values if value is not None for i in ([value] if isinstance(value, int) else value)]
     return list(dict.fromkeys(int(i) for i in ids))
 
 

@@ -13,21 +13,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache
 
 from hybridrl.data.rl_dataset import left_pad
 from hybridrl.protocol import DataProto
 from hybridrl.workers.rollout.base import assemble_output
-from hybridrl.workers.rollout.kv_cache import ForwardSteps, PreallocatedCache, forward_logits
+from hybridrl.workers.rollout.kv_cache import BufferLayer, ForwardSteps, PreallocatedCache, forward_logits
 from hybridrl.workers.rollout.sampling import SamplingParams, sample_tokens
 
 
-class SharedColumnLayer(CacheLayerMixin):
+class SharedColumnLayer(BufferLayer):
     """One layer's keys and values in zeroed (rows, H, width, D) buffers; a step writes every row at the owner's
     column, and attention reads from the owner's `start` (the first column any decoding row uses) to it."""
-
-    is_sliding = False
-    is_compileable = False
 
     def __init__(self, owner: SharedColumnCache) -> None:
         super().__init__()

@@ -26,12 +26,10 @@ BOOLEAN_MASK_ATTENTION = ("sdpa", GROUPED_SDPA)
 def _stacked(linears: list[nn.Linear]) -> FixedLinear:
     """One linear whose output is the outputs of `linears` side by side."""
     weight = torch.cat([lin.weight.detach() for lin in linears])
-    biases = [lin.bias for lin in linears]
-    if all(b is None for b in biases):
+    if all(lin.bias is None for lin in linears):
         return FixedLinear(weight, None)
-    bias = torch.cat([b.detach() if b is not None else weight.new_zeros(lin.out_features)
-                      for b, lin in zip(biases, linears, strict=True)])
-    return FixedLinear(weight, bias)
+    return FixedLinear(weight, torch.cat([weight.new_zeros(lin.out_features) if lin.bias is None else lin.bias.detach()
+                                          for lin in linears]))
 
 
 def unsupported_reason(model: nn.Module) -> str | None:
@@ -74,18 +72,14 @@ class FusedDecoder:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.attention = ALL_ATTENTION_FUNCTIONS[config._attn_implementation]
         self.additive_mask = config._attn_implementation in ADDITIVE_MASK_ATTENTION
-        self.qkv: list[FixedLinear] = []
-        self.gate_up: list[FixedLinear] = []
-        for layer in self.base.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            self.qkv.append(_stacked([attn.q_proj, attn.k_proj, attn.v_proj]))
-            self.gate_up.append(_stacked([mlp.gate_proj, mlp.up_proj]))
+        attns, mlps = [layer.self_attn for layer in self.base.layers], [layer.mlp for layer in self.base.layers]
+        self.qkv: list[FixedLinear] = [_stacked([attn.q_proj, attn.k_proj, attn.v_proj]) for attn in attns]
+        self.gate_up: list[FixedLinear] = [_stacked([mlp.gate_proj, mlp.up_proj]) for mlp in mlps]
 
     def step_mask(self, attention_mask: torch.Tensor, kv_length: int, dtype: torch.dtype) -> torch.Tensor:
         """(A, 1, 1, kv_length) mask of the attention's kind from the rows' 0/1 mask (A, W <= kv_length); positions
         past W are masked."""
-        attend = attention_mask.new_zeros(attention_mask.shape[0], kv_length, dtype=torch.bool)
-        attend[:, : attention_mask.shape[1]] = attention_mask.bool()
+        attend = F.pad(attention_mask.bool(), (0, kv_length - attention_mask.shape[1]))  # (A, kv_length)
         if not self.additive_mask:
             return attend[:, None, None, :]
         additive = torch.zeros(attend.shape, dtype=dtype, device=attend.device)

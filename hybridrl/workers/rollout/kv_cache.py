@@ -9,6 +9,7 @@ import functools
 import inspect
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers.cache_utils import Cache, CacheLayerMixin
 
@@ -38,11 +39,21 @@ def forward_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
 FULL_WIDTH_GROWTH = 16
 
 
-class PreallocatedLayer(CacheLayerMixin):
-    """One attention layer's keys and values in (rows, kv_heads, capacity, head_dim) buffers."""
+class BufferLayer(CacheLayerMixin):
+    """A full-attention layer's keys and values in (rows, kv_heads, width, head_dim) buffers of its own."""
 
     is_sliding = False
     is_compileable = False
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Give every row `repeats` consecutive copies (prompt i's samples are rows i*n .. i*n+n-1)."""
+        if self.is_initialized:
+            self.keys = self.keys.repeat_interleave(repeats, dim=0)
+            self.values = self.values.repeat_interleave(repeats, dim=0)
+
+
+class PreallocatedLayer(BufferLayer):
+    """One attention layer's keys and values in (rows, kv_heads, capacity, head_dim) buffers."""
 
     def __init__(self, max_len: int, full_width: bool = False) -> None:
         super().__init__()
@@ -71,12 +82,8 @@ class PreallocatedLayer(CacheLayerMixin):
 
     def _grow(self, capacity: int) -> None:
         """Move the written positions into zeroed buffers `capacity` wide."""
-        for name in ("keys", "values"):
-            old = getattr(self, name)
-            grown = old.new_empty(*old.shape[:2], capacity, old.shape[-1])
-            grown[:, :, : self.length] = old[:, :, : self.length]
-            grown[:, :, self.length :].zero_()  # only the unwritten slots: the written ones were just copied
-            setattr(self, name, grown)
+        pad = (0, 0, 0, capacity - self.length)
+        self.keys, self.values = F.pad(self.keys[:, :, : self.length], pad), F.pad(self.values[:, :, : self.length], pad)
         self.capacity = capacity
 
     def update(
@@ -110,12 +117,6 @@ class PreallocatedLayer(CacheLayerMixin):
 
     def get_max_length(self) -> int:
         return self.max_len
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        """Give every row `repeats` consecutive copies (prompt i's samples are rows i*n .. i*n+n-1)."""
-        if self.is_initialized:
-            self.keys = self.keys.repeat_interleave(repeats, dim=0)
-            self.values = self.values.repeat_interleave(repeats, dim=0)
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep only rows `indices`, in fresh buffers (copying the written prefix, or all of a full width)."""

@@ -7,13 +7,14 @@ log-probs under exactly that distribution (greedy: the plain log_softmax).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from hybridrl.workers.config import RolloutConfig
+from hybridrl.workers.rollout.base import eos_token_ids as merged_ids
 
 # meta_info keys a caller may set to change one call's sampling (verl's names).
 CALL_OVERRIDES = ("do_sample", "temperature", "top_k", "top_p", "n", "eos_token_id", "seed", "validate",
@@ -32,14 +33,6 @@ class SamplingParams:
     response_length: int
     stop_token_ids: tuple[int, ...]
     seed: int | None  # None: continue the engine's generator
-
-
-def _as_ids(value: int | Iterable[int] | None) -> list[int]:
-    if value is None:
-        return []
-    if isinstance(value, int):
-        return [value]
-    return [int(v) for v in value]
 
 
 def resolve_sampling_params(
@@ -68,8 +61,8 @@ def resolve_sampling_params(
     if not 1 <= response_length <= config.response_length:
         raise ValueError(f"meta_info response_length={response_length} must be in [1, rollout.response_length="
                          f"{config.response_length}]")
-    eos = _as_ids(meta_info["eos_token_id"]) if "eos_token_id" in meta_info else list(eos_token_ids)
-    stops = ([] if config.ignore_eos else eos) + _as_ids(config.stop_token_ids)
+    eos = merged_ids(meta_info["eos_token_id"]) if "eos_token_id" in meta_info else list(eos_token_ids)
+    stops = merged_ids([] if config.ignore_eos else eos, config.stop_token_ids)
     seed = meta_info.get("seed")
     return SamplingParams(
         greedy=(not do_sample) or temperature == 0.0,
@@ -78,7 +71,7 @@ def resolve_sampling_params(
         top_p=top_p,
         n=n,
         response_length=response_length,
-        stop_token_ids=tuple(dict.fromkeys(stops)),
+        stop_token_ids=tuple(stops),
         seed=None if seed is None else int(seed),
     )
 

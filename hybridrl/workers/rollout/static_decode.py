@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache
 
-from hybridrl.workers.rollout.kv_cache import forward_logits
+from hybridrl.workers.rollout.kv_cache import BufferLayer, forward_logits
 from hybridrl.workers.rollout.sampling import DecodeOutputs, SamplingParams, sample_tokens
 
 logger = logging.getLogger(__name__)
@@ -54,12 +54,9 @@ def decoding_module(module: nn.Module) -> nn.Module:
     return module
 
 
-class SlotLayer(CacheLayerMixin):
+class SlotLayer(BufferLayer):
     """One layer's keys and values in fixed zeroed buffers (garbage could hold NaN), written at the owner's
     `slots`; attention reads the whole buffers."""
-
-    is_sliding = False
-    is_compileable = False
 
     def __init__(self, owner: SlotCache) -> None:
         super().__init__()
@@ -89,16 +86,6 @@ class SlotLayer(CacheLayerMixin):
 
     def get_max_length(self) -> int:
         return self.owner.max_len
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        if self.is_initialized:
-            self.keys = self.keys.repeat_interleave(repeats, dim=0)
-            self.values = self.values.repeat_interleave(repeats, dim=0)
-
-    def reset(self) -> None:
-        if self.is_initialized:
-            self.keys.zero_()
-            self.values.zero_()
 
 
 class SlotCache(Cache):
