@@ -161,8 +161,7 @@ class SharedPromptLayout:
         self._masks: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def masks(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """(prompt part (U, 1, P, P), response part (B, 1, R, P + R)): boolean for sdpa, additive in `dtype` for
-        the eager kinds."""
+        """(prompt part (U, 1, P, P), response part (B, 1, R, P + R)): boolean for sdpa, else additive in `dtype`."""
         key = torch.bool if self.base_attention == "sdpa" else dtype
         if key not in self._masks:
             prompt = earlier_real_keys(self.prompt_mask)  # (U, P, P)

@@ -76,8 +76,7 @@ class OneDNNLinear(nn.Linear):
 
 
 def use_onednn_linears(module: nn.Module) -> int:
-    """Turn every plain `nn.Linear` (class exactly nn.Linear) of `module` into a `OneDNNLinear` in place where
-    `onednn_fp32_supported()`; returns how many."""
+    """Make every linear of class exactly `nn.Linear` in `module` a `OneDNNLinear` where supported; returns how many."""
     if not onednn_fp32_supported():
         return 0
     linears = [sub for sub in module.modules() if type(sub) is nn.Linear]

@@ -26,11 +26,9 @@ from hybridrl.workers.rollout.base import BaseRollout, assemble_output, check_pr
 from hybridrl.workers.rollout.chat_delta import ChatTemplateDelta, tokenization_mismatch
 from hybridrl.workers.rollout.sampling import CALL_OVERRIDES, resolve_sampling_params
 
-# Per-sample columns the loop adds (`sample_columns`); the reward managers pass __num_turns__, reward_scores
-# and tool_rewards to the reward function in extra_info.
+# Per-sample columns the loop adds (`sample_columns`); reward functions get some in extra_info.
 NUMERIC_COLUMNS = ("__num_turns__", "tool_calls", "tool_errors", "tool_timeouts")
 FINISH_COLUMN = "agent_finish"
-FINISH_REASONS = ("answer", "length", "max_assistant_turns", "max_user_turns", "interaction")
 
 
 def compute_agent_metrics(batch: DataProto) -> dict[str, float]:
@@ -55,8 +53,8 @@ def compute_agent_metrics(batch: DataProto) -> dict[str, float]:
     if checked:
         metrics["agent/tokenization_mismatch"] = float(sum(checked))
     finishes = list(columns[FINISH_COLUMN])
-    for reason in FINISH_REASONS:
-        metrics[f"agent/finish/{reason}"] = finishes.count(reason) / len(finishes)
+    for reason in Finish:
+        metrics[f"agent/finish/{reason.value}"] = finishes.count(reason.value) / len(finishes)
     return metrics
 
 

@@ -77,8 +77,7 @@ class BaseRollout(ABC):
     """A generation engine. Built through `build_rollout`, called by the actor_rollout worker."""
 
     config: RolloutConfig
-    # True where the engine holds its own copy of the weights (vLLM), so the actor's parameters may leave
-    # the device while it generates (fsdp_config.param_offload)
+    # True where the engine holds its own weights (vLLM): the actor's may leave the device while it generates
     holds_own_weights: bool = False
 
     @classmethod
@@ -103,8 +102,8 @@ class BaseRollout(ABC):
 
     @contextlib.contextmanager
     def serving(self, actor: ServedActor | None) -> Iterator[None]:
-        """Generate with `actor`'s current weights for the block (`actor=None`: the engine's own weights),
-        the optimizer state off the device with `fsdp_config.optimizer_offload`. A collective where the actor is sharded."""
+        """Generate with `actor`'s current weights for the block (`actor=None`: the engine's own weights), its
+        optimizer state off the device (`fsdp_config.optimizer_offload`). A collective where the actor is sharded."""
         if actor is None:
             with self._awake():
                 yield

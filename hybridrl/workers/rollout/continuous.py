@@ -95,8 +95,7 @@ def _shifted(buffer: torch.Tensor, by: int) -> torch.Tensor:
 
 @dataclass
 class Request:
-    """One prompt (its left-padded row) for `n` samples, and each finished sample's tokens, log-probs, token
-    versions and length, by sample index."""
+    """One prompt (its left-padded row) for `n` samples, and its finished samples by sample index."""
 
     prompt: DataProto
     n: int
@@ -104,16 +103,13 @@ class Request:
 
 
 StepsFactory = Callable[[SharedColumnCache], ForwardSteps]
-# the per-slot state of a ContinuousBatch, one row per slot
 ROW_STATE = ("active", "request_of", "sample_of", "length", "position", "mask", "responses", "log_probs", "versions",
              "pending")
 
 
 class ContinuousBatch:
-    """Rows (slots, one per sample) decoding across calls, prompts waiting for room, finished groups handed back
-    by `run`. `capacity`: the most rows that decode at once (rollout.max_num_seqs). A finished row's slot stays,
-    idle, until a waiting sample takes it over; idle slots leave once they are `IDLE_SHARE` of the batch and
-    nothing waits."""
+    """Rows (slots, one per sample) decoding across calls, at most `capacity` (rollout.max_num_seqs), and prompts
+    waiting for room; idle slots leave once they are `IDLE_SHARE` of the batch and nothing waits."""
 
     IDLE_SHARE = 0.125
 
@@ -265,8 +261,7 @@ class ContinuousBatch:
 
     def _place(self, kv: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor,
                next_position: torch.Tensor) -> torch.Tensor:
-        """Write new rows' prefilled columns `mask` (new, L) just left of the shared column, into idle slots, then
-        appended rows -> the slots, in the new rows' order."""
+        """Write new rows' prefilled columns `mask` (new, L) into idle slots, then appended rows -> the slots."""
         new, length = mask.shape
         if self.cache is None:
             self._new_cache(len(kv), self.span, rows=0)
@@ -312,8 +307,7 @@ class ContinuousBatch:
             setattr(self, name, getattr(self, name)[rows])
 
     def _reprefill(self, model: nn.Module) -> torch.Tensor:
-        """Rebuild the decoding rows' keys/values (prompt and tokens so far) under the current weights, idle slots
-        dropped -> the rows' next-token logits (A, V)."""
+        """Rebuild the decoding rows' keys/values under the current weights (idle slots dropped) -> logits (A, V)."""
         self._keep(self.active.nonzero().squeeze(1))
         sequences, starts = [], []
         for row in range(self.rows):

@@ -13,7 +13,7 @@ from torch import nn
 from transformers.cache_utils import Cache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from hybridrl.models.attention import GROUPED_EAGER, GROUPED_SDPA
+from hybridrl.models.attention import GROUPED_EAGER, GROUPED_SDPA, additive
 from hybridrl.models.onednn_linear import FixedLinear, is_plain_linear
 from hybridrl.workers.rollout.kv_cache import ForwardSteps, PreallocatedCache, forward_logits
 
@@ -77,13 +77,9 @@ class FusedDecoder:
         self.gate_up: list[FixedLinear] = [_stacked([mlp.gate_proj, mlp.up_proj]) for mlp in mlps]
 
     def step_mask(self, attention_mask: torch.Tensor, kv_length: int, dtype: torch.dtype) -> torch.Tensor:
-        """(A, 1, 1, kv_length) mask of the attention's kind from the rows' 0/1 mask (A, W <= kv_length); positions
-        past W are masked."""
-        attend = F.pad(attention_mask.bool(), (0, kv_length - attention_mask.shape[1]))  # (A, kv_length)
-        if not self.additive_mask:
-            return attend[:, None, None, :]
-        additive = torch.zeros(attend.shape, dtype=dtype, device=attend.device)
-        return additive.masked_fill_(~attend, torch.finfo(dtype).min)[:, None, None, :]
+        """(A, 1, 1, kv_length) mask of the attention's kind from the rows' 0/1 mask (A, W); past W: masked."""
+        attend = F.pad(attention_mask.bool(), (0, kv_length - attention_mask.shape[1]))[:, None, None, :]
+        return additive(attend, dtype) if self.additive_mask else attend
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, cache: object,
              attention_mask: torch.Tensor) -> torch.Tensor:
@@ -100,8 +96,7 @@ class FusedDecoder:
         return self._layers(tokens, positions, attend)
 
     def step_shared(self, tokens: torch.Tensor, positions: torch.Tensor, kv: SharedPromptKV) -> torch.Tensor:
-        """`step` for the rows of `kv.active`, each attending to its prompt's keys/values (kept once per prompt)
-        and its own response's -> logits (A, V)."""
+        """`step` for the rows of `kv.active`, over their prompts' keys/values kept once -> logits (A, V)."""
         mask = kv.step_mask()  # (A, 1, 1, P + W)
         prompt_len, group = kv.prompt_len, self.heads // self.kv_heads
 
@@ -158,9 +153,7 @@ class SharedPromptKV:
         self.responses = PreallocatedCache(len(prompt.layers), width, full_width=True)
         self.active = torch.arange(self.prompts * n, device=prompt_mask.device)  # sample index of each row
         self.min_value = torch.finfo(dtype).min
-        additive = torch.zeros(prompt_mask.shape, dtype=dtype, device=prompt_mask.device)
-        additive.masked_fill_(prompt_mask == 0, self.min_value)
-        self.prompt_mask = additive.repeat_interleave(n, dim=0)  # (A, P), one row per sample
+        self.prompt_mask = additive(prompt_mask != 0, dtype).repeat_interleave(n, dim=0)  # (A, P), a row per sample
 
     def select(self, keep: torch.Tensor) -> None:
         """Only the rows `keep` (indices into the current rows) go on decoding."""

@@ -60,8 +60,7 @@ class HFRollout(BaseRollout):
     """Generate with `module` in place (updating it updates the rollout); `tokenizer` gives the pad and EOS ids
     unless `eos_token_id` (an int or a list) / `pad_token_id` are given."""
 
-    # With the fused step and n > 1, prompts this long keep their keys/values once for their samples
-    # (SharedPromptSteps); shorter ones gain less than the regrouping costs. None: never.
+    # fused step, n > 1: prompts this long keep their keys/values once for their samples (None: never)
     share_prompt_kv_from: int | None = 32
 
     def __init__(
@@ -81,10 +80,8 @@ class HFRollout(BaseRollout):
                                                getattr(generation_config, "eos_token_id", None))
         else:
             self.eos_token_ids = eos_token_ids(eos_token_id)
-        if pad_token_id is None:
-            pad_token_id = getattr(tokenizer, "pad_token_id", None)
-        if pad_token_id is None:
-            pad_token_id = self.eos_token_ids[0] if self.eos_token_ids else None
+        pads = (pad_token_id, getattr(tokenizer, "pad_token_id", None), *self.eos_token_ids[:1])
+        pad_token_id = next((pad for pad in pads if pad is not None), None)
         if pad_token_id is None:
             raise ValueError("HFRollout needs a pad id: pass pad_token_id= or a tokenizer with a pad/EOS token")
         self.pad_token_id = int(pad_token_id)
@@ -103,8 +100,7 @@ class HFRollout(BaseRollout):
         return next(self.module.parameters()).device
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy full weights into the module in place, one at a time; every weight of the module must come, and no
-        other."""
+        """Copy full weights into the module in place, one at a time: every weight of the module, and no other."""
         own = self.module.state_dict()
         seen = set()
         with torch.no_grad():
@@ -152,8 +148,7 @@ class HFRollout(BaseRollout):
 
     def stream(self, prompts: DataProto | None, version: int, max_steps: int, min_groups: int = 1,
                partial: bool = True) -> DataProto | None:
-        """Streaming mode: queue `prompts` into the continuous batch and decode (`ContinuousBatch.run`); `version`:
-        the weights' version, recorded per token."""
+        """Streaming mode: queue `prompts` and decode (`ContinuousBatch.run`) under weights `version`."""
         if not self._full_attention():
             raise ValueError("async_training.mode=streaming decodes with a continuous batch, which needs a decoder "
                              "whose every layer attends to all earlier positions; this model has other layers. "

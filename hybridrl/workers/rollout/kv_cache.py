@@ -15,8 +15,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 
 def cache_keyword(model: nn.Module | type[nn.Module]) -> str:
-    """The keyword `model`'s (or a model class's) forward takes its KV cache by: `cache` from transformers 5.24
-    on, else `past_key_values`."""
+    """The keyword `model`'s (or a model class's) forward takes its KV cache by (`cache` from transformers 5.24)."""
     return _cache_keyword_of(model if isinstance(model, type) else type(model))
 
 
@@ -147,8 +146,7 @@ class PreallocatedCache(Cache):
 
 
 class ForwardSteps:
-    """The plain decoding step, the reference the fused ones (fused_decoder.py) are tested equal to: the model's
-    forward over a KV cache holding every sample's prompt and response."""
+    """The plain decoding step, the model's forward over a KV cache: the fused steps are tested equal to it."""
 
     def __init__(self, model: nn.Module, cache: Cache) -> None:
         self.model, self.cache = model, cache

@@ -116,8 +116,7 @@ def draw_tokens(probs: torch.Tensor, generator: torch.Generator | None) -> torch
     uniform = torch.rand(total.shape, generator=generator, device=probs.device, dtype=cdf.dtype)
     below_total = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))
     tokens = torch.searchsorted(cdf, below_total, right=True).squeeze(-1)  # (rows,)
-    # Non-finite probabilities (a diverged model) index past the vocabulary: a CPU raises; a GPU would sync
-    # every step, so the index is clamped and the trainer's divergence guard sees the NaN.
+    # NaN probabilities index past the vocabulary: a CPU raises; a GPU clamps (a check would sync every step)
     if probs.device.type == "cpu" and not bool((torch.isfinite(total) & (total > 0)).all()):
         raise ValueError("sampling: a row's next-token probabilities are NaN, infinite or all zero; the model's "
                          "logits are not finite (its weights may have diverged)")

