@@ -1,9 +1,5 @@
-"""Attention implementations registered with transformers on import (hybridrl's model loader imports this).
-
-`grouped_eager`: eager attention with the query heads that share a key/value head stacked, so no key/value
-head is copied (half precision on a CPU). `grouped_sdpa`: sdpa reading each key/value head once while
-decoding (`attention_for_decoding`). `SHARED_PROMPT` (`shared_prompt_forward`): one forward over rows
-that share prompts, computing each distinct prompt once.
+"""Attention implementations registered with transformers on import: `grouped_eager` and `grouped_sdpa` read
+each key/value head once; `SHARED_PROMPT` (`shared_prompt_forward`) computes each distinct prompt once.
 """
 
 from __future__ import annotations
@@ -33,8 +29,8 @@ def grouped_eager_attention(
     dropout: float = 0.0,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """query (B, H, Q, D), key/value (B, KVH, K, D), additive mask (B, 1, Q, K) -> output (B, Q, H, D) and
-    probabilities (B, H, Q, K); scores[b, g, r*Q + q, k] = <query[b, g*R + r, q], key[b, g, k]> * scaling."""
+    """Eager attention with the query heads sharing a key/value head stacked: query (B, H, Q, D), key/value
+    (B, KVH, K, D), additive mask (B, 1, Q, K) -> output (B, Q, H, D) and probabilities (B, H, Q, K)."""
     batch, heads, q_len, head_dim = query.shape
     kv_heads, k_len = key.shape[1], key.shape[2]
     group = heads // kv_heads
@@ -77,16 +73,14 @@ def grouped_sdpa_attention(
 
 
 def decoding_attention(compute_dtype: torch.dtype, device_type: str) -> str:
-    """The attention to decode with: `default_attention`'s, with sdpa's grouped form in place of sdpa."""
+    """`default_attention`'s, with sdpa's grouped form in place of sdpa."""
     chosen = default_attention(compute_dtype, device_type)
     return GROUPED_SDPA if chosen == "sdpa" else chosen
 
 
 @contextlib.contextmanager
 def attention_for_decoding(module: nn.Module, dtype: torch.dtype) -> Iterator[None]:
-    """For the block, the attention that decodes fastest in `dtype` on the module's device
-    (`decoding_attention`); the model's own comes back after. Models other than transformers' sdpa/eager
-    ones are left alone."""
+    """`decoding_attention` for the block where the model runs transformers' sdpa/eager ones."""
     current = getattr(getattr(module, "config", None), "_attn_implementation", None)
     wanted = decoding_attention(dtype, next(module.parameters()).device.type)
     switch = current in ("sdpa", "eager", GROUPED_EAGER, GROUPED_SDPA) and wanted != current \
@@ -101,12 +95,8 @@ def attention_for_decoding(module: nn.Module, dtype: torch.dtype) -> Iterator[No
 
 
 def default_attention(compute_dtype: torch.dtype, device_type: str) -> str:
-    """The attention a model computing in `compute_dtype` on `device_type` runs best with.
-
-    sdpa, except `grouped_eager` on a CPU in half precision, where torch's fused CPU kernels are slower
-    (benchmarks/README.md, "GRPO side by side with TRL (`grpo_vs_trl.py`)"). Decoding:
-    `attention_for_decoding`. `model.override_config.attn_implementation` overrides this choice.
-    """
+    """sdpa, except `grouped_eager` on a CPU in half precision, where torch's fused CPU kernels are slower
+    (`model.override_config.attn_implementation` overrides this choice)."""
     half = compute_dtype in (torch.bfloat16, torch.float16)
     return GROUPED_EAGER if device_type == "cpu" and half else "sdpa"
 
@@ -125,16 +115,12 @@ LAYOUT_KWARG = "shared_prompt_layout"
 _base_of_mode: dict[int, str] = {}
 
 
-# Shared-prompt forward. The packed sequence (batch 1) is [prompt_1 | ... | prompt_U | response_1 | ... |
-# response_B]: each prompt attends causally to itself, each response to its prompt's keys/values and then
-# causally to its own tokens. Token-wise work runs on U*P + B*R tokens instead of B*(P + R), with the padded
-# pass's arithmetic in another order of sums; the gather's backward sums the n responses' gradients into the
-# shared prompt. The model's `_attn_implementation` is SHARED_PROMPT for the call, the layout rides in the
-# forward's kwargs, and with no mask function registered transformers builds no (U*P + B*R)^2 mask.
-# Measured: benchmarks/results/critic_passes.md.
+# Shared-prompt forward: the packed sequence (batch 1) is [prompt_1 | ... | prompt_U | response_1 | ... |
+# response_B]; each prompt attends causally to itself, each response to its prompt's keys/values and then
+# causally to its own tokens. The layout rides in the forward's kwargs.
 def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(group id of each row (rows,), first row of each group (groups,)): rows with equal prompt tokens (where
-    the mask is 1) and masks share an id; ids are numbered in order of first appearance."""
+    """(group id of each row (rows,), first row of each group (groups,)): rows with equal real prompt tokens and
+    masks share an id, numbered in order of first appearance."""
     keyed = torch.where(prompt_mask.bool(), prompt_ids, torch.full_like(prompt_ids, -1))  # pad ids ignored
     _, inverse = torch.unique(keyed, dim=0, return_inverse=True)
     # renumber by first appearance so the ids do not depend on torch.unique's sort order
@@ -147,7 +133,8 @@ def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[
 
 
 def earlier_real_keys(mask: torch.Tensor) -> torch.Tensor:
-    """(N, L) 1 on real tokens -> (N, L, L) True where query i attends key j: j <= i and j is real, or j = i."""
+    """(N, L) 1 on real tokens -> (N, L, L) True where query i attends key j: j <= i and j is real, or j = i
+    (so softmax stays finite on padding queries)."""
     width = mask.shape[1]
     causal = torch.ones(width, width, dtype=torch.bool, device=mask.device).tril()
     return (causal & mask[:, None, :]) | torch.eye(width, dtype=torch.bool, device=mask.device)
@@ -159,8 +146,8 @@ def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 class SharedPromptLayout:
-    """The packed sequence's parts and their masks (built once per dtype, read by every layer). Not a
-    dataclass: FSDP's input casting would rebuild a dataclass for every layer."""
+    """The packed sequence's parts and their masks (built once per dtype). Not a dataclass: FSDP's input casting
+    would rebuild a dataclass for every layer."""
 
     def __init__(self, prompt_of_row: torch.Tensor, prompt_mask: torch.Tensor, response_mask: torch.Tensor,
                  base_attention: str) -> None:
@@ -174,8 +161,7 @@ class SharedPromptLayout:
         self._masks: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def masks(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """(prompt part (U, 1, P, P), response part (B, 1, R, P + R)): boolean for sdpa, additive in `dtype` for
-        the eager kinds. A query always attends to itself, so softmax stays finite on padding queries."""
+        """(prompt part (U, 1, P, P), response part (B, 1, R, P + R)): boolean for sdpa, else additive in `dtype`."""
         key = torch.bool if self.base_attention == "sdpa" else dtype
         if key not in self._masks:
             prompt = earlier_real_keys(self.prompt_mask)  # (U, P, P)
@@ -187,11 +173,6 @@ class SharedPromptLayout:
                 prompt, response = additive(prompt, dtype), additive(response, dtype)
             self._masks[key] = (prompt, response)
         return self._masks[key]
-
-
-def _base_attention(name: str):
-    # grouped_eager is eager's arithmetic without copying the key/value heads
-    return sdpa_attention_forward if name == "sdpa" else grouped_eager_attention
 
 
 def shared_prompt_attention(
@@ -225,7 +206,8 @@ def shared_prompt_attention(
 
     (q_prompt, q_response), (k_prompt, k_response), (v_prompt, v_response) = parts(query), parts(key), parts(value)
     prompt_mask, response_mask = layout.masks(query.dtype)
-    attend = _base_attention(layout.base_attention)
+    # grouped_eager is eager's arithmetic without copying the key/value heads
+    attend = sdpa_attention_forward if layout.base_attention == "sdpa" else grouped_eager_attention
     kwargs.pop("is_causal", None)
     out_prompt, _ = attend(module, q_prompt, k_prompt, v_prompt, prompt_mask, scaling=scaling, dropout=dropout,
                            is_causal=False, **kwargs)  # (U, P, H, D)
@@ -256,8 +238,8 @@ def supports_shared_prompt(module: nn.Module) -> bool:
 
 @contextlib.contextmanager
 def attention_mode(module: nn.Module, name: str) -> Iterator[None]:
-    """The model's attention is the registered `name` for the block, its own again after: needed around the
-    backward too where it reruns layers (gradient checkpointing). Nested blocks of the same name are one."""
+    """The model's attention is the registered `name` for the block (around the backward too where gradient
+    checkpointing reruns layers); nested blocks of the same name are one."""
     current = module.config._attn_implementation
     if current == name:
         yield
@@ -288,8 +270,7 @@ def _head_takes_logits_to_keep(module_class: type) -> bool:
 
 def head_on_kept_positions(module: nn.Module, keep: torch.Tensor | int) -> tuple[dict, Callable]:
     """(extra forward kwargs, a function of the output's logits) giving the head's outputs at `keep` only (a
-    count of last columns, or column indices): `logits_to_keep` where the head takes it, else indexing after
-    (a token-classification head, such as a critic's)."""
+    count of last columns, or column indices), by `logits_to_keep` where the head takes it."""
     if _head_takes_logits_to_keep(type(module)):
         return {"logits_to_keep": keep}, lambda logits: logits
     if isinstance(keep, int):
@@ -308,11 +289,8 @@ def shared_prompt_forward(
     unique_rows: torch.Tensor,
 ) -> torch.Tensor:
     """What a padded forward over `input_ids` (B, response_start + response_kept) gives at the kept response
-    positions, (B, response_kept, vocab or labels), computing each distinct prompt once.
-
-    `prompt_of_row` (B,) numbers each row's prompt; `unique_rows` (U,) is one row holding each distinct
-    prompt. Prompts are left-padded before `response_start`, responses right-padded after it.
-    """
+    positions, (B, response_kept, vocab or labels), computing each distinct prompt once. `prompt_of_row` (B,)
+    numbers each row's prompt; `unique_rows` (U,) is one row holding each distinct prompt."""
     if response_kept < 1:
         raise ValueError("shared_prompt_forward needs at least one response column")
     p, r = response_start, response_kept

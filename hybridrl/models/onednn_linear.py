@@ -1,9 +1,5 @@
-"""Linear layers that multiply through oneDNN on an x86 CPU.
-
-`OneDNNLinear` (fp32 training and log-prob passes) runs its forward and input gradient through oneDNN
-instead of MKL, equal to `F.linear` up to fp32 rounding. `prepacked_linears` (generation) runs each plain
-linear on a copy of its weight reordered once for oneDNN, bf16 bit for bit, falling back to `F.linear`
-where gradients are needed or the weight changed (docs/rollout.md, "How the HF engine decodes").
+"""Linear layers that multiply through oneDNN on an x86 CPU: `OneDNNLinear` (fp32 training and log-prob
+passes, equal to `F.linear` up to fp32 rounding) and `prepacked_linears` (generation, bf16 bit for bit).
 """
 
 from __future__ import annotations
@@ -28,8 +24,7 @@ def onednn_fp32_supported() -> bool:
 
 
 def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x (..., in) @ weight.T + bias through oneDNN, (..., out), owning its memory: FSDP2 warns about a module
-    that returns a view (an in-place op on it would bypass the backward hook)."""
+    """x (..., in) @ weight.T + bias through oneDNN, (..., out), owning its memory: FSDP2 warns about a view."""
     out2d = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]).contiguous(), weight, bias, "none", [], "")
     return out2d.new_empty(0).set_(out2d.untyped_storage(), out2d.storage_offset(), (*x.shape[:-1], weight.shape[0]))
 
@@ -63,7 +58,7 @@ class _OneDNNLinearFunction(torch.autograd.Function):
 
 
 class OneDNNLinear(nn.Linear):
-    """An `nn.Linear` computing through oneDNN for fp32 CPU tensors (module docstring), `F.linear` otherwise."""
+    """An `nn.Linear` computing through oneDNN for fp32 CPU tensors, `F.linear` otherwise."""
 
     # a subclass whose forward is x @ W.T + b and nothing more: the decoding paths may treat it as nn.Linear
     computes_plain_linear = True
@@ -81,16 +76,13 @@ class OneDNNLinear(nn.Linear):
 
 
 def use_onednn_linears(module: nn.Module) -> int:
-    """Turn every plain `nn.Linear` (class exactly nn.Linear) of `module` into a `OneDNNLinear` in place where
-    `onednn_fp32_supported()`; returns how many."""
+    """Make every linear of class exactly `nn.Linear` in `module` a `OneDNNLinear` where supported; returns how many."""
     if not onednn_fp32_supported():
         return 0
-    count = 0
-    for sub in module.modules():
-        if type(sub) is nn.Linear:
-            sub.__class__ = OneDNNLinear
-            count += 1
-    return count
+    linears = [sub for sub in module.modules() if type(sub) is nn.Linear]
+    for sub in linears:
+        sub.__class__ = OneDNNLinear
+    return len(linears)
 
 
 def is_plain_linear(module: object) -> bool:
@@ -99,8 +91,7 @@ def is_plain_linear(module: object) -> bool:
 
 
 def packing_supported(weight: torch.Tensor) -> bool:
-    """Whether `weight` can run packed: a plain 2-D bf16 or fp32 CPU tensor on x86-64, with oneDNN (and its bf16
-    kernels, for bf16)."""
+    """Whether `weight` can run packed: a plain 2-D bf16 or fp32 CPU tensor on x86-64, with oneDNN."""
     ops = torch.ops.mkldnn
     return (
         type(weight.data) is torch.Tensor  # not a DTensor or another subclass
@@ -114,8 +105,7 @@ def packing_supported(weight: torch.Tensor) -> bool:
 
 
 class FixedLinear:
-    """`x @ weight.T + bias` for a weight fixed while this object lives, over a oneDNN pack where
-    `packing_supported` (for weights nobody else holds; a layer's own packs with `prepacked_linears`)."""
+    """`x @ weight.T + bias` for a weight fixed while this object lives, over a oneDNN pack where supported."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.bias = bias
@@ -147,8 +137,8 @@ class _PackedForward:
 
 @contextlib.contextmanager
 def prepacked_linears(module: nn.Module) -> Iterator[int]:
-    """Within the block, every plain linear of `module` (`is_plain_linear`) with a packable weight runs on a
-    pack (a copy) of it; yields how many. Modules whose forward was replaced on the instance are left alone."""
+    """Within the block, every plain linear of `module` with a packable weight runs on a pack (a copy) of it,
+    falling back to `F.linear` where gradients are needed or the weight changed; yields how many."""
     patched: list[nn.Linear] = []
     try:
         for sub in module.modules():

@@ -1,12 +1,6 @@
 """The multi-turn agent loop: generate, run the tools the model calls, append their answers, continue
-(user guide: docs/agents.md).
-
-`AgentLoop.generate_sequences(prompts)` returns a rollout engine's layout with every turn in `responses`,
-calling the engine once per turn (docs/architecture.md, "Multi-turn rollouts with tools"). A row's
-`agent_name` picks `tool_agent` or `single_turn_agent`; a trajectory creates its own instance of a tool at
-its first call and releases it at the end. Tool failures become `Error: ...` messages, never stop the run.
-A turn without a tool call ends the trajectory, or, for a row whose `extra_info.interaction_kwargs` names an
-interaction (hybridrl/tools/interaction.py), gets the simulated user's reply and continues.
+(docs/agents.md). `AgentLoop.generate_sequences` returns a rollout engine's layout with every turn in
+`responses`; tool failures become `Error: ...` messages the model reads, never stop the run.
 """
 
 from __future__ import annotations
@@ -14,8 +8,9 @@ from __future__ import annotations
 import enum
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -31,30 +26,24 @@ from hybridrl.workers.rollout.base import BaseRollout, assemble_output, check_pr
 from hybridrl.workers.rollout.chat_delta import ChatTemplateDelta, tokenization_mismatch
 from hybridrl.workers.rollout.sampling import CALL_OVERRIDES, resolve_sampling_params
 
-# Per-sample columns the loop adds (`sample_columns`); the reward managers pass __num_turns__, reward_scores
-# and tool_rewards to the reward function in extra_info.
+# Per-sample columns the loop adds (`sample_columns`); reward functions get some in extra_info.
 NUMERIC_COLUMNS = ("__num_turns__", "tool_calls", "tool_errors", "tool_timeouts")
 FINISH_COLUMN = "agent_finish"
-FINISH_REASONS = ("answer", "length", "max_assistant_turns", "max_user_turns", "interaction")
 
 
 def compute_agent_metrics(batch: DataProto) -> dict[str, float]:
-    """`agent/*` metrics of a step's batch (empty for a single-turn rollout): num_turns/{mean,min,max},
-    tool_calls/mean, tool_errors and tool_timeouts (counts), tool_latency_s/{mean,max}, tokenization_mismatch
-    (count) and finish/<reason> (share of samples)."""
+    """`agent/*` metrics of a step's batch (empty for a single-turn rollout); finish/<reason>: share of samples."""
     columns = batch.non_tensor_batch
     if "__num_turns__" not in columns:
         return {}
-    turns = np.asarray(columns["__num_turns__"], dtype=float)
-    calls = np.asarray(columns["tool_calls"], dtype=float)
-    errors = np.asarray(columns["tool_errors"], dtype=float)
+    turns, calls, errors, timeouts = (np.asarray(columns[key], dtype=float) for key in NUMERIC_COLUMNS)
     metrics = {
         "agent/num_turns/mean": float(turns.mean()),
         "agent/num_turns/min": float(turns.min()),
         "agent/num_turns/max": float(turns.max()),
         "agent/tool_calls/mean": float(calls.mean()),
         "agent/tool_errors": float(errors.sum()),
-        "agent/tool_timeouts": float(np.asarray(columns["tool_timeouts"], dtype=float).sum()),
+        "agent/tool_timeouts": float(timeouts.sum()),
     }
     latencies = [seconds for row in columns["tool_latency_s"] for seconds in row]
     if latencies:
@@ -64,8 +53,8 @@ def compute_agent_metrics(batch: DataProto) -> dict[str, float]:
     if checked:
         metrics["agent/tokenization_mismatch"] = float(sum(checked))
     finishes = list(columns[FINISH_COLUMN])
-    for reason in FINISH_REASONS:
-        metrics[f"agent/finish/{reason}"] = finishes.count(reason) / len(finishes)
+    for reason in Finish:
+        metrics[f"agent/finish/{reason.value}"] = finishes.count(reason.value) / len(finishes)
     return metrics
 
 
@@ -134,8 +123,7 @@ class Trajectory:
         self.state, self.finish, self.pending = AgentState.DONE, finish, []
 
     def kwargs_for(self, tool: str, stage: str) -> dict[str, Any]:
-        per_tool = self.tools_kwargs.get(tool) or {}
-        return dict(per_tool.get(stage) or {})
+        return dict((self.tools_kwargs.get(tool) or {}).get(stage) or {})
 
     def count_failure(self, outcome: CallOutcome) -> None:
         self.tool_errors += 1
@@ -233,8 +221,7 @@ class AgentLoop:
         return self._assemble(prompts, trajectories, params.n)
 
     def _check_tokenization(self, trajectories: list[Trajectory]) -> None:
-        """Mark each trajectory whose turn-by-turn ids differ from its conversation tokenised at once (those cut
-        by the length limit are not checked)."""
+        """Mark each trajectory (not cut by the length limit) whose turn-by-turn ids differ from its whole chat's."""
         mode = self.config.multi_turn.tokenization_sanity_check_mode
         if mode == "disable":
             return
@@ -298,8 +285,7 @@ class AgentLoop:
         out = self.engine.generate_sequences(batch)
         lengths = out.batch["response_mask"].sum(dim=-1).tolist()
         for i, (t, room) in enumerate(zip(active, rooms, strict=True)):
-            # a row may have sampled past its own share of the budget: its first `room` tokens are exactly
-            # a sample with that budget, since each token depends only on the ones before it
+            # a row past its own budget: its first `room` tokens are exactly a sample with that budget
             keep = min(int(lengths[i]), room)
             ids = out.batch["responses"][i, :keep].tolist()
             t.append(ids, True, out.batch["rollout_log_probs"][i, :keep].tolist())
@@ -315,26 +301,20 @@ class AgentLoop:
         max_assistant, max_user = self.config.multi_turn.max_assistant_turns, self.config.multi_turn.max_user_turns
         if not calls and (t.interaction is None or t.agent_name != "tool_agent"):
             t.end(Finish.ANSWER)
-        elif not calls:  # the row's interaction answers, unless a limit says the conversation is over
-            if max_assistant is not None and t.assistant_turns >= max_assistant:
-                t.end(Finish.ASSISTANT_TURNS)
-            elif max_user is not None and t.user_turns >= max_user:
-                t.end(Finish.USER_TURNS)
-            else:
-                t.state = AgentState.INTERACTING
         elif max_assistant is not None and t.assistant_turns >= max_assistant:
             t.end(Finish.ASSISTANT_TURNS)
         elif max_user is not None and t.user_turns >= max_user:
             t.end(Finish.USER_TURNS)
-        else:
+        elif calls:
             t.state, t.pending = AgentState.CALLING_TOOLS, calls
+        else:  # the row's interaction answers
+            t.state = AgentState.INTERACTING
 
     def _tool_turn(self, calling: list[Trajectory]) -> None:
         if not calling:
             return
-        replies: list[list[str | None]] = []  # per trajectory, per call: the error, or None until executed
-        for t in calling:
-            replies.append([self._call_problem(t, j, call) for j, call in enumerate(t.pending)])
+        # per trajectory, per call: the error, or None until executed
+        replies = [[self._call_problem(t, j, call) for j, call in enumerate(t.pending)] for t in calling]
         self._create_instances(calling, replies)
         self._execute(calling, replies)
         for t, texts in zip(calling, replies, strict=True):
@@ -343,13 +323,11 @@ class AgentLoop:
             self._append_context(t, self.delta.ids_after_turn(messages))
 
     def _interaction_turn(self, asking: list[Trajectory]) -> None:
-        """Each trajectory's interaction replies as the user (started first where needed); a failing one
-        ends its trajectory and counts as a tool error."""
-        timeout = self.config.multi_turn.tool_timeout
+        """Each trajectory's interaction replies as the user (started first where needed); a failure ends it."""
         starting = [t for t in asking if t.interaction_id is None]
-        jobs = [(self._bind(self.interactions[t.interaction].start_interaction, None, **t.interaction_kwargs), timeout)
-                for t in starting]
-        for t, outcome in zip(starting, self.runner.run(jobs), strict=True):
+        started = self._run([partial(self.interactions[t.interaction].start_interaction, None, **t.interaction_kwargs)
+                             for t in starting])
+        for t, outcome in zip(starting, started, strict=True):
             if outcome.ok and isinstance(outcome.value, str):
                 t.interaction_id = outcome.value
             else:
@@ -357,9 +335,9 @@ class AgentLoop:
                 t.end(Finish.ANSWER)
         asking = [t for t in asking if t.state is AgentState.INTERACTING]
         # the whole conversation, as verl passes it: the prompt's chat (with data.return_raw_chat) and the turns
-        jobs = [(self._bind(self.interactions[t.interaction].generate_response, t.interaction_id,
-                            t.prompt_messages + t.messages, **t.interaction_kwargs), timeout) for t in asking]
-        for t, outcome in zip(asking, self.runner.run(jobs), strict=True):
+        replies = self._run([partial(self.interactions[t.interaction].generate_response, t.interaction_id,
+                                     t.prompt_messages + t.messages, **t.interaction_kwargs) for t in asking])
+        for t, outcome in zip(asking, replies, strict=True):
             try:
                 if not outcome.ok:
                     raise RuntimeError(outcome.error)
@@ -400,11 +378,10 @@ class AgentLoop:
     def _create_instances(self, calling: list[Trajectory], replies: list[list[str | None]]) -> None:
         needed = {(id(t), call.name): t for t, _, _, call in self._runnable(calling, replies)
                   if call.name not in t.instances}
-        timeout = self.config.multi_turn.tool_timeout
-        jobs = [(self._bind(self.tools[name].create, **t.kwargs_for(name, "create_kwargs")), timeout)
-                for (_, name), t in needed.items()]
+        created = self._run([partial(self.tools[name].create, **t.kwargs_for(name, "create_kwargs"))
+                             for (_, name), t in needed.items()])
         failed: dict[tuple[int, str], str] = {}
-        for ((key, name), t), outcome in zip(needed.items(), self.runner.run(jobs), strict=True):
+        for ((key, name), t), outcome in zip(needed.items(), created, strict=True):
             try:
                 if not outcome.ok:
                     raise RuntimeError(outcome.error)
@@ -418,10 +395,9 @@ class AgentLoop:
 
     def _execute(self, calling: list[Trajectory], replies: list[list[str | None]]) -> None:
         runnable = list(self._runnable(calling, replies))
-        timeout = self.config.multi_turn.tool_timeout
-        jobs = [(self._bind(self.tools[call.name].execute, t.instances[call.name], call.arguments,
-                            **t.kwargs_for(call.name, "execute_kwargs")), timeout) for t, _, _, call in runnable]
-        for (t, texts, j, _), outcome in zip(runnable, self.runner.run(jobs), strict=True):
+        executed = self._run([partial(self.tools[call.name].execute, t.instances[call.name], call.arguments,
+                                      **t.kwargs_for(call.name, "execute_kwargs")) for t, _, _, call in runnable])
+        for (t, texts, j, _), outcome in zip(runnable, executed, strict=True):
             t.tool_latencies.append(outcome.seconds)
             try:
                 if not outcome.ok:
@@ -445,21 +421,18 @@ class AgentLoop:
             t.state, t.pending = AgentState.GENERATING, []
 
     def _close_instances(self, trajectories: list[Trajectory]) -> None:
-        """calc_reward, then release, every tool instance the trajectories created; finalize every interaction
-        they started."""
+        """Finalize every interaction the trajectories started; calc_reward, then release, every tool instance."""
         owned = [(t, name, instance) for t in trajectories for name, instance in t.instances.items()]
-        timeout = self.config.multi_turn.tool_timeout
         talked = [t for t in trajectories if t.interaction_id is not None]
-        jobs = [(self._bind(self.interactions[t.interaction].finalize_interaction, t.interaction_id), timeout)
-                for t in talked]
-        for t, outcome in zip(talked, self.runner.run(jobs), strict=True):
+        finalized = self._run([partial(self.interactions[t.interaction].finalize_interaction, t.interaction_id)
+                               for t in talked])
+        for t, outcome in zip(talked, finalized, strict=True):
             if not outcome.ok:
                 t.count_failure(outcome)
-        for stage in ("calc_reward_kwargs", "release_kwargs"):
-            method = "calc_reward" if stage == "calc_reward_kwargs" else "release"
-            jobs = [(self._bind(getattr(self.tools[name], method), instance, **t.kwargs_for(name, stage)), timeout)
-                    for t, name, instance in owned]
-            for (t, name, _), outcome in zip(owned, self.runner.run(jobs), strict=True):
+        for method, stage in (("calc_reward", "calc_reward_kwargs"), ("release", "release_kwargs")):
+            outcomes = self._run([partial(getattr(self.tools[name], method), instance, **t.kwargs_for(name, stage))
+                                  for t, name, instance in owned])
+            for (t, name, _), outcome in zip(owned, outcomes, strict=True):
                 if not outcome.ok:
                     t.count_failure(outcome)
                 elif method == "calc_reward":
@@ -469,23 +442,19 @@ class AgentLoop:
                     else:
                         t.reward_scores[name] = float(value)
 
-    @staticmethod
-    def _bind(method: Any, *args: Any, **kwargs: Any) -> Any:
-        return lambda: method(*args, **kwargs)
+    def _run(self, calls: list[Callable[[], Any]]) -> list[CallOutcome]:
+        """Run the calls (coroutine factories) at once, each under multi_turn.tool_timeout."""
+        return self.runner.run([(call, self.config.multi_turn.tool_timeout) for call in calls])
 
     def _assemble(self, prompts: DataProto, trajectories: list[Trajectory], n: int) -> DataProto:
         width, device = self.config.response_length, prompts.batch["input_ids"].device
 
-        def padded(rows: list[list], fill: float) -> list[list]:  # each row right-padded to the response width
-            return [list(row) + [fill] * (width - len(row)) for row in rows]
+        def padded(rows: list[list], fill: float, dtype: torch.dtype) -> torch.Tensor:  # (B*n, R), right-padded
+            return torch.tensor([list(row) + [fill] * (width - len(row)) for row in rows], dtype=dtype, device=device)
 
-        # one tensor per column, made on the prompts' device from the trajectories' Python lists
-        responses = torch.tensor(padded([t.response_ids for t in trajectories], self.pad_token_id),
-                                 dtype=torch.long, device=device)  # (B*n, R)
-        model_mask = torch.tensor(padded([t.model_mask for t in trajectories], 0), dtype=torch.long,
-                                  device=device)  # (B*n, R)
-        log_probs = torch.tensor(padded([t.log_probs for t in trajectories], 0.0), dtype=torch.float32,
-                                 device=device)  # (B*n, R)
+        responses = padded([t.response_ids for t in trajectories], self.pad_token_id, torch.long)
+        model_mask = padded([t.model_mask for t in trajectories], 0, torch.long)
+        log_probs = padded([t.log_probs for t in trajectories], 0.0, torch.float32)
         lengths = torch.tensor([len(t.response_ids) for t in trajectories], device=device)  # (B*n,)
         inputs = prompts.select(batch_keys=list(prompts.batch.keys()), non_tensor_batch_keys=[
             key for key in prompts.non_tensor_batch if key not in AGENT_INPUT_COLUMNS])

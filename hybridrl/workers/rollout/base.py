@@ -1,8 +1,7 @@
 """The rollout interface, the registry of engines by `rollout.name`, and the output layout they share.
 
-Every engine turns B LEFT-padded prompts into a DataProto of B*n rows (P prompt columns,
-R = rollout.response_length), each prompt's n samples next to each other as
-`DataProto.repeat(n, interleave=True)` orders them, with every input non-tensor column repeated alike:
+Every engine turns B LEFT-padded prompts into a DataProto of B*n rows, each prompt's n samples adjacent (as
+`DataProto.repeat(n, interleave=True)` orders them), every input non-tensor column repeated alike:
 
     prompts            (B*n, P)    the prompt ids, left-padded
     responses          (B*n, R)    generated ids, right-padded with the pad id
@@ -11,9 +10,6 @@ R = rollout.response_length), each prompt's n samples next to each other as
     position_ids       (B*n, P+R)  prompt positions, then last prompt position + 1, + 2, ...
     response_mask      (B*n, R)    1 up to and including the stop (EOS) token, 0 after it
     rollout_log_probs  (B*n, R)    the sampler's log-prob of each chosen token, 0 where masked
-
-`with rollout.serving(actor):` makes the engine generate with the actor's current weights for the block
-(docs/rollout.md, "The hand-off between training and generation").
 """
 
 from __future__ import annotations
@@ -37,10 +33,8 @@ from hybridrl.workers.config import RolloutConfig
 def rollout_logprob_diff_metrics(
     rollout_log_probs: torch.Tensor, old_log_probs: torch.Tensor, response_mask: torch.Tensor
 ) -> dict[str, float]:
-    """Max and mean of |rollout_log_probs - old_log_probs| over the response tokens, all (batch, response_len).
-
-    A gap beyond rounding means the rollout sampled from other weights (a weight-sync bug) or precision.
-    """
+    """Max and mean of |rollout_log_probs - old_log_probs| over the response tokens, all (batch, response_len);
+    a gap beyond rounding means the rollout sampled from other weights (a weight-sync bug) or precision."""
     shapes = {t.shape for t in (rollout_log_probs, old_log_probs, response_mask)}
     if len(shapes) != 1:
         raise ValueError(
@@ -62,8 +56,7 @@ PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
 
 
 class ServedActor(Protocol):
-    """What a rollout engine asks of the training engine it generates with (FSDPEngine in
-    hybridrl/workers/fsdp_engine.py)."""
+    """What a rollout engine asks of the training engine it generates with (hybridrl/workers/fsdp_engine.py)."""
 
     module: nn.Module
 
@@ -84,8 +77,7 @@ class BaseRollout(ABC):
     """A generation engine. Built through `build_rollout`, called by the actor_rollout worker."""
 
     config: RolloutConfig
-    # True where the engine holds its own copy of the weights (vLLM), so the actor's parameters may leave
-    # the device while it generates (fsdp_config.param_offload)
+    # True where the engine holds its own weights (vLLM): the actor's may leave the device while it generates
     holds_own_weights: bool = False
 
     @classmethod
@@ -110,10 +102,8 @@ class BaseRollout(ABC):
 
     @contextlib.contextmanager
     def serving(self, actor: ServedActor | None) -> Iterator[None]:
-        """Generate with `actor`'s current weights for the block (`actor=None`: the engine's own weights).
-
-        With `fsdp_config.optimizer_offload` the optimizer state leaves the device for the block. A collective
-        where the actor is sharded."""
+        """Generate with `actor`'s current weights for the block (`actor=None`: the engine's own weights), its
+        optimizer state off the device (`fsdp_config.optimizer_offload`). A collective where the actor is sharded."""
         if actor is None:
             with self._awake():
                 yield
@@ -126,8 +116,7 @@ class BaseRollout(ABC):
             actor.load_optimizer()
 
     def receive_weights(self, pairs: Iterator[tuple[str, torch.Tensor]]) -> None:
-        """Load weights sent from another pool into the engine, awake for it (a rollout pool of its own: the
-        weight sync, hybridrl/workers/weight_sync.py)."""
+        """Load weights sent from another pool (hybridrl/workers/weight_sync.py) into the engine, awake for it."""
         with self._awake():
             self.update_weights(pairs)
 
@@ -175,13 +164,8 @@ def build_rollout(
 
 
 def eos_token_ids(*values: int | list[int] | None) -> list[int]:
-    """Merge EOS ids given as ints, lists or None (Qwen's generation config lists two) into one list, first
-    occurrence first."""
-    ids: list[int] = []
-    for value in values:
-        if value is None:
-            continue
-        ids += [value] if isinstance(value, int) else list(value)
+    """EOS ids given as ints, lists or None (Qwen's generation config lists two) as one list, first occurrence first."""
+    ids = [i for value in values if value is not None for i in ([value] if isinstance(value, int) else value)]
     return list(dict.fromkeys(int(i) for i in ids))
 
 
@@ -209,8 +193,7 @@ def assemble_output(
     log_probs: torch.Tensor,
     n: int,
 ) -> DataProto:
-    """The rollout output from responses (B*n, R) with lengths (B*n,) and log-probs (B*n, R); positions at or
-    after a row's length must hold the pad id."""
+    """The rollout output from responses (B*n, R), pad ids at and after each row's length (B*n,), and log-probs."""
     input_ids, attention_mask, position_ids = (
         prompts.batch[key].repeat_interleave(n, dim=0) for key in PROMPT_KEYS
     )  # each (B*n, P)

@@ -1,10 +1,6 @@
-"""The tokens the chat template puts between the end of an assistant turn and the model's next turn.
-
-The model's tokens stay as sampled; only what the template adds around new messages is tokenised: the
-difference between a fixed chat rendered alone and followed by them. With a prefix-stable template that
-equals the conversation tokenised at once, which `tokenization_mismatch` checks per
-`multi_turn.tokenization_sanity_check_mode` (tests/workers/rollout/test_agent_loop.py).
-"""
+"""The tokens the chat template puts between the end of an assistant turn and the model's next turn: the
+difference between a fixed chat rendered alone and followed by the new messages (the model's tokens stay as
+sampled). `tokenization_mismatch` checks it against the conversation tokenised at once."""
 
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
-"""Continuous batching for the HF engine: a decoding batch that stays full across calls (streaming mode,
-docs/placement.md "Streaming").
-
-A `ContinuousBatch` keeps rows (one per sample) over calls: a row that finishes leaves the batch and a waiting
-prompt's samples take its place at once, so a long response never idles the rest. Every row writes its next
-key/value at one shared column of `SharedColumnCache`; a row admitted later holds its prompt in the columns just
-left of that column, so rows of different lengths decode in one batched step. When the column reaches the
-buffers' end, every row moves left by the columns no row uses.
-
-Each sampled token records the weight version it was sampled under. With `partial=True` a weight change between
-calls re-prefills the rows in flight (prompt and response so far) under the new weights, and they go on.
+"""Continuous batching for the HF engine's streaming mode (docs/placement.md, "Streaming"): a finished row's
+place goes to a waiting prompt's sample at once. Every row writes its next key/value at one shared column of
+`SharedColumnCache`, a row admitted later holding its prompt just left of it, so rows of different lengths
+decode in one batched step.
 """
 
 from __future__ import annotations
@@ -18,23 +11,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache
 
 from hybridrl.data.rl_dataset import left_pad
 from hybridrl.protocol import DataProto
 from hybridrl.workers.rollout.base import assemble_output
-from hybridrl.workers.rollout.kv_cache import ForwardSteps, PreallocatedCache, forward_logits
+from hybridrl.workers.rollout.kv_cache import BufferLayer, ForwardSteps, PreallocatedCache, forward_logits
 from hybridrl.workers.rollout.sampling import SamplingParams, sample_tokens
 
 
-class SharedColumnLayer(CacheLayerMixin):
+class SharedColumnLayer(BufferLayer):
     """One layer's keys and values in zeroed (rows, H, width, D) buffers; a step writes every row at the owner's
-    column, and attention reads the columns from the owner's `start` (the first any decoding row uses) to it
-    (columns a row does not use are masked)."""
-
-    is_sliding = False
-    is_compileable = False
+    column, and attention reads from the owner's `start` (the first column any decoding row uses) to it."""
 
     def __init__(self, owner: SharedColumnCache) -> None:
         super().__init__()
@@ -62,8 +52,7 @@ class SharedColumnLayer(CacheLayerMixin):
 
 
 class SharedColumnCache(Cache):
-    """`num_layers` `SharedColumnLayer`s `width` columns wide; the next step writes at `column`, and attention reads
-    from column `start`."""
+    """`num_layers` `SharedColumnLayer`s `width` columns wide, written next at `column`, read from `start`."""
 
     def __init__(self, num_layers: int, width: int) -> None:
         self.width = width
@@ -78,16 +67,12 @@ class SharedColumnCache(Cache):
         length = prefilled[0][0].shape[-2]
         if length > self.column:
             raise ValueError(f"{length} prefilled columns do not fit left of column {self.column}")
+        pad = (0, 0, self.column - length, self.width - self.column)  # zeros around [column - L, column)
         for layer, (keys, values) in zip(self.layers, prefilled, strict=True):
-            new_keys = keys.new_zeros(*keys.shape[:2], self.width, keys.shape[-1])
-            new_values = values.new_zeros(*values.shape[:2], self.width, values.shape[-1])
-            new_keys[:, :, self.column - length: self.column] = keys
-            new_values[:, :, self.column - length: self.column] = values
-            if layer.keys is None:
-                layer.keys, layer.values = new_keys, new_values
-            else:
-                layer.keys = torch.cat([layer.keys, new_keys])
-                layer.values = torch.cat([layer.values, new_values])
+            keys, values = F.pad(keys, pad), F.pad(values, pad)
+            if layer.keys is not None:
+                keys, values = torch.cat([layer.keys, keys]), torch.cat([layer.values, values])
+            layer.keys, layer.values = keys, values
             layer.is_initialized = True
 
     def keep(self, rows: torch.Tensor) -> None:
@@ -105,20 +90,12 @@ class SharedColumnCache(Cache):
 
 def _shifted(buffer: torch.Tensor, by: int) -> torch.Tensor:
     """Columns (dim -2 of a 4-D buffer, dim -1 of a 2-D one) moved `by` places, zeros filling the gap."""
-    dim = -2 if buffer.dim() == 4 else -1
-    out = torch.zeros_like(buffer)
-    width = buffer.shape[dim]
-    if by >= 0:
-        out.narrow(dim, by, width - by).copy_(buffer.narrow(dim, 0, width - by))
-    else:
-        out.narrow(dim, 0, width + by).copy_(buffer.narrow(dim, -by, width + by))
-    return out
+    return F.pad(buffer, (0, 0, by, -by) if buffer.dim() == 4 else (by, -by))  # a negative pad crops
 
 
 @dataclass
 class Request:
-    """One prompt admitted for `n` samples: its row of the prompt batch, as given (left-padded), and each finished
-    sample's tokens, log-probs, token versions and length, by sample index."""
+    """One prompt (its left-padded row) for `n` samples, and its finished samples by sample index."""
 
     prompt: DataProto
     n: int
@@ -126,16 +103,13 @@ class Request:
 
 
 StepsFactory = Callable[[SharedColumnCache], ForwardSteps]
+ROW_STATE = ("active", "request_of", "sample_of", "length", "position", "mask", "responses", "log_probs", "versions",
+             "pending")
 
 
 class ContinuousBatch:
-    """Rows (slots) decoding across calls, prompts waiting for room, finished groups handed back by `run`.
-
-    `prompt_len`: the prompts' padded length; `capacity`: the most rows that decode at once (rollout.max_num_seqs).
-    A row keeps its prompt's keys/values, so a group's n samples take n rows. A finished row's slot stays in the
-    batch, idle, until a waiting prompt's sample takes it over (no copy of the cache); idle slots leave the batch
-    once they are `IDLE_SHARE` of it and nothing waits.
-    """
+    """Rows (slots, one per sample) decoding across calls, at most `capacity` (rollout.max_num_seqs), and prompts
+    waiting for room; idle slots leave once they are `IDLE_SHARE` of the batch and nothing waits."""
 
     IDLE_SHARE = 0.125
 
@@ -197,14 +171,12 @@ class ContinuousBatch:
         prompts = [self.requests[r].prompt for r in sorted(self.requests)]
         return DataProto.concat(prompts) if prompts else None
 
-    # ----- one call ------------------------------------------------------------------------------------------
     def run(self, model: nn.Module, make_steps: StepsFactory, version: int, max_steps: int,
             min_groups: int = 1, partial: bool = True) -> DataProto | None:
-        """Decode until `min_groups` prompts have all their samples, nothing is left, or `max_steps` tokens
-        were sampled; returns the finished groups (rollout layout, plus `rollout_versions` (rows, R): the weight
-        version each token was sampled under, -1 past the response, and `weight_version` (rows,): the oldest),
-        or None. Between calls every decoding row holds its last sampled token, not yet fed. `partial=False`
-        refuses new weights while rows are in flight (the caller lets them finish first)."""
+        """Decode until `min_groups` prompts have all their samples, nothing is left, or `max_steps` tokens were
+        sampled -> the finished groups (rollout layout, plus `rollout_versions` (rows, R): each token's weight
+        version, -1 past the response, and `weight_version` (rows,): the oldest), or None. New weights re-prefill
+        the rows in flight; `partial=False` refuses them instead."""
         finished: list[DataProto] = []
         logits = None
         if self.decoding and self.kv_version != version and not partial:
@@ -240,7 +212,6 @@ class ContinuousBatch:
         if cache.column >= cache.width:
             self._compact()
         self.mask[:, cache.column] = 1
-        # attention reads from the first column a decoding row uses (idle slots, cut short there, see this one)
         cache.start = self._first_used_column()
         logits = steps.step(self.pending, self.position, self.mask[:, cache.start: cache.column + 1])
         self.position = self.position + 1
@@ -260,13 +231,9 @@ class ContinuousBatch:
         self.mask = _shifted(self.mask, by)
 
     def _admit(self, model: nn.Module, logits: torch.Tensor | None) -> torch.Tensor | None:
-        """Prefill waiting prompts while their samples fit: idle slots first, then new rows; their next-token logits
-        take the slots' places in `logits`."""
-        admitted = []
-        room = self.capacity - self.decoding
-        while self.waiting and room >= self.params.n:
-            admitted.append(self.waiting.pop(0))
-            room -= self.params.n
+        """Prefill waiting prompts while their samples fit (idle slots first, then new rows) into `logits`."""
+        count = max(0, (self.capacity - self.decoding) // self.params.n)
+        admitted, self.waiting = self.waiting[:count], self.waiting[count:]
         if not admitted:
             return logits
         prompts = DataProto.concat([self.requests[r].prompt for r in admitted])
@@ -286,18 +253,15 @@ class ContinuousBatch:
         self.versions[slots] = 0
         self.active[slots] = True
         new_logits = new_logits.repeat_interleave(n, 0)
-        if logits is None or logits.shape[0] < self.rows:  # rows were added: grow the logits to every slot
-            grown = new_logits.new_zeros(self.rows, new_logits.shape[1])
-            if logits is not None:
-                grown[: logits.shape[0]] = logits
-            logits = grown
+        logits = new_logits[:0] if logits is None else logits
+        if logits.shape[0] < self.rows:  # rows were added: a row of logits per slot
+            logits = F.pad(logits, (0, 0, 0, self.rows - logits.shape[0]))
         logits[slots] = new_logits[:rows]
         return logits
 
     def _place(self, kv: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor,
                next_position: torch.Tensor) -> torch.Tensor:
-        """Write new rows' prefilled columns `mask` (new, L), ending just left of the shared column, into idle slots
-        and then appended rows; returns the slots, in the new rows' order."""
+        """Write new rows' prefilled columns `mask` (new, L) into idle slots, then appended rows -> the slots."""
         new, length = mask.shape
         if self.cache is None:
             self._new_cache(len(kv), self.span, rows=0)
@@ -305,34 +269,25 @@ class ContinuousBatch:
         if cache.column < length:  # the new rows' columns end at the shared column: make room left of it
             self._shift(length - cache.column)
         idle = (~self.active).nonzero().squeeze(1)[:new]
-        reused = idle.numel()
+        reused, appended = idle.numel(), new - idle.numel()
         columns = slice(cache.column - length, cache.column)
         if reused:
             for layer, (keys, values) in zip(cache.layers, kv, strict=True):
                 layer.keys[idle, :, columns] = keys[:reused]
                 layer.values[idle, :, columns] = values[:reused]
-            self.mask[idle] = 0
-            self.mask[idle, columns] = mask[:reused]
-            self.position[idle] = next_position[:reused]
-        appended = new - reused
         if appended:
             cache.append([(k[reused:], v[reused:]) for k, v in kv])
-            new_mask = torch.zeros(appended, cache.width, dtype=torch.long, device=self.device)
-            new_mask[:, columns] = mask[reused:]
-            self.mask = torch.cat([self.mask, new_mask])
-            self.position = torch.cat([self.position, next_position[reused:]])
-            self.active = torch.cat([self.active, torch.zeros(appended, dtype=torch.bool, device=self.device)])
-            for name, fill in (("request_of", -1), ("sample_of", 0), ("length", 0), ("pending", 0)):
-                added = torch.full((appended,), fill, device=self.device)
-                setattr(self, name, torch.cat([getattr(self, name), added]))
-            for name, dtype in (("responses", torch.long), ("log_probs", torch.float32), ("versions", torch.long)):
-                added = torch.zeros(appended, self.response_len, dtype=dtype, device=self.device)
-                setattr(self, name, torch.cat([getattr(self, name), added]))
-        return torch.cat([idle, torch.arange(self.rows - appended, self.rows, device=self.device)])
+            for name in ROW_STATE:  # zeros for the appended slots
+                state = getattr(self, name)
+                setattr(self, name, torch.cat([state, state.new_zeros(appended, *state.shape[1:])]))
+        slots = torch.cat([idle, torch.arange(self.rows - appended, self.rows, device=self.device)])
+        self.mask[slots] = 0
+        self.mask[slots, columns] = mask
+        self.position[slots] = next_position
+        return slots
 
     def _new_cache(self, num_layers: int, column: int, rows: int) -> None:
-        """An empty cache twice a row's longest span wide (so a move left frees at least a span), writing next at
-        `column`, and a mask for `rows` rows attending to nothing yet."""
+        """An empty cache twice a row's span wide (a move left frees at least a span), writing next at `column`."""
         self.cache = SharedColumnCache(num_layers, 2 * self.span + 1)
         self.cache.column = column
         self.mask = torch.zeros(rows, self.cache.width, dtype=torch.long, device=self.device)
@@ -348,13 +303,11 @@ class ContinuousBatch:
     def _keep(self, rows: torch.Tensor) -> None:
         """Only slots `rows` stay in the batch."""
         self.cache.keep(rows)
-        for name in ("active", "request_of", "sample_of", "length", "position", "mask", "responses", "log_probs",
-                     "versions", "pending"):
+        for name in ROW_STATE:
             setattr(self, name, getattr(self, name)[rows])
 
     def _reprefill(self, model: nn.Module) -> torch.Tensor:
-        """Rebuild the decoding rows' keys/values (prompt, then the sampled tokens) under the current weights, idle
-        slots dropped -> the rows' next-token logits (A, V)."""
+        """Rebuild the decoding rows' keys/values under the current weights (idle slots dropped) -> logits (A, V)."""
         self._keep(self.active.nonzero().squeeze(1))
         sequences, starts = [], []
         for row in range(self.rows):
@@ -375,8 +328,7 @@ class ContinuousBatch:
         return logits
 
     def _finish(self, done: torch.Tensor) -> list[DataProto]:
-        """Rows `done` stop decoding (their slots go idle); every request whose samples have all finished comes back
-        as a group. Idle slots leave the batch once they are IDLE_SHARE of it and no prompt waits."""
+        """Rows `done` stop decoding (their slots go idle) -> the requests whose samples have all finished."""
         groups = []
         for row in done.nonzero().squeeze(1).tolist():
             request_id = int(self.request_of[row])

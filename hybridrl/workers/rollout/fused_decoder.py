@@ -1,9 +1,6 @@
-"""One decoding step of a Llama-family causal LM (Llama, Qwen2, Mistral without a sliding window) over the
-model's own weights and modules, for the HF engine's eager loop on a CPU.
-
-`FusedDecoder.step` gives the forward's logits bit for bit with stacked q/k/v and gate/up projections and
-one rotary pass and mask per step; `step_shared` keeps each prompt's keys/values once for its n samples.
-`fused_decoder` returns None for other models (docs/rollout.md, "How the HF engine decodes").
+"""One decoding step of a Llama-family causal LM over the model's own weights, for the HF engine's eager loop on
+a CPU: the forward's logits bit for bit, with stacked q/k/v and gate/up projections and one rotary pass and mask
+per step (docs/rollout.md, "How the HF engine decodes").
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ from torch import nn
 from transformers.cache_utils import Cache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from hybridrl.models.attention import GROUPED_EAGER, GROUPED_SDPA
+from hybridrl.models.attention import GROUPED_EAGER, GROUPED_SDPA, additive
 from hybridrl.models.onednn_linear import FixedLinear, is_plain_linear
 from hybridrl.workers.rollout.kv_cache import ForwardSteps, PreallocatedCache, forward_logits
 
@@ -29,12 +26,10 @@ BOOLEAN_MASK_ATTENTION = ("sdpa", GROUPED_SDPA)
 def _stacked(linears: list[nn.Linear]) -> FixedLinear:
     """One linear whose output is the outputs of `linears` side by side."""
     weight = torch.cat([lin.weight.detach() for lin in linears])
-    biases = [lin.bias for lin in linears]
-    if all(b is None for b in biases):
+    if all(lin.bias is None for lin in linears):
         return FixedLinear(weight, None)
-    bias = torch.cat([b.detach() if b is not None else weight.new_zeros(lin.out_features)
-                      for b, lin in zip(biases, linears, strict=True)])
-    return FixedLinear(weight, bias)
+    return FixedLinear(weight, torch.cat([weight.new_zeros(lin.out_features) if lin.bias is None else lin.bias.detach()
+                                          for lin in linears]))
 
 
 def unsupported_reason(model: nn.Module) -> str | None:
@@ -64,8 +59,8 @@ def unsupported_reason(model: nn.Module) -> str | None:
 
 
 class FusedDecoder:
-    """Next-token logits for one new token per row, over `model`'s weights as they are at construction (build
-    one per generation, after the weights are gathered and cast)."""
+    """Next-token logits for one new token per row, over `model`'s weights as they are at construction (build one
+    per generation, after the weights are gathered and cast)."""
 
     def __init__(self, model: nn.Module) -> None:
         reason = unsupported_reason(model)
@@ -77,27 +72,19 @@ class FusedDecoder:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.attention = ALL_ATTENTION_FUNCTIONS[config._attn_implementation]
         self.additive_mask = config._attn_implementation in ADDITIVE_MASK_ATTENTION
-        self.qkv: list[FixedLinear] = []
-        self.gate_up: list[FixedLinear] = []
-        for layer in self.base.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            self.qkv.append(_stacked([attn.q_proj, attn.k_proj, attn.v_proj]))
-            self.gate_up.append(_stacked([mlp.gate_proj, mlp.up_proj]))
+        attns, mlps = [layer.self_attn for layer in self.base.layers], [layer.mlp for layer in self.base.layers]
+        self.qkv: list[FixedLinear] = [_stacked([attn.q_proj, attn.k_proj, attn.v_proj]) for attn in attns]
+        self.gate_up: list[FixedLinear] = [_stacked([mlp.gate_proj, mlp.up_proj]) for mlp in mlps]
 
     def step_mask(self, attention_mask: torch.Tensor, kv_length: int, dtype: torch.dtype) -> torch.Tensor:
-        """(A, 1, 1, kv_length) mask of the attention's kind from the rows' 0/1 mask (A, W <= kv_length) over the
-        positions written so far and this step's; positions past W are masked."""
-        attend = attention_mask.new_zeros(attention_mask.shape[0], kv_length, dtype=torch.bool)
-        attend[:, : attention_mask.shape[1]] = attention_mask.bool()
-        if not self.additive_mask:
-            return attend[:, None, None, :]
-        additive = torch.zeros(attend.shape, dtype=dtype, device=attend.device)
-        return additive.masked_fill_(~attend, torch.finfo(dtype).min)[:, None, None, :]
+        """(A, 1, 1, kv_length) mask of the attention's kind from the rows' 0/1 mask (A, W); past W: masked."""
+        attend = F.pad(attention_mask.bool(), (0, kv_length - attention_mask.shape[1]))[:, None, None, :]
+        return additive(attend, dtype) if self.additive_mask else attend
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, cache: object,
              attention_mask: torch.Tensor) -> torch.Tensor:
-        """tokens (A,), positions (A,), `cache` (a transformers Cache holding the prefilled prompts), the rows' 0/1
-        mask over the written positions and this one (A, W) -> logits (A, V)."""
+        """tokens (A,), positions (A,), a transformers Cache holding the prefilled prompts, the rows' 0/1 mask over
+        the written positions and this one (A, W) -> logits (A, V)."""
         kv_length = cache.layers[0].get_mask_sizes(1)[0]
         mask = self.step_mask(attention_mask, kv_length, self.base.embed_tokens.weight.dtype)
 
@@ -109,8 +96,7 @@ class FusedDecoder:
         return self._layers(tokens, positions, attend)
 
     def step_shared(self, tokens: torch.Tensor, positions: torch.Tensor, kv: SharedPromptKV) -> torch.Tensor:
-        """`step` for samples of shared prompts: the rows of `kv.active`, each attending to its prompt's keys/values
-        (kept once per prompt) and its own response's -> logits (A, V)."""
+        """`step` for the rows of `kv.active`, over their prompts' keys/values kept once -> logits (A, V)."""
         mask = kv.step_mask()  # (A, 1, 1, P + W)
         prompt_len, group = kv.prompt_len, self.heads // self.kv_heads
 
@@ -151,14 +137,13 @@ class FusedDecoder:
 
 
 class SharedPromptKV:
-    """Keys/values of B prompts kept once each (prefilled), each sample's response in its own row, and which
-    samples still decode: attention reads a prompt's keys/values once for all n samples in one matmul
-    instead of n times."""
+    """Keys/values of B prompts kept once each, each sample's response in its own row, and which samples still
+    decode: attention reads a prompt's keys/values once for its n samples in one matmul."""
 
     def __init__(self, prompt: PreallocatedCache, prompt_mask: torch.Tensor, n: int, width: int,
                  dtype: torch.dtype) -> None:
-        """prompt: the cache the B prompts were prefilled into (every layer exactly P wide); prompt_mask (B, P)
-        0/1; width: the most response tokens a row can write."""
+        """prompt: the cache the B prompts were prefilled into, exactly P wide; prompt_mask (B, P) 0/1; width: the
+        most response tokens a row can write."""
         self.prompt, self.n = prompt, n
         self.prompts, self.prompt_len = prompt_mask.shape
         widths = {layer.keys.shape[2] for layer in prompt.layers}
@@ -168,9 +153,7 @@ class SharedPromptKV:
         self.responses = PreallocatedCache(len(prompt.layers), width, full_width=True)
         self.active = torch.arange(self.prompts * n, device=prompt_mask.device)  # sample index of each row
         self.min_value = torch.finfo(dtype).min
-        additive = torch.zeros(prompt_mask.shape, dtype=dtype, device=prompt_mask.device)
-        additive.masked_fill_(prompt_mask == 0, self.min_value)
-        self.prompt_mask = additive.repeat_interleave(n, dim=0)  # (A, P), one row per sample
+        self.prompt_mask = additive(prompt_mask != 0, dtype).repeat_interleave(n, dim=0)  # (A, P), a row per sample
 
     def select(self, keep: torch.Tensor) -> None:
         """Only the rows `keep` (indices into the current rows) go on decoding."""
@@ -179,8 +162,7 @@ class SharedPromptKV:
         self.responses.batch_select_indices(keep)
 
     def step_mask(self) -> torch.Tensor:
-        """(A, 1, 1, P + W) additive mask: each row's prompt padding and the response positions not written yet
-        (this step writes position `length`)."""
+        """(A, 1, 1, P + W) additive mask over each row's prompt padding and the response positions not written."""
         written = self.responses.layers[0].length + 1
         width = self.responses.layers[0].get_mask_sizes(1)[0]
         response = self.prompt_mask.new_full((1, width), self.min_value)
@@ -211,7 +193,7 @@ def fused_decoder(model: nn.Module) -> FusedDecoder | None:
 
 
 class FusedSteps(ForwardSteps):
-    """`FusedDecoder.step` after the forward's prefill: the forward's logits bit for bit, with less per layer."""
+    """`FusedDecoder.step` after the forward's prefill."""
 
     def __init__(self, decoder: FusedDecoder, cache: Cache) -> None:
         super().__init__(decoder.model, cache)
@@ -222,8 +204,7 @@ class FusedSteps(ForwardSteps):
 
 
 class SharedPromptSteps(FusedSteps):
-    """`FusedDecoder.step_shared`: each prompt's keys/values kept once for its n samples (`SharedPromptKV`),
-    not copied per sample; `cache` holds the prompts only."""
+    """`FusedDecoder.step_shared` over `SharedPromptKV`; `cache` holds the prompts only."""
 
     def __init__(self, decoder: FusedDecoder, cache: Cache, width: int) -> None:
         super().__init__(decoder, cache)

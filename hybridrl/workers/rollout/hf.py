@@ -1,8 +1,5 @@
-"""`rollout.name=hf`: batched sampling with a KV cache over a Hugging Face causal LM (CPU and GPU).
-
-It calls the actor's own module's forward instead of `model.generate`, to prefill each prompt once without
-shared padding, keep a cache written in place, drop finished rows and cast the weights once.
-`decode_eagerly` is the reference loop; `HFRollout._decode` alone chooses the faster paths, each tested
+"""`rollout.name=hf`: batched sampling with a KV cache over the actor's own Hugging Face causal LM (CPU and
+GPU). `decode_eagerly` is the reference loop; `HFRollout._decode` alone chooses the faster paths, each tested
 equal to it (docs/rollout.md, "How the HF engine decodes").
 """
 
@@ -60,15 +57,10 @@ DROP_FINISHED_SHARE = 0.125
 
 @ROLLOUT_ENGINES.register("hf")
 class HFRollout(BaseRollout):
-    """Generate with a causal LM's forward and a preallocated KV cache.
+    """Generate with `module` in place (updating it updates the rollout); `tokenizer` gives the pad and EOS ids
+    unless `eos_token_id` (an int or a list) / `pad_token_id` are given."""
 
-    `module` is read in place (updating it updates the rollout). `tokenizer` gives the pad and EOS ids
-    unless `eos_token_id` (an int or a list) / `pad_token_id` are given.
-    """
-
-    # With the fused step and n > 1, prompts (after trimming shared padding) this long keep their keys/values
-    # once for their samples (SharedPromptSteps); shorter ones gain less than the regrouping costs
-    # (benchmarks/results/fused_decode.md). None: never.
+    # fused step, n > 1: prompts this long keep their keys/values once for their samples (None: never)
     share_prompt_kv_from: int | None = 32
 
     def __init__(
@@ -88,10 +80,8 @@ class HFRollout(BaseRollout):
                                                getattr(generation_config, "eos_token_id", None))
         else:
             self.eos_token_ids = eos_token_ids(eos_token_id)
-        if pad_token_id is None:
-            pad_token_id = getattr(tokenizer, "pad_token_id", None)
-        if pad_token_id is None:
-            pad_token_id = self.eos_token_ids[0] if self.eos_token_ids else None
+        pads = (pad_token_id, getattr(tokenizer, "pad_token_id", None), *self.eos_token_ids[:1])
+        pad_token_id = next((pad for pad in pads if pad is not None), None)
         if pad_token_id is None:
             raise ValueError("HFRollout needs a pad id: pass pad_token_id= or a tokenizer with a pad/EOS token")
         self.pad_token_id = int(pad_token_id)
@@ -110,8 +100,7 @@ class HFRollout(BaseRollout):
         return next(self.module.parameters()).device
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy full weights into the module in place, one at a time (a rollout pool of its own receives them
-        so); every weight of the module must come, and no other."""
+        """Copy full weights into the module in place, one at a time: every weight of the module, and no other."""
         own = self.module.state_dict()
         seen = set()
         with torch.no_grad():
@@ -126,8 +115,7 @@ class HFRollout(BaseRollout):
 
     @contextlib.contextmanager
     def _serve_weights(self, actor: ServedActor) -> Iterator[None]:
-        """The actor's own module, its parameters gathered once for the whole block (no copy); LoRA adapters
-        merged into the gathered weights, which the block's end discards."""
+        """The actor's own module, its parameters gathered for the block (LoRA adapters merged into them)."""
         if actor.module is not self.module:
             raise ValueError("rollout.name=hf generates with the actor's module in place; build the engine with "
                              "module=actor.module to serve that actor")
@@ -136,8 +124,7 @@ class HFRollout(BaseRollout):
 
     @contextlib.contextmanager
     def _generation_mode(self) -> Iterator[None]:
-        """eval mode, no autograd, LoRA adapters merged into plain linears (the fused step decodes those; a
-        served actor's are merged already) and the weights in rollout.dtype for the duration."""
+        """eval mode, no autograd, LoRA adapters merged into plain linears and the weights in rollout.dtype."""
         was_training = self.module.training
         self.module.eval()
         try:
@@ -152,8 +139,7 @@ class HFRollout(BaseRollout):
         params = resolve_sampling_params(self.config, prompts.meta_info, self.eos_token_ids)
         seed = params.seed  # a per-call seed restarts the sampler; else the engine's generator goes on
         generator = self.generator if seed is None else torch.Generator(device=input_ids.device).manual_seed(seed)
-        # the output keeps the prompts as given; only the decoding skips their shared padding (prompts are
-        # left-padded, check_prompts: every row's last column is kept, and position ids are each row's own)
+        # only the decoding skips the prompts' shared padding; the output keeps them as given
         trimmed = trim_columns(prompts, response_length=0)
         input_ids, attention_mask, position_ids = trimmed.input_ids, trimmed.attention_mask, trimmed.position_ids
         with self._generation_mode():
@@ -162,9 +148,7 @@ class HFRollout(BaseRollout):
 
     def stream(self, prompts: DataProto | None, version: int, max_steps: int, min_groups: int = 1,
                partial: bool = True) -> DataProto | None:
-        """Streaming mode: queue `prompts` (whole prompt rows, every column) into the continuous batch and decode
-        until `min_groups` prompts have finished all their samples (or `max_steps` tokens); returns those groups,
-        every prompt column repeated per sample, or None. `version`: the weights' version, recorded per token."""
+        """Streaming mode: queue `prompts` and decode (`ContinuousBatch.run`) under weights `version`."""
         if not self._full_attention():
             raise ValueError("async_training.mode=streaming decodes with a continuous batch, which needs a decoder "
                              "whose every layer attends to all earlier positions; this model has other layers. "
@@ -192,25 +176,20 @@ class HFRollout(BaseRollout):
             all(t == "full_attention" for t in layer_types)
 
     def _graphed_decoding(self) -> bool:
-        """On a GPU, unless `enforce_eager=true`: decode with `static_decode`'s CUDA graphs (a CPU keeps the eager
-        loop, which drops finished rows)."""
+        """On a GPU, unless `enforce_eager=true`: decode with `static_decode`'s CUDA graphs."""
         return self.config.enforce_eager is not True and self._device().type == "cuda" and self._full_attention()
 
     def _new_cache(self, max_len: int) -> Cache:
         """A preallocated cache for plain full-attention decoders, transformers' own otherwise."""
         if not self._full_attention():
             return DynamicCache()
-        # On a CPU attention reads the whole buffers, since a strided prefix view costs a copy in torch's
-        # CPU batched matmul (hybridrl/workers/rollout/kv_cache.py)
+        # on a CPU a strided prefix view costs a copy in the batched matmul (kv_cache.py)
         return PreallocatedCache(self.module.config.num_hidden_layers, max_len,
                                  full_width=self._device().type == "cpu")
 
     def _decode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                 params: SamplingParams, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Responses (B*n, R), lengths (B*n,), log-probs (B*n, R), by the decoding path chosen here and only here:
-        CUDA graphs (`_graphed_decoding`: `decode_static`), else `decode_eagerly` over the fused steps on a CPU
-        for a model `fused_decoder` supports (with n > 1 and prompts of `share_prompt_kv_from` columns, over
-        keys/values kept once per prompt), else over the model's forward."""
+        """Responses (B*n, R), lengths (B*n,), log-probs (B*n, R), by the decoding path chosen here and only here."""
         if self._graphed_decoding():
             return decode_static(self.module, input_ids, attention_mask, position_ids, params, generator,
                                  self.pad_token_id, self.dtype, capture=input_ids.device.type == "cuda")
@@ -226,9 +205,8 @@ class HFRollout(BaseRollout):
 
     @contextlib.contextmanager
     def _eager_decoder(self) -> Iterator[tuple[nn.Module, FusedDecoder | None]]:
-        """What both eager loops (`decode_eagerly`, the streaming mode's continuous batch) step with: the module they
-        call and, on a CPU for a model `fused_decoder` supports, the fused step over it (logged once), every linear
-        packed for the block (the weights stay as they are for the call: on a CPU each is packed once)."""
+        """What both eager loops step with: the module they call and, on a CPU for a model `fused_decoder` supports,
+        the fused step over it, every linear packed for the block."""
         model = decoding_module(self.module)
         with prepacked_linears(model):
             decoder = fused_decoder(model) if self._device().type == "cpu" and self._full_attention() else None
@@ -255,15 +233,12 @@ class HFRollout(BaseRollout):
 def decode_eagerly(steps: ForwardSteps, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    position_ids: torch.Tensor, params: SamplingParams, generator: torch.Generator,
                    pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The sampling loop: prefill each prompt once, then sample each row's token, record it, stop rows that drew
-    a stop token, drop finished rows, and step, for R tokens at most. `steps` runs the model over its cache
-    (`ForwardSteps` or a faster one, `HFRollout._decode` chooses). Returns responses (B*n, R), lengths (B*n,),
-    log-probs (B*n, R)."""
+    """The sampling loop, finished rows dropped, over `steps` (`ForwardSteps` or a faster one) -> responses
+    (B*n, R), lengths (B*n,), log-probs (B*n, R)."""
     n, width = params.n, params.response_length
     rows, prompt_len = input_ids.shape[0] * n, input_ids.shape[1]
     device = input_ids.device
     logits = steps.prefill(input_ids, attention_mask, position_ids, n)  # (B*n, V)
-    # The full mask of every row's prompt + response; step t attends to its first P+t+1 columns.
     mask = torch.cat([attention_mask.repeat_interleave(n, dim=0), attention_mask.new_ones(rows, width)],
                      dim=1)  # (B*n, P+R)
     next_position = position_ids[:, -1].repeat_interleave(n) + 1  # (B*n,)
@@ -284,7 +259,6 @@ def decode_eagerly(steps: ForwardSteps, input_ids: torch.Tensor, attention_mask:
             if stopped == finished.numel():
                 break
             if stopped >= DROP_FINISHED_SHARE * finished.numel():
-                # Finished rows leave the batch and the cache, so later steps skip them.
                 keep = torch.nonzero(~finished).squeeze(1)  # (A',)
                 steps.select(keep)
                 active, tokens, mask, next_position = active[keep], tokens[keep], mask[keep], next_position[keep]

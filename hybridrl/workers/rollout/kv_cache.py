@@ -1,9 +1,6 @@
-"""A KV cache preallocated for the whole generation, written in place, with row dropping; `forward_logits`,
-the model's forward over a cache (both HF loops call it); and `ForwardSteps`, the eager loop's plain step.
-
-Unlike transformers' `DynamicCache` (a `torch.cat` per layer per step), `PreallocatedCache` writes into
-(rows, kv_heads, max_len, head_dim) buffers; with `full_width` attention reads them whole, unwritten
-positions masked (a CPU's batched matmul would copy a strided prefix view).
+"""`PreallocatedCache`: a KV cache for the whole generation, written in place (no `torch.cat` per layer per
+step), with row dropping; with `full_width` attention reads the buffers whole, unwritten positions masked (a
+CPU's batched matmul would copy a strided prefix view). `ForwardSteps`: the eager loop's plain step.
 """
 
 from __future__ import annotations
@@ -12,13 +9,13 @@ import functools
 import inspect
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 
 def cache_keyword(model: nn.Module | type[nn.Module]) -> str:
-    """The keyword `model`'s forward (or a model class's) takes its KV cache by: `cache` from transformers 5.24
-    (where `past_key_values` is a deprecated alias), else `past_key_values`."""
+    """The keyword `model`'s (or a model class's) forward takes its KV cache by (`cache` from transformers 5.24)."""
     return _cache_keyword_of(model if isinstance(model, type) else type(model))
 
 
@@ -30,8 +27,7 @@ def _cache_keyword_of(model_class: type) -> str:
 
 def forward_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    position_ids: torch.Tensor, cache: Cache) -> torch.Tensor:
-    """`model`'s next-token logits (rows, vocab) after the last column of `input_ids`, its keys/values
-    written into `cache`."""
+    """`model`'s next-token logits (rows, vocab) after the last column of `input_ids`, keys/values into `cache`."""
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                 **{cache_keyword(model): cache}, use_cache=True,
                 logits_to_keep=1)  # only the last position's logits: a prefill skips P-1 vocab projections
@@ -42,12 +38,21 @@ def forward_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
 FULL_WIDTH_GROWTH = 16
 
 
-class PreallocatedLayer(CacheLayerMixin):
-    """One attention layer's keys and values in (rows, kv_heads, capacity, head_dim) buffers; `full_width`:
-    see the module docstring."""
+class BufferLayer(CacheLayerMixin):
+    """A full-attention layer's keys and values in (rows, kv_heads, width, head_dim) buffers of its own."""
 
     is_sliding = False
     is_compileable = False
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Give every row `repeats` consecutive copies (prompt i's samples are rows i*n .. i*n+n-1)."""
+        if self.is_initialized:
+            self.keys = self.keys.repeat_interleave(repeats, dim=0)
+            self.values = self.values.repeat_interleave(repeats, dim=0)
+
+
+class PreallocatedLayer(BufferLayer):
+    """One attention layer's keys and values in (rows, kv_heads, capacity, head_dim) buffers."""
 
     def __init__(self, max_len: int, full_width: bool = False) -> None:
         super().__init__()
@@ -57,8 +62,7 @@ class PreallocatedLayer(CacheLayerMixin):
         self.capacity = 0  # positions the buffers hold now: max_len, or less while a full width grows
 
     def _capacity_for(self, end: int) -> int:
-        """The buffers' width once `end` positions are written: max_len for a prefix view; a full width grows by
-        at least `FULL_WIDTH_GROWTH` positions (or a quarter of its width) when needed."""
+        """The buffers' width once `end` positions are written: max_len for a prefix view; a full width grows."""
         if not self.full_width:
             return self.max_len
         if end <= self.capacity:
@@ -68,8 +72,7 @@ class PreallocatedLayer(CacheLayerMixin):
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         rows, heads, _, k_dim = key_states.shape
         self.dtype, self.device = key_states.dtype, key_states.device
-        # A prefix view never shows an unwritten slot, so empty is enough there. The full width shows them:
-        # they must be zeros, since garbage could hold NaN, and NaN survives the mask (NaN - inf, 0 * NaN).
+        # the full width shows unwritten slots: zeros, since garbage could hold NaN, which survives the mask
         new = key_states.new_zeros if self.full_width else key_states.new_empty
         self.capacity = self._capacity_for(key_states.shape[-2])
         self.keys = new(rows, heads, self.capacity, k_dim)  # (rows, H, capacity, Dk)
@@ -78,19 +81,14 @@ class PreallocatedLayer(CacheLayerMixin):
 
     def _grow(self, capacity: int) -> None:
         """Move the written positions into zeroed buffers `capacity` wide."""
-        for name in ("keys", "values"):
-            old = getattr(self, name)
-            grown = old.new_empty(*old.shape[:2], capacity, old.shape[-1])
-            grown[:, :, : self.length] = old[:, :, : self.length]
-            grown[:, :, self.length :].zero_()  # only the unwritten slots: the written ones were just copied
-            setattr(self, name, grown)
+        pad = (0, 0, 0, capacity - self.length)
+        self.keys, self.values = F.pad(self.keys[:, :, : self.length], pad), F.pad(self.values[:, :, : self.length], pad)
         self.capacity = capacity
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write (rows, H, q, D) states at the current length; return the written prefix as views, or the whole
-        buffers with `full_width`."""
+        """Write (rows, H, q, D) states at the current length -> the written prefix as views (full_width: all)."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         start, end = self.length, self.length + key_states.shape[-2]
@@ -119,12 +117,6 @@ class PreallocatedLayer(CacheLayerMixin):
     def get_max_length(self) -> int:
         return self.max_len
 
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        """Give every row `repeats` consecutive copies (prompt i's samples are rows i*n .. i*n+n-1)."""
-        if self.is_initialized:
-            self.keys = self.keys.repeat_interleave(repeats, dim=0)
-            self.values = self.values.repeat_interleave(repeats, dim=0)
-
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep only rows `indices`, in fresh buffers (copying the written prefix, or all of a full width)."""
         if not self.is_initialized:
@@ -147,25 +139,21 @@ def _select_prefix(buffer: torch.Tensor, indices: torch.Tensor, length: int) -> 
 
 
 class PreallocatedCache(Cache):
-    """A transformers `Cache` of `num_layers` `PreallocatedLayer`s of `max_len` positions, for full-attention
-    decoders (the HF rollout uses `DynamicCache` for others)."""
+    """A transformers `Cache` of `num_layers` `PreallocatedLayer`s of `max_len` positions (full attention only)."""
 
     def __init__(self, num_layers: int, max_len: int, full_width: bool = False) -> None:
         super().__init__(layers=[PreallocatedLayer(max_len, full_width) for _ in range(num_layers)])
 
 
 class ForwardSteps:
-    """The plain decoding step (what the HF engine's eager loop calls; the reference): the model's forward over
-    a KV cache holding every sample's prompt and response. The fused steps (fused_decoder.py) subclass it,
-    each tested equal to it."""
+    """The plain decoding step, the model's forward over a KV cache: the fused steps are tested equal to it."""
 
     def __init__(self, model: nn.Module, cache: Cache) -> None:
         self.model, self.cache = model, cache
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                 n: int) -> torch.Tensor:
-        """Each prompt (B, P) through the model once, its keys/values and next-token logits copied for its n
-        samples -> logits (B*n, V)."""
+        """Each prompt (B, P) through the model once, copied for its n samples -> logits (B*n, V)."""
         logits = forward_logits(self.model, input_ids, attention_mask, position_ids, self.cache)  # (B, V)
         if n > 1:
             self.cache.batch_repeat_interleave(n)
@@ -177,6 +165,5 @@ class ForwardSteps:
         self.cache.batch_select_indices(keep)
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
-        """tokens (A,) at positions (A,), the rows' 0/1 mask over what they attend to, this token last (A, W)
-        -> next-token logits (A, V)."""
+        """tokens (A,) at positions (A,), the rows' 0/1 mask, this token last (A, W) -> next-token logits (A, V)."""
         return forward_logits(self.model, tokens[:, None], seen, positions[:, None], self.cache)

@@ -1,21 +1,20 @@
 """Per-call sampling settings and the token sampler shared by the rollout engines.
 
-Tokens are drawn after, in Hugging Face's and vLLM's order: temperature; top-k (boundary ties kept);
-top-p, the smallest most-likely prefix reaching mass p (Holtzman et al. 2020, "The Curious Case of Neural
-Text Degeneration"; the top token always kept); log_softmax over the kept tokens. `rollout_log_probs` are
-log-probs under exactly that distribution (greedy: the plain log_softmax). `DecodeOutputs` holds the
-buffers both HF decoding loops fill.
+Tokens are drawn after, in Hugging Face's and vLLM's order: temperature; top-k (boundary ties kept); top-p
+(the smallest most-likely prefix reaching mass p); log_softmax over the kept tokens. `rollout_log_probs` are
+log-probs under exactly that distribution (greedy: the plain log_softmax).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from hybridrl.workers.config import RolloutConfig
+from hybridrl.workers.rollout.base import eos_token_ids as merged_ids
 
 # meta_info keys a caller may set to change one call's sampling (verl's names).
 CALL_OVERRIDES = ("do_sample", "temperature", "top_k", "top_p", "n", "eos_token_id", "seed", "validate",
@@ -36,23 +35,12 @@ class SamplingParams:
     seed: int | None  # None: continue the engine's generator
 
 
-def _as_ids(value: int | Iterable[int] | None) -> list[int]:
-    if value is None:
-        return []
-    if isinstance(value, int):
-        return [value]
-    return [int(v) for v in value]
-
-
 def resolve_sampling_params(
     config: RolloutConfig, meta_info: Mapping[str, Any], eos_token_ids: Sequence[int]
 ) -> SamplingParams:
-    """Merge the config with a call's meta_info overrides (`CALL_OVERRIDES`, verl's names).
-
-    `validate=True` takes `config.val_kwargs`; `do_sample=False` is greedy with one sample per prompt (as in
-    verl); `eos_token_id` replaces the engine's EOS ids; `seed` restarts the sampler; `response_length`
-    shortens this call (the agent loop's turns share one budget).
-    """
+    """The config merged with a call's meta_info overrides (`CALL_OVERRIDES`): `validate=True` takes
+    `config.val_kwargs`; `do_sample=False` is greedy with one sample per prompt (as in verl); `eos_token_id`
+    replaces the engine's EOS ids; `seed` restarts the sampler; `response_length` shortens this call."""
     if meta_info.get("validate", False):
         vk = config.val_kwargs
         do_sample, temperature, top_k, top_p, n = vk.do_sample, vk.temperature, vk.top_k, vk.top_p, vk.n
@@ -73,8 +61,8 @@ def resolve_sampling_params(
     if not 1 <= response_length <= config.response_length:
         raise ValueError(f"meta_info response_length={response_length} must be in [1, rollout.response_length="
                          f"{config.response_length}]")
-    eos = _as_ids(meta_info["eos_token_id"]) if "eos_token_id" in meta_info else list(eos_token_ids)
-    stops = ([] if config.ignore_eos else eos) + _as_ids(config.stop_token_ids)
+    eos = merged_ids(meta_info["eos_token_id"]) if "eos_token_id" in meta_info else list(eos_token_ids)
+    stops = merged_ids([] if config.ignore_eos else eos, config.stop_token_ids)
     seed = meta_info.get("seed")
     return SamplingParams(
         greedy=(not do_sample) or temperature == 0.0,
@@ -83,7 +71,7 @@ def resolve_sampling_params(
         top_p=top_p,
         n=n,
         response_length=response_length,
-        stop_token_ids=tuple(dict.fromkeys(stops)),
+        stop_token_ids=tuple(stops),
         seed=None if seed is None else int(seed),
     )
 
@@ -121,18 +109,14 @@ def sample_tokens(
 
 
 def draw_tokens(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row of (rows, vocab) probabilities, by inverting each row's CDF at one uniform draw.
-
-    `torch.multinomial`'s distribution at a fraction of its CPU cost; the draw stays strictly below the
-    row's total mass, so the chosen index never has zero probability.
-    """
+    """One token per row of (rows, vocab) probabilities, by inverting each row's CDF at one uniform draw
+    (`torch.multinomial`'s distribution, cheaper on a CPU); the draw stays below the row's total mass."""
     cdf = probs.cumsum(dim=-1)  # (rows, vocab)
     total = cdf[:, -1:]  # (rows, 1)
     uniform = torch.rand(total.shape, generator=generator, device=probs.device, dtype=cdf.dtype)
     below_total = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))
     tokens = torch.searchsorted(cdf, below_total, right=True).squeeze(-1)  # (rows,)
-    # Non-finite probabilities (a diverged model) would index past the vocabulary: a CPU raises at no cost;
-    # a GPU would sync every step, so the index is clamped and the trainer's divergence guard sees the NaN.
+    # NaN probabilities index past the vocabulary: a CPU raises; a GPU clamps (a check would sync every step)
     if probs.device.type == "cpu" and not bool((torch.isfinite(total) & (total > 0)).all()):
         raise ValueError("sampling: a row's next-token probabilities are NaN, infinite or all zero; the model's "
                          "logits are not finite (its weights may have diverged)")
@@ -141,6 +125,8 @@ def draw_tokens(probs: torch.Tensor, generator: torch.Generator | None) -> torch
 
 @dataclass
 class DecodeOutputs:
+    """The buffers both HF decoding loops fill."""
+
     responses: torch.Tensor  # (rows, R) sampled token ids; after a row's stop, overwritten by `finish`
     log_probs: torch.Tensor  # (rows, R) fp32 log-probs of the sampled tokens
     lengths: torch.Tensor  # (rows,) tokens up to and including the stop token; R if none
@@ -160,8 +146,7 @@ class DecodeOutputs:
 
     def record(self, rows: torch.Tensor | slice, step: int, tokens: torch.Tensor,
                token_log_probs: torch.Tensor) -> None:
-        """Column `step` of output rows `rows` (indices, or `slice(None)`); finished rows write too, `finish` pads
-        over them."""
+        """Column `step` of output rows `rows` (indices, or `slice(None)`); `finish` pads over finished rows."""
         self.responses[rows, step] = tokens
         self.log_probs[rows, step] = token_log_probs
 

@@ -1,9 +1,6 @@
-"""The HF rollout's decoding loop with static shapes, replayed as a CUDA graph on a GPU.
-
-What `rollout.name=hf` runs on a GPU unless `rollout.enforce_eager=true` (an eager step there is bound by
-kernel launches). A step touches only fixed buffers (`hook_free_view`, `SlotCache`, an additive mask); no
-row leaves the batch, and finishing is checked every `STOP_CHECK_EVERY` steps. `capture=False` runs the
-same loop without a graph (docs/rollout.md, "How the HF engine decodes").
+"""The HF rollout's decoding loop with static shapes, replayed as a CUDA graph on a GPU (unless
+`rollout.enforce_eager=true`: an eager step there is bound by kernel launches). A step touches only fixed
+buffers; no row leaves the batch (docs/rollout.md, "How the HF engine decodes").
 """
 
 from __future__ import annotations
@@ -12,10 +9,12 @@ import logging
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache
 
-from hybridrl.workers.rollout.kv_cache import forward_logits
+from hybridrl.models.attention import additive
+from hybridrl.workers.rollout.kv_cache import BufferLayer, forward_logits
 from hybridrl.workers.rollout.sampling import DecodeOutputs, SamplingParams, sample_tokens
 
 logger = logging.getLogger(__name__)
@@ -29,8 +28,7 @@ _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwar
 
 def hook_free_view(module: nn.Module) -> nn.Module:
     """A copy of `module`'s tree holding the same Parameter and buffer objects, with no hooks and, for FSDP2
-    modules, the model's own class. Take it while the parameters are gathered (FSDP2 registers the
-    unsharded ones then); in-place changes to parameters show in both."""
+    modules, the model's own class. Take it while the parameters are gathered (FSDP2 registers them then)."""
     from torch.distributed.fsdp import FSDPModule
 
     cls = type(module)
@@ -50,8 +48,7 @@ def hook_free_view(module: nn.Module) -> nn.Module:
 
 
 def decoding_module(module: nn.Module) -> nn.Module:
-    """What the eager loop calls: for an FSDP2-wrapped module (parameters gathered by the caller), its
-    `hook_free_view`, since FSDP's hooks would run at every step with nothing to do; else the module."""
+    """`module`, or for an FSDP2-wrapped one its `hook_free_view`: FSDP's hooks would run every step for nothing."""
     from torch.distributed.fsdp import FSDPModule
 
     if any(isinstance(m, FSDPModule) for m in module.modules()):
@@ -59,12 +56,8 @@ def decoding_module(module: nn.Module) -> nn.Module:
     return module
 
 
-class SlotLayer(CacheLayerMixin):
-    """One layer's keys and values in fixed zeroed buffers, written at the owning cache's `slots`; attention
-    reads the whole buffers, the unwritten slots zero (garbage could hold NaN) and masked."""
-
-    is_sliding = False
-    is_compileable = False
+class SlotLayer(BufferLayer):
+    """One layer's keys and values in fixed zeroed buffers (not NaN), written at the owner's `slots`, read whole."""
 
     def __init__(self, owner: SlotCache) -> None:
         super().__init__()
@@ -95,24 +88,10 @@ class SlotLayer(CacheLayerMixin):
     def get_max_length(self) -> int:
         return self.owner.max_len
 
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        if self.is_initialized:
-            self.keys = self.keys.repeat_interleave(repeats, dim=0)
-            self.values = self.values.repeat_interleave(repeats, dim=0)
-
-    def reset(self) -> None:
-        if self.is_initialized:
-            self.keys.zero_()
-            self.values.zero_()
-
 
 class SlotCache(Cache):
-    """A transformers `Cache` of `num_layers` `SlotLayer`s, `max_len` positions each.
-
-    `slots` says where the next forward writes: `arange(P)` for the prefill, then one (1,) tensor the loop
-    fills in place, so a captured step writes where it says at replay. `length` only feeds transformers'
-    bookkeeping.
-    """
+    """A transformers `Cache` of `num_layers` `SlotLayer`s, `max_len` positions each; the next forward writes at
+    `slots`, a tensor filled in place so that a captured step writes where it says at replay."""
 
     def __init__(self, num_layers: int, max_len: int) -> None:
         self.max_len = max_len
@@ -122,15 +101,12 @@ class SlotCache(Cache):
 
 
 def prefill_mask(attention_mask: torch.Tensor, max_len: int, dtype: torch.dtype) -> torch.Tensor:
-    """Additive (B, 1, P, max_len) mask for the prompts (query i sees real prompt tokens j <= i), with the
-    dtype's most negative value rather than -inf, so a padding query gets a uniform softmax, not NaN."""
-    batch, prompt_len = attention_mask.shape
-    device = attention_mask.device
-    causal = torch.ones(prompt_len, prompt_len, dtype=torch.bool, device=device).tril()  # (P, P)
+    """Additive (B, 1, P, max_len) mask for the prompts (query i sees real prompt tokens j <= i); the dtype's
+    min rather than -inf, so a padding query gets a uniform softmax, not NaN."""
+    prompt_len = attention_mask.shape[1]
+    causal = torch.ones(prompt_len, prompt_len, dtype=torch.bool, device=attention_mask.device).tril()  # (P, P)
     seen = causal[None] & attention_mask.bool()[:, None, :]  # (B, P, P)
-    mask = torch.full((batch, 1, prompt_len, max_len), torch.finfo(dtype).min, dtype=dtype, device=device)
-    mask[:, 0, :, :prompt_len].masked_fill_(seen, 0.0)
-    return mask
+    return additive(F.pad(seen, (0, max_len - prompt_len))[:, None], dtype)
 
 
 class _GraphedStep:
@@ -144,8 +120,7 @@ class _GraphedStep:
             run()  # lazy initialisations (library handles, allocator blocks) happen outside the capture
         current.wait_stream(warmup)
         self.graph = torch.cuda.CUDAGraph()
-        # thread_local: another thread of this process (the driver's background reward scoring, say) may
-        # keep using CUDA while this one captures
+        # thread_local: another thread (the driver's background reward scoring) may use CUDA during the capture
         with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
             self.output = run()
 
@@ -165,17 +140,14 @@ def decode_static(
     compute_dtype: torch.dtype,
     capture: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The sampling loop over fixed buffers: responses (B*n, R), lengths (B*n,), log-probs (B*n, R).
-
-    `module`: a full-attention causal LM with its weights in `compute_dtype`, under no_grad.
-    """
+    """The sampling loop over fixed buffers for a full-attention causal LM with its weights in `compute_dtype`,
+    under no_grad -> responses (B*n, R), lengths (B*n,), log-probs (B*n, R)."""
     n, width = params.n, params.response_length
     batch, prompt_len = input_ids.shape
     rows, max_len = batch * n, prompt_len + width
     device = input_ids.device
     model = hook_free_view(module)
     cache = SlotCache(module.config.num_hidden_layers, max_len)
-    # Prefill each prompt once, then give each of its n samples a copy of the cache.
     cache.slots = torch.arange(prompt_len, device=device)
     prompt_mask = prefill_mask(attention_mask, max_len, compute_dtype)  # (B, 1, P, max_len)
     logits = forward_logits(model, input_ids, prompt_mask, position_ids, cache)  # (B, V)
@@ -183,8 +155,7 @@ def decode_static(
     if n > 1:
         cache.batch_repeat_interleave(n)
         logits = logits.repeat_interleave(n, dim=0)  # (B*n, V)
-    # The fixed inputs of every decoding step: the token fed, its position, the slot it is written at,
-    # and each row's mask over all max_len slots (the prompt's columns now, a response column per step).
+    # the fixed inputs of every step: the token fed, its position, its slot, each row's mask over max_len slots
     step_tokens = torch.zeros(rows, 1, dtype=input_ids.dtype, device=device)
     step_positions = position_ids[:, -1:].repeat_interleave(n, dim=0) + 1  # (B*n, 1)
     cache.slots = torch.zeros(1, dtype=torch.long, device=device)

