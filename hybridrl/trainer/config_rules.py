@@ -1,11 +1,6 @@
 """The rule of every PPO key on its own: the numeric range it must lie in, or the values hybridrl runs.
 
-Each failure names the key, why, and a value that runs (the schema's default). `RANGES` holds each
-numeric key's rule, `UNCHECKED` the numeric keys checked elsewhere or valid at any value (the tests fail on
-a numeric key in neither). `UNSUPPORTED` lists the verl keys hybridrl accepts (verl scripts set them) but
-does not implement: only their defaults run. `SAME_EITHER_WAY` lists keys whose every value runs the same.
-`NO_EFFECT` lists verl's tuning keys that change nothing in a run (an engine that is not running, a GPU
-speed-up hybridrl does not have): set, they are named in one warning per reason.
+Each failure names the key, why, and a value that runs. Every numeric key is in `RANGES` or `UNCHECKED` (tested).
 """
 
 from __future__ import annotations
@@ -261,8 +256,7 @@ def range_errors(config: PPOTrainerConfig) -> list[str]:
 
 @dataclass(frozen=True)
 class Unsupported:
-    """A verl key hybridrl accepts but does not implement: a value that asks for the missing feature
-    raises before Ray starts, naming the key, why, and the values that run."""
+    """A verl key hybridrl accepts but does not implement: only the values that run are accepted."""
 
     why: str  # what hybridrl does instead
     runs_with: tuple[Any, ...] | None = None  # the values that run; None: only the schema's default
@@ -337,8 +331,7 @@ SAME_EITHER_WAY: dict[str, str] = {
 
 @dataclass(frozen=True)
 class NoEffect:
-    """A verl key accepted so that verl's scripts run, which changes nothing in this run: set away from its
-    default, one warning per reason names it. `acts_when`: the runs where the key does act (no warning)."""
+    """A verl key that changes nothing in this run, warned about when set. `acts_when`: the runs where it acts."""
 
     why: str
     acts_when: Callable[[PPOTrainerConfig], bool] | None = None
@@ -421,8 +414,7 @@ def unsupported_errors(config: PPOTrainerConfig) -> list[str]:
 
 
 def offload_errors(config: PPOTrainerConfig) -> list[str]:
-    """`*.fsdp_config.param_offload` / `optimizer_offload` where this run has nothing that moves the state
-    (`trainer.device` filled in): the workers' own checks, run before any of them starts."""
+    """`*.fsdp_config.param_offload` / `optimizer_offload` where nothing moves the state: the workers' checks."""
     device = config.trainer.device
     errors = actor_offload_refusals(config.actor_rollout_ref, actor_role_name(config), device)
     if uses_reference(config):
