@@ -39,12 +39,8 @@ logger = logging.getLogger(__name__)
 
 def resolve_config(config: PPOTrainerConfig | DictConfig,
                    train_rows: Callable[[PPOTrainerConfig], int] | None = None) -> PPOTrainerConfig:
-    """The run's config: checked, every derived value filled in, frozen; `config` itself is left as it was.
-
-    Raises ConfigError on the first impossible setting (all unknown keys, or all out-of-range and unsupported
-    values, in one message). `train_rows(config)`, called once the checks pass, counts the training prompts
-    for the total_training_steps keys; without it they stay as set.
-    """
+    """The run's config: checked, derived values filled in, frozen; raises ConfigError naming the keys.
+    `train_rows(config)`, called once the checks pass, counts the prompts for the total_training_steps keys."""
     config = OmegaConf.to_object(config) if isinstance(config, DictConfig) else copy.deepcopy(config)
     errors = [unknown_key_message(key, known) for key, known in added_keys(config)] or \
         range_errors(config) + unsupported_errors(config)
@@ -54,7 +50,10 @@ def resolve_config(config: PPOTrainerConfig | DictConfig,
     errors = offload_errors(config)
     require(not errors, "\n".join(errors))
     _check_names(config)
-    _check_lora(config)
+    try:  # the actor's LoRA keys
+        LoRASettings.from_model_config(config.actor_rollout_ref.model)
+    except LoRAError as err:
+        require(False, str(err))
     _check_batches(config)
     _check_lengths(config)
     for warning in no_effect_warnings(config):
@@ -92,7 +91,10 @@ def _check_placement(config: PPOTrainerConfig) -> None:
                  f"{key}.fsdp_config.fsdp_size={fsdp.fsdp_size} must divide the world size ({ranks}) for hybrid "
                  f"sharding, or be -1 to shard over every rank")
         _check_dtype(f"{key}.fsdp_config.mixed_precision.param_dtype", fsdp.mixed_precision.param_dtype, t.device)
-        _check_weights_dtype(f"{key}.fsdp_config.model_dtype", fsdp.model_dtype)
+        # master weights in fp32 or bf16: fp16 ones would need loss scaling, which the engine does not do
+        require(fsdp.model_dtype in DTYPES and resolve_dtype(fsdp.model_dtype) in (torch.float32, torch.bfloat16),
+                f"{key}.fsdp_config.model_dtype={fsdp.model_dtype!r}: the weights' dtype must be float32 (fp32) or "
+                f"bfloat16 (bf16)")
         _check_dtype(f"{key}.fsdp_config.mixed_precision.reduce_dtype", fsdp.mixed_precision.reduce_dtype)
     _check_dtype("actor_rollout_ref.rollout.dtype", arr.rollout.dtype, t.device)
 
@@ -109,12 +111,6 @@ def _check_dtype(key: str, value: str | None, compute_device: str | None = None)
     warning = compute_device and emulated_bf16_warning(key, value, compute_device)
     if warning:
         logger.warning(warning)
-
-
-def _check_weights_dtype(key: str, value: str) -> None:
-    """Master weights in fp32 or bf16: fp16 ones would need loss scaling, which the engine does not do."""
-    require(value in DTYPES and resolve_dtype(value) in (torch.float32, torch.bfloat16),
-            f"{key}={value!r}: the weights' dtype must be float32 (fp32) or bfloat16 (bf16)")
 
 
 def _check_names(config: PPOTrainerConfig) -> None:
@@ -149,14 +145,6 @@ def _check_names(config: PPOTrainerConfig) -> None:
     kl_penalty(probe, probe, arr.actor.kl_loss_type)
     ROLLOUT_ENGINES.get(arr.rollout.name)
     REWARD_MANAGERS.get(config.reward_model.reward_manager)
-
-
-def _check_lora(config: PPOTrainerConfig) -> None:
-    """The actor's LoRA keys: a rank >= 0, alpha > 0, targets named, an adapter directory that is one."""
-    try:
-        LoRASettings.from_model_config(config.actor_rollout_ref.model)
-    except LoRAError as err:
-        require(False, str(err))
 
 
 def _check_estimator_settings(config: PPOTrainerConfig, spec: AdvEstimatorSpec) -> None:

@@ -531,8 +531,7 @@ def _fill_micro_batches_per_rank(config: PPOTrainerConfig) -> None:
 
 
 def fill_training_steps(config: PPOTrainerConfig, train_rows: int) -> None:
-    """trainer.total_training_steps (when unset: the whole batches of `train_rows` prompts x total_epochs),
-    and the same count as each optimizer's total_training_steps, which its lr schedule reads."""
+    """trainer.total_training_steps (unset: whole batches of `train_rows` x total_epochs) and the optimizers'."""
     batch = config.data.train_batch_size
     require(train_rows >= batch, f"the training set has {train_rows} prompts, fewer than data.train_batch_size="
                                  f"{batch}; lower data.train_batch_size or add data")

@@ -150,7 +150,9 @@ class PPOTrainer:
         self.costs.start_step()
         with timer("step", timing):
             batch = self._next_batch(metrics, timing)  # 1, 2, 4: prompts, responses, scores
-            self._balance(batch, metrics)  # 3
+            if self.config.trainer.balance_batch:  # 3, a group's rows on one rank if its prompt is computed once
+                metrics.update(dataflow.balance_batch(batch, self.groups.world_size,
+                                                      self.config.actor_rollout_ref.model.share_prompt_forward))
             pending = self._score_in_background(batch, timing)  # 4, while 5 runs
             self._recompute(batch, metrics, timing)  # 5: old/ref log-probs, values
             self._correct_rollout(batch, metrics)  # 5b: IS weights and rejection of the rollout's tokens
@@ -160,7 +162,9 @@ class PPOTrainer:
             self._apply_kl(batch, metrics)  # 6
             with timer("adv", timing):
                 batch = self._compute_advantage(batch, metrics)  # 7
-            self._update_critic(batch, metrics, timing)  # 8
+            if self.groups.critic is not None:  # 8
+                output = self._run("update_critic", self.groups.critic.update_critic, batch, timing)
+                metrics.update(reduce_metrics(output.meta_info["metrics"]))
             self._update_actor(batch, metrics, timing)
             if self.streamer is not None:
                 self._sync_streaming(metrics)
@@ -355,11 +359,6 @@ class PPOTrainer:
             batch.non_tensor_batch[key] = np.array(values, dtype=object)
             self._reward_extra_keys.add(key)
 
-    def _balance(self, batch: DataProto, metrics: dict) -> None:
-        if self.config.trainer.balance_batch:
-            keep_groups = self.config.actor_rollout_ref.model.share_prompt_forward  # a group's prompt once per rank
-            metrics.update(dataflow.balance_batch(batch, self.groups.world_size, keep_groups))
-
     def _recompute(self, batch: DataProto, metrics: dict, timing: dict) -> None:
         """5. The actor's old log-probs (unless the update gives them), the reference's, the critic's values."""
         self._old_log_probs(batch, metrics, timing)
@@ -424,11 +423,6 @@ class PPOTrainer:
         metrics["train/pf_ppo_distinct_rows"] = drawn.unique().numel() / len(resampled)  # share kept at least once
         return resampled
 
-    def _update_critic(self, batch: DataProto, metrics: dict, timing: dict) -> None:
-        if self.groups.critic is not None:
-            output = self._run("update_critic", self.groups.critic.update_critic, batch, timing)
-            metrics.update(reduce_metrics(output.meta_info["metrics"]))
-
     def _update_actor(self, batch: DataProto, metrics: dict, timing: dict) -> None:
         """8. The policy update, once the critic has warmed up (`trainer.critic_warmup` steps)."""
         if self.config.trainer.critic_warmup <= self.global_steps:
@@ -448,8 +442,7 @@ class PPOTrainer:
 
     # ----- validation, checkpoints, logging ------------------------------------------------------------
     def _periodic(self, save: bool = True) -> dict[str, float]:
-        """9. Validate every test_freq steps and at the end; checkpoint every save_freq steps and at the end,
-        unless `save=False` (a skipped update), which keeps the last good checkpoint the latest."""
+        """9. Validate and checkpoint every test_freq / save_freq steps and at the end (no checkpoint if not `save`)."""
         cfg = self.config.trainer
         last = self.global_steps == self.total_steps
         metrics = {}
@@ -468,8 +461,7 @@ class PPOTrainer:
 
     @contextlib.contextmanager
     def _rollout_holds_latest_weights(self) -> Iterator[None]:
-        """For validating: the rollout pool idle for the block (one step off: the next batch generated; streaming:
-        the thread parked) and holding this step's weights."""
+        """For validating: the rollout pool idle (generated ahead, or parked) and holding this step's weights."""
         if self.ahead is not None:
             self.ahead.settle()
         streamer = self.streamer
@@ -499,8 +491,7 @@ class PPOTrainer:
 
     @contextlib.contextmanager
     def _streaming_state(self) -> Iterator[dict[str, DataProto | None] | None]:
-        """Streaming, for a checkpoint: the finished groups not yet trained and the prompts drawn but unfinished
-        (generated again on resume), read with the thread parked. None in the other modes."""
+        """Streaming, for a checkpoint: the groups not yet trained and the prompts drawn but unfinished; else None."""
         if self.streamer is None:
             yield None
             return
@@ -512,8 +503,7 @@ class PPOTrainer:
             yield {"queued": self.streamer.queued(), "prompts": DataProto.concat(unfinished) if unfinished else None}
 
     def _load_checkpoint(self) -> bool:
-        """Resume as trainer.resume_mode says, past checkpoints that fail to load; True if resumed. Refuses to
-        start if this run would save over committed steps newer than where it starts."""
+        """Resume as trainer.resume_mode says, past checkpoints that fail to load; True if resumed."""
         cfg = self.config.trainer
         candidates = resume_candidates(cfg.resume_mode, cfg.default_local_dir, cfg.resume_from_path)
         step_dir = load_newest_loadable(candidates, self._load_from, fallback=cfg.resume_mode == "auto")

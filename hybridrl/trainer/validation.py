@@ -60,13 +60,10 @@ class Validator:
             texts += generation_records(batch, self.tokenizer, scores, result.get("reward_extra_info"),
                                         self.config.data.reward_fn_key)
         write_generations(self.config.trainer.validation_data_dir, step, texts)
-        self._print_examples(texts)
-        grouped = process_validation_metrics(sources, uids, infos)
-        return {**validation_metrics_to_flat(grouped), **{f"val-aux/{key}": value for key, value in failures.items()}}
-
-    def _print_examples(self, texts: list[dict]) -> None:
         for row in texts[: self.config.trainer.log_val_generations]:
             print(f"[validation] {row['input']!r} -> {row['output']!r} (score {row['score']})")
+        grouped = process_validation_metrics(sources, uids, infos)
+        return {**validation_metrics_to_flat(grouped), **{f"val-aux/{key}": value for key, value in failures.items()}}
 
 
 _RESERVED = {"input", "output", "gts", "score", "step"}
