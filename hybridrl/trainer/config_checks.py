@@ -1,13 +1,7 @@
 """A run's config resolved once, before any worker starts, and checked on resume against the config saved then.
 
-`resolve_config` is the one step from the composed config to the one the run reads: it fails in the first
-second, naming the keys and the fix (unknown keys, values outside their rules in config_rules.py, unknown
-registry names, relations between settings), fills in every derived setting (ppo_config.py) and returns
-the result frozen. `batch_plan` is the arithmetic a dry run prints.
-
-A resumed run takes its settings from its own command line; so that none is replaced silently, the trainers
-save the config next to the checkpoint (`write_run_config`) and on resume log every key that differs
-(`report_config_changes`).
+`resolve_config` fails naming the keys and the fix, fills in the derived settings and freezes the result.
+On resume, `report_config_changes` logs every key that differs from the config saved with the checkpoint.
 """
 
 from __future__ import annotations
@@ -45,13 +39,8 @@ logger = logging.getLogger(__name__)
 
 def resolve_config(config: PPOTrainerConfig | DictConfig,
                    train_rows: Callable[[PPOTrainerConfig], int] | None = None) -> PPOTrainerConfig:
-    """The run's config: checked, every derived value filled in, frozen (assigning any key raises, naming it).
-
-    Raises ConfigError on the first impossible setting (all unknown keys, or all out-of-range and unsupported
-    values, in one message). `train_rows(config)`, called once the checks pass (loading the data is slow),
-    counts the training prompts for the total_training_steps keys; without it they stay as set.
-    `config` itself is left as it was.
-    """
+    """The run's config: checked, derived values filled in, frozen; raises ConfigError naming the keys.
+    `train_rows(config)`, called once the checks pass, counts the prompts for the total_training_steps keys."""
     config = OmegaConf.to_object(config) if isinstance(config, DictConfig) else copy.deepcopy(config)
     errors = [unknown_key_message(key, known) for key, known in added_keys(config)] or \
         range_errors(config) + unsupported_errors(config)
@@ -61,7 +50,10 @@ def resolve_config(config: PPOTrainerConfig | DictConfig,
     errors = offload_errors(config)
     require(not errors, "\n".join(errors))
     _check_names(config)
-    _check_lora(config)
+    try:  # the actor's LoRA keys
+        LoRASettings.from_model_config(config.actor_rollout_ref.model)
+    except LoRAError as err:
+        require(False, str(err))
     _check_batches(config)
     _check_lengths(config)
     for warning in no_effect_warnings(config):
@@ -99,14 +91,16 @@ def _check_placement(config: PPOTrainerConfig) -> None:
                  f"{key}.fsdp_config.fsdp_size={fsdp.fsdp_size} must divide the world size ({ranks}) for hybrid "
                  f"sharding, or be -1 to shard over every rank")
         _check_dtype(f"{key}.fsdp_config.mixed_precision.param_dtype", fsdp.mixed_precision.param_dtype, t.device)
-        _check_weights_dtype(f"{key}.fsdp_config.model_dtype", fsdp.model_dtype)
+        # master weights in fp32 or bf16: fp16 ones would need loss scaling, which the engine does not do
+        require(fsdp.model_dtype in DTYPES and resolve_dtype(fsdp.model_dtype) in (torch.float32, torch.bfloat16),
+                f"{key}.fsdp_config.model_dtype={fsdp.model_dtype!r}: the weights' dtype must be float32 (fp32) or "
+                f"bfloat16 (bf16)")
         _check_dtype(f"{key}.fsdp_config.mixed_precision.reduce_dtype", fsdp.mixed_precision.reduce_dtype)
     _check_dtype("actor_rollout_ref.rollout.dtype", arr.rollout.dtype, t.device)
 
 
 def _check_dtype(key: str, value: str | None, compute_device: str | None = None) -> None:
-    """A dtype key's value must name a dtype or be `auto`; `compute_device` (trainer.device) where the key is a
-    compute dtype, for the warning about bf16 on a CPU that emulates it."""
+    """A dtype or `auto`; `compute_device` (trainer.device) for a compute dtype, to warn of emulated bf16."""
     automatic = f"{AUTO} (bf16 on a GPU that multiplies it natively, fp32 on a CPU)"
     if value is None:
         raise ConfigError(f"{key}=null is not a dtype; the automatic one is {automatic}: set {key}={AUTO}, or one "
@@ -117,12 +111,6 @@ def _check_dtype(key: str, value: str | None, compute_device: str | None = None)
     warning = compute_device and emulated_bf16_warning(key, value, compute_device)
     if warning:
         logger.warning(warning)
-
-
-def _check_weights_dtype(key: str, value: str) -> None:
-    """Master weights in fp32 or bf16: fp16 ones would need loss scaling, which the engine does not do."""
-    require(value in DTYPES and resolve_dtype(value) in (torch.float32, torch.bfloat16),
-            f"{key}={value!r}: the weights' dtype must be float32 (fp32) or bfloat16 (bf16)")
 
 
 def _check_names(config: PPOTrainerConfig) -> None:
@@ -159,17 +147,8 @@ def _check_names(config: PPOTrainerConfig) -> None:
     REWARD_MANAGERS.get(config.reward_model.reward_manager)
 
 
-def _check_lora(config: PPOTrainerConfig) -> None:
-    """The actor's LoRA keys: a rank >= 0, alpha > 0, targets named, an adapter directory that is one."""
-    try:
-        LoRASettings.from_model_config(config.actor_rollout_ref.model)
-    except LoRAError as err:
-        require(False, str(err))
-
-
 def _check_estimator_settings(config: PPOTrainerConfig, spec: AdvEstimatorSpec) -> None:
-    """Keys that only some estimators read (gdpo's reward keys, PF-PPO, sum_pi_squared) against the one
-    chosen: set for an estimator that ignores them, or missing where it needs them, they raise."""
+    """Keys only some estimators read (gdpo's, PF-PPO, sum_pi_squared): set where ignored or missing where needed."""
     algo, arr = config.algorithm, config.actor_rollout_ref
     reads_gdpo_keys = spec.accepts_any_input or "config" in spec.parameters
     for key in ("gdpo_reward_keys", "gdpo_reward_weights"):
@@ -270,15 +249,13 @@ def batch_plan(config: PPOTrainerConfig) -> dict[str, int]:
     return plan
 
 
-# Keys whose value may be a 'lower_upper' string ("0.5_5.0"). Hydra's command-line grammar, like Python,
-# takes '_' between digits as a digit separator, so unquoted bounds made of plain numbers become one
-# number: 1_5 -> 15, 0.5_5 -> 0.55, 1_5.0 -> 15.0.
+# Keys whose value may be a 'lower_upper' string ("0.5_5.0"), which Hydra, like Python, reads unquoted as one
+# number ('_' between digits is a digit separator: 1_5 -> 15).
 BOUNDS_KEYS = ("rollout_is_threshold", "rollout_rs_threshold")
 
 
 def bounds_read_as_numbers(overrides: list[str]) -> list[str]:
-    """One message per command-line override of a `BOUNDS_KEYS` key whose text holds '_' but which Hydra
-    parsed as a number (the config never sees the '_', so only the raw override can tell)."""
+    """One message per override of a `BOUNDS_KEYS` key whose text holds '_' but which Hydra parsed as a number."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = OverridesParser.create()
@@ -324,7 +301,7 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def changed_keys(saved: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
     """Dotted key -> (saved value, current value) for every key whose value differs (or exists in one only)."""
-    # through JSON, so that tuples and lists (or anything saved with default=str) compare as saved
+    # through JSON, so that tuples and lists compare as saved
     old = flatten(json.loads(json.dumps(saved, default=str)))
     new = flatten(json.loads(json.dumps(current, default=str)))
     missing = "<absent>"

@@ -1,11 +1,6 @@
 """The rule of every PPO key on its own: the numeric range it must lie in, or the values hybridrl runs.
 
-Each failure names the key, why, and a value that runs (the schema's default). `RANGES` holds each
-numeric key's rule, `UNCHECKED` the numeric keys checked elsewhere or valid at any value (the tests fail on
-a numeric key in neither). `UNSUPPORTED` lists the verl keys hybridrl accepts (verl scripts set them) but
-does not implement: only their defaults run. `SAME_EITHER_WAY` lists keys whose every value runs the same.
-`NO_EFFECT` lists verl's tuning keys that change nothing in a run (an engine that is not running, a GPU
-speed-up hybridrl does not have): set, they are named in one warning per reason.
+Each failure names the key, why, and a value that runs. Every numeric key is in `RANGES` or `UNCHECKED` (tested).
 """
 
 from __future__ import annotations
@@ -166,43 +161,35 @@ RANGES: dict[str, Rule] = {
     "ray_init.object_store_memory": optional(above(0)),
 }
 
-ANY_SEED = "any integer seeds a generator"
-# verl's fully_async keys, which only async_training.mode=streaming reads (placement.placement_errors)
-STREAMING_KEYS = ("async_training.staleness_threshold", "async_training.trigger_parameter_sync_step",
-                  "async_training.require_batches", "async_training.partial_rollout", "rollout.total_rollout_steps",
-                  "rollout.total_epochs", "rollout.test_freq")
 UNCHECKED: dict[str, str] = {
     "data.max_prompt_length": "checked when the data config is built (RLDatasetConfig)",
-    "data.train_batch_size": "checked with the mini-batch arithmetic (config_checks)",
-    "data.seed": ANY_SEED,
-    "actor_rollout_ref.actor.ppo_mini_batch_size": "checked with the mini-batch arithmetic (config_checks)",
-    "actor_rollout_ref.actor.grad_clip": "<= 0 turns gradient clipping off",
+    **dict.fromkeys(("data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size"),
+                    "checked with the mini-batch arithmetic (config_checks)"),
+    **dict.fromkeys(("data.seed", "actor_rollout_ref.actor.data_loader_seed", "critic.data_loader_seed",
+                     "actor_rollout_ref.rollout.seed"), "any integer seeds a generator"),
+    **dict.fromkeys(("actor_rollout_ref.actor.grad_clip", "critic.grad_clip"), "<= 0 turns gradient clipping off"),
     "actor_rollout_ref.actor.entropy_coeff": "a negative coefficient penalises entropy, as in verl",
-    "actor_rollout_ref.actor.data_loader_seed": ANY_SEED,
-    "actor_rollout_ref.actor.policy_loss.clip_cov_lb": "a bound of a covariance window: any number",
+    **dict.fromkeys(("actor_rollout_ref.actor.policy_loss.clip_cov_lb", "actor_rollout_ref.actor.policy_loss.clip_cov_ub"),
+                    "a bound of a covariance window: any number"),
     "algorithm.gdpo_reward_weights": "any real weights (a negative one penalises its component); their count is "
                                      "checked against gdpo_reward_keys when the advantages are computed",
-    "actor_rollout_ref.actor.policy_loss.clip_cov_ub": "a bound of a covariance window: any number",
-    "actor_rollout_ref.actor.optim.lr_warmup_steps": "a negative value derives it from lr_warmup_steps_ratio",
-    "actor_rollout_ref.actor.optim.total_training_steps": "follows trainer.total_training_steps (ppo_config)",
-    "critic.optim.lr_warmup_steps": "a negative value derives it from lr_warmup_steps_ratio",
-    "critic.optim.total_training_steps": "follows trainer.total_training_steps (ppo_config)",
-    "critic.grad_clip": "<= 0 turns gradient clipping off",
-    "critic.data_loader_seed": ANY_SEED,
+    **dict.fromkeys(("actor_rollout_ref.actor.optim.lr_warmup_steps", "critic.optim.lr_warmup_steps"),
+                    "a negative value derives it from lr_warmup_steps_ratio"),
+    **dict.fromkeys(("actor_rollout_ref.actor.optim.total_training_steps", "critic.optim.total_training_steps"),
+                    "follows trainer.total_training_steps (ppo_config)"),
     **{f"{section}.fsdp_config.fsdp_size": "must divide the world size, or be -1 (config_checks)"
        for section in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic.model", "reward_model.model")},
     **{f"actor_rollout_ref.rollout.{key}": "checked when the rollout config is built (RolloutConfig)"
        for key in ("temperature", "top_k", "top_p", "prompt_length", "response_length", "n")},
     **{f"actor_rollout_ref.rollout.val_kwargs.{key}": "checked when the rollout config is built (ValKwargs)"
        for key in ("temperature", "top_k", "top_p", "n")},
-    "actor_rollout_ref.rollout.seed": ANY_SEED,
     "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": "only null is accepted (MultiTurnConfig)",
-    "algorithm.kl_ctrl.horizon": "checked when the adaptive KL controller is built (config_checks)",
-    "algorithm.kl_ctrl.target_kl": "checked when the adaptive KL controller is built (config_checks)",
+    **dict.fromkeys(("algorithm.kl_ctrl.horizon", "algorithm.kl_ctrl.target_kl"),
+                    "checked when the adaptive KL controller is built (config_checks)"),
     "trainer.save_freq": "<= 0 turns periodic checkpoints off",
     "trainer.test_freq": "<= 0 turns periodic validation off",
-    "trainer.max_actor_ckpt_to_keep": "null or <= 0 keeps every checkpoint",
-    "trainer.max_critic_ckpt_to_keep": "null or <= 0 keeps every checkpoint",
+    **dict.fromkeys(("trainer.max_actor_ckpt_to_keep", "trainer.max_critic_ckpt_to_keep"),
+                    "null or <= 0 keeps every checkpoint"),
     "ray_init.cpus_per_worker": "checked with the placement (config_checks)",
     **{f"critic.model.{key}": "LoRA trains the actor only: only the default runs (config_rules.UNSUPPORTED)"
        for key in ("lora_rank", "lora_alpha")},
@@ -210,14 +197,13 @@ UNCHECKED: dict[str, str] = {
        for key in ("lora_rank", "lora_alpha")},
     **{f"actor_rollout_ref.rollout.{key}": "only 1 runs (config_rules.UNSUPPORTED)"
        for key in ("data_parallel_size", "expert_parallel_size", "pipeline_model_parallel_size")},
-    "actor_rollout_ref.rollout.over_sample_rate": "no effect here (config_rules.NO_EFFECT)",
-    "reward_model.num_workers": "no effect here (config_rules.NO_EFFECT)",
-    **{f"{role}.profiler.ranks": "no effect here (config_rules.NO_EFFECT)"
-       for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")},
+    **dict.fromkeys(("actor_rollout_ref.rollout.over_sample_rate", "reward_model.num_workers",
+                     "data.filter_overlong_prompts_workers",
+                     *(f"{role}.profiler.ranks" for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic"))),
+                    "no effect here (config_rules.NO_EFFECT)"),
     **{key: "not supported: only its default runs (config_rules.UNSUPPORTED)" for key in (
         "reward_model.ulysses_sequence_parallel_size", "reward_model.model.fsdp_config.ulysses_sequence_parallel_size",
         "trainer.ray_wait_register_center_timeout")},
-    "data.filter_overlong_prompts_workers": "no effect here (config_rules.NO_EFFECT)",
 }
 
 
@@ -261,8 +247,7 @@ def range_errors(config: PPOTrainerConfig) -> list[str]:
 
 @dataclass(frozen=True)
 class Unsupported:
-    """A verl key hybridrl accepts but does not implement: a value that asks for the missing feature
-    raises before Ray starts, naming the key, why, and the values that run."""
+    """A verl key hybridrl accepts but does not implement: only the values that run are accepted."""
 
     why: str  # what hybridrl does instead
     runs_with: tuple[Any, ...] | None = None  # the values that run; None: only the schema's default
@@ -288,17 +273,13 @@ UNSUPPORTED: dict[str, Unsupported] = {
     "reward_model.model.fsdp_config.ulysses_sequence_parallel_size": NO_SEQUENCE_PARALLEL,
     "actor_rollout_ref.actor.use_torch_compile": NO_COMPILE,
     "actor_rollout_ref.ref.use_torch_compile": NO_COMPILE,
-    "actor_rollout_ref.actor.strategy": ONE_ENGINE,
-    "actor_rollout_ref.ref.strategy": ONE_ENGINE,
-    "critic.strategy": ONE_ENGINE,
-    "reward_model.strategy": ONE_ENGINE,
-    **{f"{section}.fsdp_config.strategy": ONE_ENGINE
-       for section in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic.model", "reward_model.model")},
+    **{f"{section}.strategy": ONE_ENGINE for section in (
+        "actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "reward_model", "actor_rollout_ref.actor.fsdp_config",
+        "actor_rollout_ref.ref.fsdp_config", "critic.model.fsdp_config", "reward_model.model.fsdp_config")},
     "data.return_raw_input_ids": Unsupported(
         "a reward model with its own tokenizer gets the conversation re-tokenised instead "
         "(reward_model.model.input_tokenizer)"),
-    "trainer.default_hdfs_dir": NO_HDFS,
-    "trainer.del_local_ckpt_after_load": NO_HDFS,
+    **dict.fromkeys(("trainer.default_hdfs_dir", "trainer.del_local_ckpt_after_load"), NO_HDFS),
     "trainer.ray_wait_register_center_timeout": Unsupported(
         "hybridrl's Ray worker groups have no register center to wait for"),
     "ray_init.timeline_json_file": Unsupported("Ray timelines are not dumped; call ray.timeline() yourself"),
@@ -337,8 +318,7 @@ SAME_EITHER_WAY: dict[str, str] = {
 
 @dataclass(frozen=True)
 class NoEffect:
-    """A verl key accepted so that verl's scripts run, which changes nothing in this run: set away from its
-    default, one warning per reason names it. `acts_when`: the runs where the key does act (no warning)."""
+    """A verl key that changes nothing in this run, warned about when set. `acts_when`: the runs where it acts."""
 
     why: str
     acts_when: Callable[[PPOTrainerConfig], bool] | None = None
@@ -421,8 +401,7 @@ def unsupported_errors(config: PPOTrainerConfig) -> list[str]:
 
 
 def offload_errors(config: PPOTrainerConfig) -> list[str]:
-    """`*.fsdp_config.param_offload` / `optimizer_offload` where this run has nothing that moves the state
-    (`trainer.device` filled in): the workers' own checks, run before any of them starts."""
+    """`*.fsdp_config.param_offload` / `optimizer_offload` where nothing moves the state: the workers' checks."""
     device = config.trainer.device
     errors = actor_offload_refusals(config.actor_rollout_ref, actor_role_name(config), device)
     if uses_reference(config):

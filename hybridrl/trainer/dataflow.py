@@ -1,9 +1,5 @@
-"""The driver's stages of a PPO step that act on a whole batch: pure functions on DataProto.
-
-In the order of a step (docs/architecture.md, "One PPO step"): prompts with a `uid` each, the rollout's
-input and output (1-2), balancing (3), DAPO's group filter, the reward side of stage 4
-(`load_reward_manager`, `BackgroundReward`), the old log-probs (5), rollout correction (5b), advantages (7).
-"""
+"""The driver's stages of a PPO step that act on a whole batch (docs/architecture.md, "One PPO step"):
+pure functions on DataProto, in the order of a step."""
 
 from __future__ import annotations
 
@@ -36,16 +32,10 @@ from hybridrl.workers.reward_model import RewardModelConfig
 __all__ = ["BackgroundReward", "load_reward_manager"]
 
 
-# Here, not in hybridrl.rewards.managers: it reads the trainer's config schema (DataConfig, RewardModelConfig),
-# and the reward model worker's config imports the managers.
+# Here, not in hybridrl.rewards.managers: it reads the trainer's schema, and the reward model's config imports them
 def load_reward_manager(config: Mapping[str, Any], tokenizer: Any, num_examine: int = 0, **kwargs: Any) -> RewardManager:
-    """Build the manager named by `config.reward_model.reward_manager` (verl's
-    `verl.trainer.ppo.reward.load_reward_manager`).
-
-    `config` is the PPO config as a plain mapping (a missing key takes the schema's default). The scorer is
-    `custom_reward_function.*` when set, else `default_compute_score` with the `reward_model.sandbox.*`
-    sandbox; `reward_model.reward_kwargs` and `kwargs` go to the manager.
-    """
+    """The manager named by `config.reward_model.reward_manager` (verl's `load_reward_manager`); `config` is a
+    plain mapping (missing keys take the schema's defaults), the scorer `custom_reward_function.*` or the default."""
     reward_model = to_dataclass(RewardModelConfig, config.get("reward_model") or {})
     data = config.get("data") or {}
     cls = REWARD_MANAGERS.get(reward_model.reward_manager)
@@ -62,12 +52,8 @@ RewardFn = Callable[..., dict[str, Any]]
 
 
 class BackgroundReward:
-    """One background thread that scores batches with `reward_fn(batch, return_dict=True)`.
-
-    The reward functions run in the manager's worker processes, so the thread only waits, while the driver
-    drives the log-prob and value passes; the trainer takes the scores before the KL penalty needs them.
-    The thread scores a shallow copy: the trainer keeps adding keys to the original batch meanwhile.
-    """
+    """One background thread that scores batches with `reward_fn(batch, return_dict=True)` while the driver
+    drives the log-prob and value passes; it scores a shallow copy, since the trainer adds keys meanwhile."""
 
     def __init__(self, reward_fn: RewardFn) -> None:
         self.reward_fn = reward_fn
@@ -94,10 +80,7 @@ def new_prompt_batch(batch_dict: dict) -> DataProto:
 
 
 def split_generation_input(batch: DataProto, columns: Sequence[str] = ()) -> DataProto:
-    """Take the prompt tensors out of `batch` (the rollout's input); everything else stays.
-
-    `columns`: non-tensor columns the rollout reads too (the agent loop's), copied into the input if present.
-    """
+    """Take the prompt tensors out of `batch` as the rollout's input, with the non-tensor `columns` it reads."""
     generation_input = batch.pop(batch_keys=PROMPT_TENSORS)
     for key in columns:
         if key in batch.non_tensor_batch:
@@ -115,11 +98,7 @@ def attach_responses(batch: DataProto, generated: DataProto) -> DataProto:
 
 def balance_batch(batch: DataProto, world_size: int, keep_groups: bool = False) -> dict[str, float]:
     """Reorder rows so each data-parallel rank's contiguous chunk holds a similar number of tokens.
-
-    Ranks work in lockstep, so the step takes as long as the busiest rank. `keep_groups`: a prompt's rows
-    (one `uid`) go to one rank together, which computes the prompt once, where the groups are of one size and
-    divide evenly among the ranks (otherwise rows are balanced).
-    """
+    `keep_groups`: a prompt's rows (one `uid`) go to one rank together, where the groups divide evenly."""
     lengths = batch.batch["attention_mask"].sum(dim=-1).tolist()  # (batch,) real tokens
     groups = _equal_groups(batch, world_size) if keep_groups and world_size > 1 else None
     if groups is not None:
@@ -153,12 +132,8 @@ def sequence_scores(batch: DataProto) -> torch.Tensor:
 
 
 def keep_varied_groups(batch: DataProto, metric: str | None) -> tuple[DataProto, int]:
-    """DAPO dynamic sampling: keep only prompts whose samples do not all score the same.
-
-    A group with identical scores has zero advantage under GRPO-style estimators. `metric` names a
-    per-sample value in non_tensor_batch (e.g. `acc`), or `seq_reward` / `seq_final_reward` (the sum of
-    token scores / rewards). Returns the kept rows and the number of prompts kept.
-    """
+    """DAPO dynamic sampling: the rows of prompts whose samples differ on `metric` (a non-tensor value such as
+    `acc`, or seq_reward / seq_final_reward), and the number of prompts kept."""
     if metric in (None, "seq_final_reward", "seq_reward", "score"):
         key = "token_level_rewards" if metric == "seq_final_reward" and "token_level_rewards" in batch.batch \
             else "token_level_scores"
@@ -179,12 +154,8 @@ def keep_varied_groups(batch: DataProto, metric: str | None) -> tuple[DataProto,
 
 
 def old_log_prob_blockers(config: PPOTrainerConfig) -> list[str]:
-    """Why this config needs the separate old log-prob pass; empty when the update can give them.
-
-    On a fully on-policy step (one epoch over one mini-batch) no optimizer step precedes any row's forward
-    in the update, which then gives exactly the old log-probs. The pass stays where something reads them
-    before the update or the weights move first; each reason names the key that keeps the fused path off.
-    """
+    """Why this config needs the separate old log-prob pass, each naming its key; empty when the update can
+    give them (a fully on-policy step: one epoch over one mini-batch, nothing reads them before)."""
     actor = config.actor_rollout_ref.actor
     reasons = []
     if not actor.fuse_old_log_prob:
@@ -221,13 +192,8 @@ def rollout_log_probs(batch: DataProto, why: str) -> torch.Tensor:
 
 
 def correct_rollout(batch: DataProto, config: RolloutCorrectionConfig) -> dict[str, float]:
-    """Decoupled mode, in place: `rollout_is_weights` (batch, response_len) join the batch when
-    `config.rollout_is` is set, and `response_mask` loses the tokens rejection sampling drops. Returns the
-    `rollout_corr/*` metrics (weights, rejected shares, KL and perplexities of rollout vs trainer).
-
-    The tensor arithmetic lives in `hybridrl.algos.rollout_correction`; bypass mode corrects inside the
-    actor's loss instead (hybridrl/algos/rollout_correction.py; docs/algorithms.md).
-    """
+    """Decoupled mode, in place: `rollout_is_weights` (batch, response_len) when `config.rollout_is` is set, and
+    `response_mask` less the rejected tokens. Returns the `rollout_corr/*` metrics."""
     where = f"{ROLLOUT_CORRECTION_KEY}.rollout_is / rollout_rs"
     weights, mask, metrics = compute_rollout_correction(
         batch.batch["old_log_probs"], rollout_log_probs(batch, where), batch.batch["response_mask"],
@@ -247,9 +213,8 @@ def bypass_old_log_probs(batch: DataProto) -> None:
 
 
 def bypass_metric_names(actor_metrics: dict[str, float]) -> dict[str, float]:
-    """The actor's metrics with bypass mode's in-loss `actor/rollout_corr/*` filed under `rollout_corr/*`,
-    where decoupled mode reports them. They are means over micro-batches (weighted by tokens), so a
-    `_max` / `_min` is the mean of the micro-batches' maxima / minima."""
+    """The actor's metrics with bypass mode's `actor/rollout_corr/*` under `rollout_corr/*` (token-weighted means
+    over micro-batches, so a `_max` is the mean of their maxima)."""
     prefix = "actor/rollout_corr/"
     return {name.removeprefix("actor/") if name.startswith(prefix) else name: value
             for name, value in actor_metrics.items()}
@@ -257,11 +222,8 @@ def bypass_metric_names(actor_metrics: dict[str, float]) -> dict[str, float]:
 
 def compute_advantage(data: DataProto, adv_estimator: str | AdvantageEstimator,
                       config: AlgorithmConfig) -> DataProto:
-    """Set data.batch["advantages"] and ["returns"] (batch, response_len) from `adv_estimator`; returns data.
-
-    The registered estimator gets every input the batch has (rewards, mask, values, baselines, uids, ...),
-    gamma, lam, norm_adv_by_std_in_grpo and `config` (algorithm.*) itself. verl's signature is in compat/.
-    """
+    """Set data.batch["advantages"] and ["returns"] (batch, response_len) from `adv_estimator`, given every
+    input the batch has and `config` (algorithm.*); returns data."""
     require_config_object(config, "compute_advantage", "the algorithm config (algorithm.*)")
     batch = data.batch
     advantages, returns = run_estimator(

@@ -1,7 +1,6 @@
 """Offline evaluation: `python -m hybridrl.trainer.main_eval key=value ...` (config `evaluation.yaml`).
 
-Scores every response of a generated parquet (main_generation's output) and reports, per data
-source and over all rows, for rows of n responses with scores s_1..s_n (a dict score gives its `score`):
+Scores every response of main_generation's parquet, per data source and over all rows of n scores s_1..s_n:
 
     mean@n = mean over rows of (1/n) sum_i s_i                    (expected score of one sample)
     pass@n = fraction of rows with max_i s_i >= pass_threshold    (Chen et al. 2021's pass@k, k = n)

@@ -1,9 +1,5 @@
-"""Offline generation: `python -m hybridrl.trainer.main_generation key=value ...` (config `generation.yaml`).
-
-Samples `data.n_samples` responses per prompt of a parquet file with the `rollout.name` engine and writes
-the table plus a `responses` column to `data.output_path`, in this process on one rank (so
-trainer.nnodes x trainer.n_gpus_per_node must be 1).
-"""
+"""Offline generation: `python -m hybridrl.trainer.main_generation key=value ...` (config `generation.yaml`):
+`data.n_samples` responses per prompt, added as a `responses` column, on one rank in this process."""
 
 from __future__ import annotations
 
@@ -63,10 +59,7 @@ def check_config(config: DictConfig) -> RolloutConfig:
 
 def generate_responses(engine: BaseRollout, dataset: RLHFDataset, batch_size: int, tokenizer,
                        device: str | torch.device = "cpu") -> list[list[str]]:
-    """n decoded responses (special tokens removed) for every dataset row, in row order.
-
-    This driver is its own worker, so it moves the prompts to `device` and the responses back to the CPU.
-    """
+    """n decoded responses (special tokens removed) for every dataset row, in row order, generated on `device`."""
     results: list[list[str]] = []
     for start in range(0, len(dataset), batch_size):
         items = collate_fn([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])
@@ -92,8 +85,7 @@ def run_generation(config: DictConfig) -> Path:
         {"prompt_key": config.data.prompt_key, "max_prompt_length": rollout_config.prompt_length,
          "truncation": config.data.truncation},
     )
-    # This process is its own single worker: its device is trainer.device, as a worker group's would be
-    # (`auto` dtypes and the vLLM engine ask `hybridrl.utils.device`).
+    # this process is its own worker, on trainer.device (`auto` dtypes and vLLM ask `hybridrl.utils.device`)
     with pinned(config.trainer.device), torch.no_grad():
         device = local_device()
         module = None

@@ -1,8 +1,5 @@
-"""Entry point: `python -m hybridrl.trainer.main_ppo key=value ...` (or `hybridrl-train key=value ...`).
-
-Resolves the Hydra config once (`resolve_config`), starts or joins Ray (unless trainer.backend=local),
-builds the worker groups, trains, and stops what it started.
-"""
+"""Entry point: `python -m hybridrl.trainer.main_ppo key=value ...` (or `hybridrl-train key=value ...`): resolves
+the config, starts or joins Ray (unless trainer.backend=local), trains, and stops what it started."""
 
 from __future__ import annotations
 
@@ -24,7 +21,6 @@ from hybridrl.utils.typed_config import ConfigError
 def print_dry_run(config: PPOTrainerConfig) -> None:
     from hybridrl.trainer.placement import describe
 
-    # the resolved config, with the settings that follow other keys filled in (critic.rollout_n, ...)
     print(OmegaConf.to_yaml(OmegaConf.structured(config)))
     print("batch arithmetic:")
     for name, value in batch_plan(config).items():
@@ -49,7 +45,7 @@ def run_ppo(cfg: DictConfig) -> list[dict[str, float]]:
         # data.tokenizer, when set, is the model's tokenizer_path (fill_derived): the workers load the same one
         tokenizer = load_tokenizer(model.tokenizer_path or model.path,
                                    trust_remote_code=checked.data.trust_remote_code or model.trust_remote_code)
-        # Every row is checked here, before Ray starts; rule-based rewards need each row's ground truth.
+        # every row is checked here, before Ray starts; rule-based rewards need each row's ground truth
         needs_truth = not checked.reward_model.enable
         loaded["tokenizer"] = tokenizer
         loaded["train"] = build_rl_dataset(checked.data.train_files, tokenizer, checked.data,
@@ -64,8 +60,7 @@ def run_ppo(cfg: DictConfig) -> list[dict[str, float]]:
         return []
     tokenizer, train_dataset, val_dataset = loaded["tokenizer"], loaded["train"], loaded["val"]
     if not (config.custom_reward_function.path or config.reward_model.enable):
-        # Before Ray and the workers: code tasks need a sandbox that runs programs here (a custom reward
-        # function is not known to need one; it raises SandboxUnavailableError itself when it does).
+        # before Ray: code tasks need a sandbox here (a custom reward function raises itself when it needs one)
         check_code_sandbox((row.get(config.data.reward_fn_key) for dataset in (train_dataset, val_dataset)
                             if dataset is not None for row in getattr(dataset, "rows", ())),
                            config.reward_model.sandbox.limits())
@@ -76,8 +71,7 @@ def run_ppo(cfg: DictConfig) -> list[dict[str, float]]:
     # a local cluster big enough for every pool's processes on this one node
     processes = sum(pool.processes_per_node for pool in placement(config))
     num_cpus = ri.num_cpus or max(os.cpu_count() or 1, processes * ri.cpus_per_worker)
-    # Workers, the local rank's process group and env variables, and a Ray this run started all end
-    # with the run: on success, on an error and on SIGTERM.
+    # the workers, and a Ray this run started, end with the run: on success, on an error and on SIGTERM
     with sigterm_raises_exit(), ray_for_backend(config.trainer.backend, num_cpus=num_cpus,
                                                   object_store_memory=ri.object_store_memory,
                                                   include_dashboard=ri.include_dashboard):

@@ -1,8 +1,5 @@
-"""Entry point: `python -m hybridrl.trainer.main_sft key=value ...` (Hydra, config `sft_trainer.yaml`).
-
-Runs the SFT loop on `trainer.n_gpus_per_node x trainer.nnodes` ranks under Ray, or one in-process rank
-with `trainer.backend=local`; the workers, and Ray if this run started it, stop with the run.
-"""
+"""Entry point: `python -m hybridrl.trainer.main_sft key=value ...` (Hydra, config `sft_trainer.yaml`), on Ray
+or one in-process rank (`trainer.backend=local`)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
 """Where a run's roles live: its pools of processes and the roles each one holds (docs/placement.md).
 
-Colocated (`actor_rollout_ref.hybrid_engine=true`, the default): one pool of `trainer.nnodes x
-trainer.n_gpus_per_node` processes holds every role, and the rollout generates with the actor's weights in
-place. Split (`hybrid_engine=false`, verl's one-step-off keys): the training pool holds the actor (with the
-reference policy and the critic) and a rollout pool of `rollout.nnodes x rollout.n_gpus_per_node` holds the
-rollout, which receives the actor's weights after every update (hybridrl/workers/weight_sync.py). With
-`reward_model.enable_resource_pool=true` the reward model has a pool of its own in either layout.
+Colocated (`actor_rollout_ref.hybrid_engine=true`): one pool holds every role. Split: a rollout pool of its own
+receives the actor's weights after every update; `reward_model.enable_resource_pool=true` gives the reward model one.
 """
 
 from __future__ import annotations
@@ -22,8 +18,7 @@ REWARD_POOL = "reward_pool"
 
 @dataclass(frozen=True)
 class Pool:
-    """`nnodes` nodes with `processes_per_node` worker processes each (GPUs, or CPU processes), and the
-    names of the roles every one of those processes holds."""
+    """`nnodes` nodes of `processes_per_node` worker processes, each holding the roles named."""
 
     name: str
     nnodes: int
@@ -53,8 +48,7 @@ def is_split(config: PPOTrainerConfig) -> bool:
 
 
 def actor_role_name(config: PPOTrainerConfig) -> str:
-    """The actor's role (hybridrl/workers/fsdp_workers.py): with the rollout unless it has its own pool, with
-    the reference policy when the run needs one."""
+    """The actor's role (fsdp_workers.py): with the rollout unless it has its own pool, with the reference if used."""
     ref = "_ref" if uses_reference(config) else ""
     return f"actor{ref}" if is_split(config) else f"actor_rollout{ref}"
 

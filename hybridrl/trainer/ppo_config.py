@@ -1,8 +1,6 @@
 """The PPO/GRPO trainer's typed config: verl's key names, one home for every default.
 
-`ppo_trainer.yaml` composes `PPOTrainerConfig` (registered with Hydra's ConfigStore) and overrides only
-what differs for the built-in CPU quickstart; `resolve_config` (config_checks.py) then checks it, fills in
-the derived settings (`fill_derived`, `fill_training_steps`) and freezes it, before any worker starts.
+`ppo_trainer.yaml` composes `PPOTrainerConfig`; `resolve_config` (config_checks.py) checks, fills in and freezes it.
 """
 
 from __future__ import annotations
@@ -125,12 +123,8 @@ ROLLOUT_CORRECTION_KEY = "algorithm.rollout_correction"
 
 @dataclass
 class RolloutCorrectionConfig(FreezableConfig):
-    """`algorithm.rollout_correction`: correct for the rollout engine's policy differing from the trainer's.
-
-    Decoupled mode (bypass_mode false): IS weights and a rejection mask from old_log_probs vs
-    rollout_log_probs after the old log-prob pass. Bypass mode: no such pass; rollout_log_probs serve as
-    old_log_probs and the loss corrects per micro-batch (hybridrl/algos/rollout_correction.py; docs/algorithms.md).
-    """
+    """`algorithm.rollout_correction`: correct for the rollout engine's policy differing from the trainer's
+    (decoupled after the old log-prob pass, or bypass mode inside the loss; docs/algorithms.md)."""
 
     # IS weight level: token | sequence | None (no weights).
     rollout_is: str | None = None
@@ -162,8 +156,7 @@ class RolloutCorrectionConfig(FreezableConfig):
             raise ConfigError(f"{key}.rollout_is_threshold / rollout_is_batch_normalize act only on IS weights; "
                               f"set {key}.rollout_is=token or sequence, or leave them at their defaults")
         if self.rollout_rs is not None and self.rollout_rs_threshold is None:
-            # verl builds such a config and asks for the threshold where rejection runs; a run asks for it
-            # before any worker starts (hybridrl/trainer/config_checks.py)
+            # as in verl, a config without the threshold builds; a run asks for it (config_checks.py)
             _as_config_error(rs_option_names, f"{key}.rollout_rs", self.rollout_rs)
         elif self.rollout_rs is not None:
             _as_config_error(parse_rs_options, f"{key}.rollout_rs / rollout_rs_threshold", self.rollout_rs,
@@ -270,10 +263,8 @@ class TrainerConfig(FreezableConfig):
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
     max_actor_ckpt_to_keep: int | None = None
     max_critic_ckpt_to_keep: int | None = None
-    # Training steps in a row with a non-finite loss or gradient norm (their optimizer updates are
-    # skipped, and they are never checkpointed) that the run tolerates before it stops with an error.
-    # 0 stops at the first one: without fp16 loss scaling a NaN gradient means divergence or NaN data,
-    # not a transient overflow (hybridrl/trainer/metrics.py).
+    # Steps in a row with a non-finite loss or gradient norm (updates skipped, never checkpointed) tolerated
+    # before the run stops; 0 stops at the first: without fp16 loss scaling a NaN means divergence or NaN data.
     max_consecutive_skipped_steps: int = 0
     # cpu | cuda | auto (cuda when torch sees a GPU, else cpu)
     device: str = "auto"
@@ -321,15 +312,8 @@ ASYNC_MODES = ("sync", "one_step_off", "streaming")
 
 @dataclass
 class AsyncTrainingConfig(FreezableConfig):
-    """`async_training`: whether generation overlaps training (docs/placement.md, "One step off", "Streaming").
-
-    sync: each step generates its batch, then trains on it. one_step_off (split placement only): the rollout
-    pool generates the next step's batch with the weights of the step before while the training pool trains,
-    so every batch is one update old; the weights move at the step boundary. streaming (split placement only,
-    verl's fully_async): the rollout pool decodes without pause, a finished prompt's place taken by the next,
-    and each step trains on the first `require_batches` x ppo_mini_batch_size prompts to finish. verl selects
-    these by its recipes' entry points; hybridrl has one entry point and this key.
-    """
+    """`async_training`: whether generation overlaps training: sync, one_step_off or streaming (verl's
+    fully_async); docs/placement.md, "One step off", "Streaming"."""
 
     mode: str = "sync"
     # one_step_off and streaming: correct the older samples with truncated token-level importance weights
@@ -409,18 +393,8 @@ def world_size(config: PPOTrainerConfig) -> int:
 
 
 def fill_derived(config: PPOTrainerConfig) -> None:
-    """Fill in the settings that follow another key: once, on the driver, inside `resolve_config`
-    (hybridrl/trainer/config_checks.py), after the per-key checks and before the freeze.
-
-    A config built in Python gets the same values as one composed from `ppo_trainer.yaml`: trainer.device=auto
-    becomes the device found; rollout_n keys follow rollout.n; data.tokenizer becomes every prompt-reading
-    model's tokenizer_path (and the reward model's input_tokenizer where it names the actor's model), so all
-    load one tokenizer; the critic's forward micro-batch follows its update's when unset (as in verl);
-    micro-batch sizes become rows per rank (`*_per_gpu`) where only verl's global key is set; a compute
-    dtype of `auto` becomes float32 on a CPU (a GPU worker resolves it on its own device); relative local paths
-    become absolute against the driver's working directory (`hybridrl.trainer.command_line`: ranks on other hosts
-    start elsewhere).
-    """
+    """Fill in the settings that follow another key (device, rollout_n, tokenizers, per-rank micro-batches,
+    verl's aliases, `auto` dtypes on a CPU, absolute paths), once, inside `resolve_config` before the freeze."""
     make_paths_absolute(config)
     config.trainer.device = resolve_device_type(config.trainer.device)
     n = config.actor_rollout_ref.rollout.n
@@ -428,8 +402,7 @@ def fill_derived(config: PPOTrainerConfig) -> None:
         require(node.rollout_n in (None, n), f"{key}.rollout_n ({node.rollout_n}) disagrees with "
                 f"actor_rollout_ref.rollout.n ({n}); leave {key}.rollout_n unset, it follows rollout.n")
     config.critic.rollout_n = n
-    # data.tokenizer names the run's tokenizer: the driver tokenises prompts with it and every worker that
-    # decodes or saves them loads it through its model's tokenizer_path.
+    # data.tokenizer is the run's one tokenizer: every worker loads it through its model's tokenizer_path
     tokenizer = config.data.tokenizer
     if tokenizer is not None:
         for key, model in (("actor_rollout_ref.model", config.actor_rollout_ref.model),
@@ -438,8 +411,7 @@ def fill_derived(config: PPOTrainerConfig) -> None:
                     f"data.tokenizer={tokenizer} and {key}.tokenizer_path={model.tokenizer_path} disagree: "
                     f"prompts would be tokenised with one and decoded with the other; set only data.tokenizer")
             model.tokenizer_path = tokenizer
-    # The reward model decodes the actor's ids with reward_model.model.input_tokenizer; the YAML points it
-    # at the actor's model directory, which meant the actor's tokenizer: follow a tokenizer_path override.
+    # the YAML's input_tokenizer (the actor's model directory) means the actor's tokenizer: follow its override
     actor_model, reward_model = config.actor_rollout_ref.model, config.reward_model.model
     if actor_model.tokenizer_path and reward_model.input_tokenizer == actor_model.path:
         reward_model.input_tokenizer = actor_model.tokenizer_path
@@ -487,10 +459,8 @@ def _fill_verl_aliases(config: PPOTrainerConfig) -> None:
 
 
 def _fill_off_policy_correction(config: PPOTrainerConfig) -> None:
-    """One step off or streaming, batches were sampled updates ago: with async_training.use_rollout_log_probs the
-    rollout's log-probs are the old ones (bypass mode); otherwise, unless algorithm.rollout_correction asks for
-    something itself (or async_training.correct_off_policy=false), the update weighs each token by the
-    trainer's probability over the rollout's, truncated at rollout_is_threshold (decoupled PPO)."""
+    """One step off or streaming: bypass mode with async_training.use_rollout_log_probs, else (unless the
+    correction is set or correct_off_policy=false) truncated token-level IS weights."""
     correction, mode = config.algorithm.rollout_correction, config.async_training.mode
     if mode == "sync":
         return
@@ -504,10 +474,8 @@ def _fill_off_policy_correction(config: PPOTrainerConfig) -> None:
 
 
 def _fill_streaming(config: PPOTrainerConfig) -> None:
-    """Streaming: a step trains require_batches x ppo_mini_batch_size prompts (data.train_batch_size becomes that,
-    0 being verl's fully_async value; a data.train_batch_size of whole mini-batches with require_batches unset
-    sets require_batches instead); verl's rollout.total_rollout_steps (prompts), rollout.total_epochs and
-    rollout.test_freq (in weight syncs) become the trainer's steps, epochs and validation period."""
+    """Streaming: data.train_batch_size becomes require_batches x ppo_mini_batch_size prompts; verl's rollout.*
+    run length, epochs and validation period (in weight syncs) become the trainer's."""
     async_cfg, trainer = config.async_training, config.trainer
     if async_cfg.mode != "streaming":
         return
@@ -543,13 +511,11 @@ def _fill_micro_batches_per_rank(config: PPOTrainerConfig) -> None:
     keys = [(arr.actor, "actor_rollout_ref.actor.ppo_micro_batch_size"),
             (arr.rollout, "actor_rollout_ref.rollout.log_prob_micro_batch_size"),
             (arr.ref, "actor_rollout_ref.ref.log_prob_micro_batch_size")]
-    needs_critic = get_adv_estimator_spec(config.algorithm.adv_estimator).needs_critic
-    if needs_critic:
-        keys += [(critic, "critic.ppo_micro_batch_size"), (critic, "critic.forward_micro_batch_size")]
     # a sequence-parallel group shares its rows: verl's global sizes divide among the groups, not the ranks
     actor_sp, ref_sp = actor_sequence_parallel(arr)
     groups = {"actor_rollout_ref.actor": actor_sp, "actor_rollout_ref.ref": ref_sp}
-    if needs_critic:
+    if get_adv_estimator_spec(config.algorithm.adv_estimator).needs_critic:
+        keys += [(critic, "critic.ppo_micro_batch_size"), (critic, "critic.forward_micro_batch_size")]
         groups["critic"] = critic_sequence_parallel(critic)
     for section, size in groups.items():
         check_sequence_parallel(size, world_size(config), f"{section}.ulysses_sequence_parallel_size")
@@ -557,21 +523,20 @@ def _fill_micro_batches_per_rank(config: PPOTrainerConfig) -> None:
     if rm.enable:
         keys.append((rm, "reward_model.micro_batch_size"))
     for node, key in keys:
-        name = key.rpartition(".")[2]
+        section, _, name = key.rpartition(".")
         per_gpu, global_size = getattr(node, f"{name}_per_gpu"), getattr(node, name)
         # checked on the values as set, before the per-rank one is filled in beside the global one
         require(per_gpu is None or global_size is None,
                 f"{key}={global_size} and {key}_per_gpu={per_gpu} are both set; set one (the global size is "
                 f"divided by the world size)")
-        ranks = world_size(config) // sequence_parallel.get(key.rpartition(".")[0], 1)  # data-parallel groups
+        ranks = world_size(config) // sequence_parallel.get(section, 1)  # data-parallel groups
         if node is rm and rm.enable_resource_pool:  # the reward model's own pool divides its batch
             ranks = config.reward_model.nnodes * config.reward_model.n_gpus_per_node or ranks
         setattr(node, f"{name}_per_gpu", micro_batch_per_rank(per_gpu, global_size, ranks, key))
 
 
 def fill_training_steps(config: PPOTrainerConfig, train_rows: int) -> None:
-    """trainer.total_training_steps (when unset: the whole batches of `train_rows` prompts x total_epochs),
-    and the same count as each optimizer's total_training_steps, which its lr schedule reads."""
+    """trainer.total_training_steps (unset: whole batches of `train_rows` x total_epochs) and the optimizers'."""
     batch = config.data.train_batch_size
     require(train_rows >= batch, f"the training set has {train_rows} prompts, fewer than data.train_batch_size="
                                  f"{batch}; lower data.train_batch_size or add data")

@@ -1,8 +1,6 @@
 """The single controller of PPO/GRPO training, one method per stage (docs/architecture.md, "One PPO step").
 
-The trainer holds the dataloader, the advantage computation, metrics and checkpoints; all model work
-is a call on a worker group. It never branches on an algorithm's name: estimators declare the inputs
-they need (values, baselines) and the trainer provides what is declared.
+All model work is a call on a worker group; estimators declare the inputs they need, never branched on by name.
 """
 
 from __future__ import annotations
@@ -91,18 +89,15 @@ class PPOTrainer:
             hint=f"Lower the learning rate ({', '.join(lrs)}) or look for NaN in the rewards, then run again",
         )
         self._batches: Iterator[dict] | None = None
-        # one step off and streaming, a background thread draws prompts while the main thread updates a curriculum
-        # sampler or saves the loader's state (reentrant: streaming's draw refills its buffer from the loader)
+        # a background thread draws prompts while the main thread updates the sampler or saves the loader (reentrant)
         self._data_lock = threading.RLock()
         self.ahead = GenerationAhead(self._collect_ahead) if config.async_training.mode == "one_step_off" else None
         self._restored: Collected | None = None  # a batch generated before the checkpoint this run resumed from
         self.streamer: Streamer | None = None  # streaming: started by fit
         self._stream_prompts: DataProto | None = None  # streaming: prompts drawn, not yet sent to the rollout
         self._stream_restored: DataProto | None = None  # streaming: finished groups a checkpoint saved
-        # the prompt columns the agent loop reads (tools_kwargs in extra_info, agent_name), when it runs
         self.rollout_columns = AGENT_INPUT_COLUMNS if config.actor_rollout_ref.rollout.multi_turn.enable else ()
         self._reward_extra_keys: set[str] = set()  # per-sample values the reward function returned
-        # rule-based rewards scored while the workers recompute log-probs (reward_model.launch_reward_fn_async)
         self.background_reward = BackgroundReward(reward_fn) if config.reward_model.launch_reward_fn_async else None
         # on a fully on-policy step the update's own forward pass gives the old log-probs
         self.fuse_old_log_prob = not dataflow.old_log_prob_blockers(config)
@@ -141,14 +136,9 @@ class PPOTrainer:
                 self._log(tracker, metrics)
                 bar.update(self.global_steps, metrics)
         finally:
-            if bar is not None:
-                bar.close()
-            if self.background_reward is not None:
-                self.background_reward.close()
-            if self.ahead is not None:
-                self.ahead.close()
-            if self.streamer is not None:
-                self.streamer.close()
+            for part in (bar, self.background_reward, self.ahead, self.streamer):
+                if part is not None:
+                    part.close()
             tracker.finish()
         return self.history
 
@@ -159,7 +149,9 @@ class PPOTrainer:
         self.costs.start_step()
         with timer("step", timing):
             batch = self._next_batch(metrics, timing)  # 1, 2, 4: prompts, responses, scores
-            self._balance(batch, metrics)  # 3
+            if self.config.trainer.balance_batch:  # 3, a group's rows on one rank if its prompt is computed once
+                metrics.update(dataflow.balance_batch(batch, self.groups.world_size,
+                                                      self.config.actor_rollout_ref.model.share_prompt_forward))
             pending = self._score_in_background(batch, timing)  # 4, while 5 runs
             self._recompute(batch, metrics, timing)  # 5: old/ref log-probs, values
             self._correct_rollout(batch, metrics)  # 5b: IS weights and rejection of the rollout's tokens
@@ -169,7 +161,9 @@ class PPOTrainer:
             self._apply_kl(batch, metrics)  # 6
             with timer("adv", timing):
                 batch = self._compute_advantage(batch, metrics)  # 7
-            self._update_critic(batch, metrics, timing)  # 8
+            if self.groups.critic is not None:  # 8
+                output = self._run("update_critic", self.groups.critic.update_critic, batch, timing)
+                metrics.update(reduce_metrics(output.meta_info["metrics"]))
             self._update_actor(batch, metrics, timing)
             if self.streamer is not None:
                 self._sync_streaming(metrics)
@@ -206,13 +200,11 @@ class PPOTrainer:
 
     def _stream_generate(self, prompts: list[DataProto | None], max_steps: int,
                          partial: bool) -> list[DataProto | None]:
-        """Streaming: one call on every rollout rank, each with its own new prompts (the streaming thread's)."""
         ranks = len(prompts)
         return self.groups.rollout.stream_generate(prompts, [max_steps] * ranks, [partial] * ranks)
 
     def _draw_prompts(self, count: int) -> DataProto:
-        """Streaming: the next `count` prompts (each with its uid), from what a checkpoint saved first, then the
-        loader (the streaming thread calls this)."""
+        """Streaming: the next `count` prompts, from what a checkpoint saved first, then the loader."""
         with self._data_lock:
             while self._stream_prompts is None or len(self._stream_prompts) < count:
                 drawn = self._next_prompts()
@@ -224,7 +216,6 @@ class PPOTrainer:
         return out
 
     def _take_streamed(self, metrics: dict, timing: dict, step: int) -> DataProto:
-        """Streaming: this step's groups from the queue (in the order they finished), then scored."""
         taken = self.streamer.take(self.config.data.train_batch_size, version=step - 1)
         batch = taken.batch
         timing["trainer_idle"], timing["rollout_idle"] = taken.trainer_idle_s, taken.rollout_idle_s
@@ -241,8 +232,7 @@ class PPOTrainer:
         return batch
 
     def _sync_streaming(self, metrics: dict) -> None:
-        """Streaming, every trigger_parameter_sync_step steps: the rollout takes this step's weights at a call
-        boundary (without partial rollout, once its rows in flight have finished)."""
+        """Streaming, every trigger_parameter_sync_step steps: the rollout takes this step's weights."""
         settings = self.streamer.settings
         if self.global_steps % settings.sync_every:
             return
@@ -252,8 +242,7 @@ class PPOTrainer:
             metrics.update(self.groups.sync_rollout_weights(self.global_steps))
 
     def _next_batch(self, metrics: dict, timing: dict) -> DataProto:
-        """1, 2, 4 of this step: generated now (sync), or taken from the background (one step off), which then
-        starts on the next step's batch with the weights of the update just made."""
+        """1, 2, 4: generated now (sync), or taken from the background, which then starts on the next batch."""
         step = self.global_steps
         if self.streamer is not None:
             return self._take_streamed(metrics, timing, step)
@@ -281,7 +270,6 @@ class PPOTrainer:
         return batch
 
     def _collect_ahead(self, step: int) -> Collected:
-        """The background thread's work: the batch of `step`, with its own metrics, times and costs."""
         metrics: dict[str, float] = {}
         timing: dict[str, float] = {}
         costs = StageCosts(self.costs.passes)
@@ -296,7 +284,7 @@ class PPOTrainer:
         return collected.batch
 
     def _collect_batch(self, metrics: dict, timing: dict, step: int, costs: StageCosts) -> DataProto:
-        """Generate and score the batch of `step` until it is full (more than one round only with filter_groups)."""
+        """Generate and score the batch of `step` until it is full (several rounds only with filter_groups)."""
         groups_cfg = self.config.algorithm.filter_groups
         want = self.config.data.train_batch_size
         kept, prompts, rounds = [], 0, 0
@@ -352,8 +340,6 @@ class PPOTrainer:
         """4. Model and rule scores -> `token_level_scores` (the score on each row's last valid token)."""
         if self.groups.reward_model is not None:
             batch.union(self.groups.reward_model.compute_rm_score(batch))
-        # Failed rows score 0.0 and are counted in `reward/*`; too many, or a fatal error, raise from
-        # the manager with the first traceback (hybridrl/rewards/failures.py).
         self._attach_scores(batch, self.reward_fn(batch, return_dict=True), metrics)
 
     def _score_in_background(self, batch: DataProto, timing: dict) -> Future | None:
@@ -372,14 +358,8 @@ class PPOTrainer:
             batch.non_tensor_batch[key] = np.array(values, dtype=object)
             self._reward_extra_keys.add(key)
 
-    def _balance(self, batch: DataProto, metrics: dict) -> None:
-        if self.config.trainer.balance_batch:
-            keep_groups = self.config.actor_rollout_ref.model.share_prompt_forward  # a group's prompt once per rank
-            metrics.update(dataflow.balance_batch(batch, self.groups.world_size, keep_groups))
-
     def _recompute(self, batch: DataProto, metrics: dict, timing: dict) -> None:
-        """5. The actor's log-probs of its own samples (unless the update gives them), the reference's, and
-        the critic's values."""
+        """5. The actor's old log-probs (unless the update gives them), the reference's, the critic's values."""
         self._old_log_probs(batch, metrics, timing)
         if self.groups.uses_reference:
             batch.union(self._run("ref", self.groups.actor_rollout.compute_ref_log_prob, batch, timing))
@@ -394,9 +374,7 @@ class PPOTrainer:
         return output
 
     def _old_log_probs(self, batch: DataProto, metrics: dict, timing: dict) -> None:
-        """5. `old_log_probs`: the actor's pass; the rollout's own log-probs in bypass mode; or, on a fully
-        on-policy step, nothing yet: the update's forward pass gives them (`dataflow.old_log_prob_blockers`).
-        Without the pass, `actor/entropy` comes from the update alone."""
+        """5. `old_log_probs`: the actor's pass; the rollout's in bypass mode; or, fused, none yet (the update's)."""
         metrics["actor/old_log_prob_fused"] = float(self.fuse_old_log_prob)
         if self.config.algorithm.rollout_correction.bypass_mode:
             dataflow.bypass_old_log_probs(batch)
@@ -411,8 +389,7 @@ class PPOTrainer:
         self._rollout_agreement(batch, metrics)
 
     def _correct_rollout(self, batch: DataProto, metrics: dict) -> None:
-        """5b. Decoupled rollout correction: `rollout_is_weights` for the policy loss and a response_mask
-        without the rejected tokens, from old_log_probs vs rollout_log_probs (`algorithm.rollout_correction`)."""
+        """5b. Decoupled rollout correction: `rollout_is_weights` and the response_mask less rejected tokens."""
         correction = self.config.algorithm.rollout_correction
         if correction.decoupled:  # bypass mode corrects inside the actor's loss instead
             metrics.update(dataflow.correct_rollout(batch, correction))
@@ -431,8 +408,7 @@ class PPOTrainer:
         metrics.update(kl_metrics)
 
     def _compute_advantage(self, batch: DataProto, metrics: dict) -> DataProto:
-        """7. Advantages and returns from the configured estimator, given every input the batch has; with
-        PF-PPO, the batch redrawn toward extreme rewards (seeded by the step, so a resume redraws the same)."""
+        """7. Advantages and returns; with PF-PPO, the batch redrawn (seeded by the step, so a resume redraws it)."""
         algo = self.config.algorithm
         dataflow.compute_advantage(batch, algo.adv_estimator, algo)
         if not algo.use_pf_ppo:
@@ -445,11 +421,6 @@ class PPOTrainer:
         drawn = resampled.batch.pop("pf_ppo_row")
         metrics["train/pf_ppo_distinct_rows"] = drawn.unique().numel() / len(resampled)  # share kept at least once
         return resampled
-
-    def _update_critic(self, batch: DataProto, metrics: dict, timing: dict) -> None:
-        if self.groups.critic is not None:
-            output = self._run("update_critic", self.groups.critic.update_critic, batch, timing)
-            metrics.update(reduce_metrics(output.meta_info["metrics"]))
 
     def _update_actor(self, batch: DataProto, metrics: dict, timing: dict) -> None:
         """8. The policy update, once the critic has warmed up (`trainer.critic_warmup` steps)."""
@@ -465,14 +436,12 @@ class PPOTrainer:
                 self._rollout_agreement(batch, metrics)
 
     def _rollout_agreement(self, batch: DataProto, metrics: dict) -> None:
-        """The rollout engine's log-probs against the trainer's (rollout.calculate_log_probs)."""
         if self.config.actor_rollout_ref.rollout.calculate_log_probs:
             metrics.update(compute_rollout_agreement_metrics(batch))
 
     # ----- validation, checkpoints, logging ------------------------------------------------------------
     def _periodic(self, save: bool = True) -> dict[str, float]:
-        """9. Validate every test_freq steps and at the end; checkpoint every save_freq steps and at the end,
-        unless `save=False` (a skipped update), which keeps the last good checkpoint the latest."""
+        """9. Validate and checkpoint every test_freq / save_freq steps and at the end (no checkpoint if not `save`)."""
         cfg = self.config.trainer
         last = self.global_steps == self.total_steps
         metrics = {}
@@ -491,16 +460,12 @@ class PPOTrainer:
 
     @contextlib.contextmanager
     def _rollout_holds_latest_weights(self) -> Iterator[None]:
-        """For validating: the rollout pool free for the block and holding this step's weights. One step off, the
-        next batch finishes generating first (the next step would send these weights anyway); streaming, the
-        thread parks at a call boundary for the block (without partial rollout, once its rows have finished)."""
+        """For validating: the rollout pool idle (generated ahead, or parked) and holding this step's weights."""
         if self.ahead is not None:
             self.ahead.settle()
-        if self.streamer is None:
-            self.groups.sync_rollout_weights(self.global_steps)
-            yield
-            return
-        with self.streamer.paused(drain=not self.streamer.settings.partial):
+        streamer = self.streamer
+        parked = contextlib.nullcontext() if streamer is None else streamer.paused(drain=not streamer.settings.partial)
+        with parked:
             self.groups.sync_rollout_weights(self.global_steps)
             yield
 
@@ -513,8 +478,7 @@ class PPOTrainer:
         if self.groups.critic is not None:
             self.groups.critic.save_checkpoint(str(step_dir / "critic"), None, self.global_steps,
                                                cfg.max_critic_ckpt_to_keep)
-        # one step off, the next step's prompts are drawn already: the batch generated from them is saved with
-        # the loader state past them, so a resumed run trains on exactly that batch next
+        # one step off, the batch generated ahead is saved with the loader state past its prompts: a resume trains it
         ahead = self.ahead.settle() if self.ahead is not None else None
         with self._streaming_state() as streaming, self._data_lock:
             loader_state = self.dataloader.state_dict()
@@ -526,9 +490,7 @@ class PPOTrainer:
 
     @contextlib.contextmanager
     def _streaming_state(self) -> Iterator[dict[str, DataProto | None] | None]:
-        """Streaming, for a checkpoint: the finished groups not yet trained (saved, and trained first on resume)
-        and the prompts drawn but unfinished: in flight, waiting in a rank's batch or not yet sent (saved as
-        prompts, generated again on resume), read with the thread parked. None in the other modes."""
+        """Streaming, for a checkpoint: the groups not yet trained and the prompts drawn but unfinished; else None."""
         if self.streamer is None:
             yield None
             return
@@ -540,8 +502,7 @@ class PPOTrainer:
             yield {"queued": self.streamer.queued(), "prompts": DataProto.concat(unfinished) if unfinished else None}
 
     def _load_checkpoint(self) -> bool:
-        """Resume as trainer.resume_mode says, falling back past a checkpoint that fails to load; True if resumed.
-        Refuses to start if this run would save over committed steps newer than where it starts."""
+        """Resume as trainer.resume_mode says, past checkpoints that fail to load; True if resumed."""
         cfg = self.config.trainer
         candidates = resume_candidates(cfg.resume_mode, cfg.default_local_dir, cfg.resume_from_path)
         step_dir = load_newest_loadable(candidates, self._load_from, fallback=cfg.resume_mode == "auto")

@@ -1,8 +1,5 @@
-"""The SFT trainer's typed config under verl's SFT key names: the one home of every SFT default.
-
-`sft_trainer.yaml` composes `SFTSchema` (registered with Hydra's ConfigStore). The defaults are sized for
-the built-in arithmetic task and a tiny model on a 2-core CPU.
-"""
+"""The SFT trainer's typed config under verl's SFT key names (composed by `sft_trainer.yaml`): every SFT default,
+sized for the built-in arithmetic task and a tiny model on a CPU."""
 
 from __future__ import annotations
 
@@ -45,9 +42,8 @@ class DataSchema:
     train_batch_size: int = 32
     # Sequences per forward/backward pass on each rank; gradients accumulate over the micro-batches.
     micro_batch_size_per_gpu: int = 32
-    # Form micro-batches by tokens instead (verl's SFT key): rows sorted by length, each pass at most
-    # max_token_len_per_gpu padded tokens (rows x longest row), cut where a pass saves the most padding;
-    # micro_batch_size_per_gpu is then unused. Same loss, less padding when lengths differ a lot.
+    # Form micro-batches by tokens instead (verl's SFT key): each pass at most max_token_len_per_gpu padded
+    # tokens (rows x longest row); micro_batch_size_per_gpu is then unused. Same loss, less padding.
     use_dynamic_bsz: bool = False
     # The token budget of one forward/backward pass with use_dynamic_bsz; at least data.max_length.
     max_token_len_per_gpu: int = 8192
@@ -67,8 +63,7 @@ class ModelSchema:
 
 @dataclass
 class OptimSchema:
-    # Peak AdamW learning rate; tiny models trained from scratch want a large one. With the defaults
-    # (1M model, default arithmetic task, 600 steps of 32) SFT reaches ~68% held-out greedy accuracy.
+    # Peak AdamW learning rate; tiny models trained from scratch want a large one.
     lr: float = 3.0e-3
     # AdamW betas.
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
@@ -93,8 +88,7 @@ class TrainerSchema:
     experiment_name: str = "arithmetic-tiny"
     # Passes over the training data (total_training_steps, when set, wins).
     total_epochs: int = 1
-    # Stop after this many optimizer steps (wins over total_epochs); null means total_epochs x steps
-    # per epoch. 600 x 32 rows ~ 4 passes over the 5,000 default training problems, ~3 min on 2 CPU cores.
+    # Stop after this many optimizer steps (wins over total_epochs); null means total_epochs x steps per epoch.
     total_training_steps: Any = 600
     # Where metrics go, as for PPO: console (a table per step), file (metrics.jsonl in default_local_dir),
     # tensorboard, wandb or mlflow (the last two are extras).
@@ -123,9 +117,8 @@ class TrainerSchema:
     # What each checkpoint holds: model, optimizer (with the lr schedule), extra (RNG states), hf_model
     # (a full HF model directory; the final checkpoint always has one).
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    # Steps in a row with a non-finite loss or gradient norm (their updates are skipped, and they are
-    # never checkpointed) tolerated before the run stops with an error; 0 stops at the first one, since
-    # without fp16 loss scaling a NaN gradient means divergence or bad data, not a passing overflow.
+    # Steps in a row with a non-finite loss or gradient norm (updates skipped, never checkpointed) tolerated
+    # before the run stops; 0 stops at the first: without fp16 loss scaling a NaN means divergence or bad data.
     max_consecutive_skipped_steps: int = 0
 
 

@@ -1,8 +1,5 @@
-"""The SFT loop on the driver: data order, steps, validation, metrics, and the final model directory.
-
-Each step the driver sends the global batch to the SFT worker group, whose ranks split it and step
-together (`hybridrl.workers.sft_worker` has the loss). Keys follow verl's SFT trainer (`sft_config`).
-"""
+"""The SFT loop on the driver: data order, steps, validation, metrics, and the final model directory; the
+worker group's ranks split each global batch (`hybridrl.workers.sft_worker` has the loss)."""
 
 from __future__ import annotations
 
@@ -44,8 +41,7 @@ DATA_STATE = "data.pt"  # the dataloader position, next to the role directories 
 
 
 def validate_config(config: DictConfig) -> DictConfig:
-    """The config checked against the schema (unknown keys, wrong types) and for impossible settings, with
-    trainer.device resolved, returned read-only: the run only reads it."""
+    """The config checked against the schema and for impossible settings, trainer.device resolved, read-only."""
     checked = OmegaConf.merge(OmegaConf.structured(SFTSchema), config)
     OmegaConf.resolve(checked)
     make_paths_absolute(checked)  # ranks on other hosts start in another working directory
@@ -130,8 +126,7 @@ class SFTTrainer:
         self.guard = DivergenceGuard(
             config.trainer.max_consecutive_skipped_steps, last_checkpoint=lambda: find_latest_ckpt_path(self.out_dir),
             hint=f"Lower optim.lr (now {config.optim.lr}), then run again")
-        # The HF directory of the fine-tuned model, set by the final checkpoint.
-        self.hf_model_dir: Path | None = None
+        self.hf_model_dir: Path | None = None  # the fine-tuned model's HF directory, set by the final checkpoint
 
     def fit(self) -> dict[str, float]:
         """Train for `total_steps` steps, validating as configured; returns the last step's metrics."""
@@ -209,8 +204,8 @@ class SFTTrainer:
         return step_dir
 
     def _resume(self) -> None:
-        """Continue from a checkpoint as trainer.resume_mode says (model, optimizer, RNG, data position),
-        falling back past one that fails to load; a run that would save over newer committed steps stops."""
+        """Continue as trainer.resume_mode says, past checkpoints that fail to load; stops a run that would save
+        over newer committed steps."""
         trainer = self.config.trainer
         candidates = resume_candidates(trainer.resume_mode, self.out_dir, trainer.resume_from_path)
         path = load_newest_loadable(candidates, self._load_from, fallback=trainer.resume_mode == "auto")

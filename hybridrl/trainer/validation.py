@@ -1,9 +1,5 @@
-"""Validation, and the generations a run writes to disk.
-
-`trainer.rollout_data_dir` / `trainer.validation_data_dir` receive them as `<step>.jsonl` in verl's layout:
-`input`, `output` (as the reward function saw it), `gts`, `score`, `step` and the reward function's
-per-sample values. A rerun of a step overwrites its file, so a resumed run never appends duplicates.
-"""
+"""Validation, and the generations a run writes to `trainer.rollout_data_dir` / `validation_data_dir` as
+`<step>.jsonl` in verl's layout (a rerun of a step overwrites its file)."""
 
 from __future__ import annotations
 
@@ -35,8 +31,7 @@ class Validator:
         self.reward_fn = reward_fn
         self.rollout_columns = AGENT_INPUT_COLUMNS if config.actor_rollout_ref.rollout.multi_turn.enable else ()
         batch_size = config.data.val_batch_size or len(dataset)
-        # The order decides which prompts share a generation batch and which generations
-        # trainer.log_val_generations prints; shuffled, it is drawn anew at each validation, seeded by data.seed.
+        # shuffled, the order (which generations log_val_generations prints) is drawn anew each validation
         shuffle = config.data.validation_shuffle
         generator = torch.Generator().manual_seed(config.data.seed) if shuffle else None
         self.dataloader = DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=generator,
@@ -65,13 +60,10 @@ class Validator:
             texts += generation_records(batch, self.tokenizer, scores, result.get("reward_extra_info"),
                                         self.config.data.reward_fn_key)
         write_generations(self.config.trainer.validation_data_dir, step, texts)
-        self._print_examples(texts)
-        grouped = process_validation_metrics(sources, uids, infos)
-        return {**validation_metrics_to_flat(grouped), **{f"val-aux/{key}": value for key, value in failures.items()}}
-
-    def _print_examples(self, texts: list[dict]) -> None:
         for row in texts[: self.config.trainer.log_val_generations]:
             print(f"[validation] {row['input']!r} -> {row['output']!r} (score {row['score']})")
+        grouped = process_validation_metrics(sources, uids, infos)
+        return {**validation_metrics_to_flat(grouped), **{f"val-aux/{key}": value for key, value in failures.items()}}
 
 
 _RESERVED = {"input", "output", "gts", "score", "step"}
@@ -82,13 +74,9 @@ def generation_records(batch: DataProto, tokenizer: Any, scores: list[float],
     """One dict per row of `batch` (which holds `prompts`, `responses` and the parquet's reward_model)."""
     rows = decode_rows(batch, tokenizer, reward_fn_key)
     extra = {key: values for key, values in (extra or {}).items() if key not in _RESERVED}
-    records = []
-    for i, row in enumerate(rows):
-        record = {"input": row.prompt_str, "output": row.response_str, "gts": _plain(row.ground_truth),
-                  "score": float(scores[i])}
-        record.update({key: _plain(values[i]) for key, values in extra.items()})
-        records.append(record)
-    return records
+    return [{"input": row.prompt_str, "output": row.response_str, "gts": _plain(row.ground_truth),
+             "score": float(scores[i]), **{key: _plain(values[i]) for key, values in extra.items()}}
+            for i, row in enumerate(rows)]
 
 
 def write_generations(out_dir: str | None, step: int, records: list[dict]) -> Path | None:

@@ -1,11 +1,5 @@
-"""The trainer's worker groups: the roles a run needs, started on their pools, and a typed handle per role.
-
-Each pool (hybridrl/trainer/placement.py) is one group of processes, each holding one `HybridWorker` with
-the pool's role objects: colocated, the actor, rollout and reference policy are one role object, beside the
-critic and the reward model. Split, the training pool's actor role has no rollout and a rollout pool holds
-a rollout role of its own, which `WeightSync` keeps on the actor's weights. Each role is driven through its
-typed handle (`TypedWorkerGroup`; docs/architecture.md, "Worker groups and dispatch").
-"""
+"""The trainer's worker groups: the roles a run needs, started on their pools (placement.py), and a typed handle
+per role (docs/architecture.md, "Worker groups and dispatch")."""
 
 from __future__ import annotations
 
@@ -44,8 +38,7 @@ class ActorRolloutRefGroup(TypedWorkerGroup):
 
     def stream_generate(self, prompts: list[DataProto | None], max_steps: list[int],
                         partial: list[bool]) -> list[DataProto | None]:
-        """Streaming mode: rank r's new prompts `prompts[r]` join its continuous batch; each rank's finished groups
-        (every argument one entry per rank)."""
+        """Streaming: rank r's new prompts `prompts[r]` join its batch; each rank's finished groups (lists per rank)."""
         return self._call(ActorRolloutRefWorker.stream_generate, prompts, max_steps, partial)
 
     def stream_unfinished(self) -> list[DataProto | None]:
@@ -66,15 +59,13 @@ class ActorRolloutRefGroup(TypedWorkerGroup):
 
     def save_checkpoint(self, local_path: str, hdfs_path: str | None = None, global_step: int = 0,
                         max_ckpt_to_keep: int | None = None) -> None:
-        self._call(ActorRolloutRefWorker.save_checkpoint, local_path, hdfs_path, global_step,
-                        max_ckpt_to_keep)
+        self._call(ActorRolloutRefWorker.save_checkpoint, local_path, hdfs_path, global_step, max_ckpt_to_keep)
 
     def load_checkpoint(self, local_path: str, hdfs_path: str | None = None,
                         del_local_after_load: bool = False) -> None:
         self._call(ActorRolloutRefWorker.load_checkpoint, local_path, hdfs_path, del_local_after_load)
 
-    # the weight sync between pools (hybridrl/workers/weight_sync.py); the last three do not block: they hand
-    # back each rank's future of what the annotation says
+    # the weight sync between pools (weight_sync.py); the last three hand back each rank's future, not blocking
     def weight_manifest(self) -> list[list[tuple[str, tuple[int, ...]]] | None]:
         return self._call(ActorRolloutRefWorker.weight_manifest)
 
@@ -198,8 +189,7 @@ def start_pool(config: PPOTrainerConfig, pool: Pool) -> StartedPool:
 
 
 def check_cluster_holds(config: PPOTrainerConfig) -> None:
-    """Fail in a second, naming every pool, when the Ray cluster cannot hold all of them at once (each pool's own
-    check, in RayResourcePool, sees only itself; a second pool would wait for resources the first holds)."""
+    """Fail naming every pool when the Ray cluster cannot hold them all at once (RayResourcePool sees only its own)."""
     import ray
 
     pools = placement(config)
@@ -238,8 +228,8 @@ class WorkerGroups:
 
     @classmethod
     def create(cls, config: PPOTrainerConfig) -> WorkerGroups:
-        """Start every pool's ranks on the configured backend, initialise their models and, split, connect the
-        weight sync (if anything fails, the pools already started are stopped before the error propagates)."""
+        """Start every pool's ranks, initialise their models and, split, connect the weight sync (stopping what
+        started if anything fails)."""
         if config.trainer.backend == "ray":
             check_cluster_holds(config)
         started: list[StartedPool] = []
@@ -250,11 +240,9 @@ class WorkerGroups:
             for pool in started:
                 pool.stop()
             raise
-        handles: dict[str, Any] = {}
-        for entry in started:
-            for role in entry.pool.roles:
-                handle_cls = {"critic": CriticGroup, "rm": RewardModelGroup}.get(role, ActorRolloutRefGroup)
-                handles[role] = handle_cls(entry.processes, role)
+        kinds = {"critic": CriticGroup, "rm": RewardModelGroup}
+        handles: dict[str, Any] = {role: kinds.get(role, ActorRolloutRefGroup)(entry.processes, role)
+                                   for entry in started for role in entry.pool.roles}
         actor_name = started[0].pool.roles[0]
         created = cls(
             actor_rollout=handles[actor_name], critic=handles.get("critic"), reward_model=handles.get("rm"),
@@ -283,18 +271,15 @@ class WorkerGroups:
         return [g for i, g in enumerate(handles) if g is not None and all(g is not h for h in handles[:i])]
 
     def sync_rollout_weights(self, version: int) -> dict[str, float]:
-        """Split: move the actor's current weights to the rollout pool as `version` (its metrics), unless it holds
-        that version already; colocated the rollout reads them in place, so nothing moves."""
-        if self.weight_sync is None or self.weight_sync.version == version:  # the rollout holds them already
+        """Split: move the actor's weights to the rollout pool as `version` (its metrics), unless it holds them."""
+        if self.weight_sync is None or self.weight_sync.version == version:
             return {}
         return self.weight_sync.sync(version)
 
     def model_passes(self) -> dict[str, ModelPass]:
         """Every role's model passes (for MFU), each with the summed peak of the ranks that run it."""
-        passes: dict[str, ModelPass] = {}
-        for group in self.roles():
-            passes.update(combine_ranks(group.model_passes()))
-        return passes
+        return {name: model_pass for group in self.roles()
+                for name, model_pass in combine_ranks(group.model_passes()).items()}
 
     def process_memory(self) -> list[ProcessMemory]:
         """Peak memory of every worker process (colocated roles report the same process; callers dedupe)."""
