@@ -65,7 +65,7 @@ class ActorRolloutRefGroup(TypedWorkerGroup):
                         del_local_after_load: bool = False) -> None:
         self._call(ActorRolloutRefWorker.load_checkpoint, local_path, hdfs_path, del_local_after_load)
 
-    # the weight sync between pools (weight_sync.py); the last three hand back each rank's future, not blocking
+    # the weight sync between pools (workers/weight_sync.py); the last three hand back each rank's future, not blocking
     def weight_manifest(self) -> list[list[tuple[str, tuple[int, ...]]] | None]:
         return self._call(ActorRolloutRefWorker.weight_manifest)
 
