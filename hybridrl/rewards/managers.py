@@ -4,19 +4,17 @@
 
 A user's reward function comes from a .py file (verl's `custom_reward_function`) with verl's signature,
 `compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs)`, returning a float or a
-dict with a `score` key (other keys become per-sample metrics), `reward_kwargs` bound. It pickles as "load this
-file again", so the reward pool's worker processes (hybridrl/rewards/pool.py) import the file themselves.
+dict with a `score` key (other keys become per-sample metrics), `reward_kwargs` bound
+(`hybridrl.utils.registry.load_custom_reward_function`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -39,7 +37,7 @@ from hybridrl.rewards.failures import (
 )
 from hybridrl.rewards.pool import make_runner
 from hybridrl.rewards.scorers import default_compute_score
-from hybridrl.utils.registry import Registry, import_file
+from hybridrl.utils.registry import FileRewardFunction, Registry, load_custom_reward_function
 from hybridrl.utils.typed_config import FreezableConfig, to_dataclass
 
 
@@ -54,44 +52,13 @@ class CustomRewardFunctionConfig(FreezableConfig):
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
-class FileRewardFunction:
-    """A function loaded from a file with `reward_kwargs` bound; it pickles as (file, name, kwargs)."""
-
-    def __init__(self, fn: Callable[..., Any], path: str, name: str, reward_kwargs: dict[str, Any]) -> None:
-        self.fn = functools.partial(fn, **reward_kwargs) if reward_kwargs else fn
-        self.path, self.name, self.reward_kwargs = path, name, reward_kwargs
-        functools.update_wrapper(self, fn)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.fn(*args, **kwargs)
-
-    def __reduce__(self) -> tuple:
-        return load_custom_reward_function, (self.path, self.name, self.reward_kwargs)
-
-    def __repr__(self) -> str:
-        return f"<reward function {self.name!r} from {self.path}>"
-
-
-def load_custom_reward_function(
-    path: str | Path, name: str = CustomRewardFunctionConfig.name, reward_kwargs: Mapping[str, Any] | None = None
-) -> FileRewardFunction:
-    """Import `path` as a fresh module and return its function `name` with `reward_kwargs` bound."""
-    module = import_file(path, "custom_reward_function.path")
-    file = Path(path).expanduser()
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        found = sorted(n for n, obj in vars(module).items() if inspect.isfunction(obj) and not n.startswith("_"))
-        raise AttributeError(f"custom_reward_function.name={name!r} is not a function in {file}; functions "
-                             f"there: {found}")
-    return FileRewardFunction(fn, str(file.resolve()), name, dict(reward_kwargs or {}))
-
-
 def get_custom_reward_fn(config: Mapping[str, Any]) -> Callable[..., Any] | None:
     """The function named by `config["custom_reward_function"]`, or None when no path is set."""
     section = to_dataclass(CustomRewardFunctionConfig, config.get("custom_reward_function") or {})
     if not section.path:
         return None
     return load_custom_reward_function(section.path, section.name, section.reward_kwargs)
+
 
 REWARD_MANAGERS: Registry = Registry("reward manager")
 

@@ -2,13 +2,17 @@
 engines, ...): a duplicate name raises, and an unknown name lists the registered ones. And classes a config
 names as verl names them: by file or module (`class_path` a .py file or `pkg://package.module`, `class_name`
 the class in it: data.custom_cls, data.sampler), or by dotted name in a YAML list
-(multi_turn.tool_config_path, multi_turn.interaction_config_path)."""
+(multi_turn.tool_config_path, multi_turn.interaction_config_path). And a user's reward function from a .py file
+(verl's `custom_reward_function`): it pickles as "load this file again", so the reward pool's worker processes
+import the file themselves, through this module, which stays light (no torch) for their start-up."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
-from collections.abc import Callable, Iterator
+import inspect
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -140,3 +144,35 @@ def yaml_list(path: str | Path, section: str, key: str) -> tuple[Path, list[Any]
     if not isinstance(entries, list):
         raise ValueError(f"{file} ({key}) must hold a list under `{section}:`, got {data!r}")
     return file, entries
+
+
+class FileRewardFunction:
+    """A function loaded from a file with `reward_kwargs` bound; it pickles as (file, name, kwargs)."""
+
+    def __init__(self, fn: Callable[..., Any], path: str, name: str, reward_kwargs: dict[str, Any]) -> None:
+        self.fn = functools.partial(fn, **reward_kwargs) if reward_kwargs else fn
+        self.path, self.name, self.reward_kwargs = path, name, reward_kwargs
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __reduce__(self) -> tuple:
+        return load_custom_reward_function, (self.path, self.name, self.reward_kwargs)
+
+    def __repr__(self) -> str:
+        return f"<reward function {self.name!r} from {self.path}>"
+
+
+def load_custom_reward_function(
+    path: str | Path, name: str = "compute_score", reward_kwargs: Mapping[str, Any] | None = None
+) -> FileRewardFunction:
+    """Import `path` as a fresh module and return its function `name` with `reward_kwargs` bound."""
+    module = import_file(path, "custom_reward_function.path")
+    file = Path(path).expanduser()
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        found = sorted(n for n, obj in vars(module).items() if inspect.isfunction(obj) and not n.startswith("_"))
+        raise AttributeError(f"custom_reward_function.name={name!r} is not a function in {file}; functions "
+                             f"there: {found}")
+    return FileRewardFunction(fn, str(file.resolve()), name, dict(reward_kwargs or {}))

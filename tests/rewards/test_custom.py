@@ -34,3 +34,17 @@ def test_errors_name_the_config_field(tmp_path):
         load_custom_reward_function(tmp_path / "missing.py")
     with pytest.raises(AttributeError, match=r"custom_reward_function.name='nope'.*compute_score"):
         load_custom_reward_function(FIXTURE, "nope")
+
+
+def test_a_reward_worker_loads_the_function_without_importing_torch():
+    # the reward pool's worker processes unpickle the function at start: a torch import there would cost each
+    # worker seconds, so the pickle must name a light module
+    import pickle
+    import subprocess
+    import sys
+
+    payload = pickle.dumps(load_custom_reward_function(FIXTURE))
+    code = ("import pickle, sys; fn = pickle.loads(sys.stdin.buffer.read()); "
+            "print(fn('x', 'the answer is 42', '42'), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], input=payload, capture_output=True, check=True)
+    assert out.stdout.decode().split() == ["1.0", "False"]
