@@ -242,9 +242,12 @@ def register(
 ) -> Callable[[Callable], Callable]:
     """Mark a worker method as callable from a WorkerGroup: on the worker, its DataProto arguments come fetched
     and on its `device`, torch threads are fitted (`fit_cpu_threads`), and the result returns on the CPU."""
-    get_dispatch_mode(dispatch_mode)  # fail at class definition for an unknown mode
+    mode = get_dispatch_mode(dispatch_mode)  # fail at class definition for an unknown mode
     if dispatch_mode == Dispatch.RANK_ZERO:
         execute_mode = Execute.RANK_ZERO
+    if Execute(execute_mode) is Execute.RANK_ZERO and mode.concatenates_protos:
+        raise ValueError(f"dispatch mode {dispatch_mode} splits a batch among all ranks, but execute_mode=RANK_ZERO "
+                         "runs rank 0 only: the other ranks' shares would be lost; use Dispatch.ONE_TO_ALL")
     spec = MethodSpec(dispatch_mode, Execute(execute_mode), blocking)
 
     def decorator(func: Callable) -> Callable:

@@ -76,6 +76,13 @@ def test_unknown_mode_fails_at_definition():
         register(dispatch_mode="NO_SUCH_MODE")
 
 
+def test_a_split_batch_run_on_rank_zero_only_fails_at_definition():
+    # rank 0 alone would drop the other ranks' shares of the batch
+    with pytest.raises(ValueError, match="other ranks' shares would be lost"):
+        register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, execute_mode=Execute.RANK_ZERO)
+    register(dispatch_mode=Dispatch.ONE_TO_ALL, execute_mode=Execute.RANK_ZERO)  # every rank's input is whole
+
+
 def test_duplicate_mode_name_raises():
     with pytest.raises(ValueError, match="already registered"):
         register_dispatch_mode("TIMES_TEN_SUM", _times_ten, _sum_outputs)
