@@ -277,9 +277,13 @@ class RewardPool:
         if w.conn.poll():
             try:
                 data = w.conn.recv_bytes()
-            except (EOFError, OSError):  # the socket closed: the worker is exiting
+            except (EOFError, OSError):  # the socket closed: the worker is exiting, or the function closed it
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     w.proc.wait(timeout=5.0)
+                if w.is_alive():  # nothing can come back from it: no wait for the call's timeout
+                    self._restart(slot)
+                    return index, Outcome(Status.CRASH, error="the worker closed its connection to the pool during "
+                                                              "the call")
             else:
                 w.state, w.task = WorkerState.IDLE, None
                 return index, _loads_outcome(data)

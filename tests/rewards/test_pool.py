@@ -55,6 +55,13 @@ def test_a_segfault_is_a_crash_with_its_stack():
     assert "in square_or_fail" in outcome.traceback
 
 
+def test_a_function_that_closes_the_pools_connection_is_a_crash_and_its_worker_replaced():
+    # not a wait for the call's timeout: the pool cannot hear from that worker again
+    outcomes = score_in_pool(SQUARE, [{"x": "close"}, {"x": 3}], num_workers=1, timeout=300.0)
+    assert [(o.status, o.value) for o in outcomes] == [("crash", None), ("ok", 9)]
+    assert outcomes[0].error == "the worker closed its connection to the pool during the call"
+
+
 def test_workers_persist_across_batches_and_close_stops_them():
     pool = RewardPool(SQUARE, num_workers=2, timeout=10.0)
     first = {o.value for o in pool.map([{"x": "pid"}] * 4)}
