@@ -176,7 +176,8 @@ def retokenize_for_reward_model(chats: Sequence[list[dict[str, Any]]], rm_tokeni
                        len(ids), longest)
         ids = [row[:max_length] for row in ids]
         longest = max_length
-    pad = rm_tokenizer.pad_token_id
+    # padded positions are masked, so any id serves where the tokenizer names no pad token
+    pad = next((i for i in (rm_tokenizer.pad_token_id, rm_tokenizer.eos_token_id) if i is not None), 0)
     input_ids = torch.tensor([row + [pad] * (longest - len(row)) for row in ids], dtype=torch.long)  # (B, L)
     attention_mask = torch.tensor([[1] * len(row) + [0] * (longest - len(row)) for row in ids], dtype=torch.long)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (B, L)

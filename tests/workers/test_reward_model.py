@@ -206,6 +206,13 @@ def test_retokenised_conversation_is_in_the_reward_models_template(tiny_tokenize
     # The vocabularies really differ: the same text has other ids under the actor's tokenizer.
     assert rm_tok(texts[0], add_special_tokens=False)["input_ids"] != \
         tiny_tokenizer(texts[0], add_special_tokens=False)["input_ids"]
+    # A tokenizer without a pad token pads with its EOS: the padding is masked, the real tokens are the same.
+    rm_tok.pad_token = None
+    unpadded = retokenize_for_reward_model(conversations(data, tiny_tokenizer), rm_tok, max_length=None)
+    assert torch.equal(unpadded.batch["attention_mask"], inputs.batch["attention_mask"])
+    real = inputs.batch["attention_mask"].bool()
+    assert torch.equal(unpadded.batch["input_ids"][real], inputs.batch["input_ids"][real])
+    assert set(unpadded.batch["input_ids"][~real].tolist()) <= {rm_tok.eos_token_id}
     # Without raw_prompt the prompt is decoded from ids: the plain text of ChatML's markers stays.
     fallback = conversations(text_batch(tiny_tokenizer, raw_prompt=False), tiny_tokenizer)
     assert fallback[1] == [{"role": "user", "content": "user\nWhat is 2 + 3?\nassistant\n"},
