@@ -37,7 +37,12 @@ from hybridrl.rewards.failures import (
 )
 from hybridrl.rewards.pool import make_runner
 from hybridrl.rewards.scorers import default_compute_score
-from hybridrl.utils.registry import FileRewardFunction, Registry, load_custom_reward_function
+from hybridrl.utils.registry import (
+    DEFAULT_REWARD_FUNCTION,
+    FileRewardFunction,
+    Registry,
+    load_custom_reward_function,
+)
 from hybridrl.utils.typed_config import FreezableConfig, to_dataclass
 
 
@@ -47,7 +52,7 @@ class CustomRewardFunctionConfig(FreezableConfig):
 
     # A .py file defining compute_score(data_source, solution_str, ground_truth, extra_info=None).
     path: str | None = None
-    name: str = "compute_score"
+    name: str = DEFAULT_REWARD_FUNCTION
     # Keyword arguments bound to every call of the function.
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
 

@@ -146,6 +146,9 @@ def yaml_list(path: str | Path, section: str, key: str) -> tuple[Path, list[Any]
     return file, entries
 
 
+DEFAULT_REWARD_FUNCTION = "compute_score"  # custom_reward_function.name's default, verl's
+
+
 class FileRewardFunction:
     """A function loaded from a file with `reward_kwargs` bound; it pickles as (file, name, kwargs)."""
 
@@ -165,7 +168,7 @@ class FileRewardFunction:
 
 
 def load_custom_reward_function(
-    path: str | Path, name: str = "compute_score", reward_kwargs: Mapping[str, Any] | None = None
+    path: str | Path, name: str = DEFAULT_REWARD_FUNCTION, reward_kwargs: Mapping[str, Any] | None = None
 ) -> FileRewardFunction:
     """Import `path` as a fresh module and return its function `name` with `reward_kwargs` bound."""
     module = import_file(path, "custom_reward_function.path")
