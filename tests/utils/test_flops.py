@@ -85,10 +85,21 @@ def test_matmul_probe_measures_a_plausible_peak_without_touching_the_global_rng(
     torch.manual_seed(123)
     expected_next = torch.rand(3)
     torch.manual_seed(123)
-    peak = matmul_peak_flops(torch.float32, size=256, repeats=2)
+    peak = matmul_peak_flops(torch.float32, max_size=256, repeats=2)
     # any CPU of the last decade does more than 100 MFLOP/s and less than 100 TFLOP/s in fp32
     assert 1e8 < peak < 1e14
     assert torch.equal(torch.rand(3), expected_next)
+
+
+def test_matmul_probe_grows_only_while_a_matmul_is_quick(monkeypatch):
+    sides = []
+    real = torch.matmul
+    monkeypatch.setattr(torch, "matmul", lambda a, b: sides.append(a.shape[0]) or real(a, b))
+    matmul_peak_flops(torch.float32, max_size=1024, repeats=2, target_s=0.0)  # every matmul counts as slow
+    assert set(sides) == {256}
+    sides.clear()
+    matmul_peak_flops(torch.float32, max_size=1024, repeats=2, target_s=float("inf"))
+    assert sides[-2:] == [1024, 1024] and max(sides) == 1024
 
 
 def test_datasheet_peaks_and_the_per_process_cache(monkeypatch):
