@@ -235,33 +235,35 @@ class RayWorkerGroup(WorkerGroup):
         remote_cls = ray.remote(cls_with_init.cls)
         options = getattr(cls_with_init, "actor_options", {})
         group_id = uuid.uuid4().hex[:8]
-        # rank 0 binds a port of the OS's choosing and announces it; the others start with it (worker.rank_store)
+        # rank 0 binds a port of the OS's choosing and announces it under the group's key, where the other ranks,
+        # started alongside it, read it (worker.rank_store, worker.await_master)
         master = ("127.0.0.1", 0)
-        rendezvous_key = f"hybridrl/rendezvous/{self.name_prefix}/{group_id}"
+        self.rendezvous_key = f"hybridrl/rendezvous/{self.name_prefix}/{group_id}"
         workers, rank = [], 0
         for group, n_local in zip(groups, pool.process_on_nodes, strict=True):
             for local_rank in range(n_local):
                 env = rank_environment(pool, rank, local_rank, n_local, master, threads)
-                if rank == 0 and pool.world_size > 1:
-                    env[RENDEZVOUS_KEY_ENV] = rendezvous_key
+                if pool.world_size > 1:
+                    env[RENDEZVOUS_KEY_ENV] = self.rendezvous_key
                 runtime_env = dict(options.get("runtime_env", {}))
                 runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **env}
-                actor = remote_cls.options(
+                workers.append(remote_cls.options(
                     **{k: v for k, v in options.items() if k != "runtime_env"},
                     scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=local_rank),
                     num_cpus=pool.cpus_per_process * share,
                     num_gpus=share if pool.use_gpu else 0,
                     runtime_env=runtime_env,
                     name=f"{self.name_prefix}_{rank}_{group_id}",
-                ).remote(*cls_with_init.args, **cls_with_init.kwargs)
-                workers.append(actor)
-                if rank == 0 and pool.world_size > 1:
-                    try:
-                        master = await_address(rendezvous_key, actor)
-                    except BaseException:
-                        ray.kill(actor)
-                        raise
+                ).remote(*cls_with_init.args, **cls_with_init.kwargs))
                 rank += 1
+        if pool.world_size > 1:
+            try:
+                await_address(self.rendezvous_key, workers[0])
+            except BaseException:
+                for actor in workers:
+                    ray.kill(actor)
+                self._forget_rendezvous()
+                raise
         return workers
 
     def describe_rank(self, rank: int) -> str:
@@ -292,6 +294,13 @@ class RayWorkerGroup(WorkerGroup):
         for actor in self.workers:
             ray.kill(actor)
         self.workers = []
+        self._forget_rendezvous()
+
+    def _forget_rendezvous(self) -> None:
+        from ray.experimental.internal_kv import _internal_kv_del
+
+        if ray.is_initialized():
+            _internal_kv_del(self.rendezvous_key)
 
 
 class WorkerDiedError(RuntimeError):

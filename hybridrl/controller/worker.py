@@ -8,7 +8,7 @@ import socket
 import sys
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -27,7 +27,7 @@ from hybridrl.utils.device import (
 )
 from hybridrl.utils.metric import ModelPass, device_peak_flops
 
-# Set by the Ray worker group on rank 0 of a group of several ranks: the key rank 0 announces its address under.
+# Set by the Ray worker group on every rank of a group of several: the key rank 0 announces its address under.
 RENDEZVOUS_KEY_ENV = "HYBRIDRL_RENDEZVOUS_KEY"
 
 
@@ -70,7 +70,8 @@ def rank_store(env: DistEnv) -> dist.TCPStore:
     if env.rank != 0:
         raise RuntimeError(
             f"rank {env.rank} was started with MASTER_PORT=0, which only rank 0 may have (it binds a port of "
-            f"the operating system's choosing); start rank {env.rank} with the port rank 0 bound"
+            f"the operating system's choosing); start rank {env.rank} with the port rank 0 bound, or with "
+            f"{RENDEZVOUS_KEY_ENV} naming where rank 0 announces it"
         )
     key = os.environ.get(RENDEZVOUS_KEY_ENV)
     if env.world_size > 1 and not key:
@@ -84,6 +85,25 @@ def rank_store(env: DistEnv) -> dist.TCPStore:
     if env.world_size > 1:
         announce_address(key, store.port)
     return store
+
+
+def await_master(env: DistEnv, timeout_s: float = default_pg_timeout.total_seconds()) -> DistEnv:
+    """`env` with rank 0's store address, for a rank other than 0 that a Ray group started alongside rank 0
+    (MASTER_PORT=0 and the group's rendezvous key): all ranks import and construct at once, and only the
+    store waits for rank 0's bind. Any other `env` comes back as it is."""
+    key = os.environ.get(RENDEZVOUS_KEY_ENV)
+    if env.rank == 0 or env.master_port != 0 or not key:
+        return env
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    deadline = time.monotonic() + timeout_s
+    while (value := _internal_kv_get(key)) is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {env.rank}: rank 0 did not announce its store's address under {key!r} in "
+                               f"{timeout_s:.0f} s")
+        time.sleep(0.02)
+    host, port = value.decode().rsplit(":", 1)
+    return replace(env, master_addr=host, master_port=int(port))
 
 
 def announce_address(key: str, port: int) -> None:
@@ -103,17 +123,16 @@ def node_address() -> str:
 
 
 def await_address(key: str, rank0: Any, timeout_s: float = default_pg_timeout.total_seconds()) -> tuple[str, int]:
-    """The driver: wait until the Ray actor `rank0` announces its store's address under `key`; raises rank 0's
-    own error if its construction fails first."""
+    """The driver: wait until the Ray actor `rank0` announces its store's address under `key` (left there for the
+    other ranks); raises rank 0's own error if its construction fails first."""
     import ray
-    from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_get
+    from ray.experimental.internal_kv import _internal_kv_get
 
     constructed = rank0.__ray_ready__.remote()
     deadline = time.monotonic() + timeout_s
     while True:
         value = _internal_kv_get(key)
         if value is not None:
-            _internal_kv_del(key)
             host, port = value.decode().rsplit(":", 1)
             return host, int(port)
         finished, _ = ray.wait([constructed], timeout=0.05)
@@ -269,7 +288,7 @@ class Worker:
     long the process group's collectives wait for a slow rank (the first role of a process sets it)."""
 
     def __init__(self, collective_timeout_s: float | None = None) -> None:
-        self.dist_env = DistEnv.from_environ()
+        self.dist_env = await_master(DistEnv.from_environ())
         threads = os.environ.get(NUM_THREADS_ENV)
         if threads:
             torch.set_num_threads(int(threads))

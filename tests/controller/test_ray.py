@@ -89,13 +89,37 @@ def test_rank_zero_binds_its_own_port_and_the_others_learn_it(pool, group):
     wg = RayWorkerGroup(pool, RayClassWithInitArgs(ScaleWorker, scale=1.0))
     try:
         env = wg.call("read_env", ["MASTER_ADDR", "MASTER_PORT", RENDEZVOUS_KEY_ENV])
-        # rank 0 was given no port: it bound one of the OS's choosing and announced it for rank 1
-        assert env[0]["MASTER_PORT"] == "0" and env[0][RENDEZVOUS_KEY_ENV]
-        assert int(env[1]["MASTER_PORT"]) > 0 and env[1][RENDEZVOUS_KEY_ENV] is None
+        # no rank was given a port: rank 0 bound one of the OS's choosing and announced it under the group's
+        # key, where rank 1, started at the same time, read it
+        assert env[0]["MASTER_PORT"] == env[1]["MASTER_PORT"] == "0"
+        assert env[0][RENDEZVOUS_KEY_ENV] and env[1][RENDEZVOUS_KEY_ENV] == env[0][RENDEZVOUS_KEY_ENV]
         assert wg.call("all_reduce_ranks") == [3.0, 3.0]
-        assert _internal_kv_get(env[0][RENDEZVOUS_KEY_ENV]) is None  # the driver took the announcement away
     finally:
         wg.shutdown()
+    assert _internal_kv_get(env[0][RENDEZVOUS_KEY_ENV]) is None  # the group took its announcement away
+
+
+def test_a_rank_started_alongside_rank_zero_waits_for_its_announcement(ray_cluster, monkeypatch):
+    from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_put
+
+    from hybridrl.controller.worker import DistEnv, await_master
+
+    def env(rank: int, world_size: int, port: int) -> DistEnv:
+        return DistEnv(rank=rank, world_size=world_size, local_rank=rank, local_world_size=world_size,
+                       master_addr="127.0.0.1", master_port=port)
+
+    key = "hybridrl/rendezvous/test/await_master"
+    monkeypatch.setenv(RENDEZVOUS_KEY_ENV, key)
+    with pytest.raises(TimeoutError, match="rank 1: rank 0 did not announce"):
+        await_master(env(1, 2, 0), timeout_s=0.1)
+    _internal_kv_put(key, b"10.1.2.3:4567", overwrite=True)
+    try:
+        assert await_master(env(1, 2, 0)) == DistEnv(
+            rank=1, world_size=2, local_rank=1, local_world_size=2, master_addr="10.1.2.3", master_port=4567)
+        assert await_master(env(0, 2, 0)) == env(0, 2, 0)  # rank 0 binds; it waits for nobody
+        assert await_master(env(1, 2, 29500)) == env(1, 2, 29500)  # a port given outright is used as given
+    finally:
+        _internal_kv_del(key)
 
 
 def test_rank_zero_failing_before_it_binds_raises_its_error(pool, group):
