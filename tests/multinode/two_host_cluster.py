@@ -29,10 +29,12 @@ RAY_HEAD = "ray start --head --node-ip-address={head_ip} --port={port} --num-cpu
 RAY_WORKER = "ray start --address={head_ip}:{port} --node-ip-address={host_ip} --num-cpus={cpus}"
 SANDBOX_FLAGS = "--temp-dir={temp_dir} --object-store-memory=200000000 --disable-usage-stats"
 SANDBOX_HEAD_FLAGS = "--include-dashboard=false"
-# The head marks a silent node dead after 3 failed health checks 1 s apart (Ray's default: 5, 3 s apart; each
-# waits up to 10 s either way), so that a lost host's replacement joins sooner, and a host cut off from the network
-# is declared dead within a minute; a killed host's ranks are reported as soon as their connections close.
-SANDBOX_ENV = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
+# The head marks a silent node dead after 3 failed health checks 1 s apart, each waiting up to 3 s (Ray's default:
+# 5 checks 3 s apart, each waiting up to 10 s), so that a lost host's replacement joins sooner and a host cut off
+# from the network is declared dead in about 12 s; a killed host's ranks are reported as soon as their connections
+# close.
+SANDBOX_ENV = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "3000",
+               "RAY_health_check_failure_threshold": "3"}
 UNROUTED_INTERFACE = "hyunrouted"
 SUBNET = "10.213.0"  # the veth pair's /24, inside the namespaces only
 UNROUTED_SUBNET = "10.214"  # one /32 per host on its unrouted interface: no route between them
