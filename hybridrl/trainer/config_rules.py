@@ -111,6 +111,7 @@ RANGES: dict[str, Rule] = {
     "actor_rollout_ref.rollout.max_num_seqs": COUNT,
     "actor_rollout_ref.rollout.max_model_len": OPTIONAL_COUNT,
     "actor_rollout_ref.nccl_timeout": above(0),
+    "critic.nccl_timeout": above(0),
     "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": OPTIONAL_COUNT,
     "actor_rollout_ref.rollout.multi_turn.max_user_turns": OPTIONAL_COUNT,
     "actor_rollout_ref.rollout.multi_turn.max_parallel_calls": COUNT,

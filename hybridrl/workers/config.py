@@ -468,6 +468,9 @@ class CriticConfig(FreezableConfig):
     # Value-loss clip range around the rollout-time values.
     cliprange_value: float = 0.5
     loss_agg_mode: str = "token-mean"
+    # Seconds a collective of a critic worker's process group may wait before it fails (verl reads the key
+    # with this default).
+    nccl_timeout: int = 600
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     # The critic's sequence-parallel size, as the actor's.
     ulysses_sequence_parallel_size: int = 1

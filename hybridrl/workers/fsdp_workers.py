@@ -342,8 +342,8 @@ class CriticWorker(Worker):
     """The value model (GAE): `compute_values` and `update_critic` on this rank's rows."""
 
     def __init__(self, config: Any) -> None:
-        super().__init__()
         self.config = to_dataclass(CriticConfig, config)
+        super().__init__(collective_timeout_s=self.config.nccl_timeout)
         check_critic(self.config, self.world_size)
         refuse_offload(self.config.model.fsdp_config, "critic.model", self.device.type)
         self.critic = None

@@ -185,19 +185,28 @@ def test_the_entry_point_composes_a_user_config_that_extends_ppo_trainer(tmp_pat
     assert "a_key_only_verl_has" not in result.stdout
 
 
-def test_nccl_timeout_is_the_process_groups_timeout(tmp_path):
-    # a real rank in a process of its own: the actor's worker joins a one-rank group with the configured timeout
+@pytest.mark.parametrize("role", ["actor", "critic"])
+def test_nccl_timeout_is_the_process_groups_timeout(role):
+    # a real rank in a process of its own: the role's worker joins a one-rank group with the configured timeout
+    build = {
+        "actor": "from hybridrl.workers.config import ActorRolloutRefConfig\n"
+                 "from hybridrl.workers.fsdp_workers import ActorRolloutRefWorker\n"
+                 "config = ActorRolloutRefConfig(nccl_timeout=1234)\n"
+                 "config.model.path = 'unused'\n"
+                 "ActorRolloutRefWorker(config, role='actor')",
+        "critic": "from hybridrl.workers.config import CriticConfig\n"
+                  "from hybridrl.workers.fsdp_workers import CriticWorker\n"
+                  "config = CriticConfig(nccl_timeout=1234, rollout_n=1)\n"
+                  "config.model.path = 'unused'\n"
+                  "CriticWorker(config)",
+    }[role]
     script = textwrap.dedent("""
         import os, torch
         from torch.distributed import distributed_c10d
         os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
         from hybridrl.utils.device import DEVICE_ENV
         os.environ[DEVICE_ENV] = "cpu"
-        from hybridrl.workers.config import ActorRolloutRefConfig
-        from hybridrl.workers.fsdp_workers import ActorRolloutRefWorker
-        config = ActorRolloutRefConfig(nccl_timeout=1234)
-        config.model.path = "unused"
-        ActorRolloutRefWorker(config, role="actor")
+        """) + build + textwrap.dedent("""
         group = distributed_c10d._get_default_group()
         print(group._get_backend(torch.device("cpu")).options._timeout.total_seconds())
         """)
