@@ -26,6 +26,7 @@ from hybridrl.workers.reward_model import (
     retokenize_for_reward_model,
     same_tokenization,
     score_batching,
+    sequence_scores,
 )
 
 # The reward model's own template, unlike the actor's ChatML: "### role: content" lines, no BOS.
@@ -169,6 +170,16 @@ def test_scores_equal_a_plain_forward_at_the_last_valid_token(world_size, rm_dir
     assert ids_reference.abs().sum() > 0.1  # the head gives non-trivial scores
     for name, rm_scores in got.items():
         torch.testing.assert_close(rm_scores, ids_reference, rtol=0, atol=1e-5, msg=name)
+
+
+def test_a_micro_batch_without_tokens_scores_zero_and_the_others_as_before(rm_dir, ids_batch):
+    module = load_value_model(rm_dir)
+    emptied = DataProto.from_dict({k: v.clone() for k, v in ids_batch.batch.items()})
+    emptied.batch["attention_mask"][:2] = 0  # the first micro-batch of 2 rows has no token at all
+    whole = sequence_scores(module, ids_batch, micro_batch_rows=2, max_token_len=None)
+    got = sequence_scores(module, emptied, micro_batch_rows=2, max_token_len=None)
+    assert got[:2].tolist() == [0.0, 0.0]
+    torch.testing.assert_close(got[2:], whole[2:], rtol=0, atol=1e-5)
 
 
 def test_placement_on_the_last_valid_response_token():
