@@ -79,6 +79,7 @@ class Finish(enum.Enum):
     ASSISTANT_TURNS = "max_assistant_turns"
     USER_TURNS = "max_user_turns"
     INTERACTION = "interaction"  # the interaction ended the conversation
+    INTERACTION_ERROR = "interaction_error"  # the interaction failed to start or to reply
 
 
 @dataclass
@@ -332,7 +333,7 @@ class AgentLoop:
                 t.interaction_id = outcome.value
             else:
                 t.count_failure(outcome)
-                t.end(Finish.ANSWER)
+                t.end(Finish.INTERACTION_ERROR)
         asking = [t for t in asking if t.state is AgentState.INTERACTING]
         # the whole conversation, as verl passes it: the prompt's chat (with data.return_raw_chat) and the turns
         replies = self._run([partial(self.interactions[t.interaction].generate_response, t.interaction_id,
@@ -344,7 +345,7 @@ class AgentLoop:
                 stop, reply, score, _ = outcome.value
             except (RuntimeError, TypeError, ValueError):
                 t.count_failure(outcome)
-                t.end(Finish.ANSWER)
+                t.end(Finish.INTERACTION_ERROR)
                 continue
             if score is not None:
                 t.turn_scores.append(float(score))

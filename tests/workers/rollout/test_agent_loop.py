@@ -484,7 +484,7 @@ def test_interaction_limits_failures_and_unknown_names(tiny_model, tiny_tokenize
     crashing = AgentLoop(ScriptedRollout(tiny_model, tiny_tokenizer, config, script), tiny_tokenizer, config, {},
                          {"gsm8k": RaisingInteraction({})})
     out = crashing.generate_sequences(prompts)
-    assert out.non_tensor_batch["agent_finish"].tolist() == ["answer"]
+    assert out.non_tensor_batch["agent_finish"].tolist() == ["interaction_error"]
     assert out.non_tensor_batch["tool_errors"].tolist() == [1]  # counted, and the run goes on
     prompts.non_tensor_batch["extra_info"][0] = {"interaction_kwargs": {"name": "weather"}}
     with pytest.raises(ValueError, match="interaction_kwargs.name='weather' is not loaded"):
