@@ -132,14 +132,15 @@ def sequence_scores(batch: DataProto) -> torch.Tensor:
 
 
 def keep_varied_groups(batch: DataProto, metric: str | None) -> tuple[DataProto, int]:
-    """DAPO dynamic sampling: the rows of prompts whose samples differ on `metric` (a non-tensor value such as
-    `acc`, or seq_reward / seq_final_reward), and the number of prompts kept."""
-    if metric in (None, "seq_final_reward", "seq_reward", "score"):
+    """DAPO dynamic sampling: the rows of prompts whose samples differ on `metric` (a value the reward function
+    returned, such as `acc` or `score`, or seq_reward / seq_final_reward: the token scores' / rewards' sums; a
+    `score` the function did not return is seq_reward), and the number of prompts kept."""
+    if metric in batch.non_tensor_batch and metric not in ("seq_final_reward", "seq_reward"):
+        values = [float(v) for v in batch.non_tensor_batch[metric]]
+    elif metric in (None, "seq_final_reward", "seq_reward", "score"):
         key = "token_level_rewards" if metric == "seq_final_reward" and "token_level_rewards" in batch.batch \
             else "token_level_scores"
         values = batch.batch[key].sum(dim=-1).tolist()
-    elif metric in batch.non_tensor_batch:
-        values = [float(v) for v in batch.non_tensor_batch[metric]]
     else:
         raise KeyError(
             f"algorithm.filter_groups.metric={metric!r} is neither seq_reward/seq_final_reward nor a value "
