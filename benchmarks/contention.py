@@ -58,7 +58,8 @@ class Workload:
 
 def workloads(data: Path, model: Path, steps: int) -> list[Workload]:
     ppo = [f"data.train_files={data / 'train.parquet'}", f"data.val_files={data / 'test.parquet'}",
-           f"actor_rollout_ref.model.path={model}", "algorithm.adv_estimator=grpo", "trainer.logger=[file]",
+           f"actor_rollout_ref.model.path={model}", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=8",
+           "trainer.logger=[file]",
            "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1"]
     spinning = [("fixed", "1 Python loop"), ("fixed + passive wait", "alone"), ("fixed + passive wait", "1 Python loop")]
     return [

@@ -39,13 +39,13 @@ def gae_run(data: Path, model: Path, steps: int, share: bool, extra: list[str]) 
     from hydra import compose, initialize_config_dir
 
     import hybridrl.trainer.ppo_config  # noqa: F401 - registers the config schema
-    from hybridrl.quickstart import precision_overrides
+    from hybridrl.quickstart import GRPO_RECIPE, precision_overrides
     from hybridrl.trainer.main_ppo import run_ppo
 
     run_dir = Path(tempfile.mkdtemp(prefix="critic_passes_"))
     overrides = [
         f"data.train_files={data / 'train.parquet'}", f"data.val_files={data / 'test.parquet'}",
-        f"actor_rollout_ref.model.path={model}", "algorithm.adv_estimator=gae", "data.seed=0",
+        f"actor_rollout_ref.model.path={model}", "algorithm.adv_estimator=gae", "data.seed=0", *GRPO_RECIPE,
         f"trainer.total_training_steps={steps}", f"trainer.default_local_dir={run_dir}",
         "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[file]",
         *precision_overrides(extra), "trainer.critic_warmup=5", f"critic.model.share_prompt_forward={str(share).lower()}", *extra,

@@ -58,6 +58,7 @@ def grpo_run(workdir: Path, model: Path, data: Path, name: str, layout: list[str
     run = workdir / name
     subprocess.run([
         sys.executable, "-m", "hybridrl.trainer.main_ppo", "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.rollout.n=8",
         f"data.train_files={data / 'train.parquet'}", f"data.val_files={data / 'test.parquet'}",
         f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.actor.use_kl_loss=true",
         "actor_rollout_ref.rollout.calculate_log_probs=true", f"trainer.total_training_steps={steps}",

@@ -34,6 +34,8 @@ TASK_ARGS = ["--ops", "+,-", "--teacher-sign-error", "0.7"]
 MODEL_SIZE = "1m"
 # enough steps for SFT to learn the column procedure on every CPU and seed (benchmarks/results/learning.md)
 SFT_OVERRIDES = ["trainer.total_training_steps=1200"]
+# GRPO's group and validation cadence on top of ppo_trainer.yaml, whose other keys follow verl's defaults
+GRPO_RECIPE = ["actor_rollout_ref.rollout.n=8", "trainer.test_freq=10"]
 
 
 def _stamp(path: Path, settings: dict) -> bool:
@@ -96,7 +98,7 @@ def train_grpo(workdir: Path, data: Path, model: Path, steps: int, extra: list[s
     return run_ppo(_compose("ppo_trainer", [
         f"data.train_files={data / 'train.parquet'}", f"data.val_files={data / 'test.parquet'}",
         f"actor_rollout_ref.model.path={model}", "algorithm.adv_estimator=grpo", f"data.seed={seed}",
-        f"trainer.total_training_steps={steps}", f"trainer.default_local_dir={run_dir}",
+        *GRPO_RECIPE, f"trainer.total_training_steps={steps}", f"trainer.default_local_dir={run_dir}",
         "trainer.resume_mode=disable", "trainer.logger=[file]",
         # the last step's model as a plain Hugging Face directory: grpo/global_step_N/actor/huggingface
         f"trainer.save_freq={steps}", "actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model]", *extra,

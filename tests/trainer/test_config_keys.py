@@ -141,8 +141,8 @@ def test_critic_rollout_n_follows_rollout_n_in_a_config_built_in_python():
     config.actor_rollout_ref.rollout.n = 4
     assert resolve_config(config).critic.rollout_n == 4
     assert checked("actor_rollout_ref.rollout.n=2").critic.rollout_n == 2  # and from YAML
-    with pytest.raises(ConfigError, match=r"critic.rollout_n \(3\) disagrees with actor_rollout_ref.rollout.n \(8\)"):
-        checked("critic.rollout_n=3")
+    with pytest.raises(ConfigError, match=r"critic.rollout_n \(3\) disagrees with actor_rollout_ref.rollout.n \(1\)"):
+        checked("critic.rollout_n=3")  # verl's default n
 
 
 def test_data_tokenizer_is_the_tokenizer_every_worker_loads():
@@ -157,13 +157,15 @@ def test_data_tokenizer_is_the_tokenizer_every_worker_loads():
 
 def test_background_reward_cannot_filter_groups():
     with pytest.raises(ConfigError, match="reward_model.launch_reward_fn_async=false"):
-        checked("reward_model.launch_reward_fn_async=true", "algorithm.filter_groups.enable=true")
+        checked("reward_model.launch_reward_fn_async=true", "algorithm.filter_groups.enable=true",
+                "actor_rollout_ref.rollout.n=8")
 
 
 def test_mini_batch_sizes_count_prompts_in_every_config_that_carries_them():
     from hybridrl.workers.update_loop import check_critic, update_plan
 
-    config = checked("actor_rollout_ref.actor.ppo_mini_batch_size=4", "critic.ppo_mini_batch_size=4")
+    config = checked("actor_rollout_ref.actor.ppo_mini_batch_size=4", "critic.ppo_mini_batch_size=4",
+                     "actor_rollout_ref.rollout.n=8")
     arr, critic = config.actor_rollout_ref, config.critic
     assert arr.actor.ppo_mini_batch_size == critic.ppo_mini_batch_size == 4  # still prompts once resolved
     # a rank's rows per optimizer step: 4 prompts x 8 samples / 2 ranks

@@ -123,14 +123,14 @@ def test_unknown_names_list_the_registered_ones(override, registry):
 def test_batch_plan_arithmetic():
     # 16 prompts x 8 samples = 128 rows over 2 ranks; mini-batches of 8 prompts -> 2 optimizer steps,
     # each 8 x 8 / 2 = 32 rows per rank, in micro-batches of 32 -> 1 per mini-batch
-    plan = batch_plan(checked())
+    plan = batch_plan(checked("actor_rollout_ref.rollout.n=8"))
     assert plan["rows per step (global batch)"] == 128
     assert plan["rows per rank per step"] == 64
     assert plan["optimizer steps per rollout"] == 2
     assert plan["rows per rank per mini-batch"] == 32
     assert plan["micro-batches per rank per mini-batch"] == 1
     # groups of 2 ranks split each sequence: one group holds both ranks' rows, in micro-batches of 16
-    plan = batch_plan(checked("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+    plan = batch_plan(checked("actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
                               "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16"))
     assert plan["ranks per sequence-parallel group (actor)"] == 2
     assert plan["rows per sequence-parallel group per step"] == 128
@@ -329,7 +329,7 @@ def test_step_counts_follow_the_data_size_unless_set(no_gpu):
     assert config.actor_rollout_ref.actor.optim.total_training_steps == 4
     with pytest.raises(ConfigError, match="the training set has 10 prompts, fewer than data.train_batch_size=16"):
         resolve_config(ppo_config(*base), lambda checked: 10)
-    with pytest.raises(ConfigError, match=r"critic.optim.total_training_steps=7 disagrees with the run's 30 steps"):
+    with pytest.raises(ConfigError, match=r"critic.optim.total_training_steps=7 disagrees with the run's 9 steps"):
         resolve_config(ppo_config(*base, "critic.optim.total_training_steps=7"), lambda checked: 50)
 
 

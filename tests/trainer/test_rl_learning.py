@@ -32,7 +32,7 @@ from learning import accuracy, greedy_answers, sign_slips
 from ppo_helpers import ppo_config
 
 from hybridrl.data.sft_dataset import read_parquet_rows
-from hybridrl.quickstart import precision_overrides
+from hybridrl.quickstart import GRPO_RECIPE, precision_overrides
 from hybridrl.trainer.main_ppo import run_ppo
 
 # Longer hang limit than the suite's 600 s: the shared SFT fixture may run in this module's first setup.
@@ -66,7 +66,7 @@ def test_rl_raises_held_out_greedy_accuracy(quickstart_sft, before, estimator, e
     run_dir = tmp_path / estimator
     history = run_ppo(ppo_config(
         f"data.train_files={data / 'train.parquet'}", f"data.val_files={data / 'test.parquet'}",
-        f"actor_rollout_ref.model.path={model_dir}", f"algorithm.adv_estimator={estimator}", "data.seed=0",
+        f"actor_rollout_ref.model.path={model_dir}", f"algorithm.adv_estimator={estimator}", "data.seed=0", *GRPO_RECIPE,
         f"trainer.total_training_steps={STEPS}", f"trainer.default_local_dir={run_dir}",
         "trainer.val_before_train=false", f"trainer.test_freq={STEPS}", f"trainer.save_freq={STEPS}",
         "actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model]", "trainer.logger=[file]",
