@@ -75,7 +75,8 @@ def test_the_model_path_is_required():
         (["data.train_batch_size=10", "actor_rollout_ref.actor.ppo_mini_batch_size=4"],
          r"data.train_batch_size \(10\) must be a multiple of actor_rollout_ref.actor.ppo_mini_batch_size \(4\)"),
         (["data.train_batch_size=9", "actor_rollout_ref.actor.ppo_mini_batch_size=3", "actor_rollout_ref.rollout.n=1"],
-         r"ppo_mini_batch_size \(3\) x rollout.n \(1\) must be divisible by the data-parallel size \(2\)"),
+         r"actor_rollout_ref.actor.ppo_mini_batch_size \(3\) x actor_rollout_ref.rollout.n \(1\) must be divisible by "
+         r"the data-parallel size \(2\): change either, or trainer.n_gpus_per_node"),
         (["trainer.backend=local"], "trainer.n_gpus_per_node=1"),
         (["trainer.device=cuda"], "trainer.device=cpu"),
         (["trainer.resume_mode=resume_path"], "trainer.resume_from_path"),
