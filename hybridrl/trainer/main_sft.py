@@ -3,6 +3,8 @@ or one in-process rank (`trainer.backend=local`)."""
 
 from __future__ import annotations
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
@@ -13,6 +15,8 @@ from hybridrl.controller import (
     ray_for_backend,
     sigterm_raises_exit,
 )
+from hybridrl.trainer.command_line import verl_overrides
+from hybridrl.trainer.sft_config import SFTSchema
 from hybridrl.trainer.sft_trainer import SFTTrainer, load_data, validate_config
 from hybridrl.workers.sft_worker import SFTWorker
 
@@ -51,8 +55,14 @@ def run_sft(config: DictConfig) -> dict[str, float]:
 
 
 @hydra.main(config_path="config", config_name="sft_trainer", version_base=None)
-def main(config: DictConfig) -> None:
+def hydra_main(config: DictConfig) -> None:
     run_sft(config)
+
+
+def main() -> None:
+    """The command line as verl reads it (blank arguments dropped, `+key` on a declared key), then Hydra."""
+    sys.argv[1:] = verl_overrides(sys.argv[1:], SFTSchema)
+    hydra_main()
 
 
 if __name__ == "__main__":

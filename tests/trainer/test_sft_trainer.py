@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -185,3 +187,18 @@ def test_the_device_is_checked_and_auto_resolved(sft_data, tiny_model_dir, tmp_p
 def test_local_backend_refuses_two_ranks(sft_data, tiny_model_dir, tmp_path):
     with pytest.raises(ValueError, match="trainer.n_gpus_per_node=1 or use trainer.backend=ray"):
         validate_config(sft_config(sft_data, tiny_model_dir, tmp_path, "trainer.n_gpus_per_node=2"))
+
+
+def test_the_entry_point_reads_the_command_line_as_verl_does(local_run, sft_data, tiny_model_dir, tmp_path):
+    # a blank argument (a script's `\ ` line end) is dropped with a warning; `+` on a declared key sets it
+    out = tmp_path / "cli"
+    result = subprocess.run([
+        sys.executable, "-m", "hybridrl.trainer.main_sft", f"data.train_files={sft_data / 'train.parquet'}",
+        f"data.val_files={sft_data / 'test.parquet'}", f"model.partial_pretrain={tiny_model_dir}",
+        f"trainer.default_local_dir={out}", f"data.train_batch_size={BATCH}", "data.micro_batch_size_per_gpu=4",
+        "trainer.backend=local", " ", "+trainer.total_training_steps=2", "trainer.test_freq=2",
+        "optim.warmup_steps_ratio=0", "trainer.logger=[file]"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "blank command-line argument" in result.stderr
+    ran, reference = read_metrics(out), read_metrics(local_run)
+    assert sorted(ran) == [1, 2] and ran[2]["train/loss"] == pytest.approx(reference[2]["train/loss"], rel=0, abs=1e-6)
