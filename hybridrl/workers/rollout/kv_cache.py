@@ -7,11 +7,27 @@ from __future__ import annotations
 
 import functools
 import inspect
+from importlib.metadata import version
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers.cache_utils import Cache, CacheLayerMixin
+
+# The oldest transformers whose cache-layer interface these layers implement (pyproject.toml's bound).
+MIN_TRANSFORMERS = (5, 17)
+
+
+def check_transformers(found: str) -> None:
+    """Raise ImportError naming the fix when transformers `found` predates MIN_TRANSFORMERS."""
+    major_minor = tuple(int(part) for part in found.split(".")[:2])
+    if major_minor < MIN_TRANSFORMERS:
+        wanted = ".".join(map(str, MIN_TRANSFORMERS))
+        raise ImportError(f"hybridrl's rollout needs transformers>={wanted}, found {found}: its KV-cache layers "
+                          f"implement transformers 5's cache interface. pip install 'transformers>={wanted}'")
+
+
+check_transformers(version("transformers"))
 
 
 def cache_keyword(model: nn.Module | type[nn.Module]) -> str:

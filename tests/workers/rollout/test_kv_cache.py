@@ -8,7 +8,12 @@ from transformers import DynamicCache, Qwen2ForCausalLM
 
 from hybridrl.models.attention import GROUPED_EAGER
 from hybridrl.workers.rollout import kv_cache
-from hybridrl.workers.rollout.kv_cache import PreallocatedCache, PreallocatedLayer, cache_keyword
+from hybridrl.workers.rollout.kv_cache import (
+    PreallocatedCache,
+    PreallocatedLayer,
+    cache_keyword,
+    check_transformers,
+)
 
 from .helpers import make_prompts
 
@@ -173,3 +178,11 @@ def test_the_cache_goes_by_the_keyword_the_models_forward_names(tiny_model, tiny
     with warnings.catch_warnings():  # the deprecated alias would warn (and, from 5.40, be dropped unused)
         warnings.filterwarnings("error", message=".*past_key_values.*deprecated.*")
         HFRollout(tiny_model, dict(response_length=4, n=2), tiny_tokenizer).generate_sequences(prompts)
+
+
+def test_a_transformers_older_than_the_cache_interface_is_refused_naming_the_fix():
+    for old in ("4.57.6", "5.16.0", "4.51.0.dev0"):
+        with pytest.raises(ImportError, match=r"needs transformers>=5.17, found .*pip install 'transformers>=5.17'"):
+            check_transformers(old)
+    for new in ("5.17.0", "5.24.0", "6.0.0.dev0"):
+        check_transformers(new)
