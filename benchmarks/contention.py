@@ -34,6 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import grpo_vs_trl as bench  # noqa: E402  (a sibling script, not a package)
 
+from hybridrl.quickstart import SFT_OVERRIDES  # noqa: E402
 from hybridrl.utils.cpu_threads import POLICY_ENV, SAMPLE_INTERVAL_S  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,7 +65,7 @@ def workloads(data: Path, model: Path, steps: int) -> list[Workload]:
     spinning = [("fixed", "1 Python loop"), ("fixed + passive wait", "alone"), ("fixed + passive wait", "1 Python loop")]
     return [
         Workload("SFT", "hybridrl.trainer.main_sft",
-                 [f"data.train_files={data / 'train.parquet'}", f"model.partial_pretrain={model}",
+                 [*SFT_OVERRIDES, f"data.train_files={data / 'train.parquet'}", f"model.partial_pretrain={model}",
                   "trainer.backend=local", "trainer.n_gpus_per_node=1", "trainer.logger=[file]"],
                  steps=3 * steps, warmup=5, extra=spinning),
         # a fixed-count GRPO beside a neighbour takes about a minute a step: 3 steps of it

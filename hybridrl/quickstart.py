@@ -33,7 +33,10 @@ def _compose(config_name: str, overrides: list[str]):
 TASK_ARGS = ["--ops", "+,-", "--teacher-sign-error", "0.7"]
 MODEL_SIZE = "1m"
 # enough steps for SFT to learn the column procedure on every CPU and seed (benchmarks/results/learning.md)
-SFT_OVERRIDES = ["trainer.total_training_steps=1200"]
+# SFT of the tiny model from scratch on top of sft_trainer.yaml, whose defaults are verl's (for a pretrained model)
+SFT_OVERRIDES = ["optim.lr=3e-3", "optim.betas=[0.9,0.999]", "optim.warmup_steps_ratio=0.05", "data.max_length=128",
+                 "data.train_batch_size=32", "data.micro_batch_size_per_gpu=32", "trainer.total_epochs=1",
+                 "trainer.total_training_steps=1200", "trainer.max_ckpt_to_keep=1"]
 # GRPO's group and validation cadence on top of ppo_trainer.yaml, whose other keys follow verl's defaults
 GRPO_RECIPE = ["actor_rollout_ref.rollout.n=8", "trainer.test_freq=10"]
 
@@ -189,8 +192,7 @@ def grpo_run_overrides(threads: int | None, extra: list[str]) -> list[str]:
 
 
 def sft_run_overrides(extra: list[str]) -> list[str]:
-    """SFT's recipe plus the command line's `trainer.device`: the warm start computes where GRPO does
-    (a GPU user's SFT would otherwise run on the CPU, sft_trainer.yaml's default)."""
+    """SFT's recipe plus the command line's `trainer.device`: the warm start computes where GRPO does."""
     return [*SFT_OVERRIDES, *(o for o in extra if o.startswith("trainer.device="))]
 
 

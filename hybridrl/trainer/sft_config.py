@@ -34,14 +34,14 @@ class DataSchema:
     # Keys walked into a dict-valued response column: the task files keep the worked answer in extra_info.answer.
     response_dict_keys: Any = field(default_factory=lambda: ["answer"])
     multiturn: MultiturnSchema = field(default_factory=MultiturnSchema)
-    # Tokens per sequence (chat template included); the arithmetic chats are at most ~90 tokens.
-    max_length: int = 128
+    # Tokens per sequence (chat template included); micro-batches are cut to their longest row.
+    max_length: int = 1024
     # What to do with a longer chat: error (name the row), left (keep the end) or right (keep the start).
     truncation: str = "error"
     # Sequences per optimizer step, over all ranks; must divide by the number of ranks.
-    train_batch_size: int = 32
+    train_batch_size: int = 256
     # Sequences per forward/backward pass on each rank; gradients accumulate over the micro-batches.
-    micro_batch_size_per_gpu: int = 32
+    micro_batch_size_per_gpu: int = 4
     # Form micro-batches by tokens instead (verl's SFT key): each pass at most max_token_len_per_gpu padded
     # tokens (rows x longest row); micro_batch_size_per_gpu is then unused. Same loss, less padding.
     use_dynamic_bsz: bool = False
@@ -63,14 +63,14 @@ class ModelSchema:
 
 @dataclass
 class OptimSchema:
-    # Peak AdamW learning rate; tiny models trained from scratch want a large one.
-    lr: float = 3.0e-3
+    # Peak AdamW learning rate (verl's default, for a pretrained model; the quickstart's tiny one takes 3e-3).
+    lr: float = 1.0e-5
     # AdamW betas.
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     # AdamW decoupled weight decay.
     weight_decay: float = 0.01
     # Fraction of the training steps spent warming the learning rate up linearly from ~0.
-    warmup_steps_ratio: float = 0.05
+    warmup_steps_ratio: float = 0.1
     # Clip the global gradient norm to this value (0 or less: no clipping).
     clip_grad: float = 1.0
     # After warmup: constant or cosine (decays to min_lr_ratio x lr by the last step).
@@ -87,20 +87,20 @@ class TrainerSchema:
     project_name: str = "hybridrl-sft"
     experiment_name: str = "arithmetic-tiny"
     # Passes over the training data (total_training_steps, when set, wins).
-    total_epochs: int = 1
+    total_epochs: int = 4
     # Stop after this many optimizer steps (wins over total_epochs); null means total_epochs x steps per epoch.
-    total_training_steps: Any = 600
+    total_training_steps: Any = None
     # Where metrics go, as for PPO: console (a table per step), file (metrics.jsonl in default_local_dir),
     # tensorboard, wandb or mlflow (the last two are extras).
     logger: list[str] = field(default_factory=lambda: ["console", "file"])
     # Seed of the model's random state and of the data order.
-    seed: int = 0
+    seed: int = 1
     # Ranks per node (on CPU: worker processes).
     n_gpus_per_node: int = 1
     # Hosts of the Ray cluster: each node's n_gpus_per_node ranks go to a host of their own (docs/multinode.md).
     nnodes: int = 1
     # cpu, cuda (needs a GPU torch can see), or auto: cuda where torch sees a GPU, else cpu.
-    device: str = "cpu"
+    device: str = "auto"
     # ray: ranks in Ray actors; local: one rank in this process (for debugging).
     backend: str = "ray"
     # Validation loss every this many steps; -1 means once per epoch (and after the last step).
@@ -109,7 +109,7 @@ class TrainerSchema:
     # default_local_dir/global_step_N/actor/huggingface).
     save_freq: int = -1
     # Checkpoints to keep on disk; null or 0 keeps all.
-    max_ckpt_to_keep: Any = 1
+    max_ckpt_to_keep: Any = None
     # disable: start fresh; auto: continue from the newest complete checkpoint in default_local_dir;
     # resume_path: continue from trainer.resume_from_path (a global_step_N directory).
     resume_mode: str = "auto"

@@ -39,7 +39,9 @@ def sft_config(data: Path, model: Path, out: Path, *overrides: str):
             f"data.train_files={data / 'train.parquet'}", f"data.val_files={data / 'test.parquet'}",
             f"model.partial_pretrain={model}", f"trainer.default_local_dir={out}",
             f"data.train_batch_size={BATCH}", "data.micro_batch_size_per_gpu=4", "trainer.backend=local",
-            "trainer.total_training_steps=4", "trainer.test_freq=2", "optim.warmup_steps_ratio=0", *overrides,
+            "trainer.total_training_steps=4", "trainer.test_freq=2", "optim.warmup_steps_ratio=0",
+            # CPU on any machine (sft_trainer.yaml's auto takes a GPU); the gpu-marked test names cuda after these
+            "trainer.device=cpu", *overrides,
         ])
 
 
@@ -160,7 +162,7 @@ def test_two_ray_ranks_match_one_local_rank(ray_cluster, local_run, sft_data, ti
     ("trainer.backend=slurm", "trainer.backend"),
     ("data.train_batch_size=9", "data.train_batch_size (9) must be a positive multiple of the number of ranks (2"),
     ("data.max_token_len_per_gpu=64", "data.max_token_len_per_gpu (64) x ulysses_sequence_parallel_size (1) must be at "
-                                      "least data.max_length (128)"),
+                                      "least data.max_length (1024)"),
     ("ulysses_sequence_parallel_size=3", "ulysses_sequence_parallel_size=3 must divide the number of ranks (2"),
 ])
 def test_bad_settings_name_the_key(sft_data, tiny_model_dir, tmp_path, override, message):
