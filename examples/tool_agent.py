@@ -22,6 +22,7 @@ import shutil
 import time
 from pathlib import Path
 
+from hybridrl.quickstart import SFT_OVERRIDES as QUICKSTART_SFT
 from hybridrl.quickstart import (
     prepare_base_model,
     summarize,
@@ -45,7 +46,8 @@ SFT_STEPS = 1000
 # A conversation is at most 119 tokens with the tiny tokenizer (the call alone is 71), its prompt 21; an
 # answer by hand is ~32. Token-budget micro-batches run the two kinds in separate passes instead of padding
 # every answer to a call's length: the same loss, less compute per step.
-SFT_OVERRIDES = ["data.multiturn.enable=true", "data.max_length=128", "optim.betas=[0.9,0.95]",
+# On top of the quickstart's tiny-model SFT recipe (learning rate, batch, warmup); later keys win.
+SFT_OVERRIDES = [*QUICKSTART_SFT, "data.multiturn.enable=true", "data.max_length=128", "optim.betas=[0.9,0.95]",
                  "data.use_dynamic_bsz=true", "data.max_token_len_per_gpu=4096"]
 GRPO_OVERRIDES = [
     "data.max_prompt_length=24", "data.max_response_length=104", "trainer.test_freq=10",
