@@ -96,12 +96,13 @@ def await_master(env: DistEnv, timeout_s: float = default_pg_timeout.total_secon
         return env
     from ray.experimental.internal_kv import _internal_kv_get
 
-    deadline = time.monotonic() + timeout_s
+    deadline, wait = time.monotonic() + timeout_s, 0.02
     while (value := _internal_kv_get(key)) is None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"rank {env.rank}: rank 0 did not announce its store's address under {key!r} in "
                                f"{timeout_s:.0f} s")
-        time.sleep(0.02)
+        time.sleep(wait)
+        wait = min(2 * wait, 0.2)  # every rank of a large group polls Ray's KV: back off once rank 0 is slow
     host, port = value.decode().rsplit(":", 1)
     return replace(env, master_addr=host, master_port=int(port))
 
@@ -122,7 +123,7 @@ def node_address() -> str:
     return "127.0.0.1"
 
 
-def await_address(key: str, rank0: Any, timeout_s: float = default_pg_timeout.total_seconds()) -> tuple[str, int]:
+def await_address(key: str, rank0: Any, timeout_s: float = default_pg_timeout.total_seconds()) -> None:
     """The driver: wait until the Ray actor `rank0` announces its store's address under `key` (left there for the
     other ranks); raises rank 0's own error if its construction fails first."""
     import ray
@@ -131,10 +132,8 @@ def await_address(key: str, rank0: Any, timeout_s: float = default_pg_timeout.to
     constructed = rank0.__ray_ready__.remote()
     deadline = time.monotonic() + timeout_s
     while True:
-        value = _internal_kv_get(key)
-        if value is not None:
-            host, port = value.decode().rsplit(":", 1)
-            return host, int(port)
+        if _internal_kv_get(key) is not None:
+            return
         finished, _ = ray.wait([constructed], timeout=0.05)
         if finished:
             ray.get(constructed)  # raises the constructor's error
