@@ -47,8 +47,8 @@ SFT_STEPS = 1000
 # answer by hand is ~32. Token-budget micro-batches run the two kinds in separate passes instead of padding
 # every answer to a call's length: the same loss, less compute per step.
 # On top of the quickstart's tiny-model SFT recipe (learning rate, batch, warmup); later keys win.
-SFT_OVERRIDES = [*QUICKSTART_SFT, "data.multiturn.enable=true", "data.max_length=128", "optim.betas=[0.9,0.95]",
-                 "data.use_dynamic_bsz=true", "data.max_token_len_per_gpu=4096"]
+SFT_OVERRIDES = [*QUICKSTART_SFT, "data.multiturn.enable=true", "optim.betas=[0.9,0.95]", "data.use_dynamic_bsz=true",
+                 "data.max_token_len_per_gpu=4096"]
 GRPO_OVERRIDES = [
     "data.max_prompt_length=24", "data.max_response_length=104", "trainer.test_freq=10",
     "actor_rollout_ref.rollout.multi_turn.enable=true",

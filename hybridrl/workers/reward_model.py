@@ -196,7 +196,7 @@ def _forward_scores(module: torch.nn.Module, micro: DataProto) -> torch.Tensor:
     mask = micro.batch["attention_mask"]
     used = mask.any(dim=0).nonzero().squeeze(-1)
     if used.numel() == 0:  # no row has a token: nothing to score (place_on_last_response_token skips such rows)
-        return torch.zeros(len(mask))
+        return torch.zeros(len(mask), device=mask.device)
     cols = slice(int(used[0]), int(used[-1]) + 1)
     output = module(input_ids=micro.batch["input_ids"][:, cols], attention_mask=mask[:, cols],
                     position_ids=micro.batch["position_ids"][:, cols], use_cache=False)

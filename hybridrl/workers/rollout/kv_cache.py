@@ -11,6 +11,7 @@ from importlib.metadata import version
 
 import torch
 import torch.nn.functional as F
+from packaging.version import Version
 from torch import nn
 from transformers.cache_utils import Cache, CacheLayerMixin
 
@@ -20,8 +21,7 @@ MIN_TRANSFORMERS = (5, 17)
 
 def check_transformers(found: str) -> None:
     """Raise ImportError naming the fix when transformers `found` predates MIN_TRANSFORMERS."""
-    major_minor = tuple(int(part) for part in found.split(".")[:2])
-    if major_minor < MIN_TRANSFORMERS:
+    if Version(found).release[:2] < MIN_TRANSFORMERS:
         wanted = ".".join(map(str, MIN_TRANSFORMERS))
         raise ImportError(f"hybridrl's rollout needs transformers>={wanted}, found {found}: its KV-cache layers "
                           f"implement transformers 5's cache interface. pip install 'transformers>={wanted}'")
