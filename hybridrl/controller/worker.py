@@ -82,8 +82,10 @@ def rank_store(env: DistEnv) -> dist.TCPStore:
         )
     store = dist.TCPStore(env.master_addr, 0, env.world_size, is_master=True, timeout=default_pg_timeout,
                           wait_for_workers=False)
-    if env.world_size > 1:
-        announce_address(key, store.port)
+    if env.world_size > 1:  # publish `node-ip:port` for the driver and the other ranks
+        from ray.experimental.internal_kv import _internal_kv_put
+
+        _internal_kv_put(key, f"{node_address()}:{store.port}".encode(), overwrite=True)
     return store
 
 
@@ -105,14 +107,6 @@ def await_master(env: DistEnv, timeout_s: float = default_pg_timeout.total_secon
         wait = min(2 * wait, 0.2)  # every rank of a large group polls Ray's KV: back off once rank 0 is slow
     host, port = value.decode().rsplit(":", 1)
     return replace(env, master_addr=host, master_port=int(port))
-
-
-def announce_address(key: str, port: int) -> None:
-    """Rank 0 of a Ray group: publish `node-ip:port` under `key` for the driver."""
-    import ray
-    from ray.experimental.internal_kv import _internal_kv_put
-
-    _internal_kv_put(key, f"{ray.util.get_node_ip_address()}:{port}".encode(), overwrite=True)
 
 
 def node_address() -> str:
