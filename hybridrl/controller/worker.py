@@ -125,9 +125,7 @@ def await_address(key: str, rank0: Any, timeout_s: float = default_pg_timeout.to
 
     constructed = rank0.__ray_ready__.remote()
     deadline = time.monotonic() + timeout_s
-    while True:
-        if _internal_kv_get(key) is not None:
-            return
+    while _internal_kv_get(key) is None:
         finished, _ = ray.wait([constructed], timeout=0.05)
         if finished:
             ray.get(constructed)  # raises the constructor's error
