@@ -195,10 +195,9 @@ class DataProto:
     def __getitem__(self, index: RowIndex) -> DataProtoItem | DataProto:
         """An int gives one `DataProtoItem`; a slice, index array or boolean mask gives a DataProto."""
         if isinstance(index, (int, np.integer)):
-            n = len(self)
-            if not -n <= int(index) < n:
-                raise IndexError(f"row {int(index)} out of range for a DataProto of {n} rows")
-            row = int(index)
+            row, n = int(index), len(self)
+            if not -n <= row < n:
+                raise IndexError(f"row {row} out of range for a DataProto of {n} rows")
             tensors = {k: v[row] for k, v in self.batch.items()} if self.batch is not None else {}
             values = {k: v[row] for k, v in self.non_tensor_batch.items()}
             return DataProtoItem(batch=tensors, non_tensor_batch=values, meta_info=self.meta_info)

@@ -82,8 +82,10 @@ def rank_store(env: DistEnv) -> dist.TCPStore:
         )
     store = dist.TCPStore(env.master_addr, 0, env.world_size, is_master=True, timeout=default_pg_timeout,
                           wait_for_workers=False)
-    if env.world_size > 1:
-        announce_address(key, store.port)
+    if env.world_size > 1:  # publish `node-ip:port` for the driver and the other ranks
+        from ray.experimental.internal_kv import _internal_kv_put
+
+        _internal_kv_put(key, f"{node_address()}:{store.port}".encode(), overwrite=True)
     return store
 
 
@@ -107,14 +109,6 @@ def await_master(env: DistEnv, timeout_s: float = default_pg_timeout.total_secon
     return replace(env, master_addr=host, master_port=int(port))
 
 
-def announce_address(key: str, port: int) -> None:
-    """Rank 0 of a Ray group: publish `node-ip:port` under `key` for the driver."""
-    import ray
-    from ray.experimental.internal_kv import _internal_kv_put
-
-    _internal_kv_put(key, f"{ray.util.get_node_ip_address()}:{port}".encode(), overwrite=True)
-
-
 def node_address() -> str:
     """This node's address as its Ray cluster knows it (other nodes reach it there); 127.0.0.1 outside Ray."""
     ray = sys.modules.get("ray")
@@ -131,9 +125,7 @@ def await_address(key: str, rank0: Any, timeout_s: float = default_pg_timeout.to
 
     constructed = rank0.__ray_ready__.remote()
     deadline = time.monotonic() + timeout_s
-    while True:
-        if _internal_kv_get(key) is not None:
-            return
+    while _internal_kv_get(key) is None:
         finished, _ = ray.wait([constructed], timeout=0.05)
         if finished:
             ray.get(constructed)  # raises the constructor's error

@@ -82,16 +82,9 @@ class WorkerGroup:
         mode = get_dispatch_mode(spec.dispatch_mode)
         per_rank_args, per_rank_kwargs = mode.dispatch_fn(self, *args, **kwargs)
         ranks = [0] if spec.execute_mode is Execute.RANK_ZERO else range(self.world_size)
-        futures = [
-            self._submit(
-                rank,
-                role,
-                name,
-                tuple(a[rank] for a in per_rank_args),
-                {k: v[rank] for k, v in per_rank_kwargs.items()},
-            )
-            for rank in ranks
-        ]
+        futures = [self._submit(rank, role, name, tuple(a[rank] for a in per_rank_args),
+                                {k: v[rank] for k, v in per_rank_kwargs.items()})
+                   for rank in ranks]
         if spec.execute_mode is Execute.RANK_ZERO:
             return self.results(futures, name)[0] if spec.blocking else futures[0]
         if not spec.blocking:

@@ -241,12 +241,6 @@ class RLHFDataset(Dataset):
                                                   **self.config.apply_chat_template_kwargs)
         return text, False  # the chat template already placed its own special tokens
 
-    def _encode(self, index: int) -> tuple[list[int], str]:
-        row = self.rows[index]
-        text, add_special = self._prompt_text(row[self.config.prompt_key], self.origins[index])
-        ids = self.tokenizer(text, add_special_tokens=add_special)["input_ids"]
-        return list(ids), text
-
     def _check_rows(self, require_ground_truth: bool) -> None:
         """Raise one DataError listing the rows whose prompt (or required ground truth) is unusable."""
         key, problems = self.config.prompt_key, []
@@ -304,19 +298,20 @@ class RLHFDataset(Dataset):
         return len(self.rows)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        ids, text = self._encode(index)
-        ids = truncate(ids, self.config.max_prompt_length, self.config.truncation, self.origins[index])
+        row, key = self.rows[index], self.config.prompt_key
+        text, add_special = self._prompt_text(row[key], self.origins[index])
+        ids = truncate(list(self.tokenizer(text, add_special_tokens=add_special)["input_ids"]),
+                       self.config.max_prompt_length, self.config.truncation, self.origins[index])
         input_ids, attention_mask, position_ids = left_pad(ids, self.config.max_prompt_length,
                                                            self.pad_token_id)
-        item = {key: value for key, value in self.rows[index].items() if key != self.config.prompt_key}
+        item = {name: value for name, value in row.items() if name != key}
         item.update(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                     raw_prompt_ids=ids)
         if self.config.return_raw_chat:
-            prompt = self.rows[index][self.config.prompt_key]
-            item["raw_prompt"] = prompt if isinstance(prompt, str) else _clean_messages(prompt)
+            item["raw_prompt"] = row[key] if isinstance(row[key], str) else _clean_messages(row[key])
         if self.config.return_full_prompt:
             item["full_prompts"] = text
-        extra_info = self.rows[index].get("extra_info")
+        extra_info = row.get("extra_info")
         item["index"] = extra_info.get("index", 0) if isinstance(extra_info, Mapping) else 0
         return item
 

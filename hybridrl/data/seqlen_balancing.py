@@ -37,9 +37,8 @@ class _Partial:
 
     def merge(self, other: _Partial) -> _Partial:
         """Heaviest of self with lightest of other, and so on, so the spreads offset; reuses self's lists."""
-        paired = zip(self.parts, reversed(other.parts), strict=True)
         merged = []
-        for (sum_a, idx_a), (sum_b, idx_b) in paired:
+        for (sum_a, idx_a), (sum_b, idx_b) in zip(self.parts, reversed(other.parts), strict=True):
             idx_a.extend(idx_b)
             merged.append((sum_a + sum_b, idx_a))
         return _Partial(merged)

@@ -152,19 +152,15 @@ class SFTDataset(Dataset):
         self._encoded: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # index -> (ids, loss mask), unpadded
         self._encoded_tokens = 0
 
-    def chat_lengths(self) -> list[int]:
-        """Every chat's token count, tokenised in one batch."""
+    def _check_lengths(self) -> None:
+        """Under truncation="error", every chat must fit max_length (the chats tokenised in one batch)."""
         texts = [self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=False,
                                                     **self.template_kwargs) for chat in self.chats]
-        return [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
-
-    def _check_lengths(self) -> None:
-        """Under truncation="error", every chat must fit max_length."""
+        lengths = [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
         fix = "raise data.max_length, or set data.truncation=left (keep the end) or right (keep the start)"
         problems = [RowProblem(where, self.columns, f"the chat has {length} tokens, more than "
                                                     f"max_length={self.max_length}", fix)
-                    for where, length in zip(self.origins, self.chat_lengths(), strict=True)
-                    if length > self.max_length]
+                    for where, length in zip(self.origins, lengths, strict=True) if length > self.max_length]
         raise_if_any(problems, len(self.chats))
 
     def _warn_if_turns_lack_eos(self) -> None:
@@ -209,20 +205,11 @@ class SFTDataset(Dataset):
         if kept is not None:
             return kept
         ids, loss_mask = encode_chat(self.tokenizer, self.chats[index], **self.template_kwargs)
-        ids, loss_mask = self._fit(ids, loss_mask, index)
+        if len(ids) > self.max_length:  # truncation="error" refused longer chats in __init__
+            keep = slice(-self.max_length, None) if self.truncation == "left" else slice(0, self.max_length)
+            ids, loss_mask = ids[keep], loss_mask[keep]
         encoded = torch.tensor(ids, dtype=torch.int32), torch.tensor(loss_mask, dtype=torch.uint8)
         if self._encoded_tokens + len(ids) <= ENCODED_CACHE_TOKENS:
             self._encoded[index] = encoded
             self._encoded_tokens += len(ids)
         return encoded
-
-    def _fit(self, ids: list[int], loss_mask: list[int], index: int) -> tuple[list[int], list[int]]:
-        """Cut a chat longer than max_length as `truncation` says."""
-        if len(ids) <= self.max_length:
-            return ids, loss_mask
-        if self.truncation == "error":  # __init__ checked every chat's length already
-            raise ValueError(f"{self.origins[index]} has {len(ids)} tokens, more than "
-                             f"max_length={self.max_length}; raise max_length or set truncation='left' (keep "
-                             "the end) or 'right' (keep the start)")
-        keep = slice(-self.max_length, None) if self.truncation == "left" else slice(0, self.max_length)
-        return ids[keep], loss_mask[keep]

@@ -75,7 +75,7 @@ def format_metrics_table(data: Mapping[str, float], step: int, width: int = 110)
         shown = str(value) if isinstance(value, int) or not math.isfinite(value) else f"{value:.4g}"
         groups.setdefault(group, []).append((name, shown))
     group_width = max((len(g) for g in groups), default=0)
-    lines = [f"---- step {step} " + "-" * max(0, width - len(f"---- step {step} "))]
+    lines = [f"---- step {step} ".ljust(width, "-")]
     for group, entries in groups.items():
         name_width = max(len(name) for name, _ in entries)
         value_width = max(len(value) for _, value in entries)

@@ -140,7 +140,8 @@ def test_batched_prompt_lengths_match_each_item(tmp_path, tiny_tokenizer):
     strings = write(tmp_path / "strings.parquet", [{"prompt": "1 + 1 ="}, {"prompt": "a longer plain prompt"}])
     ds = RLHFDataset([chats, strings], tiny_tokenizer, {"max_prompt_length": 64, "truncation": "left"})
     # strings get the tokenizer's special tokens and chats only their template's: both ways agree per row
-    assert ds.prompt_lengths() == [len(ds._encode(i)[0]) for i in range(4)]
+    assert ds.prompt_lengths() == [len(ds[i]["raw_prompt_ids"]) for i in range(4)]
+    assert max(ds.prompt_lengths()) < 64  # no item was truncated
     assert ds.prompt_lengths()[0] == len(template_ids(tiny_tokenizer, "1+1")[0])
 
 
