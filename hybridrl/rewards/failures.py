@@ -38,8 +38,16 @@ class Status(str, enum.Enum):
     STALLED = "stalled"  # not run: every call of the batch so far timed out (the function hangs on every row)
 
 
-# the kinds counted against `reward_model.max_failure_share`
-COUNTED_FAILURES = (Status.ERROR, Status.CRASH, Status.TIMEOUT, Status.NON_FINITE, Status.WRONG_TYPE)
+# the kinds counted against `reward_model.max_failure_share`: their metric, and what the reward function did
+_KINDS: dict[Status, tuple[str, str]] = {
+    Status.ERROR: ("reward/errors", "raised"),
+    Status.CRASH: ("reward/crashes", "crashed its worker process"),
+    Status.TIMEOUT: ("reward/timeouts", "timed out (reward_model.reward_fn_timeout)"),
+    Status.NON_FINITE: ("reward/non_finite", "returned a non-finite score"),
+    Status.WRONG_TYPE: ("reward/wrong_type", "returned a value of the wrong type"),
+}
+COUNTED_FAILURES = tuple(_KINDS)
+METRIC_NAMES = {kind: metric for kind, (metric, _) in _KINDS.items()}
 
 
 @dataclasses.dataclass
@@ -138,16 +146,6 @@ def call_guarded(fn: Callable[..., Any], kwargs: Mapping[str, Any],
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_MAX_FAILURE_SHARE = 0.1
 FAILED_SCORE = 0.0
-
-# each counted kind of failure: its metric, and what the reward function did
-_KINDS: dict[Status, tuple[str, str]] = {
-    Status.ERROR: ("reward/errors", "raised"),
-    Status.CRASH: ("reward/crashes", "crashed its worker process"),
-    Status.TIMEOUT: ("reward/timeouts", "timed out (reward_model.reward_fn_timeout)"),
-    Status.NON_FINITE: ("reward/non_finite", "returned a non-finite score"),
-    Status.WRONG_TYPE: ("reward/wrong_type", "returned a value of the wrong type"),
-}
-METRIC_NAMES = {kind: metric for kind, (metric, _) in _KINDS.items()}
 
 
 @dataclasses.dataclass

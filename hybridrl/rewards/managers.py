@@ -1,16 +1,12 @@
 """Reward managers, by name (`reward_model.reward_manager`: naive, batch, prime, dapo): responses in, a
 (batch, response_len) score tensor out, zero but for each score on its row's last valid response token
-(verl's convention). Built from the config by `hybridrl.trainer.dataflow.load_reward_manager`.
-
-A user's reward function comes from a .py file (verl's `custom_reward_function`) with verl's signature,
-`compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs)`, returning a float or a
-dict with a `score` key (other keys become per-sample metrics), `reward_kwargs` bound
-(`hybridrl.utils.registry.load_custom_reward_function`).
+(verl's convention). Built from the config by `hybridrl.trainer.dataflow.load_reward_manager`; a user's
+reward function (verl's `custom_reward_function`, returning a float or a dict with a `score` key whose other
+keys become per-sample metrics) is loaded by `get_custom_reward_fn`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections import defaultdict
 from collections.abc import Callable, Mapping
@@ -68,7 +64,7 @@ def get_custom_reward_fn(config: Mapping[str, Any]) -> Callable[..., Any] | None
 REWARD_MANAGERS: Registry = Registry("reward manager")
 
 
-@dataclasses.dataclass
+@dataclass
 class OverlongBufferConfig(FreezableConfig):
     """`reward_model.overlong_buffer.*`: DAPO's soft overlong punishment (the one home of its defaults)."""
 
@@ -85,7 +81,7 @@ ROLLOUT_EXTRA_INFO = {"num_turns": "__num_turns__", "rollout_reward_scores": "re
                       "tool_rewards": "tool_rewards", "turn_scores": "turn_scores"}
 
 
-@dataclasses.dataclass
+@dataclass
 class DecodedRow:
     prompt_str: str
     response_str: str
@@ -196,15 +192,11 @@ class RewardManager:
         """Stop the worker processes (garbage collection also does)."""
         self.runner.close()
 
-    @staticmethod
-    def row_kwargs(row: DecodedRow) -> dict[str, Any]:
-        return {"data_source": row.data_source, "solution_str": row.response_str,
-                "ground_truth": row.ground_truth, "extra_info": row.extra_info}
-
     def score_rows(self, rows: list[DecodedRow]) -> list[Outcome]:
         """One Outcome per row, valued (score, extras) when ok; one call per row."""
-        limit = max_failures(self.max_failure_share, len(rows))
-        return self.runner.map([self.row_kwargs(row) for row in rows], limit)
+        calls = [{"data_source": row.data_source, "solution_str": row.response_str,
+                  "ground_truth": row.ground_truth, "extra_info": row.extra_info} for row in rows]
+        return self.runner.map(calls, max_failures(self.max_failure_share, len(rows)))
 
     def finish(self, row: DecodedRow, outcome: Outcome, score: float, extras: dict) -> tuple[float, dict]:
         """A row's final (score, extras), given its call's outcome (failed rows arrive as FAILED_SCORE)."""
