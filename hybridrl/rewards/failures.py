@@ -243,27 +243,22 @@ def raise_if_fatal(report: FailureReport, data_sources: Sequence[str]) -> None:
                              f"the run: {where}\n{outcome.traceback or ''}".rstrip())
 
 
-def raise_if_stalled(report: FailureReport, max_share: float, data_sources: Sequence[str],
-                     fix_hint: str) -> None:
-    """Stop the run when the pool gave up on a batch whose every call so far timed out."""
-    if not report.stalled:
-        return
-    timeouts = report.counts[Status.TIMEOUT]
-    row, outcome = report.first[Status.TIMEOUT]
-    raise RewardFailureError(
-        f"the reward function hangs: the first {timeouts} calls of this batch of {report.rows} rows all timed "
-        f"out and none returned, so the other {report.stalled} rows were not scored (waiting for "
-        f"reward_model.max_failure_share={max_share:g} of the rows to time out would have taken one "
-        f"reward_model.reward_fn_timeout per reward_fn_workers rows).\n"
-        f"First timeout, {describe(Status.TIMEOUT, row, outcome, data_sources)}\n"
-        f"{fix_hint}If its calls are only slow, raise reward_model.reward_fn_timeout; "
-        f"reward_model.max_failure_share=1.0 never stops the run (every hung row then costs a timeout)."
-    )
-
-
-def raise_if_over_share(report: FailureReport, max_share: float, data_sources: Sequence[str],
+def raise_if_over_limit(report: FailureReport, max_share: float, data_sources: Sequence[str],
                         fix_hint: str) -> None:
-    """Stop the run when the failed share of this pass exceeds `max_share`, naming the first failure."""
+    """Stop the run when the pool gave up on a batch whose every call so far timed out, or when the failed
+    share of this pass exceeds `max_share`; the message names the first failure."""
+    if report.stalled:
+        timeouts = report.counts[Status.TIMEOUT]
+        row, outcome = report.first[Status.TIMEOUT]
+        raise RewardFailureError(
+            f"the reward function hangs: the first {timeouts} calls of this batch of {report.rows} rows all "
+            f"timed out and none returned, so the other {report.stalled} rows were not scored (waiting for "
+            f"reward_model.max_failure_share={max_share:g} of the rows to time out would have taken one "
+            f"reward_model.reward_fn_timeout per reward_fn_workers rows).\n"
+            f"First timeout, {describe(Status.TIMEOUT, row, outcome, data_sources)}\n"
+            f"{fix_hint}If its calls are only slow, raise reward_model.reward_fn_timeout; "
+            f"reward_model.max_failure_share=1.0 never stops the run (every hung row then costs a timeout)."
+        )
     if report.share <= max_share:
         return
     counts = ", ".join(f"{METRIC_NAMES[k].split('/')[1]}={n}" for k, n in report.counts.items() if n)

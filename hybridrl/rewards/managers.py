@@ -27,8 +27,7 @@ from hybridrl.rewards.failures import (
     check_score,
     log_failures,
     raise_if_fatal,
-    raise_if_over_share,
-    raise_if_stalled,
+    raise_if_over_limit,
     zero_like,
 )
 from hybridrl.rewards.pool import make_runner
@@ -215,14 +214,15 @@ class RewardManager:
         raise_if_fatal(report, sources)
         log_failures(report, sources, type(self).__name__)
         fix_hint = f"Fix the reward function, {function_name(self.compute_score)}. "
-        raise_if_stalled(report, self.max_failure_share, sources, fix_hint)
-        raise_if_over_share(report, self.max_failure_share, sources, fix_hint)
+        raise_if_over_limit(report, self.max_failure_share, sources, fix_hint)
         results = self._results(rows, outcomes)
         reward_tensor = torch.zeros(data.batch["responses"].shape, dtype=torch.float32)  # (batch, R)
         for i, (row, (score, _)) in enumerate(zip(rows, results, strict=True)):
             if row.valid_response_length > 0:  # an empty response has no token to carry a score
                 reward_tensor[i, row.valid_response_length - 1] = score
-        extra_info = collect_extras([extras for _, extras in results])
+        # one column per key any row returned (None where a row lacks it)
+        keys = sorted({key for _, extras in results for key in extras})
+        extra_info = {key: [extras.get(key) for _, extras in results] for key in keys}
         self.print_examples(rows, [score for score, _ in results])
         if return_dict:
             return {"reward_tensor": reward_tensor, "reward_extra_info": extra_info,
@@ -256,12 +256,6 @@ class RewardManager:
             self.examined_prompts.add(key)
             print(f"[data_source] {row.data_source}\n[prompt] {row.prompt_str}\n[response] {row.response_str}\n"
                   f"[ground_truth] {row.ground_truth}\n[score] {score}")
-
-
-def collect_extras(per_row: list[dict]) -> dict[str, list]:
-    """Row dicts -> column lists of equal length (None where a row lacks a key)."""
-    keys = sorted({key for extras in per_row for key in extras})
-    return {key: [extras.get(key) for extras in per_row] for key in keys}
 
 
 @REWARD_MANAGERS.register("naive")

@@ -238,7 +238,6 @@ class _Run:
         return fields
 
 
-
 def _classify(verdict: str | None, fields: dict, stderr: str, limits: SandboxLimits) -> str:
     if verdict:
         return verdict

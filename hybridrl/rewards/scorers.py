@@ -293,21 +293,6 @@ print(_hrl_json.dumps(_hrl_fn(*_hrl_args)))
 """
 
 
-def extract_code(solution_str: str) -> str:
-    """The last fenced code block, or the whole response when it has none."""
-    blocks = _FENCE.findall(solution_str)
-    return blocks[-1] if blocks else solution_str
-
-
-def parse_tests(ground_truth: Any) -> dict:
-    tests = json.loads(ground_truth) if isinstance(ground_truth, (str, bytes)) else ground_truth
-    if not isinstance(tests, Mapping) or "inputs" not in tests or "outputs" not in tests:
-        raise ValueError("code ground_truth must be a dict (or JSON string) with 'inputs' and 'outputs' lists")
-    if len(tests["inputs"]) != len(tests["outputs"]):
-        raise ValueError(f"code ground_truth has {len(tests['inputs'])} inputs but {len(tests['outputs'])} outputs")
-    return dict(tests)
-
-
 def _stdio_passed(result: SandboxResult, expected: Any) -> bool:
     expected = "\n".join(expected) if isinstance(expected, list) else str(expected)
     return result.status == "ok" and result.stdout.split() == expected.split()
@@ -344,10 +329,15 @@ def code_score(solution_str: str, ground_truth: Any, continuous: bool = True,
     `inputs` and `outputs` (dict or JSON): stdin -> stdout compared token by token, or with `fn_name` the
     arguments of that function (or `Solution` method) -> its JSON return value. Raises
     SandboxUnavailableError, never scores, where the sandbox cannot run programs."""
-    tests = parse_tests(ground_truth)
+    tests = json.loads(ground_truth) if isinstance(ground_truth, (str, bytes)) else ground_truth
+    if not isinstance(tests, Mapping) or "inputs" not in tests or "outputs" not in tests:
+        raise ValueError("code ground_truth must be a dict (or JSON string) with 'inputs' and 'outputs' lists")
+    if len(tests["inputs"]) != len(tests["outputs"]):
+        raise ValueError(f"code ground_truth has {len(tests['inputs'])} inputs but {len(tests['outputs'])} outputs")
     if not tests["inputs"]:
         raise ValueError("code ground_truth has no test cases")
-    passed = run_tests(extract_code(solution_str), tests, sandbox_limits)
+    blocks = _FENCE.findall(solution_str)  # the last fenced code block, else the whole response
+    passed = run_tests(blocks[-1] if blocks else solution_str, tests, sandbox_limits)
     if continuous:
         return sum(passed) / len(passed)
     return 1.0 if all(passed) else 0.0
