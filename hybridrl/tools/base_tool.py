@@ -4,14 +4,12 @@ cycle, the OpenAI function-tool schemas, `@function_tool`, and a run's tools fro
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import importlib
 import importlib.util
 import inspect
 import json
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
@@ -131,7 +129,7 @@ class ToolResponse:
     video: Any = None
 
     def model_dump(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return asdict(self)
 
 
 class BaseTool:
@@ -180,7 +178,6 @@ SPEC_ATTRIBUTE = "function_tool_spec"
 class FunctionToolSpec:
     """What `@function_tool` records on a function."""
 
-    name: str
     fn: Callable[..., Any]
     schema: OpenAIFunctionToolSchema
 
@@ -208,7 +205,7 @@ def function_tool(name: str | Callable[..., Any] | None = None, *,
         tool_name = tool_name or fn.__name__
         built = OpenAIFunctionToolSchema.model_validate(schema) if schema is not None \
             else schema_from_function(fn, tool_name)
-        setattr(fn, SPEC_ATTRIBUTE, FunctionToolSpec(tool_name, fn, built))
+        setattr(fn, SPEC_ATTRIBUTE, FunctionToolSpec(fn, built))
         return fn
 
     if callable(name):  # bare @function_tool
