@@ -109,13 +109,15 @@ def check_batch_scores(value: Any, kwargs: Mapping[str, Any]) -> list[Outcome]:
     if len(value) != rows:
         raise InvalidRewardValue(Status.WRONG_TYPE, f"the batched reward function returned {len(value)} "
                                  f"results for {rows} responses")
-    outcomes = []
-    for item in value:
-        try:
-            outcomes.append(Outcome(Status.OK, check_score(item)))
-        except InvalidRewardValue as err:
-            outcomes.append(Outcome(err.status, error=str(err)))
-    return outcomes
+    return [_checked(check_score, item) for item in value]
+
+
+def _checked(check: Callable[..., Any], *args: Any) -> Outcome:
+    """`check(*args)` as an ok Outcome, or as the wrong-type or non-finite one it found."""
+    try:
+        return Outcome(Status.OK, check(*args))
+    except InvalidRewardValue as err:
+        return Outcome(err.status, error=str(err))
 
 
 def _traceback_text(err: BaseException) -> str:
@@ -136,10 +138,7 @@ def call_guarded(fn: Callable[..., Any], kwargs: Mapping[str, Any],
                        exception=pickled)
     except (Exception, SystemExit) as err:  # sys.exit() in a scorer fails its row, never the run
         return Outcome(Status.ERROR, error=f"{type(err).__name__}: {err}", traceback=_traceback_text(err))
-    try:
-        return Outcome(Status.OK, check(value, kwargs))
-    except InvalidRewardValue as err:
-        return Outcome(err.status, error=str(err))
+    return _checked(check, value, kwargs)
 
 
 # the one home of these defaults (`reward_model.*` and the managers read them)
