@@ -215,14 +215,12 @@ def function_tool(name: str | Callable[..., Any] | None = None, *,
 
 def tool_result(value: Any, where: str) -> tuple[ToolResponse, float, dict]:
     """A function's return value as (response, reward, metrics)."""
-    if isinstance(value, tuple):
-        if not 1 <= len(value) <= 3:
-            raise TypeError(f"{where} returned a tuple of {len(value)} items; return (response,), "
-                            f"(response, reward) or (response, reward, metrics)")
-        reward = 0.0 if len(value) < 2 or value[1] is None else float(value[1])
-        metrics = {} if len(value) < 3 or value[2] is None else dict(value[2])
-        return _as_response(value[0]), reward, metrics
-    return _as_response(value), 0.0, {}
+    items = value if isinstance(value, tuple) else (value,)
+    if not 1 <= len(items) <= 3:
+        raise TypeError(f"{where} returned a tuple of {len(items)} items; return (response,), "
+                        f"(response, reward) or (response, reward, metrics)")
+    response, reward, metrics = (*items, None, None)[:3]  # a missing or None reward is 0.0, metrics {}
+    return _as_response(response), float(reward or 0.0), dict(metrics or {})
 
 
 def _as_response(value: Any) -> ToolResponse:
