@@ -2,6 +2,7 @@
 root it unshares the namespaces and forks the init (PID 1, whose exit kills every process left), which
 builds the filesystem and forks the solution; both report as JSON lines on the status fd (SANDBOX.md)."""
 
+import contextlib
 import ctypes
 import json
 import os
@@ -178,14 +179,6 @@ def _remove_files_of(uid, directories, keep):
                 continue
 
 
-def _reap_all_children():
-    while True:
-        try:
-            os.waitpid(-1, 0)
-        except ChildProcessError:
-            return
-
-
 def main():
     cfg = json.loads(sys.argv[1])
     if "kill_uid" in cfg:  # the host's fallback when it had to kill this launcher before it cleaned up
@@ -207,7 +200,9 @@ def main():
     os.waitpid(pid, 0)  # the init reports the solution's status itself
     if not entered.get("pid"):
         kill_uid(cfg["uid"])
-        _reap_all_children()
+        with contextlib.suppress(ChildProcessError):  # reap them all
+            while True:
+                os.waitpid(-1, 0)
     if not entered.get("mount"):
         _remove_files_of(cfg["uid"], cfg["hidden_paths"], keep=cfg["workdir"])
     return 0

@@ -38,8 +38,16 @@ class Status(str, enum.Enum):
     STALLED = "stalled"  # not run: every call of the batch so far timed out (the function hangs on every row)
 
 
-# the kinds counted against `reward_model.max_failure_share`
-COUNTED_FAILURES = (Status.ERROR, Status.CRASH, Status.TIMEOUT, Status.NON_FINITE, Status.WRONG_TYPE)
+# the kinds counted against `reward_model.max_failure_share`: their metric, and what the reward function did
+_KINDS: dict[Status, tuple[str, str]] = {
+    Status.ERROR: ("reward/errors", "raised"),
+    Status.CRASH: ("reward/crashes", "crashed its worker process"),
+    Status.TIMEOUT: ("reward/timeouts", "timed out (reward_model.reward_fn_timeout)"),
+    Status.NON_FINITE: ("reward/non_finite", "returned a non-finite score"),
+    Status.WRONG_TYPE: ("reward/wrong_type", "returned a value of the wrong type"),
+}
+COUNTED_FAILURES = tuple(_KINDS)
+METRIC_NAMES = {kind: metric for kind, (metric, _) in _KINDS.items()}
 
 
 @dataclasses.dataclass
@@ -101,13 +109,15 @@ def check_batch_scores(value: Any, kwargs: Mapping[str, Any]) -> list[Outcome]:
     if len(value) != rows:
         raise InvalidRewardValue(Status.WRONG_TYPE, f"the batched reward function returned {len(value)} "
                                  f"results for {rows} responses")
-    outcomes = []
-    for item in value:
-        try:
-            outcomes.append(Outcome(Status.OK, check_score(item)))
-        except InvalidRewardValue as err:
-            outcomes.append(Outcome(err.status, error=str(err)))
-    return outcomes
+    return [_checked(check_score, item) for item in value]
+
+
+def _checked(check: Callable[..., Any], *args: Any) -> Outcome:
+    """`check(*args)` as an ok Outcome, or as the wrong-type or non-finite one it found."""
+    try:
+        return Outcome(Status.OK, check(*args))
+    except InvalidRewardValue as err:
+        return Outcome(err.status, error=str(err))
 
 
 def _traceback_text(err: BaseException) -> str:
@@ -128,26 +138,13 @@ def call_guarded(fn: Callable[..., Any], kwargs: Mapping[str, Any],
                        exception=pickled)
     except (Exception, SystemExit) as err:  # sys.exit() in a scorer fails its row, never the run
         return Outcome(Status.ERROR, error=f"{type(err).__name__}: {err}", traceback=_traceback_text(err))
-    try:
-        return Outcome(Status.OK, check(value, kwargs))
-    except InvalidRewardValue as err:
-        return Outcome(err.status, error=str(err))
+    return _checked(check, value, kwargs)
 
 
 # the one home of these defaults (`reward_model.*` and the managers read them)
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_MAX_FAILURE_SHARE = 0.1
 FAILED_SCORE = 0.0
-
-# each counted kind of failure: its metric, and what the reward function did
-_KINDS: dict[Status, tuple[str, str]] = {
-    Status.ERROR: ("reward/errors", "raised"),
-    Status.CRASH: ("reward/crashes", "crashed its worker process"),
-    Status.TIMEOUT: ("reward/timeouts", "timed out (reward_model.reward_fn_timeout)"),
-    Status.NON_FINITE: ("reward/non_finite", "returned a non-finite score"),
-    Status.WRONG_TYPE: ("reward/wrong_type", "returned a value of the wrong type"),
-}
-METRIC_NAMES = {kind: metric for kind, (metric, _) in _KINDS.items()}
 
 
 @dataclasses.dataclass
@@ -245,27 +242,22 @@ def raise_if_fatal(report: FailureReport, data_sources: Sequence[str]) -> None:
                              f"the run: {where}\n{outcome.traceback or ''}".rstrip())
 
 
-def raise_if_stalled(report: FailureReport, max_share: float, data_sources: Sequence[str],
-                     fix_hint: str) -> None:
-    """Stop the run when the pool gave up on a batch whose every call so far timed out."""
-    if not report.stalled:
-        return
-    timeouts = report.counts[Status.TIMEOUT]
-    row, outcome = report.first[Status.TIMEOUT]
-    raise RewardFailureError(
-        f"the reward function hangs: the first {timeouts} calls of this batch of {report.rows} rows all timed "
-        f"out and none returned, so the other {report.stalled} rows were not scored (waiting for "
-        f"reward_model.max_failure_share={max_share:g} of the rows to time out would have taken one "
-        f"reward_model.reward_fn_timeout per reward_fn_workers rows).\n"
-        f"First timeout, {describe(Status.TIMEOUT, row, outcome, data_sources)}\n"
-        f"{fix_hint}If its calls are only slow, raise reward_model.reward_fn_timeout; "
-        f"reward_model.max_failure_share=1.0 never stops the run (every hung row then costs a timeout)."
-    )
-
-
-def raise_if_over_share(report: FailureReport, max_share: float, data_sources: Sequence[str],
+def raise_if_over_limit(report: FailureReport, max_share: float, data_sources: Sequence[str],
                         fix_hint: str) -> None:
-    """Stop the run when the failed share of this pass exceeds `max_share`, naming the first failure."""
+    """Stop the run when the pool gave up on a batch whose every call so far timed out, or when the failed
+    share of this pass exceeds `max_share`; the message names the first failure."""
+    if report.stalled:
+        timeouts = report.counts[Status.TIMEOUT]
+        row, outcome = report.first[Status.TIMEOUT]
+        raise RewardFailureError(
+            f"the reward function hangs: the first {timeouts} calls of this batch of {report.rows} rows all "
+            f"timed out and none returned, so the other {report.stalled} rows were not scored (waiting for "
+            f"reward_model.max_failure_share={max_share:g} of the rows to time out would have taken one "
+            f"reward_model.reward_fn_timeout per reward_fn_workers rows).\n"
+            f"First timeout, {describe(Status.TIMEOUT, row, outcome, data_sources)}\n"
+            f"{fix_hint}If its calls are only slow, raise reward_model.reward_fn_timeout; "
+            f"reward_model.max_failure_share=1.0 never stops the run (every hung row then costs a timeout)."
+        )
     if report.share <= max_share:
         return
     counts = ", ".join(f"{METRIC_NAMES[k].split('/')[1]}={n}" for k, n in report.counts.items() if n)

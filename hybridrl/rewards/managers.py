@@ -1,16 +1,12 @@
 """Reward managers, by name (`reward_model.reward_manager`: naive, batch, prime, dapo): responses in, a
 (batch, response_len) score tensor out, zero but for each score on its row's last valid response token
-(verl's convention). Built from the config by `hybridrl.trainer.dataflow.load_reward_manager`.
-
-A user's reward function comes from a .py file (verl's `custom_reward_function`) with verl's signature,
-`compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs)`, returning a float or a
-dict with a `score` key (other keys become per-sample metrics), `reward_kwargs` bound
-(`hybridrl.utils.registry.load_custom_reward_function`).
+(verl's convention). Built from the config by `hybridrl.trainer.dataflow.load_reward_manager`; a user's
+reward function (verl's `custom_reward_function`, returning a float or a dict with a `score` key whose other
+keys become per-sample metrics) is loaded by `get_custom_reward_fn`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections import defaultdict
 from collections.abc import Callable, Mapping
@@ -31,8 +27,7 @@ from hybridrl.rewards.failures import (
     check_score,
     log_failures,
     raise_if_fatal,
-    raise_if_over_share,
-    raise_if_stalled,
+    raise_if_over_limit,
     zero_like,
 )
 from hybridrl.rewards.pool import make_runner
@@ -68,7 +63,7 @@ def get_custom_reward_fn(config: Mapping[str, Any]) -> Callable[..., Any] | None
 REWARD_MANAGERS: Registry = Registry("reward manager")
 
 
-@dataclasses.dataclass
+@dataclass
 class OverlongBufferConfig(FreezableConfig):
     """`reward_model.overlong_buffer.*`: DAPO's soft overlong punishment (the one home of its defaults)."""
 
@@ -85,7 +80,7 @@ ROLLOUT_EXTRA_INFO = {"num_turns": "__num_turns__", "rollout_reward_scores": "re
                       "tool_rewards": "tool_rewards", "turn_scores": "turn_scores"}
 
 
-@dataclasses.dataclass
+@dataclass
 class DecodedRow:
     prompt_str: str
     response_str: str
@@ -196,15 +191,11 @@ class RewardManager:
         """Stop the worker processes (garbage collection also does)."""
         self.runner.close()
 
-    @staticmethod
-    def row_kwargs(row: DecodedRow) -> dict[str, Any]:
-        return {"data_source": row.data_source, "solution_str": row.response_str,
-                "ground_truth": row.ground_truth, "extra_info": row.extra_info}
-
     def score_rows(self, rows: list[DecodedRow]) -> list[Outcome]:
         """One Outcome per row, valued (score, extras) when ok; one call per row."""
-        limit = max_failures(self.max_failure_share, len(rows))
-        return self.runner.map([self.row_kwargs(row) for row in rows], limit)
+        calls = [{"data_source": row.data_source, "solution_str": row.response_str,
+                  "ground_truth": row.ground_truth, "extra_info": row.extra_info} for row in rows]
+        return self.runner.map(calls, max_failures(self.max_failure_share, len(rows)))
 
     def finish(self, row: DecodedRow, outcome: Outcome, score: float, extras: dict) -> tuple[float, dict]:
         """A row's final (score, extras), given its call's outcome (failed rows arrive as FAILED_SCORE)."""
@@ -223,14 +214,15 @@ class RewardManager:
         raise_if_fatal(report, sources)
         log_failures(report, sources, type(self).__name__)
         fix_hint = f"Fix the reward function, {function_name(self.compute_score)}. "
-        raise_if_stalled(report, self.max_failure_share, sources, fix_hint)
-        raise_if_over_share(report, self.max_failure_share, sources, fix_hint)
+        raise_if_over_limit(report, self.max_failure_share, sources, fix_hint)
         results = self._results(rows, outcomes)
         reward_tensor = torch.zeros(data.batch["responses"].shape, dtype=torch.float32)  # (batch, R)
         for i, (row, (score, _)) in enumerate(zip(rows, results, strict=True)):
             if row.valid_response_length > 0:  # an empty response has no token to carry a score
                 reward_tensor[i, row.valid_response_length - 1] = score
-        extra_info = collect_extras([extras for _, extras in results])
+        # one column per key any row returned (None where a row lacks it)
+        keys = sorted({key for _, extras in results for key in extras})
+        extra_info = {key: [extras.get(key) for _, extras in results] for key in keys}
         self.print_examples(rows, [score for score, _ in results])
         if return_dict:
             return {"reward_tensor": reward_tensor, "reward_extra_info": extra_info,
@@ -264,12 +256,6 @@ class RewardManager:
             self.examined_prompts.add(key)
             print(f"[data_source] {row.data_source}\n[prompt] {row.prompt_str}\n[response] {row.response_str}\n"
                   f"[ground_truth] {row.ground_truth}\n[score] {score}")
-
-
-def collect_extras(per_row: list[dict]) -> dict[str, list]:
-    """Row dicts -> column lists of equal length (None where a row lacks a key)."""
-    keys = sorted({key for extras in per_row for key in extras})
-    return {key: [extras.get(key) for extras in per_row] for key in keys}
 
 
 @REWARD_MANAGERS.register("naive")

@@ -218,7 +218,7 @@ class RewardPool:
         stoppable = max_failures is not None and max_failures < len(kwargs_list)
         failures = ended = 0
         returned = False  # has any call of this batch ended other than by a timeout?
-        while todo or any(w.state is WorkerState.BUSY for w in self._live()):
+        while todo or any(w is not None and w.state is WorkerState.BUSY for w in self._workers):
             for slot, w in enumerate(self._workers):
                 if w is not None and w.state is WorkerState.IDLE and todo:
                     index = todo.popleft()
@@ -251,12 +251,9 @@ class RewardPool:
         """First calls of a batch that must all time out to stop it as hung: one per worker, at least two."""
         return max(2, self.num_workers)
 
-    def _live(self) -> list[_Worker]:
-        return [w for w in self._workers if w is not None]
-
     def _wait(self) -> None:
         """Sleep until a worker has something to say, dies, or reaches its deadline."""
-        waiting = [w for w in self._live() if w.state is not WorkerState.IDLE]
+        waiting = [w for w in self._workers if w is not None and w.state is not WorkerState.IDLE]
         if not waiting:
             return
         deadline = min(w.started + (self.timeout if w.state is WorkerState.BUSY else STARTUP_TIMEOUT_S)

@@ -203,17 +203,12 @@ class _Run:
                     continue
                 self.out[key.data] += chunk
                 if key.data == "status":
-                    self._note_child_pid()
+                    self.child_pid = self.status_fields().get("child_pid")
                 elif len(self.out["stdout"]) + len(self.out["stderr"]) > self.limits.output_bytes:
                     verdict = verdict or "output_limit"
                     self.kill()
         sel.close()
         return verdict
-
-    def _note_child_pid(self) -> None:
-        for line in self.out["status"].decode(errors="replace").splitlines():
-            if line.startswith("{") and line.endswith("}") and '"child_pid"' in line:
-                self.child_pid = json.loads(line)["child_pid"]
 
     def kill(self) -> None:
         """Kill the sandbox's PID 1, taking its PID namespace down (the launcher still waits on it, so the pid
@@ -231,12 +226,12 @@ class _Run:
             os.killpg(self.proc.pid, signal.SIGKILL)
 
     def status_fields(self) -> dict:
+        """The launcher's JSON status lines, merged (a line still being written is left out)."""
         fields: dict = {}
         for line in self.out["status"].decode(errors="replace").splitlines():
-            if line.strip():
+            if line.startswith("{") and line.endswith("}"):
                 fields.update(json.loads(line))
         return fields
-
 
 
 def _classify(verdict: str | None, fields: dict, stderr: str, limits: SandboxLimits) -> str:

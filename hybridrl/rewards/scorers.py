@@ -57,15 +57,20 @@ def arithmetic_score(solution_str: str, ground_truth: str | int, format_score: f
 
 # longer expressions cannot be legitimate for a handful of numbers
 _MAX_EXPR_CHARS = 512
-# Fraction division; its ZeroDivisionError is caught by countdown_score
-_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+# exact Fraction arithmetic: the countdown allows the first four, the calculator tool (hybridrl/tools) all
+_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_COUNTDOWN_OPS = (ast.Add, ast.Sub, ast.Mult, ast.Div)
+MAX_EXPONENT = 64
+MAX_BITS = 4096  # an operand this large ends the evaluation, so each ** stays cheap
 
 
 class InvalidExpression(ValueError):
-    """The answer is not an expression over integer literals with + - * / and parentheses."""
+    """The expression has something `evaluate` (or the countdown's `parse_expression`) does not allow."""
 
 
 def parse_expression(expr: str) -> ast.Expression:
+    """A countdown answer's tree: integer literals with + - * / and parentheses only."""
     if len(expr) > _MAX_EXPR_CHARS:
         raise InvalidExpression(f"expression longer than {_MAX_EXPR_CHARS} characters")
     try:
@@ -73,8 +78,7 @@ def parse_expression(expr: str) -> ast.Expression:
     except SyntaxError as err:
         raise InvalidExpression(f"not an arithmetic expression: {err.msg}") from None
     for node in ast.walk(tree):
-        allowed = isinstance(node, (ast.Expression, ast.BinOp, ast.UnaryOp, ast.USub, ast.UAdd))
-        allowed |= type(node) in _BINOPS
+        allowed = isinstance(node, (ast.Expression, ast.BinOp, ast.UnaryOp, ast.USub, ast.UAdd, *_COUNTDOWN_OPS))
         allowed |= isinstance(node, ast.Constant) and type(node.value) is int
         if not allowed:
             raise InvalidExpression(f"{type(node).__name__} is not allowed (only + - * / and integers)")
@@ -87,17 +91,27 @@ def literals(tree: ast.Expression) -> list[int]:
 
 
 def evaluate(node: ast.AST) -> Fraction:
-    """Exact value of a tree already checked by `parse_expression`."""
+    """Exact value of numbers, unary + - and `_BINOPS` in parentheses. Raises InvalidExpression on anything
+    else, a zero divisor, an exponent that is not an integer of at most MAX_EXPONENT, or a value over MAX_BITS."""
     if isinstance(node, ast.Expression):
         return evaluate(node.body)
-    if isinstance(node, ast.Constant):
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
         return Fraction(node.value)
-    if isinstance(node, ast.UnaryOp):
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.UAdd, ast.USub)):
         value = evaluate(node.operand)
         return -value if isinstance(node.op, ast.USub) else value
-    if isinstance(node, ast.BinOp):
-        return _BINOPS[type(node.op)](evaluate(node.left), evaluate(node.right))
-    raise InvalidExpression(f"unexpected node {type(node).__name__}")
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        left, right = evaluate(node.left), evaluate(node.right)
+        if isinstance(node.op, ast.Pow) and (right.denominator != 1 or abs(right) > MAX_EXPONENT):
+            raise InvalidExpression(f"exponents must be integers of at most {MAX_EXPONENT} in size")
+        if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and right == 0:
+            raise InvalidExpression("division by zero")
+        value = Fraction(_BINOPS[type(node.op)](left, right))
+        if max(value.numerator.bit_length(), value.denominator.bit_length()) > MAX_BITS:
+            raise InvalidExpression(f"an intermediate value has more than {MAX_BITS} bits")
+        return value
+    raise InvalidExpression(f"unsupported element {ast.dump(node)[:60]}; use numbers, + - * / // % ** and "
+                            f"parentheses")
 
 
 def uses_numbers(used: list[int], available: list[int], number_use: str) -> bool:
@@ -127,7 +141,7 @@ def countdown_score(solution_str: str, ground_truth: Mapping, format_score: floa
         if not uses_numbers(literals(tree), numbers, number_use):
             return format_score
         return score if evaluate(tree) == target else format_score
-    except (InvalidExpression, ZeroDivisionError, RecursionError):
+    except (InvalidExpression, RecursionError):
         return format_score
 
 
@@ -279,21 +293,6 @@ print(_hrl_json.dumps(_hrl_fn(*_hrl_args)))
 """
 
 
-def extract_code(solution_str: str) -> str:
-    """The last fenced code block, or the whole response when it has none."""
-    blocks = _FENCE.findall(solution_str)
-    return blocks[-1] if blocks else solution_str
-
-
-def parse_tests(ground_truth: Any) -> dict:
-    tests = json.loads(ground_truth) if isinstance(ground_truth, (str, bytes)) else ground_truth
-    if not isinstance(tests, Mapping) or "inputs" not in tests or "outputs" not in tests:
-        raise ValueError("code ground_truth must be a dict (or JSON string) with 'inputs' and 'outputs' lists")
-    if len(tests["inputs"]) != len(tests["outputs"]):
-        raise ValueError(f"code ground_truth has {len(tests['inputs'])} inputs but {len(tests['outputs'])} outputs")
-    return dict(tests)
-
-
 def _stdio_passed(result: SandboxResult, expected: Any) -> bool:
     expected = "\n".join(expected) if isinstance(expected, list) else str(expected)
     return result.status == "ok" and result.stdout.split() == expected.split()
@@ -330,10 +329,15 @@ def code_score(solution_str: str, ground_truth: Any, continuous: bool = True,
     `inputs` and `outputs` (dict or JSON): stdin -> stdout compared token by token, or with `fn_name` the
     arguments of that function (or `Solution` method) -> its JSON return value. Raises
     SandboxUnavailableError, never scores, where the sandbox cannot run programs."""
-    tests = parse_tests(ground_truth)
+    tests = json.loads(ground_truth) if isinstance(ground_truth, (str, bytes)) else ground_truth
+    if not isinstance(tests, Mapping) or "inputs" not in tests or "outputs" not in tests:
+        raise ValueError("code ground_truth must be a dict (or JSON string) with 'inputs' and 'outputs' lists")
+    if len(tests["inputs"]) != len(tests["outputs"]):
+        raise ValueError(f"code ground_truth has {len(tests['inputs'])} inputs but {len(tests['outputs'])} outputs")
     if not tests["inputs"]:
         raise ValueError("code ground_truth has no test cases")
-    passed = run_tests(extract_code(solution_str), tests, sandbox_limits)
+    blocks = _FENCE.findall(solution_str)  # the last fenced code block, else the whole response
+    passed = run_tests(blocks[-1] if blocks else solution_str, tests, sandbox_limits)
     if continuous:
         return sum(passed) / len(passed)
     return 1.0 if all(passed) else 0.0
@@ -361,10 +365,6 @@ class UnknownDataSourceError(RewardFunctionFatalError, NotImplementedError):
     """No built-in scorer for a data source: a setup error that stops the run (verl's NotImplementedError)."""
 
 
-def known_sources() -> list[str]:
-    return sorted(_SOURCES) + [f"{prefix}*" for prefix in sorted(_PREFIXES)]
-
-
 def scorer_name(data_source: str) -> str:
     """The key in `SCORERS` of the scorer of `data_source`."""
     if data_source in _SOURCES:
@@ -372,8 +372,9 @@ def scorer_name(data_source: str) -> str:
     for prefix, name in _PREFIXES.items():
         if data_source.startswith(prefix):
             return name
+    known = sorted(_SOURCES) + [f"{prefix}*" for prefix in sorted(_PREFIXES)]
     raise UnknownDataSourceError(f"no built-in reward function for data_source={data_source!r}. Known "
-                                 f"sources: {', '.join(known_sources())}. For another source set "
+                                 f"sources: {', '.join(known)}. For another source set "
                                  "custom_reward_function.path (and .name) to a file defining "
                                  "compute_score(data_source, solution_str, ground_truth, extra_info=None).")
 

@@ -4,14 +4,12 @@ cycle, the OpenAI function-tool schemas, `@function_tool`, and a run's tools fro
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import importlib
 import importlib.util
 import inspect
 import json
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
@@ -131,7 +129,7 @@ class ToolResponse:
     video: Any = None
 
     def model_dump(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return asdict(self)
 
 
 class BaseTool:
@@ -180,7 +178,6 @@ SPEC_ATTRIBUTE = "function_tool_spec"
 class FunctionToolSpec:
     """What `@function_tool` records on a function."""
 
-    name: str
     fn: Callable[..., Any]
     schema: OpenAIFunctionToolSchema
 
@@ -208,7 +205,7 @@ def function_tool(name: str | Callable[..., Any] | None = None, *,
         tool_name = tool_name or fn.__name__
         built = OpenAIFunctionToolSchema.model_validate(schema) if schema is not None \
             else schema_from_function(fn, tool_name)
-        setattr(fn, SPEC_ATTRIBUTE, FunctionToolSpec(tool_name, fn, built))
+        setattr(fn, SPEC_ATTRIBUTE, FunctionToolSpec(fn, built))
         return fn
 
     if callable(name):  # bare @function_tool
@@ -218,14 +215,12 @@ def function_tool(name: str | Callable[..., Any] | None = None, *,
 
 def tool_result(value: Any, where: str) -> tuple[ToolResponse, float, dict]:
     """A function's return value as (response, reward, metrics)."""
-    if isinstance(value, tuple):
-        if not 1 <= len(value) <= 3:
-            raise TypeError(f"{where} returned a tuple of {len(value)} items; return (response,), "
-                            f"(response, reward) or (response, reward, metrics)")
-        reward = 0.0 if len(value) < 2 or value[1] is None else float(value[1])
-        metrics = {} if len(value) < 3 or value[2] is None else dict(value[2])
-        return _as_response(value[0]), reward, metrics
-    return _as_response(value), 0.0, {}
+    items = value if isinstance(value, tuple) else (value,)
+    if not 1 <= len(items) <= 3:
+        raise TypeError(f"{where} returned a tuple of {len(items)} items; return (response,), "
+                        f"(response, reward) or (response, reward, metrics)")
+    response, reward, metrics = (*items, None, None)[:3]  # a missing or None reward is 0.0, metrics {}
+    return _as_response(response), float(reward or 0.0), dict(metrics or {})
 
 
 def _as_response(value: Any) -> ToolResponse:

@@ -6,11 +6,10 @@ from __future__ import annotations
 import ast
 import asyncio
 import dataclasses
-import operator
-from fractions import Fraction
 from typing import Any
 
 from hybridrl.rewards.sandbox import SandboxLimits, require_sandbox, run_code
+from hybridrl.rewards.scorers import evaluate as evaluate_tree
 from hybridrl.tools.base_tool import BaseTool, OpenAIFunctionToolSchema, ToolResponse
 
 
@@ -21,31 +20,7 @@ def _schema(name: str, description: str, parameter: str, about: str) -> OpenAIFu
     return OpenAIFunctionToolSchema.model_validate({"type": "function", "function": function})
 
 
-MAX_EXPONENT = 64
-MAX_BITS = 4096  # an operand this large ends the evaluation, so each ** stays cheap
 MAX_LENGTH = 200  # characters of expression
-
-_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
-_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
-
-
-def _eval(node: ast.AST) -> Fraction:
-    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
-        return Fraction(node.value)
-    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
-        return _UNARY[type(node.op)](_eval(node.operand))
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-        left, right = _eval(node.left), _eval(node.right)
-        if isinstance(node.op, ast.Pow) and (right.denominator != 1 or abs(right) > MAX_EXPONENT):
-            raise ValueError(f"exponents must be integers of at most {MAX_EXPONENT} in size")
-        if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and right == 0:
-            raise ValueError("division by zero")
-        value = Fraction(_BINARY[type(node.op)](left, right))
-        if max(value.numerator.bit_length(), value.denominator.bit_length()) > MAX_BITS:
-            raise ValueError(f"an intermediate value has more than {MAX_BITS} bits")
-        return value
-    raise ValueError(f"unsupported element {ast.dump(node)[:60]}; use numbers, + - * / // % ** and parentheses")
 
 
 def evaluate(expression: str) -> str:
@@ -58,7 +33,7 @@ def evaluate(expression: str) -> str:
         tree = ast.parse(expression.strip(), mode="eval")
     except SyntaxError as err:
         raise ValueError(f"cannot parse {expression!r}: {err.msg}") from None
-    value = _eval(tree.body)
+    value = evaluate_tree(tree.body)
     return str(value.numerator) if value.denominator == 1 else repr(float(value))
 
 
