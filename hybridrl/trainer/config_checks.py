@@ -82,11 +82,10 @@ def _check_placement(config: PPOTrainerConfig) -> None:
              f"trainer.resume_mode must be auto, disable or resume_path, got {t.resume_mode!r}")
     require(t.resume_mode != "resume_path" or bool(t.resume_from_path),
              "trainer.resume_mode=resume_path needs trainer.resume_from_path=<.../global_step_N>")
-    arr = config.actor_rollout_ref
+    arr, ranks = config.actor_rollout_ref, world_size(config)
     for key, fsdp in (("actor_rollout_ref.actor", arr.actor.fsdp_config), ("actor_rollout_ref.ref", arr.ref.fsdp_config),
                       ("critic.model", config.critic.model.fsdp_config),
                       ("reward_model.model", config.reward_model.model.fsdp_config)):
-        ranks = world_size(config)
         require(fsdp.fsdp_size < 0 or fsdp.fsdp_size >= ranks or (fsdp.fsdp_size > 0 and ranks % fsdp.fsdp_size == 0),
                  f"{key}.fsdp_config.fsdp_size={fsdp.fsdp_size} must divide the world size ({ranks}) for hybrid "
                  f"sharding, or be -1 to shard over every rank")
@@ -302,24 +301,19 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def changed_keys(saved: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """Dotted key -> (saved value, current value) for every key whose value differs (or exists in one only)."""
-    # through JSON, so that tuples and lists compare as saved
-    old = flatten(json.loads(json.dumps(saved, default=str)))
-    new = flatten(json.loads(json.dumps(current, default=str)))
-    missing = "<absent>"
-    return {key: (old.get(key, missing), new.get(key, missing)) for key in sorted(old.keys() | new.keys())
-            if key not in RESUME_KEYS and old.get(key, missing) != new.get(key, missing)}
-
-
 def report_config_changes(step_dir: str | Path, current: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """Log, as one warning, each key that differs from the config saved in `step_dir`; returns them."""
+    """Log, as one warning, each key that differs from the config saved in `step_dir` (or exists in one only);
+    returns them as dotted key -> (saved value, current value)."""
     saved = read_run_config(step_dir)
     if saved is None:
         logger.warning("%s has no %s (saved by an older version): cannot tell which settings changed since",
                        step_dir, RUN_CONFIG_FILE)
         return {}
-    changes = changed_keys(saved, current)
+    # through JSON, so that tuples and lists compare as saved
+    old, new = (flatten(json.loads(json.dumps(config, default=str))) for config in (saved, current))
+    missing = "<absent>"
+    changes = {key: (old.get(key, missing), new.get(key, missing)) for key in sorted(old.keys() | new.keys())
+               if key not in RESUME_KEYS and old.get(key, missing) != new.get(key, missing)}
     if changes:
         listing = "\n".join(f"  {key}: {old!r} -> {new!r}" for key, (old, new) in changes.items())
         logger.warning(

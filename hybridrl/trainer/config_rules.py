@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
+from operator import attrgetter
 from typing import Any
 
 from hybridrl.algos import get_adv_estimator_spec
@@ -33,9 +34,7 @@ def above(low: float) -> Rule:
     return Rule(f"> {low}", lambda v: v > low)
 
 
-def within(low: float, high: float, *, high_open: bool = False) -> Rule:
-    if high_open:
-        return Rule(f"in [{low}, {high})", lambda v: low <= v < high)
+def within(low: float, high: float) -> Rule:
     return Rule(f"in [{low}, {high}]", lambda v: low <= v <= high)
 
 
@@ -45,6 +44,7 @@ def optional(rule: Rule) -> Rule:
 
 COUNT = at_least(1)
 OPTIONAL_COUNT = optional(at_least(1))  # unset (null) or a positive count
+SHARE = Rule("in (0, 1]", lambda v: 0 < v <= 1)
 BETAS = Rule("a list of two numbers in [0, 1) (AdamW's beta1, beta2)",
              lambda v: len(v) == 2 and all(0 <= b < 1 for b in v))
 
@@ -83,14 +83,14 @@ RANGES: dict[str, Rule] = {
     "actor_rollout_ref.actor.ppo_micro_batch_size": OPTIONAL_COUNT,
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": COUNT,
     "actor_rollout_ref.actor.ppo_epochs": COUNT,
-    "actor_rollout_ref.actor.clip_ratio": within(0, 1, high_open=True),
+    "actor_rollout_ref.actor.clip_ratio": Rule("in [0, 1)", lambda v: 0 <= v < 1),
     # >= 1 leaves the ratio unbounded below (CISPO's recipe sets 10)
     "actor_rollout_ref.actor.clip_ratio_low": optional(at_least(0)),
     "actor_rollout_ref.actor.clip_ratio_high": optional(at_least(0)),
     "actor_rollout_ref.actor.clip_ratio_c": above(1),
     "actor_rollout_ref.actor.kl_loss_coef": at_least(0),
-    "actor_rollout_ref.actor.policy_loss.clip_cov_ratio": Rule("in (0, 1]", lambda v: 0 < v <= 1),
-    "actor_rollout_ref.actor.policy_loss.kl_cov_ratio": Rule("in (0, 1]", lambda v: 0 < v <= 1),
+    "actor_rollout_ref.actor.policy_loss.clip_cov_ratio": SHARE,
+    "actor_rollout_ref.actor.policy_loss.kl_cov_ratio": SHARE,
     "actor_rollout_ref.actor.policy_loss.ppo_kl_coef": at_least(0),
     "actor_rollout_ref.actor.policy_loss.dro_beta": optional(above(0)),
     "algorithm.pf_ppo.weight_pow": above(0),
@@ -104,7 +104,7 @@ RANGES: dict[str, Rule] = {
     "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": COUNT,
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": OPTIONAL_COUNT,
     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": COUNT,
-    "actor_rollout_ref.rollout.gpu_memory_utilization": Rule("in (0, 1]", lambda v: 0 < v <= 1),
+    "actor_rollout_ref.rollout.gpu_memory_utilization": SHARE,
     "actor_rollout_ref.rollout.tensor_model_parallel_size": COUNT,
     "actor_rollout_ref.rollout.log_prob_micro_batch_size": OPTIONAL_COUNT,
     "actor_rollout_ref.rollout.max_num_batched_tokens": COUNT,
@@ -208,12 +208,6 @@ UNCHECKED: dict[str, str] = {
 }
 
 
-def lookup(config: Any, key: str) -> Any:
-    for part in key.split("."):
-        config = getattr(config, part)
-    return config
-
-
 # reward_model.* keys read by the rule-based reward manager, which runs whether or not a reward model does
 RULE_BASED_REWARD_KEYS = ("reward_model.reward_fn_timeout", "reward_model.reward_fn_workers",
                           "reward_model.max_failure_share")
@@ -239,10 +233,10 @@ def range_errors(config: PPOTrainerConfig) -> list[str]:
     """One message per numeric setting outside its range, naming the key, the range and a valid value."""
     errors = []
     for key, rule in RANGES.items():
-        value = lookup(config, key)
+        value = attrgetter(key)(config)
         if in_use(config, key) and not rule.ok(value):
             errors.append(f"{key}={as_override(value)} is out of range: it must be {rule.text}. "
-                          f"Fix: e.g. {key}={as_override(lookup(schema_defaults(), key))} (the schema's default)")
+                          f"Fix: e.g. {key}={as_override(attrgetter(key)(schema_defaults()))} (the schema's default)")
     return errors
 
 
@@ -381,8 +375,8 @@ def no_effect_warnings(config: PPOTrainerConfig) -> list[str]:
     """One message per reason, naming every key set away from its default that acts nowhere in this run."""
     by_reason: dict[NoEffect, list[str]] = {}
     for key, rule in NO_EFFECT.items():
-        value = lookup(config, key)
-        if value != lookup(schema_defaults(), key) and not (rule.acts_when and rule.acts_when(config)):
+        value = attrgetter(key)(config)
+        if value != attrgetter(key)(schema_defaults()) and not (rule.acts_when and rule.acts_when(config)):
             by_reason.setdefault(rule, []).append(f"{key}={as_override(value)}")
     return [f"no effect in this run: {', '.join(keys)} ({rule.why})" for rule, keys in by_reason.items()]
 
@@ -391,7 +385,7 @@ def unsupported_errors(config: PPOTrainerConfig) -> list[str]:
     """One message per key set to a value hybridrl cannot run (keys of roles that do not run are skipped)."""
     errors = []
     for key, rule in UNSUPPORTED.items():
-        value, default = lookup(config, key), lookup(schema_defaults(), key)
+        value, default = attrgetter(key)(config), attrgetter(key)(schema_defaults())
         runs_with = rule.runs_with if rule.runs_with is not None else (default,)
         if in_use(config, key) and value not in runs_with:
             fix = f"set it to {as_override(default)}" if len(runs_with) == 1 else \
