@@ -180,18 +180,14 @@ def _check_batches(config: PPOTrainerConfig) -> None:
     require(data.train_batch_size >= 1 and mini >= 1,
              f"data.train_batch_size ({data.train_batch_size}) and actor_rollout_ref.actor.ppo_mini_batch_size "
              f"({mini}) must be >= 1")
-    require(data.train_batch_size % mini == 0,
-             f"data.train_batch_size ({data.train_batch_size}) must be a multiple of "
-             f"actor_rollout_ref.actor.ppo_mini_batch_size ({mini}): each step makes whole mini-batches")
-    require(mini * n % ws == 0,
-             f"actor_rollout_ref.actor.ppo_mini_batch_size ({mini}) x actor_rollout_ref.rollout.n ({n}) must be "
-             f"divisible by the data-parallel size ({ws}): change either, or trainer.n_gpus_per_node")
+    minis = {"actor_rollout_ref.actor.ppo_mini_batch_size": mini}
     if get_adv_estimator_spec(config.algorithm.adv_estimator).needs_critic:
-        cmini = config.critic.ppo_mini_batch_size
-        require(data.train_batch_size % cmini == 0 and cmini * n % ws == 0,
-                 f"critic.ppo_mini_batch_size ({cmini}) must divide data.train_batch_size ({data.train_batch_size}) "
-                 f"and critic.ppo_mini_batch_size x actor_rollout_ref.rollout.n ({cmini * n}) must divide by the "
-                 f"data-parallel size ({ws})")
+        minis["critic.ppo_mini_batch_size"] = config.critic.ppo_mini_batch_size
+    for key, size in minis.items():
+        require(data.train_batch_size % size == 0, f"data.train_batch_size ({data.train_batch_size}) must be a "
+                f"multiple of {key} ({size}): each step makes whole mini-batches")
+        require(size * n % ws == 0, f"{key} ({size}) x actor_rollout_ref.rollout.n ({n}) must be divisible by the "
+                f"data-parallel size ({ws}): change either, or trainer.n_gpus_per_node")
     require(not config.algorithm.filter_groups.enable or n > 1,
              "algorithm.filter_groups.enable needs rollout.n > 1: a single sample per prompt never varies")
     require(not (config.algorithm.filter_groups.enable and config.reward_model.launch_reward_fn_async),

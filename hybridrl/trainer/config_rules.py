@@ -48,6 +48,11 @@ SHARE = Rule("in (0, 1]", lambda v: 0 < v <= 1)
 BETAS = Rule("a list of two numbers in [0, 1) (AdamW's beta1, beta2)",
              lambda v: len(v) == 2 and all(0 <= b < 1 for b in v))
 
+# verl's global micro-batch sizes, each also set per rank as {key}_per_gpu (ppo_config fills one from the other)
+MICRO_BATCH_KEYS = ("actor_rollout_ref.actor.ppo_micro_batch_size", "actor_rollout_ref.ref.log_prob_micro_batch_size",
+                    "actor_rollout_ref.rollout.log_prob_micro_batch_size", "critic.ppo_micro_batch_size",
+                    "critic.forward_micro_batch_size", "reward_model.micro_batch_size")
+
 OPTIM = {
     "lr": at_least(0),
     "lr_warmup_steps_ratio": within(0, 1),
@@ -69,6 +74,7 @@ RANGES: dict[str, Rule] = {
     "data.max_response_length": COUNT,
     "data.val_batch_size": OPTIONAL_COUNT,
     "data.dataloader_num_workers": at_least(0),
+    **{f"{key}{suffix}": OPTIONAL_COUNT for key in MICRO_BATCH_KEYS for suffix in ("", "_per_gpu")},
     **{key: COUNT for key in ("actor_rollout_ref.actor.ulysses_sequence_parallel_size",
                               "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size",
                               "actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size",
@@ -79,8 +85,6 @@ RANGES: dict[str, Rule] = {
     **{f"actor_rollout_ref.actor.optim.{key}": rule for key, rule in OPTIM.items()},
     "actor_rollout_ref.actor.optim.clip_grad": optional(at_least(0)),
     "actor_rollout_ref.actor.rollout_n": OPTIONAL_COUNT,
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": OPTIONAL_COUNT,
-    "actor_rollout_ref.actor.ppo_micro_batch_size": OPTIONAL_COUNT,
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": COUNT,
     "actor_rollout_ref.actor.ppo_epochs": COUNT,
     "actor_rollout_ref.actor.clip_ratio": Rule("in [0, 1)", lambda v: 0 <= v < 1),
@@ -99,40 +103,25 @@ RANGES: dict[str, Rule] = {
     "actor_rollout_ref.actor.policy_loss.topr_negative_ratio_lower": at_least(0),
     "actor_rollout_ref.actor.policy_loss.topr_negative_ratio_upper": at_least(0),
     # reference policy and rollout
-    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": OPTIONAL_COUNT,
-    "actor_rollout_ref.ref.log_prob_micro_batch_size": OPTIONAL_COUNT,
     "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": COUNT,
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": OPTIONAL_COUNT,
     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": COUNT,
     "actor_rollout_ref.rollout.gpu_memory_utilization": SHARE,
     "actor_rollout_ref.rollout.tensor_model_parallel_size": COUNT,
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size": OPTIONAL_COUNT,
     "actor_rollout_ref.rollout.max_num_batched_tokens": COUNT,
     "actor_rollout_ref.rollout.max_num_seqs": COUNT,
     "actor_rollout_ref.rollout.max_model_len": OPTIONAL_COUNT,
     "actor_rollout_ref.nccl_timeout": above(0),
     "critic.nccl_timeout": above(0),
-    "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": OPTIONAL_COUNT,
-    "actor_rollout_ref.rollout.multi_turn.max_user_turns": OPTIONAL_COUNT,
-    "actor_rollout_ref.rollout.multi_turn.max_parallel_calls": COUNT,
-    "actor_rollout_ref.rollout.multi_turn.max_tool_response_length": COUNT,
-    "actor_rollout_ref.rollout.multi_turn.tool_timeout": above(0),
     # critic (checked only when the advantage estimator uses one)
     **{f"critic.optim.{key}": rule for key, rule in OPTIM.items()},
     "critic.optim.clip_grad": optional(at_least(0)),
     "critic.rollout_n": OPTIONAL_COUNT,
     "critic.ppo_mini_batch_size": COUNT,
-    "critic.ppo_micro_batch_size_per_gpu": OPTIONAL_COUNT,
-    "critic.ppo_micro_batch_size": OPTIONAL_COUNT,
-    "critic.forward_micro_batch_size_per_gpu": OPTIONAL_COUNT,
-    "critic.forward_micro_batch_size": OPTIONAL_COUNT,
     "critic.ppo_max_token_len_per_gpu": COUNT,
     "critic.forward_max_token_len_per_gpu": COUNT,
     "critic.ppo_epochs": COUNT,
     "critic.cliprange_value": above(0),
     # reward model worker (checked only when reward_model.enable) and the rule-based reward functions
-    "reward_model.micro_batch_size": OPTIONAL_COUNT,
-    "reward_model.micro_batch_size_per_gpu": OPTIONAL_COUNT,
     "reward_model.max_length": OPTIONAL_COUNT,
     "reward_model.forward_max_token_len_per_gpu": COUNT,
     "reward_model.overlong_buffer.len": at_least(0),
@@ -181,7 +170,9 @@ UNCHECKED: dict[str, str] = {
     **{f"{section}.fsdp_config.fsdp_size": "must divide the world size, or be -1 (config_checks)"
        for section in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic.model", "reward_model.model")},
     **{f"actor_rollout_ref.rollout.{key}": "checked when the rollout config is built (RolloutConfig)"
-       for key in ("temperature", "top_k", "top_p", "prompt_length", "response_length", "n")},
+       for key in ("temperature", "top_k", "top_p", "prompt_length", "response_length", "n",
+                   *(f"multi_turn.{name}" for name in ("max_assistant_turns", "max_user_turns", "max_parallel_calls",
+                                                       "max_tool_response_length", "tool_timeout")))},
     **{f"actor_rollout_ref.rollout.val_kwargs.{key}": "checked when the rollout config is built (ValKwargs)"
        for key in ("temperature", "top_k", "top_p", "n")},
     "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": "only null is accepted (MultiTurnConfig)",
