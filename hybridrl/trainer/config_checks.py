@@ -228,23 +228,19 @@ def batch_plan(config: PPOTrainerConfig) -> dict[str, int]:
     micro = arr.actor.ppo_micro_batch_size_per_gpu or mini_rows_per_rank
     sp = actor_sequence_parallel(arr)[0]  # a sequence-parallel group shares its ranks' rows
     unit = "rank" if sp == 1 else "sequence-parallel group"
-    plan = {
+    return {
         "prompts per step": config.data.train_batch_size,
         "samples per prompt (rollout.n)": n,
         "rows per step (global batch)": rows,
         "worker processes (data-parallel ranks)" if sp == 1 else "worker processes (ranks)": ws,
-    }
-    if sp > 1:
-        plan["ranks per sequence-parallel group (actor)"] = sp
-    plan.update({
+        **({"ranks per sequence-parallel group (actor)": sp} if sp > 1 else {}),
         f"rows per {unit} per step": rows // ws * sp,
         "optimizer steps per rollout": config.data.train_batch_size // arr.actor.ppo_mini_batch_size
         * arr.actor.ppo_epochs,
         f"rows per {unit} per mini-batch": mini_rows_per_rank * sp,
         f"micro-batches per {unit} per mini-batch": math.ceil(mini_rows_per_rank * sp / micro)
         if not arr.actor.use_dynamic_bsz else -1,
-    })
-    return plan
+    }
 
 
 # Keys whose value may be a 'lower_upper' string ("0.5_5.0"), which Hydra, like Python, reads unquoted as one

@@ -40,9 +40,6 @@ class ValKwargs(FreezableConfig):
         _check_sampling("rollout.val_kwargs", self.temperature, self.top_k, self.top_p, self.n)
 
 
-TRUNCATE_SIDES = ("left", "right", "middle")
-CALL_FORMATS = ("hermes",)
-SANITY_CHECK_MODES = ("strict", "ignore_strippable", "disable")
 AGENT_LOOPS = ("tool_agent", "single_turn_agent")
 
 
@@ -82,8 +79,8 @@ class MultiTurnConfig(FreezableConfig):
 
     def __post_init__(self) -> None:
         where = "actor_rollout_ref.rollout.multi_turn"
-        for name, choices in (("tokenization_sanity_check_mode", SANITY_CHECK_MODES),
-                              ("tool_response_truncate_side", TRUNCATE_SIDES), ("format", CALL_FORMATS)):
+        for name, choices in (("tokenization_sanity_check_mode", ("strict", "ignore_strippable", "disable")),
+                              ("tool_response_truncate_side", ("left", "right", "middle")), ("format", ("hermes",))):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{where}.{name} must be one of {choices}, got {getattr(self, name)!r}")
         for name in ("max_assistant_turns", "max_user_turns"):
