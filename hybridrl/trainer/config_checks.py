@@ -24,7 +24,7 @@ from hybridrl.models.loading import DTYPES, resolve_dtype
 from hybridrl.models.lora import LoRAError, LoRASettings
 from hybridrl.rewards.managers import REWARD_MANAGERS
 from hybridrl.trainer.config_rules import no_effect_warnings, offload_errors, range_errors, unsupported_errors
-from hybridrl.trainer.placement import placement_errors
+from hybridrl.trainer.placement import placement_errors, uses_critic
 from hybridrl.trainer.ppo_config import PPOTrainerConfig, fill_derived, fill_training_steps, world_size
 from hybridrl.utils.device import AUTO, device_setting_problem, emulated_bf16_warning
 from hybridrl.utils.typed_config import ConfigError, added_keys, freeze, require, unknown_key_message
@@ -181,7 +181,7 @@ def _check_batches(config: PPOTrainerConfig) -> None:
              f"data.train_batch_size ({data.train_batch_size}) and actor_rollout_ref.actor.ppo_mini_batch_size "
              f"({mini}) must be >= 1")
     minis = {"actor_rollout_ref.actor.ppo_mini_batch_size": mini}
-    if get_adv_estimator_spec(config.algorithm.adv_estimator).needs_critic:
+    if uses_critic(config):
         minis["critic.ppo_mini_batch_size"] = config.critic.ppo_mini_batch_size
     for key, size in minis.items():
         require(data.train_batch_size % size == 0, f"data.train_batch_size ({data.train_batch_size}) must be a "

@@ -11,7 +11,6 @@ from functools import cache
 from operator import attrgetter
 from typing import Any
 
-from hybridrl.algos import get_adv_estimator_spec
 from hybridrl.trainer.placement import actor_role_name, uses_critic, uses_reference
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
 from hybridrl.utils.typed_config import as_override
@@ -213,7 +212,7 @@ def schema_defaults() -> PPOTrainerConfig:
 def in_use(config: PPOTrainerConfig, key: str) -> bool:
     """Keys of a role that does not run are not checked: a PPO setting left in a GRPO command is harmless."""
     if key.startswith("critic."):
-        return get_adv_estimator_spec(config.algorithm.adv_estimator).needs_critic
+        return uses_critic(config)
     if key.startswith("reward_model.") and key not in RULE_BASED_REWARD_KEYS \
             and not key.startswith("reward_model.overlong_buffer."):
         return config.reward_model.enable
