@@ -64,7 +64,7 @@ def resolve_config(config: PPOTrainerConfig | DictConfig,
 
 
 def _check_placement(config: PPOTrainerConfig) -> None:
-    t = config.trainer
+    t, ranks = config.trainer, world_size(config)
     require(t.backend in ("ray", "local"), f"trainer.backend must be 'ray' or 'local', got {t.backend!r}")
     device_problem = device_setting_problem(t.device)
     require(device_problem is None, device_problem)
@@ -73,16 +73,16 @@ def _check_placement(config: PPOTrainerConfig) -> None:
              f"got {config.ray_init.cpus_per_worker}")
     errors = placement_errors(config)
     require(not errors, "\n".join(errors))
-    require(t.backend == "ray" or world_size(config) == 1,
+    require(t.backend == "ray" or ranks == 1,
              f"trainer.backend=local runs one rank in this process, but trainer.nnodes x trainer.n_gpus_per_node "
-             f"= {world_size(config)}; set trainer.n_gpus_per_node=1 trainer.nnodes=1 or use trainer.backend=ray")
+             f"= {ranks}; set trainer.n_gpus_per_node=1 trainer.nnodes=1 or use trainer.backend=ray")
     require(not config.reward_model.enable or bool(config.reward_model.model.path),
              "reward_model.enable=true needs reward_model.model.path=<local reward model directory>")
     require(t.resume_mode in ("auto", "disable", "resume_path"),
              f"trainer.resume_mode must be auto, disable or resume_path, got {t.resume_mode!r}")
     require(t.resume_mode != "resume_path" or bool(t.resume_from_path),
              "trainer.resume_mode=resume_path needs trainer.resume_from_path=<.../global_step_N>")
-    arr, ranks = config.actor_rollout_ref, world_size(config)
+    arr = config.actor_rollout_ref
     for key, fsdp in (("actor_rollout_ref.actor", arr.actor.fsdp_config), ("actor_rollout_ref.ref", arr.ref.fsdp_config),
                       ("critic.model", config.critic.model.fsdp_config),
                       ("reward_model.model", config.reward_model.model.fsdp_config)):
@@ -205,12 +205,10 @@ def _check_batches(config: PPOTrainerConfig) -> None:
 
 def _check_lengths(config: PPOTrainerConfig) -> None:
     data, rollout = config.data, config.actor_rollout_ref.rollout
-    require(rollout.prompt_length == data.max_prompt_length,
-             f"rollout.prompt_length ({rollout.prompt_length}) must equal data.max_prompt_length "
-             f"({data.max_prompt_length}); leave it at its default ${{data.max_prompt_length}}")
-    require(rollout.response_length == data.max_response_length,
-             f"rollout.response_length ({rollout.response_length}) must equal data.max_response_length "
-             f"({data.max_response_length}); leave it at its default ${{data.max_response_length}}")
+    for part in ("prompt", "response"):
+        length, data_length = getattr(rollout, f"{part}_length"), getattr(data, f"max_{part}_length")
+        require(length == data_length, f"rollout.{part}_length ({length}) must equal data.max_{part}_length "
+                f"({data_length}); leave it at its default ${{data.max_{part}_length}}")
     actor = config.actor_rollout_ref.actor
     total = data.max_prompt_length + data.max_response_length
     sp = actor_sequence_parallel(config.actor_rollout_ref)[0]  # a group's pass holds sp ranks' budgets
