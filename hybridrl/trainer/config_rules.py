@@ -7,13 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
 from operator import attrgetter
 from typing import Any
 
 from hybridrl.trainer.placement import actor_role_name, uses_critic, uses_reference
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
-from hybridrl.utils.typed_config import as_override
+from hybridrl.utils.typed_config import as_override, freeze
 from hybridrl.workers.fsdp_engine import offload_refusals
 from hybridrl.workers.fsdp_workers import actor_offload_refusals
 from hybridrl.workers.reward_model import STRATEGIES
@@ -203,10 +202,8 @@ RULE_BASED_REWARD_KEYS = ("reward_model.reward_fn_timeout", "reward_model.reward
                           "reward_model.max_failure_share")
 
 
-@cache
-def schema_defaults() -> PPOTrainerConfig:
-    """The schema's defaults, built once: what an error message offers as a valid value."""
-    return PPOTrainerConfig()
+# the schema's defaults: what an error message offers as a valid value
+SCHEMA_DEFAULTS = freeze(PPOTrainerConfig())
 
 
 def in_use(config: PPOTrainerConfig, key: str) -> bool:
@@ -226,7 +223,7 @@ def range_errors(config: PPOTrainerConfig) -> list[str]:
         value = attrgetter(key)(config)
         if in_use(config, key) and not rule.ok(value):
             errors.append(f"{key}={as_override(value)} is out of range: it must be {rule.text}. "
-                          f"Fix: e.g. {key}={as_override(attrgetter(key)(schema_defaults()))} (the schema's default)")
+                          f"Fix: e.g. {key}={as_override(attrgetter(key)(SCHEMA_DEFAULTS))} (the schema's default)")
     return errors
 
 
@@ -366,7 +363,7 @@ def no_effect_warnings(config: PPOTrainerConfig) -> list[str]:
     by_reason: dict[NoEffect, list[str]] = {}
     for key, rule in NO_EFFECT.items():
         value = attrgetter(key)(config)
-        if value != attrgetter(key)(schema_defaults()) and not (rule.acts_when and rule.acts_when(config)):
+        if value != attrgetter(key)(SCHEMA_DEFAULTS) and not (rule.acts_when and rule.acts_when(config)):
             by_reason.setdefault(rule, []).append(f"{key}={as_override(value)}")
     return [f"no effect in this run: {', '.join(keys)} ({rule.why})" for rule, keys in by_reason.items()]
 
@@ -375,7 +372,7 @@ def unsupported_errors(config: PPOTrainerConfig) -> list[str]:
     """One message per key set to a value hybridrl cannot run (keys of roles that do not run are skipped)."""
     errors = []
     for key, rule in UNSUPPORTED.items():
-        value, default = attrgetter(key)(config), attrgetter(key)(schema_defaults())
+        value, default = attrgetter(key)(config), attrgetter(key)(SCHEMA_DEFAULTS)
         runs_with = rule.runs_with if rule.runs_with is not None else (default,)
         if in_use(config, key) and value not in runs_with:
             fix = f"set it to {as_override(default)}" if len(runs_with) == 1 else \
