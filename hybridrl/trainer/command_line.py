@@ -9,13 +9,7 @@
 - A user's config directory (`--config-path DIR --config-name NAME`) whose YAML lists `ppo_trainer` in its
   defaults composes against hybridrl's `ppo_trainer`: hybridrl's config directory joins Hydra's search path
   right after the user's, ahead of any `hydra.searchpath` the YAML names (such as verl's own config folder).
-
-A run's local paths are made absolute on the driver, against its working directory: ranks on other hosts start
-in their Ray node's working directory (verl's default `trainer.default_local_dir` is relative). Keys that name
-paths: those ending in `path`, `_dir` or `_files`, and `tokenizer`, `input_tokenizer`, `partial_pretrain`. A
-directory the run creates (`*_dir`) becomes absolute whether or not it exists yet; any other relative value only
-where it exists here, so that a Hugging Face Hub id (`Qwen/Qwen2.5-0.5B`) stays one, as `from_pretrained` reads
-a local directory of that name first too. URIs (`hdfs://...`) stay as given.
+- A run's local paths are made absolute on the driver (`make_paths_absolute`).
 """
 
 from __future__ import annotations
@@ -103,13 +97,11 @@ PATH_SUFFIXES = ("path", "_dir", "_files")
 PATH_KEYS = frozenset({"tokenizer", "input_tokenizer", "partial_pretrain"})
 
 
-def is_path_key(key: str) -> bool:
-    return key.endswith(PATH_SUFFIXES) or key in PATH_KEYS
-
-
 def absolute_local_path(value: Any, created: bool) -> Any:
     """`value` made absolute against the working directory if it is a relative local path: always when `created`
-    (a directory the run makes), else only where it exists. Anything else is returned unchanged."""
+    (a directory the run makes), else only where it exists, so that a Hugging Face Hub id (`Qwen/Qwen2.5-0.5B`)
+    stays one, as `from_pretrained` reads a local directory of that name first too. URIs (`hdfs://...`) and
+    anything else are returned unchanged."""
     if isinstance(value, (list, tuple)):
         return type(value)(absolute_local_path(item, created) for item in value)
     if not isinstance(value, str) or not value or "://" in value:
@@ -121,7 +113,10 @@ def absolute_local_path(value: Any, created: bool) -> Any:
 
 
 def make_paths_absolute(node: Any) -> None:
-    """Rewrite, in place, every path-named key of a config tree (dataclasses, OmegaConf nodes or dicts)."""
+    """Rewrite, in place, every path-named key of a config tree (dataclasses, OmegaConf nodes or dicts): keys
+    ending in `PATH_SUFFIXES` or named in `PATH_KEYS`, `*_dir` ones as directories the run creates. The driver
+    does it: ranks on other hosts start in their Ray node's working directory (verl's default
+    `trainer.default_local_dir` is relative)."""
     if dataclasses.is_dataclass(node) and not isinstance(node, type):
         items = [(field.name, getattr(node, field.name)) for field in dataclasses.fields(node)]
         assign = lambda key, value: setattr(node, key, value)  # noqa: E731 - one setter per kind of node
@@ -131,7 +126,7 @@ def make_paths_absolute(node: Any) -> None:
     else:
         return
     for key, value in items:
-        if isinstance(key, str) and is_path_key(key):
+        if isinstance(key, str) and (key.endswith(PATH_SUFFIXES) or key in PATH_KEYS):
             given = list(value) if isinstance(value, ListConfig) else value
             new = absolute_local_path(given, created=key.endswith("_dir"))
             if new != given:

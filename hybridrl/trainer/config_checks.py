@@ -24,7 +24,7 @@ from hybridrl.models.loading import DTYPES, resolve_dtype
 from hybridrl.models.lora import LoRAError, LoRASettings
 from hybridrl.rewards.managers import REWARD_MANAGERS
 from hybridrl.trainer.config_rules import no_effect_warnings, offload_errors, range_errors, unsupported_errors
-from hybridrl.trainer.placement import placement_errors
+from hybridrl.trainer.placement import placement_errors, uses_critic
 from hybridrl.trainer.ppo_config import PPOTrainerConfig, fill_derived, fill_training_steps, world_size
 from hybridrl.utils.device import AUTO, device_setting_problem, emulated_bf16_warning
 from hybridrl.utils.typed_config import ConfigError, added_keys, freeze, require, unknown_key_message
@@ -64,7 +64,7 @@ def resolve_config(config: PPOTrainerConfig | DictConfig,
 
 
 def _check_placement(config: PPOTrainerConfig) -> None:
-    t = config.trainer
+    t, ranks = config.trainer, world_size(config)
     require(t.backend in ("ray", "local"), f"trainer.backend must be 'ray' or 'local', got {t.backend!r}")
     device_problem = device_setting_problem(t.device)
     require(device_problem is None, device_problem)
@@ -73,9 +73,9 @@ def _check_placement(config: PPOTrainerConfig) -> None:
              f"got {config.ray_init.cpus_per_worker}")
     errors = placement_errors(config)
     require(not errors, "\n".join(errors))
-    require(t.backend == "ray" or world_size(config) == 1,
+    require(t.backend == "ray" or ranks == 1,
              f"trainer.backend=local runs one rank in this process, but trainer.nnodes x trainer.n_gpus_per_node "
-             f"= {world_size(config)}; set trainer.n_gpus_per_node=1 trainer.nnodes=1 or use trainer.backend=ray")
+             f"= {ranks}; set trainer.n_gpus_per_node=1 trainer.nnodes=1 or use trainer.backend=ray")
     require(not config.reward_model.enable or bool(config.reward_model.model.path),
              "reward_model.enable=true needs reward_model.model.path=<local reward model directory>")
     require(t.resume_mode in ("auto", "disable", "resume_path"),
@@ -86,7 +86,6 @@ def _check_placement(config: PPOTrainerConfig) -> None:
     for key, fsdp in (("actor_rollout_ref.actor", arr.actor.fsdp_config), ("actor_rollout_ref.ref", arr.ref.fsdp_config),
                       ("critic.model", config.critic.model.fsdp_config),
                       ("reward_model.model", config.reward_model.model.fsdp_config)):
-        ranks = world_size(config)
         require(fsdp.fsdp_size < 0 or fsdp.fsdp_size >= ranks or (fsdp.fsdp_size > 0 and ranks % fsdp.fsdp_size == 0),
                  f"{key}.fsdp_config.fsdp_size={fsdp.fsdp_size} must divide the world size ({ranks}) for hybrid "
                  f"sharding, or be -1 to shard over every rank")
@@ -181,18 +180,14 @@ def _check_batches(config: PPOTrainerConfig) -> None:
     require(data.train_batch_size >= 1 and mini >= 1,
              f"data.train_batch_size ({data.train_batch_size}) and actor_rollout_ref.actor.ppo_mini_batch_size "
              f"({mini}) must be >= 1")
-    require(data.train_batch_size % mini == 0,
-             f"data.train_batch_size ({data.train_batch_size}) must be a multiple of "
-             f"actor_rollout_ref.actor.ppo_mini_batch_size ({mini}): each step makes whole mini-batches")
-    require(mini * n % ws == 0,
-             f"actor_rollout_ref.actor.ppo_mini_batch_size ({mini}) x actor_rollout_ref.rollout.n ({n}) must be "
-             f"divisible by the data-parallel size ({ws}): change either, or trainer.n_gpus_per_node")
-    if get_adv_estimator_spec(config.algorithm.adv_estimator).needs_critic:
-        cmini = config.critic.ppo_mini_batch_size
-        require(data.train_batch_size % cmini == 0 and cmini * n % ws == 0,
-                 f"critic.ppo_mini_batch_size ({cmini}) must divide data.train_batch_size ({data.train_batch_size}) "
-                 f"and critic.ppo_mini_batch_size x actor_rollout_ref.rollout.n ({cmini * n}) must divide by the "
-                 f"data-parallel size ({ws})")
+    minis = {"actor_rollout_ref.actor.ppo_mini_batch_size": mini}
+    if uses_critic(config):
+        minis["critic.ppo_mini_batch_size"] = config.critic.ppo_mini_batch_size
+    for key, size in minis.items():
+        require(data.train_batch_size % size == 0, f"data.train_batch_size ({data.train_batch_size}) must be a "
+                f"multiple of {key} ({size}): each step makes whole mini-batches")
+        require(size * n % ws == 0, f"{key} ({size}) x actor_rollout_ref.rollout.n ({n}) must be divisible by the "
+                f"data-parallel size ({ws}): change either, or trainer.n_gpus_per_node")
     require(not config.algorithm.filter_groups.enable or n > 1,
              "algorithm.filter_groups.enable needs rollout.n > 1: a single sample per prompt never varies")
     require(not (config.algorithm.filter_groups.enable and config.reward_model.launch_reward_fn_async),
@@ -210,12 +205,10 @@ def _check_batches(config: PPOTrainerConfig) -> None:
 
 def _check_lengths(config: PPOTrainerConfig) -> None:
     data, rollout = config.data, config.actor_rollout_ref.rollout
-    require(rollout.prompt_length == data.max_prompt_length,
-             f"rollout.prompt_length ({rollout.prompt_length}) must equal data.max_prompt_length "
-             f"({data.max_prompt_length}); leave it at its default ${{data.max_prompt_length}}")
-    require(rollout.response_length == data.max_response_length,
-             f"rollout.response_length ({rollout.response_length}) must equal data.max_response_length "
-             f"({data.max_response_length}); leave it at its default ${{data.max_response_length}}")
+    for part in ("prompt", "response"):
+        length, data_length = getattr(rollout, f"{part}_length"), getattr(data, f"max_{part}_length")
+        require(length == data_length, f"rollout.{part}_length ({length}) must equal data.max_{part}_length "
+                f"({data_length}); leave it at its default ${{data.max_{part}_length}}")
     actor = config.actor_rollout_ref.actor
     total = data.max_prompt_length + data.max_response_length
     sp = actor_sequence_parallel(config.actor_rollout_ref)[0]  # a group's pass holds sp ranks' budgets
@@ -233,23 +226,19 @@ def batch_plan(config: PPOTrainerConfig) -> dict[str, int]:
     micro = arr.actor.ppo_micro_batch_size_per_gpu or mini_rows_per_rank
     sp = actor_sequence_parallel(arr)[0]  # a sequence-parallel group shares its ranks' rows
     unit = "rank" if sp == 1 else "sequence-parallel group"
-    plan = {
+    return {
         "prompts per step": config.data.train_batch_size,
         "samples per prompt (rollout.n)": n,
         "rows per step (global batch)": rows,
         "worker processes (data-parallel ranks)" if sp == 1 else "worker processes (ranks)": ws,
-    }
-    if sp > 1:
-        plan["ranks per sequence-parallel group (actor)"] = sp
-    plan.update({
+        **({"ranks per sequence-parallel group (actor)": sp} if sp > 1 else {}),
         f"rows per {unit} per step": rows // ws * sp,
         "optimizer steps per rollout": config.data.train_batch_size // arr.actor.ppo_mini_batch_size
         * arr.actor.ppo_epochs,
         f"rows per {unit} per mini-batch": mini_rows_per_rank * sp,
         f"micro-batches per {unit} per mini-batch": math.ceil(mini_rows_per_rank * sp / micro)
         if not arr.actor.use_dynamic_bsz else -1,
-    })
-    return plan
+    }
 
 
 # Keys whose value may be a 'lower_upper' string ("0.5_5.0"), which Hydra, like Python, reads unquoted as one
@@ -302,24 +291,19 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def changed_keys(saved: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """Dotted key -> (saved value, current value) for every key whose value differs (or exists in one only)."""
-    # through JSON, so that tuples and lists compare as saved
-    old = flatten(json.loads(json.dumps(saved, default=str)))
-    new = flatten(json.loads(json.dumps(current, default=str)))
-    missing = "<absent>"
-    return {key: (old.get(key, missing), new.get(key, missing)) for key in sorted(old.keys() | new.keys())
-            if key not in RESUME_KEYS and old.get(key, missing) != new.get(key, missing)}
-
-
 def report_config_changes(step_dir: str | Path, current: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """Log, as one warning, each key that differs from the config saved in `step_dir`; returns them."""
+    """Log, as one warning, each key that differs from the config saved in `step_dir` (or exists in one only);
+    returns them as dotted key -> (saved value, current value)."""
     saved = read_run_config(step_dir)
     if saved is None:
         logger.warning("%s has no %s (saved by an older version): cannot tell which settings changed since",
                        step_dir, RUN_CONFIG_FILE)
         return {}
-    changes = changed_keys(saved, current)
+    # through JSON, so that tuples and lists compare as saved
+    old, new = (flatten(json.loads(json.dumps(config, default=str))) for config in (saved, current))
+    missing = "<absent>"
+    changes = {key: (old.get(key, missing), new.get(key, missing)) for key in sorted(old.keys() | new.keys())
+               if key not in RESUME_KEYS and old.get(key, missing) != new.get(key, missing)}
     if changes:
         listing = "\n".join(f"  {key}: {old!r} -> {new!r}" for key, (old, new) in changes.items())
         logger.warning(

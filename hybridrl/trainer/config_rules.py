@@ -7,13 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
+from operator import attrgetter
 from typing import Any
 
-from hybridrl.algos import get_adv_estimator_spec
 from hybridrl.trainer.placement import actor_role_name, uses_critic, uses_reference
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
-from hybridrl.utils.typed_config import as_override
+from hybridrl.utils.typed_config import as_override, freeze
 from hybridrl.workers.fsdp_engine import offload_refusals
 from hybridrl.workers.fsdp_workers import actor_offload_refusals
 from hybridrl.workers.reward_model import STRATEGIES
@@ -33,9 +32,7 @@ def above(low: float) -> Rule:
     return Rule(f"> {low}", lambda v: v > low)
 
 
-def within(low: float, high: float, *, high_open: bool = False) -> Rule:
-    if high_open:
-        return Rule(f"in [{low}, {high})", lambda v: low <= v < high)
+def within(low: float, high: float) -> Rule:
     return Rule(f"in [{low}, {high}]", lambda v: low <= v <= high)
 
 
@@ -45,8 +42,14 @@ def optional(rule: Rule) -> Rule:
 
 COUNT = at_least(1)
 OPTIONAL_COUNT = optional(at_least(1))  # unset (null) or a positive count
+SHARE = Rule("in (0, 1]", lambda v: 0 < v <= 1)
 BETAS = Rule("a list of two numbers in [0, 1) (AdamW's beta1, beta2)",
              lambda v: len(v) == 2 and all(0 <= b < 1 for b in v))
+
+# verl's global micro-batch sizes, each also set per rank as {key}_per_gpu (ppo_config fills one from the other)
+MICRO_BATCH_KEYS = ("actor_rollout_ref.actor.ppo_micro_batch_size", "actor_rollout_ref.ref.log_prob_micro_batch_size",
+                    "actor_rollout_ref.rollout.log_prob_micro_batch_size", "critic.ppo_micro_batch_size",
+                    "critic.forward_micro_batch_size", "reward_model.micro_batch_size")
 
 OPTIM = {
     "lr": at_least(0),
@@ -69,6 +72,7 @@ RANGES: dict[str, Rule] = {
     "data.max_response_length": COUNT,
     "data.val_batch_size": OPTIONAL_COUNT,
     "data.dataloader_num_workers": at_least(0),
+    **{f"{key}{suffix}": OPTIONAL_COUNT for key in MICRO_BATCH_KEYS for suffix in ("", "_per_gpu")},
     **{key: COUNT for key in ("actor_rollout_ref.actor.ulysses_sequence_parallel_size",
                               "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size",
                               "actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size",
@@ -79,18 +83,16 @@ RANGES: dict[str, Rule] = {
     **{f"actor_rollout_ref.actor.optim.{key}": rule for key, rule in OPTIM.items()},
     "actor_rollout_ref.actor.optim.clip_grad": optional(at_least(0)),
     "actor_rollout_ref.actor.rollout_n": OPTIONAL_COUNT,
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": OPTIONAL_COUNT,
-    "actor_rollout_ref.actor.ppo_micro_batch_size": OPTIONAL_COUNT,
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": COUNT,
     "actor_rollout_ref.actor.ppo_epochs": COUNT,
-    "actor_rollout_ref.actor.clip_ratio": within(0, 1, high_open=True),
+    "actor_rollout_ref.actor.clip_ratio": Rule("in [0, 1)", lambda v: 0 <= v < 1),
     # >= 1 leaves the ratio unbounded below (CISPO's recipe sets 10)
     "actor_rollout_ref.actor.clip_ratio_low": optional(at_least(0)),
     "actor_rollout_ref.actor.clip_ratio_high": optional(at_least(0)),
     "actor_rollout_ref.actor.clip_ratio_c": above(1),
     "actor_rollout_ref.actor.kl_loss_coef": at_least(0),
-    "actor_rollout_ref.actor.policy_loss.clip_cov_ratio": Rule("in (0, 1]", lambda v: 0 < v <= 1),
-    "actor_rollout_ref.actor.policy_loss.kl_cov_ratio": Rule("in (0, 1]", lambda v: 0 < v <= 1),
+    "actor_rollout_ref.actor.policy_loss.clip_cov_ratio": SHARE,
+    "actor_rollout_ref.actor.policy_loss.kl_cov_ratio": SHARE,
     "actor_rollout_ref.actor.policy_loss.ppo_kl_coef": at_least(0),
     "actor_rollout_ref.actor.policy_loss.dro_beta": optional(above(0)),
     "algorithm.pf_ppo.weight_pow": above(0),
@@ -99,40 +101,25 @@ RANGES: dict[str, Rule] = {
     "actor_rollout_ref.actor.policy_loss.topr_negative_ratio_lower": at_least(0),
     "actor_rollout_ref.actor.policy_loss.topr_negative_ratio_upper": at_least(0),
     # reference policy and rollout
-    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": OPTIONAL_COUNT,
-    "actor_rollout_ref.ref.log_prob_micro_batch_size": OPTIONAL_COUNT,
     "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": COUNT,
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": OPTIONAL_COUNT,
     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": COUNT,
-    "actor_rollout_ref.rollout.gpu_memory_utilization": Rule("in (0, 1]", lambda v: 0 < v <= 1),
+    "actor_rollout_ref.rollout.gpu_memory_utilization": SHARE,
     "actor_rollout_ref.rollout.tensor_model_parallel_size": COUNT,
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size": OPTIONAL_COUNT,
     "actor_rollout_ref.rollout.max_num_batched_tokens": COUNT,
     "actor_rollout_ref.rollout.max_num_seqs": COUNT,
     "actor_rollout_ref.rollout.max_model_len": OPTIONAL_COUNT,
     "actor_rollout_ref.nccl_timeout": above(0),
     "critic.nccl_timeout": above(0),
-    "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": OPTIONAL_COUNT,
-    "actor_rollout_ref.rollout.multi_turn.max_user_turns": OPTIONAL_COUNT,
-    "actor_rollout_ref.rollout.multi_turn.max_parallel_calls": COUNT,
-    "actor_rollout_ref.rollout.multi_turn.max_tool_response_length": COUNT,
-    "actor_rollout_ref.rollout.multi_turn.tool_timeout": above(0),
     # critic (checked only when the advantage estimator uses one)
     **{f"critic.optim.{key}": rule for key, rule in OPTIM.items()},
     "critic.optim.clip_grad": optional(at_least(0)),
     "critic.rollout_n": OPTIONAL_COUNT,
     "critic.ppo_mini_batch_size": COUNT,
-    "critic.ppo_micro_batch_size_per_gpu": OPTIONAL_COUNT,
-    "critic.ppo_micro_batch_size": OPTIONAL_COUNT,
-    "critic.forward_micro_batch_size_per_gpu": OPTIONAL_COUNT,
-    "critic.forward_micro_batch_size": OPTIONAL_COUNT,
     "critic.ppo_max_token_len_per_gpu": COUNT,
     "critic.forward_max_token_len_per_gpu": COUNT,
     "critic.ppo_epochs": COUNT,
     "critic.cliprange_value": above(0),
     # reward model worker (checked only when reward_model.enable) and the rule-based reward functions
-    "reward_model.micro_batch_size": OPTIONAL_COUNT,
-    "reward_model.micro_batch_size_per_gpu": OPTIONAL_COUNT,
     "reward_model.max_length": OPTIONAL_COUNT,
     "reward_model.forward_max_token_len_per_gpu": COUNT,
     "reward_model.overlong_buffer.len": at_least(0),
@@ -181,7 +168,9 @@ UNCHECKED: dict[str, str] = {
     **{f"{section}.fsdp_config.fsdp_size": "must divide the world size, or be -1 (config_checks)"
        for section in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic.model", "reward_model.model")},
     **{f"actor_rollout_ref.rollout.{key}": "checked when the rollout config is built (RolloutConfig)"
-       for key in ("temperature", "top_k", "top_p", "prompt_length", "response_length", "n")},
+       for key in ("temperature", "top_k", "top_p", "prompt_length", "response_length", "n",
+                   *(f"multi_turn.{name}" for name in ("max_assistant_turns", "max_user_turns", "max_parallel_calls",
+                                                       "max_tool_response_length", "tool_timeout")))},
     **{f"actor_rollout_ref.rollout.val_kwargs.{key}": "checked when the rollout config is built (ValKwargs)"
        for key in ("temperature", "top_k", "top_p", "n")},
     "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": "only null is accepted (MultiTurnConfig)",
@@ -208,27 +197,19 @@ UNCHECKED: dict[str, str] = {
 }
 
 
-def lookup(config: Any, key: str) -> Any:
-    for part in key.split("."):
-        config = getattr(config, part)
-    return config
-
-
 # reward_model.* keys read by the rule-based reward manager, which runs whether or not a reward model does
 RULE_BASED_REWARD_KEYS = ("reward_model.reward_fn_timeout", "reward_model.reward_fn_workers",
                           "reward_model.max_failure_share")
 
 
-@cache
-def schema_defaults() -> PPOTrainerConfig:
-    """The schema's defaults, built once: what an error message offers as a valid value."""
-    return PPOTrainerConfig()
+# the schema's defaults: what an error message offers as a valid value
+SCHEMA_DEFAULTS = freeze(PPOTrainerConfig())
 
 
 def in_use(config: PPOTrainerConfig, key: str) -> bool:
     """Keys of a role that does not run are not checked: a PPO setting left in a GRPO command is harmless."""
     if key.startswith("critic."):
-        return get_adv_estimator_spec(config.algorithm.adv_estimator).needs_critic
+        return uses_critic(config)
     if key.startswith("reward_model.") and key not in RULE_BASED_REWARD_KEYS \
             and not key.startswith("reward_model.overlong_buffer."):
         return config.reward_model.enable
@@ -239,10 +220,10 @@ def range_errors(config: PPOTrainerConfig) -> list[str]:
     """One message per numeric setting outside its range, naming the key, the range and a valid value."""
     errors = []
     for key, rule in RANGES.items():
-        value = lookup(config, key)
+        value = attrgetter(key)(config)
         if in_use(config, key) and not rule.ok(value):
             errors.append(f"{key}={as_override(value)} is out of range: it must be {rule.text}. "
-                          f"Fix: e.g. {key}={as_override(lookup(schema_defaults(), key))} (the schema's default)")
+                          f"Fix: e.g. {key}={as_override(attrgetter(key)(SCHEMA_DEFAULTS))} (the schema's default)")
     return errors
 
 
@@ -381,8 +362,8 @@ def no_effect_warnings(config: PPOTrainerConfig) -> list[str]:
     """One message per reason, naming every key set away from its default that acts nowhere in this run."""
     by_reason: dict[NoEffect, list[str]] = {}
     for key, rule in NO_EFFECT.items():
-        value = lookup(config, key)
-        if value != lookup(schema_defaults(), key) and not (rule.acts_when and rule.acts_when(config)):
+        value = attrgetter(key)(config)
+        if value != attrgetter(key)(SCHEMA_DEFAULTS) and not (rule.acts_when and rule.acts_when(config)):
             by_reason.setdefault(rule, []).append(f"{key}={as_override(value)}")
     return [f"no effect in this run: {', '.join(keys)} ({rule.why})" for rule, keys in by_reason.items()]
 
@@ -391,7 +372,7 @@ def unsupported_errors(config: PPOTrainerConfig) -> list[str]:
     """One message per key set to a value hybridrl cannot run (keys of roles that do not run are skipped)."""
     errors = []
     for key, rule in UNSUPPORTED.items():
-        value, default = lookup(config, key), lookup(schema_defaults(), key)
+        value, default = attrgetter(key)(config), attrgetter(key)(SCHEMA_DEFAULTS)
         runs_with = rule.runs_with if rule.runs_with is not None else (default,)
         if in_use(config, key) and value not in runs_with:
             fix = f"set it to {as_override(default)}" if len(runs_with) == 1 else \

@@ -96,7 +96,7 @@ class DataConfig(RLDatasetConfig):
     custom_cls: CustomClassConfig = field(default_factory=CustomClassConfig)
     # A prompt sampler of your own (verl's interface, e.g. a curriculum; hybridrl/data/sampler.py), instead of
     # the seeded shuffle.
-    sampler: SamplerClassConfig = field(default_factory=lambda: SamplerClassConfig())
+    sampler: SamplerClassConfig = field(default_factory=SamplerClassConfig)
 
 
 @dataclass
@@ -222,7 +222,7 @@ class AlgorithmConfig(FreezableConfig):
     # PF-PPO: after GAE's advantages, redraw the batch with replacement toward extreme rewards
     # (hybridrl/algos/advantage.py); gae only, as in verl.
     use_pf_ppo: bool = False
-    pf_ppo: PFPPOConfig = field(default_factory=lambda: PFPPOConfig())
+    pf_ppo: PFPPOConfig = field(default_factory=PFPPOConfig)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     # IS weights, rejection and bypass mode for the rollout engine's mismatch (RolloutCorrectionConfig).
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
@@ -435,8 +435,8 @@ ENGINE_STAND_INS = {"sglang": "hf", "trtllm": "hf"}
 
 def _fill_verl_aliases(config: PPOTrainerConfig) -> None:
     """verl's other names: optim.clip_grad is the role's grad_clip; an engine hybridrl lacks becomes hf."""
-    actor = config.actor_rollout_ref.actor
-    for key, role, clip in (("actor_rollout_ref.actor", actor, config.actor_rollout_ref.actor.optim.clip_grad),
+    for key, role, clip in (("actor_rollout_ref.actor", config.actor_rollout_ref.actor,
+                             config.actor_rollout_ref.actor.optim.clip_grad),
                             ("critic", config.critic, config.critic.optim.clip_grad)):
         if clip is None:
             continue
@@ -483,10 +483,9 @@ def _fill_streaming(config: PPOTrainerConfig) -> None:
     if async_cfg.require_batches == 1 and batch > mini and batch % mini == 0:
         async_cfg.require_batches = batch // mini  # a sync config switched to streaming keeps its step's prompts
     step = async_cfg.require_batches * mini
-    require(config.data.train_batch_size in (0, step),
-            f"async_training.mode=streaming trains async_training.require_batches x "
+    require(batch in (0, step), f"async_training.mode=streaming trains async_training.require_batches x "
             f"actor_rollout_ref.actor.ppo_mini_batch_size = {step} prompts a step, but data.train_batch_size="
-            f"{config.data.train_batch_size}: set data.train_batch_size=0 (verl's fully_async) or {step}")
+            f"{batch}: set data.train_batch_size=0 (verl's fully_async) or {step}")
     config.data.train_batch_size = step
     if config.rollout.total_rollout_steps is not None:
         steps = config.rollout.total_rollout_steps // step

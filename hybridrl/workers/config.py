@@ -40,9 +40,6 @@ class ValKwargs(FreezableConfig):
         _check_sampling("rollout.val_kwargs", self.temperature, self.top_k, self.top_p, self.n)
 
 
-TRUNCATE_SIDES = ("left", "right", "middle")
-CALL_FORMATS = ("hermes",)
-SANITY_CHECK_MODES = ("strict", "ignore_strippable", "disable")
 AGENT_LOOPS = ("tool_agent", "single_turn_agent")
 
 
@@ -82,8 +79,8 @@ class MultiTurnConfig(FreezableConfig):
 
     def __post_init__(self) -> None:
         where = "actor_rollout_ref.rollout.multi_turn"
-        for name, choices in (("tokenization_sanity_check_mode", SANITY_CHECK_MODES),
-                              ("tool_response_truncate_side", TRUNCATE_SIDES), ("format", CALL_FORMATS)):
+        for name, choices in (("tokenization_sanity_check_mode", ("strict", "ignore_strippable", "disable")),
+                              ("tool_response_truncate_side", ("left", "right", "middle")), ("format", ("hermes",))):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{where}.{name} must be one of {choices}, got {getattr(self, name)!r}")
         for name in ("max_assistant_turns", "max_user_turns"):
@@ -222,10 +219,9 @@ class RolloutConfig(FreezableConfig):
             if isinstance(getattr(self, name), dict):  # direct construction with a plain dict
                 setattr(self, name, cls(**getattr(self, name)))
         _check_sampling("rollout", self.temperature, self.top_k, self.top_p, self.n)
-        if self.response_length < 1:
-            raise ValueError(f"rollout.response_length must be >= 1, got {self.response_length}")
-        if self.prompt_length < 1:
-            raise ValueError(f"rollout.prompt_length must be >= 1, got {self.prompt_length}")
+        for name in ("prompt_length", "response_length"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
 
 
 @dataclass
@@ -477,36 +473,29 @@ class CriticConfig(FreezableConfig):
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
 
 
-def sequence_parallel_size(role_size: int | None, fsdp_size: int, key: str, inherited: int = 1) -> int:
-    """A role's Ulysses group size from verl's two keys: `{key}` (None: `inherited`) and its
-    `fsdp_config.ulysses_sequence_parallel_size`; where both are set they must agree."""
-    role = inherited if role_size is None else role_size
-    for name, value in ((key, role), (_fsdp_key(key), fsdp_size)):
+def _sequence_parallel_size(section: str, size: int | None, fsdp_size: int, inherited: int = 1) -> int:
+    """A role's Ulysses group size from verl's two keys, `{section}.ulysses_sequence_parallel_size` (None:
+    `inherited`) and its `fsdp_config.ulysses_sequence_parallel_size`; where both are set they must agree."""
+    key = f"{section}.ulysses_sequence_parallel_size"
+    fsdp_key = f"{'critic.model' if section == 'critic' else section}.fsdp_config.ulysses_sequence_parallel_size"
+    size = inherited if size is None else size
+    for name, value in ((key, size), (fsdp_key, fsdp_size)):
         if value < 1:
             raise ConfigError(f"{name} must be >= 1, got {value}")
-    if role != 1 and fsdp_size != 1 and role != fsdp_size:
-        raise ConfigError(f"{key}={role} and {_fsdp_key(key)}={fsdp_size} disagree; set one of them")
-    return fsdp_size if fsdp_size != 1 else role
-
-
-def _fsdp_key(key: str) -> str:
-    section = key.rsplit(".", 1)[0]
-    section = "critic.model" if section == "critic" else section
-    return f"{section}.fsdp_config.ulysses_sequence_parallel_size"
+    if size != 1 and fsdp_size != 1 and size != fsdp_size:
+        raise ConfigError(f"{key}={size} and {fsdp_key}={fsdp_size} disagree; set one of them")
+    return fsdp_size if fsdp_size != 1 else size
 
 
 def actor_sequence_parallel(config: ActorRolloutRefConfig) -> tuple[int, int]:
     """(actor's, reference's) Ulysses group sizes; the reference follows the actor unless set."""
-    actor = sequence_parallel_size(config.actor.ulysses_sequence_parallel_size,
-                                   config.actor.fsdp_config.ulysses_sequence_parallel_size,
-                                   "actor_rollout_ref.actor.ulysses_sequence_parallel_size")
-    ref = sequence_parallel_size(config.ref.ulysses_sequence_parallel_size,
-                                 config.ref.fsdp_config.ulysses_sequence_parallel_size,
-                                 "actor_rollout_ref.ref.ulysses_sequence_parallel_size", inherited=actor)
+    actor = _sequence_parallel_size("actor_rollout_ref.actor", config.actor.ulysses_sequence_parallel_size,
+                                    config.actor.fsdp_config.ulysses_sequence_parallel_size)
+    ref = _sequence_parallel_size("actor_rollout_ref.ref", config.ref.ulysses_sequence_parallel_size,
+                                  config.ref.fsdp_config.ulysses_sequence_parallel_size, inherited=actor)
     return actor, ref
 
 
 def critic_sequence_parallel(config: CriticConfig) -> int:
-    return sequence_parallel_size(config.ulysses_sequence_parallel_size,
-                                  config.model.fsdp_config.ulysses_sequence_parallel_size,
-                                  "critic.ulysses_sequence_parallel_size")
+    return _sequence_parallel_size("critic", config.ulysses_sequence_parallel_size,
+                                   config.model.fsdp_config.ulysses_sequence_parallel_size)
