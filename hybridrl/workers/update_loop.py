@@ -79,8 +79,7 @@ def global_batch_info(mini_batch: DataProto, replicas: int = 1) -> dict:
 
 
 def run_updates(engine: FSDPEngine, data: DataProto, plan: BatchingPlan, micro_step: MicroStep,
-                prefix: str, group_ids_of: Callable[[DataProto], torch.Tensor | None] | None = None,
-                ) -> dict[str, list[float]]:
+                prefix: str, group_ids_of: Callable[[DataProto], torch.Tensor | None]) -> dict[str, list[float]]:
     """Run the epochs x mini-batches x micro-batches loop; return per-mini-batch metrics by name.
     micro_step(micro_batch, global_batch_info, sums) returns the micro-batch's loss share to back-propagate;
     group_ids_of(mini_batch) names rows to keep together."""
@@ -99,8 +98,7 @@ def run_updates(engine: FSDPEngine, data: DataProto, plan: BatchingPlan, micro_s
         for mini in rows.split(plan.mini_batch_rows):
             info = global_batch_info(mini, engine.sequence_parallel.size)
             sums = MetricSums()
-            group_ids = group_ids_of(mini) if group_ids_of is not None else None
-            micro_batches = make_micro_batches(mini, plan.micro_batch_rows, plan.max_token_len, group_ids)
+            micro_batches = make_micro_batches(mini, plan.micro_batch_rows, plan.max_token_len, group_ids_of(mini))
             for i, micro in enumerate(micro_batches):
                 fit_cpu_threads()
                 with engine.gradient_sync(i == len(micro_batches) - 1):
