@@ -39,7 +39,7 @@ from hybridrl.workers.config import (
     to_dataclass,
 )
 from hybridrl.workers.critic import PPOCritic
-from hybridrl.workers.fsdp_engine import FSDPEngine, offload_refusals, raise_first_refusal, refuse_offload
+from hybridrl.workers.fsdp_engine import FSDPEngine, offload_refusals, refuse_offload
 from hybridrl.workers.rollout import ROLLOUT_ENGINES, build_rollout
 from hybridrl.workers.rollout.agent_loop import AgentLoop
 from hybridrl.workers.update_loop import (
@@ -65,14 +65,15 @@ def forward_and_update_passes(model: torch.nn.Module, fsdp_dtype: str, epochs: i
                               train: str) -> dict[str, ModelPass]:
     """A trained model's passes for MFU: the no-grad forward (`infer`) and the update (`train`)."""
     params = matmul_params(model)
-    peak = device_peak_flops(resolve_dtype(fsdp_dtype))
     return {infer: forward_pass(params, fsdp_dtype),
-            train: ModelPass(params, TRAIN_FLOPS_PER_PARAM, epochs, peak)}
+            train: forward_pass(params, fsdp_dtype, TRAIN_FLOPS_PER_PARAM, epochs)}
 
 
-def forward_pass(params: int, dtype: str) -> ModelPass:
-    """A no-grad forward of a model with `params` matmul parameters, computing in `dtype`."""
-    return ModelPass(params, FORWARD_FLOPS_PER_PARAM, 1, device_peak_flops(resolve_dtype(dtype)))
+def forward_pass(params: int, dtype: str, flops_per_param: int = FORWARD_FLOPS_PER_PARAM,
+                 passes: int = 1) -> ModelPass:
+    """A no-grad forward (or with `TRAIN_FLOPS_PER_PARAM`, an update) of a model with `params` matmul
+    parameters, computing in `dtype`."""
+    return ModelPass(params, flops_per_param, passes, device_peak_flops(resolve_dtype(dtype)))
 
 
 def load_model_for(model: ModelConfig, gradient_checkpointing: bool, compute_dtype: str, device_type: str,
@@ -86,11 +87,6 @@ def load_model_for(model: ModelConfig, gradient_checkpointing: bool, compute_dty
         override_config=model.override_config, gradient_checkpointing=gradient_checkpointing,
         attn_implementation=default_attention(resolve_dtype(compute_dtype), device_type),
     )
-
-
-def with_lora(model: torch.nn.Module, settings: LoRASettings, compute_dtype: str) -> torch.nn.Module:
-    """`model` with LoRA adapters where `settings` ask for them (its frozen base in the compute dtype)."""
-    return add_lora(model, settings, base_dtype=resolve_dtype(compute_dtype)) if settings.enabled else model
 
 
 class ActorRolloutRefWorker(Worker):
@@ -107,9 +103,7 @@ class ActorRolloutRefWorker(Worker):
         if role != "rollout":  # the batch arithmetic is the training ranks'; a rollout pool only generates
             check_actor_rollout_ref(self.config, self.world_size)
         self.role = role
-        self.is_actor = role in ("actor", "actor_ref", "actor_rollout", "actor_rollout_ref")
-        self.is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
-        self.is_ref = role in ("ref", "actor_ref", "actor_rollout_ref")
+        self.is_actor, self.is_rollout, self.is_ref = "actor" in role, "rollout" in role, "ref" in role
         self.lora = LoRASettings.from_model_config(self.config.model)
         self.actor = self.ref = self.rollout = None
         self.agent_loop: AgentLoop | None = None  # rollout.multi_turn.enable: multi-turn generation with tools
@@ -120,30 +114,30 @@ class ActorRolloutRefWorker(Worker):
         self.weight_version: int | None = None
         device_type = self.device.type
         if self.is_actor:
-            raise_first_refusal(actor_offload_refusals(self.config, role, device_type))
+            refuse_offload(actor_offload_refusals(self.config, role, device_type))
         if self.is_ref:
-            refuse_offload(self.config.ref.fsdp_config, "actor_rollout_ref.ref", device_type)
+            refuse_offload(offload_refusals(self.config.ref.fsdp_config, "actor_rollout_ref.ref", device_type))
         self.passes: dict[str, ModelPass] = {}  # filled by init_model
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         cfg = self.config
         actor_sp, ref_sp = actor_sequence_parallel(cfg)
+        actor_dtype = cfg.actor.fsdp_config.mixed_precision.param_dtype
         self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path,
                                         trust_remote_code=cfg.model.trust_remote_code)
         # the peaks of the passes below, measured in turns across ranks; the passes read them cached
         self.measure_peak_flops(resolve_dtype(name) for name, needed in (
-            (cfg.actor.fsdp_config.mixed_precision.param_dtype, self.is_actor),
+            (actor_dtype, self.is_actor),
             (cfg.rollout.dtype, self.is_rollout), (cfg.ref.fsdp_config.mixed_precision.param_dtype, self.is_ref),
         ) if needed)
         if self.is_actor:
-            model = load_model_for(cfg.model, cfg.model.enable_gradient_checkpointing,
-                                   cfg.actor.fsdp_config.mixed_precision.param_dtype, self.device.type,
+            model = load_model_for(cfg.model, cfg.model.enable_gradient_checkpointing, actor_dtype, self.device.type,
                                    weights_dtype=cfg.actor.fsdp_config.model_dtype)
-            model = with_lora(model, self.lora, cfg.actor.fsdp_config.mixed_precision.param_dtype)
-            self.passes.update(forward_and_update_passes(
-                model, cfg.actor.fsdp_config.mixed_precision.param_dtype, cfg.actor.ppo_epochs,
-                infer="actor_infer", train="actor"))
+            if self.lora.enabled:  # the frozen base in the compute dtype
+                model = add_lora(model, self.lora, base_dtype=resolve_dtype(actor_dtype))
+            self.passes.update(forward_and_update_passes(model, actor_dtype, cfg.actor.ppo_epochs,
+                                                         infer="actor_infer", train="actor"))
             engine = FSDPEngine(model, cfg.actor.fsdp_config, cfg.actor.optim, cfg.actor.grad_clip,
                                 sequence_parallel_size=actor_sp,
                                 sequence_parallel_key="actor_rollout_ref.actor.ulysses_sequence_parallel_size")
@@ -173,7 +167,7 @@ class ActorRolloutRefWorker(Worker):
                 self.agent_loop = AgentLoop(self.rollout, self.tokenizer, rollout_cfg, tools, interactions)
             self.passes["rollout"] = forward_pass(params, cfg.rollout.dtype)
         if self.is_ref and self.actor and self.actor.engine.has_lora:  # the base under the actor's adapters
-            self.passes["ref"] = forward_pass(self.passes["actor"].params, cfg.actor.fsdp_config.mixed_precision.param_dtype)
+            self.passes["ref"] = forward_pass(self.passes["actor"].params, actor_dtype)
             self.ref = self.actor
         elif self.is_ref:
             ref_dtype = cfg.ref.fsdp_config.mixed_precision.param_dtype
@@ -345,7 +339,7 @@ class CriticWorker(Worker):
         self.config = to_dataclass(CriticConfig, config)
         super().__init__(collective_timeout_s=self.config.nccl_timeout)
         check_critic(self.config, self.world_size)
-        refuse_offload(self.config.model.fsdp_config, "critic.model", self.device.type)
+        refuse_offload(offload_refusals(self.config.model.fsdp_config, "critic.model", self.device.type))
         self.critic = None
         self.passes: dict[str, ModelPass] = {}  # filled by init_model
 

@@ -16,7 +16,7 @@ from hybridrl.models.loading import load_causal_lm, load_tokenizer
 from hybridrl.protocol import DataProto
 from hybridrl.workers.checkpoint import CheckpointManager
 from hybridrl.workers.config import FSDPConfig, OptimConfig, to_dataclass
-from hybridrl.workers.fsdp_engine import FSDPEngine, refuse_offload
+from hybridrl.workers.fsdp_engine import FSDPEngine, offload_refusals, refuse_offload
 from hybridrl.workers.micro_batch import make_micro_batches, reduce_over_ranks
 from hybridrl.workers.sequence_parallel import SequenceParallel
 
@@ -59,7 +59,7 @@ class SFTWorker(Worker):
     def __init__(self, config: Any) -> None:
         super().__init__()
         self.config = config
-        refuse_offload(to_dataclass(FSDPConfig, config.model.fsdp_config), "model", self.device.type)
+        refuse_offload(offload_refusals(to_dataclass(FSDPConfig, config.model.fsdp_config), "model", self.device.type))
         self.engine: FSDPEngine | None = None
         self.tokenizer = None
 

@@ -125,12 +125,6 @@ def micro_batch_per_rank(per_gpu: int | None, global_size: int | None, world_siz
     return None if global_size is None else per_rank(global_size, world_size, key)
 
 
-def mini_batch_rows(config: ActorConfig | CriticConfig, rollout_n: int, world_size: int, prefix: str) -> int:
-    """Rows one rank trains on per optimizer step: ppo_mini_batch_size x rollout_n over the ranks."""
-    return per_rank(config.ppo_mini_batch_size * rollout_n, world_size,
-                    f"{prefix}.ppo_mini_batch_size ({config.ppo_mini_batch_size}) x rollout.n ({rollout_n})")
-
-
 def check_actor_rollout_ref(config: ActorRolloutRefConfig, world_size: int) -> None:
     """Raise, naming the key, unless the actor's, rollout's and reference's batch sizes cut a rank's rows."""
     n = config.rollout.n
@@ -165,7 +159,9 @@ def check_sequence_parallel(size: int, world_size: int, key: str) -> None:
 def update_plan(config: ActorConfig | CriticConfig, rollout_n: int, world_size: int) -> BatchingPlan:
     """How an actor or critic config (verl's same update keys) cuts a rank's rows at this world size."""
     prefix = "critic" if isinstance(config, CriticConfig) else "actor_rollout_ref.actor"
-    rows = mini_batch_rows(config, rollout_n, world_size, prefix)
+    # rows one rank trains on per optimizer step
+    rows = per_rank(config.ppo_mini_batch_size * rollout_n, world_size,
+                    f"{prefix}.ppo_mini_batch_size ({config.ppo_mini_batch_size}) x rollout.n ({rollout_n})")
     micro = micro_batch_per_rank(config.ppo_micro_batch_size_per_gpu, config.ppo_micro_batch_size, world_size,
                                  f"{prefix}.ppo_micro_batch_size")
     return BatchingPlan(
@@ -178,9 +174,11 @@ def update_plan(config: ActorConfig | CriticConfig, rollout_n: int, world_size: 
     )
 
 
-def forward_batching(use_dynamic_bsz: bool, micro_batch_rows: int | None,
-                     max_token_len: int) -> tuple[int | None, int | None]:
-    """(micro_batch_rows, max_token_len) of a no-grad pass; without a micro-batch size, a rank's share at once."""
+def forward_batching(use_dynamic_bsz: bool, per_gpu: int | None, global_size: int | None, world_size: int,
+                     key: str, max_token_len: int) -> tuple[int | None, int | None]:
+    """(micro_batch_rows, max_token_len) of a no-grad pass whose micro-batch keys are `key[_per_gpu]`; without a
+    micro-batch size, a rank's share at once."""
+    micro_batch_rows = micro_batch_per_rank(per_gpu, global_size, world_size, key)
     if use_dynamic_bsz:
         return None, max_token_len
     if micro_batch_rows is None:
@@ -191,13 +189,14 @@ def forward_batching(use_dynamic_bsz: bool, micro_batch_rows: int | None,
 def log_prob_batching(config: RolloutConfig | RefConfig, world_size: int) -> tuple[int | None, int | None]:
     """Forward batching of a rollout or ref config's log-prob keys."""
     section = "ref" if isinstance(config, RefConfig) else "rollout"
-    micro = micro_batch_per_rank(config.log_prob_micro_batch_size_per_gpu, config.log_prob_micro_batch_size,
-                                 world_size, f"actor_rollout_ref.{section}.log_prob_micro_batch_size")
-    return forward_batching(config.log_prob_use_dynamic_bsz, micro, config.log_prob_max_token_len_per_gpu)
+    return forward_batching(config.log_prob_use_dynamic_bsz, config.log_prob_micro_batch_size_per_gpu,
+                            config.log_prob_micro_batch_size, world_size,
+                            f"actor_rollout_ref.{section}.log_prob_micro_batch_size",
+                            config.log_prob_max_token_len_per_gpu)
 
 
 def value_batching(config: CriticConfig, world_size: int) -> tuple[int | None, int | None]:
     """Forward batching of the critic's value pass."""
-    micro = micro_batch_per_rank(config.forward_micro_batch_size_per_gpu, config.forward_micro_batch_size,
-                                 world_size, "critic.forward_micro_batch_size")
-    return forward_batching(config.use_dynamic_bsz, micro, config.forward_max_token_len_per_gpu)
+    return forward_batching(config.use_dynamic_bsz, config.forward_micro_batch_size_per_gpu,
+                            config.forward_micro_batch_size, world_size, "critic.forward_micro_batch_size",
+                            config.forward_max_token_len_per_gpu)
