@@ -93,14 +93,6 @@ def _gather_str(value: str) -> list[str]:
     return gathered
 
 
-def _broadcast_str(value: str) -> str:
-    if not dist.is_initialized():
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 @contextlib.contextmanager
 def _dcp_options(one_process: bool = False) -> Iterator[dict[str, bool]]:
     """DCP's keyword arguments: `no_dist=True` (its warning silenced) on one rank or for `one_process` work,
@@ -313,7 +305,7 @@ class CheckpointManager:
                         max_ckpt_to_keep: int | None = None) -> None:
         """Write this role's checkpoint to `local_path` (e.g. `.../global_step_N/actor`) from all ranks."""
         final = Path(local_path)
-        tmp = final.with_name(_broadcast_str(final.name + TMP_TAG + uuid.uuid4().hex[:8]))
+        tmp = final.with_name(_gather_str(final.name + TMP_TAG + uuid.uuid4().hex[:8])[0])  # rank 0's name
         if _rank() == 0:
             self._prepare(final, tmp)
         _barrier()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -114,16 +114,12 @@ class PromptSharing:
         return {name: F.pad(value, (0, mask.shape[-1] - value.shape[1])) * mask.to(value.dtype)
                 for name, value in kept.items()}
 
-    @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
+    def held(self) -> contextlib.AbstractContextManager[None]:
         """Around an update: `shared_prompt_mode` where layers are checkpointed, `ulysses_mode` with sequence
         parallelism."""
         if self.sequence_parallel.enabled:
-            mode = ulysses_mode(self.module)
-        else:
-            mode = shared_prompt_mode(self.module) if self.hold_packed else contextlib.nullcontext()
-        with mode:
-            yield
+            return ulysses_mode(self.module)
+        return shared_prompt_mode(self.module) if self.hold_packed else contextlib.nullcontext()
 
 
 class PromptSharingRole:

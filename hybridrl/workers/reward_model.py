@@ -135,12 +135,6 @@ def same_tokenization(a: Any, b: Any) -> bool:
     return a.get_vocab() == b.get_vocab() and a.chat_template == b.chat_template
 
 
-def _prompt_messages(raw_prompt: Any) -> list[dict[str, Any]]:
-    if isinstance(raw_prompt, str):
-        return [{"role": "user", "content": raw_prompt}]
-    return [dict(message) for message in raw_prompt]
-
-
 def conversations(data: DataProto, src_tokenizer: Any) -> list[list[dict[str, Any]]]:
     """Each row as chat messages: its prompt (`raw_prompt`, else decoded without special tokens, keeping any
     text the actor's template added) and the response."""
@@ -151,8 +145,10 @@ def conversations(data: DataProto, src_tokenizer: Any) -> list[list[dict[str, An
     raw = data.non_tensor_batch.get("raw_prompt")
     chats = []
     for i in range(len(data)):
-        if raw is not None:
-            messages = _prompt_messages(raw[i])
+        if raw is not None and isinstance(raw[i], str):
+            messages = [{"role": "user", "content": raw[i]}]
+        elif raw is not None:
+            messages = [dict(message) for message in raw[i]]
         else:
             ids = prompts[i, prompt_len - int(prompt_valid[i]):].tolist()
             messages = [{"role": "user", "content": src_tokenizer.decode(ids, skip_special_tokens=True)}]

@@ -24,11 +24,10 @@ SFT_KEYS = ("input_ids", "attention_mask", "position_ids", "loss_mask")
 
 
 def token_losses(module: torch.nn.Module, batch: dict[str, torch.Tensor],
-                 sequence_parallel: SequenceParallel | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 sp: SequenceParallel) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token NLL of the next token and its 0/1 mask, each (rows, width - 1): the prediction at t counts
     where loss_mask[t+1] (the assistant's tokens, unshifted) is 1."""
     ids, mask = batch["input_ids"], batch["loss_mask"][:, 1:]
-    sp = sequence_parallel or SequenceParallel()
     if sp.enabled:  # each rank predicts the tokens after its columns; the group joins them
         logits, places, counts = sp.forward(module, ids, batch["attention_mask"], batch["position_ids"], 0,
                                             ids.shape[1] - 1)
@@ -81,8 +80,7 @@ class SFTWorker(Worker):
         )
         self.engine = FSDPEngine(model, to_dataclass(FSDPConfig, model_cfg.fsdp_config), optim_config,
                                  grad_clip=optim.clip_grad,
-                                 sequence_parallel_size=self.config.get("ulysses_sequence_parallel_size", 1),
-                                 sequence_parallel_key="ulysses_sequence_parallel_size")
+                                 sequence_parallel_size=self.config.get("ulysses_sequence_parallel_size", 1))
         local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
                     for p in self.engine.module.parameters())
         return {"params": n_params, "local_params": local}

@@ -137,9 +137,8 @@ def send_weights(pairs: Iterable[tuple[str, torch.Tensor]], plan: BucketPlan, gr
     pairs = iter(pairs)
     sent = 0
     for bucket in plan.buckets:
-        flat = None
-        if group is not None:
-            flat = torch.empty(sum(slot.numel for slot in bucket), dtype=plan.torch_dtype, device=group.device)
+        size = sum(slot.numel for slot in bucket)
+        flat = None if group is None else torch.empty(size, dtype=plan.torch_dtype, device=group.device)
         offset = 0
         for slot in bucket:
             name, tensor = next(pairs, (None, None))
