@@ -89,7 +89,39 @@ def load_model_for(model: ModelConfig, gradient_checkpointing: bool, compute_dty
     )
 
 
-class ActorRolloutRefWorker(Worker):
+class TrainingWorker(Worker):
+    """What the actor's and the critic's workers share: the MFU passes and verl's checkpoint calls."""
+
+    passes: dict[str, ModelPass]  # filled by init_model
+    checkpoint_manager: CheckpointManager
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def model_passes(self) -> dict[str, ModelPass]:
+        """As the role has them: `rollout`, `actor_infer`, `actor` and `ref`; `critic_infer` and `critic`."""
+        return dict(self.passes)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, local_path: str, hdfs_path: str | None = None, global_step: int = 0,
+                        max_ckpt_to_keep: int | None = None) -> None:
+        """Save the model, optimizer, scheduler and RNG to `local_path` (a `.../actor` or `.../critic` directory)."""
+        manager = self._checkpoint_manager("save_checkpoint", hdfs_path)
+        manager.save_checkpoint(local_path, global_step, max_ckpt_to_keep)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, local_path: str, hdfs_path: str | None = None,
+                        del_local_after_load: bool = False) -> None:
+        self._checkpoint_manager("load_checkpoint", hdfs_path).load_checkpoint(local_path)
+
+    def _checkpoint_manager(self, method: str, hdfs_path: str | None) -> CheckpointManager:
+        if hdfs_path:
+            raise NotImplementedError(
+                f"copying checkpoints to HDFS ({hdfs_path}) is not supported; keep trainer.default_hdfs_dir unset "
+                f"and sync trainer.default_local_dir yourself"
+            )
+        return self.checkpoint_manager
+
+
+class ActorRolloutRefWorker(TrainingWorker):
     """Actor, rollout and/or reference policy on one rank, by `role`. With `actor_rollout[_ref]` the rollout
     generates with the actor's current weights
     (docs/rollout.md, "The hand-off between training and generation"). A LoRA actor's reference policy is
@@ -117,7 +149,7 @@ class ActorRolloutRefWorker(Worker):
             refuse_offload(actor_offload_refusals(self.config, role, device_type))
         if self.is_ref:
             refuse_offload(offload_refusals(self.config.ref.fsdp_config, "actor_rollout_ref.ref", device_type))
-        self.passes: dict[str, ModelPass] = {}  # filled by init_model
+        self.passes = {}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -177,11 +209,6 @@ class ActorRolloutRefWorker(Worker):
             engine = FSDPEngine(model, cfg.ref.fsdp_config, sequence_parallel_size=ref_sp,
                                 sequence_parallel_key="actor_rollout_ref.ref.ulysses_sequence_parallel_size")
             self.ref = PPOActor(cfg.actor, engine, share_prompts=cfg.model.share_prompt_forward)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def model_passes(self) -> dict[str, ModelPass]:
-        """`rollout`, `actor_infer`, `actor` and `ref`, as this worker's role has them."""
-        return dict(self.passes)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     @report_worker_seconds
@@ -257,20 +284,9 @@ class ActorRolloutRefWorker(Worker):
         metrics = self.actor.update_policy(data, plan)
         return DataProto(meta_info={"metrics": metrics})
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, local_path: str, hdfs_path: str | None = None, global_step: int = 0,
-                        max_ckpt_to_keep: int | None = None) -> None:
-        """Save the actor (model, optimizer, scheduler, RNG) to `local_path` (a `.../actor` directory)."""
-        self._require(self.actor, "save_checkpoint", "actor")
-        _no_remote_storage(hdfs_path)
-        self.checkpoint_manager.save_checkpoint(local_path, global_step, max_ckpt_to_keep)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, local_path: str, hdfs_path: str | None = None,
-                        del_local_after_load: bool = False) -> None:
-        self._require(self.actor, "load_checkpoint", "actor")
-        _no_remote_storage(hdfs_path)
-        self.checkpoint_manager.load_checkpoint(local_path)
+    def _checkpoint_manager(self, method: str, hdfs_path: str | None) -> CheckpointManager:
+        self._require(self.actor, method, "actor")
+        return super()._checkpoint_manager(method, hdfs_path)
 
     # ----- the weight sync between a training pool and a rollout pool (hybridrl/workers/weight_sync.py) ------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -332,7 +348,7 @@ class ActorRolloutRefWorker(Worker):
             )
 
 
-class CriticWorker(Worker):
+class CriticWorker(TrainingWorker):
     """The value model (GAE): `compute_values` and `update_critic` on this rank's rows."""
 
     def __init__(self, config: Any) -> None:
@@ -341,7 +357,7 @@ class CriticWorker(Worker):
         check_critic(self.config, self.world_size)
         refuse_offload(offload_refusals(self.config.model.fsdp_config, "critic.model", self.device.type))
         self.critic = None
-        self.passes: dict[str, ModelPass] = {}  # filled by init_model
+        self.passes = {}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -361,11 +377,6 @@ class CriticWorker(Worker):
         self.critic = PPOCritic(self.config, engine, share_prompts=model_cfg.share_prompt_forward)
         self.checkpoint_manager = CheckpointManager(engine, self.tokenizer, self.config.checkpoint)
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def model_passes(self) -> dict[str, ModelPass]:
-        """`critic_infer` (values) and `critic` (update)."""
-        return dict(self.passes)
-
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     @report_worker_seconds
     def compute_values(self, data: DataProto) -> DataProto:
@@ -377,18 +388,6 @@ class CriticWorker(Worker):
     def update_critic(self, data: DataProto) -> DataProto:
         metrics = self.critic.update_critic(data, update_plan(self.config, self.config.rollout_n, self.world_size))
         return DataProto(meta_info={"metrics": metrics})
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, local_path: str, hdfs_path: str | None = None, global_step: int = 0,
-                        max_ckpt_to_keep: int | None = None) -> None:
-        _no_remote_storage(hdfs_path)
-        self.checkpoint_manager.save_checkpoint(local_path, global_step, max_ckpt_to_keep)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, local_path: str, hdfs_path: str | None = None,
-                        del_local_after_load: bool = False) -> None:
-        _no_remote_storage(hdfs_path)
-        self.checkpoint_manager.load_checkpoint(local_path)
 
 
 def actor_offload_refusals(cfg: ActorRolloutRefConfig, role: str, device_type: str) -> list[str]:
@@ -405,11 +404,3 @@ def actor_offload_refusals(cfg: ActorRolloutRefConfig, role: str, device_type: s
             "generates. Set it to false."
         ]
     return []
-
-
-def _no_remote_storage(hdfs_path: str | None) -> None:
-    if hdfs_path:
-        raise NotImplementedError(
-            f"copying checkpoints to HDFS ({hdfs_path}) is not supported; keep trainer.default_hdfs_dir unset "
-            f"and sync trainer.default_local_dir yourself"
-        )
