@@ -156,12 +156,12 @@ class ActorRolloutRefWorker(TrainingWorker):
         cfg = self.config
         actor_sp, ref_sp = actor_sequence_parallel(cfg)
         actor_dtype = cfg.actor.fsdp_config.mixed_precision.param_dtype
+        ref_dtype = cfg.ref.fsdp_config.mixed_precision.param_dtype
         self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path,
                                         trust_remote_code=cfg.model.trust_remote_code)
         # the peaks of the passes below, measured in turns across ranks; the passes read them cached
         self.measure_peak_flops(resolve_dtype(name) for name, needed in (
-            (actor_dtype, self.is_actor),
-            (cfg.rollout.dtype, self.is_rollout), (cfg.ref.fsdp_config.mixed_precision.param_dtype, self.is_ref),
+            (actor_dtype, self.is_actor), (cfg.rollout.dtype, self.is_rollout), (ref_dtype, self.is_ref),
         ) if needed)
         if self.is_actor:
             model = load_model_for(cfg.model, cfg.model.enable_gradient_checkpointing, actor_dtype, self.device.type,
@@ -202,7 +202,6 @@ class ActorRolloutRefWorker(TrainingWorker):
             self.passes["ref"] = forward_pass(self.passes["actor"].params, actor_dtype)
             self.ref = self.actor
         elif self.is_ref:
-            ref_dtype = cfg.ref.fsdp_config.mixed_precision.param_dtype
             model = load_model_for(cfg.model, False, ref_dtype, self.device.type,
                                    weights_dtype=cfg.ref.fsdp_config.model_dtype)
             self.passes["ref"] = forward_pass(matmul_params(model), ref_dtype)
