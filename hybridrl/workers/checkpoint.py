@@ -316,7 +316,7 @@ class CheckpointManager:
             with _dcp_options() as dcp_options:
                 dcp.save(_selected(self.engine.sharded_state(), contents), checkpoint_id=str(tmp), **dcp_options)
         self._save_hf_files(tmp / HF_SUBDIR, with_weights="hf_model" in contents)
-        lora = getattr(self.engine, "has_lora", False)
+        lora = self.engine.has_lora
         if lora and "model" in contents:
             adapters = self.engine.full_adapter_state_dict()  # a collective
             if _rank() == 0:
@@ -379,7 +379,7 @@ class CheckpointManager:
         read failure raises CheckpointError, on every rank, naming each failing rank's error."""
         meta = check_role_dir(local_path)
         wanted = [c for c in self.load_contents if c != "hf_model"]
-        saved_lora, lora = "lora" in meta, getattr(self.engine, "has_lora", False)
+        saved_lora, lora = "lora" in meta, self.engine.has_lora
         if saved_lora != lora and "model" in wanted:
             raise CheckpointError(
                 f"{local_path} holds {'LoRA adapters' if saved_lora else 'a full model'}, but this run "

@@ -40,14 +40,8 @@ def token_losses(module: torch.nn.Module, batch: dict[str, torch.Tensor],
     return nll, mask.to(nll.dtype)
 
 
-def micro_batches(data: DataProto, size: int, max_token_len: int | None) -> list[dict[str, torch.Tensor]]:
-    """Rows grouped by similar length into micro-batches (`size` rows, or within `max_token_len`), each trimmed
-    to its longest row: right padding past it changes no loss term."""
-    return [_trimmed(part.data) for part in make_micro_batches(data, None if max_token_len else size, max_token_len)]
-
-
 def _trimmed(data: DataProto) -> dict[str, torch.Tensor]:
-    """The SFT columns cut to the longest row, each (rows, width)."""
+    """The SFT columns cut to the longest row, each (rows, width): right padding past it changes no loss term."""
     width = int(data.batch["attention_mask"].sum(dim=-1).max())
     return {k: data.batch[k][:, :width] for k in SFT_KEYS}
 
@@ -97,8 +91,10 @@ class SFTWorker(Worker):
         if global_tokens == 0:
             raise ValueError("the batch has no assistant tokens to train on; check the loss masks / data keys")
         data_cfg = self.config.data
-        parts = micro_batches(data, data_cfg.micro_batch_size_per_gpu,
-                              data_cfg.max_token_len_per_gpu * sp.size if data_cfg.use_dynamic_bsz else None)
+        dynamic = data_cfg.use_dynamic_bsz  # a token budget per pass instead of a row count
+        micro = make_micro_batches(data, None if dynamic else data_cfg.micro_batch_size_per_gpu,
+                                   data_cfg.max_token_len_per_gpu * sp.size if dynamic else None)
+        parts = [_trimmed(mb.data) for mb in micro]
         loss_sum = 0.0
         for i, part in enumerate(parts):
             with self.engine.gradient_sync(enabled=i == len(parts) - 1):
