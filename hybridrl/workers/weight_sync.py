@@ -121,10 +121,7 @@ class SyncGroup:
         return cls(store, rank, world_size, device, timeout_s)
 
     def broadcast(self, tensor: torch.Tensor) -> None:
-        options = dist.BroadcastOptions()
-        options.rootRank = SYNC_ROOT
-        options.rootTensor = 0
-        self.group.broadcast([tensor], options).wait()
+        self.group.broadcast(tensor, SYNC_ROOT).wait()
 
 
 def send_weights(pairs: Iterable[tuple[str, torch.Tensor]], plan: BucketPlan, group: SyncGroup | None) -> int:
