@@ -6,18 +6,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
-import torch.nn.functional as F
 
 from hybridrl.algos import agg_loss, get_policy_loss_fn, kl_penalty
 from hybridrl.algos.rollout_correction import compute_policy_loss_bypass_mode
 from hybridrl.protocol import DataProto
 from hybridrl.utils.torch_functional import entropy_from_logits, logprobs_from_logits, masked_sum
 from hybridrl.workers.config import ActorConfig
-from hybridrl.workers.micro_batch import make_micro_batches, restore_order
 from hybridrl.workers.response_pass import PromptSharingRole
-from hybridrl.workers.update_loop import BatchingPlan, MetricSums, run_updates
-
-SHARE_KEY = "actor_rollout_ref.model.share_prompt_forward"
+from hybridrl.workers.update_loop import BatchingPlan, MetricSums
 
 
 def temperature_of(data: DataProto) -> float:
@@ -32,7 +28,7 @@ def temperature_of(data: DataProto) -> float:
 class PPOActor(PromptSharingRole):
     """compute_log_prob and update_policy for an actor or a reference policy (an engine without optimizer)."""
 
-    SHARE_KEY = SHARE_KEY
+    SHARE_KEY = "actor_rollout_ref.model.share_prompt_forward"
     config: ActorConfig
 
     def _per_token(self, micro: DataProto, temperature: float, with_entropy: bool,
@@ -50,35 +46,21 @@ class PPOActor(PromptSharingRole):
                 values["sum_pi_squared"] = torch.softmax(logits.float(), dim=-1).square().sum(dim=-1)
             return values
 
-        per_token = self.prompt_sharing.per_token(micro, compute)  # each (rows, kept)
-        kept, response_length = per_token["log_probs"].shape[1], responses.shape[-1]
-        mask = micro.batch["response_mask"].to(per_token["log_probs"].dtype)  # (rows, response_length)
-        return {name: F.pad(value, (0, response_length - kept)) * mask for name, value in per_token.items()}
+        return self.prompt_sharing.per_token(micro, compute)
 
-    @torch.no_grad()
     def compute_log_prob(self, data: DataProto, micro_batch_rows: int | None, max_token_len: int | None,
                          calculate_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (rows, response_len) of `data`'s responses, in row order; entropies if asked."""
         outputs = self.compute_response_outputs(data, micro_batch_rows, max_token_len, calculate_entropy)
         return outputs["log_probs"], outputs.get("entropy")
 
-    @torch.no_grad()
     def compute_response_outputs(self, data: DataProto, micro_batch_rows: int | None, max_token_len: int | None,
                                  calculate_entropy: bool = False,
                                  calculate_sum_pi_squared: bool = False) -> dict[str, torch.Tensor]:
         """`log_probs` (rows, response_len) in row order, and when asked `entropy` and `sum_pi_squared`."""
-        self.engine.module.eval()
         temperature = temperature_of(data)
-        data, plan = self.group_rows(data, BatchingPlan(len(data), micro_batch_rows, max_token_len))
-        micro_batches = make_micro_batches(data, plan.micro_batch_rows, plan.max_token_len,
-                                           self.prompt_sharing.group_ids(data))
-        parts: dict[str, list[torch.Tensor]] = {}
-        for mb in micro_batches:
-            for name, value in self._per_token(mb.data, temperature, calculate_entropy,
-                                               calculate_sum_pi_squared).items():
-                parts.setdefault(name, []).append(value)
-        own = self.engine.sequence_parallel.own_rows
-        return {name: own(restore_order(values, micro_batches, len(data))) for name, values in parts.items()}
+        return self.forward_rows(data, micro_batch_rows, max_token_len, lambda micro: self._per_token(
+            micro, temperature, calculate_entropy, calculate_sum_pi_squared))
 
     def update_policy(self, data: DataProto, plan: BatchingPlan) -> dict[str, list[float]]:
         """PPO epochs over the rank's rows, against their `old_log_probs`; per-mini-batch metrics under `actor/`."""
@@ -104,7 +86,6 @@ class PPOActor(PromptSharingRole):
 
     def _update(self, data: DataProto, plan: BatchingPlan, fused: bool,
                 old_log_probs_out: torch.Tensor | None = None) -> dict[str, list[float]]:
-        self.engine.module.train()
         temperature = temperature_of(data)
         cfg = self.config
         policy_loss = get_policy_loss_fn(cfg.policy_loss.loss_mode)
@@ -143,6 +124,4 @@ class PPOActor(PromptSharingRole):
                 sums.add(name, float(value), tokens)
             return loss
 
-        with self.prompt_sharing.held():
-            return run_updates(self.engine, data, plan, micro_step, prefix="actor",
-                               group_ids_of=self.prompt_sharing.group_ids)
+        return self.run_updates(data, plan, micro_step, prefix="actor")

@@ -93,14 +93,6 @@ def _gather_str(value: str) -> list[str]:
     return gathered
 
 
-def _broadcast_str(value: str) -> str:
-    if not dist.is_initialized():
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 @contextlib.contextmanager
 def _dcp_options(one_process: bool = False) -> Iterator[dict[str, bool]]:
     """DCP's keyword arguments: `no_dist=True` (its warning silenced) on one rank or for `one_process` work,
@@ -313,7 +305,7 @@ class CheckpointManager:
                         max_ckpt_to_keep: int | None = None) -> None:
         """Write this role's checkpoint to `local_path` (e.g. `.../global_step_N/actor`) from all ranks."""
         final = Path(local_path)
-        tmp = final.with_name(_broadcast_str(final.name + TMP_TAG + uuid.uuid4().hex[:8]))
+        tmp = final.with_name(_gather_str(final.name + TMP_TAG + uuid.uuid4().hex[:8])[0])  # rank 0's name
         if _rank() == 0:
             self._prepare(final, tmp)
         _barrier()
@@ -324,7 +316,7 @@ class CheckpointManager:
             with _dcp_options() as dcp_options:
                 dcp.save(_selected(self.engine.sharded_state(), contents), checkpoint_id=str(tmp), **dcp_options)
         self._save_hf_files(tmp / HF_SUBDIR, with_weights="hf_model" in contents)
-        lora = getattr(self.engine, "has_lora", False)
+        lora = self.engine.has_lora
         if lora and "model" in contents:
             adapters = self.engine.full_adapter_state_dict()  # a collective
             if _rank() == 0:
@@ -387,7 +379,7 @@ class CheckpointManager:
         read failure raises CheckpointError, on every rank, naming each failing rank's error."""
         meta = check_role_dir(local_path)
         wanted = [c for c in self.load_contents if c != "hf_model"]
-        saved_lora, lora = "lora" in meta, getattr(self.engine, "has_lora", False)
+        saved_lora, lora = "lora" in meta, self.engine.has_lora
         if saved_lora != lora and "model" in wanted:
             raise CheckpointError(
                 f"{local_path} holds {'LoRA adapters' if saved_lora else 'a full model'}, but this run "

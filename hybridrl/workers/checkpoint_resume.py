@@ -36,33 +36,25 @@ def _names(paths: Iterable[Path]) -> str:
     return ", ".join(p.name for p in paths)
 
 
-def check_tracker(default_local_dir: str | Path) -> int | None:
-    """The tracker's step; CheckpointError when a step above it was committed (no save leaves one there, so
-    the tracker was moved back by hand, and resuming would overwrite those steps)."""
-    root = Path(default_local_dir)
+def auto_candidates(root: Path) -> Iterator[str]:
+    """Committed, complete steps at or below the tracker, newest first (warning about each one skipped).
+    CheckpointError when a step above the tracker was committed: no save leaves one there, so the tracker
+    was moved back by hand, and resuming would overwrite those steps."""
     tracked = read_tracker(root)
-    if tracked is None:
-        return None
-    above = [p for s, p in _marked_steps(root) if s > tracked]
+    above = [p for s, p in _marked_steps(root) if tracked is not None and s > tracked]
     if above:
         raise CheckpointError(f"{root / TRACKER_FILE} says step {tracked}, but {_names(above)} above it were "
                               f"committed ({STEP_MARKER}); resuming from step {tracked} would train them "
                               "again and overwrite them. To continue from the newest, write its step into "
                               f"the tracker (echo {_step_of(above[0])} > {root / TRACKER_FILE}); to go back "
                               f"to step {tracked}, first move {_names(above)} out of {root}")
-    return tracked
-
-
-def auto_candidates(root: Path) -> Iterator[str]:
-    """Committed, complete steps at or below the tracker, newest first (warning about each one skipped)."""
-    tracked = check_tracker(root)
     steps = _step_dirs(root)
     if tracked is not None and steps and tracked not in {s for s, _ in steps}:
         logger.warning("%s names step %d, but %s does not exist; using older steps", root / TRACKER_FILE,
                        tracked, root / f"global_step_{tracked}")
     for step, path in steps:
         if tracked is not None and step > tracked:
-            continue  # never committed (check_tracker ruled out a marker there)
+            continue  # never committed (no marker there, as checked above)
         problem = step_dir_problem(path)
         if problem is None:
             yield str(path)

@@ -8,9 +8,8 @@ from hybridrl.algos import compute_value_loss
 from hybridrl.protocol import DataProto
 from hybridrl.utils.torch_functional import masked_sum
 from hybridrl.workers.config import CriticConfig
-from hybridrl.workers.micro_batch import make_micro_batches, restore_order
 from hybridrl.workers.response_pass import PromptSharingRole
-from hybridrl.workers.update_loop import BatchingPlan, MetricSums, run_updates
+from hybridrl.workers.update_loop import BatchingPlan, MetricSums
 
 SHARE_KEY = "critic.model.share_prompt_forward"
 
@@ -21,26 +20,16 @@ class PPOCritic(PromptSharingRole):
     SHARE_KEY = SHARE_KEY
     config: CriticConfig
 
-    def _values(self, micro: DataProto) -> torch.Tensor:
-        """V(s_t) for each response token t: the value head read at the position before it, (rows, R)."""
-        response_length = micro.batch["responses"].shape[-1]
+    def _values(self, micro: DataProto) -> dict[str, torch.Tensor]:
+        """`values`: V(s_t) for each response token t, the value head read at the position before it, (rows, R)."""
         # fp32 whatever the compute dtype: returns and GAE are computed from these on the driver
-        values = self.prompt_sharing.per_token(micro, lambda outputs, _: {"values": outputs[..., 0].float()})["values"]
-        values = torch.nn.functional.pad(values, (0, response_length - values.shape[1]))
-        return values * micro.batch["response_mask"].to(values.dtype)
+        return self.prompt_sharing.per_token(micro, lambda outputs, _: {"values": outputs[..., 0].float()})
 
-    @torch.no_grad()
     def compute_values(self, data: DataProto, micro_batch_rows: int | None,
                        max_token_len: int | None) -> torch.Tensor:
-        self.engine.module.eval()
-        data, plan = self.group_rows(data, BatchingPlan(len(data), micro_batch_rows, max_token_len))
-        micro_batches = make_micro_batches(data, plan.micro_batch_rows, plan.max_token_len,
-                                           self.prompt_sharing.group_ids(data))
-        values = [self._values(mb.data) for mb in micro_batches]
-        return self.engine.sequence_parallel.own_rows(restore_order(values, micro_batches, len(data)))
+        return self.forward_rows(data, micro_batch_rows, max_token_len, self._values)["values"]
 
     def update_critic(self, data: DataProto, plan: BatchingPlan) -> dict[str, list[float]]:
-        self.engine.module.train()
         data, plan = self.group_rows(data, plan)
         cfg = self.config
 
@@ -48,7 +37,7 @@ class PPOCritic(PromptSharingRole):
             batch = micro.batch
             mask = batch["response_mask"]
             tokens = float(mask.sum())
-            vpreds = self._values(micro)
+            vpreds = self._values(micro)["values"]
             vf_loss, vf_clipfrac = compute_value_loss(
                 vpreds, batch["returns"], batch["values"], mask, cfg.cliprange_value, cfg.loss_agg_mode, **info)
             sums.plain("vf_loss", float(vf_loss.detach()))
@@ -56,6 +45,4 @@ class PPOCritic(PromptSharingRole):
             sums.add("vpred_mean", float(masked_sum(vpreds.detach(), mask)) / max(tokens, 1.0), tokens)
             return vf_loss
 
-        with self.prompt_sharing.held():
-            return run_updates(self.engine, data, plan, micro_step, prefix="critic",
-                               group_ids_of=self.prompt_sharing.group_ids)
+        return self.run_updates(data, plan, micro_step, prefix="critic")

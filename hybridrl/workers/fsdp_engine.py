@@ -110,15 +110,10 @@ def offload_refusals(config: FSDPConfig, key: str, device_type: str) -> list[str
             for name in ("param_offload", "optimizer_offload") if getattr(config, name, False)]
 
 
-def raise_first_refusal(refusals: list[str]) -> None:
+def refuse_offload(refusals: list[str]) -> None:
     """Raise the first of `refusals` (for workers built without the trainer)."""
     if refusals:
         raise NotImplementedError(refusals[0])
-
-
-def refuse_offload(config: FSDPConfig, key: str, device_type: str) -> None:
-    """Raise the first of `offload_refusals`."""
-    raise_first_refusal(offload_refusals(config, key, device_type))
 
 
 class FSDPEngine:
@@ -153,8 +148,7 @@ class FSDPEngine:
         """Skip the gradient reduce-scatter on all but the last micro-batch of an accumulation (on a single
         rank the parameters also stay gathered from the first forward to the last backward)."""
         fsdp_modules = self.fsdp_modules if self.mesh.size() == 1 else []
-        if isinstance(self.module, FSDPModule):
-            self.module.set_requires_gradient_sync(enabled)
+        self.module.set_requires_gradient_sync(enabled)
         for m in fsdp_modules:
             m.set_reshard_after_forward(False, recurse=False)
             m.set_reshard_after_backward(enabled, recurse=False)  # the last micro-batch's backward reshards
@@ -165,8 +159,7 @@ class FSDPEngine:
                 m.reshard()
             raise
         finally:
-            if isinstance(self.module, FSDPModule):
-                self.module.set_requires_gradient_sync(True)
+            self.module.set_requires_gradient_sync(True)
             for m in fsdp_modules:
                 m.set_reshard_after_forward(self.config.reshard_after_forward, recurse=False)
                 m.set_reshard_after_backward(True, recurse=False)

@@ -39,7 +39,7 @@ from hybridrl.workers.config import (
     to_dataclass,
 )
 from hybridrl.workers.critic import PPOCritic
-from hybridrl.workers.fsdp_engine import FSDPEngine, offload_refusals, raise_first_refusal, refuse_offload
+from hybridrl.workers.fsdp_engine import FSDPEngine, offload_refusals, refuse_offload
 from hybridrl.workers.rollout import ROLLOUT_ENGINES, build_rollout
 from hybridrl.workers.rollout.agent_loop import AgentLoop
 from hybridrl.workers.update_loop import (
@@ -65,14 +65,15 @@ def forward_and_update_passes(model: torch.nn.Module, fsdp_dtype: str, epochs: i
                               train: str) -> dict[str, ModelPass]:
     """A trained model's passes for MFU: the no-grad forward (`infer`) and the update (`train`)."""
     params = matmul_params(model)
-    peak = device_peak_flops(resolve_dtype(fsdp_dtype))
     return {infer: forward_pass(params, fsdp_dtype),
-            train: ModelPass(params, TRAIN_FLOPS_PER_PARAM, epochs, peak)}
+            train: forward_pass(params, fsdp_dtype, TRAIN_FLOPS_PER_PARAM, epochs)}
 
 
-def forward_pass(params: int, dtype: str) -> ModelPass:
-    """A no-grad forward of a model with `params` matmul parameters, computing in `dtype`."""
-    return ModelPass(params, FORWARD_FLOPS_PER_PARAM, 1, device_peak_flops(resolve_dtype(dtype)))
+def forward_pass(params: int, dtype: str, flops_per_param: int = FORWARD_FLOPS_PER_PARAM,
+                 passes: int = 1) -> ModelPass:
+    """A no-grad forward (or with `TRAIN_FLOPS_PER_PARAM`, an update) of a model with `params` matmul
+    parameters, computing in `dtype`."""
+    return ModelPass(params, flops_per_param, passes, device_peak_flops(resolve_dtype(dtype)))
 
 
 def load_model_for(model: ModelConfig, gradient_checkpointing: bool, compute_dtype: str, device_type: str,
@@ -88,16 +89,42 @@ def load_model_for(model: ModelConfig, gradient_checkpointing: bool, compute_dty
     )
 
 
-def with_lora(model: torch.nn.Module, settings: LoRASettings, compute_dtype: str) -> torch.nn.Module:
-    """`model` with LoRA adapters where `settings` ask for them (its frozen base in the compute dtype)."""
-    return add_lora(model, settings, base_dtype=resolve_dtype(compute_dtype)) if settings.enabled else model
+class TrainingWorker(Worker):
+    """What the actor's and the critic's workers share: the MFU passes and verl's checkpoint calls."""
+
+    passes: dict[str, ModelPass]  # filled by init_model
+    checkpoint_manager: CheckpointManager
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def model_passes(self) -> dict[str, ModelPass]:
+        """As the role has them: `rollout`, `actor_infer`, `actor` and `ref`; `critic_infer` and `critic`."""
+        return dict(self.passes)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, local_path: str, hdfs_path: str | None = None, global_step: int = 0,
+                        max_ckpt_to_keep: int | None = None) -> None:
+        """Save the model, optimizer, scheduler and RNG to `local_path` (a `.../actor` or `.../critic` directory)."""
+        manager = self._checkpoint_manager("save_checkpoint", hdfs_path)
+        manager.save_checkpoint(local_path, global_step, max_ckpt_to_keep)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, local_path: str, hdfs_path: str | None = None,
+                        del_local_after_load: bool = False) -> None:
+        self._checkpoint_manager("load_checkpoint", hdfs_path).load_checkpoint(local_path)
+
+    def _checkpoint_manager(self, method: str, hdfs_path: str | None) -> CheckpointManager:
+        if hdfs_path:
+            raise NotImplementedError(
+                f"copying checkpoints to HDFS ({hdfs_path}) is not supported; keep trainer.default_hdfs_dir unset "
+                f"and sync trainer.default_local_dir yourself"
+            )
+        return self.checkpoint_manager
 
 
-class ActorRolloutRefWorker(Worker):
+class ActorRolloutRefWorker(TrainingWorker):
     """Actor, rollout and/or reference policy on one rank, by `role`. With `actor_rollout[_ref]` the rollout
-    generates with the actor's current weights
-    (docs/rollout.md, "The hand-off between training and generation"). A LoRA actor's reference policy is
-    its base with the adapters disabled (no second model)."""
+    generates with the actor's current weights (docs/rollout.md, "The hand-off between training and
+    generation"). A LoRA actor's reference policy is its base with the adapters disabled (no second model)."""
 
     def __init__(self, config: Any, role: str) -> None:
         super().__init__(collective_timeout_s=to_dataclass(ActorRolloutRefConfig, config).nccl_timeout)
@@ -107,9 +134,7 @@ class ActorRolloutRefWorker(Worker):
         if role != "rollout":  # the batch arithmetic is the training ranks'; a rollout pool only generates
             check_actor_rollout_ref(self.config, self.world_size)
         self.role = role
-        self.is_actor = role in ("actor", "actor_ref", "actor_rollout", "actor_rollout_ref")
-        self.is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
-        self.is_ref = role in ("ref", "actor_ref", "actor_rollout_ref")
+        self.is_actor, self.is_rollout, self.is_ref = "actor" in role, "rollout" in role, "ref" in role
         self.lora = LoRASettings.from_model_config(self.config.model)
         self.actor = self.ref = self.rollout = None
         self.agent_loop: AgentLoop | None = None  # rollout.multi_turn.enable: multi-turn generation with tools
@@ -120,30 +145,30 @@ class ActorRolloutRefWorker(Worker):
         self.weight_version: int | None = None
         device_type = self.device.type
         if self.is_actor:
-            raise_first_refusal(actor_offload_refusals(self.config, role, device_type))
+            refuse_offload(actor_offload_refusals(self.config, role, device_type))
         if self.is_ref:
-            refuse_offload(self.config.ref.fsdp_config, "actor_rollout_ref.ref", device_type)
-        self.passes: dict[str, ModelPass] = {}  # filled by init_model
+            refuse_offload(offload_refusals(self.config.ref.fsdp_config, "actor_rollout_ref.ref", device_type))
+        self.passes = {}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         cfg = self.config
         actor_sp, ref_sp = actor_sequence_parallel(cfg)
+        actor_dtype = cfg.actor.fsdp_config.mixed_precision.param_dtype
+        ref_dtype = cfg.ref.fsdp_config.mixed_precision.param_dtype
         self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path,
                                         trust_remote_code=cfg.model.trust_remote_code)
         # the peaks of the passes below, measured in turns across ranks; the passes read them cached
         self.measure_peak_flops(resolve_dtype(name) for name, needed in (
-            (cfg.actor.fsdp_config.mixed_precision.param_dtype, self.is_actor),
-            (cfg.rollout.dtype, self.is_rollout), (cfg.ref.fsdp_config.mixed_precision.param_dtype, self.is_ref),
+            (actor_dtype, self.is_actor), (cfg.rollout.dtype, self.is_rollout), (ref_dtype, self.is_ref),
         ) if needed)
         if self.is_actor:
-            model = load_model_for(cfg.model, cfg.model.enable_gradient_checkpointing,
-                                   cfg.actor.fsdp_config.mixed_precision.param_dtype, self.device.type,
+            model = load_model_for(cfg.model, cfg.model.enable_gradient_checkpointing, actor_dtype, self.device.type,
                                    weights_dtype=cfg.actor.fsdp_config.model_dtype)
-            model = with_lora(model, self.lora, cfg.actor.fsdp_config.mixed_precision.param_dtype)
-            self.passes.update(forward_and_update_passes(
-                model, cfg.actor.fsdp_config.mixed_precision.param_dtype, cfg.actor.ppo_epochs,
-                infer="actor_infer", train="actor"))
+            if self.lora.enabled:  # the frozen base in the compute dtype
+                model = add_lora(model, self.lora, base_dtype=resolve_dtype(actor_dtype))
+            self.passes.update(forward_and_update_passes(model, actor_dtype, cfg.actor.ppo_epochs,
+                                                         infer="actor_infer", train="actor"))
             engine = FSDPEngine(model, cfg.actor.fsdp_config, cfg.actor.optim, cfg.actor.grad_clip,
                                 sequence_parallel_size=actor_sp,
                                 sequence_parallel_key="actor_rollout_ref.actor.ulysses_sequence_parallel_size")
@@ -173,21 +198,15 @@ class ActorRolloutRefWorker(Worker):
                 self.agent_loop = AgentLoop(self.rollout, self.tokenizer, rollout_cfg, tools, interactions)
             self.passes["rollout"] = forward_pass(params, cfg.rollout.dtype)
         if self.is_ref and self.actor and self.actor.engine.has_lora:  # the base under the actor's adapters
-            self.passes["ref"] = forward_pass(self.passes["actor"].params, cfg.actor.fsdp_config.mixed_precision.param_dtype)
+            self.passes["ref"] = forward_pass(self.passes["actor"].params, actor_dtype)
             self.ref = self.actor
         elif self.is_ref:
-            ref_dtype = cfg.ref.fsdp_config.mixed_precision.param_dtype
             model = load_model_for(cfg.model, False, ref_dtype, self.device.type,
                                    weights_dtype=cfg.ref.fsdp_config.model_dtype)
             self.passes["ref"] = forward_pass(matmul_params(model), ref_dtype)
             engine = FSDPEngine(model, cfg.ref.fsdp_config, sequence_parallel_size=ref_sp,
                                 sequence_parallel_key="actor_rollout_ref.ref.ulysses_sequence_parallel_size")
             self.ref = PPOActor(cfg.actor, engine, share_prompts=cfg.model.share_prompt_forward)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def model_passes(self) -> dict[str, ModelPass]:
-        """`rollout`, `actor_infer`, `actor` and `ref`, as this worker's role has them."""
-        return dict(self.passes)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     @report_worker_seconds
@@ -263,20 +282,9 @@ class ActorRolloutRefWorker(Worker):
         metrics = self.actor.update_policy(data, plan)
         return DataProto(meta_info={"metrics": metrics})
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, local_path: str, hdfs_path: str | None = None, global_step: int = 0,
-                        max_ckpt_to_keep: int | None = None) -> None:
-        """Save the actor (model, optimizer, scheduler, RNG) to `local_path` (a `.../actor` directory)."""
-        self._require(self.actor, "save_checkpoint", "actor")
-        _no_remote_storage(hdfs_path)
-        self.checkpoint_manager.save_checkpoint(local_path, global_step, max_ckpt_to_keep)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, local_path: str, hdfs_path: str | None = None,
-                        del_local_after_load: bool = False) -> None:
-        self._require(self.actor, "load_checkpoint", "actor")
-        _no_remote_storage(hdfs_path)
-        self.checkpoint_manager.load_checkpoint(local_path)
+    def _checkpoint_manager(self, method: str, hdfs_path: str | None) -> CheckpointManager:
+        self._require(self.actor, method, "actor")
+        return super()._checkpoint_manager(method, hdfs_path)
 
     # ----- the weight sync between a training pool and a rollout pool (hybridrl/workers/weight_sync.py) ------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -338,16 +346,16 @@ class ActorRolloutRefWorker(Worker):
             )
 
 
-class CriticWorker(Worker):
+class CriticWorker(TrainingWorker):
     """The value model (GAE): `compute_values` and `update_critic` on this rank's rows."""
 
     def __init__(self, config: Any) -> None:
         self.config = to_dataclass(CriticConfig, config)
         super().__init__(collective_timeout_s=self.config.nccl_timeout)
         check_critic(self.config, self.world_size)
-        refuse_offload(self.config.model.fsdp_config, "critic.model", self.device.type)
+        refuse_offload(offload_refusals(self.config.model.fsdp_config, "critic.model", self.device.type))
         self.critic = None
-        self.passes: dict[str, ModelPass] = {}  # filled by init_model
+        self.passes = {}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -367,11 +375,6 @@ class CriticWorker(Worker):
         self.critic = PPOCritic(self.config, engine, share_prompts=model_cfg.share_prompt_forward)
         self.checkpoint_manager = CheckpointManager(engine, self.tokenizer, self.config.checkpoint)
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def model_passes(self) -> dict[str, ModelPass]:
-        """`critic_infer` (values) and `critic` (update)."""
-        return dict(self.passes)
-
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     @report_worker_seconds
     def compute_values(self, data: DataProto) -> DataProto:
@@ -383,18 +386,6 @@ class CriticWorker(Worker):
     def update_critic(self, data: DataProto) -> DataProto:
         metrics = self.critic.update_critic(data, update_plan(self.config, self.config.rollout_n, self.world_size))
         return DataProto(meta_info={"metrics": metrics})
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, local_path: str, hdfs_path: str | None = None, global_step: int = 0,
-                        max_ckpt_to_keep: int | None = None) -> None:
-        _no_remote_storage(hdfs_path)
-        self.checkpoint_manager.save_checkpoint(local_path, global_step, max_ckpt_to_keep)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, local_path: str, hdfs_path: str | None = None,
-                        del_local_after_load: bool = False) -> None:
-        _no_remote_storage(hdfs_path)
-        self.checkpoint_manager.load_checkpoint(local_path)
 
 
 def actor_offload_refusals(cfg: ActorRolloutRefConfig, role: str, device_type: str) -> list[str]:
@@ -411,11 +402,3 @@ def actor_offload_refusals(cfg: ActorRolloutRefConfig, role: str, device_type: s
             "generates. Set it to false."
         ]
     return []
-
-
-def _no_remote_storage(hdfs_path: str | None) -> None:
-    if hdfs_path:
-        raise NotImplementedError(
-            f"copying checkpoints to HDFS ({hdfs_path}) is not supported; keep trainer.default_hdfs_dir unset "
-            f"and sync trainer.default_local_dir yourself"
-        )

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from hybridrl.models.attention import (
     head_on_kept_positions,
@@ -20,9 +21,9 @@ from hybridrl.models.attention import (
 )
 from hybridrl.protocol import DataProto
 from hybridrl.workers.fsdp_engine import FSDPEngine
-from hybridrl.workers.micro_batch import trim_columns
+from hybridrl.workers.micro_batch import make_micro_batches, restore_order, trim_columns
 from hybridrl.workers.sequence_parallel import SequenceParallel, ulysses_mode
-from hybridrl.workers.update_loop import BatchingPlan
+from hybridrl.workers.update_loop import BatchingPlan, MicroStep, run_updates
 
 # (outputs at some response positions (rows, n, vocab or labels), those positions (n,)) -> {name: (rows, n)}
 PerTokenFn = Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]
@@ -97,31 +98,33 @@ class PromptSharing:
 
     def per_token(self, micro: DataProto, compute: PerTokenFn) -> dict[str, torch.Tensor]:
         """`compute` over the model's outputs predicting the micro-batch's kept response tokens: {name: (rows,
-        kept_response_len)}; with sequence parallelism each rank computes its columns' part, then they are joined."""
+        response_len)}, zero after each response's end; with sequence parallelism each rank computes its
+        columns' part, then they are joined."""
         sp = self.sequence_parallel
         if not sp.enabled:
             outputs = response_logits(self.module, micro, self.enabled, self.hold_packed, self.share_key)
-            return compute(outputs, torch.arange(outputs.shape[1], device=outputs.device))
-        trimmed = trim_columns(micro, micro.batch["responses"].shape[-1])
-        first = trimmed.response_start - 1  # the column predicting the first response token
-        outputs, places, counts = sp.forward(self.module, trimmed.input_ids, trimmed.attention_mask,
-                                             trimmed.position_ids, first, trimmed.response_kept)
-        return {name: sp.gather_columns(value, counts) for name, value in compute(outputs, places).items()}
+            kept = compute(outputs, torch.arange(outputs.shape[1], device=outputs.device))  # each (rows, kept)
+        else:
+            trimmed = trim_columns(micro, micro.batch["responses"].shape[-1])
+            first = trimmed.response_start - 1  # the column predicting the first response token
+            outputs, places, counts = sp.forward(self.module, trimmed.input_ids, trimmed.attention_mask,
+                                                 trimmed.position_ids, first, trimmed.response_kept)
+            kept = {name: sp.gather_columns(value, counts) for name, value in compute(outputs, places).items()}
+        mask = micro.batch["response_mask"]  # (rows, response_len)
+        return {name: F.pad(value, (0, mask.shape[-1] - value.shape[1])) * mask.to(value.dtype)
+                for name, value in kept.items()}
 
-    @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
+    def held(self) -> contextlib.AbstractContextManager[None]:
         """Around an update: `shared_prompt_mode` where layers are checkpointed, `ulysses_mode` with sequence
         parallelism."""
         if self.sequence_parallel.enabled:
-            mode = ulysses_mode(self.module)
-        else:
-            mode = shared_prompt_mode(self.module) if self.hold_packed else contextlib.nullcontext()
-        with mode:
-            yield
+            return ulysses_mode(self.module)
+        return shared_prompt_mode(self.module) if self.hold_packed else contextlib.nullcontext()
 
 
 class PromptSharingRole:
-    """The actor's and critic's config, engine and `PromptSharing` (asked for by the config key `SHARE_KEY`)."""
+    """The actor's and critic's config, engine and `PromptSharing` (asked for by the config key `SHARE_KEY`), and
+    the batching of their passes over the rank's rows."""
 
     SHARE_KEY: str
 
@@ -143,3 +146,25 @@ class PromptSharingRole:
         tokens = None if plan.max_token_len is None else plan.max_token_len * sp.size
         return sp.gather_rows(data, plan.mini_batch_rows), replace(plan, mini_batch_rows=plan.mini_batch_rows * sp.size,
                                                                    max_token_len=tokens)
+
+    @torch.no_grad()
+    def forward_rows(self, data: DataProto, micro_batch_rows: int | None, max_token_len: int | None,
+                     per_token: Callable[[DataProto], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """`per_token(micro_batch)` over the rank's rows in eval mode, joined: {name: (rows, ...)} in row order."""
+        self.engine.module.eval()
+        data, plan = self.group_rows(data, BatchingPlan(len(data), micro_batch_rows, max_token_len))
+        micro_batches = make_micro_batches(data, plan.micro_batch_rows, plan.max_token_len,
+                                           self.prompt_sharing.group_ids(data))
+        parts: dict[str, list[torch.Tensor]] = {}
+        for mb in micro_batches:
+            for name, value in per_token(mb.data).items():
+                parts.setdefault(name, []).append(value)
+        own = self.engine.sequence_parallel.own_rows
+        return {name: own(restore_order(values, micro_batches, len(data))) for name, values in parts.items()}
+
+    def run_updates(self, data: DataProto, plan: BatchingPlan, micro_step: MicroStep,
+                    prefix: str) -> dict[str, list[float]]:
+        """`update_loop.run_updates` over rows and a plan from `group_rows`, in train mode."""
+        self.engine.module.train()
+        with self.prompt_sharing.held():
+            return run_updates(self.engine, data, plan, micro_step, prefix, self.prompt_sharing.group_ids)

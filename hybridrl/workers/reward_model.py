@@ -25,9 +25,9 @@ from hybridrl.rewards.managers import OverlongBufferConfig
 from hybridrl.rewards.sandbox import SandboxLimits
 from hybridrl.utils.typed_config import ConfigError, FreezableConfig
 from hybridrl.workers.config import RoleFSDPConfig, to_dataclass
-from hybridrl.workers.fsdp_engine import FSDPEngine, refuse_offload
+from hybridrl.workers.fsdp_engine import FSDPEngine, offload_refusals, refuse_offload
 from hybridrl.workers.micro_batch import make_micro_batches, restore_order
-from hybridrl.workers.update_loop import forward_batching, micro_batch_per_rank
+from hybridrl.workers.update_loop import forward_batching
 
 logger = logging.getLogger(__name__)
 
@@ -126,20 +126,13 @@ def check_reward_model(config: RewardModelConfig, world_size: int) -> None:
 
 def score_batching(config: RewardModelConfig, world_size: int) -> tuple[int | None, int | None]:
     """Forward batching of the scoring pass at this world size."""
-    micro = micro_batch_per_rank(config.micro_batch_size_per_gpu, config.micro_batch_size, world_size,
-                                 "reward_model.micro_batch_size")
-    return forward_batching(config.use_dynamic_bsz, micro, config.forward_max_token_len_per_gpu)
+    return forward_batching(config.use_dynamic_bsz, config.micro_batch_size_per_gpu, config.micro_batch_size,
+                            world_size, "reward_model.micro_batch_size", config.forward_max_token_len_per_gpu)
 
 
 def same_tokenization(a: Any, b: Any) -> bool:
     """True when token ids from `a` mean the same to `b`: same vocabulary and the same chat template."""
     return a.get_vocab() == b.get_vocab() and a.chat_template == b.chat_template
-
-
-def _prompt_messages(raw_prompt: Any) -> list[dict[str, Any]]:
-    if isinstance(raw_prompt, str):
-        return [{"role": "user", "content": raw_prompt}]
-    return [dict(message) for message in raw_prompt]
 
 
 def conversations(data: DataProto, src_tokenizer: Any) -> list[list[dict[str, Any]]]:
@@ -152,8 +145,10 @@ def conversations(data: DataProto, src_tokenizer: Any) -> list[list[dict[str, An
     raw = data.non_tensor_batch.get("raw_prompt")
     chats = []
     for i in range(len(data)):
-        if raw is not None:
-            messages = _prompt_messages(raw[i])
+        if raw is not None and isinstance(raw[i], str):
+            messages = [{"role": "user", "content": raw[i]}]
+        elif raw is not None:
+            messages = [dict(message) for message in raw[i]]
         else:
             ids = prompts[i, prompt_len - int(prompt_valid[i]):].tolist()
             messages = [{"role": "user", "content": src_tokenizer.decode(ids, skip_special_tokens=True)}]
@@ -245,7 +240,7 @@ class RewardModelWorker(Worker):
         super().__init__()
         self.config = to_dataclass(RewardModelConfig, config)
         check_reward_model(self.config, self.world_size)
-        refuse_offload(self.config.model.fsdp_config, "reward_model.model", self.device.type)
+        refuse_offload(offload_refusals(self.config.model.fsdp_config, "reward_model.model", self.device.type))
         self.module = None
         self._warned_no_raw_prompt = False
 

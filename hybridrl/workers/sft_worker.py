@@ -16,7 +16,7 @@ from hybridrl.models.loading import load_causal_lm, load_tokenizer
 from hybridrl.protocol import DataProto
 from hybridrl.workers.checkpoint import CheckpointManager
 from hybridrl.workers.config import FSDPConfig, OptimConfig, to_dataclass
-from hybridrl.workers.fsdp_engine import FSDPEngine, refuse_offload
+from hybridrl.workers.fsdp_engine import FSDPEngine, offload_refusals, refuse_offload
 from hybridrl.workers.micro_batch import make_micro_batches, reduce_over_ranks
 from hybridrl.workers.sequence_parallel import SequenceParallel
 
@@ -24,11 +24,10 @@ SFT_KEYS = ("input_ids", "attention_mask", "position_ids", "loss_mask")
 
 
 def token_losses(module: torch.nn.Module, batch: dict[str, torch.Tensor],
-                 sequence_parallel: SequenceParallel | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 sp: SequenceParallel) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token NLL of the next token and its 0/1 mask, each (rows, width - 1): the prediction at t counts
     where loss_mask[t+1] (the assistant's tokens, unshifted) is 1."""
     ids, mask = batch["input_ids"], batch["loss_mask"][:, 1:]
-    sp = sequence_parallel or SequenceParallel()
     if sp.enabled:  # each rank predicts the tokens after its columns; the group joins them
         logits, places, counts = sp.forward(module, ids, batch["attention_mask"], batch["position_ids"], 0,
                                             ids.shape[1] - 1)
@@ -41,14 +40,8 @@ def token_losses(module: torch.nn.Module, batch: dict[str, torch.Tensor],
     return nll, mask.to(nll.dtype)
 
 
-def micro_batches(data: DataProto, size: int, max_token_len: int | None) -> list[dict[str, torch.Tensor]]:
-    """Rows grouped by similar length into micro-batches (`size` rows, or within `max_token_len`), each trimmed
-    to its longest row: right padding past it changes no loss term."""
-    return [_trimmed(part.data) for part in make_micro_batches(data, None if max_token_len else size, max_token_len)]
-
-
 def _trimmed(data: DataProto) -> dict[str, torch.Tensor]:
-    """The SFT columns cut to the longest row, each (rows, width)."""
+    """The SFT columns cut to the longest row, each (rows, width): right padding past it changes no loss term."""
     width = int(data.batch["attention_mask"].sum(dim=-1).max())
     return {k: data.batch[k][:, :width] for k in SFT_KEYS}
 
@@ -59,7 +52,7 @@ class SFTWorker(Worker):
     def __init__(self, config: Any) -> None:
         super().__init__()
         self.config = config
-        refuse_offload(to_dataclass(FSDPConfig, config.model.fsdp_config), "model", self.device.type)
+        refuse_offload(offload_refusals(to_dataclass(FSDPConfig, config.model.fsdp_config), "model", self.device.type))
         self.engine: FSDPEngine | None = None
         self.tokenizer = None
 
@@ -81,8 +74,7 @@ class SFTWorker(Worker):
         )
         self.engine = FSDPEngine(model, to_dataclass(FSDPConfig, model_cfg.fsdp_config), optim_config,
                                  grad_clip=optim.clip_grad,
-                                 sequence_parallel_size=self.config.get("ulysses_sequence_parallel_size", 1),
-                                 sequence_parallel_key="ulysses_sequence_parallel_size")
+                                 sequence_parallel_size=self.config.get("ulysses_sequence_parallel_size", 1))
         local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
                     for p in self.engine.module.parameters())
         return {"params": n_params, "local_params": local}
@@ -99,8 +91,10 @@ class SFTWorker(Worker):
         if global_tokens == 0:
             raise ValueError("the batch has no assistant tokens to train on; check the loss masks / data keys")
         data_cfg = self.config.data
-        parts = micro_batches(data, data_cfg.micro_batch_size_per_gpu,
-                              data_cfg.max_token_len_per_gpu * sp.size if data_cfg.use_dynamic_bsz else None)
+        dynamic = data_cfg.use_dynamic_bsz  # a token budget per pass instead of a row count
+        micro = make_micro_batches(data, None if dynamic else data_cfg.micro_batch_size_per_gpu,
+                                   data_cfg.max_token_len_per_gpu * sp.size if dynamic else None)
+        parts = [_trimmed(mb.data) for mb in micro]
         loss_sum = 0.0
         for i, part in enumerate(parts):
             with self.engine.gradient_sync(enabled=i == len(parts) - 1):

@@ -79,8 +79,7 @@ def global_batch_info(mini_batch: DataProto, replicas: int = 1) -> dict:
 
 
 def run_updates(engine: FSDPEngine, data: DataProto, plan: BatchingPlan, micro_step: MicroStep,
-                prefix: str, group_ids_of: Callable[[DataProto], torch.Tensor | None] | None = None,
-                ) -> dict[str, list[float]]:
+                prefix: str, group_ids_of: Callable[[DataProto], torch.Tensor | None]) -> dict[str, list[float]]:
     """Run the epochs x mini-batches x micro-batches loop; return per-mini-batch metrics by name.
     micro_step(micro_batch, global_batch_info, sums) returns the micro-batch's loss share to back-propagate;
     group_ids_of(mini_batch) names rows to keep together."""
@@ -99,8 +98,7 @@ def run_updates(engine: FSDPEngine, data: DataProto, plan: BatchingPlan, micro_s
         for mini in rows.split(plan.mini_batch_rows):
             info = global_batch_info(mini, engine.sequence_parallel.size)
             sums = MetricSums()
-            group_ids = group_ids_of(mini) if group_ids_of is not None else None
-            micro_batches = make_micro_batches(mini, plan.micro_batch_rows, plan.max_token_len, group_ids)
+            micro_batches = make_micro_batches(mini, plan.micro_batch_rows, plan.max_token_len, group_ids_of(mini))
             for i, micro in enumerate(micro_batches):
                 fit_cpu_threads()
                 with engine.gradient_sync(i == len(micro_batches) - 1):
@@ -125,12 +123,6 @@ def micro_batch_per_rank(per_gpu: int | None, global_size: int | None, world_siz
             raise ConfigError(f"{key}_per_gpu must be positive, got {per_gpu}")
         return per_gpu
     return None if global_size is None else per_rank(global_size, world_size, key)
-
-
-def mini_batch_rows(config: ActorConfig | CriticConfig, rollout_n: int, world_size: int, prefix: str) -> int:
-    """Rows one rank trains on per optimizer step: ppo_mini_batch_size x rollout_n over the ranks."""
-    return per_rank(config.ppo_mini_batch_size * rollout_n, world_size,
-                    f"{prefix}.ppo_mini_batch_size ({config.ppo_mini_batch_size}) x rollout.n ({rollout_n})")
 
 
 def check_actor_rollout_ref(config: ActorRolloutRefConfig, world_size: int) -> None:
@@ -167,7 +159,9 @@ def check_sequence_parallel(size: int, world_size: int, key: str) -> None:
 def update_plan(config: ActorConfig | CriticConfig, rollout_n: int, world_size: int) -> BatchingPlan:
     """How an actor or critic config (verl's same update keys) cuts a rank's rows at this world size."""
     prefix = "critic" if isinstance(config, CriticConfig) else "actor_rollout_ref.actor"
-    rows = mini_batch_rows(config, rollout_n, world_size, prefix)
+    # rows one rank trains on per optimizer step
+    rows = per_rank(config.ppo_mini_batch_size * rollout_n, world_size,
+                    f"{prefix}.ppo_mini_batch_size ({config.ppo_mini_batch_size}) x rollout.n ({rollout_n})")
     micro = micro_batch_per_rank(config.ppo_micro_batch_size_per_gpu, config.ppo_micro_batch_size, world_size,
                                  f"{prefix}.ppo_micro_batch_size")
     return BatchingPlan(
@@ -180,9 +174,11 @@ def update_plan(config: ActorConfig | CriticConfig, rollout_n: int, world_size: 
     )
 
 
-def forward_batching(use_dynamic_bsz: bool, micro_batch_rows: int | None,
-                     max_token_len: int) -> tuple[int | None, int | None]:
-    """(micro_batch_rows, max_token_len) of a no-grad pass; without a micro-batch size, a rank's share at once."""
+def forward_batching(use_dynamic_bsz: bool, per_gpu: int | None, global_size: int | None, world_size: int,
+                     key: str, max_token_len: int) -> tuple[int | None, int | None]:
+    """(micro_batch_rows, max_token_len) of a no-grad pass whose micro-batch keys are `key[_per_gpu]`; without a
+    micro-batch size, a rank's share at once."""
+    micro_batch_rows = micro_batch_per_rank(per_gpu, global_size, world_size, key)
     if use_dynamic_bsz:
         return None, max_token_len
     if micro_batch_rows is None:
@@ -193,13 +189,14 @@ def forward_batching(use_dynamic_bsz: bool, micro_batch_rows: int | None,
 def log_prob_batching(config: RolloutConfig | RefConfig, world_size: int) -> tuple[int | None, int | None]:
     """Forward batching of a rollout or ref config's log-prob keys."""
     section = "ref" if isinstance(config, RefConfig) else "rollout"
-    micro = micro_batch_per_rank(config.log_prob_micro_batch_size_per_gpu, config.log_prob_micro_batch_size,
-                                 world_size, f"actor_rollout_ref.{section}.log_prob_micro_batch_size")
-    return forward_batching(config.log_prob_use_dynamic_bsz, micro, config.log_prob_max_token_len_per_gpu)
+    return forward_batching(config.log_prob_use_dynamic_bsz, config.log_prob_micro_batch_size_per_gpu,
+                            config.log_prob_micro_batch_size, world_size,
+                            f"actor_rollout_ref.{section}.log_prob_micro_batch_size",
+                            config.log_prob_max_token_len_per_gpu)
 
 
 def value_batching(config: CriticConfig, world_size: int) -> tuple[int | None, int | None]:
     """Forward batching of the critic's value pass."""
-    micro = micro_batch_per_rank(config.forward_micro_batch_size_per_gpu, config.forward_micro_batch_size,
-                                 world_size, "critic.forward_micro_batch_size")
-    return forward_batching(config.use_dynamic_bsz, micro, config.forward_max_token_len_per_gpu)
+    return forward_batching(config.use_dynamic_bsz, config.forward_micro_batch_size_per_gpu,
+                            config.forward_micro_batch_size, world_size, "critic.forward_micro_batch_size",
+                            config.forward_max_token_len_per_gpu)

@@ -1,15 +1,11 @@
-"""The wire of a weight sync between pools: the actor's rank 0 broadcasts the full weights, bucket by bucket in
-the rollout's dtype, to every rollout rank over a process group of their own (gloo on CPU, NCCL on GPU).
+"""The weight sync between pools: the actor's rank 0 broadcasts the full weights, bucket by bucket in the
+rollout's dtype, to every rollout rank over a process group of their own (gloo on CPU, NCCL on GPU).
 
 The group spans two pools, each with its own default process group, so it is built directly on a TCP store
 that the actor's rank 0 hosts (`host_store`) and is used through its own handle, never as a default group.
-Both ends follow one `BucketPlan`, made once from the actor's weight list (`weight_manifest`).
-
-The driver's side, `WeightSync` (the split layout's counterpart of the colocated hand-off `rollout.serving`,
-docs/placement.md): `connect` plans the transfer once (the actor's weights in its own order, checked against
-what the rollout takes, cut into buckets of `rollout.checkpoint_engine.update_weights_bucket_megabytes`), then
-the actor's rank 0 and every rollout rank join the group; `sync` moves the actor's current weights (every actor
-rank gathers them, rank 0 broadcasts each bucket) and the rollout reports their version with every batch
+Both ends follow one `BucketPlan`, made once from the actor's weight list (`weight_manifest`). The driver's
+side is `WeightSync`, the split layout's counterpart of the colocated hand-off `rollout.serving`
+(docs/placement.md); the rollout reports the version of its weights with every batch
 (`meta_info["weight_version"]`).
 """
 
@@ -125,10 +121,7 @@ class SyncGroup:
         return cls(store, rank, world_size, device, timeout_s)
 
     def broadcast(self, tensor: torch.Tensor) -> None:
-        options = dist.BroadcastOptions()
-        options.rootRank = SYNC_ROOT
-        options.rootTensor = 0
-        self.group.broadcast([tensor], options).wait()
+        self.group.broadcast(tensor, SYNC_ROOT).wait()
 
 
 def send_weights(pairs: Iterable[tuple[str, torch.Tensor]], plan: BucketPlan, group: SyncGroup | None) -> int:
@@ -137,9 +130,8 @@ def send_weights(pairs: Iterable[tuple[str, torch.Tensor]], plan: BucketPlan, gr
     pairs = iter(pairs)
     sent = 0
     for bucket in plan.buckets:
-        flat = None
-        if group is not None:
-            flat = torch.empty(sum(slot.numel for slot in bucket), dtype=plan.torch_dtype, device=group.device)
+        size = sum(slot.numel for slot in bucket)
+        flat = None if group is None else torch.empty(size, dtype=plan.torch_dtype, device=group.device)
         offset = 0
         for slot in bucket:
             name, tensor = next(pairs, (None, None))
@@ -214,6 +206,9 @@ class WeightSync:
 
     @classmethod
     def connect(cls, actor: Any, rollout: Any, bucket_megabytes: int, timeout_s: float) -> WeightSync:
+        """Plan the transfer once (the actor's weights in its order, checked against what the rollout takes, in
+        buckets of `rollout.checkpoint_engine.update_weights_bucket_megabytes`); the actor's rank 0 and every
+        rollout rank join the group."""
         manifest = actor.weight_manifest()[0]
         spec = rollout.rollout_weight_spec()[0]
         check_names(manifest, spec["shapes"])
@@ -225,7 +220,8 @@ class WeightSync:
         return cls(actor, rollout, plan)
 
     def sync(self, version: int) -> dict[str, float]:
-        """Move the actor's current weights into every rollout rank, as `version`; returns the sync's metrics."""
+        """Move the actor's current weights into every rollout rank, as `version` (every actor rank gathers them,
+        rank 0 broadcasts each bucket); returns the sync's metrics."""
         start = time.perf_counter()
         sent, _ = _results((self.actor.group, self.actor.send_weights(self.plan, version)),
                            (self.rollout.group, self.rollout.receive_weights(self.plan, version)))
