@@ -6,7 +6,6 @@ decode in one batched step.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,6 +17,7 @@ from transformers.cache_utils import Cache
 from hybridrl.data.rl_dataset import left_pad
 from hybridrl.protocol import DataProto
 from hybridrl.workers.rollout.base import assemble_output
+from hybridrl.workers.rollout.fused_decoder import FusedDecoder
 from hybridrl.workers.rollout.kv_cache import BufferLayer, ForwardSteps, PreallocatedCache, forward_logits
 from hybridrl.workers.rollout.sampling import SamplingParams, sample_tokens
 
@@ -102,7 +102,6 @@ class Request:
     samples: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]] = field(default_factory=dict)
 
 
-StepsFactory = Callable[[SharedColumnCache], ForwardSteps]
 ROW_STATE = ("active", "request_of", "sample_of", "length", "position", "mask", "responses", "log_probs", "versions",
              "pending")
 
@@ -171,7 +170,7 @@ class ContinuousBatch:
         prompts = [self.requests[r].prompt for r in sorted(self.requests)]
         return DataProto.concat(prompts) if prompts else None
 
-    def run(self, model: nn.Module, make_steps: StepsFactory, version: int, max_steps: int,
+    def run(self, model: nn.Module, decoder: FusedDecoder | None, version: int, max_steps: int,
             min_groups: int = 1, partial: bool = True) -> DataProto | None:
         """Decode until `min_groups` prompts have all their samples, nothing is left, or `max_steps` tokens were
         sampled -> the finished groups (rollout layout, plus `rollout_versions` (rows, R): each token's weight
@@ -183,7 +182,7 @@ class ContinuousBatch:
             raise RuntimeError(f"weights changed to version {version} with {self.decoding} rows in flight under "
                                f"version {self.kv_version}; without partial rollout they finish before a weight sync")
         if self.decoding:
-            logits = self._reprefill(model) if self.kv_version != version else self._step(make_steps(self.cache))
+            logits = self._reprefill(model) if self.kv_version != version else self._step(model, decoder)
         self.kv_version = version
         logits = self._admit(model, logits)
         sampled = 0
@@ -202,18 +201,19 @@ class ContinuousBatch:
             sampled += 1
             if len(finished) >= min_groups or sampled >= max_steps:
                 break
-            logits = self._step(make_steps(self.cache)) if self.decoding else None
+            logits = self._step(model, decoder) if self.decoding else None
             logits = self._admit(model, logits)
         return DataProto.concat(finished) if finished else None
 
-    def _step(self, steps: ForwardSteps) -> torch.Tensor:
+    def _step(self, model: nn.Module, decoder: FusedDecoder | None) -> torch.Tensor:
         """Feed every row its last sampled token -> next-token logits (A, V) (idle slots' are not used)."""
         cache = self.cache
         if cache.column >= cache.width:
             self._compact()
         self.mask[:, cache.column] = 1
         cache.start = self._first_used_column()
-        logits = steps.step(self.pending, self.position, self.mask[:, cache.start: cache.column + 1])
+        seen = self.mask[:, cache.start: cache.column + 1]
+        logits = ForwardSteps(model, cache, decoder).step(self.pending, self.position, seen)
         self.position = self.position + 1
         cache.column += 1
         return logits

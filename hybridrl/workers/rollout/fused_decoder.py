@@ -192,22 +192,11 @@ def fused_decoder(model: nn.Module) -> FusedDecoder | None:
     return FusedDecoder(model) if unsupported_reason(model) is None else None
 
 
-class FusedSteps(ForwardSteps):
-    """`FusedDecoder.step` after the forward's prefill."""
-
-    def __init__(self, decoder: FusedDecoder, cache: Cache) -> None:
-        super().__init__(decoder.model, cache)
-        self.decoder = decoder
-
-    def step(self, tokens: torch.Tensor, positions: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
-        return self.decoder.step(tokens, positions, self.cache, seen)
-
-
-class SharedPromptSteps(FusedSteps):
+class SharedPromptSteps(ForwardSteps):
     """`FusedDecoder.step_shared` over `SharedPromptKV`; `cache` holds the prompts only."""
 
     def __init__(self, decoder: FusedDecoder, cache: Cache, width: int) -> None:
-        super().__init__(decoder, cache)
+        super().__init__(decoder.model, cache, decoder)
         self.width = width
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
