@@ -109,24 +109,31 @@ def prefill_mask(attention_mask: torch.Tensor, max_len: int, dtype: torch.dtype)
     return additive(F.pad(seen, (0, max_len - prompt_len))[:, None], dtype)
 
 
-class _GraphedStep:
-    """`run` (a step over fixed buffers) recorded once as a CUDA graph; `replay` launches it again."""
-
-    def __init__(self, run: Callable[[], torch.Tensor], device: torch.device) -> None:
+def _graphed(run: Callable[[], torch.Tensor], device: torch.device) -> Callable[[], torch.Tensor]:
+    """`run` (a step over fixed buffers) recorded once as a CUDA graph -> a function launching it again; `run`
+    itself (logged) where its forward cannot be captured."""
+    try:
         current = torch.cuda.current_stream(device)
         warmup = torch.cuda.Stream(device)
         warmup.wait_stream(current)
         with torch.cuda.stream(warmup):
             run()  # lazy initialisations (library handles, allocator blocks) happen outside the capture
         current.wait_stream(warmup)
-        self.graph = torch.cuda.CUDAGraph()
+        graph = torch.cuda.CUDAGraph()
         # thread_local: another thread (the driver's background reward scoring) may use CUDA during the capture
-        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
-            self.output = run()
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            output = run()
+    except RuntimeError as error:
+        logger.warning("rollout: capturing the decoding step as a CUDA graph failed (%s); this generation "
+                       "decodes without one (rollout.enforce_eager=true skips the attempt)", error)
+        torch.cuda.synchronize(device)
+        return run
 
-    def replay(self) -> torch.Tensor:
-        self.graph.replay()
-        return self.output
+    def replay() -> torch.Tensor:
+        graph.replay()
+        return output
+
+    return replay
 
 
 def decode_static(
@@ -167,7 +174,6 @@ def decode_static(
 
     out = DecodeOutputs.allocate(rows, width, params, pad_token_id, input_ids.dtype, device)
     finished = torch.zeros(rows, dtype=torch.bool, device=device)
-    graphed: _GraphedStep | None = None
     for t in range(width):
         tokens, token_log_probs = sample_tokens(logits, params, generator)  # (rows,), (rows,)
         out.record(slice(None), t, tokens, token_log_probs)
@@ -184,20 +190,9 @@ def decode_static(
         step_mask[:, 0, 0, prompt_len + t] = 0.0
         if t > 0:
             step_positions.add_(1)
-        if capture and graphed is None:
-            graphed = _capture(step, device)
-            capture = graphed is not None
-        logits = graphed.replay() if graphed is not None else step()
+        if capture:  # the first step is recorded; the later ones launch the recording
+            step, capture = _graphed(step, device), False
+        logits = step()
         cache.length = prompt_len + t + 1
     return out.finish()
 
-
-def _capture(step: Callable[[], torch.Tensor], device: torch.device) -> _GraphedStep | None:
-    """The step as a CUDA graph, or None (logged) where its forward cannot be captured."""
-    try:
-        return _GraphedStep(step, device)
-    except RuntimeError as error:
-        logger.warning("rollout: capturing the decoding step as a CUDA graph failed (%s); this generation "
-                       "decodes without one (rollout.enforce_eager=true skips the attempt)", error)
-        torch.cuda.synchronize(device)
-        return None
