@@ -117,10 +117,6 @@ def _is_adapter_name(name: str) -> bool:
     return ".lora_A." in name or ".lora_B." in name
 
 
-def has_lora(module: nn.Module) -> bool:
-    return bool(lora_layers(module))
-
-
 def lora_layers(module: nn.Module) -> list[tuple[str, nn.Module]]:
     """(qualified name, layer) of every LoRA layer in `module`."""
     if "peft" not in sys.modules:  # nothing injected adapters, and importing PEFT costs seconds per process
@@ -222,12 +218,6 @@ def adapter_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[s
     return {name: tensor for name, tensor in named_tensors if _is_adapter_name(name)}
 
 
-def peft_adapter_state(adapters: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Model names -> a PEFT adapter file's names (`base_model.model.<p>.lora_A.weight`)."""
-    return {_PEFT_PREFIX + name.replace(f".{ADAPTER}.", "."): tensor.contiguous()
-            for name, tensor in adapters.items()}
-
-
 def save_adapter(out_dir: str | Path, adapters: dict[str, torch.Tensor], module: nn.Module,
                  base_model_path: str | None) -> Path:
     """Write a PEFT adapter directory (config + safetensors) from the model-named adapter tensors."""
@@ -239,7 +229,9 @@ def save_adapter(out_dir: str | Path, adapters: dict[str, torch.Tensor], module:
     config.base_model_name_or_path = base_model_path
     config.inference_mode = True
     config.save_pretrained(str(out))
-    save_file(peft_adapter_state(adapters), str(out / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    # a PEFT adapter file names tensors `base_model.model.<p>.lora_A.weight`
+    state = {_PEFT_PREFIX + name.replace(f".{ADAPTER}.", "."): t.contiguous() for name, t in adapters.items()}
+    save_file(state, str(out / ADAPTER_WEIGHTS), metadata={"format": "pt"})
     return out
 
 

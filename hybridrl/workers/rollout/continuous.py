@@ -59,8 +59,6 @@ class SharedColumnCache(Cache):
         self.column = 0
         self.start = 0
         super().__init__(layers=[SharedColumnLayer(self) for _ in range(num_layers)])
-        for layer in self.layers:
-            layer.keys = layer.values = None
 
     def append(self, prefilled: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Add rows whose keys/values per layer are (new, H, L, D), written in columns [column - L, column)."""
