@@ -123,22 +123,19 @@ class ContinuousBatch:
         self._next_id = 0
         self.cache: SharedColumnCache | None = None
         self.kv_version: int | None = None  # the weights the cache's keys/values came from
-        self._rows_init()
 
-    def _rows_init(self) -> None:
         def empty(*shape: int, dtype: torch.dtype = torch.long) -> torch.Tensor:
             return torch.zeros(0, *shape, dtype=dtype, device=self.device)
 
-        width = self.response_len
         self.active = empty(dtype=torch.bool)  # (A,) the slot holds a sample still decoding
         self.request_of = empty()  # (A,) request id of each row
         self.sample_of = empty()  # (A,) its sample index in the request
         self.length = empty()  # (A,) tokens sampled so far
         self.position = empty()  # (A,) position of the next token fed
         self.mask = empty(0)  # (A, cache width) 0/1: the columns each row attends to
-        self.responses = empty(width)  # (A, R)
-        self.log_probs = empty(width, dtype=torch.float32)  # (A, R)
-        self.versions = empty(width)  # (A, R) the weight version of each token
+        self.responses = empty(self.response_len)  # (A, R)
+        self.log_probs = empty(self.response_len, dtype=torch.float32)  # (A, R)
+        self.versions = empty(self.response_len)  # (A, R) the weight version of each token
         self.pending = empty()  # (A,) each row's last sampled token, not yet fed
 
     @property
@@ -295,8 +292,7 @@ class ContinuousBatch:
         """Left-padded rows (B, L) through the model -> next-token logits (B, V) and each layer's (B, H, L, D)."""
         cache = PreallocatedCache(model.config.num_hidden_layers, ids.shape[1])
         logits = forward_logits(model, ids, mask, positions, cache)
-        return logits, [(layer.keys[:, :, : ids.shape[1]], layer.values[:, :, : ids.shape[1]])
-                        for layer in cache.layers]
+        return logits, [(layer.keys, layer.values) for layer in cache.layers]  # exactly L wide
 
     def _keep(self, rows: torch.Tensor) -> None:
         """Only slots `rows` stay in the batch."""

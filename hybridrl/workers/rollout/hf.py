@@ -245,7 +245,7 @@ def decode_eagerly(steps: ForwardSteps, input_ids: torch.Tensor, attention_mask:
         out.record(active, step, tokens, token_log_probs)
         if step == width - 1:
             break
-        done = out.is_stop(tokens) & ~finished  # (A,) rows stopping at this step
+        done = torch.isin(tokens, out.stop_ids) & ~finished  # (A,) rows stopping at this step
         if bool(done.any()):
             out.lengths[active[done]] = step + 1  # the stop token itself is part of the response
             finished |= done

@@ -58,7 +58,6 @@ class BufferLayer(CacheLayerMixin):
     """A full-attention layer's keys and values in (rows, kv_heads, width, head_dim) buffers of its own."""
 
     is_sliding = False
-    is_compileable = False
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         """Give every row `repeats` consecutive copies (prompt i's samples are rows i*n .. i*n+n-1)."""

@@ -150,10 +150,6 @@ class DecodeOutputs:
         self.responses[rows, step] = tokens
         self.log_probs[rows, step] = token_log_probs
 
-    def is_stop(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(A,) bool: which of `tokens` end their response."""
-        return torch.isin(tokens, self.stop_ids)
-
     def finish(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """responses (rows, R) padded after each row's length, lengths (rows,), log-probs (rows, R)."""
         width = self.responses.shape[1]

@@ -179,7 +179,7 @@ def decode_static(
         out.record(slice(None), t, tokens, token_log_probs)
         if t == width - 1:
             break
-        stopping = out.is_stop(tokens) & ~finished
+        stopping = torch.isin(tokens, out.stop_ids) & ~finished
         # the stop token itself is part of the response; no host sync, unlike indexing by the stopped rows
         out.lengths = torch.where(stopping, t + 1, out.lengths)
         finished |= stopping
