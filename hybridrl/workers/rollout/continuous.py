@@ -16,6 +16,7 @@ from transformers.cache_utils import Cache
 
 from hybridrl.data.rl_dataset import left_pad
 from hybridrl.protocol import DataProto
+from hybridrl.workers.micro_batch import trim_columns
 from hybridrl.workers.rollout.base import assemble_output
 from hybridrl.workers.rollout.fused_decoder import FusedDecoder
 from hybridrl.workers.rollout.kv_cache import BufferLayer, ForwardSteps, PreallocatedCache, forward_logits
@@ -231,15 +232,12 @@ class ContinuousBatch:
         admitted, self.waiting = self.waiting[:count], self.waiting[count:]
         if not admitted:
             return logits
-        prompts = DataProto.concat([self.requests[r].prompt for r in admitted])
-        ids, mask, positions = (prompts.batch[k] for k in ("input_ids", "attention_mask", "position_ids"))
-        first = int(mask.any(dim=0).nonzero()[0])  # columns of padding in every prompt are skipped
-        ids, mask, positions = ids[:, first:], mask[:, first:], positions[:, first:]
+        prompts = trim_columns(DataProto.concat([self.requests[r].prompt for r in admitted]), response_length=0)
+        mask, positions = prompts.attention_mask, prompts.position_ids
         n = self.params.n
-        new_logits, kv = self._prefill(model, ids, mask, positions)
+        new_logits, kv = self._prefill(model, prompts.input_ids, mask, positions)
         kv = [(k.repeat_interleave(n, 0), v.repeat_interleave(n, 0)) for k, v in kv]
         slots = self._place(kv, mask.repeat_interleave(n, 0), positions[:, -1].repeat_interleave(n) + 1)
-        rows = slots.numel()
         self.request_of[slots] = torch.tensor(admitted, device=self.device).repeat_interleave(n)
         self.sample_of[slots] = torch.arange(n, device=self.device).repeat(len(admitted))
         self.length[slots] = 0
@@ -251,7 +249,7 @@ class ContinuousBatch:
         logits = new_logits[:0] if logits is None else logits
         if logits.shape[0] < self.rows:  # rows were added: a row of logits per slot
             logits = F.pad(logits, (0, 0, 0, self.rows - logits.shape[0]))
-        logits[slots] = new_logits[:rows]
+        logits[slots] = new_logits
         return logits
 
     def _place(self, kv: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor,
