@@ -27,10 +27,6 @@ class SharedColumnLayer(BufferLayer):
     """One layer's keys and values in zeroed (rows, H, width, D) buffers; a step writes every row at the owner's
     column, and attention reads from the owner's `start` (the first column any decoding row uses) to it."""
 
-    def __init__(self, owner: SharedColumnCache) -> None:
-        super().__init__()
-        self.owner = owner
-
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         raise RuntimeError("SharedColumnCache layers are filled by SharedColumnCache.append, not by a forward")
 

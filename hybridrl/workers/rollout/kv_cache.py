@@ -55,9 +55,14 @@ FULL_WIDTH_GROWTH = 16
 
 
 class BufferLayer(CacheLayerMixin):
-    """A full-attention layer's keys and values in (rows, kv_heads, width, head_dim) buffers of its own."""
+    """A full-attention layer's keys and values in (rows, kv_heads, width, head_dim) buffers of its own; `owner`:
+    the cache holding where its layers write, for layers that share that."""
 
     is_sliding = False
+
+    def __init__(self, owner: Cache | None = None) -> None:
+        super().__init__()
+        self.owner = owner
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         """Give every row `repeats` consecutive copies (prompt i's samples are rows i*n .. i*n+n-1)."""

@@ -59,10 +59,6 @@ def decoding_module(module: nn.Module) -> nn.Module:
 class SlotLayer(BufferLayer):
     """One layer's keys and values in fixed zeroed buffers (not NaN), written at the owner's `slots`, read whole."""
 
-    def __init__(self, owner: SlotCache) -> None:
-        super().__init__()
-        self.owner = owner
-
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         rows, heads, _, k_dim = key_states.shape
         self.dtype, self.device = key_states.dtype, key_states.device
