@@ -271,22 +271,15 @@ def load_adapter_weights(model: nn.Module, adapter_dir: str | Path) -> None:
 def merge_into_base(base: dict[str, torch.Tensor], adapters: dict[str, torch.Tensor],
                     adapter_config: dict[str, Any]) -> dict[str, torch.Tensor]:
     """A plain model's state dict `base` with the model-named `adapters` merged in: for each adapted layer `p`,
-    `p.weight + (alpha / r) * lora_B @ lora_A` (alpha and r from `adapter_config`)."""
+    `p.weight + (alpha / r) * lora_B @ lora_A` (alpha/sqrt(r) with rslora; alpha and r from `adapter_config`)."""
     layers = sorted({name.rsplit(".lora_", 1)[0] for name in adapters})
     missing = [layer for layer in layers if f"{layer}.weight" not in base]
     if missing:
         raise LoRAError(f"the adapter adapts {missing[:3]}, which the base model does not have (another base?)")
-    scalings = scalings_from_adapter_config(adapter_config, layers)
+    rank, alpha = adapter_config["r"], adapter_config["lora_alpha"]
+    if adapter_config.get("rank_pattern") or adapter_config.get("alpha_pattern"):
+        raise LoRAError("adapters with rank_pattern / alpha_pattern (per-layer ranks) are not supported")
+    scale = alpha / (rank ** 0.5 if adapter_config.get("use_rslora") else rank)
     adapted = {f"{layer}.weight": f"{layer}.base_layer.weight" for layer in layers}  # as a LoRA model names them
     stream = [(adapted.get(name, name), tensor) for name, tensor in base.items()]
-    return dict(merged_weights([*stream, *adapters.items()], scalings))
-
-
-def scalings_from_adapter_config(config: dict[str, Any], layer_names: Iterable[str]) -> dict[str, float]:
-    """{layer: alpha/r (alpha/sqrt(r) with rslora)} for the named layers, from an adapter_config.json."""
-    rank, alpha = config["r"], config["lora_alpha"]
-    ranks, alphas = config.get("rank_pattern") or {}, config.get("alpha_pattern") or {}
-    if ranks or alphas:
-        raise LoRAError("adapters with rank_pattern / alpha_pattern (per-layer ranks) are not supported")
-    scale = alpha / (rank ** 0.5 if config.get("use_rslora") else rank)
-    return {name: scale for name in layer_names}
+    return dict(merged_weights([*stream, *adapters.items()], dict.fromkeys(layers, scale)))
