@@ -241,10 +241,10 @@ class AgentLoop:
     def _start(self, prompts: DataProto, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                n: int) -> list[Trajectory]:
         rows = len(prompts)
-        extra_infos = prompts.non_tensor_batch.get("extra_info", np.full(rows, None, dtype=object))
+        absent = np.full(rows, None, dtype=object)
+        extra_infos, agent_names, raw_prompts = (prompts.non_tensor_batch.get(column, absent)
+                                                 for column in AGENT_INPUT_COLUMNS)
         default_loop = self.config.agent.default_agent_loop or "tool_agent"
-        agent_names = prompts.non_tensor_batch.get("agent_name", np.full(rows, None, dtype=object))
-        raw_prompts = prompts.non_tensor_batch.get("raw_prompt", np.full(rows, None, dtype=object))
         trajectories = []
         for i in range(rows):
             extra = extra_infos[i] if isinstance(extra_infos[i], Mapping) else {}
