@@ -460,8 +460,7 @@ class AgentLoop:
         inputs = prompts.select(batch_keys=list(prompts.batch.keys()), non_tensor_batch_keys=[
             key for key in prompts.non_tensor_batch if key not in AGENT_INPUT_COLUMNS])
         output = assemble_output(inputs, responses, lengths, log_probs, n)
-        mask = model_mask.to(output.batch["response_mask"])
-        output.batch["response_mask"] = mask
-        output.batch["rollout_log_probs"] = torch.where(mask.bool(), output.batch["rollout_log_probs"], 0.0)
+        # only the model's tokens count; the others' log-probs are already 0 (Trajectory.append)
+        output.batch["response_mask"] = model_mask.to(output.batch["response_mask"])
         output.non_tensor_batch.update(sample_columns(trajectories))
         return output
