@@ -14,7 +14,7 @@ from torch import nn
 from transformers.cache_utils import Cache
 
 from hybridrl.models.attention import additive
-from hybridrl.workers.rollout.kv_cache import BufferLayer, forward_logits
+from hybridrl.workers.rollout.kv_cache import BufferLayer, ForwardSteps, forward_logits
 from hybridrl.workers.rollout.sampling import DecodeOutputs, SamplingParams, sample_tokens
 
 logger = logging.getLogger(__name__)
@@ -153,11 +153,8 @@ def decode_static(
     cache = SlotCache(module.config.num_hidden_layers, max_len)
     cache.slots = torch.arange(prompt_len, device=device)
     prompt_mask = prefill_mask(attention_mask, max_len, compute_dtype)  # (B, 1, P, max_len)
-    logits = forward_logits(model, input_ids, prompt_mask, position_ids, cache)  # (B, V)
+    logits = ForwardSteps(model, cache).prefill(input_ids, prompt_mask, position_ids, n)  # (B*n, V)
     cache.length = prompt_len
-    if n > 1:
-        cache.batch_repeat_interleave(n)
-        logits = logits.repeat_interleave(n, dim=0)  # (B*n, V)
     # the fixed inputs of every step: the token fed, its position, its slot, each row's mask over max_len slots
     step_tokens = torch.zeros(rows, 1, dtype=input_ids.dtype, device=device)
     step_positions = position_ids[:, -1:].repeat_interleave(n, dim=0) + 1  # (B*n, 1)
