@@ -188,4 +188,3 @@ def decode_static(
         logits = step()
         cache.length = prompt_len + t + 1
     return out.finish()
-
