@@ -246,7 +246,7 @@ def pull_eos_up(model_dir: str | Path, eos_pull: float) -> Path:
 
 def count_parameters(model: torch.nn.Module) -> int:
     """Distinct parameters (tied embeddings counted once)."""
-    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    return sum(p.numel() for p in model.parameters())  # parameters() yields a shared one once
 
 
 def main(argv: list[str] | None = None) -> None:
