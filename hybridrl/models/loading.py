@@ -47,7 +47,11 @@ def build_hf_model(state_dict: Mapping[str, torch.Tensor], config: PretrainedCon
         model = model_cls._from_config(config) if hasattr(model_cls, "_from_config") else \
             model_cls.from_config(config)
     result = model.load_state_dict(dict(state_dict), strict=False, assign=True)
-    tied = _tied_pairs(model) if getattr(config, "tie_word_embeddings", False) else {}
+    tied: dict[str, str] = {}  # {output embedding key: input embedding key} where the config ties them
+    out_emb, in_emb = model.get_output_embeddings(), model.get_input_embeddings()
+    if getattr(config, "tie_word_embeddings", False) and out_emb is not None and in_emb is not None:
+        names = {id(module): name for name, module in model.named_modules()}
+        tied = {f"{names[id(out_emb)]}.weight": f"{names[id(in_emb)]}.weight"}
     missing = [k for k in result.missing_keys if k not in tied]
     if missing or result.unexpected_keys:
         raise ModelExportError(f"the checkpoint does not match {architecture}: missing {missing[:5]}, "
@@ -59,15 +63,6 @@ def build_hf_model(state_dict: Mapping[str, torch.Tensor], config: PretrainedCon
                                    f"in the checkpoint")
     model.tie_weights()
     return model
-
-
-def _tied_pairs(model: PreTrainedModel) -> dict[str, str]:
-    """{output embedding key: input embedding key} for a model whose config ties them."""
-    out_emb, in_emb = model.get_output_embeddings(), model.get_input_embeddings()
-    if out_emb is None or in_emb is None:
-        return {}
-    names = {id(module): name for name, module in model.named_modules()}
-    return {f"{names[id(out_emb)]}.weight": f"{names[id(in_emb)]}.weight"}
 
 
 def save_hf_model(state_dict: Mapping[str, torch.Tensor], config: PretrainedConfig, out_dir: str | Path) -> None:

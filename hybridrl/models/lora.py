@@ -117,10 +117,6 @@ def _is_adapter_name(name: str) -> bool:
     return ".lora_A." in name or ".lora_B." in name
 
 
-def has_lora(module: nn.Module) -> bool:
-    return bool(lora_layers(module))
-
-
 def lora_layers(module: nn.Module) -> list[tuple[str, nn.Module]]:
     """(qualified name, layer) of every LoRA layer in `module`."""
     if "peft" not in sys.modules:  # nothing injected adapters, and importing PEFT costs seconds per process
@@ -222,12 +218,6 @@ def adapter_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[s
     return {name: tensor for name, tensor in named_tensors if _is_adapter_name(name)}
 
 
-def peft_adapter_state(adapters: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Model names -> a PEFT adapter file's names (`base_model.model.<p>.lora_A.weight`)."""
-    return {_PEFT_PREFIX + name.replace(f".{ADAPTER}.", "."): tensor.contiguous()
-            for name, tensor in adapters.items()}
-
-
 def save_adapter(out_dir: str | Path, adapters: dict[str, torch.Tensor], module: nn.Module,
                  base_model_path: str | None) -> Path:
     """Write a PEFT adapter directory (config + safetensors) from the model-named adapter tensors."""
@@ -239,7 +229,9 @@ def save_adapter(out_dir: str | Path, adapters: dict[str, torch.Tensor], module:
     config.base_model_name_or_path = base_model_path
     config.inference_mode = True
     config.save_pretrained(str(out))
-    save_file(peft_adapter_state(adapters), str(out / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    # a PEFT adapter file names tensors `base_model.model.<p>.lora_A.weight`
+    state = {_PEFT_PREFIX + name.replace(f".{ADAPTER}.", "."): t.contiguous() for name, t in adapters.items()}
+    save_file(state, str(out / ADAPTER_WEIGHTS), metadata={"format": "pt"})
     return out
 
 
@@ -279,22 +271,15 @@ def load_adapter_weights(model: nn.Module, adapter_dir: str | Path) -> None:
 def merge_into_base(base: dict[str, torch.Tensor], adapters: dict[str, torch.Tensor],
                     adapter_config: dict[str, Any]) -> dict[str, torch.Tensor]:
     """A plain model's state dict `base` with the model-named `adapters` merged in: for each adapted layer `p`,
-    `p.weight + (alpha / r) * lora_B @ lora_A` (alpha and r from `adapter_config`)."""
+    `p.weight + (alpha / r) * lora_B @ lora_A` (alpha/sqrt(r) with rslora; alpha and r from `adapter_config`)."""
     layers = sorted({name.rsplit(".lora_", 1)[0] for name in adapters})
     missing = [layer for layer in layers if f"{layer}.weight" not in base]
     if missing:
         raise LoRAError(f"the adapter adapts {missing[:3]}, which the base model does not have (another base?)")
-    scalings = scalings_from_adapter_config(adapter_config, layers)
+    rank, alpha = adapter_config["r"], adapter_config["lora_alpha"]
+    if adapter_config.get("rank_pattern") or adapter_config.get("alpha_pattern"):
+        raise LoRAError("adapters with rank_pattern / alpha_pattern (per-layer ranks) are not supported")
+    scale = alpha / (rank ** 0.5 if adapter_config.get("use_rslora") else rank)
     adapted = {f"{layer}.weight": f"{layer}.base_layer.weight" for layer in layers}  # as a LoRA model names them
     stream = [(adapted.get(name, name), tensor) for name, tensor in base.items()]
-    return dict(merged_weights([*stream, *adapters.items()], scalings))
-
-
-def scalings_from_adapter_config(config: dict[str, Any], layer_names: Iterable[str]) -> dict[str, float]:
-    """{layer: alpha/r (alpha/sqrt(r) with rslora)} for the named layers, from an adapter_config.json."""
-    rank, alpha = config["r"], config["lora_alpha"]
-    ranks, alphas = config.get("rank_pattern") or {}, config.get("alpha_pattern") or {}
-    if ranks or alphas:
-        raise LoRAError("adapters with rank_pattern / alpha_pattern (per-layer ranks) are not supported")
-    scale = alpha / (rank ** 0.5 if config.get("use_rslora") else rank)
-    return {name: scale for name in layer_names}
+    return dict(merged_weights([*stream, *adapters.items()], dict.fromkeys(layers, scale)))

@@ -198,15 +198,6 @@ def tiny_config(arch: str, spec: TinySpec, *, vocab_size: int,
         tie_word_embeddings=True, **token_ids)
 
 
-def _finish_tokenizer_config(out: Path, tokenizer_class: str, model_max_length: int) -> None:
-    """Write the fields save_pretrained leaves out or sets for the generic wrapper class."""
-    path = out / "tokenizer_config.json"
-    config = json.loads(path.read_text())
-    config["tokenizer_class"] = tokenizer_class
-    config["model_max_length"] = model_max_length
-    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-
-
 def build_tiny_model(out: str | Path, *, arch: str = "qwen2", size: str = "1m", seed: int = 0,
                      vocab_size: int = DEFAULT_VOCAB_SIZE,
                      max_position_embeddings: int = DEFAULT_MAX_POSITIONS, **overrides: int | None) -> Path:
@@ -227,7 +218,11 @@ def build_tiny_model(out: str | Path, *, arch: str = "qwen2", size: str = "1m", 
     model.generation_config = GenerationConfig(**ids)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    _finish_tokenizer_config(out, arch_entry.tokenizer_class, max_position_embeddings)
+    # the fields save_pretrained leaves out or sets for the generic wrapper class
+    path = out / "tokenizer_config.json"
+    tokenizer_config = json.loads(path.read_text())
+    tokenizer_config.update(tokenizer_class=arch_entry.tokenizer_class, model_max_length=max_position_embeddings)
+    path.write_text(json.dumps(tokenizer_config, indent=2, sort_keys=True) + "\n")
     return out
 
 
@@ -251,7 +246,7 @@ def pull_eos_up(model_dir: str | Path, eos_pull: float) -> Path:
 
 def count_parameters(model: torch.nn.Module) -> int:
     """Distinct parameters (tied embeddings counted once)."""
-    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    return sum(p.numel() for p in model.parameters())  # parameters() yields a shared one once
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -241,10 +241,10 @@ class AgentLoop:
     def _start(self, prompts: DataProto, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                n: int) -> list[Trajectory]:
         rows = len(prompts)
-        extra_infos = prompts.non_tensor_batch.get("extra_info", np.full(rows, None, dtype=object))
+        absent = np.full(rows, None, dtype=object)
+        extra_infos, agent_names, raw_prompts = (prompts.non_tensor_batch.get(column, absent)
+                                                 for column in AGENT_INPUT_COLUMNS)
         default_loop = self.config.agent.default_agent_loop or "tool_agent"
-        agent_names = prompts.non_tensor_batch.get("agent_name", np.full(rows, None, dtype=object))
-        raw_prompts = prompts.non_tensor_batch.get("raw_prompt", np.full(rows, None, dtype=object))
         trajectories = []
         for i in range(rows):
             extra = extra_infos[i] if isinstance(extra_infos[i], Mapping) else {}
@@ -460,8 +460,7 @@ class AgentLoop:
         inputs = prompts.select(batch_keys=list(prompts.batch.keys()), non_tensor_batch_keys=[
             key for key in prompts.non_tensor_batch if key not in AGENT_INPUT_COLUMNS])
         output = assemble_output(inputs, responses, lengths, log_probs, n)
-        mask = model_mask.to(output.batch["response_mask"])
-        output.batch["response_mask"] = mask
-        output.batch["rollout_log_probs"] = torch.where(mask.bool(), output.batch["rollout_log_probs"], 0.0)
+        # only the model's tokens count; the others' log-probs are already 0 (Trajectory.append)
+        output.batch["response_mask"] = model_mask.to(output.batch["response_mask"])
         output.non_tensor_batch.update(sample_columns(trajectories))
         return output

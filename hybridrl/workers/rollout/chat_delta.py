@@ -37,16 +37,14 @@ class ChatTemplateDelta:
         return self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt,
                                                   tokenize=False, **self.template_kwargs)
 
-    def text_after_turn(self, messages: Sequence[Mapping[str, Any]]) -> str:
-        """The text between an assistant turn's EOS and the start of the next assistant turn's content."""
+    def ids_after_turn(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """The ids between an assistant turn's EOS and the start of the next assistant turn's content."""
         full = self._render([*_ANCHOR, *messages], add_generation_prompt=True)
         if not full.startswith(self._head):
             raise ValueError("the chat template renders earlier messages differently once more follow; the tool "
                              "responses cannot be appended turn by turn")
-        return self._after_eos + full[len(self._head):]
-
-    def ids_after_turn(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
-        return list(self.tokenizer(self.text_after_turn(messages), add_special_tokens=False)["input_ids"])
+        text = self._after_eos + full[len(self._head):]
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def ids_of_turns(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
         """The ids of `messages` (assistant and tool turns) tokenised at once after a fixed prompt, without the

@@ -6,7 +6,6 @@ decode in one batched step.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,7 +16,9 @@ from transformers.cache_utils import Cache
 
 from hybridrl.data.rl_dataset import left_pad
 from hybridrl.protocol import DataProto
+from hybridrl.workers.micro_batch import trim_columns
 from hybridrl.workers.rollout.base import assemble_output
+from hybridrl.workers.rollout.fused_decoder import FusedDecoder
 from hybridrl.workers.rollout.kv_cache import BufferLayer, ForwardSteps, PreallocatedCache, forward_logits
 from hybridrl.workers.rollout.sampling import SamplingParams, sample_tokens
 
@@ -25,10 +26,6 @@ from hybridrl.workers.rollout.sampling import SamplingParams, sample_tokens
 class SharedColumnLayer(BufferLayer):
     """One layer's keys and values in zeroed (rows, H, width, D) buffers; a step writes every row at the owner's
     column, and attention reads from the owner's `start` (the first column any decoding row uses) to it."""
-
-    def __init__(self, owner: SharedColumnCache) -> None:
-        super().__init__()
-        self.owner = owner
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         raise RuntimeError("SharedColumnCache layers are filled by SharedColumnCache.append, not by a forward")
@@ -59,8 +56,6 @@ class SharedColumnCache(Cache):
         self.column = 0
         self.start = 0
         super().__init__(layers=[SharedColumnLayer(self) for _ in range(num_layers)])
-        for layer in self.layers:
-            layer.keys = layer.values = None
 
     def append(self, prefilled: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Add rows whose keys/values per layer are (new, H, L, D), written in columns [column - L, column)."""
@@ -102,7 +97,6 @@ class Request:
     samples: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]] = field(default_factory=dict)
 
 
-StepsFactory = Callable[[SharedColumnCache], ForwardSteps]
 ROW_STATE = ("active", "request_of", "sample_of", "length", "position", "mask", "responses", "log_probs", "versions",
              "pending")
 
@@ -126,22 +120,19 @@ class ContinuousBatch:
         self._next_id = 0
         self.cache: SharedColumnCache | None = None
         self.kv_version: int | None = None  # the weights the cache's keys/values came from
-        self._rows_init()
 
-    def _rows_init(self) -> None:
         def empty(*shape: int, dtype: torch.dtype = torch.long) -> torch.Tensor:
             return torch.zeros(0, *shape, dtype=dtype, device=self.device)
 
-        width = self.response_len
         self.active = empty(dtype=torch.bool)  # (A,) the slot holds a sample still decoding
         self.request_of = empty()  # (A,) request id of each row
         self.sample_of = empty()  # (A,) its sample index in the request
         self.length = empty()  # (A,) tokens sampled so far
         self.position = empty()  # (A,) position of the next token fed
         self.mask = empty(0)  # (A, cache width) 0/1: the columns each row attends to
-        self.responses = empty(width)  # (A, R)
-        self.log_probs = empty(width, dtype=torch.float32)  # (A, R)
-        self.versions = empty(width)  # (A, R) the weight version of each token
+        self.responses = empty(self.response_len)  # (A, R)
+        self.log_probs = empty(self.response_len, dtype=torch.float32)  # (A, R)
+        self.versions = empty(self.response_len)  # (A, R) the weight version of each token
         self.pending = empty()  # (A,) each row's last sampled token, not yet fed
 
     @property
@@ -171,7 +162,7 @@ class ContinuousBatch:
         prompts = [self.requests[r].prompt for r in sorted(self.requests)]
         return DataProto.concat(prompts) if prompts else None
 
-    def run(self, model: nn.Module, make_steps: StepsFactory, version: int, max_steps: int,
+    def run(self, model: nn.Module, decoder: FusedDecoder | None, version: int, max_steps: int,
             min_groups: int = 1, partial: bool = True) -> DataProto | None:
         """Decode until `min_groups` prompts have all their samples, nothing is left, or `max_steps` tokens were
         sampled -> the finished groups (rollout layout, plus `rollout_versions` (rows, R): each token's weight
@@ -183,7 +174,7 @@ class ContinuousBatch:
             raise RuntimeError(f"weights changed to version {version} with {self.decoding} rows in flight under "
                                f"version {self.kv_version}; without partial rollout they finish before a weight sync")
         if self.decoding:
-            logits = self._reprefill(model) if self.kv_version != version else self._step(make_steps(self.cache))
+            logits = self._reprefill(model) if self.kv_version != version else self._step(model, decoder)
         self.kv_version = version
         logits = self._admit(model, logits)
         sampled = 0
@@ -202,18 +193,19 @@ class ContinuousBatch:
             sampled += 1
             if len(finished) >= min_groups or sampled >= max_steps:
                 break
-            logits = self._step(make_steps(self.cache)) if self.decoding else None
+            logits = self._step(model, decoder) if self.decoding else None
             logits = self._admit(model, logits)
         return DataProto.concat(finished) if finished else None
 
-    def _step(self, steps: ForwardSteps) -> torch.Tensor:
+    def _step(self, model: nn.Module, decoder: FusedDecoder | None) -> torch.Tensor:
         """Feed every row its last sampled token -> next-token logits (A, V) (idle slots' are not used)."""
         cache = self.cache
         if cache.column >= cache.width:
             self._compact()
         self.mask[:, cache.column] = 1
         cache.start = self._first_used_column()
-        logits = steps.step(self.pending, self.position, self.mask[:, cache.start: cache.column + 1])
+        seen = self.mask[:, cache.start: cache.column + 1]
+        logits = ForwardSteps(model, cache, decoder).step(self.pending, self.position, seen)
         self.position = self.position + 1
         cache.column += 1
         return logits
@@ -236,15 +228,12 @@ class ContinuousBatch:
         admitted, self.waiting = self.waiting[:count], self.waiting[count:]
         if not admitted:
             return logits
-        prompts = DataProto.concat([self.requests[r].prompt for r in admitted])
-        ids, mask, positions = (prompts.batch[k] for k in ("input_ids", "attention_mask", "position_ids"))
-        first = int(mask.any(dim=0).nonzero()[0])  # columns of padding in every prompt are skipped
-        ids, mask, positions = ids[:, first:], mask[:, first:], positions[:, first:]
+        prompts = trim_columns(DataProto.concat([self.requests[r].prompt for r in admitted]), response_length=0)
+        mask, positions = prompts.attention_mask, prompts.position_ids
         n = self.params.n
-        new_logits, kv = self._prefill(model, ids, mask, positions)
+        new_logits, kv = self._prefill(model, prompts.input_ids, mask, positions)
         kv = [(k.repeat_interleave(n, 0), v.repeat_interleave(n, 0)) for k, v in kv]
         slots = self._place(kv, mask.repeat_interleave(n, 0), positions[:, -1].repeat_interleave(n) + 1)
-        rows = slots.numel()
         self.request_of[slots] = torch.tensor(admitted, device=self.device).repeat_interleave(n)
         self.sample_of[slots] = torch.arange(n, device=self.device).repeat(len(admitted))
         self.length[slots] = 0
@@ -256,7 +245,7 @@ class ContinuousBatch:
         logits = new_logits[:0] if logits is None else logits
         if logits.shape[0] < self.rows:  # rows were added: a row of logits per slot
             logits = F.pad(logits, (0, 0, 0, self.rows - logits.shape[0]))
-        logits[slots] = new_logits[:rows]
+        logits[slots] = new_logits
         return logits
 
     def _place(self, kv: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor,
@@ -297,8 +286,7 @@ class ContinuousBatch:
         """Left-padded rows (B, L) through the model -> next-token logits (B, V) and each layer's (B, H, L, D)."""
         cache = PreallocatedCache(model.config.num_hidden_layers, ids.shape[1])
         logits = forward_logits(model, ids, mask, positions, cache)
-        return logits, [(layer.keys[:, :, : ids.shape[1]], layer.values[:, :, : ids.shape[1]])
-                        for layer in cache.layers]
+        return logits, [(layer.keys, layer.values) for layer in cache.layers]  # exactly L wide
 
     def _keep(self, rows: torch.Tensor) -> None:
         """Only slots `rows` stay in the batch."""

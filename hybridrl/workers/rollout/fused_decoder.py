@@ -76,17 +76,15 @@ class FusedDecoder:
         self.qkv: list[FixedLinear] = [_stacked([attn.q_proj, attn.k_proj, attn.v_proj]) for attn in attns]
         self.gate_up: list[FixedLinear] = [_stacked([mlp.gate_proj, mlp.up_proj]) for mlp in mlps]
 
-    def step_mask(self, attention_mask: torch.Tensor, kv_length: int, dtype: torch.dtype) -> torch.Tensor:
-        """(A, 1, 1, kv_length) mask of the attention's kind from the rows' 0/1 mask (A, W); past W: masked."""
-        attend = F.pad(attention_mask.bool(), (0, kv_length - attention_mask.shape[1]))[:, None, None, :]
-        return additive(attend, dtype) if self.additive_mask else attend
-
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, cache: object,
              attention_mask: torch.Tensor) -> torch.Tensor:
         """tokens (A,), positions (A,), a transformers Cache holding the prefilled prompts, the rows' 0/1 mask over
         the written positions and this one (A, W) -> logits (A, V)."""
         kv_length = cache.layers[0].get_mask_sizes(1)[0]
-        mask = self.step_mask(attention_mask, kv_length, self.base.embed_tokens.weight.dtype)
+        # (A, 1, 1, kv_length) of the attention's kind; past W: masked
+        mask = F.pad(attention_mask.bool(), (0, kv_length - attention_mask.shape[1]))[:, None, None, :]
+        if self.additive_mask:
+            mask = additive(mask, self.base.embed_tokens.weight.dtype)
 
         def attend(attn: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
             keys, values = cache.update(key[:, :, None], value[:, :, None], attn.layer_idx)  # (A, KVH, W, D)
@@ -192,22 +190,11 @@ def fused_decoder(model: nn.Module) -> FusedDecoder | None:
     return FusedDecoder(model) if unsupported_reason(model) is None else None
 
 
-class FusedSteps(ForwardSteps):
-    """`FusedDecoder.step` after the forward's prefill."""
-
-    def __init__(self, decoder: FusedDecoder, cache: Cache) -> None:
-        super().__init__(decoder.model, cache)
-        self.decoder = decoder
-
-    def step(self, tokens: torch.Tensor, positions: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
-        return self.decoder.step(tokens, positions, self.cache, seen)
-
-
-class SharedPromptSteps(FusedSteps):
+class SharedPromptSteps(ForwardSteps):
     """`FusedDecoder.step_shared` over `SharedPromptKV`; `cache` holds the prompts only."""
 
     def __init__(self, decoder: FusedDecoder, cache: Cache, width: int) -> None:
-        super().__init__(decoder, cache)
+        super().__init__(decoder.model, cache, decoder)
         self.width = width
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,

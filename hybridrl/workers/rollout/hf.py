@@ -35,7 +35,6 @@ from hybridrl.workers.rollout.base import (
 from hybridrl.workers.rollout.continuous import ContinuousBatch
 from hybridrl.workers.rollout.fused_decoder import (
     FusedDecoder,
-    FusedSteps,
     SharedPromptSteps,
     fused_decoder,
     unsupported_reason,
@@ -162,11 +161,7 @@ class HFRollout(BaseRollout):
             check_prompts(prompts)
             self.continuous.add(prompts)
         with self._generation_mode(), self._eager_decoder() as (model, decoder):
-
-            def make_steps(cache: Cache) -> ForwardSteps:
-                return ForwardSteps(model, cache) if decoder is None else FusedSteps(decoder, cache)
-
-            return self.continuous.run(model, make_steps, version, max_steps, min_groups, partial)
+            return self.continuous.run(model, decoder, version, max_steps, min_groups, partial)
 
     def _full_attention(self) -> bool:
         """A plain decoder whose every layer attends to every earlier position (no sliding windows)."""
@@ -195,12 +190,11 @@ class HFRollout(BaseRollout):
                                  self.pad_token_id, self.dtype, capture=input_ids.device.type == "cuda")
         with self._eager_decoder() as (model, decoder):
             prompt_len, width = input_ids.shape[1], params.response_length
-            if decoder is None:
-                steps = ForwardSteps(model, self._new_cache(prompt_len + width))
-            elif params.n > 1 and self.share_prompt_kv_from is not None and prompt_len >= self.share_prompt_kv_from:
+            sharing = self.share_prompt_kv_from is not None and prompt_len >= self.share_prompt_kv_from
+            if decoder is not None and params.n > 1 and sharing:
                 steps = SharedPromptSteps(decoder, self._new_cache(prompt_len), width)
             else:
-                steps = FusedSteps(decoder, self._new_cache(prompt_len + width))
+                steps = ForwardSteps(model, self._new_cache(prompt_len + width), decoder)
             return decode_eagerly(steps, input_ids, attention_mask, position_ids, params, generator, self.pad_token_id)
 
     @contextlib.contextmanager
@@ -251,7 +245,7 @@ def decode_eagerly(steps: ForwardSteps, input_ids: torch.Tensor, attention_mask:
         out.record(active, step, tokens, token_log_probs)
         if step == width - 1:
             break
-        done = out.is_stop(tokens) & ~finished  # (A,) rows stopping at this step
+        done = torch.isin(tokens, out.stop_ids) & ~finished  # (A,) rows stopping at this step
         if bool(done.any()):
             out.lengths[active[done]] = step + 1  # the stop token itself is part of the response
             finished |= done

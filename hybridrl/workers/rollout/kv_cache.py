@@ -55,10 +55,14 @@ FULL_WIDTH_GROWTH = 16
 
 
 class BufferLayer(CacheLayerMixin):
-    """A full-attention layer's keys and values in (rows, kv_heads, width, head_dim) buffers of its own."""
+    """A full-attention layer's keys and values in (rows, kv_heads, width, head_dim) buffers of its own; `owner`:
+    the cache holding where its layers write, for layers that share that."""
 
     is_sliding = False
-    is_compileable = False
+
+    def __init__(self, owner: Cache | None = None) -> None:
+        super().__init__()
+        self.owner = owner
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         """Give every row `repeats` consecutive copies (prompt i's samples are rows i*n .. i*n+n-1)."""
@@ -95,12 +99,6 @@ class PreallocatedLayer(BufferLayer):
         self.values = new(rows, heads, self.capacity, value_states.shape[-1])
         self.is_initialized = True
 
-    def _grow(self, capacity: int) -> None:
-        """Move the written positions into zeroed buffers `capacity` wide."""
-        pad = (0, 0, 0, capacity - self.length)
-        self.keys, self.values = F.pad(self.keys[:, :, : self.length], pad), F.pad(self.values[:, :, : self.length], pad)
-        self.capacity = capacity
-
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,8 +111,10 @@ class PreallocatedLayer(BufferLayer):
                 f"PreallocatedLayer holds {self.max_len} positions; writing {start}..{end} overflows it "
                 "(build the cache with max_len >= prompt length + response length)"
             )
-        if end > self.capacity:
-            self._grow(self._capacity_for(end))
+        if end > self.capacity:  # the written positions move into zeroed buffers wide enough
+            self.capacity = self._capacity_for(end)
+            pad = (0, 0, 0, self.capacity - self.length)
+            self.keys, self.values = (F.pad(b[:, :, : self.length], pad) for b in (self.keys, self.values))
         self.keys[:, :, start:end] = key_states
         self.values[:, :, start:end] = value_states
         self.length = end
@@ -162,10 +162,11 @@ class PreallocatedCache(Cache):
 
 
 class ForwardSteps:
-    """The plain decoding step, the model's forward over a KV cache: the fused steps are tested equal to it."""
+    """The eager loops' decoding step over a KV cache: the model's forward, or where `decoder` (a `FusedDecoder`,
+    tested equal to the forward) is given, its step after the forward's prefill."""
 
-    def __init__(self, model: nn.Module, cache: Cache) -> None:
-        self.model, self.cache = model, cache
+    def __init__(self, model: nn.Module, cache: Cache, decoder: object | None = None) -> None:
+        self.model, self.cache, self.decoder = model, cache, decoder
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                 n: int) -> torch.Tensor:
@@ -182,4 +183,6 @@ class ForwardSteps:
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
         """tokens (A,) at positions (A,), the rows' 0/1 mask, this token last (A, W) -> next-token logits (A, V)."""
+        if self.decoder is not None:
+            return self.decoder.step(tokens, positions, self.cache, seen)
         return forward_logits(self.model, tokens[:, None], seen, positions[:, None], self.cache)

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from hybridrl.workers.config import RolloutConfig
+from hybridrl.workers.config import RolloutConfig, ValKwargs
 from hybridrl.workers.rollout.base import eos_token_ids as merged_ids
 
 # meta_info keys a caller may set to change one call's sampling (verl's names).
@@ -41,17 +41,12 @@ def resolve_sampling_params(
     """The config merged with a call's meta_info overrides (`CALL_OVERRIDES`): `validate=True` takes
     `config.val_kwargs`; `do_sample=False` is greedy with one sample per prompt (as in verl); `eos_token_id`
     replaces the engine's EOS ids; `seed` restarts the sampler; `response_length` shortens this call."""
-    if meta_info.get("validate", False):
-        vk = config.val_kwargs
-        do_sample, temperature, top_k, top_p, n = vk.do_sample, vk.temperature, vk.top_k, vk.top_p, vk.n
-    else:
-        do_sample, temperature = config.do_sample, config.temperature
-        top_k, top_p, n = config.top_k, config.top_p, config.n
-    do_sample = bool(meta_info.get("do_sample", do_sample))
-    temperature = float(meta_info.get("temperature", temperature))
-    top_k = int(meta_info.get("top_k", top_k))
-    top_p = float(meta_info.get("top_p", top_p))
-    n = int(meta_info.get("n", n if do_sample else 1))
+    base: RolloutConfig | ValKwargs = config.val_kwargs if meta_info.get("validate", False) else config
+    do_sample = bool(meta_info.get("do_sample", base.do_sample))
+    temperature = float(meta_info.get("temperature", base.temperature))
+    top_k = int(meta_info.get("top_k", base.top_k))
+    top_p = float(meta_info.get("top_p", base.top_p))
+    n = int(meta_info.get("n", base.n if do_sample else 1))
     if temperature < 0 or not 0.0 < top_p <= 1.0 or n < 1:
         raise ValueError(
             f"meta_info sampling overrides out of range: temperature={temperature} (>= 0), "
@@ -149,10 +144,6 @@ class DecodeOutputs:
         """Column `step` of output rows `rows` (indices, or `slice(None)`); `finish` pads over finished rows."""
         self.responses[rows, step] = tokens
         self.log_probs[rows, step] = token_log_probs
-
-    def is_stop(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(A,) bool: which of `tokens` end their response."""
-        return torch.isin(tokens, self.stop_ids)
 
     def finish(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """responses (rows, R) padded after each row's length, lengths (rows,), log-probs (rows, R)."""

@@ -14,7 +14,7 @@ from torch import nn
 from transformers.cache_utils import Cache
 
 from hybridrl.models.attention import additive
-from hybridrl.workers.rollout.kv_cache import BufferLayer, forward_logits
+from hybridrl.workers.rollout.kv_cache import BufferLayer, ForwardSteps, forward_logits
 from hybridrl.workers.rollout.sampling import DecodeOutputs, SamplingParams, sample_tokens
 
 logger = logging.getLogger(__name__)
@@ -58,10 +58,6 @@ def decoding_module(module: nn.Module) -> nn.Module:
 
 class SlotLayer(BufferLayer):
     """One layer's keys and values in fixed zeroed buffers (not NaN), written at the owner's `slots`, read whole."""
-
-    def __init__(self, owner: SlotCache) -> None:
-        super().__init__()
-        self.owner = owner
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         rows, heads, _, k_dim = key_states.shape
@@ -109,24 +105,31 @@ def prefill_mask(attention_mask: torch.Tensor, max_len: int, dtype: torch.dtype)
     return additive(F.pad(seen, (0, max_len - prompt_len))[:, None], dtype)
 
 
-class _GraphedStep:
-    """`run` (a step over fixed buffers) recorded once as a CUDA graph; `replay` launches it again."""
-
-    def __init__(self, run: Callable[[], torch.Tensor], device: torch.device) -> None:
+def _graphed(run: Callable[[], torch.Tensor], device: torch.device) -> Callable[[], torch.Tensor]:
+    """`run` (a step over fixed buffers) recorded once as a CUDA graph -> a function launching it again; `run`
+    itself (logged) where its forward cannot be captured."""
+    try:
         current = torch.cuda.current_stream(device)
         warmup = torch.cuda.Stream(device)
         warmup.wait_stream(current)
         with torch.cuda.stream(warmup):
             run()  # lazy initialisations (library handles, allocator blocks) happen outside the capture
         current.wait_stream(warmup)
-        self.graph = torch.cuda.CUDAGraph()
+        graph = torch.cuda.CUDAGraph()
         # thread_local: another thread (the driver's background reward scoring) may use CUDA during the capture
-        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
-            self.output = run()
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            output = run()
+    except RuntimeError as error:
+        logger.warning("rollout: capturing the decoding step as a CUDA graph failed (%s); this generation "
+                       "decodes without one (rollout.enforce_eager=true skips the attempt)", error)
+        torch.cuda.synchronize(device)
+        return run
 
-    def replay(self) -> torch.Tensor:
-        self.graph.replay()
-        return self.output
+    def replay() -> torch.Tensor:
+        graph.replay()
+        return output
+
+    return replay
 
 
 def decode_static(
@@ -150,11 +153,8 @@ def decode_static(
     cache = SlotCache(module.config.num_hidden_layers, max_len)
     cache.slots = torch.arange(prompt_len, device=device)
     prompt_mask = prefill_mask(attention_mask, max_len, compute_dtype)  # (B, 1, P, max_len)
-    logits = forward_logits(model, input_ids, prompt_mask, position_ids, cache)  # (B, V)
+    logits = ForwardSteps(model, cache).prefill(input_ids, prompt_mask, position_ids, n)  # (B*n, V)
     cache.length = prompt_len
-    if n > 1:
-        cache.batch_repeat_interleave(n)
-        logits = logits.repeat_interleave(n, dim=0)  # (B*n, V)
     # the fixed inputs of every step: the token fed, its position, its slot, each row's mask over max_len slots
     step_tokens = torch.zeros(rows, 1, dtype=input_ids.dtype, device=device)
     step_positions = position_ids[:, -1:].repeat_interleave(n, dim=0) + 1  # (B*n, 1)
@@ -167,13 +167,12 @@ def decode_static(
 
     out = DecodeOutputs.allocate(rows, width, params, pad_token_id, input_ids.dtype, device)
     finished = torch.zeros(rows, dtype=torch.bool, device=device)
-    graphed: _GraphedStep | None = None
     for t in range(width):
         tokens, token_log_probs = sample_tokens(logits, params, generator)  # (rows,), (rows,)
         out.record(slice(None), t, tokens, token_log_probs)
         if t == width - 1:
             break
-        stopping = out.is_stop(tokens) & ~finished
+        stopping = torch.isin(tokens, out.stop_ids) & ~finished
         # the stop token itself is part of the response; no host sync, unlike indexing by the stopped rows
         out.lengths = torch.where(stopping, t + 1, out.lengths)
         finished |= stopping
@@ -184,20 +183,8 @@ def decode_static(
         step_mask[:, 0, 0, prompt_len + t] = 0.0
         if t > 0:
             step_positions.add_(1)
-        if capture and graphed is None:
-            graphed = _capture(step, device)
-            capture = graphed is not None
-        logits = graphed.replay() if graphed is not None else step()
+        if capture:  # the first step is recorded; the later ones launch the recording
+            step, capture = _graphed(step, device), False
+        logits = step()
         cache.length = prompt_len + t + 1
     return out.finish()
-
-
-def _capture(step: Callable[[], torch.Tensor], device: torch.device) -> _GraphedStep | None:
-    """The step as a CUDA graph, or None (logged) where its forward cannot be captured."""
-    try:
-        return _GraphedStep(step, device)
-    except RuntimeError as error:
-        logger.warning("rollout: capturing the decoding step as a CUDA graph failed (%s); this generation "
-                       "decodes without one (rollout.enforce_eager=true skips the attempt)", error)
-        torch.cuda.synchronize(device)
-        return None

@@ -65,13 +65,6 @@ def import_vllm() -> Any:
     return importlib.import_module("vllm")
 
 
-class _QuietReload(logging.Filter):
-    """Drops vLLM's per-reload warning about the rotary cos/sin cache, a recomputed buffer no checkpoint holds."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "RotaryEmbedding: Failed to load weights" not in record.getMessage()
-
-
 def vllm_engine_args(config: RolloutConfig) -> dict[str, Any]:
     """The vllm.LLM keyword arguments that verl's rollout keys set, then `engine_kwargs.vllm` over them."""
     args: dict[str, Any] = {
@@ -115,7 +108,9 @@ class VLLMRollout(BaseRollout):
         # In-process engine: weights can be passed as tensors; must be set before vllm builds the engine.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         self.vllm = import_vllm()
-        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_QuietReload())
+        # vLLM warns at every reload about the rotary cos/sin cache, a recomputed buffer no checkpoint holds
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(
+            lambda record: "RotaryEmbedding: Failed to load weights" not in record.getMessage())
         self.config = config = to_dataclass(RolloutConfig, config)
         on_gpu = device_type() == "cuda"
         self.sleep_mode = config.free_cache_engine and on_gpu  # CPU builds lack it
