@@ -37,8 +37,9 @@ MODEL_SIZE = "1m"
 SFT_OVERRIDES = ["optim.lr=3e-3", "optim.betas=[0.9,0.999]", "optim.warmup_steps_ratio=0.05", "data.max_length=128",
                  "data.train_batch_size=32", "data.micro_batch_size_per_gpu=32", "trainer.total_epochs=1",
                  "trainer.total_training_steps=1200", "trainer.max_ckpt_to_keep=1"]
-# GRPO's group and validation cadence on top of ppo_trainer.yaml, whose other keys follow verl's defaults
-GRPO_RECIPE = ["actor_rollout_ref.rollout.n=8", "trainer.test_freq=10"]
+# GRPO's group and validation cadence on top of ppo_trainer.yaml, whose other keys follow verl's defaults; the
+# critic's rate (read only by algorithm.adv_estimator=gae) fits a fresh value head on the tiny model
+GRPO_RECIPE = ["actor_rollout_ref.rollout.n=8", "trainer.test_freq=10", "critic.optim.lr=1e-4"]
 
 
 def _stamp(path: Path, settings: dict) -> bool:

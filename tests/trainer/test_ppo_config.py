@@ -41,6 +41,33 @@ def test_defaults_are_valid_and_resolve_the_lengths(no_gpu):
     assert config.critic.model.path == "some/model"
 
 
+def _leaves(node, prefix: str = "") -> dict:
+    """Every setting of a config dataclass by its dotted key."""
+    if not dataclasses.is_dataclass(node):
+        return {prefix: node}
+    found = {}
+    for field in dataclasses.fields(node):
+        found.update(_leaves(getattr(node, field.name), f"{prefix}.{field.name}" if prefix else field.name))
+    return found
+
+
+def test_the_yaml_departs_from_verl_s_defaults_only_where_it_sizes_the_built_in_task():
+    """A verl script that leaves a key out gets verl's default (the schema's), except the keys
+    ppo_trainer.yaml sets for the built-in task on a 2-core CPU, the list in docs/coming-from-verl.md."""
+    composed = OmegaConf.to_object(ppo_config(*BASE))
+    schema = _leaves(PPOTrainerConfig())
+    changed = {key for key, value in _leaves(composed).items() if value != schema[key]}
+    assert changed - {"data.train_files", "actor_rollout_ref.model.path"} == {
+        "data.max_prompt_length", "data.max_response_length", "data.train_batch_size",
+        "actor_rollout_ref.actor.ppo_mini_batch_size", "actor_rollout_ref.actor.optim.lr",
+        "trainer.n_gpus_per_node", "trainer.logger", "trainer.project_name", "trainer.experiment_name",
+        # followed from the keys above or the model path, as verl's YAML interpolates them
+        "actor_rollout_ref.rollout.prompt_length", "actor_rollout_ref.rollout.response_length",
+        "critic.ppo_mini_batch_size", "critic.model.path", "reward_model.model.input_tokenizer",
+        "trainer.default_local_dir",
+    }
+
+
 def test_bf16_compute_keys_on_a_cpu_that_emulates_bf16_are_warned_about_once_each(no_gpu, caplog):
     from hybridrl.utils.device import native_bf16
 
