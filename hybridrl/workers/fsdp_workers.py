@@ -123,8 +123,9 @@ class TrainingWorker(Worker):
 
 class ActorRolloutRefWorker(TrainingWorker):
     """Actor, rollout and/or reference policy on one rank, by `role`. With `actor_rollout[_ref]` the rollout
-    generates with the actor's current weights (docs/rollout.md, "The hand-off between training and
-    generation"). A LoRA actor's reference policy is its base with the adapters disabled (no second model)."""
+    generates with the actor's current weights
+    (docs/rollout.md, "The hand-off between training and generation").
+    A LoRA actor's reference policy is its base with the adapters disabled (no second model)."""
 
     def __init__(self, config: Any, role: str) -> None:
         super().__init__(collective_timeout_s=to_dataclass(ActorRolloutRefConfig, config).nccl_timeout)
