@@ -121,15 +121,20 @@ def _apply_is_weights(pg_losses: torch.Tensor, rollout_is_weights: torch.Tensor 
     return pg_losses * rollout_is_weights.detach()  # weights change the sampling measure, not the objective
 
 
-def _clip_bounds(config: LossConfig) -> tuple[float, float]:
-    """(eps_low, eps_high): clip_ratio_low / clip_ratio_high, each falling back to clip_ratio."""
+def _clip_bounds(config: LossConfig, loss: str | None = None) -> tuple[float, float]:
+    """(eps_low, eps_high): clip_ratio_low / clip_ratio_high, each falling back to clip_ratio, both >= 0. eps_low
+    must be < 1 too, unless `loss` names one whose bounds are not a clip of rho at 1 - eps_low."""
     low = config.clip_ratio if config.clip_ratio_low is None else config.clip_ratio_low
     high = config.clip_ratio if config.clip_ratio_high is None else config.clip_ratio_high
-    if low < 0 or high < 0 or low >= 1:
-        raise ValueError(
-            f"clip ratios must satisfy 0 <= clip_ratio_low < 1 and clip_ratio_high >= 0, got low={low}, high={high}"
-        )
+    if low < 0 or high < 0 or (loss is None and low >= 1):
+        need = "0 <= clip_ratio_low < 1" if loss is None else "clip_ratio_low >= 0"
+        raise ValueError(f"the {loss or 'clipped'} policy loss needs {need} and clip_ratio_high >= 0, got "
+                         f"low={low}, high={high}")
     return low, high
+
+
+def _log_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> torch.Tensor:
+    return torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)  # exp() stays finite
 
 
 class DualClipped(NamedTuple):
@@ -154,10 +159,6 @@ def _dual_clipped(advantages: torch.Tensor, ratio: torch.Tensor, low: float, hig
     return DualClipped(torch.where(advantages < 0, torch.minimum(ppo, dual), ppo), unclipped, clipped, ppo, dual)
 
 
-def _zero(like: torch.Tensor) -> torch.Tensor:
-    return torch.zeros((), dtype=like.dtype, device=like.device)
-
-
 @torch.no_grad()
 def _loss_metrics(loss: torch.Tensor, response_mask: torch.Tensor, ppo_kl: torch.Tensor | None = None,
                   clipfrac: torch.Tensor | None = None, clipfrac_lower: torch.Tensor | None = None) -> dict:
@@ -165,7 +166,7 @@ def _loss_metrics(loss: torch.Tensor, response_mask: torch.Tensor, ppo_kl: torch
 
     def mean(values: torch.Tensor | None) -> torch.Tensor:
         if values is None:
-            return _zero(loss)
+            return loss.new_zeros(())
         return masked_mean(values.float() if values.dtype == torch.bool else values, response_mask)
 
     return {"pg_clipfrac": mean(clipfrac), "pg_clipfrac_lower": mean(clipfrac_lower), "ppo_kl": mean(ppo_kl)}
@@ -189,7 +190,7 @@ def compute_policy_loss_vanilla(
     L = min(L, -A c). pg_clipfrac / pg_clipfrac_lower: share of tokens clipped / dual-clipped.
     """
     low, high = _clip_bounds(config)
-    log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)  # exp() stays finite
+    log_ratio = _log_ratio(log_prob, old_log_prob)
     terms = _dual_clipped(advantages, torch.exp(log_ratio), low, high, config.clip_ratio_c)  # (batch, response_len)
     pg_losses = _apply_is_weights(terms.per_token, rollout_is_weights)
     loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **config.global_batch_info)
@@ -214,9 +215,8 @@ def compute_policy_loss_gspo(
     Always "seq-mean-token-mean", as in verl. Typical clip ranges: ~3e-4 / 4e-4.
     """
     low, high = _clip_bounds(config)
-    mask = response_mask.to(log_prob.dtype)
     log_ratio = log_prob - old_log_prob  # (batch, response_len)
-    seq_log_ratio = (log_ratio * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)  # (batch,)
+    seq_log_ratio = masked_mean(log_ratio, response_mask, axis=-1)  # (batch,)
     token_log_ratio = log_prob - log_prob.detach() + seq_log_ratio.detach().unsqueeze(-1)
     ratio = torch.exp(torch.clamp(token_log_ratio, max=10.0))  # (batch, response_len)
     unclipped = -advantages * ratio

@@ -243,11 +243,7 @@ def _bootstrap(values: np.ndarray, preds: Sequence[Hashable] | None, k: int, see
 
 def _subset_sizes(n_resps: int) -> list[int]:
     """2, 4, 8, ... below n_resps, then n_resps itself (verl's bootstrap sizes)."""
-    sizes, k = [], 2
-    while k < n_resps:
-        sizes.append(k)
-        k *= 2
-    return sizes + [n_resps]
+    return [2**i for i in range(1, (n_resps - 1).bit_length())] + [n_resps]
 
 
 def _pass_at_k(n: int, c: int, k: int) -> float:
