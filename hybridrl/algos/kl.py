@@ -119,9 +119,7 @@ class AdaptiveKLController:
 KLController = FixedKLController | AdaptiveKLController
 KL_CONTROLLER_REGISTRY: Registry[Callable[..., KLController]] = Registry("kl controller type")
 KL_CONTROLLER_REGISTRY.add("fixed", lambda kl_coef, target_kl, horizon: FixedKLController(kl_coef))
-KL_CONTROLLER_REGISTRY.add(
-    "adaptive", lambda kl_coef, target_kl, horizon: AdaptiveKLController(kl_coef, target_kl, horizon)
-)
+KL_CONTROLLER_REGISTRY.add("adaptive", AdaptiveKLController)
 
 
 def get_kl_controller(

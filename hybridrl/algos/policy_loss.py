@@ -121,6 +121,13 @@ def _apply_is_weights(pg_losses: torch.Tensor, rollout_is_weights: torch.Tensor 
     return pg_losses * rollout_is_weights.detach()  # weights change the sampling measure, not the objective
 
 
+def _weighted_agg(pg_losses: torch.Tensor, rollout_is_weights: torch.Tensor | None, response_mask: torch.Tensor,
+                  loss_agg_mode: str, config: LossConfig) -> torch.Tensor:
+    """The per-token losses times the IS weights (when given), aggregated over `config.global_batch_info`."""
+    return agg_loss(_apply_is_weights(pg_losses, rollout_is_weights), response_mask, loss_agg_mode,
+                    **config.global_batch_info)
+
+
 def _clip_bounds(config: LossConfig, loss: str | None = None) -> tuple[float, float]:
     """(eps_low, eps_high): clip_ratio_low / clip_ratio_high, each falling back to clip_ratio, both >= 0. eps_low
     must be < 1 too, unless `loss` names one whose bounds are not a clip of rho at 1 - eps_low."""
@@ -192,8 +199,7 @@ def compute_policy_loss_vanilla(
     low, high = _clip_bounds(config)
     log_ratio = _log_ratio(log_prob, old_log_prob)
     terms = _dual_clipped(advantages, torch.exp(log_ratio), low, high, config.clip_ratio_c)  # (batch, response_len)
-    pg_losses = _apply_is_weights(terms.per_token, rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **config.global_batch_info)
+    loss = _weighted_agg(terms.per_token, rollout_is_weights, response_mask, loss_agg_mode, config)
     return loss, _loss_metrics(loss, response_mask, -log_ratio, terms.clipped > terms.unclipped,
                                (terms.ppo > terms.dual) & (advantages < 0))
 
@@ -222,8 +228,7 @@ def compute_policy_loss_gspo(
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1 - low, 1 + high)
     pg_losses = torch.maximum(unclipped, clipped)
-    pg_losses = _apply_is_weights(pg_losses, rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, "seq-mean-token-mean", **config.global_batch_info)
+    loss = _weighted_agg(pg_losses, rollout_is_weights, response_mask, "seq-mean-token-mean", config)
     return loss, _loss_metrics(loss, response_mask, -log_ratio, clipped > unclipped)
 
 
@@ -239,8 +244,7 @@ def compute_policy_loss_gpg(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Group Policy Gradient (Chu et al. 2025, https://arxiv.org/abs/2504.02546): plain REINFORCE
     with no ratio and no clipping, L = -A * logp. Pair it with the `gpg` advantage estimator."""
-    pg_losses = _apply_is_weights(-log_prob * advantages, rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **config.global_batch_info)
+    loss = _weighted_agg(-log_prob * advantages, rollout_is_weights, response_mask, loss_agg_mode, config)
     return loss, _loss_metrics(loss, response_mask)
 
 
@@ -287,8 +291,7 @@ def compute_policy_loss_clip_cov(
         keep[candidates[order]] = 0
         keep = keep.reshape(valid.shape)  # (batch, response_len) 0 on dropped tokens
     pg_losses = torch.maximum(unclipped, clipped) * keep
-    pg_losses = _apply_is_weights(pg_losses, rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **config.global_batch_info)
+    loss = _weighted_agg(pg_losses, rollout_is_weights, response_mask, loss_agg_mode, config)
     return loss, _loss_metrics(loss, response_mask, -log_ratio, keep == 0)
 
 
@@ -323,8 +326,7 @@ def compute_policy_loss_kl_cov(
         picked[torch.topk(cov.reshape(-1), n_pick).indices] = True
         picked = picked.reshape(valid.shape)  # (batch, response_len)
     pg_losses = torch.where(picked, plain + ppo_kl_coef * abs_kl, plain)
-    pg_losses = _apply_is_weights(pg_losses, rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **config.global_batch_info)
+    loss = _weighted_agg(pg_losses, rollout_is_weights, response_mask, loss_agg_mode, config)
     return loss, _loss_metrics(loss, response_mask, abs_kl)
 
 
@@ -346,8 +348,7 @@ def compute_policy_loss_dro(
         raise ValueError(f"the dro policy loss needs actor.policy_loss.dro_beta > 0, got {dro_beta}")
     log_ratio = log_prob - old_log_prob  # (batch, response_len)
     pg_losses = -(log_prob * advantages - 0.5 * dro_beta * log_ratio.square())
-    pg_losses = _apply_is_weights(pg_losses, rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **config.global_batch_info)
+    loss = _weighted_agg(pg_losses, rollout_is_weights, response_mask, loss_agg_mode, config)
     return loss, _loss_metrics(loss, response_mask, -log_ratio)
 
 

@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 
-from hybridrl.algos.aggregate import agg_loss
 from hybridrl.algos.policy_loss import (
     LossConfig,
     _apply_is_weights,
@@ -20,6 +19,7 @@ from hybridrl.algos.policy_loss import (
     _dual_clipped,
     _log_ratio,
     _loss_metrics,
+    _weighted_agg,
     register_policy_loss,
 )
 from hybridrl.utils.torch_functional import masked_mean
@@ -40,8 +40,8 @@ def compute_policy_loss_importance_sampling(
     """L = -rho A: the importance-sampled surrogate (Kakade & Langford's CPI objective, PPO without its
     clip). Nothing bounds its gradient, so it suits data near pi_old (one epoch, one mini-batch)."""
     log_ratio = _log_ratio(log_prob, old_log_prob)
-    pg_losses = _apply_is_weights(-advantages * torch.exp(log_ratio), rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **config.global_batch_info)
+    pg_losses = -advantages * torch.exp(log_ratio)
+    loss = _weighted_agg(pg_losses, rollout_is_weights, response_mask, loss_agg_mode, config)
     return loss, _loss_metrics(loss, response_mask, -log_ratio)
 
 
@@ -65,8 +65,7 @@ def compute_policy_loss_up(
     terms = _dual_clipped(advantages, torch.exp(log_ratio), low, high, config.clip_ratio_c)  # vanilla's, for A <= 0
     positive_branch = -advantages * torch.exp(log_prob - log_prob.detach())
     pg_losses = torch.where(advantages > 0, positive_branch, terms.per_token)
-    pg_losses = _apply_is_weights(pg_losses, rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **config.global_batch_info)
+    loss = _weighted_agg(pg_losses, rollout_is_weights, response_mask, loss_agg_mode, config)
     with torch.no_grad():
         non_positive = response_mask * (advantages <= 0)
         metrics = {"pg_clipfrac": masked_mean((terms.clipped > terms.unclipped).float(), non_positive),
@@ -95,8 +94,8 @@ def compute_policy_loss_cispo(
     log_ratio = _log_ratio(log_prob, old_log_prob)
     ratio = torch.exp(log_ratio).detach()  # (batch, response_len)
     weight = torch.clamp(ratio, min=1 - low, max=1 + high)
-    pg_losses = _apply_is_weights(-weight * advantages * log_prob, rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **config.global_batch_info)
+    pg_losses = -weight * advantages * log_prob
+    loss = _weighted_agg(pg_losses, rollout_is_weights, response_mask, loss_agg_mode, config)
     return loss, _loss_metrics(loss, response_mask, -log_ratio, weight != ratio)
 
 
@@ -122,8 +121,7 @@ def compute_policy_loss_sapo(
     ratio = torch.exp(log_ratio)  # (batch, response_len)
     tau = torch.where(advantages > 0, torch.full_like(ratio, tau_pos), torch.full_like(ratio, tau_neg))
     gate = torch.sigmoid(tau * (ratio - 1)) * (4 / tau)
-    pg_losses = _apply_is_weights(-gate * advantages, rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, "seq-mean-token-mean", **config.global_batch_info)
+    loss = _weighted_agg(-gate * advantages, rollout_is_weights, response_mask, "seq-mean-token-mean", config)
     return loss, _loss_metrics(loss, response_mask, -log_ratio)
 
 
@@ -138,8 +136,7 @@ def _dppo_loss(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: t
     ratio = torch.exp(log_ratio).detach()
     kept = kept.detach().to(log_prob.dtype)
     pg_losses = -advantages * torch.clamp(ratio, max=clip_ratio_c) * log_prob * kept
-    pg_losses = _apply_is_weights(pg_losses, rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **config.global_batch_info)
+    loss = _weighted_agg(pg_losses, rollout_is_weights, response_mask, loss_agg_mode, config)
     cut = (ratio > clip_ratio_c).to(kept.dtype) * kept
     return loss, _loss_metrics(loss, response_mask, -log_ratio, 1 - kept, cut)
 
@@ -264,8 +261,8 @@ def compute_policy_loss_topr(
         negative = masked_mean(advantages, response_mask, axis=-1) < 0
         tapered = torch.clamp(seq_ratio, min=lower, max=upper)
         weight = torch.where(negative, tapered, torch.ones_like(seq_ratio))
-    pg_losses = _apply_is_weights(-advantages * log_prob * weight.unsqueeze(-1), rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, "seq-mean-token-mean", **config.global_batch_info)
+    pg_losses = -advantages * log_prob * weight.unsqueeze(-1)
+    loss = _weighted_agg(pg_losses, rollout_is_weights, response_mask, "seq-mean-token-mean", config)
     has_tokens = (response_mask.sum(dim=-1) > 0).to(weight.dtype)
     return loss, {**_loss_metrics(loss, response_mask, -log_ratio),
                   "topr_taper_weight_mean": masked_mean(weight, has_tokens)}

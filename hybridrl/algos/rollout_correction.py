@@ -23,8 +23,7 @@ from typing import Any
 
 import torch
 
-from hybridrl.algos.aggregate import agg_loss
-from hybridrl.algos.policy_loss import ACTOR_CONFIG, LossConfig, _apply_is_weights, get_policy_loss_fn
+from hybridrl.algos.policy_loss import ACTOR_CONFIG, LossConfig, _weighted_agg, get_policy_loss_fn
 from hybridrl.utils.torch_functional import masked_mean, masked_sum
 from hybridrl.utils.typed_config import require_config_object
 
@@ -221,8 +220,7 @@ def compute_policy_loss_reinforce(
     them. `rollout_log_prob` serves only the `ppo_kl` metric; `config` is the actor config (its
     `global_batch_info`)."""
     require_config_object(config, "compute_policy_loss_reinforce", ACTOR_CONFIG)
-    pg_losses = _apply_is_weights(-advantages * log_prob, rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **config.global_batch_info)
+    loss = _weighted_agg(-advantages * log_prob, rollout_is_weights, response_mask, loss_agg_mode, config)
     with torch.no_grad():
         metrics = {"ppo_kl": masked_mean(rollout_log_prob - log_prob, response_mask)}
     return loss, metrics
