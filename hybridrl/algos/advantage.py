@@ -360,12 +360,10 @@ def _otb(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: 
         member = torch.ones(rows, dtype=torch.bool, device=mask.device)
     gid, n_groups = group_ids(index, rows, mask.device)
     cell = gid.unsqueeze(-1) * length + slot  # (rows, length) (group, slot) as one flat index
-    numerator = torch.zeros(n_groups * length, device=mask.device)
-    denominator = torch.zeros(n_groups * length, device=mask.device)
-    numerator.index_add_(0, cell[valid], (returns * path_weight)[valid])
-    denominator.index_add_(0, cell[valid], path_weight[valid])
+    numerator = group_sum((returns * path_weight)[valid], cell[valid], n_groups * length)
+    denominator = group_sum(path_weight[valid], cell[valid], n_groups * length)
     baseline = numerator[cell] / (denominator[cell] + epsilon)  # (rows, length)
-    group_size = torch.zeros(n_groups, device=mask.device).index_add_(0, gid, member.float())
+    group_size = group_sum(member.float(), gid, n_groups)
     baseline = baseline * ((group_size[gid] >= 2) & member).unsqueeze(-1)
     if handle_zero_tail:
         for group in range(n_groups):

@@ -189,7 +189,7 @@ class SFTTrainer:
             num_tokens += float(out.batch["num_tokens"].sum())
         return {"val/loss": loss_sum / num_tokens if num_tokens else math.nan}
 
-    def _save_checkpoint(self, final: bool) -> Path:
+    def _save_checkpoint(self, final: bool) -> None:
         """global_step_N/actor (+ huggingface/ when final) and the data position, then commit the step."""
         step_dir = self.out_dir / f"global_step_{self.global_step}"
         trainer = self.config.trainer
@@ -201,7 +201,6 @@ class SFTTrainer:
         if final:
             self.hf_model_dir = step_dir / ROLE / "huggingface"
             tqdm.write(f"saved the fine-tuned model to {self.hf_model_dir}")
-        return step_dir
 
     def _resume(self) -> None:
         """Continue as trainer.resume_mode says, past checkpoints that fail to load; stops a run that would save
