@@ -76,7 +76,7 @@ class AdvEstimatorSpec:
 
 ADV_ESTIMATOR_REGISTRY: Registry[AdvEstimatorFn] = Registry("advantage estimator")
 # needs_critic given at registration; otherwise read from the signature
-_NEEDS_CRITIC: dict[str, bool] = {}
+_NEEDS_CRITIC: dict[str, bool | None] = {}
 
 
 def _name_of(name_or_enum: str | Enum) -> str:
@@ -116,10 +116,7 @@ def register_adv_est(
     def decorator(fn: AdvEstimatorFn) -> AdvEstimatorFn:
         if name not in ADV_ESTIMATOR_REGISTRY or ADV_ESTIMATOR_REGISTRY[name] is not fn:
             ADV_ESTIMATOR_REGISTRY.add(name, fn, override=override)
-        if needs_critic is None:
-            _NEEDS_CRITIC.pop(name, None)
-        else:
-            _NEEDS_CRITIC[name] = needs_critic
+        _NEEDS_CRITIC[name] = needs_critic
         return fn
 
     return decorator

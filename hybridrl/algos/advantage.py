@@ -21,11 +21,11 @@ from hybridrl.utils.torch_functional import masked_whiten
 from hybridrl.utils.typed_config import require_config_object
 
 PF_PPO_METHODS = ("pow", "max_min", "max_random")
+Index = np.ndarray | Sequence[Any] | torch.Tensor
 
 
 @torch.no_grad()
-def group_ids(index: np.ndarray | Sequence[Any] | torch.Tensor, batch_size: int,
-              device: torch.device | str = "cpu") -> tuple[torch.Tensor, int]:
+def group_ids(index: Index, batch_size: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, int]:
     """(gid, n_groups): each sample's dense group id (batch,) on `device`, in order of first appearance of its uid."""
     keys = (
         index.tolist()
@@ -59,9 +59,6 @@ def group_mean_std(
     mean = torch.where(single, torch.zeros_like(mean), mean)
     std = torch.where(single, torch.ones_like(std), std)
     return count, mean, std
-
-
-Index = np.ndarray | Sequence[Any] | torch.Tensor
 
 
 def _float_mask(response_mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

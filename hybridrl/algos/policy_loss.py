@@ -29,7 +29,7 @@ from hybridrl.utils.typed_config import require_config_object
 PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 POLICY_LOSS_REGISTRY: Registry[PolicyLossFn] = Registry("policy loss")
 # losses whose objective fixes how tokens are averaged, whatever loss_agg_mode says
-_OWN_AGGREGATION: dict[str, str] = {}
+_OWN_AGGREGATION: dict[str, str | None] = {}
 ACTOR_CONFIG = "the actor config (hybridrl.workers.config.ActorConfig, or an object with its attributes)"
 
 
@@ -67,10 +67,7 @@ def register_policy_loss(name: str, *, override: bool = False,
     def decorator(fn: PolicyLossFn) -> PolicyLossFn:
         wrapped = _checked_call(name, fn)
         POLICY_LOSS_REGISTRY.add(name, wrapped, override=override)
-        if own_aggregation is None:
-            _OWN_AGGREGATION.pop(name, None)
-        else:
-            _OWN_AGGREGATION[name] = own_aggregation
+        _OWN_AGGREGATION[name] = own_aggregation
         return wrapped
 
     return decorator
