@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from hybridrl.controller import WorkerGroup
@@ -181,10 +182,8 @@ class SFTTrainer:
         """Token-mean NLL of assistant tokens over the whole validation set."""
         loss_sum = num_tokens = 0.0
         size = self.config.data.train_batch_size * 4  # no gradients: bigger batches are fine
-        for start in range(0, len(self.val_set), size):
-            rows = [self.val_set[i] for i in range(start, min(start + size, len(self.val_set)))]
-            batch = to_proto({k: torch.stack([r[k] for r in rows]) for k in rows[0]})
-            out = self.wg.eval_batch(batch)
+        for batch in DataLoader(self.val_set, batch_size=size):
+            out = self.wg.eval_batch(to_proto(batch))
             loss_sum += float(out.batch["loss_sum"].sum())
             num_tokens += float(out.batch["num_tokens"].sum())
         return {"val/loss": loss_sum / num_tokens if num_tokens else math.nan}
