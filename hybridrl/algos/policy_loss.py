@@ -282,11 +282,9 @@ def compute_policy_loss_clip_cov(
         candidates = torch.nonzero(eligible.reshape(-1)).squeeze(-1)  # flat positions
         n_pick = min(max(int(settings.clip_cov_ratio * int(valid.sum())), 1), candidates.numel())
         # drawn from the CPU generator: the same picks for a seed on any device
-        order = torch.randperm(candidates.numel(), device="cpu")[:n_pick]
-        order = order.to(candidates.device)
-        keep = torch.ones(valid.numel(), dtype=log_prob.dtype, device=log_prob.device)
-        keep[candidates[order]] = 0
-        keep = keep.reshape(valid.shape)  # (batch, response_len) 0 on dropped tokens
+        order = torch.randperm(candidates.numel(), device="cpu")[:n_pick].to(candidates.device)
+        keep = torch.ones(valid.shape, dtype=log_prob.dtype, device=log_prob.device)  # 0 on dropped tokens
+        keep.view(-1)[candidates[order]] = 0
     pg_losses = torch.maximum(unclipped, clipped) * keep
     loss = _weighted_agg(pg_losses, rollout_is_weights, response_mask, loss_agg_mode, config)
     return loss, _loss_metrics(loss, response_mask, -log_ratio, keep == 0)
@@ -319,9 +317,8 @@ def compute_policy_loss_kl_cov(
         cov = _token_covariance(advantages, log_prob, response_mask).masked_fill(~valid, -torch.inf)
         n_valid = int(valid.sum())
         n_pick = max(1, int(n_valid * kl_cov_ratio)) if n_valid > 0 else 0
-        picked = torch.zeros(valid.numel(), dtype=torch.bool, device=valid.device)
-        picked[torch.topk(cov.reshape(-1), n_pick).indices] = True
-        picked = picked.reshape(valid.shape)  # (batch, response_len)
+        picked = torch.zeros(valid.shape, dtype=torch.bool, device=valid.device)  # (batch, response_len)
+        picked.view(-1)[torch.topk(cov.reshape(-1), n_pick).indices] = True
     pg_losses = torch.where(picked, plain + ppo_kl_coef * abs_kl, plain)
     loss = _weighted_agg(pg_losses, rollout_is_weights, response_mask, loss_agg_mode, config)
     return loss, _loss_metrics(loss, response_mask, abs_kl)
