@@ -27,11 +27,7 @@ Index = np.ndarray | Sequence[Any] | torch.Tensor
 @torch.no_grad()
 def group_ids(index: Index, batch_size: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, int]:
     """(gid, n_groups): each sample's dense group id (batch,) on `device`, in order of first appearance of its uid."""
-    keys = (
-        index.tolist()
-        if isinstance(index, torch.Tensor)
-        else list(np.asarray(index, dtype=object).reshape(-1))
-    )
+    keys = index.tolist() if isinstance(index, torch.Tensor) else np.asarray(index, dtype=object).ravel().tolist()
     if len(keys) != batch_size:
         raise ValueError(
             f"index has {len(keys)} entries but the batch has {batch_size} responses; pass one prompt uid "
