@@ -251,7 +251,6 @@ def compute_policy_loss_bypass_mode(
             rollout_is_threshold=correction.rollout_is_threshold,
             rollout_is_batch_normalize=correction.rollout_is_batch_normalize, rollout_rs=correction.rollout_rs,
             rollout_rs_threshold=correction.rollout_rs_threshold)
-    kept_mask = kept_mask.to(response_mask.dtype)
     # ppo_clip reports the weights but leaves them out: its ratio pi_theta / pi_rollout is the correction already
     if correction.loss_type == "reinforce":
         is_weights = None if weights is None else weights.to(log_prob.dtype)
