@@ -132,8 +132,8 @@ def _clip_bounds(config: LossConfig, loss: str | None = None) -> tuple[float, fl
     high = config.clip_ratio if config.clip_ratio_high is None else config.clip_ratio_high
     if low < 0 or high < 0 or (loss is None and low >= 1):
         need = "0 <= clip_ratio_low < 1" if loss is None else "clip_ratio_low >= 0"
-        raise ValueError(f"the {loss or 'clipped'} policy loss needs {need} and clip_ratio_high >= 0, got "
-                         f"low={low}, high={high}")
+        who = "PPO's clipped ratio" if loss is None else f"the {loss} policy loss"
+        raise ValueError(f"{who} needs {need} and clip_ratio_high >= 0, got low={low}, high={high}")
     return low, high
 
 
