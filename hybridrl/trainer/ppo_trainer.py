@@ -451,10 +451,8 @@ class PPOTrainer:
             if not save:
                 print(f"step {self.global_steps} is not checkpointed: its update was skipped")
                 return metrics
-            timing: dict[str, float] = {}
-            with timer("save_checkpoint", timing):
+            with timer("timing_s/save_checkpoint", metrics):
                 self.save_checkpoint()
-            metrics["timing_s/save_checkpoint"] = timing["save_checkpoint"]
         return metrics
 
     @contextlib.contextmanager
