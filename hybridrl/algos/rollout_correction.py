@@ -97,20 +97,19 @@ def compute_rollout_correction_weights(
     outside = (raw > upper) | ((raw < lower) if lower is not None else torch.zeros_like(raw, dtype=torch.bool))
     weights = raw.clamp(max=upper) if lower is None else torch.where(outside, torch.zeros_like(raw), raw)
     valid = response_mask.bool()
+    mean = masked_mean(weights, response_mask)
     metrics = {
-        "rollout_is_mean": masked_mean(weights, response_mask).item(),
+        "rollout_is_mean": mean.item(),
         "rollout_is_max": weights[valid].max().item(),
         "rollout_is_min": weights[valid].min().item(),
         "rollout_is_ratio_fraction_high": masked_mean((raw > upper).float(), response_mask).item(),
         "rollout_is_ratio_fraction_low": masked_mean((raw < (lower or 1.0 / upper)).float(), response_mask).item(),
         # Kish effective sample size as a share of the tokens: (mean w)^2 / mean(w^2)
-        "rollout_is_eff_sample_size": (masked_mean(weights, response_mask) ** 2
-                                       / masked_mean(weights**2, response_mask).clamp(min=1e-12)).item(),
+        "rollout_is_eff_sample_size": (mean**2 / masked_mean(weights**2, response_mask).clamp(min=1e-12)).item(),
     }
     if lower is not None:
         metrics["rollout_is_oob_ratio"] = masked_mean(outside.float(), response_mask).item()
     if rollout_is_batch_normalize:
-        mean = masked_mean(weights, response_mask)
         if mean > 1e-8:
             weights = weights / mean
         metrics["rollout_is_batch_norm_factor"] = mean.item()
