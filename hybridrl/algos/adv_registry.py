@@ -76,7 +76,7 @@ class AdvEstimatorSpec:
 
 ADV_ESTIMATOR_REGISTRY: Registry[AdvEstimatorFn] = Registry("advantage estimator")
 # needs_critic given at registration; otherwise read from the signature
-_NEEDS_CRITIC: dict[str, bool] = {}
+_NEEDS_CRITIC: dict[str, bool | None] = {}
 
 
 def _name_of(name_or_enum: str | Enum) -> str:
@@ -87,15 +87,15 @@ def _spec_from_signature(name: str, fn: AdvEstimatorFn, needs_critic: bool | Non
     required: list[str] = []
     optional: list[str] = []
     accepts_any = False
-    for param in inspect.signature(fn).parameters.values():
+    params = inspect.signature(fn).parameters
+    for param in params.values():
         if param.kind is inspect.Parameter.VAR_KEYWORD:
             accepts_any = True
         elif param.kind is inspect.Parameter.VAR_POSITIONAL:
             raise TypeError(f"advantage estimator {name!r}: *args is not supported; name every input")
         elif param.name not in BASE_INPUTS:
             (required if param.default is inspect.Parameter.empty else optional).append(param.name)
-    declared = set(inspect.signature(fn).parameters)
-    missing_base = [b for b in BASE_INPUTS if b not in declared]
+    missing_base = [b for b in BASE_INPUTS if b not in params]
     if missing_base and not accepts_any:
         raise TypeError(f"advantage estimator {name!r} must accept {', '.join(missing_base)} to be used")
     if needs_critic is None:
@@ -116,10 +116,7 @@ def register_adv_est(
     def decorator(fn: AdvEstimatorFn) -> AdvEstimatorFn:
         if name not in ADV_ESTIMATOR_REGISTRY or ADV_ESTIMATOR_REGISTRY[name] is not fn:
             ADV_ESTIMATOR_REGISTRY.add(name, fn, override=override)
-        if needs_critic is None:
-            _NEEDS_CRITIC.pop(name, None)
-        else:
-            _NEEDS_CRITIC[name] = needs_critic
+        _NEEDS_CRITIC[name] = needs_critic
         return fn
 
     return decorator

@@ -21,16 +21,13 @@ from hybridrl.utils.torch_functional import masked_whiten
 from hybridrl.utils.typed_config import require_config_object
 
 PF_PPO_METHODS = ("pow", "max_min", "max_random")
+Index = np.ndarray | Sequence[Any] | torch.Tensor
 
 
 @torch.no_grad()
-def group_ids(index: np.ndarray | Sequence[Any] | torch.Tensor, batch_size: int) -> tuple[torch.Tensor, int]:
-    """(gid, n_groups): each sample's dense group id (batch,), in order of first appearance of its uid."""
-    keys = (
-        index.tolist()
-        if isinstance(index, torch.Tensor)
-        else list(np.asarray(index, dtype=object).reshape(-1))
-    )
+def group_ids(index: Index, batch_size: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, int]:
+    """(gid, n_groups): each sample's dense group id (batch,) on `device`, in order of first appearance of its uid."""
+    keys = index.tolist() if isinstance(index, torch.Tensor) else np.asarray(index, dtype=object).ravel().tolist()
     if len(keys) != batch_size:
         raise ValueError(
             f"index has {len(keys)} entries but the batch has {batch_size} responses; pass one prompt uid "
@@ -38,21 +35,18 @@ def group_ids(index: np.ndarray | Sequence[Any] | torch.Tensor, batch_size: int)
         )
     dense: dict[Any, int] = {}
     gid = [dense.setdefault(key, len(dense)) for key in keys]
-    return torch.tensor(gid, dtype=torch.long), len(dense)
+    return torch.tensor(gid, dtype=torch.long, device=device), len(dense)
 
 
 def group_sum(values: torch.Tensor, gid: torch.Tensor, n_groups: int) -> torch.Tensor:
     """sum of `values` (batch,) within each group -> (n_groups,)."""
-    return torch.zeros(n_groups, dtype=values.dtype, device=values.device).index_add_(
-        0, gid.to(values.device), values
-    )
+    return torch.zeros(n_groups, dtype=values.dtype, device=values.device).index_add_(0, gid, values)
 
 
 def group_mean_std(
     scores: torch.Tensor, gid: torch.Tensor, n_groups: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-group size, mean and unbiased std of `scores` (batch,), each (n_groups,); a lone response: 0, 1."""
-    gid = gid.to(scores.device)
     count = group_sum(torch.ones_like(scores), gid, n_groups)  # (n_groups,)
     mean = group_sum(scores, gid, n_groups) / count
     centred_sq = (scores - mean[gid]) ** 2  # (batch,)
@@ -61,9 +55,6 @@ def group_mean_std(
     mean = torch.where(single, torch.zeros_like(mean), mean)
     std = torch.where(single, torch.ones_like(std), std)
     return count, mean, std
-
-
-Index = np.ndarray | Sequence[Any] | torch.Tensor
 
 
 def _float_mask(response_mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -117,9 +108,8 @@ def compute_grpo_outcome_advantage(
     `norm_adv_by_std_in_grpo=False` drops the division: Dr. GRPO (https://arxiv.org/abs/2503.20783).
     """
     scores = token_level_rewards.sum(dim=-1)  # (batch,)
-    gid, n_groups = group_ids(index, scores.shape[0])
+    gid, n_groups = group_ids(index, scores.shape[0], scores.device)
     _, mean, std = group_mean_std(scores, gid, n_groups)
-    gid = gid.to(scores.device)
     adv = scores - mean[gid]
     if norm_adv_by_std_in_grpo:
         adv = adv / (std[gid] + epsilon)
@@ -142,8 +132,7 @@ def compute_grpo_passk_outcome_advantage(
     when `norm_adv_by_std_in_grpo`), 0 for the others. Raises for a group of fewer than two responses.
     """
     scores = token_level_rewards.sum(dim=-1)  # (batch,)
-    gid, n_groups = group_ids(index, scores.shape[0])
-    gid = gid.to(scores.device)
+    gid, n_groups = group_ids(index, scores.shape[0], scores.device)
     adv = torch.zeros_like(scores)  # (batch,)
     for g in range(n_groups):
         members = torch.nonzero(gid == g).squeeze(-1)
@@ -175,9 +164,8 @@ def compute_rloo_outcome_advantage(
     A_i = s_i - (1/(n-1)) sum_{j != i} s_j = n/(n-1) * (s_i - mean_g(s)); a lone response gets A_i = s_i.
     """
     scores = token_level_rewards.sum(dim=-1)  # (batch,)
-    gid, n_groups = group_ids(index, scores.shape[0])
+    gid, n_groups = group_ids(index, scores.shape[0], scores.device)
     count, mean, _ = group_mean_std(scores, gid, n_groups)
-    gid = gid.to(scores.device)
     n = count[gid]  # (batch,)
     loo = (scores - mean[gid]) * n / (n - 1).clamp(min=1)
     adv = torch.where(n > 1, loo, scores)
@@ -200,8 +188,7 @@ def compute_opo_outcome_advantage(
     """
     scores = token_level_rewards.sum(dim=-1)  # (batch,)
     lengths = response_mask.sum(dim=-1).to(scores.dtype)  # (batch,)
-    gid, n_groups = group_ids(index, scores.shape[0])
-    gid = gid.to(scores.device)
+    gid, n_groups = group_ids(index, scores.shape[0], scores.device)
     count = group_sum(torch.ones_like(scores), gid, n_groups)
     weighted = group_sum(lengths * scores, gid, n_groups)
     total_len = group_sum(lengths, gid, n_groups)
@@ -252,9 +239,9 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     A = s_i - mean_g(s) (0 baseline for a lone response) on every valid token, whitened over the batch.
     """
     scores = token_level_rewards.sum(dim=-1)  # (batch,)
-    gid, n_groups = group_ids(index, scores.shape[0])
+    gid, n_groups = group_ids(index, scores.shape[0], scores.device)
     _, mean, _ = group_mean_std(scores, gid, n_groups)
-    centred = scores - mean[gid.to(scores.device)]
+    centred = scores - mean[gid]
     mask = _float_mask(response_mask, scores)
     adv = centred.unsqueeze(-1) * mask  # (batch, response_len)
     adv = masked_whiten(adv, response_mask) * mask
@@ -294,9 +281,9 @@ def compute_gpg_outcome_advantage(
     scores = token_level_rewards.sum(dim=-1)  # (batch,)
     batch = scores.shape[0]
     alpha = batch / max(int(torch.count_nonzero(scores)), 1)
-    gid, n_groups = group_ids(index, batch)
+    gid, n_groups = group_ids(index, batch, scores.device)
     _, mean, _ = group_mean_std(scores, gid, n_groups)
-    adv = alpha * (scores - mean[gid.to(scores.device)]) / f_norm
+    adv = alpha * (scores - mean[gid]) / f_norm
     adv = adv.unsqueeze(-1) * _float_mask(response_mask, adv)  # (batch, response_len)
     return adv, adv
 
@@ -364,15 +351,12 @@ def _otb(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: 
     else:
         slot = torch.arange(length, device=mask.device).expand(rows, length)
         member = torch.ones(rows, dtype=torch.bool, device=mask.device)
-    gid, n_groups = group_ids(index, rows)
-    gid = gid.to(mask.device)
+    gid, n_groups = group_ids(index, rows, mask.device)
     cell = gid.unsqueeze(-1) * length + slot  # (rows, length) (group, slot) as one flat index
-    numerator = torch.zeros(n_groups * length, device=mask.device)
-    denominator = torch.zeros(n_groups * length, device=mask.device)
-    numerator.index_add_(0, cell[valid], (returns * path_weight)[valid])
-    denominator.index_add_(0, cell[valid], path_weight[valid])
+    numerator = group_sum((returns * path_weight)[valid], cell[valid], n_groups * length)
+    denominator = group_sum(path_weight[valid], cell[valid], n_groups * length)
     baseline = numerator[cell] / (denominator[cell] + epsilon)  # (rows, length)
-    group_size = torch.zeros(n_groups, device=mask.device).index_add_(0, gid, member.float())
+    group_size = group_sum(member.float(), gid, n_groups)
     baseline = baseline * ((group_size[gid] >= 2) & member).unsqueeze(-1)
     if handle_zero_tail:
         for group in range(n_groups):
@@ -464,9 +448,9 @@ def compute_gdpo_outcome_advantage(
     A^k_i = (r^k_i - mean_g(r^k)) / (std_g(r^k) + eps),   A_it = whiten_batch(sum_k w_k A^k_i).
     Returned twice (advantages, returns), (batch, response_len) each.
 
-    The parts are the reward function's extra outputs (non_tensor_batch); their keys and weights are the algorithm `config`'s gdpo_reward_keys / gdpo_reward_weights, and a config
-    needs the keys (verl's call); without a config the whole score is the one part, as in verl. `batch` is
-    accepted for verl's call.
+    The parts are the reward function's extra outputs (non_tensor_batch); their keys and weights are the
+    algorithm `config`'s gdpo_reward_keys / gdpo_reward_weights, and a config needs the keys (verl's call);
+    without a config the whole score is the one part, as in verl. `batch` is accepted for verl's call.
     """
     rows = token_level_rewards.shape[0]
     keys = weights = None
@@ -480,9 +464,7 @@ def compute_gdpo_outcome_advantage(
         components = [_component_scores(non_tensor_batch, key, rows, token_level_rewards.device) for key in keys]
     else:
         components = [token_level_rewards.sum(dim=-1)]
-    if weights is None:
-        weights = [1.0] * len(components)
-    weights = list(weights)
+    weights = [1.0] * len(components) if weights is None else list(weights)
     if len(weights) != len(components):
         raise GDPOInputError(f"algorithm.gdpo_reward_weights has {len(weights)} weight(s) for {len(components)} "
                              f"reward key(s) {list(keys or [])}: give one weight per key, in the same order")

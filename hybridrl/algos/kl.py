@@ -104,14 +104,9 @@ class AdaptiveKLController:
     """
 
     def __init__(self, init_kl_coef: float, target_kl: float, horizon: int) -> None:
-        if target_kl <= 0:
-            raise ValueError(
-                f"algorithm.kl_ctrl.target_kl must be > 0 for the adaptive controller, got {target_kl}"
-            )
-        if horizon <= 0:
-            raise ValueError(
-                f"algorithm.kl_ctrl.horizon must be > 0 for the adaptive controller, got {horizon}"
-            )
+        for key, value in (("target_kl", target_kl), ("horizon", horizon)):
+            if value <= 0:
+                raise ValueError(f"algorithm.kl_ctrl.{key} must be > 0 for the adaptive controller, got {value}")
         self.value = init_kl_coef
         self.target = target_kl
         self.horizon = horizon
@@ -124,9 +119,7 @@ class AdaptiveKLController:
 KLController = FixedKLController | AdaptiveKLController
 KL_CONTROLLER_REGISTRY: Registry[Callable[..., KLController]] = Registry("kl controller type")
 KL_CONTROLLER_REGISTRY.add("fixed", lambda kl_coef, target_kl, horizon: FixedKLController(kl_coef))
-KL_CONTROLLER_REGISTRY.add(
-    "adaptive", lambda kl_coef, target_kl, horizon: AdaptiveKLController(kl_coef, target_kl, horizon)
-)
+KL_CONTROLLER_REGISTRY.add("adaptive", AdaptiveKLController)
 
 
 def get_kl_controller(

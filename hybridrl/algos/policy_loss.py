@@ -29,7 +29,7 @@ from hybridrl.utils.typed_config import require_config_object
 PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 POLICY_LOSS_REGISTRY: Registry[PolicyLossFn] = Registry("policy loss")
 # losses whose objective fixes how tokens are averaged, whatever loss_agg_mode says
-_OWN_AGGREGATION: dict[str, str] = {}
+_OWN_AGGREGATION: dict[str, str | None] = {}
 ACTOR_CONFIG = "the actor config (hybridrl.workers.config.ActorConfig, or an object with its attributes)"
 
 
@@ -67,10 +67,7 @@ def register_policy_loss(name: str, *, override: bool = False,
     def decorator(fn: PolicyLossFn) -> PolicyLossFn:
         wrapped = _checked_call(name, fn)
         POLICY_LOSS_REGISTRY.add(name, wrapped, override=override)
-        if own_aggregation is None:
-            _OWN_AGGREGATION.pop(name, None)
-        else:
-            _OWN_AGGREGATION[name] = own_aggregation
+        _OWN_AGGREGATION[name] = own_aggregation
         return wrapped
 
     return decorator
@@ -121,15 +118,27 @@ def _apply_is_weights(pg_losses: torch.Tensor, rollout_is_weights: torch.Tensor 
     return pg_losses * rollout_is_weights.detach()  # weights change the sampling measure, not the objective
 
 
-def _clip_bounds(config: LossConfig) -> tuple[float, float]:
-    """(eps_low, eps_high): clip_ratio_low / clip_ratio_high, each falling back to clip_ratio."""
+def _weighted_agg(pg_losses: torch.Tensor, rollout_is_weights: torch.Tensor | None, response_mask: torch.Tensor,
+                  loss_agg_mode: str, config: LossConfig) -> torch.Tensor:
+    """The per-token losses times the IS weights (when given), aggregated over `config.global_batch_info`."""
+    return agg_loss(_apply_is_weights(pg_losses, rollout_is_weights), response_mask, loss_agg_mode,
+                    **config.global_batch_info)
+
+
+def _clip_bounds(config: LossConfig, loss: str | None = None) -> tuple[float, float]:
+    """(eps_low, eps_high): clip_ratio_low / clip_ratio_high, each falling back to clip_ratio, both >= 0. eps_low
+    must be < 1 too, unless `loss` names one whose bounds are not a clip of rho at 1 - eps_low."""
     low = config.clip_ratio if config.clip_ratio_low is None else config.clip_ratio_low
     high = config.clip_ratio if config.clip_ratio_high is None else config.clip_ratio_high
-    if low < 0 or high < 0 or low >= 1:
-        raise ValueError(
-            f"clip ratios must satisfy 0 <= clip_ratio_low < 1 and clip_ratio_high >= 0, got low={low}, high={high}"
-        )
+    if low < 0 or high < 0 or (loss is None and low >= 1):
+        need = "0 <= clip_ratio_low < 1" if loss is None else "clip_ratio_low >= 0"
+        who = "PPO's clipped ratio" if loss is None else f"the {loss} policy loss"
+        raise ValueError(f"{who} needs {need} and clip_ratio_high >= 0, got low={low}, high={high}")
     return low, high
+
+
+def _log_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> torch.Tensor:
+    return torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)  # exp() stays finite
 
 
 class DualClipped(NamedTuple):
@@ -154,10 +163,6 @@ def _dual_clipped(advantages: torch.Tensor, ratio: torch.Tensor, low: float, hig
     return DualClipped(torch.where(advantages < 0, torch.minimum(ppo, dual), ppo), unclipped, clipped, ppo, dual)
 
 
-def _zero(like: torch.Tensor) -> torch.Tensor:
-    return torch.zeros((), dtype=like.dtype, device=like.device)
-
-
 @torch.no_grad()
 def _loss_metrics(loss: torch.Tensor, response_mask: torch.Tensor, ppo_kl: torch.Tensor | None = None,
                   clipfrac: torch.Tensor | None = None, clipfrac_lower: torch.Tensor | None = None) -> dict:
@@ -165,7 +170,7 @@ def _loss_metrics(loss: torch.Tensor, response_mask: torch.Tensor, ppo_kl: torch
 
     def mean(values: torch.Tensor | None) -> torch.Tensor:
         if values is None:
-            return _zero(loss)
+            return loss.new_zeros(())
         return masked_mean(values.float() if values.dtype == torch.bool else values, response_mask)
 
     return {"pg_clipfrac": mean(clipfrac), "pg_clipfrac_lower": mean(clipfrac_lower), "ppo_kl": mean(ppo_kl)}
@@ -189,10 +194,9 @@ def compute_policy_loss_vanilla(
     L = min(L, -A c). pg_clipfrac / pg_clipfrac_lower: share of tokens clipped / dual-clipped.
     """
     low, high = _clip_bounds(config)
-    log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)  # exp() stays finite
+    log_ratio = _log_ratio(log_prob, old_log_prob)
     terms = _dual_clipped(advantages, torch.exp(log_ratio), low, high, config.clip_ratio_c)  # (batch, response_len)
-    pg_losses = _apply_is_weights(terms.per_token, rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **config.global_batch_info)
+    loss = _weighted_agg(terms.per_token, rollout_is_weights, response_mask, loss_agg_mode, config)
     return loss, _loss_metrics(loss, response_mask, -log_ratio, terms.clipped > terms.unclipped,
                                (terms.ppo > terms.dual) & (advantages < 0))
 
@@ -214,16 +218,14 @@ def compute_policy_loss_gspo(
     Always "seq-mean-token-mean", as in verl. Typical clip ranges: ~3e-4 / 4e-4.
     """
     low, high = _clip_bounds(config)
-    mask = response_mask.to(log_prob.dtype)
     log_ratio = log_prob - old_log_prob  # (batch, response_len)
-    seq_log_ratio = (log_ratio * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)  # (batch,)
+    seq_log_ratio = masked_mean(log_ratio, response_mask, axis=-1)  # (batch,)
     token_log_ratio = log_prob - log_prob.detach() + seq_log_ratio.detach().unsqueeze(-1)
     ratio = torch.exp(torch.clamp(token_log_ratio, max=10.0))  # (batch, response_len)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1 - low, 1 + high)
     pg_losses = torch.maximum(unclipped, clipped)
-    pg_losses = _apply_is_weights(pg_losses, rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, "seq-mean-token-mean", **config.global_batch_info)
+    loss = _weighted_agg(pg_losses, rollout_is_weights, response_mask, "seq-mean-token-mean", config)
     return loss, _loss_metrics(loss, response_mask, -log_ratio, clipped > unclipped)
 
 
@@ -239,8 +241,7 @@ def compute_policy_loss_gpg(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Group Policy Gradient (Chu et al. 2025, https://arxiv.org/abs/2504.02546): plain REINFORCE
     with no ratio and no clipping, L = -A * logp. Pair it with the `gpg` advantage estimator."""
-    pg_losses = _apply_is_weights(-log_prob * advantages, rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **config.global_batch_info)
+    loss = _weighted_agg(-log_prob * advantages, rollout_is_weights, response_mask, loss_agg_mode, config)
     return loss, _loss_metrics(loss, response_mask)
 
 
@@ -281,14 +282,11 @@ def compute_policy_loss_clip_cov(
         candidates = torch.nonzero(eligible.reshape(-1)).squeeze(-1)  # flat positions
         n_pick = min(max(int(settings.clip_cov_ratio * int(valid.sum())), 1), candidates.numel())
         # drawn from the CPU generator: the same picks for a seed on any device
-        order = torch.randperm(candidates.numel(), device="cpu")[:n_pick]
-        order = order.to(candidates.device)
-        keep = torch.ones(valid.numel(), dtype=log_prob.dtype, device=log_prob.device)
-        keep[candidates[order]] = 0
-        keep = keep.reshape(valid.shape)  # (batch, response_len) 0 on dropped tokens
+        order = torch.randperm(candidates.numel(), device="cpu")[:n_pick].to(candidates.device)
+        keep = torch.ones(valid.shape, dtype=log_prob.dtype, device=log_prob.device)  # 0 on dropped tokens
+        keep.view(-1)[candidates[order]] = 0
     pg_losses = torch.maximum(unclipped, clipped) * keep
-    pg_losses = _apply_is_weights(pg_losses, rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **config.global_batch_info)
+    loss = _weighted_agg(pg_losses, rollout_is_weights, response_mask, loss_agg_mode, config)
     return loss, _loss_metrics(loss, response_mask, -log_ratio, keep == 0)
 
 
@@ -319,12 +317,10 @@ def compute_policy_loss_kl_cov(
         cov = _token_covariance(advantages, log_prob, response_mask).masked_fill(~valid, -torch.inf)
         n_valid = int(valid.sum())
         n_pick = max(1, int(n_valid * kl_cov_ratio)) if n_valid > 0 else 0
-        picked = torch.zeros(valid.numel(), dtype=torch.bool, device=valid.device)
-        picked[torch.topk(cov.reshape(-1), n_pick).indices] = True
-        picked = picked.reshape(valid.shape)  # (batch, response_len)
+        picked = torch.zeros(valid.shape, dtype=torch.bool, device=valid.device)  # (batch, response_len)
+        picked.view(-1)[torch.topk(cov.reshape(-1), n_pick).indices] = True
     pg_losses = torch.where(picked, plain + ppo_kl_coef * abs_kl, plain)
-    pg_losses = _apply_is_weights(pg_losses, rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **config.global_batch_info)
+    loss = _weighted_agg(pg_losses, rollout_is_weights, response_mask, loss_agg_mode, config)
     return loss, _loss_metrics(loss, response_mask, abs_kl)
 
 
@@ -346,8 +342,7 @@ def compute_policy_loss_dro(
         raise ValueError(f"the dro policy loss needs actor.policy_loss.dro_beta > 0, got {dro_beta}")
     log_ratio = log_prob - old_log_prob  # (batch, response_len)
     pg_losses = -(log_prob * advantages - 0.5 * dro_beta * log_ratio.square())
-    pg_losses = _apply_is_weights(pg_losses, rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **config.global_batch_info)
+    loss = _weighted_agg(pg_losses, rollout_is_weights, response_mask, loss_agg_mode, config)
     return loss, _loss_metrics(loss, response_mask, -log_ratio)
 
 

@@ -12,38 +12,19 @@ from typing import Any
 
 import torch
 
-from hybridrl.algos.aggregate import agg_loss
 from hybridrl.algos.policy_loss import (
     LossConfig,
     _apply_is_weights,
     _clip_bounds,
     _dual_clipped,
+    _log_ratio,
     _loss_metrics,
+    _weighted_agg,
     register_policy_loss,
 )
 from hybridrl.utils.torch_functional import masked_mean
 
 Metrics = dict[str, torch.Tensor]
-
-
-def _bounds(name: str, config: LossConfig) -> tuple[float, float]:
-    """(low, high) from the clip settings; both >= 0 (unlike `_clip_bounds`, no upper limit on low)."""
-    low = config.clip_ratio if config.clip_ratio_low is None else config.clip_ratio_low
-    high = config.clip_ratio if config.clip_ratio_high is None else config.clip_ratio_high
-    if low < 0 or high < 0:
-        raise ValueError(f"the {name} policy loss needs clip_ratio_low and clip_ratio_high >= 0, got low={low}, "
-                         f"high={high}")
-    return low, high
-
-
-def _log_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> torch.Tensor:
-    return torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)  # exp() stays finite
-
-
-def _sequence_mean(values: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """Per-row mean over valid tokens, (batch,); 0 for a row without any."""
-    mask = response_mask.to(values.dtype)
-    return (values * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)
 
 
 @register_policy_loss("importance_sampling")
@@ -59,8 +40,8 @@ def compute_policy_loss_importance_sampling(
     """L = -rho A: the importance-sampled surrogate (Kakade & Langford's CPI objective, PPO without its
     clip). Nothing bounds its gradient, so it suits data near pi_old (one epoch, one mini-batch)."""
     log_ratio = _log_ratio(log_prob, old_log_prob)
-    pg_losses = _apply_is_weights(-advantages * torch.exp(log_ratio), rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **config.global_batch_info)
+    pg_losses = -advantages * torch.exp(log_ratio)
+    loss = _weighted_agg(pg_losses, rollout_is_weights, response_mask, loss_agg_mode, config)
     return loss, _loss_metrics(loss, response_mask, -log_ratio)
 
 
@@ -84,8 +65,7 @@ def compute_policy_loss_up(
     terms = _dual_clipped(advantages, torch.exp(log_ratio), low, high, config.clip_ratio_c)  # vanilla's, for A <= 0
     positive_branch = -advantages * torch.exp(log_prob - log_prob.detach())
     pg_losses = torch.where(advantages > 0, positive_branch, terms.per_token)
-    pg_losses = _apply_is_weights(pg_losses, rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **config.global_batch_info)
+    loss = _weighted_agg(pg_losses, rollout_is_weights, response_mask, loss_agg_mode, config)
     with torch.no_grad():
         non_positive = response_mask * (advantages <= 0)
         metrics = {"pg_clipfrac": masked_mean((terms.clipped > terms.unclipped).float(), non_positive),
@@ -110,12 +90,12 @@ def compute_policy_loss_cispo(
     L = -sg[clip(rho, 1 - eps_low, 1 + eps_high)] A log pi: every token keeps its gradient, only its weight
     is bounded. The paper bounds only the top: set clip_ratio_low near 1. pg_clipfrac: share clipped.
     """
-    low, high = _bounds("cispo", config)
+    low, high = _clip_bounds(config, "cispo")
     log_ratio = _log_ratio(log_prob, old_log_prob)
     ratio = torch.exp(log_ratio).detach()  # (batch, response_len)
     weight = torch.clamp(ratio, min=1 - low, max=1 + high)
-    pg_losses = _apply_is_weights(-weight * advantages * log_prob, rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **config.global_batch_info)
+    pg_losses = -weight * advantages * log_prob
+    loss = _weighted_agg(pg_losses, rollout_is_weights, response_mask, loss_agg_mode, config)
     return loss, _loss_metrics(loss, response_mask, -log_ratio, weight != ratio)
 
 
@@ -141,8 +121,7 @@ def compute_policy_loss_sapo(
     ratio = torch.exp(log_ratio)  # (batch, response_len)
     tau = torch.where(advantages > 0, torch.full_like(ratio, tau_pos), torch.full_like(ratio, tau_neg))
     gate = torch.sigmoid(tau * (ratio - 1)) * (4 / tau)
-    pg_losses = _apply_is_weights(-gate * advantages, rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, "seq-mean-token-mean", **config.global_batch_info)
+    loss = _weighted_agg(-gate * advantages, rollout_is_weights, response_mask, "seq-mean-token-mean", config)
     return loss, _loss_metrics(loss, response_mask, -log_ratio)
 
 
@@ -157,8 +136,7 @@ def _dppo_loss(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: t
     ratio = torch.exp(log_ratio).detach()
     kept = kept.detach().to(log_prob.dtype)
     pg_losses = -advantages * torch.clamp(ratio, max=clip_ratio_c) * log_prob * kept
-    pg_losses = _apply_is_weights(pg_losses, rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **config.global_batch_info)
+    loss = _weighted_agg(pg_losses, rollout_is_weights, response_mask, loss_agg_mode, config)
     cut = (ratio > clip_ratio_c).to(kept.dtype) * kept
     return loss, _loss_metrics(loss, response_mask, -log_ratio, 1 - kept, cut)
 
@@ -179,7 +157,7 @@ def compute_policy_loss_dppo_tv(
     >= -eps_low (A <= 0): the clip ratios are probability differences here. c = clip_ratio_c (the paper
     advises ~20). pg_clipfrac: share out of the region; pg_clipfrac_lower: share of kept tokens cut at c.
     """
-    low, high = _bounds("dppo_tv", config)
+    low, high = _clip_bounds(config, "dppo_tv")
     with torch.no_grad():
         moved = torch.exp(log_prob) - torch.exp(old_log_prob)  # (batch, response_len)
         kept = torch.where(advantages > 0, moved <= high, moved >= -low)
@@ -202,7 +180,7 @@ def compute_policy_loss_dppo_kl(
     As `dppo_tv`, with the divergence KL = p_old log(p_old / p) + (1 - p_old) log((1 - p_old) / (1 - p)):
     a token moved in the advantage's direction by more than eps_high / eps_low of it loses its gradient.
     """
-    low, high = _bounds("dppo_kl", config)
+    low, high = _clip_bounds(config, "dppo_kl")
     with torch.no_grad():
         p, p_old = torch.exp(log_prob), torch.exp(old_log_prob)
         binary_kl = p_old * (old_log_prob - log_prob) + (1 - p_old) * torch.log((1 - p_old + 1e-8) / (1 - p + 1e-8))
@@ -240,20 +218,17 @@ def compute_policy_loss_geo_mean(
     `loss_agg_mode` says; rollout_is_weights enter as their per-sequence geometric mean.
     pg_clipfrac / pg_clipfrac_lower: shares of tokens clipped with A > 0 / A < 0.
     """
-    low, high = _bounds("geo_mean", config)
-    mask = response_mask.to(log_prob.dtype)
+    low, high = _clip_bounds(config, "geo_mean")
     log_ratio = _log_ratio(log_prob, old_log_prob)
     clipped_log_ratio = torch.clamp(log_ratio, min=-low, max=high)
     sign = torch.sign(advantages)
     pessimistic = sign * torch.minimum(sign * log_ratio, sign * clipped_log_ratio)  # (batch, response_len)
-    seq_ratio = torch.exp(_sequence_mean(pessimistic, mask))  # (batch,)
-    seq_advantage = _sequence_mean(advantages, mask)
+    seq_ratio = torch.exp(masked_mean(pessimistic, response_mask, axis=-1))  # (batch,)
+    seq_advantage = masked_mean(advantages, response_mask, axis=-1)
     seq_losses = -seq_advantage * seq_ratio
     if rollout_is_weights is not None:
-        if rollout_is_weights.shape != log_prob.shape:
-            raise ValueError(f"rollout_is_weights has shape {tuple(rollout_is_weights.shape)}; the per-token "
-                             f"losses have {tuple(log_prob.shape)}")
-        seq_losses = seq_losses * torch.exp(_sequence_mean(torch.log(rollout_is_weights.detach() + 1e-10), mask))
+        weights = _apply_is_weights(torch.ones_like(log_prob), rollout_is_weights)  # shape-checked, detached
+        seq_losses = seq_losses * torch.exp(masked_mean(torch.log(weights + 1e-10), response_mask, axis=-1))
     loss = seq_losses.sum() / _sequence_denominator("geo_mean", log_prob.shape[0], config.global_batch_info)
     clipped = log_ratio != clipped_log_ratio
     return loss, _loss_metrics(loss, response_mask, -log_ratio, clipped & (advantages > 0),
@@ -280,15 +255,14 @@ def compute_policy_loss_topr(
     if not 0 <= lower <= upper:
         raise ValueError(f"topr needs 0 <= policy_loss.topr_negative_ratio_lower <= topr_negative_ratio_upper, got "
                          f"{lower}, {upper}")
-    mask = response_mask.to(log_prob.dtype)
     log_ratio = _log_ratio(log_prob, old_log_prob)
     with torch.no_grad():
-        seq_ratio = torch.exp(_sequence_mean(log_ratio, mask))  # (batch,)
-        negative = _sequence_mean(advantages, mask) < 0
+        seq_ratio = torch.exp(masked_mean(log_ratio, response_mask, axis=-1))  # (batch,)
+        negative = masked_mean(advantages, response_mask, axis=-1) < 0
         tapered = torch.clamp(seq_ratio, min=lower, max=upper)
         weight = torch.where(negative, tapered, torch.ones_like(seq_ratio))
-    pg_losses = _apply_is_weights(-advantages * log_prob * weight.unsqueeze(-1), rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, "seq-mean-token-mean", **config.global_batch_info)
-    has_tokens = (mask.sum(dim=-1) > 0).to(weight.dtype)
+    pg_losses = -advantages * log_prob * weight.unsqueeze(-1)
+    loss = _weighted_agg(pg_losses, rollout_is_weights, response_mask, "seq-mean-token-mean", config)
+    has_tokens = (response_mask.sum(dim=-1) > 0).to(weight.dtype)
     return loss, {**_loss_metrics(loss, response_mask, -log_ratio),
                   "topr_taper_weight_mean": masked_mean(weight, has_tokens)}

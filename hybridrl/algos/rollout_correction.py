@@ -23,8 +23,7 @@ from typing import Any
 
 import torch
 
-from hybridrl.algos.aggregate import agg_loss
-from hybridrl.algos.policy_loss import ACTOR_CONFIG, LossConfig, _apply_is_weights, get_policy_loss_fn
+from hybridrl.algos.policy_loss import ACTOR_CONFIG, LossConfig, _weighted_agg, get_policy_loss_fn
 from hybridrl.utils.torch_functional import masked_mean, masked_sum
 from hybridrl.utils.typed_config import require_config_object
 
@@ -98,20 +97,19 @@ def compute_rollout_correction_weights(
     outside = (raw > upper) | ((raw < lower) if lower is not None else torch.zeros_like(raw, dtype=torch.bool))
     weights = raw.clamp(max=upper) if lower is None else torch.where(outside, torch.zeros_like(raw), raw)
     valid = response_mask.bool()
+    mean = masked_mean(weights, response_mask)
     metrics = {
-        "rollout_is_mean": masked_mean(weights, response_mask).item(),
+        "rollout_is_mean": mean.item(),
         "rollout_is_max": weights[valid].max().item(),
         "rollout_is_min": weights[valid].min().item(),
         "rollout_is_ratio_fraction_high": masked_mean((raw > upper).float(), response_mask).item(),
         "rollout_is_ratio_fraction_low": masked_mean((raw < (lower or 1.0 / upper)).float(), response_mask).item(),
         # Kish effective sample size as a share of the tokens: (mean w)^2 / mean(w^2)
-        "rollout_is_eff_sample_size": (masked_mean(weights, response_mask) ** 2
-                                       / masked_mean(weights**2, response_mask).clamp(min=1e-12)).item(),
+        "rollout_is_eff_sample_size": (mean**2 / masked_mean(weights**2, response_mask).clamp(min=1e-12)).item(),
     }
     if lower is not None:
         metrics["rollout_is_oob_ratio"] = masked_mean(outside.float(), response_mask).item()
     if rollout_is_batch_normalize:
-        mean = masked_mean(weights, response_mask)
         if mean > 1e-8:
             weights = weights / mean
         metrics["rollout_is_batch_norm_factor"] = mean.item()
@@ -221,8 +219,7 @@ def compute_policy_loss_reinforce(
     them. `rollout_log_prob` serves only the `ppo_kl` metric; `config` is the actor config (its
     `global_batch_info`)."""
     require_config_object(config, "compute_policy_loss_reinforce", ACTOR_CONFIG)
-    pg_losses = _apply_is_weights(-advantages * log_prob, rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **config.global_batch_info)
+    loss = _weighted_agg(-advantages * log_prob, rollout_is_weights, response_mask, loss_agg_mode, config)
     with torch.no_grad():
         metrics = {"ppo_kl": masked_mean(rollout_log_prob - log_prob, response_mask)}
     return loss, metrics
@@ -253,7 +250,6 @@ def compute_policy_loss_bypass_mode(
             rollout_is_threshold=correction.rollout_is_threshold,
             rollout_is_batch_normalize=correction.rollout_is_batch_normalize, rollout_rs=correction.rollout_rs,
             rollout_rs_threshold=correction.rollout_rs_threshold)
-    kept_mask = kept_mask.to(response_mask.dtype)
     # ppo_clip reports the weights but leaves them out: its ratio pi_theta / pi_rollout is the correction already
     if correction.loss_type == "reinforce":
         is_weights = None if weights is None else weights.to(log_prob.dtype)

@@ -173,7 +173,7 @@ class Streamer:
     def start(self, restored: DataProto | None = None) -> None:
         """Start the thread; `restored`: finished groups saved by a checkpoint, queued first."""
         if restored is not None and len(restored):
-            self._queue.extend(_groups(restored, self.settings.n))
+            self._queue.extend(restored.split(self.settings.n))  # a prompt's group: n consecutive rows
             self._budget -= len(self._queue)
         self._thread = threading.Thread(target=self._run, name="streaming-rollout", daemon=True)
         self._thread.start()
@@ -247,7 +247,7 @@ class Streamer:
                 if prompts is None:
                     return
                 outputs = self._generate(prompts, MAX_STEPS_PER_CALL, self.settings.partial)
-                finished = [(rank, _groups(out, self.settings.n)) for rank, out in enumerate(outputs) if out is not None]
+                finished = [(rank, out.split(self.settings.n)) for rank, out in enumerate(outputs) if out is not None]
                 with self._cond:
                     for rank, groups in finished:
                         self._in_flight[rank] -= len(groups)
@@ -295,11 +295,6 @@ class Streamer:
         wait in a rank's batch, so a finished row's place is taken at once)."""
         room = 2 * self.settings.prompts_per_rank * self._ranks - sum(self._in_flight)
         return max(0, min(self._budget, room))
-
-
-def _groups(batch: DataProto, n: int) -> list[DataProto]:
-    """Split rows into prompts' groups of n consecutive rows."""
-    return [batch.select_rows(list(range(start, start + n))) for start in range(0, len(batch), n)]
 
 
 def staleness(batch: DataProto, version: int) -> torch.Tensor:

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import DataLoader
 
 from hybridrl.controller.decorator import on_device, to_cpu
 from hybridrl.data.rl_dataset import RLHFDataset, collate_fn
@@ -61,8 +62,7 @@ def generate_responses(engine: BaseRollout, dataset: RLHFDataset, batch_size: in
                        device: str | torch.device = "cpu") -> list[list[str]]:
     """n decoded responses (special tokens removed) for every dataset row, in row order, generated on `device`."""
     results: list[list[str]] = []
-    for start in range(0, len(dataset), batch_size):
-        items = collate_fn([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])
+    for items in DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn):
         prompts = DataProto.from_dict({k: items[k] for k in ("input_ids", "attention_mask", "position_ids")})
         out = to_cpu(engine.generate_sequences(on_device(prompts, torch.device(device))))
         n = len(out) // len(prompts)

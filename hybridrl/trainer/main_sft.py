@@ -8,50 +8,27 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from hybridrl.controller import (
-    ClassWithInitArgs,
-    WorkerGroup,
-    create_worker_group,
-    ray_for_backend,
-    sigterm_raises_exit,
-)
+from hybridrl.controller import ClassWithInitArgs, ray_for_backend, sigterm_raises_exit
 from hybridrl.trainer.command_line import verl_overrides
+from hybridrl.trainer.placement import Pool
 from hybridrl.trainer.sft_config import SFTSchema
 from hybridrl.trainer.sft_trainer import SFTTrainer, load_data, validate_config
+from hybridrl.trainer.worker_groups import start_pool
 from hybridrl.workers.sft_worker import SFTWorker
-
-
-def build_worker_group(config: DictConfig) -> tuple[WorkerGroup, object | None]:
-    """The SFT worker group and, under Ray (already started), its resource pool (to release afterwards)."""
-    trainer = config.trainer
-    if trainer.backend == "local":
-        return create_worker_group("local", ClassWithInitArgs(SFTWorker, config), device=trainer.device), None
-    from hybridrl.controller.ray import RayClassWithInitArgs, RayResourcePool
-
-    pool = RayResourcePool(process_on_nodes=[trainer.n_gpus_per_node] * trainer.nnodes,
-                           use_gpu=trainer.device == "cuda", name_prefix="sft")
-    try:
-        group = create_worker_group("ray", RayClassWithInitArgs(SFTWorker, config), resource_pool=pool,
-                                    device=trainer.device)
-    except BaseException:
-        pool.remove()
-        raise
-    print(pool.placed())
-    return group, pool
 
 
 def run_sft(config: DictConfig) -> dict[str, float]:
     """Validate the config, train, and release the workers (and a Ray it started); returns the last step's metrics."""
     config = validate_config(config)
     data = load_data(config)  # a bad row fails here, before Ray starts
-    with sigterm_raises_exit(), ray_for_backend(config.trainer.backend, num_cpus=config.ray_init.num_cpus):
-        worker_group, pool = build_worker_group(config)
+    trainer = config.trainer
+    with sigterm_raises_exit(), ray_for_backend(trainer.backend, num_cpus=config.ray_init.num_cpus):
+        pool = Pool("sft", trainer.nnodes, trainer.n_gpus_per_node, ("sft",))
+        started = start_pool(pool, ClassWithInitArgs(SFTWorker, config), trainer.backend, trainer.device)
         try:
-            return SFTTrainer(config, worker_group, data).fit()
+            return SFTTrainer(config, started.processes, data).fit()
         finally:
-            worker_group.shutdown()
-            if pool is not None:
-                pool.remove()
+            started.stop()
 
 
 @hydra.main(config_path="config", config_name="sft_trainer", version_base=None)

@@ -39,9 +39,8 @@ __all__ = ["DivergenceGuard", "StageCosts", "TrainingDivergedError", "compute_da
            "compute_timing_metrics", "process_validation_metrics", "real_tokens", "reduce_metrics", "unhealthy_metrics",
            "validation_metrics_to_flat"]
 
-# Stages whose per-token time divides by response tokens only (generation produces just those); the
-# other timed passes read whole sequences. Stages outside both sets get `timing_s/` only, as in verl.
-_RESPONSE_TOKEN_STAGES = ("gen",)
+# Timed passes that read whole sequences; `gen`'s per-token time divides by the response tokens it produces.
+# Stages outside both get `timing_s/` only, as in verl.
 _ALL_TOKEN_STAGES = ("ref", "values", "adv", "update_critic", "update_actor")
 
 
@@ -127,10 +126,7 @@ def compute_timing_metrics(batch: DataProto, timing_raw: Mapping[str, float]) ->
     prompt_length, response_length, _, _ = _lengths(batch)
     response_tokens = response_length.sum().item()
     all_tokens = prompt_length.sum().item() + response_tokens
-    denominators = {
-        **{stage: response_tokens for stage in _RESPONSE_TOKEN_STAGES},
-        **{stage: all_tokens for stage in _ALL_TOKEN_STAGES},
-    }
+    denominators = {"gen": response_tokens, **dict.fromkeys(_ALL_TOKEN_STAGES, all_tokens)}
     metrics = {f"timing_s/{stage}": float(seconds) for stage, seconds in timing_raw.items()}
     for stage, seconds in timing_raw.items():
         tokens = denominators.get(stage)
@@ -243,11 +239,7 @@ def _bootstrap(values: np.ndarray, preds: Sequence[Hashable] | None, k: int, see
 
 def _subset_sizes(n_resps: int) -> list[int]:
     """2, 4, 8, ... below n_resps, then n_resps itself (verl's bootstrap sizes)."""
-    sizes, k = [], 2
-    while k < n_resps:
-        sizes.append(k)
-        k *= 2
-    return sizes + [n_resps]
+    return [2**i for i in range(1, (n_resps - 1).bit_length())] + [n_resps]
 
 
 def _pass_at_k(n: int, c: int, k: int) -> float:

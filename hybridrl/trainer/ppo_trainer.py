@@ -46,6 +46,7 @@ from hybridrl.trainer.ppo_config import PPOTrainerConfig
 from hybridrl.trainer.validation import Validator, generation_records, write_generations
 from hybridrl.trainer.worker_groups import WorkerGroups
 from hybridrl.utils.metric import timer
+from hybridrl.utils.torch_functional import masked_mean
 from hybridrl.utils.tracking import StepProgress, Tracking
 from hybridrl.workers.checkpoint import commit_checkpoint, load_state_file
 from hybridrl.workers.checkpoint_resume import (
@@ -382,9 +383,7 @@ class PPOTrainer:
         if self.fuse_old_log_prob:
             return
         old = self._run("old_log_prob", self.groups.actor_rollout.compute_log_prob, batch, timing)
-        mask = batch.batch["response_mask"]
-        entropy = old.batch.pop("entropys")
-        metrics["actor/entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
+        metrics["actor/entropy"] = float(masked_mean(old.batch.pop("entropys"), batch.batch["response_mask"]))
         batch.union(old)
         self._rollout_agreement(batch, metrics)
 
@@ -452,10 +451,8 @@ class PPOTrainer:
             if not save:
                 print(f"step {self.global_steps} is not checkpointed: its update was skipped")
                 return metrics
-            timing: dict[str, float] = {}
-            with timer("save_checkpoint", timing):
+            with timer("timing_s/save_checkpoint", metrics):
                 self.save_checkpoint()
-            metrics["timing_s/save_checkpoint"] = timing["save_checkpoint"]
         return metrics
 
     @contextlib.contextmanager

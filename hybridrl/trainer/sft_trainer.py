@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from hybridrl.controller import WorkerGroup
@@ -181,15 +182,13 @@ class SFTTrainer:
         """Token-mean NLL of assistant tokens over the whole validation set."""
         loss_sum = num_tokens = 0.0
         size = self.config.data.train_batch_size * 4  # no gradients: bigger batches are fine
-        for start in range(0, len(self.val_set), size):
-            rows = [self.val_set[i] for i in range(start, min(start + size, len(self.val_set)))]
-            batch = to_proto({k: torch.stack([r[k] for r in rows]) for k in rows[0]})
-            out = self.wg.eval_batch(batch)
+        for batch in DataLoader(self.val_set, batch_size=size):
+            out = self.wg.eval_batch(to_proto(batch))
             loss_sum += float(out.batch["loss_sum"].sum())
             num_tokens += float(out.batch["num_tokens"].sum())
         return {"val/loss": loss_sum / num_tokens if num_tokens else math.nan}
 
-    def _save_checkpoint(self, final: bool) -> Path:
+    def _save_checkpoint(self, final: bool) -> None:
         """global_step_N/actor (+ huggingface/ when final) and the data position, then commit the step."""
         step_dir = self.out_dir / f"global_step_{self.global_step}"
         trainer = self.config.trainer
@@ -201,7 +200,6 @@ class SFTTrainer:
         if final:
             self.hf_model_dir = step_dir / ROLE / "huggingface"
             tqdm.write(f"saved the fine-tuned model to {self.hf_model_dir}")
-        return step_dir
 
     def _resume(self) -> None:
         """Continue as trainer.resume_mode says, past checkpoints that fail to load; stops a run that would save

@@ -79,16 +79,15 @@ def generation_records(batch: DataProto, tokenizer: Any, scores: list[float],
             for i, row in enumerate(rows)]
 
 
-def write_generations(out_dir: str | None, step: int, records: list[dict]) -> Path | None:
+def write_generations(out_dir: str | None, step: int, records: list[dict]) -> None:
     """Write `records` to `out_dir/<step>.jsonl`; does nothing when `out_dir` is unset."""
     if not out_dir:
-        return None
+        return
     path = Path(out_dir) / f"{step}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
         for record in records:
             f.write(json.dumps({**record, "step": step}) + "\n")
-    return path
 
 
 def _plain(value: Any) -> Any:

@@ -167,18 +167,17 @@ class StartedPool:
             self.resource_pool.remove()
 
 
-def start_pool(config: PPOTrainerConfig, pool: Pool) -> StartedPool:
-    """One pool's processes, each holding the pool's roles (if starting fails, what was reserved is freed)."""
-    classes = {role: role_class(config, role) for role in pool.roles}
-    backend = config.trainer.backend
+def start_pool(pool: Pool, worker: ClassWithInitArgs, backend: str, device: str,
+               cpus_per_process: float = 1.0) -> StartedPool:
+    """One pool's processes, each running `worker` (if starting fails, what was reserved is freed)."""
     resource_pool = None
     if backend == "ray":
         from hybridrl.controller.ray import RayResourcePool
 
-        resource_pool = RayResourcePool(pool.process_on_nodes, use_gpu=config.trainer.device == "cuda",
-                                        name_prefix=pool.name, cpus_per_process=config.ray_init.cpus_per_worker)
+        resource_pool = RayResourcePool(pool.process_on_nodes, use_gpu=device == "cuda", name_prefix=pool.name,
+                                        cpus_per_process=cpus_per_process)
     try:
-        processes = create_worker_group(backend, hybrid_worker(classes), resource_pool, device=config.trainer.device)
+        processes = create_worker_group(backend, worker, resource_pool, device=device)
     except BaseException:
         if resource_pool is not None:
             resource_pool.remove()
@@ -235,7 +234,9 @@ class WorkerGroups:
         started: list[StartedPool] = []
         try:
             for pool in placement(config):
-                started.append(start_pool(config, pool))
+                roles = hybrid_worker({role: role_class(config, role) for role in pool.roles})
+                started.append(start_pool(pool, roles, config.trainer.backend, config.trainer.device,
+                                          config.ray_init.cpus_per_worker))
         except BaseException:
             for pool in started:
                 pool.stop()
