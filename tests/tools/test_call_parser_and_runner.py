@@ -23,7 +23,8 @@ def test_hermes_calls_in_order_with_errors_for_bad_blocks():
 
 
 def test_runner_returns_values_errors_and_timeouts_and_keeps_going():
-    runner = ToolRunner(blocked_loop_grace_s=0.1)
+    # a grace wide enough for a loaded machine's loop thread to run the timeouts it owes
+    runner = ToolRunner(blocked_loop_grace_s=1.0)
 
     async def value():
         await asyncio.sleep(0)
@@ -36,7 +37,7 @@ def test_runner_returns_values_errors_and_timeouts_and_keeps_going():
         await asyncio.Event().wait()
 
     async def blocks_the_loop():
-        time.sleep(0.5)  # synchronous: wait_for cannot interrupt it
+        time.sleep(2.0)  # synchronous: wait_for cannot interrupt it, nor can the grace outlast it
 
     try:
         outcomes = runner.run([(value, 5.0), (raises, 5.0), (awaits_forever, 0.05)])

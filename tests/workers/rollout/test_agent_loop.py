@@ -166,7 +166,7 @@ class HangingTool(BaseTool):
 
 class BlockingTool(BaseTool):
     async def execute(self, instance_id, parameters, **kwargs):
-        time.sleep(0.4)  # blocks the tools' event loop; the loop moves on after timeout + grace
+        time.sleep(2.0)  # blocks the tools' event loop; the loop moves on after timeout + grace (1.5 s)
         return ToolResponse(text="late"), 0.0, {}
 
 
@@ -191,8 +191,9 @@ def test_failing_tools_become_error_messages_and_counts_and_the_run_goes_on(tiny
     # a tool that blocks the event loop holds up every call sharing it (asyncio's contract), so it runs in a
     # batch of its own: the first six prompts, then the seventh
     script = {q: [turn, "<answer>0</answer>"] for q, turn in zip(questions, first, strict=True)}
-    loop = loop_for(tiny_model, tiny_tokenizer, script, tools, response_length=200, tool_timeout=0.1)
-    loop.runner.blocked_loop_grace_s = 0.05
+    # timeouts wide enough that a tool that returns at once does so in time on a loaded machine
+    loop = loop_for(tiny_model, tiny_tokenizer, script, tools, response_length=200, tool_timeout=1.0)
+    loop.runner.blocked_loop_grace_s = 0.5
     assert loop.runner.abandoned_loops == 0
     out = DataProto.concat([loop.generate_sequences(chat_prompts(tiny_tokenizer, questions[:6])),
                             loop.generate_sequences(chat_prompts(tiny_tokenizer, questions[6:]))])
@@ -200,12 +201,12 @@ def test_failing_tools_become_error_messages_and_counts_and_the_run_goes_on(tiny
              zip(out.batch["responses"], out.batch["attention_mask"][:, -200:], strict=True)]
     tool_part = [re.findall(r"<\|im_start\|>tool\n(.*?)<\|im_end\|>", t, re.DOTALL) for t in texts]
     assert tool_part[0] == ["Error: RuntimeError: the backend is down"]
-    assert tool_part[1] == ["Error: timed out after 0.1s"]
+    assert tool_part[1] == ["Error: timed out after 1s"]
     assert tool_part[2][0].startswith("Error: execute returned dict")
     assert tool_part[3][0].startswith("Error: the tool call is not valid JSON")
     assert tool_part[4][0].startswith("Error: there is no tool named 'nope'")
     assert tool_part[5] == ["2", "Error: only 1 tool call(s) run per turn; this one did not"]
-    assert tool_part[6][0].startswith("Error: timed out after 0.1s (the tool blocked its event loop)")
+    assert tool_part[6][0].startswith("Error: timed out after 1s (the tool blocked its event loop)")
     columns = out.non_tensor_batch
     assert columns["tool_errors"].tolist() == [1, 1, 1, 1, 1, 1, 1]
     assert columns["tool_timeouts"].tolist() == [0, 1, 0, 0, 0, 0, 1]
