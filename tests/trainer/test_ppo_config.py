@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 from ppo_helpers import ppo_config
 
-from hybridrl.trainer.config_checks import ConfigError, batch_plan, resolve_config
+from hybridrl.trainer.config_checks import ConfigError, batch_plan, flatten, resolve_config
 from hybridrl.trainer.config_rules import RANGES, UNCHECKED
 from hybridrl.trainer.main_ppo import run_ppo
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
@@ -41,22 +41,12 @@ def test_defaults_are_valid_and_resolve_the_lengths(no_gpu):
     assert config.critic.model.path == "some/model"
 
 
-def _leaves(node, prefix: str = "") -> dict:
-    """Every setting of a config dataclass by its dotted key."""
-    if not dataclasses.is_dataclass(node):
-        return {prefix: node}
-    found = {}
-    for field in dataclasses.fields(node):
-        found.update(_leaves(getattr(node, field.name), f"{prefix}.{field.name}" if prefix else field.name))
-    return found
-
-
 def test_the_yaml_departs_from_verl_s_defaults_only_where_it_sizes_the_built_in_task():
     """A verl script that leaves a key out gets verl's default (the schema's), except the keys
     ppo_trainer.yaml sets for the built-in task on a 2-core CPU, the list in docs/coming-from-verl.md."""
-    composed = OmegaConf.to_object(ppo_config(*BASE))
-    schema = _leaves(PPOTrainerConfig())
-    changed = {key for key, value in _leaves(composed).items() if value != schema[key]}
+    composed = flatten(OmegaConf.to_container(ppo_config(*BASE), resolve=True))
+    schema = flatten(OmegaConf.to_container(OmegaConf.structured(PPOTrainerConfig), resolve=False))
+    changed = {key for key, value in composed.items() if value != schema[key]}
     assert changed - {"data.train_files", "actor_rollout_ref.model.path"} == {
         "data.max_prompt_length", "data.max_response_length", "data.train_batch_size",
         "actor_rollout_ref.actor.ppo_mini_batch_size", "actor_rollout_ref.actor.optim.lr",
