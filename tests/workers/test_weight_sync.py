@@ -118,3 +118,21 @@ def test_the_sync_group_is_a_group_of_its_own_beside_the_default_one():
     tensor = torch.arange(3.0)
     group.broadcast(tensor)
     assert torch.equal(tensor, torch.arange(3.0)) and not dist.is_initialized()
+
+
+@pytest.mark.gpu
+def test_the_sync_group_on_a_gpu_is_an_nccl_group_that_sends_every_bucket():
+    # one GPU holds one NCCL rank, so the group is the actor's rank 0 alone: this checks NCCL's constructor and
+    # broadcast overload and the bucket packing on the card, not the transfer between ranks (gloo's tests above)
+    store, port = host_store()
+    device = torch.device("cuda")
+    group = SyncGroup.join("127.0.0.1", port, 0, 1, device, timeout_s=60, store=store)
+    assert isinstance(group.group, dist.ProcessGroupNCCL) and not dist.is_initialized()
+    plan = BucketPlan.from_manifest(MANIFEST, "bfloat16", bucket_bytes=20)
+    assert send_weights(weights(3), plan, group) == 21 * 2
+    received = [(name, tensor.clone()) for name, tensor in receive_weights(plan, group)]
+    assert [name for name, _ in received] == plan.names
+    assert all(tensor.device.type == "cuda" and tensor.dtype == torch.bfloat16 for _, tensor in received)
+    tensor = torch.arange(4.0, device=device)
+    group.broadcast(tensor)
+    assert torch.equal(tensor.cpu(), torch.arange(4.0))
