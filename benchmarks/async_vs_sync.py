@@ -2,6 +2,7 @@
 share, and learning against wall-clock time.
 
     python benchmarks/async_vs_sync.py [--sizes 10m,50m] [--steps 6] [--workdir runs/async]
+    python benchmarks/async_vs_sync.py --device cuda --pools 4,4 --sizes 400m,1b   # 8 GPUs, Ray
     python benchmarks/async_vs_sync.py --learning [--seeds 0,1,2,3] [--dtype fp32] [--workdir runs/lora_learning]
 
 Throughput (the default): for each tiny-model size and two workloads, four GRPO runs of `--steps` steps with the
@@ -13,7 +14,10 @@ work is fixed); the long-tail one: up to 256 tokens from a model that ends respo
 (`long_tail_model`), so a batch waits for its few longest rows. Reported as medians over the steps after the first:
 samples/s, each pool's idle share of a step (the training pool: everything but its passes and the weight sync;
 the rollout pool: everything but generation and receiving the weights) and the ratio to colocated sync. Writes
-`benchmarks/results/async_vs_sync.md`.
+`benchmarks/results/async_vs_sync.md` (`async_vs_sync_cuda.md` on GPUs). `--pools T,R` sizes the split layouts'
+training and rollout pools in devices (default 1,1: the two cores), colocated sync taking T + R; on GPUs
+(`--device cuda`) that is where pools sized by the bottleneck pay. Each pool's size, and their sum, must divide
+the 16 prompts of a step (the batch is split evenly over a pool's ranks).
 
 Learning (`--learning`): the quickstart's recipe from each seed's SFT model (cached, shared with
 benchmarks/placement_learning.py), colocated sync, then each of `--layouts` (one step off, streaming), one after
@@ -44,8 +48,16 @@ ONE_STEP_OFF = [*SPLIT, "async_training.mode=one_step_off"]
 # batch decodes the 128 rows the synchronous layouts decode at once
 STREAMING = [*SPLIT, "async_training.mode=streaming", "async_training.staleness_threshold=1",
              "async_training.partial_rollout=true", "actor_rollout_ref.rollout.max_num_seqs=128"]
-LAYOUTS = {"colocated sync": ["trainer.n_gpus_per_node=2"], "split sync": SPLIT, "one step off": ONE_STEP_OFF,
-           "streaming": STREAMING}
+
+
+def layouts(training: int, rollout: int) -> dict[str, list[str]]:
+    """The four layouts of the throughput comparison: the split ones with pools of `training` and `rollout`
+    devices, colocated sync with both on every device."""
+    split = ["actor_rollout_ref.hybrid_engine=false", f"trainer.n_gpus_per_node={training}",
+             f"rollout.n_gpus_per_node={rollout}"]
+    return {"colocated sync": [f"trainer.n_gpus_per_node={training + rollout}"], "split sync": split,
+            "one step off": [*split, *ONE_STEP_OFF[len(SPLIT):]], "streaming": [*split, *STREAMING[len(SPLIT):]]}
+
 SAMPLES = 128  # 16 prompts x 8 samples
 # the long-tail workload: responses up to LONG_TAIL_LENGTH tokens, their lengths spread by a model that ends a
 # response with a small chance at every token (long_tail_model)
@@ -105,21 +117,29 @@ def _sibling_scripts() -> None:
 
 def throughput(args: argparse.Namespace, command: str) -> str:
     _sibling_scripts()
+    import torch
     from learning import cpu_name
     from lora_memory import prepare
     from placement import grpo_run
 
     workdir = Path(args.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
+    training, rollout = (int(n) for n in args.pools.split(","))
+    on_gpu = args.device == "cuda"
+    machine = (f"GPU: {training + rollout} x {torch.cuda.get_device_name()}, torch {torch.__version__}" if on_gpu
+               else f"CPU: {cpu_name()}")
+    per_process = "one GPU per worker process" if on_gpu else "one CPU thread per worker process"
     lines = [
         "# Synchronous against asynchronous GRPO: throughput",
         "",
-        f"CPU: {cpu_name()}; command: `{command}`; nothing else ran on the machine. GRPO, {args.steps} steps of 16 "
-        "prompts x 8 samples, fp32, use_kl_loss=true, Ray backend, one CPU thread per worker process. Quickstart "
+        f"{machine}; command: `{command}`; nothing else ran on the machine. GRPO, {args.steps} steps of 16 "
+        f"prompts x 8 samples, {'bf16' if on_gpu else 'fp32'} (the automatic precision), use_kl_loss=true, Ray "
+        f"backend, {per_process}. Quickstart "
         "workload: 64 response tokens, untrained model (every response is 64 tokens). Long-tail workload: up to "
         f"{LONG_TAIL_LENGTH} response tokens from the untrained model with EOS pulled up (long_tail_model, "
-        f"eos_pull={LONG_TAIL_EOS_PULL}): lengths spread geometrically, a few at the limit. Colocated: 2 processes, "
-        "each actor + rollout. Split, one step off and streaming: 1 training process + 1 rollout process; streaming "
+        f"eos_pull={LONG_TAIL_EOS_PULL}): lengths spread geometrically, a few at the limit. Colocated: "
+        f"{training + rollout} processes, each actor + rollout. Split, one step off and streaming: {training} "
+        f"training + {rollout} rollout processes; streaming "
         f"with {' '.join(STREAMING[len(SPLIT):])}. Medians over the steps after the first. Idle: the share of a "
         "step a pool spent outside its own work (its passes and the weight sync; streaming's rollout: the time its "
         "thread waited for budget or a sync); 'trainer waits' is timing_s/trainer_idle, the training pool waiting "
@@ -136,9 +156,10 @@ def throughput(args: argparse.Namespace, command: str) -> str:
                                    [f"data.max_response_length={LONG_TAIL_LENGTH}"])}
         for workload, (workload_model, extra) in workloads.items():
             rows = {}
-            for name, layout in LAYOUTS.items():
+            for name, layout in layouts(training, rollout).items():
                 run_name = f"{size}_{workload}_{name.replace(' ', '_')}"
-                history = grpo_run(workdir, workload_model, data, run_name, [*layout, *extra], args.steps)
+                history = grpo_run(workdir, workload_model, data, run_name, [*layout, *extra], args.steps,
+                                   args.device)
                 rows[name] = r = idle_shares(history, name)
                 ratio = r["samples_per_s"] / rows["colocated sync"]["samples_per_s"]
                 lines.append(f"| {workload} | {size} | {name} | {r['samples_per_s']:.1f} | "
@@ -146,7 +167,7 @@ def throughput(args: argparse.Namespace, command: str) -> str:
                              f"{r['rollout_idle']:.0%} | {r['trainer_wait']:.2f} |")
                 print(lines[-1], flush=True)
     lines.append("")
-    (RESULTS / "async_vs_sync.md").write_text("\n".join(lines))
+    (RESULTS / f"async_vs_sync{'_cuda' if on_gpu else ''}.md").write_text("\n".join(lines))
     return "\n".join(lines)
 
 
@@ -224,6 +245,9 @@ def main() -> None:
     parser.add_argument("--layouts", default=",".join(ASYNC_LEARNING),
                         help="the asynchronous layouts the learning comparison runs beside colocated sync")
     parser.add_argument("--dtype", help="compute and rollout dtype of the learning runs (default: the quickstart's)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="trainer.device of the throughput runs")
+    parser.add_argument("--pools", default="1,1",
+                        help="devices of the split layouts' training and rollout pools (colocated sync: their sum)")
     parser.add_argument("--workdir", default=None, help="runs/async (throughput) or runs/lora_learning (learning)")
     args = parser.parse_args()
     args.workdir = args.workdir or ("runs/lora_learning" if args.learning else "runs/async")

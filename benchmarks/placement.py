@@ -54,7 +54,8 @@ def memcpy_gbps(megabytes: int = 256, repeats: int = 7) -> float:
     return src.numel() * 4 / statistics.median(times) / 1e9
 
 
-def grpo_run(workdir: Path, model: Path, data: Path, name: str, layout: list[str], steps: int) -> list[dict]:
+def grpo_run(workdir: Path, model: Path, data: Path, name: str, layout: list[str], steps: int,
+             device: str = "cpu") -> list[dict]:
     run = workdir / name
     subprocess.run([
         sys.executable, "-m", "hybridrl.trainer.main_ppo", "algorithm.adv_estimator=grpo",
@@ -63,7 +64,7 @@ def grpo_run(workdir: Path, model: Path, data: Path, name: str, layout: list[str
         f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.actor.use_kl_loss=true",
         "actor_rollout_ref.rollout.calculate_log_probs=true", f"trainer.total_training_steps={steps}",
         "trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.save_freq=-1", "trainer.logger=[file]",
-        "trainer.resume_mode=disable", f"trainer.default_local_dir={run}", "trainer.device=cpu", *layout,
+        "trainer.resume_mode=disable", f"trainer.default_local_dir={run}", f"trainer.device={device}", *layout,
     ], check=True, capture_output=True, cwd=REPO)
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 

@@ -49,3 +49,15 @@ def test_accuracy_over_time_counts_from_the_first_steps_start(tmp_path):
     assert curve == [(-5.0, 0.5), (10.0, 0.8), (20.0, 0.7)]
     assert async_vs_sync.time_to_reach(curve, 0.75) == 10.0
     assert async_vs_sync.time_to_reach(curve, 0.9) is None
+
+
+def test_the_layouts_size_the_split_pools_and_give_colocated_sync_every_device():
+    sized = async_vs_sync.layouts(4, 2)
+    split = ["actor_rollout_ref.hybrid_engine=false", "trainer.n_gpus_per_node=4", "rollout.n_gpus_per_node=2"]
+    assert sized["colocated sync"] == ["trainer.n_gpus_per_node=6"]
+    assert sized["split sync"] == split
+    assert sized["one step off"] == [*split, "async_training.mode=one_step_off"]
+    assert sized["streaming"][:3] == split and "async_training.mode=streaming" in sized["streaming"]
+    # the two cores' layouts are the learning comparison's
+    two_cores = async_vs_sync.layouts(1, 1)
+    assert two_cores["one step off"] == async_vs_sync.ONE_STEP_OFF and two_cores["streaming"] == async_vs_sync.STREAMING
