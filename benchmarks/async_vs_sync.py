@@ -14,9 +14,9 @@ work is fixed); the long-tail one: up to 256 tokens from a model that ends respo
 (`long_tail_model`), so a batch waits for its few longest rows. Reported as medians over the steps after the first:
 samples/s, each pool's idle share of a step (the training pool: everything but its passes and the weight sync;
 the rollout pool: everything but generation and receiving the weights) and the ratio to colocated sync. Writes
-`benchmarks/results/async_vs_sync.md` (`async_vs_sync_cuda.md` on GPUs). `--pools T,R` sizes the split layouts'
-training and rollout pools in devices (default 1,1: the two cores), colocated sync taking T + R; on GPUs
-(`--device cuda`) that is where pools sized by the bottleneck pay. Each pool's size, and their sum, must divide
+`benchmarks/results/async_vs_sync.md` (on GPUs, a file of its own: `_cuda` ends its name). `--pools T,R`
+sizes the split layouts' training and rollout pools in devices (default 1,1: the two cores), colocated sync
+taking T + R; on GPUs (`--device cuda`) that is where pools sized by the bottleneck pay. Each pool's size, and their sum, must divide
 the 16 prompts of a step (the batch is split evenly over a pool's ranks).
 
 Learning (`--learning`): the quickstart's recipe from each seed's SFT model (cached, shared with

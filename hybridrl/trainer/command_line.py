@@ -18,6 +18,7 @@ import dataclasses
 import logging
 import os
 from collections.abc import MutableMapping
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_search_path import ConfigSearchPath, SearchPathQuery
@@ -33,10 +34,26 @@ CONFIG_DIR = "pkg://hybridrl.trainer.config"
 
 
 def declares(node: Any, key: str) -> bool:
-    """Whether `key` (dotted) is a field of the structured config `node`, not an entry of one of its dicts."""
+    """Whether `key` (dotted) is a field of the config `node`, not an entry of one of its dicts: a field of a
+    structured section, or a key of a section marked struct (a YAML's fixed keys)."""
     parent, _, name = key.rpartition(".")
     holder = OmegaConf.select(node, parent, default=None) if parent else node
-    return OmegaConf.is_config(holder) and OmegaConf.get_type(holder) not in (dict, None) and name in holder
+    fixed = OmegaConf.is_config(holder) and (OmegaConf.get_type(holder) not in (dict, None)
+                                             or OmegaConf.is_struct(holder))
+    return fixed and name in holder
+
+
+def yaml_keys(config_name: str, **schemas: type) -> DictConfig:
+    """The keys of hybridrl's YAML config `config_name`, fixed as Hydra composes them, with `schemas` for the
+    sections its defaults list fills from a dataclass: what `declares` reads for a YAML-based entry point."""
+    keys = OmegaConf.load(Path(__file__).parent / "config" / f"{config_name}.yaml")
+    keys.pop("defaults", None)
+    for section, schema in schemas.items():
+        keys[section] = OmegaConf.structured(schema)
+    OmegaConf.set_struct(keys, True)
+    for section in schemas:  # typed fields are read by type; the dicts among them stay open
+        OmegaConf.set_struct(keys[section], False)
+    return keys
 
 
 MEGATRON = "Megatron-LM is not available in hybridrl: it trains with FSDP2 only (run the recipe's FSDP script)"
@@ -60,7 +77,8 @@ def missing_feature(key: str) -> str | None:
 
 
 def verl_overrides(args: list[str], schema: Any) -> list[str]:
-    """`args` with blank ones dropped and `+key=value` turned into `key=value` where `schema` declares key;
+    """`args` with blank ones dropped and `+key=value` turned into `key=value` where `schema` (a config dataclass
+    or a node, as `declares` reads it) declares key;
     raises ConfigError on a key of a feature hybridrl lacks (MISSING_FEATURES)."""
     kept, node = [], None
     for arg in args:
@@ -73,7 +91,8 @@ def verl_overrides(args: list[str], schema: Any) -> list[str]:
                            "or a comment passes one, and ends the command there)")
             continue
         if arg.startswith("+") and not arg.startswith("++") and "=" in arg:
-            node = OmegaConf.structured(schema) if node is None else node
+            if node is None:
+                node = schema if OmegaConf.is_config(schema) else OmegaConf.structured(schema)
             if declares(node, key):
                 arg = arg[1:]
         kept.append(arg)

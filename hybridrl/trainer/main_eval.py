@@ -8,6 +8,7 @@ Scores every response of main_generation's parquet, per data source and over all
 
 from __future__ import annotations
 
+import sys
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -20,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hybridrl.rewards import default_compute_score
 from hybridrl.rewards.managers import get_custom_reward_fn
+from hybridrl.trainer.command_line import verl_overrides, yaml_keys
 
 
 def _as_float(result: float | Mapping[str, Any], where: str) -> float:
@@ -64,11 +66,17 @@ def evaluate(config: DictConfig, score_fn: Callable[..., Any] | None = None) -> 
 
 
 @hydra.main(config_path="config", config_name="evaluation", version_base=None)
-def main(config: DictConfig) -> dict[str, float]:
+def hydra_main(config: DictConfig) -> dict[str, float]:
     metrics = evaluate(config)
     for name, value in metrics.items():
         print(f"{name}: {value:.4f}")
     return metrics
+
+
+def main() -> None:
+    """The command line as verl reads it (blank arguments dropped, `+key` on a declared key), then Hydra."""
+    sys.argv[1:] = verl_overrides(sys.argv[1:], yaml_keys("evaluation"))
+    hydra_main()
 
 
 if __name__ == "__main__":
