@@ -34,7 +34,7 @@ TASK_ARGS = ["--ops", "+,-", "--teacher-sign-error", "0.7"]
 MODEL_SIZE = "1m"
 # enough steps for SFT to learn the column procedure on every CPU and seed (benchmarks/results/learning.md)
 # SFT of the tiny model from scratch on top of sft_trainer.yaml, whose defaults are verl's (for a pretrained model)
-SFT_OVERRIDES = ["optim.lr=3e-3", "optim.betas=[0.9,0.999]", "optim.warmup_steps_ratio=0.05", "data.max_length=128",
+SFT_OVERRIDES = ["optim.lr=3e-3", "optim.betas=[0.9,0.999]", "optim.lr_warmup_steps_ratio=0.05", "data.max_length=128",
                  "data.train_batch_size=32", "data.micro_batch_size_per_gpu=32", "trainer.total_epochs=1",
                  "trainer.total_training_steps=1200", "trainer.max_ckpt_to_keep=1"]
 # GRPO's group and validation cadence on top of ppo_trainer.yaml, whose other keys follow verl's defaults; the

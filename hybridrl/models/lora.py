@@ -60,6 +60,13 @@ class LoRASettings:
         settings.check()
         return settings
 
+    @classmethod
+    def from_sft_model(cls, model: Any) -> LoRASettings:
+        """The settings of the SFT config's `model` section (verl's SFT keys: rank, alpha, targets), checked."""
+        settings = cls(int(model.lora_rank), float(model.lora_alpha), _names(model.target_modules), key="model")
+        settings.check()
+        return settings
+
     def check(self) -> None:
         if self.rank < 0:
             raise LoRAError(f"{self.key}.lora_rank={self.rank} must be >= 0 (0 turns LoRA off)")

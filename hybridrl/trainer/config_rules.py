@@ -286,6 +286,7 @@ SAME_EITHER_WAY: dict[str, str] = {
     **{f"{model}.use_remove_padding": "padding columns are always trimmed per micro-batch; flash-attention's "
                                       "padding-free kernels are not used"
        for model in ("actor_rollout_ref.model", "critic.model", "reward_model.model")},
+    "use_remove_padding": "SFT's micro-batches are always cut to their longest row; the loss is the same",
     "actor_rollout_ref.rollout.layered_summon": "the actor's weights reach an engine with its own copy (vLLM) "
                                                 "one gathered tensor at a time, LoRA merged in, whatever it is set to",
     "trainer.use_legacy_worker_impl": "hybridrl has one worker implementation (hybridrl/workers/fsdp_workers.py)",

@@ -47,6 +47,11 @@ class DataSchema:
     use_dynamic_bsz: bool = False
     # The token budget of one forward/backward pass with use_dynamic_bsz; at least data.max_length.
     max_token_len_per_gpu: int = 8192
+    # Train (validate) on the first this many rows only; -1 or less: every row.
+    train_max_samples: int = -1
+    val_max_samples: int = -1
+    # verl's shared-memory copy of the files: no effect here (a warning names it when set).
+    use_shm: bool = False
 
 
 @dataclass
@@ -57,6 +62,19 @@ class ModelSchema:
     enable_gradient_checkpointing: bool = False
     # Allow model code shipped inside the model directory.
     trust_remote_code: bool = False
+    # A module every rank imports before loading the model (registers custom architectures), as in verl.
+    external_lib: Any = None
+    # LoRA adapters instead of full fine-tuning (docs/lora.md): rank (0 = off), alpha (the adapter's scale is
+    # alpha / rank), and the linears to adapt ("all-linear" or a list of module names).
+    lora_rank: int = 0
+    lora_alpha: float = 16
+    target_modules: Any = "all-linear"
+    # fsdp or fsdp2: both run FSDP2 (fully_shard) here.
+    strategy: str = "fsdp2"
+    # verl's GPU switches that change no result (Liger kernels, shared-memory model copy): no effect here (a
+    # warning names them when set).
+    use_liger: bool = False
+    use_shm: bool = False
     # FSDP2 sharding settings (hybridrl.workers.config.FSDPConfig).
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
 
@@ -70,7 +88,7 @@ class OptimSchema:
     # AdamW decoupled weight decay.
     weight_decay: float = 0.01
     # Fraction of the training steps spent warming the learning rate up linearly from ~0.
-    warmup_steps_ratio: float = 0.1
+    lr_warmup_steps_ratio: float = 0.1
     # Clip the global gradient norm to this value (0 or less: no clipping).
     clip_grad: float = 1.0
     # After warmup: constant or cosine (decays to min_lr_ratio x lr by the last step).
@@ -110,6 +128,8 @@ class TrainerSchema:
     save_freq: int = -1
     # Checkpoints to keep on disk; null or 0 keeps all.
     max_ckpt_to_keep: Any = None
+    # verl's HDFS copy of the checkpoints: only null runs (checkpoints stay in default_local_dir).
+    default_hdfs_dir: Any = None
     # disable: start fresh; auto: continue from the newest complete checkpoint in default_local_dir;
     # resume_path: continue from trainer.resume_from_path (a global_step_N directory).
     resume_mode: str = "auto"
@@ -138,6 +158,9 @@ class SFTSchema:
     # Ulysses sequence parallelism (verl's key): groups of this many ranks split each sequence
     # (hybridrl/workers/sequence_parallel.py); data.micro_batch_size_per_gpu then counts rows per group.
     ulysses_sequence_parallel_size: int = 1
+    # verl's switch for computing on unpadded tokens: the same loss either way, as every micro-batch is cut to
+    # its longest row.
+    use_remove_padding: bool = False
 
 
 ConfigStore.instance().store(name="sft_trainer_schema", node=SFTSchema)

@@ -3,6 +3,7 @@ worker group's ranks split each global batch (`hybridrl.workers.sft_worker` has 
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from functools import partial
@@ -11,13 +12,14 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset, Subset
 from tqdm import tqdm
 
 from hybridrl.controller import WorkerGroup
 from hybridrl.data.sampler import ResumableSampler, StatefulDataLoader
 from hybridrl.data.sft_dataset import SFTDataset
 from hybridrl.models.loading import load_tokenizer
+from hybridrl.models.lora import LoRASettings
 from hybridrl.protocol import DataProto
 from hybridrl.trainer.command_line import make_paths_absolute
 from hybridrl.trainer.config_checks import report_config_changes, write_run_config
@@ -36,6 +38,7 @@ from hybridrl.workers.checkpoint_resume import (
     resume_candidates,
 )
 
+logger = logging.getLogger(__name__)
 SFT_POSTFIX = {"loss": ("train/loss", ".4f"), "step_s": ("timing_s/step", ".2f")}
 ROLE = "actor"  # the role directory of a checkpoint, so the model merger and resume find it as for PPO
 DATA_STATE = "data.pt"  # the dataloader position, next to the role directories of a step
@@ -78,25 +81,38 @@ def validate_config(config: DictConfig) -> DictConfig:
     steps = trainer.total_training_steps
     require(steps is None or (isinstance(steps, int) and steps > 0),
              f"trainer.total_training_steps must be a positive integer or null, got {steps!r}")
+    model = checked.model
+    require(model.strategy in ("fsdp", "fsdp2"), f"model.strategy={model.strategy} is not supported by hybridrl: "
+             "FSDP2 (fully_shard) is the only training engine. Set it to fsdp2")
+    require(trainer.default_hdfs_dir is None, f"trainer.default_hdfs_dir={trainer.default_hdfs_dir} is not "
+             "supported by hybridrl: checkpoints are written to trainer.default_local_dir only. Set it to null")
+    LoRASettings.from_sft_model(model)  # raises naming model.lora_rank / lora_alpha / target_modules
+    switches = {"model.use_liger": model.use_liger, "model.use_shm": model.use_shm, "data.use_shm": data.use_shm}
+    if any(switches.values()):
+        named = ", ".join(f"{key}=true" for key, value in switches.items() if value)
+        logger.warning(f"no effect in this run: {named} (verl's GPU and file-copy switches that change no result)")
     OmegaConf.set_readonly(checked, True)
     return checked
 
 
-def build_dataset(config: DictConfig, files: Any, tokenizer: Any) -> SFTDataset:
+def build_dataset(config: DictConfig, files: Any, tokenizer: Any, max_samples: int = -1) -> SFTDataset | Subset:
+    """The dataset of `files`; with `max_samples` > 0, its first `max_samples` rows (verl's train/val_max_samples)."""
     data = config.data
     keys: dict[str, Any] = {"messages_key": data.multiturn.messages_key} if data.multiturn.enable else {
         "prompt_key": data.prompt_key, "prompt_dict_keys": data.prompt_dict_keys,
         "response_key": data.response_key, "response_dict_keys": data.response_dict_keys,
     }
     files = list(files) if OmegaConf.is_list(files) else files
-    return SFTDataset(files, tokenizer, max_length=data.max_length, truncation=data.truncation, **keys)
+    dataset = SFTDataset(files, tokenizer, max_length=data.max_length, truncation=data.truncation, **keys)
+    return Subset(dataset, range(max_samples)) if 0 < max_samples < len(dataset) else dataset
 
 
-def load_data(config: DictConfig) -> tuple[SFTDataset, SFTDataset | None]:
+def load_data(config: DictConfig) -> tuple[Dataset, Dataset | None]:
     """The train and validation sets, built (every row checked) before any worker or Ray starts."""
     tokenizer = load_tokenizer(config.model.partial_pretrain, trust_remote_code=config.model.trust_remote_code)
-    train_set = build_dataset(config, config.data.train_files, tokenizer)
-    val_set = None if config.data.val_files is None else build_dataset(config, config.data.val_files, tokenizer)
+    data = config.data
+    train_set = build_dataset(config, data.train_files, tokenizer, data.train_max_samples)
+    val_set = None if data.val_files is None else build_dataset(config, data.val_files, tokenizer, data.val_max_samples)
     require(len(train_set) >= config.data.train_batch_size, f"the training data has {len(train_set)} rows, "
              f"fewer than data.train_batch_size={config.data.train_batch_size}")
     return train_set, val_set
@@ -110,7 +126,7 @@ class SFTTrainer:
     """Drives an SFT worker group (any backend) over the configured data; `fit()` runs the whole job."""
 
     def __init__(self, config: DictConfig, worker_group: WorkerGroup,
-                 data: tuple[SFTDataset, SFTDataset | None]) -> None:
+                 data: tuple[Dataset, Dataset | None]) -> None:
         self.config = config
         self.wg = SFTGroup(worker_group)
         self.out_dir = Path(config.trainer.default_local_dir).expanduser()

@@ -5,6 +5,7 @@ averages gradients over the W ranks, so each rank backpropagates (its token-loss
 
 from __future__ import annotations
 
+import importlib
 import os
 from typing import Any
 
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 
 from hybridrl.controller import Dispatch, Worker, register
 from hybridrl.models.loading import load_causal_lm, load_tokenizer
+from hybridrl.models.lora import LoRASettings, add_lora
 from hybridrl.protocol import DataProto
 from hybridrl.workers.checkpoint import CheckpointManager
 from hybridrl.workers.config import FSDPConfig, OptimConfig, to_dataclass
@@ -62,14 +64,19 @@ class SFTWorker(Worker):
         model_cfg, optim = self.config.model, self.config.optim
         torch.manual_seed(self.config.trainer.seed)
         self.tokenizer = load_tokenizer(model_cfg.partial_pretrain, trust_remote_code=model_cfg.trust_remote_code)
+        if model_cfg.external_lib:  # registers a custom architecture before loading
+            importlib.import_module(model_cfg.external_lib)
         model = load_causal_lm(
             model_cfg.partial_pretrain, trust_remote_code=model_cfg.trust_remote_code,
             gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
         )
+        lora = LoRASettings.from_sft_model(model_cfg)
+        if lora.enabled:  # adapters train; the base is frozen
+            model = add_lora(model, lora)
         n_params = sum(p.numel() for p in model.parameters())
         optim_config = OptimConfig(
             lr=optim.lr, betas=list(optim.betas), weight_decay=optim.weight_decay,
-            lr_warmup_steps_ratio=optim.warmup_steps_ratio, warmup_style=optim.lr_scheduler,
+            lr_warmup_steps_ratio=optim.lr_warmup_steps_ratio, warmup_style=optim.lr_scheduler,
             min_lr_ratio=optim.min_lr_ratio, total_training_steps=total_training_steps,
         )
         self.engine = FSDPEngine(model, to_dataclass(FSDPConfig, model_cfg.fsdp_config), optim_config,
@@ -133,7 +140,8 @@ class SFTWorker(Worker):
         contents = list(self.config.trainer.checkpoint.save_contents)
         if hf_model and "hf_model" not in contents:
             contents.append("hf_model")
-        manager = CheckpointManager(self.engine, self.tokenizer, {"save_contents": contents})
+        manager = CheckpointManager(self.engine, self.tokenizer, {"save_contents": contents},
+                                    base_model_path=self.config.model.partial_pretrain)
         manager.save_checkpoint(local_path, global_step, max_ckpt_to_keep)
         return os.fspath(local_path)
 
@@ -141,5 +149,6 @@ class SFTWorker(Worker):
     def load_checkpoint(self, local_path: str) -> dict[str, Any]:
         """Restore the state a `save_checkpoint` wrote (model, optimizer, scheduler, RNG)."""
         contents = [c for c in self.config.trainer.checkpoint.save_contents if c != "hf_model"]
-        manager = CheckpointManager(self.engine, self.tokenizer, {"save_contents": contents})
+        manager = CheckpointManager(self.engine, self.tokenizer, {"save_contents": contents},
+                                    base_model_path=self.config.model.partial_pretrain)
         return manager.load_checkpoint(local_path)

@@ -104,7 +104,7 @@ def test_sft_stops_at_its_first_non_finite_step_without_saving_it(fault_data, ti
             f"data.train_files={fault_data / 'train.parquet'}", f"model.partial_pretrain={tiny_model_dir}",
             f"trainer.default_local_dir={run}", "trainer.backend=local", "trainer.logger=[file]",
             "data.train_batch_size=8", "data.micro_batch_size_per_gpu=8", "trainer.total_training_steps=4",
-            "trainer.save_freq=1", "trainer.max_ckpt_to_keep=null", "optim.warmup_steps_ratio=0", "optim.lr=1e3"])
+            "trainer.save_freq=1", "trainer.max_ckpt_to_keep=null", "optim.lr_warmup_steps_ratio=0", "optim.lr=1e3"])
     with pytest.raises(TrainingDivergedError, match=r"train/grad_norm=nan.*optim.lr \(now 1000.0\)") as err:
         run_sft(config)
     rows = read_rows(run)

@@ -133,7 +133,7 @@ def test_sft_on_two_hosts_trains_as_on_one_host(two_hosts, arithmetic_data, tiny
             f"data.train_files={arithmetic_data / 'train.parquet'}", f"data.val_files={arithmetic_data / 'test.parquet'}",
             f"model.partial_pretrain={tiny_model_dir}", f"trainer.default_local_dir={run_dir}",
             "data.train_batch_size=8", "data.micro_batch_size_per_gpu=2", "trainer.total_training_steps=3",
-            "optim.warmup_steps_ratio=0", "trainer.device=cpu", *layout], module="hybridrl.trainer.main_sft")
+            "optim.lr_warmup_steps_ratio=0", "trainer.device=cpu", *layout], module="hybridrl.trainer.main_sft")
         assert driver.wait() == 0, driver.log[-3000:]
         runs[name] = by_step(driver.metrics())
     assert placed_nodes((tmp_path / "two_hosts.log").read_text(), "sft") == [two_hosts.head.ip, two_hosts.worker.ip]

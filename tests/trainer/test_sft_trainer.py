@@ -39,7 +39,7 @@ def sft_config(data: Path, model: Path, out: Path, *overrides: str):
             f"data.train_files={data / 'train.parquet'}", f"data.val_files={data / 'test.parquet'}",
             f"model.partial_pretrain={model}", f"trainer.default_local_dir={out}",
             f"data.train_batch_size={BATCH}", "data.micro_batch_size_per_gpu=4", "trainer.backend=local",
-            "trainer.total_training_steps=4", "trainer.test_freq=2", "optim.warmup_steps_ratio=0",
+            "trainer.total_training_steps=4", "trainer.test_freq=2", "optim.lr_warmup_steps_ratio=0",
             # CPU on any machine (sft_trainer.yaml's auto takes a GPU); the gpu-marked test names cuda after these
             "trainer.device=cpu", *overrides,
         ])
@@ -199,8 +199,83 @@ def test_the_entry_point_reads_the_command_line_as_verl_does(local_run, sft_data
         f"data.val_files={sft_data / 'test.parquet'}", f"model.partial_pretrain={tiny_model_dir}",
         f"trainer.default_local_dir={out}", f"data.train_batch_size={BATCH}", "data.micro_batch_size_per_gpu=4",
         "trainer.backend=local", " ", "+trainer.total_training_steps=2", "trainer.test_freq=2",
-        "optim.warmup_steps_ratio=0", "trainer.logger=[file]"], capture_output=True, text=True, timeout=300)
+        "optim.lr_warmup_steps_ratio=0", "trainer.logger=[file]"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "blank command-line argument" in result.stderr
     ran, reference = read_metrics(out), read_metrics(local_run)
     assert sorted(ran) == [1, 2] and ran[2]["train/loss"] == pytest.approx(reference[2]["train/loss"], rel=0, abs=1e-6)
+
+
+def test_lora_trains_adapters_on_a_frozen_base_and_saves_the_merged_model(local_run, sft_data, tiny_model_dir,
+                                                                         tmp_path):
+    # verl's run_qwen_05_peft.sh keys
+    run_sft(sft_config(sft_data, tiny_model_dir, tmp_path, "model.lora_rank=8", "model.lora_alpha=16",
+                       "model.target_modules=all-linear", "optim.lr=1e-2", "trainer.total_training_steps=2"))
+    lora, full = read_metrics(tmp_path), read_metrics(local_run)
+    # lora_B starts at zero: the first step's loss is the base model's, as in full fine-tuning
+    assert lora[1]["train/loss"] == pytest.approx(full[1]["train/loss"], abs=1e-6)
+    assert lora[2]["train/loss"] < lora[1]["train/loss"]
+    actor = tmp_path / "global_step_2" / "actor"
+    adapter = json.loads((actor / "lora_adapter" / "adapter_config.json").read_text())
+    assert adapter["r"] == 8 and adapter["lora_alpha"] == 16
+    # the saved model is the base with the adapters merged: the trainer's validation loss, and the weights
+    # LoRA does not touch (embeddings, norms) are the base's
+    merged, base = load_causal_lm(actor / "huggingface"), load_causal_lm(tiny_model_dir)
+    config = validate_config(sft_config(sft_data, tiny_model_dir, tmp_path))
+    val = build_dataset(config, config.data.val_files, load_tokenizer(tiny_model_dir))
+    assert token_mean_nll(merged, [val[i] for i in range(len(val))]) == pytest.approx(lora[2]["val/loss"], abs=1e-5)
+    merged_weights, base_weights = merged.state_dict(), base.state_dict()
+    untouched = [name for name in base_weights if "norm" in name or "embed" in name]
+    assert untouched and all(torch.equal(merged_weights[n], base_weights[n]) for n in untouched)
+    assert not torch.equal(merged_weights["model.layers.0.mlp.up_proj.weight"],
+                           base_weights["model.layers.0.mlp.up_proj.weight"])
+
+
+def test_max_samples_take_the_first_rows(sft_data, tiny_model_dir, tmp_path, tiny_tokenizer):
+    from hybridrl.trainer.sft_trainer import load_data
+
+    full, _ = load_data(validate_config(sft_config(sft_data, tiny_model_dir, tmp_path)))
+    train, val = load_data(validate_config(sft_config(sft_data, tiny_model_dir, tmp_path, "data.train_max_samples=16",
+                                                      "data.val_max_samples=4")))
+    assert len(train) == 16 and len(val) == 4
+    assert all(torch.equal(train[i]["input_ids"], full[i]["input_ids"]) for i in range(16))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.strategy=megatron", "model.strategy=megatron is not supported by hybridrl: FSDP2 .* Set it to fsdp2"),
+    ("trainer.default_hdfs_dir=hdfs://x", "trainer.default_hdfs_dir=hdfs://x is not supported .* Set it to null"),
+    ("model.lora_rank=-1", "model.lora_rank=-1 must be >= 0"),
+])
+def test_verls_sft_keys_that_cannot_run_name_the_key(sft_data, tiny_model_dir, tmp_path, override, message):
+    with pytest.raises(Exception, match=message):
+        validate_config(sft_config(sft_data, tiny_model_dir, tmp_path, override))
+
+
+def test_verls_sft_switches_that_change_nothing_are_warned_about(sft_data, tiny_model_dir, tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="hybridrl.trainer.sft_trainer"):
+        validate_config(sft_config(sft_data, tiny_model_dir, tmp_path, "model.strategy=fsdp", "model.use_liger=true",
+                                   "use_remove_padding=true"))
+    assert [r.getMessage() for r in caplog.records] == [
+        "no effect in this run: model.use_liger=true (verl's GPU and file-copy switches that change no result)"]
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_verls_torchrun_launch_runs_one_driver_over_torchruns_ranks(local_run, sft_data, tiny_model_dir, tmp_path):
+    # verl's SFT scripts: `torchrun --standalone --nnodes=1 --nproc_per_node=N -m <trainer> ...`
+    out = tmp_path / "torchrun"
+    result = subprocess.run([
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc_per_node=2",
+        "-m", "hybridrl.trainer.main_sft", f"data.train_files={sft_data / 'train.parquet'}",
+        f"data.val_files={sft_data / 'test.parquet'}", f"model.partial_pretrain={tiny_model_dir}",
+        f"trainer.default_local_dir={out}", f"data.train_batch_size={BATCH}", "data.micro_batch_size_per_gpu=4",
+        "trainer.total_training_steps=2", "trainer.test_freq=2", "optim.lr_warmup_steps_ratio=0",
+        "trainer.logger=[file]", "trainer.device=cpu", "ray_init.num_cpus=2"],
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "rank 1 exits" in result.stderr  # torchrun's second process left the run to rank 0's pool
+    config = json.loads((out / "global_step_2" / "actor" / "hybridrl_checkpoint.json").read_text())
+    assert config["world_size"] == 2
+    ran, reference = read_metrics(out), read_metrics(local_run)  # two ranks train as one does
+    for step in (1, 2):
+        assert ran[step]["train/loss"] == pytest.approx(reference[step]["train/loss"], abs=1e-5)
