@@ -134,9 +134,10 @@ def test_token_budget_micro_batches_do_not_change_the_update(local_run, sft_data
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("lora", [[], ["model.lora_rank=8", "optim.lr=1e-2"]], ids=["full", "lora"])
 def test_a_local_run_on_the_gpu_starts_from_the_cpu_runs_loss_and_learns(local_run, sft_data, tiny_model_dir,
-                                                                         tmp_path):
-    run_sft(sft_config(sft_data, tiny_model_dir, tmp_path, "trainer.device=cuda"))
+                                                                         tmp_path, lora):
+    run_sft(sft_config(sft_data, tiny_model_dir, tmp_path, "trainer.device=cuda", *lora))
     gpu, cpu = read_metrics(tmp_path), read_metrics(local_run)
     # step 1's loss is the starting model's on the same rows: fp32 on either device
     assert gpu[1]["train/loss"] == pytest.approx(cpu[1]["train/loss"], rel=1e-4)
