@@ -42,6 +42,9 @@ class DataSchema:
     train_batch_size: int = 256
     # Sequences per forward/backward pass on each rank; gradients accumulate over the micro-batches.
     micro_batch_size_per_gpu: int = 4
+    # verl's deprecated global micro-batch size, which verl's SFT trainer does not read either: no effect
+    # (a warning names it); micro_batch_size_per_gpu sets the micro-batch.
+    micro_batch_size: Any = None
     # Form micro-batches by tokens instead (verl's SFT key): each pass at most max_token_len_per_gpu padded
     # tokens (rows x longest row); micro_batch_size_per_gpu is then unused. Same loss, less padding.
     use_dynamic_bsz: bool = False
@@ -110,7 +113,7 @@ class TrainerSchema:
     total_training_steps: Any = None
     # Where metrics go, as for PPO: console (a table per step), file (metrics.jsonl in default_local_dir),
     # tensorboard, wandb or mlflow (the last two are extras).
-    logger: list[str] = field(default_factory=lambda: ["console", "file"])
+    logger: Any = field(default_factory=lambda: ["console", "file"])
     # Seed of the model's random state and of the data order.
     seed: int = 1
     # Ranks per node (on CPU: worker processes).

@@ -75,7 +75,7 @@ def validate_config(config: DictConfig) -> DictConfig:
              f"longest sequence fits one pass")
     require(optim.lr_scheduler in ("constant", "cosine"),
              f"optim.lr_scheduler must be constant or cosine, got {optim.lr_scheduler!r}")
-    parse_logger_backends(list(trainer.logger))  # raises naming trainer.logger and the valid backends
+    trainer.logger = parse_logger_backends(trainer.logger)  # a name or a list; raises naming the valid backends
     require(trainer.resume_mode in ("auto", "disable", "resume_path"),
              f"trainer.resume_mode must be auto, disable or resume_path, got {trainer.resume_mode!r}")
     steps = trainer.total_training_steps
@@ -91,6 +91,10 @@ def validate_config(config: DictConfig) -> DictConfig:
     if any(switches.values()):
         named = ", ".join(f"{key}=true" for key, value in switches.items() if value)
         logger.warning(f"no effect in this run: {named} (verl's GPU and file-copy switches that change no result)")
+    if data.micro_batch_size is not None:
+        logger.warning(f"no effect in this run: data.micro_batch_size={data.micro_batch_size} (verl's deprecated "
+                       f"key, unread by verl's SFT trainer too); data.micro_batch_size_per_gpu="
+                       f"{data.micro_batch_size_per_gpu} sets the micro-batch")
     OmegaConf.set_readonly(checked, True)
     return checked
 

@@ -253,11 +253,16 @@ def test_verls_sft_keys_that_cannot_run_name_the_key(sft_data, tiny_model_dir, t
 
 
 def test_verls_sft_switches_that_change_nothing_are_warned_about(sft_data, tiny_model_dir, tmp_path, caplog):
+    # the keys of verl's sp2_liger example; its `trainer.logger=console` is one backend's name
     with caplog.at_level("WARNING", logger="hybridrl.trainer.sft_trainer"):
-        validate_config(sft_config(sft_data, tiny_model_dir, tmp_path, "model.strategy=fsdp", "model.use_liger=true",
-                                   "use_remove_padding=true"))
+        config = validate_config(sft_config(sft_data, tiny_model_dir, tmp_path, "model.strategy=fsdp",
+                                            "model.use_liger=true", "use_remove_padding=true",
+                                            "data.micro_batch_size=4", "trainer.logger=console"))
     assert [r.getMessage() for r in caplog.records] == [
-        "no effect in this run: model.use_liger=true (verl's GPU and file-copy switches that change no result)"]
+        "no effect in this run: model.use_liger=true (verl's GPU and file-copy switches that change no result)",
+        "no effect in this run: data.micro_batch_size=4 (verl's deprecated key, unread by verl's SFT trainer too); "
+        "data.micro_batch_size_per_gpu=4 sets the micro-batch"]
+    assert list(config.trainer.logger) == ["console"]
 
 
 @pytest.mark.slow
@@ -271,7 +276,11 @@ def test_verls_torchrun_launch_runs_one_driver_over_torchruns_ranks(local_run, s
         f"data.val_files={sft_data / 'test.parquet'}", f"model.partial_pretrain={tiny_model_dir}",
         f"trainer.default_local_dir={out}", f"data.train_batch_size={BATCH}", "data.micro_batch_size_per_gpu=4",
         "trainer.total_training_steps=2", "trainer.test_freq=2", "optim.lr_warmup_steps_ratio=0",
-        "trainer.logger=[file]", "trainer.device=cpu", "ray_init.num_cpus=2"],
+        "trainer.logger=[file]", "trainer.device=cpu", "ray_init.num_cpus=2",
+        # the rest of verl's run_sft.sh keys at their values there
+        "model.strategy=fsdp", "model.lora_rank=0", "model.lora_alpha=16", "model.target_modules=all-linear",
+        "model.use_liger=False", "use_remove_padding=True", "trainer.max_ckpt_to_keep=1", "trainer.save_freq=1",
+        "data.multiturn.enable=False", "trainer.checkpoint.save_contents=[model,optimizer,extra,hf_model]"],
         capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "rank 1 exits" in result.stderr  # torchrun's second process left the run to rank 0's pool
