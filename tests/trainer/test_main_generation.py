@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -53,16 +54,20 @@ def greedy(arithmetic_parquet, tiny_model_dir, output: Path, *extra: str) -> lis
 
 
 @pytest.mark.slow
-def test_verls_command_line_on_two_ray_ranks_gives_the_one_rank_responses(arithmetic_parquet, tiny_model_dir,
-                                                                           tmp_path):
+@pytest.mark.ray
+def test_verls_command_line_on_two_ray_ranks_gives_the_one_rank_responses(ray_cluster, arithmetic_parquet,
+                                                                           tiny_model_dir, tmp_path):
     # verl's generation scripts: `+model.trust_remote_code`, a rank count; 5 rows in batches of 2 over 2 ranks
-    # leave a last batch of one prompt, padded to two
+    # leave a last batch of one prompt, padded to two. The command joins the test's Ray cluster.
+    import ray
+
     two_ranks = tmp_path / "two.parquet"
     subprocess.run(
         [sys.executable, "-m", "hybridrl.trainer.main_generation",
          *greedy(arithmetic_parquet, tiny_model_dir, two_ranks, "trainer.nnodes=1", "trainer.n_gpus_per_node=2",
                  "data.batch_size=2", "+model.trust_remote_code=False")],
         check=True, capture_output=True, text=True,
+        env={**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address},
     )
     one_rank = main_generation.run_generation(compose_generation(
         greedy(arithmetic_parquet, tiny_model_dir, tmp_path / "one.parquet", "trainer.backend=local")))

@@ -18,8 +18,9 @@ from hybridrl.data.sampler import ResumableSampler
 from hybridrl.data.tasks.arithmetic import generate, to_rows
 from hybridrl.data.tasks.sources import write_splits
 from hybridrl.models.loading import load_causal_lm, load_tokenizer
-from hybridrl.trainer.main_sft import run_sft
+from hybridrl.trainer.main_sft import from_torchrun, run_sft
 from hybridrl.trainer.sft_trainer import build_dataset, validate_config
+from hybridrl.utils.typed_config import ConfigError
 
 CONFIG_DIR = str(Path(hybridrl.trainer.__file__).parent / "config")
 BATCH = 8
@@ -265,10 +266,38 @@ def test_verls_sft_switches_that_change_nothing_are_warned_about(sft_data, tiny_
     assert list(config.trainer.logger) == ["console"]
 
 
+def test_under_torchrun_rank_0_drives_a_pool_of_torchruns_size_and_the_others_exit(monkeypatch):
+    assert from_torchrun(["data.max_length=64"]) == ["data.max_length=64"]  # not under torchrun: as given
+    # what torchrun --nproc_per_node=4 gives its second process
+    for name, value in {"TORCHELASTIC_RUN_ID": "none", "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "4",
+                        "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as exited:
+        from_torchrun([])
+    assert exited.value.code == 0
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(ConfigError, match="trainer.n_gpus_per_node=2 differs from torchrun's --nproc_per_node=4"):
+        from_torchrun(["trainer.n_gpus_per_node=2"])
+    assert from_torchrun(["trainer.n_gpus_per_node=4"]) == ["trainer.n_gpus_per_node=4"]
+    # the driver's Ray workers must not see torchrun's rendezvous
+    assert not {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"} & set(os.environ)
+    for name, value in {"TORCHELASTIC_RUN_ID": "none", "RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4"}.items():
+        monkeypatch.setenv(name, value)
+    assert from_torchrun(["optim.lr=1e-4"]) == ["optim.lr=1e-4", "trainer.n_gpus_per_node=4"]
+    for name, value in {"TORCHELASTIC_RUN_ID": "none", "RANK": "0", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match="torchrun over 2 nodes: .* trainer.nnodes=2 trainer.n_gpus_per_node=4"):
+        from_torchrun([])
+
+
 @pytest.mark.slow
 @pytest.mark.ray
-def test_verls_torchrun_launch_runs_one_driver_over_torchruns_ranks(local_run, sft_data, tiny_model_dir, tmp_path):
-    # verl's SFT scripts: `torchrun --standalone --nnodes=1 --nproc_per_node=N -m <trainer> ...`
+def test_verls_torchrun_launch_runs_one_driver_over_torchruns_ranks(ray_cluster, local_run, sft_data, tiny_model_dir,
+                                                                    tmp_path):
+    # verl's SFT scripts: `torchrun --standalone --nnodes=1 --nproc_per_node=N -m <trainer> ...`; rank 0 joins the
+    # test's Ray cluster instead of starting one
+    import ray
+
     out = tmp_path / "torchrun"
     result = subprocess.run([
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc_per_node=2",
@@ -279,9 +308,10 @@ def test_verls_torchrun_launch_runs_one_driver_over_torchruns_ranks(local_run, s
         "trainer.logger=[file]", "trainer.device=cpu", "ray_init.num_cpus=2",
         # the rest of verl's run_sft.sh keys at their values there
         "model.strategy=fsdp", "model.lora_rank=0", "model.lora_alpha=16", "model.target_modules=all-linear",
-        "model.use_liger=False", "use_remove_padding=True", "trainer.max_ckpt_to_keep=1", "trainer.save_freq=1",
+        "model.use_liger=False", "use_remove_padding=True", "trainer.max_ckpt_to_keep=1",
         "data.multiturn.enable=False", "trainer.checkpoint.save_contents=[model,optimizer,extra,hf_model]"],
-        capture_output=True, text=True, timeout=300)
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address})
     assert result.returncode == 0, result.stderr[-3000:]
     assert "rank 1 exits" in result.stderr  # torchrun's second process left the run to rank 0's pool
     config = json.loads((out / "global_step_2" / "actor" / "hybridrl_checkpoint.json").read_text())
