@@ -76,3 +76,53 @@ def test_the_report_counts_the_scripts_that_pass_the_dry_run(checkout, tmp_path)
                              "one_step_off 1/1)")
     assert "| `grpo_trainer/run_megatron` | megatron | hybridrl.utils.typed_config.ConfigError: actor_rollout_ref.actor.strategy=" \
            "megatron" in report
+
+
+SFT_SCRIPT = textwrap.dedent("""\
+    if [ "$#" -lt 2 ]; then echo "Usage: run.sh <nproc_per_node> <save_path>"; exit 1; fi
+    nproc_per_node=$1
+    save_path=$2
+    shift 2
+    torchrun --standalone --nnodes=1 --nproc_per_node=$nproc_per_node -m verl.trainer.fsdp_sft_trainer \\
+        data.train_files=$HOME/data/gsm8k/train.parquet model.partial_pretrain=Qwen/Qwen2.5-0.5B-Instruct \\
+        trainer.default_local_dir=$save_path model.lora_rank=32 $@
+    """)
+GENERATION_SCRIPT = textwrap.dedent("""\
+    python3 -m verl.trainer.main_generation trainer.n_gpus_per_node=8 data.path=$HOME/data/gsm8k/test.parquet \\
+        model.path=Qwen/Qwen2.5-0.5B-Instruct +model.trust_remote_code=True data.output_path=$HOME/gen.parquet
+    """)
+
+
+def test_sft_scripts_under_torchrun_and_generation_scripts_are_captured_and_pointed(tmp_path):
+    verl = tmp_path / "verl"
+    (verl / "examples" / "sft").mkdir(parents=True)
+    (verl / "examples" / "sft" / "run_peft.sh").write_text(SFT_SCRIPT)  # needs its two arguments
+    (verl / "tests" / "special_e2e" / "generation").mkdir(parents=True)
+    (verl / "tests" / "special_e2e" / "generation" / "run_gen.sh").write_text(GENERATION_SCRIPT)
+    work = tmp_path / "work"
+    work.mkdir()
+    captured = verl_launch_scripts.capture(verl, work)
+    assert sorted(captured) == ["examples/sft/run_peft.sh", "tests/special_e2e/generation/run_gen.sh"]
+    paths = {"model": "/m", "train": "/t", "val": "/v", "out": "/o", "adapter": "/a", "generated": "/g"}
+    sft = captured["examples/sft/run_peft.sh"]["argv"]
+    assert verl_launch_scripts.kind("run_peft.sh", sft) == "sft" and "--nproc_per_node=2" in sft
+    assert verl_launch_scripts.pointed(sft, paths) == [
+        "data.train_files=/t", "model.partial_pretrain=/m", "trainer.default_local_dir=/o", "model.lora_rank=32"]
+    generation = captured["tests/special_e2e/generation/run_gen.sh"]["argv"]
+    assert verl_launch_scripts.kind("run_gen.sh", generation) == "generation"
+    assert verl_launch_scripts.pointed(generation, paths) == [
+        "trainer.n_gpus_per_node=8", "data.path=/v", "model.path=/m", "+model.trust_remote_code=True",
+        "data.output_path=/g"]
+
+
+def test_the_task_rows_get_a_chat_column_for_multi_turn_sft(tmp_path):
+    import pyarrow.parquet as pq
+
+    from hybridrl.data.tasks.arithmetic import main as write_task
+
+    write_task(["--out", str(tmp_path), "--train-size", "3", "--test-size", "2"])
+    verl_launch_scripts.add_chats(tmp_path)
+    table = pq.read_table(tmp_path / "train.parquet")
+    info, chat = table.column("extra_info").to_pylist()[0], table.column("messages").to_pylist()[0]
+    assert chat == [{"role": "user", "content": info["question"]}, {"role": "assistant", "content": info["answer"]}]
+    assert pq.read_table(tmp_path / "test.parquet").num_rows == 2
