@@ -14,9 +14,8 @@ scripts' relative config folders resolve), with async_training.mode=one_step_off
 script. Scripts are sorted into megatron, npu, vlm, one_step_off and fully_async (the recipes' FSDP scripts) and
 fsdp (the rest) by their paths, names and arguments.
 
-verl's SFT scripts (`torchrun ... -m verl.trainer.fsdp_sft_trainer`, under examples/ and verl's e2e
-`tests/special_e2e/sft/`) and generation scripts (`verl.trainer.main_generation`, examples/ and
-`tests/special_e2e/generation/`) are captured the same way (torchrun is a stand-in too) and, having no dry run,
+verl's SFT scripts (`torchrun ... -m verl.trainer.fsdp_sft_trainer`, under examples/ and verl's e2e test
+scripts, E2E_SHELLS) and generation scripts (`verl.trainer.main_generation`, likewise) are captured the same way (torchrun is a stand-in too) and, having no dry run,
 run for real on the tiny model on 2 Ray ranks on the CPU: SFT for one step of 8 rows (`--kind sft`), generation of
 16 tokens (`--kind generation`).
 """
