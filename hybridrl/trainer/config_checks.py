@@ -95,6 +95,8 @@ def _check_placement(config: PPOTrainerConfig) -> None:
                 f"{key}.fsdp_config.model_dtype={fsdp.model_dtype!r}: the weights' dtype must be float32 (fp32) or "
                 f"bfloat16 (bf16)")
         _check_dtype(f"{key}.fsdp_config.mixed_precision.reduce_dtype", fsdp.mixed_precision.reduce_dtype)
+        if fsdp.mixed_precision.buffer_dtype is not None:
+            _check_dtype(f"{key}.fsdp_config.mixed_precision.buffer_dtype", fsdp.mixed_precision.buffer_dtype)
     _check_dtype("actor_rollout_ref.rollout.dtype", arr.rollout.dtype, t.device)
 
 

@@ -251,6 +251,8 @@ class MixedPrecisionConfig(FreezableConfig):
     param_dtype: str = "auto"
     # dtype of the gradient reduce-scatter across ranks.
     reduce_dtype: str = "float32"
+    # dtype of the model's floating buffers (e.g. rotary frequencies), verl's FSDP1 key; null: as loaded.
+    buffer_dtype: str | None = None
 
 
 @dataclass

@@ -60,6 +60,11 @@ def shard_model(model: nn.Module, mesh: DeviceMesh, config: FSDPConfig) -> nn.Mo
         param_dtype=resolve_dtype(config.mixed_precision.param_dtype),
         reduce_dtype=resolve_dtype(config.mixed_precision.reduce_dtype),
     )
+    if config.mixed_precision.buffer_dtype is not None:  # FSDP2's policy casts parameters only
+        buffer_dtype = resolve_dtype(config.mixed_precision.buffer_dtype)
+        for buffer in model.buffers():
+            if buffer.is_floating_point():
+                buffer.data = buffer.data.to(buffer_dtype)
     for layer in decoder_layers(model) if mesh.size() > 1 else []:
         fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=config.reshard_after_forward)
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=config.reshard_after_forward)

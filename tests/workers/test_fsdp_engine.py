@@ -204,3 +204,18 @@ def test_an_engine_on_a_cpu_computes_its_linears_through_onednn(tiny_model_dir):
     if not onednn_fp32_supported():
         pytest.skip("oneDNN fp32 linears need an x86-64 CPU and a torch build with oneDNN")
     assert run_on_ranks(_linear_classes, 1, str(tiny_model_dir)) == [["OneDNNLinear"]]
+
+
+def _buffer_dtypes(rank, world_size, model_dir, buffer_dtype):
+    from hybridrl.workers.config import MixedPrecisionConfig
+
+    config = FSDPConfig(mixed_precision=MixedPrecisionConfig(buffer_dtype=buffer_dtype))
+    engine = FSDPEngine(load_causal_lm(model_dir), config, OptimConfig(lr=1e-3))
+    return {name: buffer.dtype for name, buffer in engine.module.named_buffers() if buffer.is_floating_point()}
+
+
+def test_verls_buffer_dtype_casts_the_floating_buffers_and_null_leaves_them_as_loaded(tiny_model_dir):
+    loaded = {name: b.dtype for name, b in load_causal_lm(tiny_model_dir).named_buffers() if b.is_floating_point()}
+    assert loaded  # the rotary frequencies
+    assert run_on_ranks(_buffer_dtypes, 1, str(tiny_model_dir), None)[0] == loaded
+    assert set(run_on_ranks(_buffer_dtypes, 1, str(tiny_model_dir), "bf16")[0].values()) == {torch.bfloat16}
