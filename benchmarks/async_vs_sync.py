@@ -16,8 +16,8 @@ samples/s, each pool's idle share of a step (the training pool: everything but i
 the rollout pool: everything but generation and receiving the weights) and the ratio to colocated sync. Writes
 `benchmarks/results/async_vs_sync.md` (on GPUs, a file of its own: `_cuda` ends its name). `--pools T,R`
 sizes the split layouts' training and rollout pools in devices (default 1,1: the two cores), colocated sync
-taking T + R; on GPUs (`--device cuda`) that is where pools sized by the bottleneck pay. Each pool's size, and their sum, must divide
-the 16 prompts of a step (the batch is split evenly over a pool's ranks).
+taking T + R; on GPUs (`--device cuda`) that is where pools sized by the bottleneck pay. Each pool's size, and
+their sum, must divide the 16 prompts of a step (the batch is split evenly over a pool's ranks).
 
 Learning (`--learning`): the quickstart's recipe from each seed's SFT model (cached, shared with
 benchmarks/placement_learning.py), colocated sync, then each of `--layouts` (one step off, streaming), one after
@@ -42,21 +42,30 @@ from hybridrl.quickstart import ACCURACY_KEY, PRECISION_KEYS
 REPO = Path(__file__).resolve().parents[1]
 
 RESULTS = REPO / "benchmarks" / "results"
-SPLIT = ["actor_rollout_ref.hybrid_engine=false", "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1"]
-ONE_STEP_OFF = [*SPLIT, "async_training.mode=one_step_off"]
+
+
+def split_layout(training: int, rollout: int) -> list[str]:
+    """The rollout on a pool of its own: `training` devices train, `rollout` generate."""
+    return ["actor_rollout_ref.hybrid_engine=false", f"trainer.n_gpus_per_node={training}",
+            f"rollout.n_gpus_per_node={rollout}"]
+
+
+SPLIT = split_layout(1, 1)
+ONE_STEP_OFF_MODE = ["async_training.mode=one_step_off"]
 # a window's worth of prompts ahead (about one step off), rows in flight go on across a sync, and the continuous
 # batch decodes the 128 rows the synchronous layouts decode at once
-STREAMING = [*SPLIT, "async_training.mode=streaming", "async_training.staleness_threshold=1",
-             "async_training.partial_rollout=true", "actor_rollout_ref.rollout.max_num_seqs=128"]
+STREAMING_MODE = ["async_training.mode=streaming", "async_training.staleness_threshold=1",
+                  "async_training.partial_rollout=true", "actor_rollout_ref.rollout.max_num_seqs=128"]
+ONE_STEP_OFF, STREAMING = [*SPLIT, *ONE_STEP_OFF_MODE], [*SPLIT, *STREAMING_MODE]
 
 
 def layouts(training: int, rollout: int) -> dict[str, list[str]]:
     """The four layouts of the throughput comparison: the split ones with pools of `training` and `rollout`
     devices, colocated sync with both on every device."""
-    split = ["actor_rollout_ref.hybrid_engine=false", f"trainer.n_gpus_per_node={training}",
-             f"rollout.n_gpus_per_node={rollout}"]
+    split = split_layout(training, rollout)
     return {"colocated sync": [f"trainer.n_gpus_per_node={training + rollout}"], "split sync": split,
-            "one step off": [*split, *ONE_STEP_OFF[len(SPLIT):]], "streaming": [*split, *STREAMING[len(SPLIT):]]}
+            "one step off": [*split, *ONE_STEP_OFF_MODE], "streaming": [*split, *STREAMING_MODE]}
+
 
 SAMPLES = 128  # 16 prompts x 8 samples
 # the long-tail workload: responses up to LONG_TAIL_LENGTH tokens, their lengths spread by a model that ends a
@@ -140,7 +149,7 @@ def throughput(args: argparse.Namespace, command: str) -> str:
         f"eos_pull={LONG_TAIL_EOS_PULL}): lengths spread geometrically, a few at the limit. Colocated: "
         f"{training + rollout} processes, each actor + rollout. Split, one step off and streaming: {training} "
         f"training + {rollout} rollout processes; streaming "
-        f"with {' '.join(STREAMING[len(SPLIT):])}. Medians over the steps after the first. Idle: the share of a "
+        f"with {' '.join(STREAMING_MODE)}. Medians over the steps after the first. Idle: the share of a "
         "step a pool spent outside its own work (its passes and the weight sync; streaming's rollout: the time its "
         "thread waited for budget or a sync); 'trainer waits' is timing_s/trainer_idle, the training pool waiting "
         "for samples.",

@@ -90,9 +90,9 @@ def generate_responses(group: ActorRolloutRefGroup, dataset: RLHFDataset, batch_
     return results
 
 
-def rollout_worker_config(config: DictConfig, rollout: RolloutConfig) -> ActorRolloutRefConfig:
+def rollout_worker_config(config: DictConfig, rollout: RolloutConfig, model_path: Path) -> ActorRolloutRefConfig:
     """The rollout role's settings: generation's model and rollout keys in PPO's `actor_rollout_ref` layout."""
-    model = to_dataclass(ModelConfig, {"path": str(Path(config.model.path).expanduser()),
+    model = to_dataclass(ModelConfig, {"path": str(model_path),
                                        "trust_remote_code": config.model.trust_remote_code,
                                        "external_lib": config.model.external_lib})
     return ActorRolloutRefConfig(hybrid_engine=False, model=model, rollout=rollout)
@@ -110,7 +110,8 @@ def run_generation(config: DictConfig) -> Path:
         {"prompt_key": config.data.prompt_key, "max_prompt_length": rollout_config.prompt_length,
          "truncation": config.data.truncation},
     )
-    worker = ClassWithInitArgs(ActorRolloutRefWorker, rollout_worker_config(config, rollout_config), "rollout")
+    worker = ClassWithInitArgs(ActorRolloutRefWorker, rollout_worker_config(config, rollout_config, model_path),
+                               "rollout")
     with sigterm_raises_exit(), ray_for_backend(trainer.backend, num_cpus=config.ray_init.num_cpus):
         pool = Pool("rollout", trainer.nnodes, trainer.n_gpus_per_node, ("rollout",))
         started = start_pool(pool, worker, trainer.backend, trainer.device)
