@@ -24,9 +24,9 @@ from hybridrl.models.loading import DTYPES, resolve_dtype
 from hybridrl.models.lora import LoRAError, LoRASettings
 from hybridrl.rewards.managers import REWARD_MANAGERS
 from hybridrl.trainer.config_rules import no_effect_warnings, offload_errors, range_errors, unsupported_errors
-from hybridrl.trainer.placement import placement_errors, uses_critic
+from hybridrl.trainer.placement import check_backend, placement_errors, uses_critic
 from hybridrl.trainer.ppo_config import PPOTrainerConfig, fill_derived, fill_training_steps, world_size
-from hybridrl.utils.device import AUTO, device_setting_problem, emulated_bf16_warning
+from hybridrl.utils.device import AUTO, emulated_bf16_warning
 from hybridrl.utils.typed_config import ConfigError, added_keys, freeze, require, unknown_key_message
 from hybridrl.workers.config import actor_sequence_parallel
 from hybridrl.workers.rollout import ROLLOUT_ENGINES
@@ -65,17 +65,12 @@ def resolve_config(config: PPOTrainerConfig | DictConfig,
 
 def _check_placement(config: PPOTrainerConfig) -> None:
     t, ranks = config.trainer, world_size(config)
-    require(t.backend in ("ray", "local"), f"trainer.backend must be 'ray' or 'local', got {t.backend!r}")
-    device_problem = device_setting_problem(t.device)
-    require(device_problem is None, device_problem)
+    check_backend(t)
     require(config.ray_init.cpus_per_worker >= 1,
              f"ray_init.cpus_per_worker must be >= 1 (CPUs and torch threads per worker rank), "
              f"got {config.ray_init.cpus_per_worker}")
     errors = placement_errors(config)
     require(not errors, "\n".join(errors))
-    require(t.backend == "ray" or ranks == 1,
-             f"trainer.backend=local runs one rank in this process, but trainer.nnodes x trainer.n_gpus_per_node "
-             f"= {ranks}; set trainer.n_gpus_per_node=1 trainer.nnodes=1 or use trainer.backend=ray")
     require(not config.reward_model.enable or bool(config.reward_model.model.path),
              "reward_model.enable=true needs reward_model.model.path=<local reward model directory>")
     require(t.resume_mode in ("auto", "disable", "resume_path"),

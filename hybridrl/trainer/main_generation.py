@@ -22,10 +22,10 @@ from hybridrl.models.loading import load_tokenizer
 from hybridrl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from hybridrl.trainer.command_line import verl_overrides, yaml_keys
 from hybridrl.trainer.config_rules import ROLLOUT, no_effect_warnings
-from hybridrl.trainer.placement import Pool
+from hybridrl.trainer.placement import Pool, check_backend
 from hybridrl.trainer.ppo_config import PPOTrainerConfig
 from hybridrl.trainer.worker_groups import ActorRolloutRefGroup, start_pool
-from hybridrl.utils.device import device_setting_problem, emulated_bf16_warning, resolve_device_type
+from hybridrl.utils.device import emulated_bf16_warning
 from hybridrl.workers.config import ActorRolloutRefConfig, ModelConfig, to_dataclass
 from hybridrl.workers.fsdp_workers import ActorRolloutRefWorker
 from hybridrl.workers.rollout import RolloutConfig
@@ -38,19 +38,7 @@ ConfigStore.instance().store(group="rollout", name="schema", node=RolloutConfig)
 
 def check_config(config: DictConfig) -> RolloutConfig:
     """The rollout settings for this run, after checking the keys generation depends on."""
-    trainer = config.trainer
-    ranks = trainer.nnodes * trainer.n_gpus_per_node
-    if trainer.backend not in ("ray", "local"):
-        raise ValueError(f"trainer.backend must be ray or local, got {trainer.backend!r}")
-    if ranks < 1 or (trainer.backend == "local" and ranks != 1):
-        raise ValueError(
-            f"trainer.backend={trainer.backend} needs trainer.nnodes x trainer.n_gpus_per_node = {ranks} to be "
-            f"{'1 (local runs one rank in this process); use trainer.backend=ray' if ranks > 1 else 'positive'}"
-        )
-    config.trainer.device = resolve_device_type(config.trainer.device)
-    device_problem = device_setting_problem(config.trainer.device)
-    if device_problem is not None:
-        raise ValueError(device_problem)
+    check_backend(config.trainer)
     rollout = to_dataclass(RolloutConfig, OmegaConf.merge(config.rollout, {"n": config.data.n_samples}))
     warnings = [emulated_bf16_warning("rollout.dtype", rollout.dtype, config.trainer.device), *no_effect(rollout)]
     for warning in filter(None, warnings):
@@ -90,14 +78,6 @@ def generate_responses(group: ActorRolloutRefGroup, dataset: RLHFDataset, batch_
     return results
 
 
-def rollout_worker_config(config: DictConfig, rollout: RolloutConfig, model_path: Path) -> ActorRolloutRefConfig:
-    """The rollout role's settings: generation's model and rollout keys in PPO's `actor_rollout_ref` layout."""
-    model = to_dataclass(ModelConfig, {"path": str(model_path),
-                                       "trust_remote_code": config.model.trust_remote_code,
-                                       "external_lib": config.model.external_lib})
-    return ActorRolloutRefConfig(hybrid_engine=False, model=model, rollout=rollout)
-
-
 def run_generation(config: DictConfig) -> Path:
     """Generate for every row of data.path and write data.output_path; returns the output path."""
     rollout_config = check_config(config)
@@ -110,8 +90,11 @@ def run_generation(config: DictConfig) -> Path:
         {"prompt_key": config.data.prompt_key, "max_prompt_length": rollout_config.prompt_length,
          "truncation": config.data.truncation},
     )
-    worker = ClassWithInitArgs(ActorRolloutRefWorker, rollout_worker_config(config, rollout_config, model_path),
-                               "rollout")
+    # the rollout role's settings: generation's model and rollout keys in PPO's `actor_rollout_ref` layout
+    model = to_dataclass(ModelConfig, {"path": str(model_path), "trust_remote_code": config.model.trust_remote_code,
+                                       "external_lib": config.model.external_lib})
+    worker = ClassWithInitArgs(ActorRolloutRefWorker, ActorRolloutRefConfig(hybrid_engine=False, model=model,
+                                                                            rollout=rollout_config), "rollout")
     with sigterm_raises_exit(), ray_for_backend(trainer.backend, num_cpus=config.ray_init.num_cpus):
         pool = Pool("rollout", trainer.nnodes, trainer.n_gpus_per_node, ("rollout",))
         started = start_pool(pool, worker, trainer.backend, trainer.device)

@@ -18,23 +18,13 @@ from hybridrl.trainer.ppo_config import PPOTrainerConfig
 from hybridrl.utils.typed_config import ConfigError
 
 
-def print_dry_run(config: PPOTrainerConfig) -> None:
-    from hybridrl.trainer.placement import describe
-
-    print(OmegaConf.to_yaml(OmegaConf.structured(config)))
-    print("batch arithmetic:")
-    for name, value in batch_plan(config).items():
-        print(f"  {name:<42} {value}")
-    print(describe(config))
-
-
 def run_ppo(cfg: DictConfig) -> list[dict[str, float]]:
     """Train with a composed config; returns every step's metrics."""
     from hybridrl.data.rl_dataset import build_rl_dataset, collate_fn
     from hybridrl.models.loading import load_tokenizer
     from hybridrl.rewards.scorers import check_code_sandbox
     from hybridrl.trainer.dataflow import load_reward_manager
-    from hybridrl.trainer.placement import placement
+    from hybridrl.trainer.placement import describe, placement
     from hybridrl.trainer.ppo_trainer import PPOTrainer
     from hybridrl.trainer.worker_groups import WorkerGroups
 
@@ -56,7 +46,11 @@ def run_ppo(cfg: DictConfig) -> list[dict[str, float]]:
 
     config = resolve_config(cfg, None if cfg.trainer.dry_run else train_rows)  # a dry run loads no data
     if config.trainer.dry_run:
-        print_dry_run(config)
+        print(OmegaConf.to_yaml(OmegaConf.structured(config)))
+        print("batch arithmetic:")
+        for name, value in batch_plan(config).items():
+            print(f"  {name:<42} {value}")
+        print(describe(config))
         return []
     tokenizer, train_dataset, val_dataset = loaded["tokenizer"], loaded["train"], loaded["val"]
     if not (config.custom_reward_function.path or config.reward_model.enable):

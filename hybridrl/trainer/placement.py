@@ -7,13 +7,12 @@ receives the actor's weights after every update; `reward_model.enable_resource_p
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from hybridrl.algos import get_adv_estimator_spec
 from hybridrl.trainer.ppo_config import AsyncTrainingConfig, PPOTrainerConfig
-
-TRAINING_POOL = "global_pool"
-ROLLOUT_POOL = "rollout_pool"
-REWARD_POOL = "reward_pool"
+from hybridrl.utils.device import device_setting_problem, resolve_device_type
+from hybridrl.utils.typed_config import require
 
 
 @dataclass(frozen=True)
@@ -32,6 +31,20 @@ class Pool:
     @property
     def process_on_nodes(self) -> list[int]:
         return [self.processes_per_node] * self.nnodes
+
+
+def check_backend(trainer: Any) -> None:
+    """Any entry point's `trainer.backend` and its pool of trainer.nnodes x n_gpus_per_node ranks; resolves
+    `trainer.device` in place."""
+    ranks = trainer.nnodes * trainer.n_gpus_per_node
+    require(trainer.backend in ("ray", "local"), f"trainer.backend must be ray or local, got {trainer.backend!r}")
+    require(ranks >= 1, f"trainer.nnodes x trainer.n_gpus_per_node = {ranks} must be positive")
+    require(trainer.backend == "ray" or ranks == 1,
+            f"trainer.backend=local needs trainer.nnodes x trainer.n_gpus_per_node = {ranks} to be 1 (local runs "
+            f"one rank in this process): set trainer.n_gpus_per_node=1 trainer.nnodes=1 or use trainer.backend=ray")
+    trainer.device = resolve_device_type(trainer.device)
+    problem = device_setting_problem(trainer.device)
+    require(problem is None, problem)
 
 
 def uses_reference(config: PPOTrainerConfig) -> bool:
@@ -58,11 +71,11 @@ def placement(config: PPOTrainerConfig) -> list[Pool]:
     t, rm = config.trainer, config.reward_model.enable
     own_rm_pool = rm and config.reward_model.enable_resource_pool
     training = [actor_role_name(config)] + ["critic"] * uses_critic(config) + ["rm"] * (rm and not own_rm_pool)
-    pools = [Pool(TRAINING_POOL, t.nnodes, t.n_gpus_per_node, tuple(training))]
+    pools = [Pool("global_pool", t.nnodes, t.n_gpus_per_node, tuple(training))]
     if is_split(config):
-        pools.append(Pool(ROLLOUT_POOL, config.rollout.nnodes, config.rollout.n_gpus_per_node, ("rollout",)))
+        pools.append(Pool("rollout_pool", config.rollout.nnodes, config.rollout.n_gpus_per_node, ("rollout",)))
     if own_rm_pool:
-        pools.append(Pool(REWARD_POOL, config.reward_model.nnodes, config.reward_model.n_gpus_per_node, ("rm",)))
+        pools.append(Pool("reward_pool", config.reward_model.nnodes, config.reward_model.n_gpus_per_node, ("rm",)))
     return pools
 
 

@@ -255,9 +255,7 @@ class PPOTrainer:
         else:
             if not self.ahead.holds(step):  # the run's first step
                 self.ahead.start(step)
-            taken = self.ahead.take()
-            batch = self._use_collected(taken.collected, metrics, timing)
-            timing["trainer_idle"], timing["rollout_idle"] = taken.trainer_idle_s, taken.rollout_idle_s
+            batch = self._use_collected(self.ahead.take(), metrics, timing)
             metrics.update(self.groups.sync_rollout_weights(step - 1))
             if step < self.total_steps:
                 self.ahead.start(step + 1)

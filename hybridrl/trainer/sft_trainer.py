@@ -24,9 +24,9 @@ from hybridrl.protocol import DataProto
 from hybridrl.trainer.command_line import make_paths_absolute
 from hybridrl.trainer.config_checks import report_config_changes, write_run_config
 from hybridrl.trainer.metrics import DivergenceGuard
+from hybridrl.trainer.placement import check_backend
 from hybridrl.trainer.sft_config import SFTSchema
 from hybridrl.trainer.worker_groups import SFTGroup
-from hybridrl.utils.device import device_setting_problem, resolve_device_type
 from hybridrl.utils.tracking import StepProgress, Tracking, parse_logger_backends
 from hybridrl.utils.typed_config import added_keys, require, unknown_key_message
 from hybridrl.workers.checkpoint import commit_checkpoint, load_state_file
@@ -54,13 +54,7 @@ def validate_config(config: DictConfig) -> DictConfig:
     require(not unknown, "\n".join(unknown))
     data, trainer, optim = checked.data, checked.trainer, checked.optim
     world = trainer.n_gpus_per_node * trainer.nnodes
-    require(trainer.backend in ("ray", "local"), f"trainer.backend must be ray or local, got {trainer.backend!r}")
-    trainer.device = resolve_device_type(trainer.device)
-    device_problem = device_setting_problem(trainer.device)
-    require(device_problem is None, device_problem)
-    require(trainer.backend == "ray" or world == 1,
-             f"trainer.backend=local runs one rank, but trainer.n_gpus_per_node x nnodes = {world}; "
-             "set trainer.n_gpus_per_node=1 or use trainer.backend=ray")
+    check_backend(trainer)
     require(data.train_batch_size > 0 and data.train_batch_size % world == 0,
              f"data.train_batch_size ({data.train_batch_size}) must be a positive multiple of the number of "
              f"ranks ({world} = trainer.n_gpus_per_node x trainer.nnodes)")
