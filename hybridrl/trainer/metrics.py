@@ -127,12 +127,10 @@ def compute_timing_metrics(batch: DataProto, timing_raw: Mapping[str, float]) ->
     response_tokens = response_length.sum().item()
     all_tokens = prompt_length.sum().item() + response_tokens
     denominators = {"gen": response_tokens, **dict.fromkeys(_ALL_TOKEN_STAGES, all_tokens)}
-    metrics = {f"timing_s/{stage}": float(seconds) for stage, seconds in timing_raw.items()}
-    for stage, seconds in timing_raw.items():
-        tokens = denominators.get(stage)
-        if tokens:  # skips stages without a token count and an (impossible in training) empty batch
-            metrics[f"timing_per_token_ms/{stage}"] = float(seconds) * 1000.0 / tokens
-    return metrics
+    # stages without a token count, and an (impossible in training) empty batch, get no per-token time
+    return {**{f"timing_s/{stage}": float(seconds) for stage, seconds in timing_raw.items()},
+            **{f"timing_per_token_ms/{stage}": float(seconds) * 1000.0 / denominators[stage]
+               for stage, seconds in timing_raw.items() if denominators.get(stage)}}
 
 
 def compute_throughput_metrics(
@@ -237,31 +235,23 @@ def _bootstrap(values: np.ndarray, preds: Sequence[Hashable] | None, k: int, see
     return metrics
 
 
-def _subset_sizes(n_resps: int) -> list[int]:
-    """2, 4, 8, ... below n_resps, then n_resps itself (verl's bootstrap sizes)."""
-    return [2**i for i in range(1, (n_resps - 1).bit_length())] + [n_resps]
-
-
-def _pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k of Chen et al. 2021 ("Evaluating LLMs trained on code", eq. 1): 1 - C(n - c, k) /
-    C(n, k), the chance that k of the n samples, drawn without replacement, include one of the c correct."""
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
 def _prompt_metrics(
     values: np.ndarray, preds: Sequence[Hashable] | None, with_pass: bool, seed: int
 ) -> dict[str, float]:
     """mean@n, std@n, best@k, worst@k, maj@k (and pass@k) for one prompt's n responses."""
     n_resps = len(values)
+    subset_sizes = [2**i for i in range(1, (n_resps - 1).bit_length())] + [n_resps]  # verl's: 2, 4, 8, ..., n
     metric = {f"mean@{n_resps}": float(values.mean())}
     if with_pass:
         correct = int((values > 0).sum())
-        for k in [1, *_subset_sizes(n_resps)] if n_resps > 1 else [1]:
-            metric[f"pass@{k}"] = _pass_at_k(n_resps, correct, k)
+        for k in [1, *subset_sizes] if n_resps > 1 else [1]:
+            # unbiased pass@k (Chen et al. 2021, "Evaluating LLMs trained on code", eq. 1): the chance
+            # that k of the n samples, drawn without replacement, include one of the c correct
+            metric[f"pass@{k}"] = 1.0 - math.comb(n_resps - correct, k) / math.comb(n_resps, k)
     if n_resps == 1:
         return metric
     metric[f"std@{n_resps}"] = float(values.std())
-    for k in _subset_sizes(n_resps):
+    for k in subset_sizes:
         metric.update(_bootstrap(values, preds, k, seed))
     return metric
 
@@ -361,10 +351,9 @@ class StageCosts:
 
     def add(self, flops: Mapping[str, float], seconds: Mapping[str, float]) -> None:
         """Count another recorder's passes (a batch generated in the background) in this step."""
-        for name, value in flops.items():
-            self.flops[name] += value
-        for name, value in seconds.items():
-            self.seconds[name] += value
+        for mine, theirs in ((self.flops, flops), (self.seconds, seconds)):
+            for name, value in theirs.items():
+                mine[name] += value
 
     def mfu_metrics(self) -> dict[str, float]:
         peaks = {name: p.peak_flops for name, p in self.passes.items()}
