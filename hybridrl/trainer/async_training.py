@@ -1,18 +1,7 @@
-"""The asynchronous modes (`async_training.mode`, docs/placement.md): generation runs in a background
-thread that calls only the rollout pool, a reward model's own pool and the rule-based reward, while the main
-thread keeps every call on the training pool, so no worker ever sees two callers.
-
-One step off the policy (`GenerationAhead`): the rollout pool generates and scores the next step's batch while
-the training pool trains on this one; the trainer takes it at the next step's start, moves the weights of the
-update just made to the rollout (generation has finished) and starts the step after.
-
-Streaming (`Streamer`): the thread keeps every rollout rank's continuous batch fed
-(hybridrl/workers/rollout/continuous.py), admitting new prompts while the staleness budget allows; each call
-returns as soon as some prompt has all its samples, and finished groups wait in a queue until a training step
-takes them. Every `trigger_parameter_sync_step` steps the thread is parked at a call boundary and the weights
-move: without partial rollout the rows in flight finish first; with it they go on under the new weights.
-Budget (verl's rule): between two syncs the rollout admits at most (1 + staleness_threshold) x
-trigger_parameter_sync_step x the step's prompts, less the prompts already queued or in flight at the sync.
+"""The asynchronous modes (`async_training.mode`): one step off (`GenerationAhead`) and streaming (`Streamer`),
+as docs/placement.md describes them, with the staleness budget. Generation runs in a background thread that
+calls only the rollout pool, a reward model's own pool and the rule-based reward, while the main thread keeps
+every call on the training pool, so no worker ever sees two callers.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
-"""verl's command lines for the Hydra entry points, read as verl reads them.
-
-- `+key=value` on a key hybridrl's schema declares sets it: verl's scripts need the `+` where verl's own
-  schema lacks a key that hybridrl's has (`+actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype`).
-- A blank argument (a shell line ending in `\\ ` with a trailing space or comment) is dropped with a warning
-  instead of failing in Hydra's lexer.
-- A key of a feature hybridrl lacks (Megatron, vision-language data) stops the run naming the feature;
-  verl's `ppo_megatron_trainer` config is hybridrl's with `strategy: megatron`, which does the same.
-- A user's config directory (`--config-path DIR --config-name NAME`) whose YAML lists `ppo_trainer` in its
-  defaults composes against hybridrl's `ppo_trainer`: hybridrl's config directory joins Hydra's search path
-  right after the user's, ahead of any `hydra.searchpath` the YAML names (such as verl's own config folder).
-- A run's local paths are made absolute on the driver (`make_paths_absolute`).
+"""verl's command lines for the Hydra entry points, read as verl reads them (`verl_overrides`: verl's scripts
+write `+key` where verl's schema lacks a key hybridrl's has, and shell lines ending in `\\ ` pass blank
+arguments), a user's YAML extending `ppo_trainer` (`HybridrlConfigSearchPath`), and a run's local paths made
+absolute on the driver (`make_paths_absolute`). verl's `ppo_megatron_trainer` config is hybridrl's with
+`strategy: megatron`, which stops the run as a Megatron key on the command line does (MISSING_FEATURES).
 """
 
 from __future__ import annotations

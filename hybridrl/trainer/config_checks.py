@@ -202,12 +202,10 @@ def _check_batches(config: PPOTrainerConfig) -> None:
 
 def _check_lengths(config: PPOTrainerConfig) -> None:
     data, rollout = config.data, config.actor_rollout_ref.rollout
-    require(rollout.prompt_length == data.max_prompt_length,
-             f"rollout.prompt_length ({rollout.prompt_length}) must equal data.max_prompt_length "
-             f"({data.max_prompt_length}); leave it at its default ${{data.max_prompt_length}}")
-    require(rollout.response_length == data.max_response_length,
-             f"rollout.response_length ({rollout.response_length}) must equal data.max_response_length "
-             f"({data.max_response_length}); leave it at its default ${{data.max_response_length}}")
+    for key in ("prompt_length", "response_length"):
+        ours, theirs = getattr(rollout, key), getattr(data, f"max_{key}")
+        require(ours == theirs, f"rollout.{key} ({ours}) must equal data.max_{key} ({theirs}); leave it at "
+                f"its default ${{data.max_{key}}}")
     actor = config.actor_rollout_ref.actor
     total = data.max_prompt_length + data.max_response_length
     sp = actor_sequence_parallel(config.actor_rollout_ref)[0]  # a group's pass holds sp ranks' budgets

@@ -82,9 +82,8 @@ def new_prompt_batch(batch_dict: dict) -> DataProto:
 def split_generation_input(batch: DataProto, columns: Sequence[str] = ()) -> DataProto:
     """Take the prompt tensors out of `batch` as the rollout's input, with the non-tensor `columns` it reads."""
     generation_input = batch.pop(batch_keys=PROMPT_TENSORS)
-    for key in columns:
-        if key in batch.non_tensor_batch:
-            generation_input.non_tensor_batch[key] = batch.non_tensor_batch[key]
+    generation_input.non_tensor_batch.update({key: batch.non_tensor_batch[key] for key in columns
+                                              if key in batch.non_tensor_batch})
     return generation_input
 
 
@@ -206,11 +205,6 @@ def correct_rollout(batch: DataProto, config: RolloutCorrectionConfig) -> dict[s
         batch.batch["rollout_is_weights"] = weights
     batch.batch["response_mask"] = mask
     return metrics
-
-
-def bypass_old_log_probs(batch: DataProto) -> None:
-    """Bypass mode, in place: `old_log_probs` are the rollout's, so the PPO ratio is pi_theta / pi_rollout."""
-    batch.batch["old_log_probs"] = rollout_log_probs(batch, f"{ROLLOUT_CORRECTION_KEY}.bypass_mode=true").clone()
 
 
 def bypass_metric_names(actor_metrics: dict[str, float]) -> dict[str, float]:

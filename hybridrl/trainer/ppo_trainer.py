@@ -375,8 +375,9 @@ class PPOTrainer:
     def _old_log_probs(self, batch: DataProto, metrics: dict, timing: dict) -> None:
         """5. `old_log_probs`: the actor's pass; the rollout's in bypass mode; or, fused, none yet (the update's)."""
         metrics["actor/old_log_prob_fused"] = float(self.fuse_old_log_prob)
-        if self.config.algorithm.rollout_correction.bypass_mode:
-            dataflow.bypass_old_log_probs(batch)
+        if self.config.algorithm.rollout_correction.bypass_mode:  # the PPO ratio is pi_theta / pi_rollout
+            why = "algorithm.rollout_correction.bypass_mode=true"
+            batch.batch["old_log_probs"] = dataflow.rollout_log_probs(batch, why).clone()
             return
         if self.fuse_old_log_prob:
             return
