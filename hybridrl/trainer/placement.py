@@ -41,7 +41,7 @@ def check_backend(trainer: Any) -> None:
     require(ranks >= 1, f"trainer.nnodes x trainer.n_gpus_per_node = {ranks} must be positive")
     require(trainer.backend == "ray" or ranks == 1,
             f"trainer.backend=local needs trainer.nnodes x trainer.n_gpus_per_node = {ranks} to be 1 (local runs "
-            f"one rank in this process): set trainer.n_gpus_per_node=1 trainer.nnodes=1 or use trainer.backend=ray")
+            f"one rank in this process): set trainer.nnodes=1 trainer.n_gpus_per_node=1 or use trainer.backend=ray")
     trainer.device = resolve_device_type(trainer.device)
     problem = device_setting_problem(trainer.device)
     require(problem is None, problem)
