@@ -264,14 +264,15 @@ def shared_prompt_mode(module: nn.Module) -> contextlib.AbstractContextManager[N
 
 
 @functools.cache
-def _head_takes_logits_to_keep(module_class: type) -> bool:
-    return "logits_to_keep" in inspect.signature(module_class.forward).parameters
+def forward_takes(module_class: type, keyword: str) -> bool:
+    """Whether `module_class.forward` has a parameter named `keyword`."""
+    return keyword in inspect.signature(module_class.forward).parameters
 
 
 def head_on_kept_positions(module: nn.Module, keep: torch.Tensor | int) -> tuple[dict, Callable]:
     """(extra forward kwargs, a function of the output's logits) giving the head's outputs at `keep` only (a
     count of last columns, or column indices), by `logits_to_keep` where the head takes it."""
-    if _head_takes_logits_to_keep(type(module)):
+    if forward_takes(type(module), "logits_to_keep"):
         return {"logits_to_keep": keep}, lambda logits: logits
     if isinstance(keep, int):
         return {}, lambda logits: logits[:, -keep:]

@@ -5,8 +5,6 @@ CPU's batched matmul would copy a strided prefix view). `ForwardSteps`: the eage
 
 from __future__ import annotations
 
-import functools
-import inspect
 from importlib.metadata import version
 
 import torch
@@ -14,6 +12,8 @@ import torch.nn.functional as F
 from packaging.version import Version
 from torch import nn
 from transformers.cache_utils import Cache, CacheLayerMixin
+
+from hybridrl.models.attention import forward_takes
 
 # The oldest transformers whose cache-layer interface these layers implement (pyproject.toml's bound).
 MIN_TRANSFORMERS = (5, 17)
@@ -32,13 +32,8 @@ check_transformers(version("transformers"))
 
 def cache_keyword(model: nn.Module | type[nn.Module]) -> str:
     """The keyword `model`'s (or a model class's) forward takes its KV cache by (`cache` from transformers 5.24)."""
-    return _cache_keyword_of(model if isinstance(model, type) else type(model))
-
-
-@functools.cache
-def _cache_keyword_of(model_class: type) -> str:
-    parameters = inspect.signature(model_class.forward).parameters
-    return "cache" if "cache" in parameters else "past_key_values"
+    model_class = model if isinstance(model, type) else type(model)
+    return "cache" if forward_takes(model_class, "cache") else "past_key_values"
 
 
 def forward_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
