@@ -168,7 +168,6 @@ class BaseTool:
 
     async def release(self, instance_id: str, **kwargs: Any) -> None:
         """Free what the instance holds."""
-        return None
 
 
 SPEC_ATTRIBUTE = "function_tool_spec"
