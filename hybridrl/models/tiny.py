@@ -95,9 +95,9 @@ def _qwen2_pipeline_tokenizer() -> Tokenizer:
     return tokenizer
 
 
-def build_raw_tokenizer(vocab_size: int = DEFAULT_VOCAB_SIZE, corpus: list[str] | None = None) -> Tokenizer:
-    """Train the byte-level BPE on `corpus` (default: the built-in task corpus four times over, so pairs
-    occurring once reach `min_frequency`); `vocab_size` is an upper bound, the real size `len(tokenizer)`."""
+def build_raw_tokenizer(vocab_size: int = DEFAULT_VOCAB_SIZE) -> Tokenizer:
+    """Train the byte-level BPE on the built-in task corpus four times over (so pairs occurring once reach
+    `min_frequency`); `vocab_size` is an upper bound, the real size `len(tokenizer)`."""
     minimum = 256 + len(SPECIAL_TOKENS)
     if vocab_size < minimum:
         raise ValueError(f"vocab_size={vocab_size} is too small: the byte alphabet and special tokens need "
@@ -105,15 +105,14 @@ def build_raw_tokenizer(vocab_size: int = DEFAULT_VOCAB_SIZE, corpus: list[str] 
     tokenizer = _qwen2_pipeline_tokenizer()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=list(SPECIAL_TOKENS),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tokenizer.train_from_iterator(corpus if corpus is not None else list(_CORPUS_LINES) * 4, trainer=trainer)
+    tokenizer.train_from_iterator(list(_CORPUS_LINES) * 4, trainer=trainer)
     return tokenizer
 
 
-def build_tiny_tokenizer(vocab_size: int = DEFAULT_VOCAB_SIZE, corpus: list[str] | None = None
-                         ) -> PreTrainedTokenizerFast:
+def build_tiny_tokenizer(vocab_size: int = DEFAULT_VOCAB_SIZE) -> PreTrainedTokenizerFast:
     """The trained tokenizer wrapped for transformers, with special tokens and the ChatML template; encoding
     adds no special tokens (the chat template writes the BOS)."""
-    return PreTrainedTokenizerFast(tokenizer_object=build_raw_tokenizer(vocab_size, corpus),
+    return PreTrainedTokenizerFast(tokenizer_object=build_raw_tokenizer(vocab_size),
                                    bos_token=BOS_TOKEN, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN,
                                    chat_template=CHAT_TEMPLATE, padding_side="right")
 
