@@ -130,21 +130,17 @@ class PreallocatedLayer(BufferLayer):
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep only rows `indices`, in fresh buffers (copying the written prefix, or all of a full width)."""
-        if not self.is_initialized:
-            return
-        if self.full_width:
-            self.keys, self.values = self.keys.index_select(0, indices), self.values.index_select(0, indices)
-        else:
-            self.keys = _select_prefix(self.keys, indices, self.length)
-            self.values = _select_prefix(self.values, indices, self.length)
+        if self.is_initialized:
+            copied = self.capacity if self.full_width else self.length
+            self.keys, self.values = (_select_prefix(b, indices, copied) for b in (self.keys, self.values))
 
     def reset(self) -> None:
         self.length = 0
 
 
 def _select_prefix(buffer: torch.Tensor, indices: torch.Tensor, length: int) -> torch.Tensor:
-    """Rows `indices` of a (rows, H, max_len, D) buffer in a new buffer; only [:length] is copied."""
-    out = buffer.new_empty(indices.numel(), *buffer.shape[1:])  # (kept, H, max_len, D)
+    """Rows `indices` of a (rows, H, width, D) buffer in a new buffer; only [:length] is copied."""
+    out = buffer.new_empty(indices.numel(), *buffer.shape[1:])  # (kept, H, width, D)
     out[:, :, :length] = buffer[:, :, :length].index_select(0, indices)
     return out
 
