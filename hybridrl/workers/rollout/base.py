@@ -135,12 +135,15 @@ class BaseRollout(ABC):
 
     def sleep(self) -> None:
         """Release generation memory between rollout phases (engines without such memory: nothing)."""
+        return None
 
     def wake_up(self) -> None:
         """Take memory back before the next rollout phase."""
+        return None
 
     def close(self) -> None:
         """Release what the engine holds beyond memory (vLLM: its process groups); nothing by default."""
+        return None
 
 
 ROLLOUT_ENGINES: Registry[type[BaseRollout]] = Registry("rollout engine (actor_rollout_ref.rollout.name)")
