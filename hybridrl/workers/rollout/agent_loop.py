@@ -458,8 +458,7 @@ class AgentLoop:
                 t.count_failure(outcome)
                 failed[(key, name)] = f"Error: the tool {name!r} could not start: {err}"
         for t, texts, j, call in list(self._runnable(calling, replies)):
-            if (id(t), call.name) in failed:
-                texts[j] = failed[(id(t), call.name)]
+            texts[j] = failed.get((id(t), call.name))  # None (still to execute) unless the instance failed
 
     def _execute(self, calling: list[Trajectory], replies: list[list[str | None]]) -> None:
         runnable = list(self._runnable(calling, replies))
