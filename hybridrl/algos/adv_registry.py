@@ -75,32 +75,12 @@ class AdvEstimatorSpec:
 
 
 ADV_ESTIMATOR_REGISTRY: Registry[AdvEstimatorFn] = Registry("advantage estimator")
-# needs_critic given at registration; otherwise read from the signature
+# needs_critic given at registration
 _NEEDS_CRITIC: dict[str, bool | None] = {}
 
 
 def _name_of(name_or_enum: str | Enum) -> str:
     return name_or_enum.value if isinstance(name_or_enum, Enum) else name_or_enum
-
-
-def _spec_from_signature(name: str, fn: AdvEstimatorFn, needs_critic: bool | None) -> AdvEstimatorSpec:
-    required: list[str] = []
-    optional: list[str] = []
-    accepts_any = False
-    params = inspect.signature(fn).parameters
-    for param in params.values():
-        if param.kind is inspect.Parameter.VAR_KEYWORD:
-            accepts_any = True
-        elif param.kind is inspect.Parameter.VAR_POSITIONAL:
-            raise TypeError(f"advantage estimator {name!r}: *args is not supported; name every input")
-        elif param.name not in BASE_INPUTS:
-            (required if param.default is inspect.Parameter.empty else optional).append(param.name)
-    missing_base = [b for b in BASE_INPUTS if b not in params]
-    if missing_base and not accepts_any:
-        raise TypeError(f"advantage estimator {name!r} must accept {', '.join(missing_base)} to be used")
-    if needs_critic is None:
-        needs_critic = "values" in required
-    return AdvEstimatorSpec(name, fn, tuple(required), tuple(optional), needs_critic, accepts_any)
 
 
 def register_adv_est(
@@ -134,7 +114,24 @@ def get_adv_estimator_fn(name_or_enum: str | AdvantageEstimator) -> AdvEstimator
 def get_adv_estimator_spec(name_or_enum: str | AdvantageEstimator) -> AdvEstimatorSpec:
     """The inputs a registered estimator declares; raises if it cannot serve as an estimator."""
     name = _name_of(name_or_enum)
-    return _spec_from_signature(name, get_adv_estimator_fn(name), _NEEDS_CRITIC.get(name))
+    fn = get_adv_estimator_fn(name)
+    required: list[str] = []
+    optional: list[str] = []
+    accepts_any = False
+    params = inspect.signature(fn).parameters
+    for param in params.values():
+        if param.kind is inspect.Parameter.VAR_KEYWORD:
+            accepts_any = True
+        elif param.kind is inspect.Parameter.VAR_POSITIONAL:
+            raise TypeError(f"advantage estimator {name!r}: *args is not supported; name every input")
+        elif param.name not in BASE_INPUTS:
+            (required if param.default is inspect.Parameter.empty else optional).append(param.name)
+    missing_base = [b for b in BASE_INPUTS if b not in params]
+    if missing_base and not accepts_any:
+        raise TypeError(f"advantage estimator {name!r} must accept {', '.join(missing_base)} to be used")
+    needs_critic = _NEEDS_CRITIC.get(name)  # None: read from the signature
+    needs_critic = "values" in required if needs_critic is None else needs_critic
+    return AdvEstimatorSpec(name, fn, tuple(required), tuple(optional), needs_critic, accepts_any)
 
 
 def compute_advantage(

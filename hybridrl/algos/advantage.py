@@ -43,10 +43,13 @@ def group_sum(values: torch.Tensor, gid: torch.Tensor, n_groups: int) -> torch.T
     return torch.zeros(n_groups, dtype=values.dtype, device=values.device).index_add_(0, gid, values)
 
 
-def group_mean_std(
-    scores: torch.Tensor, gid: torch.Tensor, n_groups: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-group size, mean and unbiased std of `scores` (batch,), each (n_groups,); a lone response: 0, 1."""
+def group_stats(
+    token_level_rewards: torch.Tensor, index: Index
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each response's score s_i = sum_t r_it and its group's size, mean and unbiased std, (batch,) each; a
+    lone response gets mean 0 and std 1."""
+    scores = token_level_rewards.sum(dim=-1)  # (batch,)
+    gid, n_groups = group_ids(index, scores.shape[0], scores.device)
     count = group_sum(torch.ones_like(scores), gid, n_groups)  # (n_groups,)
     mean = group_sum(scores, gid, n_groups) / count
     centred_sq = (scores - mean[gid]) ** 2  # (batch,)
@@ -54,7 +57,7 @@ def group_mean_std(
     single = count == 1
     mean = torch.where(single, torch.zeros_like(mean), mean)
     std = torch.where(single, torch.ones_like(std), std)
-    return count, mean, std
+    return scores, count[gid], mean[gid], std[gid]
 
 
 def _float_mask(response_mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -107,12 +110,10 @@ def compute_grpo_outcome_advantage(
     A_i = (s_i - mean_g(s)) / (std_g(s) + epsilon), s_i = sum_t r_it, std unbiased over the prompt's group g.
     `norm_adv_by_std_in_grpo=False` drops the division: Dr. GRPO (https://arxiv.org/abs/2503.20783).
     """
-    scores = token_level_rewards.sum(dim=-1)  # (batch,)
-    gid, n_groups = group_ids(index, scores.shape[0], scores.device)
-    _, mean, std = group_mean_std(scores, gid, n_groups)
-    adv = scores - mean[gid]
+    scores, _, mean, std = group_stats(token_level_rewards, index)
+    adv = scores - mean
     if norm_adv_by_std_in_grpo:
-        adv = adv / (std[gid] + epsilon)
+        adv = adv / (std + epsilon)
     adv = adv.unsqueeze(-1) * _float_mask(response_mask, adv)  # (batch, response_len)
     return adv, adv
 
@@ -163,11 +164,8 @@ def compute_rloo_outcome_advantage(
 
     A_i = s_i - (1/(n-1)) sum_{j != i} s_j = n/(n-1) * (s_i - mean_g(s)); a lone response gets A_i = s_i.
     """
-    scores = token_level_rewards.sum(dim=-1)  # (batch,)
-    gid, n_groups = group_ids(index, scores.shape[0], scores.device)
-    count, mean, _ = group_mean_std(scores, gid, n_groups)
-    n = count[gid]  # (batch,)
-    loo = (scores - mean[gid]) * n / (n - 1).clamp(min=1)
+    scores, n, mean, _ = group_stats(token_level_rewards, index)
+    loo = (scores - mean) * n / (n - 1).clamp(min=1)
     adv = torch.where(n > 1, loo, scores)
     adv = adv.unsqueeze(-1) * _float_mask(response_mask, adv)  # (batch, response_len)
     return adv, adv
@@ -238,12 +236,9 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
 
     A = s_i - mean_g(s) (0 baseline for a lone response) on every valid token, whitened over the batch.
     """
-    scores = token_level_rewards.sum(dim=-1)  # (batch,)
-    gid, n_groups = group_ids(index, scores.shape[0], scores.device)
-    _, mean, _ = group_mean_std(scores, gid, n_groups)
-    centred = scores - mean[gid]
+    scores, _, mean, _ = group_stats(token_level_rewards, index)
     mask = _float_mask(response_mask, scores)
-    adv = centred.unsqueeze(-1) * mask  # (batch, response_len)
+    adv = (scores - mean).unsqueeze(-1) * mask  # (batch, response_len)
     adv = masked_whiten(adv, response_mask) * mask
     return adv, adv
 
@@ -278,12 +273,9 @@ def compute_gpg_outcome_advantage(
     A_i = alpha * (s_i - mean_g(s)) / f_norm, alpha = B / M with B the batch size and M the responses with
     a non-zero score (verl's reading of the paper's valid-sample correction).
     """
-    scores = token_level_rewards.sum(dim=-1)  # (batch,)
-    batch = scores.shape[0]
-    alpha = batch / max(int(torch.count_nonzero(scores)), 1)
-    gid, n_groups = group_ids(index, batch, scores.device)
-    _, mean, _ = group_mean_std(scores, gid, n_groups)
-    adv = alpha * (scores - mean[gid]) / f_norm
+    scores, _, mean, _ = group_stats(token_level_rewards, index)
+    alpha = scores.shape[0] / max(int(torch.count_nonzero(scores)), 1)
+    adv = alpha * (scores - mean) / f_norm
     adv = adv.unsqueeze(-1) * _float_mask(response_mask, adv)  # (batch, response_len)
     return adv, adv
 
