@@ -34,17 +34,23 @@ RS_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "s
               "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
 
 
-def parse_is_threshold(spec: str | float) -> tuple[float, float | None]:
-    """(upper, lower): "2.0" or 2.0 -> (2.0, None) (truncate); "0.5_5.0" -> (5.0, 0.5) (IcePop)."""
-    if isinstance(spec, bool) or not isinstance(spec, (int, float, str)):
-        raise TypeError(f"rollout_is_threshold must be a number or a 'lower_upper' string, got {spec!r}")
+def _parse_bounds(spec: str | float, what: str) -> tuple[float | None, float]:
+    """(lower, upper) of "upper" or "lower_upper" (lower None when not given), with 0 < lower <= upper."""
     lower_text, _, upper_text = str(spec).strip().rpartition("_")
     try:
         upper, lower = float(upper_text), (float(lower_text) if lower_text else None)
     except ValueError:
-        raise ValueError(f"rollout_is_threshold {spec!r} is not a number or 'lower_upper'") from None
+        raise ValueError(f"{what} {spec!r} is not a number or 'lower_upper'") from None
     if upper <= 0 or (lower is not None and not 0 < lower <= upper):
-        raise ValueError(f"rollout_is_threshold {spec!r} needs 0 < lower <= upper")
+        raise ValueError(f"{what} {spec!r} needs 0 < lower <= upper")
+    return lower, upper
+
+
+def parse_is_threshold(spec: str | float) -> tuple[float, float | None]:
+    """(upper, lower): "2.0" or 2.0 -> (2.0, None) (truncate); "0.5_5.0" -> (5.0, 0.5) (IcePop)."""
+    if isinstance(spec, bool) or not isinstance(spec, (int, float, str)):
+        raise TypeError(f"rollout_is_threshold must be a number or a 'lower_upper' string, got {spec!r}")
+    lower, upper = _parse_bounds(spec, "rollout_is_threshold")
     return upper, lower
 
 
@@ -69,14 +75,10 @@ def parse_rs_options(rollout_rs: str, threshold: str | float | None) -> dict[str
         raise ValueError(f"rollout_rs_threshold gives {len(specs)} thresholds for {len(options)} options")
     bounds = {}
     for option, spec in zip(options, specs, strict=True):
-        lower_text, _, upper_text = spec.rpartition("_")
-        if lower_text and not option.endswith("k1"):
+        lower, upper = _parse_bounds(spec, f"rollout_rs_threshold for {option}")
+        if lower is not None and not option.endswith("k1"):
             raise ValueError(f"rollout_rs option {option} takes one upper bound, got {spec!r}")
-        upper = float(upper_text)
-        lower = float(lower_text) if lower_text else (1.0 / upper if option.endswith("k1") else None)
-        if upper <= 0 or (lower is not None and not 0 < lower <= upper):
-            raise ValueError(f"rollout_rs_threshold {spec!r} for {option} needs 0 < lower <= upper")
-        bounds[option] = (lower, upper)
+        bounds[option] = (1.0 / upper if lower is None and option.endswith("k1") else lower, upper)
     return bounds
 
 
