@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -65,10 +65,25 @@ def register_policy_loss(name: str, *, override: bool = False,
     """
 
     def decorator(fn: PolicyLossFn) -> PolicyLossFn:
-        wrapped = _checked_call(name, fn)
-        POLICY_LOSS_REGISTRY.add(name, wrapped, override=override)
+        takes_weights = applies_rollout_is_weights(fn)
+
+        @functools.wraps(fn)
+        def call(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
+                 rollout_is_weights=None):
+            require_config_object(config, f"policy loss {name!r}", ACTOR_CONFIG)
+            if rollout_is_weights is None:
+                loss, metrics = fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config)
+            elif takes_weights:
+                loss, metrics = fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                                   rollout_is_weights)
+            else:
+                raise ValueError(f"policy loss {name!r} does not apply rollout_is_weights; it cannot correct "
+                                 f"for the rollout policy")
+            return loss, LossMetrics(metrics)
+
+        POLICY_LOSS_REGISTRY.add(name, call, override=override)
         _OWN_AGGREGATION[name] = own_aggregation
-        return wrapped
+        return call
 
     return decorator
 
@@ -76,26 +91,6 @@ def register_policy_loss(name: str, *, override: bool = False,
 def own_aggregation(name: str) -> str | None:
     """How a registered loss averages its tokens when it ignores `loss_agg_mode`, else None."""
     return _OWN_AGGREGATION.get(name)
-
-
-def _checked_call(name: str, fn: PolicyLossFn) -> PolicyLossFn:
-    takes_weights = applies_rollout_is_weights(fn)
-
-    @functools.wraps(fn)
-    def call(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
-             rollout_is_weights=None):
-        require_config_object(config, f"policy loss {name!r}", ACTOR_CONFIG)
-        if rollout_is_weights is None:
-            loss, metrics = fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config)
-        elif takes_weights:
-            loss, metrics = fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
-                               rollout_is_weights)
-        else:
-            raise ValueError(f"policy loss {name!r} does not apply rollout_is_weights; it cannot correct for the "
-                             f"rollout policy")
-        return loss, LossMetrics(metrics)
-
-    return call
 
 
 def get_policy_loss_fn(name: str) -> PolicyLossFn:
@@ -141,26 +136,24 @@ def _log_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> torch.Tens
     return torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)  # exp() stays finite
 
 
-class DualClipped(NamedTuple):
-    """PPO's dual-clipped per-token loss, and the terms its metrics compare."""
-
-    per_token: torch.Tensor
-    unclipped: torch.Tensor  # -A rho
-    clipped: torch.Tensor  # -A clip(rho, 1 - eps_low, 1 + eps_high)
-    ppo: torch.Tensor  # max of the two
-    dual: torch.Tensor  # -A c, the dual clip's bound for A < 0
+def _clipped_surrogate(advantages: torch.Tensor, ratio: torch.Tensor, low: float,
+                       high: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's max(-A rho, -A clip(rho, 1 - low, 1 + high)) per token, and where the clipped term is larger."""
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1 - low, 1 + high)
+    return torch.maximum(unclipped, clipped), clipped > unclipped
 
 
 def _dual_clipped(advantages: torch.Tensor, ratio: torch.Tensor, low: float, high: float,
-                  clip_ratio_c: float) -> DualClipped:
-    """max(-A rho, -A clip(rho, 1 - low, 1 + high)), and for A < 0 at most -A c (Ye et al. 2020)."""
+                  clip_ratio_c: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`_clipped_surrogate`, for A < 0 at most -A c (Ye et al. 2020): the per-token loss, where PPO's clip
+    applied and where the dual clip did."""
     if clip_ratio_c <= 1.0:
         raise ValueError(f"clip_ratio_c (dual-clip bound) must be > 1.0, got {clip_ratio_c}")
-    unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1 - low, 1 + high)
-    ppo = torch.maximum(unclipped, clipped)
+    ppo, clipped = _clipped_surrogate(advantages, ratio, low, high)
     dual = -advantages * clip_ratio_c
-    return DualClipped(torch.where(advantages < 0, torch.minimum(ppo, dual), ppo), unclipped, clipped, ppo, dual)
+    per_token = torch.where(advantages < 0, torch.minimum(ppo, dual), ppo)
+    return per_token, clipped, (ppo > dual) & (advantages < 0)
 
 
 @torch.no_grad()
@@ -195,10 +188,10 @@ def compute_policy_loss_vanilla(
     """
     low, high = _clip_bounds(config)
     log_ratio = _log_ratio(log_prob, old_log_prob)
-    terms = _dual_clipped(advantages, torch.exp(log_ratio), low, high, config.clip_ratio_c)  # (batch, response_len)
-    loss = _weighted_agg(terms.per_token, rollout_is_weights, response_mask, loss_agg_mode, config)
-    return loss, _loss_metrics(loss, response_mask, -log_ratio, terms.clipped > terms.unclipped,
-                               (terms.ppo > terms.dual) & (advantages < 0))
+    pg_losses, clipped, dual_clipped = _dual_clipped(advantages, torch.exp(log_ratio), low, high,
+                                                     config.clip_ratio_c)  # (batch, response_len) each
+    loss = _weighted_agg(pg_losses, rollout_is_weights, response_mask, loss_agg_mode, config)
+    return loss, _loss_metrics(loss, response_mask, -log_ratio, clipped, dual_clipped)
 
 
 @register_policy_loss("gspo", own_aggregation="seq-mean-token-mean")
@@ -222,11 +215,9 @@ def compute_policy_loss_gspo(
     seq_log_ratio = masked_mean(log_ratio, response_mask, axis=-1)  # (batch,)
     token_log_ratio = log_prob - log_prob.detach() + seq_log_ratio.detach().unsqueeze(-1)
     ratio = torch.exp(torch.clamp(token_log_ratio, max=10.0))  # (batch, response_len)
-    unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1 - low, 1 + high)
-    pg_losses = torch.maximum(unclipped, clipped)
+    pg_losses, clipped = _clipped_surrogate(advantages, ratio, low, high)
     loss = _weighted_agg(pg_losses, rollout_is_weights, response_mask, "seq-mean-token-mean", config)
-    return loss, _loss_metrics(loss, response_mask, -log_ratio, clipped > unclipped)
+    return loss, _loss_metrics(loss, response_mask, -log_ratio, clipped)
 
 
 @register_policy_loss("gpg")
@@ -274,18 +265,17 @@ def compute_policy_loss_clip_cov(
     valid = response_mask != 0
     log_ratio = log_prob - old_log_prob
     ratio = torch.exp(log_ratio)  # (batch, response_len)
-    unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1 - low, 1 + high)
+    ppo, clipped = _clipped_surrogate(advantages, ratio, low, high)
     with torch.no_grad():
         cov = _token_covariance(advantages, log_prob, response_mask)
-        eligible = valid & ~(clipped > unclipped) & (cov > settings.clip_cov_lb) & (cov < settings.clip_cov_ub)
+        eligible = valid & ~clipped & (cov > settings.clip_cov_lb) & (cov < settings.clip_cov_ub)
         candidates = torch.nonzero(eligible.reshape(-1)).squeeze(-1)  # flat positions
         n_pick = min(max(int(settings.clip_cov_ratio * int(valid.sum())), 1), candidates.numel())
         # drawn from the CPU generator: the same picks for a seed on any device
         order = torch.randperm(candidates.numel(), device="cpu")[:n_pick].to(candidates.device)
         keep = torch.ones(valid.shape, dtype=log_prob.dtype, device=log_prob.device)  # 0 on dropped tokens
         keep.view(-1)[candidates[order]] = 0
-    pg_losses = torch.maximum(unclipped, clipped) * keep
+    pg_losses = ppo * keep
     loss = _weighted_agg(pg_losses, rollout_is_weights, response_mask, loss_agg_mode, config)
     return loss, _loss_metrics(loss, response_mask, -log_ratio, keep == 0)
 

@@ -62,16 +62,14 @@ def compute_policy_loss_up(
     """
     low, high = _clip_bounds(config)
     log_ratio = _log_ratio(log_prob, old_log_prob)
-    terms = _dual_clipped(advantages, torch.exp(log_ratio), low, high, config.clip_ratio_c)  # vanilla's, for A <= 0
+    dual_losses, clipped, dual_clipped = _dual_clipped(advantages, torch.exp(log_ratio), low, high,
+                                                       config.clip_ratio_c)  # vanilla's, for A <= 0
     positive_branch = -advantages * torch.exp(log_prob - log_prob.detach())
-    pg_losses = torch.where(advantages > 0, positive_branch, terms.per_token)
+    pg_losses = torch.where(advantages > 0, positive_branch, dual_losses)
     loss = _weighted_agg(pg_losses, rollout_is_weights, response_mask, loss_agg_mode, config)
-    with torch.no_grad():
-        non_positive = response_mask * (advantages <= 0)
-        metrics = {"pg_clipfrac": masked_mean((terms.clipped > terms.unclipped).float(), non_positive),
-                   "pg_clipfrac_lower": masked_mean(((terms.ppo > terms.dual) & (advantages < 0)).float(),
-                                                    response_mask),
-                   "ppo_kl": masked_mean(-log_ratio, response_mask)}
+    metrics = _loss_metrics(loss, response_mask, -log_ratio, clipfrac_lower=dual_clipped)
+    with torch.no_grad():  # pg_clipfrac: of the A <= 0 tokens
+        metrics["pg_clipfrac"] = masked_mean(clipped.float(), response_mask * (advantages <= 0))
     return loss, metrics
 
 
