@@ -21,14 +21,13 @@ SPLITS = ("train", "test")
 
 
 def make_row(*, data_source: str, question: str, ground_truth: Any, answer: str, split: str, index: int,
-             ability: str = "math", extra: dict[str, Any] | None = None,
-             prompt_text: str | None = None) -> dict[str, Any]:
+             extra: dict[str, Any] | None = None, prompt_text: str | None = None) -> dict[str, Any]:
     """One row in verl's schema, prompting with `prompt_text` (default `question`). `extra` adds keys to
     `extra_info`, the same for every row of a file (parquet stores it as one struct type)."""
     extra_info = {"split": split, "index": index, "question": question, "answer": answer, **(extra or {})}
     return {"data_source": data_source,
             "prompt": [{"role": "user", "content": question if prompt_text is None else prompt_text}],
-            "ability": ability, "reward_model": {"style": "rule", "ground_truth": ground_truth},
+            "ability": "math", "reward_model": {"style": "rule", "ground_truth": ground_truth},
             "extra_info": extra_info}
 
 
@@ -42,14 +41,11 @@ def write_parquet(rows: Sequence[dict[str, Any]], path: Path) -> None:
     logger.info("wrote %d rows to %s", len(rows), path)
 
 
-def write_splits(out_dir: str | Path, train_rows: Sequence[dict],
-                 test_rows: Sequence[dict]) -> tuple[Path, Path]:
-    """Write `out_dir/train.parquet` and `out_dir/test.parquet`; returns both paths."""
+def write_splits(out_dir: str | Path, train_rows: Sequence[dict], test_rows: Sequence[dict]) -> None:
+    """Write `out_dir/train.parquet` and `out_dir/test.parquet`."""
     out = Path(out_dir).expanduser()
-    paths = (out / "train.parquet", out / "test.parquet")
-    write_parquet(train_rows, paths[0])
-    write_parquet(test_rows, paths[1])
-    return paths
+    write_parquet(train_rows, out / "train.parquet")
+    write_parquet(test_rows, out / "test.parquet")
 
 
 def base_parser(description: str, *, train_size: int | None,
