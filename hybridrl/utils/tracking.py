@@ -138,18 +138,14 @@ class FileLogger:
         self._file = self.path.open("a", encoding="utf-8")
 
     def _read_last_record(self) -> dict[str, Any] | None:
-        if not self.path.is_file():
-            return None
-        lines = self.path.read_text(encoding="utf-8").splitlines()
-        if not lines or _step_of_line(lines[-1]) is None:
-            return None
-        return json.loads(lines[-1])
+        lines = self.path.read_text(encoding="utf-8").splitlines() if self.path.is_file() else []
+        return json.loads(lines[-1]) if lines and _step_of_line(lines[-1]) is not None else None
 
     def log(self, data: Mapping[str, float], step: int) -> None:
         if "step" in data:
             raise ValueError("the 'file' logger writes its own 'step' key; rename the metric called 'step'")
-        record: dict[str, Any] = {"step": step}
-        record.update({k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in data.items()})
+        record = {"step": step, **{k: None if isinstance(v, float) and not math.isfinite(v) else v
+                                   for k, v in data.items()}}
         if self._last is not None and self._last["step"] == step:  # rewrite the last line with the new keys
             record = {**record, **self._last}
             self._file.close()
@@ -272,7 +268,6 @@ class MlflowLogger:
             # MLflow 3 refuses a ./mlruns file store unless MLFLOW_ALLOW_FILE_STORE=true; SQLite it recommends
             store.mkdir(parents=True, exist_ok=True)
             uri = f"sqlite:///{store / 'mlflow.db'}"
-        self.tracking_uri = uri
         self._client = MlflowClient(tracking_uri=uri)
         experiment = self._client.get_experiment_by_name(project_name)
         experiment_id = experiment.experiment_id if experiment else \
