@@ -122,11 +122,10 @@ def combine_ranks(per_rank: Sequence[Mapping[str, ModelPass]]) -> dict[str, Mode
             seen = combined.get(name)
             if seen is None:
                 combined[name] = rank_pass
-                continue
-            if (seen.params, seen.flops_per_param, seen.passes) != \
-                    (rank_pass.params, rank_pass.flops_per_param, rank_pass.passes):
+            elif replace(seen, peak_flops=rank_pass.peak_flops) != rank_pass:  # another model or pass count
                 raise ValueError(f"the ranks disagree on the {name!r} pass: {seen} vs {rank_pass}")
-            combined[name] = replace(seen, peak_flops=seen.peak_flops + rank_pass.peak_flops)
+            else:
+                combined[name] = replace(seen, peak_flops=seen.peak_flops + rank_pass.peak_flops)
     return combined
 
 
