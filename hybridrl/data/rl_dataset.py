@@ -262,14 +262,13 @@ class RLHFDataset(Dataset):
         texts = [self._prompt_text(row[self.config.prompt_key], origin)
                  for row, origin in zip(self.rows, self.origins, strict=True)]
         lengths = [0] * len(texts)
-        for start in range(0, len(texts), TOKENIZE_CHUNK):
-            chunk = range(start, min(start + TOKENIZE_CHUNK, len(texts)))
-            for add_special in (True, False):  # raw strings get special tokens; templated chats have them
-                picked = [i for i in chunk if texts[i][1] == add_special]
-                if picked:
-                    ids = self.tokenizer([texts[i][0] for i in picked], add_special_tokens=add_special)["input_ids"]
-                    for i, row_ids in zip(picked, ids, strict=True):
-                        lengths[i] = len(row_ids)
+        for add_special in (True, False):  # raw strings get special tokens; templated chats have them
+            picked = [i for i, (_, special) in enumerate(texts) if special == add_special]
+            for start in range(0, len(picked), TOKENIZE_CHUNK):
+                chunk = picked[start : start + TOKENIZE_CHUNK]
+                ids = self.tokenizer([texts[i][0] for i in chunk], add_special_tokens=add_special)["input_ids"]
+                for i, row_ids in zip(chunk, ids, strict=True):
+                    lengths[i] = len(row_ids)
         return lengths
 
     def _check_lengths(self) -> None:
