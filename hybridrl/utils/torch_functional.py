@@ -14,9 +14,7 @@ DEFAULT_CHUNK_ROWS = 256
 def masked_sum(values: torch.Tensor, mask: torch.Tensor, axis: int | None = None) -> torch.Tensor:
     """sum_i mask_i * values_i over `axis` (all elements when None); masked-out slots count 0 even when they
     hold NaN or inf (padding after EOS often does)."""
-    weighted = torch.where(
-        mask != 0, values * mask, torch.zeros((), dtype=values.dtype, device=values.device)
-    )
+    weighted = torch.where(mask != 0, values * mask, values.new_zeros(()))
     return weighted.sum() if axis is None else weighted.sum(dim=axis)
 
 
