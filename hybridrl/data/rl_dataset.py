@@ -78,6 +78,24 @@ def ground_truth_problem(reward_model: Any) -> str | None:
     return None
 
 
+def read_rows_with_origins(files: str | Path | Sequence[str | Path], keys: str = "the data files"
+                           ) -> tuple[list[dict[str, Any]], list[str]]:
+    """All rows of one or many parquet files, and each row's "<file> row <n>" for error messages; `keys`
+    names the settings that list the files."""
+    paths = [files] if isinstance(files, str | Path) else list(files)
+    if not paths:
+        raise ValueError(f"no parquet files given: pass at least one ({keys})")
+    rows: list[dict[str, Any]] = []
+    origins: list[str] = []
+    for path in (Path(p).expanduser() for p in paths):
+        if not path.is_file():
+            raise FileNotFoundError(f"data file {str(path)!r} does not exist (check {keys})")
+        table = pq.read_table(path)
+        rows.extend(table.to_pylist())
+        origins.extend(f"{path} row {i}" for i in range(table.num_rows))
+    return rows, origins
+
+
 def raise_if_any(problems: list[RowProblem], total_rows: int) -> None:
     """Raise one DataError listing the first MAX_LISTED problems, the count of the rest, and each fix."""
     if not problems:
@@ -212,20 +230,18 @@ class RLHFDataset(Dataset):
             self._check_lengths()
 
     def _read(self, path: Path, require_ground_truth: bool) -> None:
-        if not path.is_file():
-            raise FileNotFoundError(f"data file {path} does not exist (check data.train_files / "
-                                    f"data.val_files)")
-        table = pq.read_table(path)
-        if self.config.prompt_key not in table.column_names:
-            raise KeyError(f"{path} has no column {self.config.prompt_key!r} (data.prompt_key); its columns "
-                           f"are {table.column_names}")
-        if require_ground_truth and "reward_model" not in table.column_names:
-            raise KeyError(f"{path} has no column 'reward_model', where rule-based rewards read each row's "
-                           f"ground_truth; its columns are {table.column_names}. Fix: {GROUND_TRUTH_FIX}")
-        if table.num_rows == 0:
+        rows, origins = read_rows_with_origins(path, "data.train_files / data.val_files")
+        if not rows:
             raise ValueError(f"{path} has no rows; regenerate it or drop it from data.train_files")
-        self.rows += table.to_pylist()
-        self.origins += [f"{path} row {i}" for i in range(table.num_rows)]
+        columns = list(rows[0])
+        if self.config.prompt_key not in columns:
+            raise KeyError(f"{path} has no column {self.config.prompt_key!r} (data.prompt_key); its columns "
+                           f"are {columns}")
+        if require_ground_truth and "reward_model" not in columns:
+            raise KeyError(f"{path} has no column 'reward_model', where rule-based rewards read each row's "
+                           f"ground_truth; its columns are {columns}. Fix: {GROUND_TRUTH_FIX}")
+        self.rows += rows
+        self.origins += origins
 
     def _prompt_text(self, prompt: Any, where: str) -> tuple[str, bool]:
         """The text to tokenise and whether special tokens still need adding (raw strings only)."""

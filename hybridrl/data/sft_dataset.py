@@ -13,34 +13,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
-from hybridrl.data.rl_dataset import RowProblem, raise_if_any
+from hybridrl.data.rl_dataset import RowProblem, raise_if_any, read_rows_with_origins
 
 logger = logging.getLogger(__name__)
 
 TRUNCATION_MODES = ("error", "left", "right")
 Message = dict[str, Any]
-
-
-def read_rows_with_origins(files: str | Path | Sequence[str | Path]) -> tuple[list[dict[str, Any]], list[str]]:
-    """All rows of one or many parquet files, and each row's "<file> row <n>" for error messages."""
-    paths = [files] if isinstance(files, str | Path) else list(files)
-    if not paths:
-        raise ValueError("no parquet files given")
-    rows: list[dict[str, Any]] = []
-    origins: list[str] = []
-    for path in paths:
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"parquet file {str(path)!r} does not exist")
-        table = pq.read_table(path)
-        rows.extend(table.to_pylist())
-        origins.extend(f"{path} row {i}" for i in range(table.num_rows))
-    return rows, origins
 
 
 def read_parquet_rows(files: str | Path | Sequence[str | Path]) -> list[dict[str, Any]]:
