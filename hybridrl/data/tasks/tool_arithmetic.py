@@ -26,17 +26,13 @@ def question(problem: Problem) -> str:
     return f"What is {problem.a} {problem.op} {problem.b}?"
 
 
-def tool_call_text(problem: Problem) -> str:
-    arguments = {"expression": f"{problem.a} {problem.op} {problem.b}"}
-    return f"<tool_call>{json.dumps({'name': TOOL_NAME, 'arguments': arguments})}</tool_call>"
-
-
 def teacher_chat(problem: Problem, calls_tool: bool) -> list[dict[str, str]]:
     """The teacher's conversation: the question, the call and the tool's answer if it calls, the answer."""
     answer = f"<answer>{problem.result}</answer>"
     chat = [{"role": "user", "content": question(problem)}]
     if calls_tool:
-        chat += [{"role": "assistant", "content": tool_call_text(problem)},
+        call = {"name": TOOL_NAME, "arguments": {"expression": f"{problem.a} {problem.op} {problem.b}"}}
+        chat += [{"role": "assistant", "content": f"<tool_call>{json.dumps(call)}</tool_call>"},
                  {"role": "tool", "content": str(problem.result)}]
     return [*chat, {"role": "assistant", "content": answer}]
 
