@@ -29,6 +29,7 @@ from hybridrl.models.attention import (
 )
 from hybridrl.protocol import DataProto
 from hybridrl.tensor_batch import TensorBatch
+from hybridrl.utils.typed_config import ConfigError
 
 ULYSSES = "hybridrl_ulysses"
 LAYOUT_KWARG = "ulysses_layout"
@@ -151,6 +152,13 @@ def model_problem(module: nn.Module, size: int) -> str | None:
     return None
 
 
+def check_sequence_parallel(size: int, world_size: int, key: str) -> None:
+    """A Ulysses group size must divide the role's ranks (each group shares its rows)."""
+    if world_size % size:
+        raise ConfigError(f"{key}={size} must divide the role's {world_size} ranks (trainer.nnodes x "
+                          f"trainer.n_gpus_per_node, or the pool's size); groups of {size} ranks split each sequence")
+
+
 @dataclass
 class SequenceParallel:
     """This rank's sequence-parallel group: `size` consecutive ranks; `rank` is this rank's place in it."""
@@ -167,9 +175,7 @@ class SequenceParallel:
         if size == 1:
             return cls()
         world, rank = dist.get_world_size(), dist.get_rank()
-        if world % size:
-            raise ValueError(f"{key}={size} must divide the role's {world} ranks (each group of {size} ranks "
-                             f"splits every sequence)")
+        check_sequence_parallel(size, world, key)
         # every rank creates every group, in the same order
         groups = [dist.new_group(list(range(first, first + size)), timeout=collective_timeout())
                   for first in range(0, world, size)]

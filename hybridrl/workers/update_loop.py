@@ -25,6 +25,7 @@ from hybridrl.workers.config import (
 )
 from hybridrl.workers.fsdp_engine import FSDPEngine
 from hybridrl.workers.micro_batch import make_micro_batches, reduce_over_ranks
+from hybridrl.workers.sequence_parallel import check_sequence_parallel
 
 
 @dataclass
@@ -147,13 +148,6 @@ def check_critic(config: CriticConfig, world_size: int) -> None:
     update_plan(config, config.rollout_n, world_size)
     value_batching(config, world_size)
     check_sequence_parallel(critic_sequence_parallel(config), world_size, "critic.ulysses_sequence_parallel_size")
-
-
-def check_sequence_parallel(size: int, world_size: int, key: str) -> None:
-    """A Ulysses group size must divide the role's ranks (each group shares its rows)."""
-    if world_size % size:
-        raise ConfigError(f"{key}={size} must divide the role's {world_size} ranks (trainer.nnodes x "
-                          f"trainer.n_gpus_per_node, or the pool's size); groups of {size} ranks split each sequence")
 
 
 def update_plan(config: ActorConfig | CriticConfig, rollout_n: int, world_size: int) -> BatchingPlan:
