@@ -128,10 +128,10 @@ class ActorRolloutRefWorker(TrainingWorker):
     A LoRA actor's reference policy is its base with the adapters disabled (no second model)."""
 
     def __init__(self, config: Any, role: str) -> None:
-        super().__init__(collective_timeout_s=to_dataclass(ActorRolloutRefConfig, config).nccl_timeout)
+        self.config = to_dataclass(ActorRolloutRefConfig, config)
+        super().__init__(collective_timeout_s=self.config.nccl_timeout)
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
-        self.config = to_dataclass(ActorRolloutRefConfig, config)
         if role != "rollout":  # the batch arithmetic is the training ranks'; a rollout pool only generates
             check_actor_rollout_ref(self.config, self.world_size)
         self.role = role
@@ -363,7 +363,7 @@ class CriticWorker(TrainingWorker):
         model_cfg = self.config.model
         dtype = model_cfg.fsdp_config.mixed_precision.param_dtype
         model = load_model_for(model_cfg, model_cfg.enable_gradient_checkpointing, dtype, self.device.type,
-                               loader=load_value_model,  # imports model.external_lib first
+                               loader=load_value_model,
                                weights_dtype=model_cfg.fsdp_config.model_dtype)
         self.tokenizer = load_tokenizer(model_cfg.tokenizer_path or model_cfg.path,
                                         trust_remote_code=model_cfg.trust_remote_code)

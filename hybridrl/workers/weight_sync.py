@@ -52,7 +52,7 @@ class BucketPlan:
 
     @classmethod
     def from_manifest(cls, manifest: Iterable[tuple[str, tuple[int, ...]]], dtype: str, bucket_bytes: int) -> BucketPlan:
-        item = torch.empty((), dtype=resolve_dtype(dtype)).element_size()
+        item = resolve_dtype(dtype).itemsize
         buckets: list[tuple[TensorSlot, ...]] = []
         current: list[TensorSlot] = []
         size = 0
@@ -77,8 +77,7 @@ class BucketPlan:
 
     @property
     def total_bytes(self) -> int:
-        item = torch.empty((), dtype=self.torch_dtype).element_size()
-        return sum(slot.numel for bucket in self.buckets for slot in bucket) * item
+        return sum(slot.numel for bucket in self.buckets for slot in bucket) * self.torch_dtype.itemsize
 
 
 def weight_manifest(pairs: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, tuple[int, ...]]]:
@@ -172,12 +171,8 @@ def _results(*calls: tuple[Any, list]) -> list[list]:
     from hybridrl.controller.ray import get_naming_dead
 
     labelled = [(future, group.describe_rank(rank)) for group, futures in calls for rank, future in enumerate(futures)]
-    values = get_naming_dead(labelled, "the weight sync")
-    out, start = [], 0
-    for _, futures in calls:
-        out.append(values[start:start + len(futures)])
-        start += len(futures)
-    return out
+    values = iter(get_naming_dead(labelled, "the weight sync"))
+    return [[next(values) for _ in futures] for _, futures in calls]
 
 
 def check_names(manifest: list[tuple[str, tuple[int, ...]]], shapes: dict[str, tuple[int, ...]] | None) -> None:
