@@ -175,9 +175,7 @@ def forward_batching(use_dynamic_bsz: bool, per_gpu: int | None, global_size: in
     micro_batch_rows = micro_batch_per_rank(per_gpu, global_size, world_size, key)
     if use_dynamic_bsz:
         return None, max_token_len
-    if micro_batch_rows is None:
-        return None, 2**31
-    return micro_batch_rows, None
+    return (None, 2**31) if micro_batch_rows is None else (micro_batch_rows, None)
 
 
 def log_prob_batching(config: RolloutConfig | RefConfig, world_size: int) -> tuple[int | None, int | None]:
