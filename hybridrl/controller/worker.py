@@ -280,23 +280,14 @@ class Worker:
 
     def __init__(self, collective_timeout_s: float | None = None) -> None:
         self.dist_env = await_master(DistEnv.from_environ())
+        self.rank = self.dist_env.rank
+        self.world_size = self.dist_env.world_size
+        self.local_rank = self.dist_env.local_rank
         threads = os.environ.get(NUM_THREADS_ENV)
         if threads:
             torch.set_num_threads(int(threads))
         keep_freed_memory()  # activations reuse freed heap pages instead of faulting in fresh ones
         init_distributed(self.dist_env, collective_timeout_s)
-
-    @property
-    def rank(self) -> int:
-        return self.dist_env.rank
-
-    @property
-    def world_size(self) -> int:
-        return self.dist_env.world_size
-
-    @property
-    def local_rank(self) -> int:
-        return self.dist_env.local_rank
 
     @property
     def device(self) -> torch.device:
