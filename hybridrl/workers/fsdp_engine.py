@@ -3,8 +3,9 @@ reference); each rank holds 1/N of every parameter, gradient and optimizer state
 
 from __future__ import annotations
 
+import importlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -22,13 +23,28 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from hybridrl.models.loading import resolve_dtype
+from hybridrl.models.attention import default_attention
+from hybridrl.models.loading import load_causal_lm, resolve_dtype
 from hybridrl.models.lora import adapter_tensors, adapters_disabled, lora_scalings, merged_weights
 from hybridrl.models.onednn_linear import use_onednn_linears
 from hybridrl.utils.device import device_type as process_device_type
 from hybridrl.utils.device import local_device
 from hybridrl.workers.config import FSDPConfig, OptimConfig
 from hybridrl.workers.sequence_parallel import SequenceParallel, model_problem
+
+
+def load_model_for(model: Any, gradient_checkpointing: bool, compute_dtype: str, device_type: str,
+                   loader: Callable[..., torch.nn.Module] = load_causal_lm,
+                   weights_dtype: str = "float32") -> torch.nn.Module:
+    """The model at `model.path` (a `ModelConfig` or the reward model's), weights in `weights_dtype` (the master copy), with the
+    attention suited to its compute dtype; `model.external_lib` is imported first (custom architectures)."""
+    if model.external_lib:
+        importlib.import_module(model.external_lib)
+    return loader(
+        model.path, dtype=weights_dtype, trust_remote_code=model.trust_remote_code,
+        override_config=model.override_config, gradient_checkpointing=gradient_checkpointing,
+        attn_implementation=default_attention(resolve_dtype(compute_dtype), device_type),
+    )
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:

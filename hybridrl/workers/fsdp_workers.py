@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from hybridrl.controller import Dispatch, Execute, Worker, register
 from hybridrl.controller.worker import node_address
-from hybridrl.models.attention import default_attention
-from hybridrl.models.loading import load_causal_lm, load_tokenizer, load_value_model, resolve_dtype
+from hybridrl.models.loading import load_tokenizer, load_value_model, resolve_dtype
 from hybridrl.models.lora import LoRASettings, add_lora
 from hybridrl.protocol import DataProto
 from hybridrl.tools.base_tool import load_all_tools
@@ -33,13 +30,12 @@ from hybridrl.workers.checkpoint import CheckpointManager
 from hybridrl.workers.config import (
     ActorRolloutRefConfig,
     CriticConfig,
-    ModelConfig,
     actor_sequence_parallel,
     critic_sequence_parallel,
     to_dataclass,
 )
 from hybridrl.workers.critic import PPOCritic
-from hybridrl.workers.fsdp_engine import FSDPEngine, offload_refusals, refuse_offload
+from hybridrl.workers.fsdp_engine import FSDPEngine, load_model_for, offload_refusals, refuse_offload
 from hybridrl.workers.rollout import ROLLOUT_ENGINES, build_rollout
 from hybridrl.workers.rollout.agent_loop import AgentLoop
 from hybridrl.workers.update_loop import (
@@ -74,19 +70,6 @@ def forward_pass(params: int, dtype: str, flops_per_param: int = FORWARD_FLOPS_P
     """A no-grad forward (or with `TRAIN_FLOPS_PER_PARAM`, an update) of a model with `params` matmul
     parameters, computing in `dtype`."""
     return ModelPass(params, flops_per_param, passes, device_peak_flops(resolve_dtype(dtype)))
-
-
-def load_model_for(model: ModelConfig, gradient_checkpointing: bool, compute_dtype: str, device_type: str,
-                   loader: Callable[..., torch.nn.Module] = load_causal_lm,
-                   weights_dtype: str = "float32") -> torch.nn.Module:
-    """The model, weights in `weights_dtype` (the master copy), with the attention suited to its compute dtype."""
-    if model.external_lib:
-        importlib.import_module(model.external_lib)
-    return loader(
-        model.path, dtype=weights_dtype, trust_remote_code=model.trust_remote_code,
-        override_config=model.override_config, gradient_checkpointing=gradient_checkpointing,
-        attn_implementation=default_attention(resolve_dtype(compute_dtype), device_type),
-    )
 
 
 class TrainingWorker(Worker):

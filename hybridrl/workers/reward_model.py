@@ -5,7 +5,6 @@ are decoded with the actor's and re-templated for the reward model.
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 from collections.abc import Sequence
@@ -17,15 +16,14 @@ import torch
 from safetensors import safe_open
 
 from hybridrl.controller import Dispatch, Worker, register
-from hybridrl.models.attention import default_attention
-from hybridrl.models.loading import load_tokenizer, load_value_model, resolve_dtype, resolve_model_dir
+from hybridrl.models.loading import load_tokenizer, load_value_model, resolve_model_dir
 from hybridrl.protocol import DataProto
 from hybridrl.rewards.failures import DEFAULT_MAX_FAILURE_SHARE, DEFAULT_TIMEOUT_S
 from hybridrl.rewards.managers import OverlongBufferConfig
 from hybridrl.rewards.sandbox import SandboxLimits
 from hybridrl.utils.typed_config import ConfigError, FreezableConfig
 from hybridrl.workers.config import RoleFSDPConfig, to_dataclass
-from hybridrl.workers.fsdp_engine import FSDPEngine, offload_refusals, refuse_offload
+from hybridrl.workers.fsdp_engine import FSDPEngine, load_model_for, offload_refusals, refuse_offload
 from hybridrl.workers.micro_batch import make_micro_batches, restore_order
 from hybridrl.workers.update_loop import forward_batching
 
@@ -247,8 +245,6 @@ class RewardModelWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         model_cfg = self.config.model
-        if model_cfg.external_lib:
-            importlib.import_module(model_cfg.external_lib)
         self.tokenizer = load_tokenizer(model_cfg.path, trust_remote_code=model_cfg.trust_remote_code)
         self.input_tokenizer = None
         if model_cfg.input_tokenizer:
@@ -259,11 +255,8 @@ class RewardModelWorker(Worker):
         if not _has_trained_head(model_dir):
             logger.warning("reward_model.model.path=%s has no trained 'score' head; its scores come from a "
                            "randomly initialised one", model_dir)
-        dtype = resolve_dtype(model_cfg.fsdp_config.mixed_precision.param_dtype)
-        model = load_value_model(model_dir, dtype=model_cfg.fsdp_config.model_dtype,
-                                 trust_remote_code=model_cfg.trust_remote_code,
-                                 override_config=model_cfg.override_config,
-                                 attn_implementation=default_attention(dtype, self.device.type))
+        model = load_model_for(model_cfg, False, model_cfg.fsdp_config.mixed_precision.param_dtype,
+                               self.device.type, loader=load_value_model, weights_dtype=model_cfg.fsdp_config.model_dtype)
         self.module = FSDPEngine(model, model_cfg.fsdp_config).module
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
