@@ -1,5 +1,6 @@
-"""Typed settings of the workers under verl's key names (`actor_rollout_ref.*`, `critic.*`): the one home
-of their defaults. A worker takes a dataclass or an OmegaConf node of the same shape (`to_dataclass`)."""
+"""Typed settings of the workers under verl's key names (`actor_rollout_ref.*`, `critic.*`,
+`reward_model.model.*`): the one home of their defaults. A worker takes a dataclass or an OmegaConf node of
+the same shape (`to_dataclass`)."""
 
 from __future__ import annotations
 
@@ -311,6 +312,22 @@ class ModelConfig(FreezableConfig):
     target_modules: Any = "all-linear"
     exclude_modules: Any = None
     lora_adapter_path: str | None = None
+
+
+@dataclass
+class RewardModelModelConfig(FreezableConfig):
+    # The actor's tokenizer, if it differs from the reward model's (rows are then re-templated); None: same.
+    input_tokenizer: str | None = None
+    # Local Hugging Face directory of the reward model (a token- or sequence-classification checkpoint).
+    path: str | None = None
+    # A module to import before loading (registers custom architectures), as in verl.
+    external_lib: str | None = None
+    trust_remote_code: bool = False
+    # Values that replace entries of the checkpoint's config.json.
+    override_config: dict[str, Any] = field(default_factory=dict)
+    # Runs the same either way: each micro-batch is trimmed of padding columns instead.
+    use_remove_padding: bool = False
+    fsdp_config: RoleFSDPConfig = field(default_factory=RoleFSDPConfig)
 
 
 @dataclass

@@ -29,15 +29,15 @@ from hybridrl.models.lora import adapter_tensors, adapters_disabled, lora_scalin
 from hybridrl.models.onednn_linear import use_onednn_linears
 from hybridrl.utils.device import device_type as process_device_type
 from hybridrl.utils.device import local_device
-from hybridrl.workers.config import FSDPConfig, OptimConfig
+from hybridrl.workers.config import FSDPConfig, ModelConfig, OptimConfig, RewardModelModelConfig
 from hybridrl.workers.sequence_parallel import SequenceParallel, model_problem
 
 
-def load_model_for(model: Any, gradient_checkpointing: bool, compute_dtype: str, device_type: str,
-                   loader: Callable[..., torch.nn.Module] = load_causal_lm,
+def load_model_for(model: ModelConfig | RewardModelModelConfig, gradient_checkpointing: bool, compute_dtype: str,
+                   device_type: str, loader: Callable[..., torch.nn.Module] = load_causal_lm,
                    weights_dtype: str = "float32") -> torch.nn.Module:
-    """The model at `model.path` (a `ModelConfig` or the reward model's), weights in `weights_dtype` (the master copy), with the
-    attention suited to its compute dtype; `model.external_lib` is imported first (custom architectures)."""
+    """The model at `model.path`, weights in `weights_dtype` (the master copy), with the attention suited to its
+    compute dtype; `model.external_lib` is imported first (it registers custom architectures)."""
     if model.external_lib:
         importlib.import_module(model.external_lib)
     return loader(

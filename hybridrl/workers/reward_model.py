@@ -22,7 +22,7 @@ from hybridrl.rewards.failures import DEFAULT_MAX_FAILURE_SHARE, DEFAULT_TIMEOUT
 from hybridrl.rewards.managers import OverlongBufferConfig
 from hybridrl.rewards.sandbox import SandboxLimits
 from hybridrl.utils.typed_config import ConfigError, FreezableConfig
-from hybridrl.workers.config import RoleFSDPConfig, to_dataclass
+from hybridrl.workers.config import RewardModelModelConfig, to_dataclass
 from hybridrl.workers.fsdp_engine import FSDPEngine, load_model_for, offload_refusals, refuse_offload
 from hybridrl.workers.micro_batch import make_micro_batches, restore_order
 from hybridrl.workers.update_loop import forward_batching
@@ -42,22 +42,6 @@ class SandboxConfig(FreezableConfig):
 
     def limits(self) -> SandboxLimits:
         return SandboxLimits(require_isolation=self.require_isolation)
-
-
-@dataclass
-class RewardModelModelConfig(FreezableConfig):
-    # The actor's tokenizer, if it differs from the reward model's (rows are then re-templated); None: same.
-    input_tokenizer: str | None = None
-    # Local Hugging Face directory of the reward model (a token- or sequence-classification checkpoint).
-    path: str | None = None
-    # A module to import before loading (registers custom architectures), as in verl.
-    external_lib: str | None = None
-    trust_remote_code: bool = False
-    # Values that replace entries of the checkpoint's config.json.
-    override_config: dict[str, Any] = field(default_factory=dict)
-    # Runs the same either way: each micro-batch is trimmed of padding columns instead.
-    use_remove_padding: bool = False
-    fsdp_config: RoleFSDPConfig = field(default_factory=RoleFSDPConfig)
 
 
 @dataclass
