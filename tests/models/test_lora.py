@@ -108,6 +108,9 @@ def test_with_adapters_disabled_the_model_is_the_base_model(tiny_model_dir):
     assert not torch.allclose(logits(model), base, atol=1e-3)  # enabled again after the block
 
 
+# PEFT's own PeftModel, built here only to read our adapters independently, reads transformers' deprecated
+# `is_gradient_checkpointing`; hybridrl never builds one, so a run does not print it
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
 def test_a_saved_adapter_loads_in_peft_and_merges_to_the_same_model(tiny_model_dir, tmp_path):
     from peft import PeftModel
 

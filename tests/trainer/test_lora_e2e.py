@@ -23,6 +23,9 @@ def lora_run(arithmetic_data, model_dir, run_dir, *extra):
     return run_ppo(ppo_config(*tiny_run_overrides(arithmetic_data, model_dir, run_dir), *LORA, *extra))
 
 
+# PEFT's own PeftModel, built here only to read our adapters independently, reads transformers' deprecated
+# `is_gradient_checkpointing`; hybridrl never builds one, so a run does not print it
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
 def test_grpo_with_lora_checkpoints_adapters_resumes_exactly_and_merges(arithmetic_data, tiny_model_dir, tmp_path):
     full = lora_run(arithmetic_data, tiny_model_dir, tmp_path / "full", "trainer.total_training_steps=3",
                     "trainer.save_freq=2")
