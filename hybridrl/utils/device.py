@@ -131,10 +131,13 @@ BF16_NAMES = ("bfloat16", "bf16")  # what a dtype key may say for bf16 (hybridrl
 
 
 def native_bf16(device: str | None = None) -> bool:
-    """Whether `device` (default: this process's) multiplies bf16 natively: a capable GPU, AMX or AVX512_BF16."""
+    """Whether `device` (default: this process's) multiplies bf16 natively: a capable GPU, or AMX or AVX512_BF16
+    with torch running its AVX-512 kernels (`ATEN_CPU_CAPABILITY=avx2` holds it to the AVX2 ones)."""
     device = device or device_type()
     if device == "cuda":
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if not torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
+        return False
     cpu = getattr(torch, "cpu", None)
     checks = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")  # torch's own CPUID probes
     return any(bool(getattr(cpu, name, lambda: False)()) for name in checks)
@@ -150,9 +153,9 @@ def emulated_bf16_warning(key: str, value: str | None, device: str) -> str | Non
     """The warning for dtype key `key` set to bf16 by name on a CPU (`device`) that emulates bf16, else None."""
     if value not in BF16_NAMES or device != "cpu" or native_bf16("cpu"):
         return None
-    return (f"{key}={value} on a CPU without native bf16 (no AVX512_BF16 or AMX; torch's capability: "
-            f"{torch.backends.cpu.get_cpu_capability()}): torch emulates bf16 here, many times slower than fp32. "
-            f"Set {key}=float32 (or auto, fp32 on a CPU)")
+    return (f"{key}={value} on a CPU without native bf16 (AVX512_BF16 or AMX under torch's AVX-512 kernels; "
+            f"torch's capability: {torch.backends.cpu.get_cpu_capability()}): torch emulates bf16 here, many times "
+            f"slower than fp32. Set {key}=float32 (or auto, fp32 on a CPU)")
 
 
 GIB = 1024**3

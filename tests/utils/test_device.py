@@ -123,3 +123,15 @@ def test_a_gpu_id_maps_to_its_place_among_the_visible_devices(monkeypatch):
 def test_a_process_that_is_no_ray_actor_has_no_assigned_gpu(monkeypatch):
     monkeypatch.delitem(__import__("sys").modules, "ray", raising=False)
     assert device.ray_assigned_gpu() is None
+
+
+def test_torch_held_to_avx2_kernels_does_not_count_as_native_bf16():
+    # ATen reads ATEN_CPU_CAPABILITY once per process: a fresh interpreter is held to its AVX2 kernels, where
+    # bf16 matmuls are emulated whatever CPUID says, so precision choices must fall back to fp32 there too
+    import subprocess
+    import sys
+
+    probe = "from hybridrl.utils.device import native_bf16; print(native_bf16('cpu'))"
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
