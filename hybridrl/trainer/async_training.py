@@ -33,6 +33,16 @@ class Collected:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass
+class Taken:
+    """A collected batch as the training step receives it, with how long the trainer waited for it and how long
+    the rollout side sat idle between its previous batch and this one."""
+
+    collected: Collected
+    trainer_idle_s: float
+    rollout_idle_s: float
+
+
 class GenerationAhead:
     """At most one batch in flight: `start(step)` collects it in the background, `take()` waits for it."""
 
@@ -68,9 +78,8 @@ class GenerationAhead:
         finally:
             self._finished_at = time.perf_counter()
 
-    def take(self) -> Collected:
-        """The batch in flight, once finished (its generation's error is raised here), its timing with how long
-        the trainer waited for it and how long the rollout side sat idle between its previous batch and this one."""
+    def take(self) -> Taken:
+        """The batch in flight, once finished (its generation's error is raised here)."""
         if self._pending is None:
             raise RuntimeError("no batch is in flight: start one first")
         start = time.perf_counter()
@@ -78,9 +87,8 @@ class GenerationAhead:
             collected = self._pending.result()
         finally:
             self._pending, self._step = None, None
-        collected.timing["trainer_idle"] = time.perf_counter() - start
-        collected.timing["rollout_idle"], self._rollout_idle_s = self._rollout_idle_s, 0.0
-        return collected
+        idle, self._rollout_idle_s = self._rollout_idle_s, 0.0
+        return Taken(collected, time.perf_counter() - start, idle)
 
     def settle(self) -> Collected | None:
         """Wait until the batch in flight (if any) is finished, and return it without taking it: before the

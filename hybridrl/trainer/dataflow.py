@@ -207,6 +207,11 @@ def correct_rollout(batch: DataProto, config: RolloutCorrectionConfig) -> dict[s
     return metrics
 
 
+def bypass_old_log_probs(batch: DataProto) -> None:
+    """Bypass mode, in place: `old_log_probs` are the rollout's, so the PPO ratio is pi_theta / pi_rollout."""
+    batch.batch["old_log_probs"] = rollout_log_probs(batch, f"{ROLLOUT_CORRECTION_KEY}.bypass_mode=true").clone()
+
+
 def bypass_metric_names(actor_metrics: dict[str, float]) -> dict[str, float]:
     """The actor's metrics with bypass mode's `actor/rollout_corr/*` under `rollout_corr/*` (token-weighted means
     over micro-batches, so a `_max` is the mean of their maxima)."""

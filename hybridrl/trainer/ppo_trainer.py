@@ -255,7 +255,9 @@ class PPOTrainer:
         else:
             if not self.ahead.holds(step):  # the run's first step
                 self.ahead.start(step)
-            batch = self._use_collected(self.ahead.take(), metrics, timing)
+            taken = self.ahead.take()
+            batch = self._use_collected(taken.collected, metrics, timing)
+            timing["trainer_idle"], timing["rollout_idle"] = taken.trainer_idle_s, taken.rollout_idle_s
             metrics.update(self.groups.sync_rollout_weights(step - 1))
             if step < self.total_steps:
                 self.ahead.start(step + 1)
@@ -375,9 +377,8 @@ class PPOTrainer:
     def _old_log_probs(self, batch: DataProto, metrics: dict, timing: dict) -> None:
         """5. `old_log_probs`: the actor's pass; the rollout's in bypass mode; or, fused, none yet (the update's)."""
         metrics["actor/old_log_prob_fused"] = float(self.fuse_old_log_prob)
-        if self.config.algorithm.rollout_correction.bypass_mode:  # the PPO ratio is pi_theta / pi_rollout
-            why = "algorithm.rollout_correction.bypass_mode=true"
-            batch.batch["old_log_probs"] = dataflow.rollout_log_probs(batch, why).clone()
+        if self.config.algorithm.rollout_correction.bypass_mode:
+            dataflow.bypass_old_log_probs(batch)
             return
         if self.fuse_old_log_prob:
             return
