@@ -75,10 +75,15 @@ def parse_rs_options(rollout_rs: str, threshold: str | float | None) -> dict[str
         raise ValueError(f"rollout_rs_threshold gives {len(specs)} thresholds for {len(options)} options")
     bounds = {}
     for option, spec in zip(options, specs, strict=True):
-        lower, upper = _parse_bounds(spec, f"rollout_rs_threshold for {option}")
+        what = f"rollout_rs_threshold for {option}"
+        lower, upper = _parse_bounds(spec, what)
         if lower is not None and not option.endswith("k1"):
             raise ValueError(f"rollout_rs option {option} takes one upper bound, got {spec!r}")
-        bounds[option] = (1.0 / upper if lower is None and option.endswith("k1") else lower, upper)
+        if lower is None and option.endswith("k1"):  # a k1 bound is two-sided: 1 / upper below
+            lower = 1.0 / upper
+            if lower > upper:
+                raise ValueError(f"{what} {spec!r} needs 0 < lower <= upper (its lower is 1 / upper = {lower:g})")
+        bounds[option] = (lower, upper)
     return bounds
 
 

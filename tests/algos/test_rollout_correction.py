@@ -72,6 +72,8 @@ def test_thresholds_and_config_are_checked():
         parse_is_threshold("3_1")
     with pytest.raises(ValueError, match="one upper bound"):
         parse_rs_options("token_k2", "0.5_2.0")
+    with pytest.raises(ValueError, match="lower <= upper"):  # k1's lower is 1 / 0.5 = 2 > 0.5
+        parse_rs_options("token_k1", 0.5)
     with pytest.raises(ValueError, match="needs rollout_rs_threshold"):
         correct(rollout_rs="token_k3")
     with pytest.raises(ValueError, match="rollout_is must be one of"):
